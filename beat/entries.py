@@ -1,0 +1,172 @@
+"""The schedule's Redis side: write, compare and remove the schedule entries of personas.
+
+Three structures (``workers/keys.py``): ``schedule`` (zset ``<lane>|<kind>`` -> due ms),
+``schedule:spec`` (hash member -> canonical JSON spec) and ``registry`` (hash persona -> JSON
+{path, fingerprint, error}). Why the writes look like this:
+
+- Compare, then write only differences: a new entry is scored at its first grid slot, a CHANGED
+  spec is re-scored from now, an unchanged one is left alone (a spec whose score went missing is
+  re-scored too). Two beats applying the same records therefore write the same values or
+  nothing, and a running lane's cadence survives every sync.
+- Spec and score change together in one MULTI, so the sweep's claim script never sees a member
+  without its spec (it drops such a member, and :meth:`ScheduleEntries.drifted` notices).
+- A persona owns at most two members (its heartbeat, its dreamer's dream), so comparing a
+  persona is one HMGET and two ZSCOREs, pipelined across a chunk of personas.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+import structlog
+
+from beat.schedule import ScheduleSpec, to_ms
+from workers.keys import Keys, schedule_member, split_schedule_member
+from workers.registry import PersonaRegistry
+
+__all__ = ["EntryChanges", "PersonaEntries", "ScheduleEntries", "members_of"]
+
+_log = structlog.get_logger("soulfleet.beat")
+
+# Redis writes go out in pipelines of this many personas: bounded memory, few round trips.
+CHUNK = 1000
+
+
+def members_of(name: str) -> tuple[str, str]:
+    """Every schedule member a persona can own (its heartbeat, its dreamer's dream)."""
+    return (
+        schedule_member(PersonaRegistry.lane_of(name, "persona"), "heartbeat"),
+        schedule_member(PersonaRegistry.lane_of(name, "dreamer"), "dream"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PersonaEntries:
+    """What one persona should have in Redis: its specs and its registry record."""
+
+    specs: tuple[ScheduleSpec, ...]
+    fingerprint: str
+    error: str = ""
+
+
+@dataclass(slots=True)
+class EntryChanges:
+    """What a write pass changed."""
+
+    added: int = 0
+    updated: int = 0
+    removed: int = 0
+
+
+class ScheduleEntries:
+    """Reads and writes one fleet's schedule entries and registry records."""
+
+    def __init__(self, client: redis.Redis, keys: Keys, root: Path) -> None:
+        self._client = client
+        self._keys = keys
+        self._root = root
+
+    def apply(
+        self, personas: Mapping[str, PersonaEntries], now: float, changes: EntryChanges
+    ) -> None:
+        """Make Redis hold exactly ``personas``' entries (only for these personas)."""
+        names = sorted(personas)
+        for start in range(0, len(names), CHUNK):
+            self._apply(names[start : start + CHUNK], personas, now, changes)
+
+    def remove(self, names: Iterable[str], changes: EntryChanges) -> None:
+        """Remove every entry and the registry record of each persona in ``names``."""
+        ordered = sorted(names)
+        for start in range(0, len(ordered), CHUNK):
+            chunk = ordered[start : start + CHUNK]
+            members = [member for name in chunk for member in members_of(name)]
+            pipe = self._client.pipeline(transaction=True)
+            pipe.zrem(self._keys.schedule, *members)
+            pipe.hdel(self._keys.schedule_spec, *members)
+            pipe.hdel(self._keys.registry, *chunk)
+            removed, _, _ = pipe.execute()
+            changes.removed += int(removed)
+            for name in chunk:
+                _log.info("registry.removed", persona=name)
+
+    def drifted(self, expected: int) -> bool:
+        """True when Redis does not hold ``expected`` specs and scores (flushed, edited by hand)."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.hlen(self._keys.schedule_spec)
+        pipe.zcard(self._keys.schedule)
+        specs, scores = pipe.execute()
+        return bool(specs != expected or scores != expected)
+
+    def personas_in_redis(self) -> set[str]:
+        """Every persona Redis schedules or keeps a registry record for."""
+        names: set[str] = set()
+        for member in self._client.hkeys(self._keys.schedule_spec):
+            lane = split_schedule_member(str(member))[0]
+            names.add(PersonaRegistry.parse_lane(lane)[0])
+        names.update(str(name) for name in self._client.hkeys(self._keys.registry))
+        return names
+
+    def set_registered_lanes(self, lanes: int) -> None:
+        self._client.set(self._keys.registry_lanes, lanes)
+
+    def _apply(
+        self,
+        names: Sequence[str],
+        personas: Mapping[str, PersonaEntries],
+        now: float,
+        changes: EntryChanges,
+    ) -> None:
+        read = self._client.pipeline(transaction=False)
+        for name in names:
+            members = members_of(name)
+            read.hmget(self._keys.schedule_spec, list(members))
+            for member in members:
+                read.zscore(self._keys.schedule, member)
+        replies = read.execute()
+
+        write = self._client.pipeline(transaction=True)
+        for index, name in enumerate(names):
+            stored, *scores = replies[3 * index : 3 * index + 3]
+            entries = personas[name]
+            wanted = {spec.member: spec for spec in entries.specs}
+            for member, existing, score in zip(members_of(name), stored, scores, strict=True):
+                spec = wanted.get(member)
+                if spec is None:
+                    if existing is not None or score is not None:
+                        write.zrem(self._keys.schedule, member)
+                        write.hdel(self._keys.schedule_spec, member)
+                        changes.removed += 1
+                        lane = split_schedule_member(member)[0]
+                        _log.info("schedule.removed", lane=lane, persona=name)
+                    continue
+                raw = spec.to_json()
+                if raw == existing and score is not None:
+                    continue
+                due = to_ms(spec.next_due(now))
+                write.hset(self._keys.schedule_spec, member, raw)
+                write.zadd(self._keys.schedule, {member: due})
+                if existing is None:
+                    changes.added += 1
+                else:
+                    changes.updated += 1
+                _log.info(
+                    "schedule.added" if existing is None else "schedule.updated",
+                    lane=spec.lane,
+                    kind=spec.kind,
+                    every=spec.every,
+                    cron=spec.cron,
+                    first_due=due,
+                )
+            record = {
+                "path": str(self._root / name),
+                "fingerprint": entries.fingerprint,
+                "error": entries.error,
+            }
+            write.hset(
+                self._keys.registry, name, json.dumps(record, sort_keys=True, separators=(",", ":"))
+            )
+        write.execute()

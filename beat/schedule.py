@@ -1,0 +1,198 @@
+"""Schedule entries: one spec per ``(lane, kind)``, the arithmetic of when it is next due, and
+which entries a persona.toml asks for (:func:`specs_for`).
+
+Why the schedule is a pure function of the spec and the clock, with no per-entry state beyond
+the due score in Redis:
+
+- ``every`` schedules sit on a fixed grid ``phase + k * every`` (epoch seconds), where the phase
+  is a stable hash of the lane spread over ``[0, every)``. A fleet registered in one second is
+  therefore spread evenly over its interval, and stays spread forever; a lane keeps its cadence
+  across beat restarts, edits that change nothing and concurrent beats (they compute the same
+  numbers). The next due time is the first grid slot strictly after NOW, so a missed interval is
+  skipped, never replayed: after an hour of downtime each lane gets ONE tick, not 120.
+- Heartbeats add a jitter of up to ``SOULFLEET_HEARTBEAT_JITTER * every`` to each slot. It is
+  a hash of (lane, slot number), not ``random``: it varies slot to slot (lanes whose phases
+  collide still fire at different moments) yet every beat process agrees on it, so the
+  recorded due times of one lane are one schedule whoever swept it.
+- ``cron`` schedules (dreams) fire at ``F + offset``: ``F`` a cron instant in the persona's time
+  zone (:mod:`beat.cron`), ``offset`` a stable hash of the lane over the dream window, so 10,000
+  dreamers on ``0 3 * * *`` reach the model provider over an hour, not in one second.
+
+A spec is stored as canonical JSON (sorted keys, no spaces) in ``Keys.schedule_spec``, so "did
+it change" is a string comparison and two beats syncing the same files write nothing twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from datetime import time
+from pathlib import Path
+from typing import Any, Literal
+
+from beat.cron import parse_cron, zone
+from workers.keys import schedule_member
+from workers.persona.manifest import ActiveHours, PersonaConfig
+from workers.registry import PersonaRegistry
+from workers.settings import Settings
+
+__all__ = ["SPEC_VERSION", "ScheduleKind", "ScheduleSpec", "lane_fraction", "specs_for", "to_ms"]
+
+SPEC_VERSION = 1
+ScheduleKind = Literal["heartbeat", "dream"]
+
+
+def lane_fraction(lane: str, salt: str = "") -> float:
+    """A stable number in ``[0, 1)`` for ``lane`` (the same in every process, unlike hash())."""
+    digest = hashlib.blake2b(f"{salt}|{lane}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64
+
+
+def to_ms(seconds: float) -> int:
+    """A due score in ms, rounded UP so a slot strictly after ``now`` stays strictly after it."""
+    return math.ceil(seconds * 1000.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSpec:
+    """Everything the sweep needs to know about one entry, without reading persona.toml."""
+
+    lane: str
+    kind: ScheduleKind
+    persona: str
+    home: str
+    every: float | None = None
+    cron: str | None = None
+    timezone: str = "UTC"
+    #: cron only: seconds over which the fleet's fires are spread after each cron instant.
+    window: float = 0.0
+    #: heartbeat only: the largest jitter, as a fraction of ``every``.
+    jitter: float = 0.0
+    #: heartbeat only: ``"HH:MM"`` bounds and zone of the persona's active hours.
+    active_start: str | None = None
+    active_end: str | None = None
+    active_timezone: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.every is None) == (self.cron is None):
+            raise ValueError(f"schedule for {self.lane!r} needs exactly one of every or cron")
+        if self.every is not None and not self.every > 0:
+            raise ValueError(f"schedule for {self.lane!r}: every must be > 0, got {self.every}")
+
+    @property
+    def member(self) -> str:
+        return schedule_member(self.lane, self.kind)
+
+    # -- timing ---------------------------------------------------------------------------
+    def next_due(self, now: float) -> float:
+        """The first due instant strictly after ``now`` (epoch seconds)."""
+        if self.every is not None:
+            return self._next_slot(self.every, now)
+        assert self.cron is not None
+        offset = lane_fraction(self.lane) * self.window
+        return parse_cron(self.cron).next_fire(now - offset, zone(self.timezone)) + offset
+
+    def _next_slot(self, every: float, now: float) -> float:
+        phase = lane_fraction(self.lane) * every
+        slot = math.floor((now - phase) / every) + 1
+        due = phase + slot * every
+        if self.jitter > 0:
+            due += lane_fraction(self.lane, salt=str(slot)) * self.jitter * every
+        return due
+
+    def active_hours(self) -> ActiveHours | None:
+        if self.active_start is None or self.active_end is None:
+            return None
+        return ActiveHours(
+            start=time.fromisoformat(self.active_start),
+            end=time.fromisoformat(self.active_end),
+            timezone=self.active_timezone or "UTC",
+        )
+
+    # -- storage --------------------------------------------------------------------------
+    def to_json(self) -> str:
+        """Canonical JSON: equal specs are equal strings."""
+        data: dict[str, Any] = {
+            "v": SPEC_VERSION,
+            "lane": self.lane,
+            "kind": self.kind,
+            "persona": self.persona,
+            "home": self.home,
+        }
+        if self.every is not None:
+            data["every"] = self.every
+        if self.cron is not None:
+            data.update(cron=self.cron, tz=self.timezone, window=self.window)
+        if self.jitter:
+            data["jitter"] = self.jitter
+        if self.active_start is not None:
+            data["active"] = [self.active_start, self.active_end, self.active_timezone]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: str) -> ScheduleSpec:
+        """Parse a stored spec; ``ValueError`` (JSON, key or type problems) if it is not one."""
+        try:
+            data = json.loads(raw)
+            active = data.get("active") or [None, None, None]
+            kind = data["kind"]
+            if kind not in ("heartbeat", "dream"):
+                raise ValueError(f"unknown schedule kind {kind!r}")
+            return cls(
+                lane=str(data["lane"]),
+                kind=kind,
+                persona=str(data["persona"]),
+                home=str(data["home"]),
+                every=None if data.get("every") is None else float(data["every"]),
+                cron=data.get("cron"),
+                timezone=str(data.get("tz", "UTC")),
+                window=float(data.get("window", 0.0)),
+                jitter=float(data.get("jitter", 0.0)),
+                active_start=active[0],
+                active_end=active[1],
+                active_timezone=active[2],
+            )
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise ValueError(f"not a schedule spec: {exc}") from exc
+
+
+def specs_for(
+    name: str, home: Path, config: PersonaConfig, settings: Settings
+) -> tuple[ScheduleSpec, ...]:
+    """The entries persona.toml asks for; :class:`CronError` for a cron that cannot fire."""
+    specs: list[ScheduleSpec] = []
+    heartbeat = config.heartbeat
+    if heartbeat is not None:
+        hours = heartbeat.active_hours
+        specs.append(
+            ScheduleSpec(
+                lane=PersonaRegistry.lane_of(name, "persona"),
+                kind="heartbeat",
+                persona=name,
+                home=str(home),
+                every=heartbeat.every,
+                jitter=settings.heartbeat_jitter,
+                active_start=None if hours is None else hours.start.isoformat("minutes"),
+                active_end=None if hours is None else hours.end.isoformat("minutes"),
+                active_timezone=None if hours is None else hours.timezone,
+            )
+        )
+    dream = config.dream
+    if dream is not None and (dream.every is not None or dream.cron is not None):
+        if dream.cron is not None:
+            parse_cron(dream.cron)  # semantics are ours to check: B only checks the shape
+        specs.append(
+            ScheduleSpec(
+                lane=PersonaRegistry.lane_of(name, "dreamer"),
+                kind="dream",
+                persona=name,
+                home=str(home),
+                every=dream.every if dream.cron is None else None,
+                cron=dream.cron,
+                timezone=dream.timezone,
+                window=settings.dream_window if dream.window is None else dream.window,
+            )
+        )
+    return tuple(specs)

@@ -1,0 +1,174 @@
+"""FleetScheduler: the beat scheduler that runs the fleet's clock (``celery -A workers beat``).
+
+Why a :class:`celery.beat.Scheduler` subclass with three in-process entries, and not one beat
+entry per persona: beat publishes its entries serially and keeps them in memory, so 10,000
+persona entries take minutes per pass and one slow publish delays everyone. Here the per-persona
+schedule lives in Redis (:mod:`beat.sync`, :mod:`beat.sweep`) and beat itself only knows:
+
+- ``soulfleet.sweep`` every ``SOULFLEET_SWEEP_INTERVAL``: claim and tick what is due;
+- ``soulfleet.sync`` every ``SOULFLEET_SYNC_INTERVAL``: personas root -> schedule (also once at
+  start, so a fresh beat schedules the fleet before its first sweep);
+- ``soulfleet.reap`` every ``SOULFLEET_REAP_INTERVAL``: re-queue stranded lanes.
+
+These three RUN IN THIS PROCESS instead of being published as tasks: if they went through a
+worker queue, a dreaming batch or saturated workers would delay every persona's heartbeat, and
+a fleet with no idle worker would never reap itself. Any other entry in ``app.conf.beat_schedule``
+is published as usual. It is not a PersistentScheduler: there is no shelve file in the working
+directory; all state is in Redis, which is why several beats may run at once (claims are atomic).
+
+An exception in one pass is logged and the next pass runs: beat never dies of a bad sweep.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import structlog
+from celery.beat import ScheduleEntry, Scheduler
+
+from beat.reaper import Reaper
+from beat.sweep import Sweeper
+from beat.sync import RegistrySync
+from workers import metrics
+from workers.fleet import CeleryPublisher, Fleet
+from workers.settings import Settings
+
+__all__ = ["IN_PROCESS", "REAP", "SWEEP", "SYNC", "FleetScheduler"]
+
+_log = structlog.get_logger("soulfleet.beat")
+
+SWEEP = "soulfleet.sweep"
+SYNC = "soulfleet.sync"
+REAP = "soulfleet.reap"
+IN_PROCESS = (SWEEP, SYNC, REAP)
+
+# The lane-state collector is registered once per process, however many schedulers exist.
+_collectors: list[metrics.LaneStateCollector] = []
+
+
+class FleetScheduler(Scheduler):
+    """Celery beat scheduler whose sweep, sync and reap entries run in-process."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._settings: Settings | None = None
+        self._fleet: Fleet | None = None
+        self._sync: RegistrySync | None = None
+        self._sweeper: Sweeper | None = None
+        self._reaper: Reaper | None = None
+        super().__init__(*args, **kwargs)
+
+    # -- the fleet, built lazily: `celery beat` also instantiates us (lazy) for its banner ----
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = Settings.from_env()
+        return self._settings
+
+    @property
+    def fleet(self) -> Fleet:
+        if self._fleet is None:
+            # Publish through the app `celery -A` loaded (or a test's), built from our settings.
+            publisher = CeleryPublisher(self.settings, self.app)
+            self._fleet = Fleet.from_settings(self.settings, publisher=publisher)
+        return self._fleet
+
+    def _registry_sync(self) -> RegistrySync:
+        if self._sync is None:
+            fleet = self.fleet
+            self._sync = RegistrySync(
+                client=fleet.client,
+                keys=fleet.keys,
+                registry=fleet.registry,
+                settings=fleet.settings,
+                clock=fleet.clock,
+            )
+        return self._sync
+
+    def _sweep(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = Sweeper(self.fleet)
+        self._sweeper.run()
+
+    def _reap(self) -> None:
+        if self._reaper is None:
+            self._reaper = Reaper(self.fleet)
+        self._reaper.run()
+
+    def _run_sync(self) -> None:
+        self._registry_sync().run()
+
+    # -- celery.beat.Scheduler ------------------------------------------------------------
+    def setup_schedule(self) -> None:
+        super().setup_schedule()
+        settings = self.settings
+        self.update_from_dict(
+            {
+                SWEEP: {"task": SWEEP, "schedule": timedelta(seconds=settings.sweep_interval)},
+                SYNC: {"task": SYNC, "schedule": timedelta(seconds=settings.sync_interval)},
+                REAP: {"task": REAP, "schedule": timedelta(seconds=settings.reap_interval)},
+            }
+        )
+        self._start_metrics()
+        self._run_in_process(SYNC)
+
+    def apply_async(
+        self,
+        entry: ScheduleEntry,
+        producer: Any = None,
+        advance: bool = True,
+        **kwargs: Any,
+    ) -> Any:
+        if entry.task not in IN_PROCESS:
+            return super().apply_async(entry, producer, advance, **kwargs)
+        if advance:
+            self.reserve(entry)
+        self._run_in_process(entry.task)
+        return None
+
+    def apply_entry(self, entry: ScheduleEntry, producer: Any = None) -> None:
+        if entry.task in IN_PROCESS:
+            # Skip the base class's "Sending due task" line: nothing is sent, and a line per
+            # second per beat would drown the log.
+            self.apply_async(entry, producer=producer, advance=False)
+            return
+        super().apply_entry(entry, producer=producer)
+
+    @property
+    def info(self) -> str:
+        settings = self.settings
+        return (
+            f"    . fleet -> sweep every {settings.sweep_interval}s, sync every "
+            f"{settings.sync_interval}s, reap every {settings.reap_interval}s (in-process)"
+        )
+
+    # -- internals ------------------------------------------------------------------------
+    def _run_in_process(self, task: str) -> None:
+        runners: dict[str, Callable[[], None]] = {
+            SWEEP: self._sweep,
+            SYNC: self._run_sync,
+            REAP: self._reap,
+        }
+        started = time.perf_counter()
+        try:
+            runners[task]()
+        except Exception as exc:  # one bad pass must never stop the fleet's clock
+            _log.exception(
+                "beat.task_failed",
+                task=task,
+                error=f"{type(exc).__name__}: {exc}",
+                seconds=round(time.perf_counter() - started, 4),
+            )
+
+    def _start_metrics(self) -> None:
+        if _collectors:
+            return
+        collector = metrics.LaneStateCollector(self.fleet.lane_counts)
+        _collectors.append(collector)
+        try:
+            metrics.serve_metrics(self.settings.metrics_port, collector=collector)
+        except Exception as exc:  # metrics are an aid; beat runs without them
+            _log.exception("beat.metrics_failed", error=str(exc))
+

@@ -1,0 +1,280 @@
+"""The sweep: claim the due schedule entries, re-score them, tick their lanes through the fleet.
+
+Why it is built this way:
+
+- Cost grows with the number DUE, not the number registered: the schedule is one Redis sorted
+  set scored by next-due ms, and a sweep reads only the ``score <= now`` head of it.
+- Two beats cannot double-tick: ``lua/claim.lua`` takes up to ``SOULFLEET_SWEEP_BATCH`` due
+  members and, in the same atomic step, re-scores them to ``now + CLAIM_TIMEOUT``. Python then
+  computes each member's real next due time (:mod:`beat.schedule`: the next grid slot strictly
+  after now, so a missed interval is skipped, never replayed) and writes them back in one
+  compare-and-set script (``lua/rescore.lua``) that never overwrites a concurrent sync.
+- Skips cost no model call: a heartbeat whose HEARTBEAT.md is absent or blank
+  (``no_heartbeat_file``; the answer is cached by the file's mtime and size), a heartbeat outside
+  its persona's active hours (``quiet_hours``), an entry whose directory is gone but not yet
+  synced away (``unknown_persona``), a dead-lettered lane (``dead_lettered``, reported by the
+  tick script). Everything else goes to :meth:`workers.fleet.Fleet.tick_lanes` in ONE batched
+  call per claim batch, which folds the tick into the lane (coalescing) and publishes a turn
+  only for lanes that were idle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+
+import structlog
+
+from beat.schedule import ScheduleSpec, to_ms
+from beat.sync import HEARTBEAT_FILE
+from workers import metrics
+from workers.fleet import Fleet
+from workers.keys import split_schedule_member
+from workers.persona.manifest import ActiveHours
+
+__all__ = ["CLAIM_TIMEOUT", "MAX_BATCHES", "HeartbeatFiles", "SweepReport", "Sweeper"]
+
+_log = structlog.get_logger("soulfleet.beat")
+
+#: A claimed member whose claimer died before writing its next due time is due again after this.
+CLAIM_TIMEOUT = 60.0
+#: Claim batches per sweep at most, so one pass always ends (the next pass takes the rest).
+MAX_BATCHES = 100
+
+
+def _script(name: str) -> str:
+    return resources.files("beat.lua").joinpath(name).read_text(encoding="utf-8")
+
+
+class HeartbeatFiles:
+    """Whether a persona's HEARTBEAT.md is absent or blank, re-read only when its stat changes."""
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self._cache: dict[str, tuple[int, int, bool]] = {}
+        self._max = max_entries
+
+    def blank(self, home: str) -> bool | None:
+        """True if absent or blank, False if it has content, None if ``home`` itself is gone."""
+        path = os.path.join(home, HEARTBEAT_FILE)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return True if os.path.isdir(home) else None
+        except NotADirectoryError:
+            return None
+        cached = self._cache.get(path)
+        if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
+            return cached[2]
+        try:
+            with open(path, "rb") as handle:
+                empty = handle.read().decode("utf-8", errors="replace").strip() == ""
+        except OSError:  # a directory named HEARTBEAT.md, unreadable: nothing to follow
+            empty = True
+        if len(self._cache) >= self._max:
+            self._cache.clear()
+        self._cache[path] = (st.st_mtime_ns, st.st_size, empty)
+        return empty
+
+
+@dataclass(slots=True)
+class SweepReport:
+    """Counts from one sweep pass (also logged as ``sweep.done``)."""
+
+    due: int = 0
+    emitted: int = 0
+    coalesced: int = 0
+    skipped: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Claimed:
+    member: str
+    lane: str
+    kind: str
+    due: int
+    spec: ScheduleSpec | None
+    hours: ActiveHours | None
+
+
+class Sweeper:
+    """Runs sweep passes for one fleet. One per beat process; not shared between threads."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        *,
+        batch: int | None = None,
+        claim_timeout: float = CLAIM_TIMEOUT,
+        max_batches: int = MAX_BATCHES,
+    ) -> None:
+        self._fleet = fleet
+        self._client = fleet.client
+        self._keys = fleet.keys
+        self._clock = fleet.clock
+        self._batch = batch or fleet.settings.sweep_batch
+        self._claim_timeout = claim_timeout
+        self._max_batches = max_batches
+        self._claim = self._client.register_script(_script("claim.lua"))
+        self._rescore = self._client.register_script(_script("rescore.lua"))
+        self._specs: dict[str, tuple[ScheduleSpec, ActiveHours | None]] = {}
+        self._files = HeartbeatFiles()
+        self._passes = 0
+        self._last_logged = float("-inf")
+
+    def run(self) -> SweepReport:
+        """One pass: claim and handle due batches until nothing is due (or MAX_BATCHES)."""
+        started = time.perf_counter()
+        report = SweepReport()
+        # Claim against the pass's start time: members re-scored in this pass are due strictly
+        # after it, so the loop ends even for entries whose interval is shorter than the pass.
+        now_ms = int(self._clock.time() * 1000)
+        while report.batches < self._max_batches:
+            claimed = self._claim_batch(now_ms)
+            if not claimed:
+                break
+            report.batches += 1
+            report.due += len(claimed)
+            self._handle(claimed, report)
+            if len(claimed) < self._batch:
+                break
+        report.seconds = time.perf_counter() - started
+        self._finish(report)
+        return report
+
+    # -- claim and re-score ---------------------------------------------------------------
+    def _claim_batch(self, now_ms: int) -> list[_Claimed]:
+        claim_ms = now_ms + int(self._claim_timeout * 1000)
+        raw: list[str] = self._claim(
+            keys=[self._keys.schedule, self._keys.schedule_spec],
+            args=[now_ms, claim_ms, self._batch],
+        )
+        claimed: list[_Claimed] = []
+        broken: list[str] = []
+        nexts: list[str | int] = [claim_ms]
+        at = self._clock.time()
+        for i in range(0, len(raw), 3):
+            member, due, spec_json = raw[i], int(float(raw[i + 1])), raw[i + 2]
+            lane, kind = split_schedule_member(member)
+            spec, hours = self._spec(member, spec_json)
+            if spec is not None:
+                try:
+                    nexts += [member, to_ms(spec.next_due(at))]
+                except ValueError as exc:  # a zone this host lacks, a cron that stopped parsing
+                    _log.error("sweep.bad_spec", member=member, error=str(exc))
+                    spec = hours = None
+            if spec is None:
+                broken.append(member)
+            claimed.append(_Claimed(member, lane, kind, due, spec, hours))
+        if len(nexts) > 1:
+            self._rescore(keys=[self._keys.schedule], args=nexts)
+        if broken:
+            # The next registry sync sees the counts drift and rewrites these from the files.
+            pipe = self._client.pipeline(transaction=True)
+            pipe.zrem(self._keys.schedule, *broken)
+            pipe.hdel(self._keys.schedule_spec, *broken)
+            pipe.execute()
+        return claimed
+
+    def _spec(self, member: str, raw: str) -> tuple[ScheduleSpec | None, ActiveHours | None]:
+        """The parsed spec and active hours, cached by the stored JSON (specs rarely change)."""
+        cached = self._specs.get(raw)
+        if cached is not None:
+            return cached
+        try:
+            spec = ScheduleSpec.from_json(raw)
+            hours = spec.active_hours()
+        except ValueError as exc:
+            _log.error("sweep.bad_spec", member=member, error=str(exc) if raw else "no spec")
+            return None, None
+        if len(self._specs) >= 200_000:
+            self._specs.clear()
+        self._specs[raw] = (spec, hours)
+        return spec, hours
+
+    # -- skip or tick ---------------------------------------------------------------------
+    def _skip_reason(self, item: _Claimed, now: float) -> str | None:
+        spec = item.spec
+        if spec is None:
+            return "unknown_persona"
+        if spec.kind != "heartbeat":
+            return None if os.path.isdir(spec.home) else "unknown_persona"
+        blank = self._files.blank(spec.home)
+        if blank is None:
+            return "unknown_persona"
+        if item.hours is not None and not item.hours.contains(now):
+            return "quiet_hours"
+        if blank:
+            return "no_heartbeat_file"
+        return None
+
+    def _handle(self, claimed: Sequence[_Claimed], report: SweepReport) -> None:
+        now = self._clock.time()
+        at = int(now * 1000)
+        skipped: Counter[tuple[str, str]] = Counter()
+        ticking: list[_Claimed] = []
+        for item in claimed:
+            reason = self._skip_reason(item, now)
+            if reason is None:
+                ticking.append(item)
+                continue
+            skipped[(item.kind, reason)] += 1
+            _log.info(
+                "tick.skipped", lane=item.lane, kind=item.kind, reason=reason, due=item.due, at=at
+            )
+        outcomes = self._fleet.tick_lanes([(item.lane, item.kind) for item in ticking])
+        handled: Counter[tuple[str, str]] = Counter()
+        for item, outcome in zip(ticking, outcomes, strict=True):
+            if outcome.outcome == "queued":
+                handled[(item.kind, "emitted")] += 1
+                _log.info("tick.emitted", lane=item.lane, kind=item.kind, due=item.due, at=at)
+            elif outcome.outcome == "coalesced":
+                handled[(item.kind, "coalesced")] += 1
+                _log.info("tick.coalesced", lane=item.lane, kind=item.kind, due=item.due, at=at)
+            else:
+                skipped[(item.kind, "dead_lettered")] += 1
+                _log.info(
+                    "tick.skipped",
+                    lane=item.lane,
+                    kind=item.kind,
+                    reason="dead_lettered",
+                    due=item.due,
+                    at=at,
+                )
+        for (kind, outcome_name), count in handled.items():
+            metrics.TICKS.labels(kind=kind, outcome=outcome_name).inc(count)
+        for (kind, reason), count in skipped.items():
+            metrics.TICKS_SKIPPED.labels(kind=kind, reason=reason).inc(count)
+        report.emitted += sum(n for (_, o), n in handled.items() if o == "emitted")
+        report.coalesced += sum(n for (_, o), n in handled.items() if o == "coalesced")
+        report.skipped += sum(skipped.values())
+
+    def _finish(self, report: SweepReport) -> None:
+        finished = self._clock.time()
+        metrics.SWEEP_SECONDS.observe(report.seconds)
+        metrics.SWEEP_DUE.set(report.due)
+        metrics.LAST_SWEEP.set(finished)
+        summary = {**asdict(report), "at": finished, "host": self._fleet.settings.hostname}
+        summary["seconds"] = round(report.seconds, 6)
+        self._client.set(self._keys.last_sweep, json.dumps(summary, sort_keys=True))
+        self._passes += 1
+        # An idle fleet would log one line a second per beat; say it at info when there was
+        # work, on the first pass (start-up proof) and once a minute (liveness in the logs).
+        loud = report.due > 0 or self._passes == 1 or finished - self._last_logged >= 60.0
+        if loud:
+            self._last_logged = finished
+        (_log.info if loud else _log.debug)(
+            "sweep.done",
+            due=report.due,
+            emitted=report.emitted,
+            coalesced=report.coalesced,
+            skipped=report.skipped,
+            batches=report.batches,
+            seconds=round(report.seconds, 6),
+        )

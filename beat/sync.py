@@ -1,0 +1,236 @@
+"""Registry sync: the personas root on disk becomes schedule entries in Redis, without restarts.
+
+Why it is shaped like this:
+
+- Cheap when nothing changed. Each persona has a fingerprint (inode, mtime_ns and size of
+  persona.toml and HEARTBEAT.md); a persona whose persona.toml stat is unchanged is not
+  re-parsed, and Redis is only written for personas whose fingerprint moved. A sync of 100,000
+  unchanged personas is a directory scan plus two ``stat`` calls each.
+- Idempotent and safe to run from several beats at once. A new entry is scored at its first
+  grid slot (a stable per-lane phase, :mod:`beat.schedule`); a CHANGED spec is re-scored from
+  now; an unchanged spec is left alone. Specs are canonical JSON and the slot arithmetic is
+  deterministic, so two beats syncing the same directory write the same values or nothing.
+- An invalid persona (persona.toml that does not parse, a cron expression that cannot fire) is
+  reported — log ``registry.invalid`` (persona, key, error), its ``Keys.registry`` record's
+  ``error``, the ``soulfleet_registry_invalid_personas`` gauge — and its schedule entries are
+  REMOVED until the file is fixed. Keeping them would tick a persona whose turns can only fail
+  (the worker reads the same file), and a lane that fails ``SOULFLEET_MAX_ATTEMPTS`` times is
+  dead-lettered: a typo would end with an operator reviving lanes. Removal costs nothing to
+  undo: the grid is deterministic, so the fixed persona resumes its old cadence. Other personas
+  are never affected.
+- The first sync of a process reconciles fully: entries whose persona directory vanished while
+  no beat was running are removed too; so does any sync that finds Redis holding a different
+  number of entries than the files ask for (a flushed or hand-edited Redis heals itself).
+- Writing is :mod:`beat.entries`' job (compare, then write only differences); this module
+  owns reading the disk.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+import structlog
+
+from beat.cron import CronError
+from beat.entries import EntryChanges, PersonaEntries, ScheduleEntries
+from beat.schedule import ScheduleSpec, specs_for
+from workers import metrics
+from workers.keys import Keys
+from workers.persona.clock import Clock, SystemClock
+from workers.persona.errors import PersonaError, PersonaNotFound
+from workers.persona.manifest import MANIFEST_NAME, PersonaConfig, load_manifest
+from workers.registry import PersonaRegistry
+from workers.settings import Settings
+
+__all__ = ["HEARTBEAT_FILE", "PersonaRecord", "RegistrySync", "SyncReport"]
+
+_log = structlog.get_logger("soulfleet.beat")
+
+HEARTBEAT_FILE = "HEARTBEAT.md"
+
+Loader = Callable[[Path], PersonaConfig]
+
+
+@dataclass(frozen=True, slots=True)
+class PersonaRecord:
+    """What the last sync knew about one persona directory."""
+
+    fingerprint: str
+    manifest_print: str
+    specs: tuple[ScheduleSpec, ...]
+    error: str = ""
+    key: str = ""
+
+    def entries(self) -> PersonaEntries:
+        return PersonaEntries(self.specs, self.fingerprint, self.error)
+
+
+@dataclass(slots=True)
+class SyncReport:
+    """Counts from one sync pass (also logged as ``registry.synced``)."""
+
+    personas: int = 0
+    lanes: int = 0
+    parsed: int = 0
+    added: int = 0
+    updated: int = 0
+    removed: int = 0
+    invalid: int = 0
+    seconds: float = 0.0
+    invalid_names: list[str] = field(default_factory=list)
+
+
+def _stat_print(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "-"
+    # The inode too: editors that save by renaming a new file over the old one change it even
+    # when the new file has the same size within the same coarse mtime tick.
+    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+
+
+class RegistrySync:
+    """Keeps ``Keys.schedule`` / ``schedule_spec`` / ``registry`` in step with the personas root."""
+
+    def __init__(
+        self,
+        *,
+        client: redis.Redis,
+        keys: Keys,
+        registry: PersonaRegistry,
+        settings: Settings,
+        clock: Clock | None = None,
+        loader: Loader = load_manifest,
+    ) -> None:
+        self._entries = ScheduleEntries(client, keys, registry.root)
+        self._registry = registry
+        self._settings = settings
+        self._clock: Clock = clock or SystemClock()
+        self._loader = loader
+        self._known: dict[str, PersonaRecord] = {}
+        self._reported_names: set[str] = set()
+        self._reconciled = False
+
+    @property
+    def registered_lanes(self) -> int:
+        """Lanes of the personas seen by the newest sync: one each, plus one per dreamer."""
+        return sum(
+            1 + sum(1 for spec in record.specs if spec.kind == "dream")
+            for record in self._known.values()
+        )
+
+    def run(self) -> SyncReport:
+        """One pass: scan, re-parse what changed, write only the differences."""
+        started = time.perf_counter()
+        report = SyncReport()
+        seen = self._scan(report)
+        changed: dict[str, PersonaRecord] = {}
+        for name in sorted(seen):
+            record = self._examine(name, seen[name], report)
+            if record is not None:
+                changed[name] = record
+        gone = {name for name in self._known if name not in seen}
+        current = {name: r for name, r in self._known.items() if name in seen} | changed
+        targets = changed
+        expected = sum(len(record.specs) for record in current.values())
+        if not self._reconciled or self._entries.drifted(expected):
+            targets = current
+            gone |= {name for name in self._entries.personas_in_redis() if name not in seen}
+        changes = EntryChanges()
+        self._entries.apply(
+            {name: record.entries() for name, record in targets.items()},
+            self._clock.time(),
+            changes,
+        )
+        self._entries.remove(gone, changes)
+        self._reconciled = True
+        self._known = current
+
+        report.added, report.updated, report.removed = (
+            changes.added,
+            changes.updated,
+            changes.removed,
+        )
+        report.personas = len(current)
+        report.invalid = sum(1 for record in current.values() if record.error)
+        report.lanes = self.registered_lanes
+        self._entries.set_registered_lanes(report.lanes)
+        metrics.REGISTRY_INVALID.set(report.invalid)
+        report.seconds = time.perf_counter() - started
+        busy = report.added or report.updated or report.removed or report.parsed
+        (_log.info if busy else _log.debug)(
+            "registry.synced",
+            personas=report.personas,
+            lanes=report.lanes,
+            parsed=report.parsed,
+            added=report.added,
+            updated=report.updated,
+            removed=report.removed,
+            invalid=report.invalid,
+            seconds=round(report.seconds, 4),
+        )
+        return report
+
+    # -- disk -----------------------------------------------------------------------------
+    def _scan(self, report: SyncReport) -> dict[str, str]:
+        root = self._registry.root
+        try:
+            entries = list(os.scandir(root))
+        except FileNotFoundError:
+            _log.warning("registry.root_missing", root=str(root))
+            return {}
+        # Plain strings, not Paths, in this loop: at 100,000 personas pathlib's parsing costs
+        # more than the stat calls themselves.
+        seen: dict[str, str] = {}
+        for entry in entries:
+            name = entry.name
+            if name.startswith(".") or not entry.is_dir():
+                continue
+            if not self._registry.valid_name(name):
+                report.invalid_names.append(name)
+                if name not in self._reported_names:
+                    self._reported_names.add(name)
+                    _log.warning(
+                        "registry.invalid_name",
+                        persona=name,
+                        error="not a usable persona name (letters, digits, . _ -; at most 64; "
+                        "no '..'; not ending in -dreamer): directory skipped",
+                    )
+                continue
+            seen[name] = entry.path
+        return seen
+
+    def _examine(self, name: str, path: str, report: SyncReport) -> PersonaRecord | None:
+        """The persona's new record, or None when nothing about it changed."""
+        manifest_print = _stat_print(os.path.join(path, MANIFEST_NAME))
+        fingerprint = f"{manifest_print};{_stat_print(os.path.join(path, HEARTBEAT_FILE))}"
+        known = self._known.get(name)
+        if known is not None and known.fingerprint == fingerprint:
+            return None
+        if known is not None and known.manifest_print == manifest_print:
+            return PersonaRecord(fingerprint, manifest_print, known.specs, known.error, known.key)
+        report.parsed += 1
+        home = Path(path)
+        try:
+            specs = specs_for(name, home, self._loader(home), self._settings)
+        except PersonaNotFound:
+            return None  # vanished between scan and parse: the next sync removes it
+        except CronError as exc:
+            problem = f"{home / MANIFEST_NAME}: key 'dream.cron' {exc}"
+            failed = PersonaRecord(fingerprint, manifest_print, (), problem, "dream.cron")
+        except (PersonaError, ValueError) as exc:
+            key = str(getattr(exc, "key", None) or "")
+            failed = PersonaRecord(fingerprint, manifest_print, (), str(exc), key)
+        else:
+            if known is not None and known.error:
+                _log.info("registry.valid_again", persona=name)
+            return PersonaRecord(fingerprint, manifest_print, specs)
+        if known is None or known.error != failed.error:
+            _log.warning("registry.invalid", persona=name, key=failed.key, error=failed.error)
+        return failed

@@ -1,0 +1,82 @@
+"""beat/reaper.py: stranded lanes are re-queued, re-published and reported."""
+
+from __future__ import annotations
+
+import redis
+from prometheus_client import REGISTRY
+
+from beat.reaper import Reaper
+from tests.beat.conftest import Events
+from tests.support.beat import RecordingPublisher
+from workers.fleet import Fleet
+from workers.persona.clock import VirtualClock
+
+
+def repairs_counted(reason: str) -> float:
+    return REGISTRY.get_sample_value("soulfleet_reaper_repairs_total", {"reason": reason}) or 0.0
+
+
+def test_a_lane_whose_queued_message_was_lost_is_republished(
+    fleet: Fleet, clock: VirtualClock, publisher: RecordingPublisher, events: Events
+) -> None:
+    """A queued turn whose message never reached a worker is re-published after the threshold."""
+    [queued] = fleet.tick_lanes([("ava", "heartbeat")])
+    assert queued.turn_id is not None
+    publisher.sent.clear()  # the broker lost the message: no worker will ever start this turn
+    reaper = Reaper(fleet)
+    assert reaper.run().repairs == []  # not stranded yet: queued moments ago
+    before = repairs_counted("queued_too_long")
+    clock.advance(fleet.settings.reap_queued_after + 1)
+    report = reaper.run()
+    assert [(r.lane, r.reason, r.turn_id) for r in report.repairs] == [
+        ("ava", "queued_too_long", queued.turn_id)
+    ]
+    assert publisher.sent == [("ava", queued.turn_id, "heartbeat")]
+    [logged] = events.named("reaper.repaired")
+    assert (logged["lane"], logged["reason"], logged["turn_id"]) == (
+        "ava",
+        "queued_too_long",
+        queued.turn_id,
+    )
+    done = events.named("reaper.done")[-1]
+    assert (done["repaired"], done["queued_too_long"], done["lease_expired"]) == (1, 1, 0)
+    assert repairs_counted("queued_too_long") == before + 1  # counted once, not twice
+    assert reaper.run().repairs == []  # re-published just now: not stranded again yet
+
+
+def test_a_lane_whose_worker_died_mid_turn_is_requeued(
+    fleet: Fleet, clock: VirtualClock, publisher: RecordingPublisher, redis_client: redis.Redis
+) -> None:
+    """A running lane whose lease expired gets a new turn id, published for another worker."""
+    [queued] = fleet.tick_lanes([("ava", "heartbeat")])
+    assert queued.turn_id is not None
+    started = fleet.lanes.start("ava", queued.turn_id, "dead-worker")
+    assert started.status == "started"
+    publisher.sent.clear()
+    # Nobody renews: the worker is gone. The lanes:running score runs on the virtual clock;
+    # Redis expires the lease key on its real one, so do now what its TTL would do then.
+    clock.advance(fleet.settings.lease_ttl + 1)
+    assert redis_client.delete(fleet.keys.lease("ava")) == 1
+    report = Reaper(fleet).run()
+    [repair] = report.repairs
+    assert (repair.lane, repair.reason, repair.kind) == ("ava", "lease_expired", "heartbeat")
+    assert repair.turn_id != queued.turn_id
+    assert publisher.sent == [("ava", repair.turn_id, "heartbeat")]
+    assert fleet.lanes.status("ava")["state"] == "queued"
+
+
+def test_a_healthy_fleet_needs_no_repairs(
+    fleet: Fleet, clock: VirtualClock, publisher: RecordingPublisher, events: Events
+) -> None:
+    """Running lanes with live leases and fresh queued lanes are left alone."""
+    [running] = fleet.tick_lanes([("ava", "heartbeat")])
+    fleet.tick_lanes([("bob", "heartbeat")])
+    assert running.turn_id is not None
+    started = fleet.lanes.start("ava", running.turn_id, "w1")
+    clock.advance(fleet.settings.lease_ttl / 2)
+    assert fleet.lanes.renew("ava", started.fence)
+    sent = list(publisher.sent)
+    assert Reaper(fleet).run().repairs == []
+    assert publisher.sent == sent
+    [done] = events.named("reaper.done")
+    assert done["repaired"] == 0

@@ -1,0 +1,291 @@
+"""beat/sync.py: the personas root becomes schedule entries; cheap, idempotent, fault-isolated."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import redis
+from prometheus_client import REGISTRY
+
+from beat.schedule import ScheduleSpec, to_ms
+from beat.sync import RegistrySync
+from tests.beat.conftest import Events
+from tests.support.beat import write_persona
+from workers.fleet import Fleet
+from workers.persona.clock import VirtualClock
+from workers.persona.manifest import PersonaConfig, load_manifest
+
+EVERY_1M = '[heartbeat]\nevery = "1m"\n'
+EVERY_2M = '[heartbeat]\nevery = "2m"\n'
+WITH_DREAM = (
+    '[heartbeat]\nevery = "30m"\n'
+    '[dream]\ncron = "0 3 * * *"\ntimezone = "Europe/Berlin"\nwindow = "1h"\n'
+)
+
+
+class CountingLoader:
+    """load_manifest, counting which personas it was asked to parse."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, home: Path) -> PersonaConfig:
+        self.calls.append(home.name)
+        return load_manifest(home)
+
+
+def make_sync(fleet: Fleet, loader: CountingLoader | None = None) -> RegistrySync:
+    return RegistrySync(
+        client=fleet.client,
+        keys=fleet.keys,
+        registry=fleet.registry,
+        settings=fleet.settings,
+        clock=fleet.clock,
+        loader=loader or CountingLoader(),
+    )
+
+
+def rewrite(path: Path, text: str) -> None:
+    """Rewrite a file and move its mtime on, as an edit seconds later would."""
+    before = path.stat().st_mtime_ns
+    path.write_text(text, encoding="utf-8")
+    os.utime(path, ns=(before + 1_000_000_000, before + 1_000_000_000))
+
+
+def schedule(client: redis.Redis, fleet: Fleet) -> dict[str, float]:
+    pairs: list[tuple[str, float]] = client.zrange(fleet.keys.schedule, 0, -1, withscores=True)  # type: ignore[assignment]
+    return dict(pairs)
+
+
+def registry_record(client: redis.Redis, fleet: Fleet, name: str) -> dict[str, str]:
+    raw = client.hget(fleet.keys.registry, name)
+    assert isinstance(raw, str)
+    record: dict[str, str] = json.loads(raw)
+    return record
+
+
+def invalid_gauge() -> float | None:
+    return REGISTRY.get_sample_value("soulfleet_registry_invalid_personas")
+
+
+def test_sync_adds_heartbeat_and_dream_entries(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """A persona with [heartbeat] and [dream] gets "<name>|heartbeat" and "<name>-dreamer|dream"."""
+    write_persona(persona_root, "ava", WITH_DREAM)
+    write_persona(persona_root, "bob", None)  # no persona.toml: no schedules, still registered
+    report = make_sync(fleet).run()
+    assert report.added == 2
+    assert set(schedule(redis_client, fleet)) == {"ava|heartbeat", "ava-dreamer|dream"}
+    spec = ScheduleSpec.from_json(str(redis_client.hget(fleet.keys.schedule_spec, "ava|heartbeat")))
+    assert (spec.every, spec.kind, spec.home) == (1800.0, "heartbeat", str(persona_root / "ava"))
+    dream = ScheduleSpec.from_json(
+        str(redis_client.hget(fleet.keys.schedule_spec, "ava-dreamer|dream"))
+    )
+    assert (dream.cron, dream.timezone, dream.window) == ("0 3 * * *", "Europe/Berlin", 3600.0)
+    assert registry_record(redis_client, fleet, "ava")["error"] == ""
+    assert registry_record(redis_client, fleet, "bob")["path"] == str(persona_root / "bob")
+    assert redis_client.get(fleet.keys.registry_lanes) == "3"  # ava, ava-dreamer, bob
+
+
+def test_a_new_entry_gets_its_phase_offset_first_due(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis, clock: VirtualClock
+) -> None:
+    """A new entry's first due time is its phase slot, inside the first interval from now."""
+    write_persona(persona_root, "ava", EVERY_1M)
+    make_sync(fleet).run()
+    due_ms = schedule(redis_client, fleet)["ava|heartbeat"]
+    spec = ScheduleSpec.from_json(str(redis_client.hget(fleet.keys.schedule_spec, "ava|heartbeat")))
+    assert clock.time() * 1000 < due_ms <= (clock.time() + 60 * (1 + spec.jitter)) * 1000
+    assert due_ms == to_ms(spec.next_due(clock.time()))
+
+
+def test_sync_adds_a_persona_created_later(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """A directory that appears between syncs is scheduled by the next sync, no restart."""
+    sync = make_sync(fleet)
+    write_persona(persona_root, "ava", EVERY_1M)
+    sync.run()
+    write_persona(persona_root, "bob", EVERY_1M)
+    report = sync.run()
+    assert report.added == 1
+    assert set(schedule(redis_client, fleet)) == {"ava|heartbeat", "bob|heartbeat"}
+
+
+def test_sync_picks_up_a_changed_interval_and_rescores_from_now(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis, clock: VirtualClock
+) -> None:
+    """Editing every = "1m" to "2m" updates the spec and re-scores the entry from now."""
+    home = write_persona(persona_root, "ava", EVERY_1M)
+    sync = make_sync(fleet)
+    sync.run()
+    clock.advance(600)
+    rewrite(home / "persona.toml", EVERY_2M)
+    report = sync.run()
+    assert report.updated == 1
+    spec = ScheduleSpec.from_json(str(redis_client.hget(fleet.keys.schedule_spec, "ava|heartbeat")))
+    assert spec.every == 120.0
+    due_ms = schedule(redis_client, fleet)["ava|heartbeat"]
+    assert clock.time() * 1000 < due_ms <= (clock.time() + 120 * 1.1) * 1000
+
+
+def test_sync_removes_a_deleted_persona(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """Deleting a persona directory removes its entries, specs and registry record."""
+    write_persona(persona_root, "ava", WITH_DREAM)
+    write_persona(persona_root, "bob", EVERY_1M)
+    sync = make_sync(fleet)
+    sync.run()
+    shutil.rmtree(persona_root / "ava")
+    report = sync.run()
+    assert report.removed == 2
+    assert set(schedule(redis_client, fleet)) == {"bob|heartbeat"}
+    assert redis_client.hkeys(fleet.keys.schedule_spec) == ["bob|heartbeat"]
+    assert redis_client.hget(fleet.keys.registry, "ava") is None
+
+
+def test_removing_the_dream_section_removes_only_the_dream_entry(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """A schedule dropped from persona.toml disappears; the other one stays."""
+    home = write_persona(persona_root, "ava", WITH_DREAM)
+    sync = make_sync(fleet)
+    sync.run()
+    rewrite(home / "persona.toml", EVERY_1M)
+    report = sync.run()
+    assert (report.removed, report.updated) == (1, 1)
+    assert set(schedule(redis_client, fleet)) == {"ava|heartbeat"}
+
+
+def test_unchanged_files_are_not_reparsed(fleet: Fleet, persona_root: Path) -> None:
+    """A second sync parses nothing; touching HEARTBEAT.md re-parses nothing; editing one
+    persona.toml re-parses exactly that persona."""
+    for name in ("ava", "bob", "cyd"):
+        write_persona(persona_root, name, EVERY_1M)
+    loader = CountingLoader()
+    sync = make_sync(fleet, loader)
+    sync.run()
+    assert sorted(loader.calls) == ["ava", "bob", "cyd"]
+    assert sync.run().parsed == 0
+    rewrite(persona_root / "bob" / "HEARTBEAT.md", "Something new.\n")
+    assert sync.run().parsed == 0
+    rewrite(persona_root / "cyd" / "persona.toml", EVERY_2M)
+    assert sync.run().parsed == 1
+    assert sorted(loader.calls) == ["ava", "bob", "cyd", "cyd"]
+
+
+def test_an_unchanged_spec_keeps_its_score(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis, clock: VirtualClock
+) -> None:
+    """Later syncs (and a second beat's sync) leave an unchanged entry's due time alone."""
+    write_persona(persona_root, "ava", EVERY_1M)
+    make_sync(fleet).run()
+    before = schedule(redis_client, fleet)
+    clock.advance(45)
+    other_beat = make_sync(fleet)  # a fresh process: full reconcile, but nothing differs
+    report = other_beat.run()
+    assert (report.added, report.updated, report.removed) == (0, 0, 0)
+    assert schedule(redis_client, fleet) == before
+
+
+def test_a_bad_persona_toml_is_reported_and_the_others_keep_their_schedules(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis, events: Events
+) -> None:
+    """An invalid persona.toml is logged, recorded and counted; other personas are untouched."""
+    write_persona(persona_root, "ava", EVERY_1M)
+    write_persona(persona_root, "bob", '[heartbeat]\nevrey = "1m"\n')
+    report = make_sync(fleet).run()
+    assert report.invalid == 1
+    assert set(schedule(redis_client, fleet)) == {"ava|heartbeat"}
+    [logged] = events.named("registry.invalid")
+    assert logged["persona"] == "bob"
+    assert logged["key"] == "heartbeat.evrey"
+    assert "is not a known key" in logged["error"]
+    assert logged["log_level"] == "warning"
+    record = registry_record(redis_client, fleet, "bob")
+    assert "heartbeat.evrey" in record["error"]
+    assert invalid_gauge() == 1.0
+
+
+def test_a_persona_that_turns_invalid_is_paused_until_fixed(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis, events: Events
+) -> None:
+    """Its entries are removed while the file is broken, and come back on the same grid slot."""
+    home = write_persona(persona_root, "ava", EVERY_1M)
+    sync = make_sync(fleet)
+    sync.run()
+    before = schedule(redis_client, fleet)["ava|heartbeat"]
+    rewrite(home / "persona.toml", '[heartbeat]\nevery = "soon"\n')
+    sync.run()
+    assert schedule(redis_client, fleet) == {}
+    assert "heartbeat.every" in registry_record(redis_client, fleet, "ava")["error"]
+    sync.run()  # still broken: reported once, not on every sync
+    assert len(events.named("registry.invalid")) == 1
+    rewrite(home / "persona.toml", EVERY_1M)
+    sync.run()
+    assert schedule(redis_client, fleet) == {"ava|heartbeat": before}
+    assert registry_record(redis_client, fleet, "ava")["error"] == ""
+    assert invalid_gauge() == 0.0
+
+
+def test_a_cron_that_can_never_fire_makes_the_persona_invalid(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis, events: Events
+) -> None:
+    """Cron semantics are checked at sync: Feb 30 is reported under key dream.cron."""
+    write_persona(persona_root, "ava", '[dream]\ncron = "0 0 30 2 *"\n')
+    make_sync(fleet).run()
+    [logged] = events.named("registry.invalid")
+    assert logged["key"] == "dream.cron"
+    assert "never fire" in logged["error"]
+    assert schedule(redis_client, fleet) == {}
+
+
+def test_directories_with_unusable_names_are_reported_and_skipped(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis, events: Events
+) -> None:
+    """A directory named like a dreamer lane or with spaces is reported once; dot-dirs silently."""
+    write_persona(persona_root, "ava-dreamer", EVERY_1M)
+    write_persona(persona_root, "has space", EVERY_1M)
+    write_persona(persona_root, ".git", EVERY_1M)
+    sync = make_sync(fleet)
+    report = sync.run()
+    sync.run()
+    assert sorted(report.invalid_names) == ["ava-dreamer", "has space"]
+    assert sorted(e["persona"] for e in events.named("registry.invalid_name")) == [
+        "ava-dreamer",
+        "has space",
+    ]
+    assert schedule(redis_client, fleet) == {}
+
+
+def test_first_sync_removes_entries_of_personas_deleted_while_no_beat_ran(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """A new beat process reconciles fully: orphaned entries and records are removed."""
+    write_persona(persona_root, "ava", WITH_DREAM)
+    write_persona(persona_root, "bob", EVERY_1M)
+    make_sync(fleet).run()
+    shutil.rmtree(persona_root / "ava")
+    report = make_sync(fleet).run()  # the restarted beat never saw ava
+    assert report.removed == 2
+    assert set(schedule(redis_client, fleet)) == {"bob|heartbeat"}
+    assert redis_client.hkeys(fleet.keys.registry) == ["bob"]
+
+
+def test_sync_restores_entries_lost_from_redis(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """If the schedule key is lost (flushed Redis), the next sync notices and rewrites it."""
+    write_persona(persona_root, "ava", EVERY_1M)
+    sync = make_sync(fleet)
+    sync.run()
+    before = schedule(redis_client, fleet)
+    redis_client.delete(fleet.keys.schedule)
+    report = sync.run()
+    assert (report.added, report.updated) == (0, 1)
+    assert schedule(redis_client, fleet) == before

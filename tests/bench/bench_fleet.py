@@ -1,0 +1,406 @@
+"""Benchmark the fleet end to end against bare Celery, and PRINT one side-by-side table.
+
+Run:  .venv/bin/python -m tests.bench.bench_fleet [--tasks N] [--turns N] [--slow-turns N]
+      [--personas N] [--latency S] [--concurrency N] [--seconds S]
+
+Three figures from one run, each on a fresh real worker process with the same configuration
+(:func:`workers.celery.make_app`; pool and concurrency from :class:`Settings`, threads × 32 by
+default) and each with its own throwaway key and queue prefix:
+
+1. bare Celery: ``celery -A tests.bench.noop_app worker`` executing N no-op tasks (one Redis
+   INCR each, which is how completions are counted) — the ceiling Celery itself sets;
+2. fleet turns with the scripted model answering at once: ``celery -A workers worker`` and
+   personas whose ``persona.toml`` says ``model = "scripted:rules.toml"``;
+3. fleet turns against a real local HTTP server speaking the OpenAI protocol that answers after
+   ``--latency`` seconds (:class:`~tests.support.providers.FakeProvider`), at the default turn
+   gate: the figure should approach concurrency / latency.
+
+A turn is measured end to end: ``Fleet.post`` (lane script + Celery publish), ``start.lua``, soul
+composition, the loop, fsynced transcript writes, ``finish.lua``. Each persona has at most one
+item outstanding: its next item is posted when its current turn is seen starting (``turn.start``
+in the worker's JSON log), so the finish script queues exactly one follow-up per item and the
+workers never starve, while no turn ever coalesces two items (the count would be off). Rates are
+N over (last ``turn.end`` timestamp minus the first post); "p50 ms" is the median turn duration
+the worker logged. Uses ``REDIS_URL`` if it answers, else starts its own redis-server; every
+key of the run is deleted at the end and every process it started is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import IO, Any
+
+import celery
+import redis
+import structlog
+
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.bench.noop_app import NOOP_TASK, done_key, make_noop_app
+from tests.support.fleet import REPO, fleet_env
+from tests.support.providers import FakeProvider
+from tests.support.redis import live_redis, reachable
+from workers.fleet import CeleryPublisher, Fleet
+from workers.settings import Settings
+
+__all__ = ["BenchError", "Result", "bench_noop", "bench_turns", "main"]
+
+_POLL = 0.005
+
+
+class BenchError(RuntimeError):
+    """A phase could not be measured (worker died, deadline passed, a turn failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """One row of the table."""
+
+    label: str
+    count: int
+    seconds: float
+    pool: str
+    concurrency: int
+    p50_ms: float | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.seconds if self.seconds > 0 else float("inf")
+
+
+@dataclass
+class _Worker:
+    """One real ``celery worker`` in its own process group; its JSON log read incrementally."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    log_file: IO[bytes]
+    _offset: int = 0
+    _partial: bytes = b""
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, name: str, app: str, env: Mapping[str, str], logs: Path) -> _Worker:
+        settings = Settings.from_env(env)
+        argv = [
+            sys.executable, "-m", "celery", "-A", app, "worker",
+            "-n", f"{name}@%h",
+            "-P", settings.worker_pool, "-c", str(settings.worker_concurrency),
+            "--without-mingle", "--without-gossip", "--loglevel", "INFO",
+        ]  # fmt: skip
+        log_path = logs / f"{name}.log"
+        log_file = log_path.open("ab")
+        popen = subprocess.Popen(
+            argv, env=dict(env), cwd=str(REPO), stdin=subprocess.DEVNULL,
+            stdout=log_file, stderr=log_file, start_new_session=True,
+        )  # fmt: skip
+        return cls(name, popen, log_path, log_file)
+
+    def events(self) -> list[dict[str, Any]]:
+        """JSON log records written since the last call (complete lines only)."""
+        with self.log_path.open("rb") as handle:
+            handle.seek(self._offset)
+            chunk = handle.read()
+        self._offset += len(chunk)
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        fresh: list[dict[str, Any]] = []
+        for line in lines:
+            if not line.startswith(b"{"):
+                continue
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    fresh.append(record)
+        self.seen.extend(fresh)
+        return fresh
+
+    def check(self, deadline: float, what: str) -> None:
+        """Raise :class:`BenchError` with the log tail if the worker died or time is up."""
+        if self.popen.poll() is not None:
+            raise self.error(f"{self.name} exited with {self.popen.returncode} during {what}")
+        if time.monotonic() > deadline:
+            raise self.error(f"{self.name}: {what} did not finish in time (see --seconds)")
+
+    def error(self, message: str) -> BenchError:
+        tail = self.log_path.read_text(errors="replace").splitlines()[-30:]
+        return BenchError(f"{message}\n--- {self.log_path} (last lines) ---\n" + "\n".join(tail))
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(e.get("event") == "worker.ready" for e in self.events()):
+            self.check(deadline, "start-up (waiting for worker.ready)")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM the process group (warm shutdown), SIGKILL it if that takes too long."""
+        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            if self.popen.poll() is not None:
+                break
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=wait)
+        # Children the worker left behind in its group (none expected) go too.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.log_file.close()
+
+
+@contextlib.contextmanager
+def _worker(name: str, app: str, env: Mapping[str, str], logs: Path) -> Iterator[_Worker]:
+    worker = _Worker.start(name, app, env, logs)
+    try:
+        worker.wait_ready(timeout=60)
+        yield worker
+    finally:
+        worker.stop()
+
+
+def bench_noop(env: Mapping[str, str], logs: Path, *, tasks: int, seconds: float) -> Result:
+    """Publish ``tasks`` no-op tasks to a fresh no-op worker; time until all were executed."""
+    settings = Settings.from_env(env)
+    app = make_noop_app(settings)
+    client = redis.Redis.from_url(settings.redis_url)
+    try:
+        with _worker("noop", "tests.bench.noop_app", env, logs) as worker:
+            key = done_key(settings)
+            client.delete(key)
+            began = time.time()
+            with app.producer_or_acquire() as producer:
+                for _ in range(tasks):
+                    app.send_task(NOOP_TASK, producer=producer, ignore_result=True)
+            published = time.time() - began
+            deadline = time.monotonic() + seconds
+            while int(client.get(key) or 0) < tasks:
+                worker.check(deadline, f"{tasks} no-op tasks")
+                time.sleep(_POLL)
+            elapsed = time.time() - began
+    finally:
+        client.close()
+        app.close()
+    return Result(
+        "bare Celery no-op task",
+        tasks,
+        elapsed,
+        settings.worker_pool,
+        settings.worker_concurrency,
+        notes=(f"publishing {tasks} no-op tasks alone: {tasks / published:,.0f}/s",),
+    )
+
+
+def _write_personas(root: Path, count: int, *, scripted: bool) -> list[str]:
+    names = [f"p{i:04d}" for i in range(count)]
+    for name in names:
+        home = root / name
+        home.mkdir(parents=True)
+        (home / "SOUL.md").write_text(f"You are {name}.\n", encoding="utf-8")
+        if scripted:
+            (home / "rules.toml").write_text('[[rules]]\ntext = "ok"\n', encoding="utf-8")
+            (home / "persona.toml").write_text('model = "scripted:rules.toml"\n', encoding="utf-8")
+    return names
+
+
+def _drive(fleet: Fleet, worker: _Worker, plan: dict[str, int], deadline: float) -> tuple[
+    float, list[dict[str, Any]]
+]:
+    """Post each persona's items one at a time (the next when its turn starts); the turn ends."""
+    remaining = dict(plan)
+    total = sum(plan.values())
+    began = time.time()
+    for name in plan:
+        fleet.post(name, "bench", sender="bench", channel="bench", wake=True)
+        remaining[name] -= 1
+    ends: list[dict[str, Any]] = []
+    while len(ends) < total:
+        fresh = worker.events()
+        for event in fresh:
+            name = str(event.get("lane", ""))
+            if event.get("event") == "turn.start" and remaining.get(name, 0) > 0:
+                fleet.post(name, "bench", sender="bench", channel="bench", wake=True)
+                remaining[name] -= 1
+            elif event.get("event") == "turn.end":
+                if event.get("status") != "done" or event.get("items") != 1:
+                    raise worker.error(f"turn did not end as benchmarked: {event}")
+                ends.append(event)
+        if not fresh:
+            worker.check(deadline, f"{total} turns ({len(ends)} done)")
+            time.sleep(_POLL)
+    return began, ends
+
+
+def bench_turns(
+    label: str,
+    env: Mapping[str, str],
+    logs: Path,
+    names: Sequence[str],
+    *,
+    turns: int,
+    seconds: float,
+) -> Result:
+    """``turns`` fleet turns spread over ``names`` on a fresh ``celery -A workers`` worker."""
+    settings = Settings.from_env(env)
+    personas = list(names)[: max(1, min(len(names), turns))]
+    plan = {
+        name: turns // len(personas) + (1 if i < turns % len(personas) else 0)
+        for i, name in enumerate(personas)
+    }
+    publisher = CeleryPublisher(settings)
+    fleet = Fleet(settings, publisher=publisher)
+    try:
+        with _worker(label.split()[-1], "workers", env, logs) as worker:
+            began, ends = _drive(fleet, worker, plan, time.monotonic() + seconds)
+    finally:
+        fleet.client.close()
+        publisher.app.close()
+    elapsed = max(float(e["at"]) for e in ends) - began
+    p50 = statistics.median(float(e["seconds"]) for e in ends) * 1000
+    return Result(
+        label, turns, elapsed, settings.worker_pool, settings.worker_concurrency, p50_ms=p50
+    )
+
+
+def _clean(url: str, prefix: str) -> int:
+    """Delete every key under ``prefix``; return how many keys match it afterwards."""
+    client = redis.Redis.from_url(url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=5000))
+        for start in range(0, len(keys), 5000):
+            client.unlink(*keys[start : start + 5000])
+        return sum(1 for _ in client.scan_iter(match=f"{prefix}*", count=5000))
+    finally:
+        client.close()
+
+
+def _table(results: Sequence[Result], setup: str) -> str:
+    header = (
+        f"{'':<36} {'per s':>9} {'ms/op':>8} {'p50 ms':>8} {'N':>6} {'pool':>8} {'conc':>5}"
+    )
+    lines = [setup, header, "-" * len(header)]
+    for r in results:
+        p50 = "-" if r.p50_ms is None else f"{r.p50_ms:,.1f}"
+        lines.append(
+            f"{r.label:<36} {r.rate:>9,.1f} {1000 / r.rate:>8,.2f} {p50:>8} {r.count:>6} "
+            f"{r.pool:>8} {r.concurrency:>5}"
+        )
+    lines.append(
+        "per s: tasks or turns completed per second, first publish to last completion; "
+        "ms/op: 1000 / per s; p50 ms: median turn duration inside the worker"
+    )
+    lines.extend(f"  {note}" for r in results for note in r.notes)
+    return "\n".join(lines)
+
+
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.bench_fleet", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", type=int, default=5000, help="no-op tasks (default 5000)")
+    parser.add_argument("--turns", type=int, default=1000, help="turns at 0 ms (default 1000)")
+    parser.add_argument("--slow-turns", type=int, default=None,
+                        help="turns at --latency (default 6 x concurrency)")
+    parser.add_argument("--personas", type=int, default=200, help="personas (default 200)")
+    parser.add_argument("--latency", type=float, default=2.0, help="model latency s (default 2)")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="worker concurrency (default: SOULFLEET_WORKER_CONCURRENCY, 32)")
+    parser.add_argument("--seconds", type=float, default=90.0,
+                        help="give up on a phase after this long (default 90)")
+    args = parser.parse_args(argv)
+    for name in ("tasks", "turns", "personas"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _arguments(argv)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    run = uuid.uuid4().hex[:10]
+    base = f"sfbench:{run}:"
+    extra: dict[str, str] = {}
+    if args.concurrency is not None:
+        extra["SOULFLEET_WORKER_CONCURRENCY"] = str(args.concurrency)
+    scratch = Path(tempfile.mkdtemp(prefix="sfbench-"))
+    configured = os.environ.get("REDIS_URL", "").strip() or None
+    source = "REDIS_URL" if configured and reachable(configured) else "own redis-server"
+    results: list[Result] = []
+    try:
+        with live_redis(configured, scratch / "redis") as url:
+
+            def env(phase: str, root: Path, more: Mapping[str, str] | None = None) -> dict[str, str]:
+                root.mkdir(parents=True, exist_ok=True)
+                return fleet_env(redis_url=url, key_prefix=f"{base}{phase}:", personas=root,
+                                 extra={**extra, **(more or {})})
+
+            logs = scratch / "logs"
+            logs.mkdir()
+            try:
+                noop_env = env("noop", scratch / "none")
+                settings = Settings.from_env(noop_env)
+                slow_turns = args.slow_turns or 6 * settings.worker_concurrency
+                print(f"bench_fleet: no-op x{args.tasks} …", file=sys.stderr, flush=True)
+                results.append(bench_noop(noop_env, logs, tasks=args.tasks, seconds=args.seconds))
+
+                root = scratch / "scripted"
+                names = _write_personas(root, args.personas, scripted=True)
+                print(f"bench_fleet: {args.turns} turns, scripted 0 ms …", file=sys.stderr,
+                      flush=True)
+                results.append(bench_turns("fleet turn, scripted model 0 ms", env("fast", root),
+                                           logs, names, turns=args.turns, seconds=args.seconds))
+
+                root = scratch / "http"
+                names = _write_personas(root, args.personas, scripted=False)
+                print(f"bench_fleet: {slow_turns} turns, HTTP model {args.latency:g} s …",
+                      file=sys.stderr, flush=True)
+                with FakeProvider("openai", delay=args.latency, text="ok") as provider:
+                    slow_env = env("slow", root, {"SOULFLEET_MODEL": "openai:fake",
+                                                  "OPENAI_BASE_URL": provider.base_url})
+                    row = bench_turns(f"fleet turn, HTTP model {args.latency:g} s",
+                                      slow_env, logs, names, turns=slow_turns,
+                                      seconds=args.seconds)
+                    gate = Settings.from_env(slow_env).max_concurrent_model_calls
+                    ideal = min(settings.worker_concurrency, gate or slow_turns) / args.latency
+                    results.append(replace(row, notes=(
+                        f"HTTP model: {len(provider.requests)} requests, at most "
+                        f"{provider.max_in_flight} at once; ideal {ideal:,.1f} turns/s "
+                        f"(min(concurrency, gate {gate}) / {args.latency:g} s)",
+                    )))
+            finally:
+                leftover = _clean(url, base)
+            if leftover:
+                print(f"bench_fleet: WARNING: {leftover} keys under {base!r} survived cleanup",
+                      file=sys.stderr)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    cores = os.cpu_count() or 0
+    setup = (
+        f"bench_fleet: {source}, Celery {celery.__version__}, Python "
+        f"{sys.version.split()[0]}, {cores} cores; pool {settings.worker_pool}, concurrency "
+        f"{settings.worker_concurrency}, prefetch 1, acks_late; {args.personas} personas"
+    )
+    print(_table(results, setup))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BenchError as exc:
+        print(f"bench_fleet: FAILED: {exc}", file=sys.stderr)
+        sys.exit(1)

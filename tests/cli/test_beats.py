@@ -1,0 +1,82 @@
+"""`soulfleet beats [--follow] [--json]`: the surfaced-beats feed on the terminal."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+from collections.abc import Mapping
+
+from tests.cli.conftest import Invoke
+from tests.support.cli import PASSWORD, commit_turn, lanes_for, soulfleet_argv, subprocess_env
+from tests.support.fleet import wait_until
+
+
+def test_beats_json_lines_oldest_first(invoke: Invoke, env: Mapping[str, str | None]) -> None:
+    """--json prints one object per committed beat, oldest first, with persona/text/turn id."""
+    lanes = lanes_for(env)
+    first = commit_turn(lanes, "ava", "Reminder: water")
+    second = commit_turn(lanes, "milo", "New paper out")
+    result = invoke("beats", "--json")
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["persona"], r["text"], r["turn_id"]) for r in rows] == [
+        ("ava", "Reminder: water", first),
+        ("milo", "New paper out", second),
+    ]
+    assert rows[0]["time"] == 1700000000.5
+
+
+def test_beats_human_lines_and_count(invoke: Invoke, env: Mapping[str, str | None]) -> None:
+    """Without --json each beat is 'HH:MM:SS persona: text'; --count limits to the newest."""
+    lanes = lanes_for(env)
+    commit_turn(lanes, "ava", "one")
+    commit_turn(lanes, "ava", "two")
+    lines = invoke("beats", "--count", "1").stdout.splitlines()
+    assert len(lines) == 1
+    assert lines[0].endswith(" ava: two")
+
+
+def test_beats_empty_feed_says_so(invoke: Invoke) -> None:
+    """No beats yet: nothing on stdout, a note on stderr, exit 0."""
+    result = invoke("beats")
+    assert result.exit_code == 0
+    assert result.stdout == ""
+    assert "no surfaced beats yet" in result.stderr
+
+
+def test_beats_follow_streams_new_beats_until_sigint(env: Mapping[str, str | None]) -> None:
+    """--follow prints beats committed after it started; SIGINT ends it with exit 0."""
+    process = subprocess.Popen(
+        soulfleet_argv("beats", "--follow", "--json"),
+        env=subprocess_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")))  # type: ignore[union-attr]
+    reader.start()
+    try:
+        lanes = lanes_for(env)
+        turn_id = commit_turn(lanes, "ava", "Reminder: stretch")
+        wait_until(lambda: lines, timeout=30, what="a followed beat")
+        assert json.loads(lines[0])["turn_id"] == turn_id
+        later = commit_turn(lanes, "milo", "second")
+        wait_until(lambda: len(lines) >= 2, timeout=30, what="a second followed beat")
+        assert json.loads(lines[1])["turn_id"] == later
+    finally:
+        process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=30)
+        reader.join(timeout=10)
+    assert code == 0
+    assert "Traceback" not in (process.stderr.read() if process.stderr else "")
+
+
+def test_beats_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, str | None]) -> None:
+    """Redis down: exit 1, URL without password, `soulfleet up` suggested."""
+    result = invoke("beats", environ=dead_redis_env)
+    assert result.exit_code == 1
+    assert PASSWORD not in result.output
+    assert "soulfleet up" in result.stderr

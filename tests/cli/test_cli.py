@@ -1,0 +1,70 @@
+"""The `soulfleet` group: the pinned commands, documented exit codes, one-line failures."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import Invoke
+from tests.support.cli import PASSWORD
+
+PINNED = ("up", "init", "soul", "run", "post", "status", "beats", "dream")
+
+
+def test_help_lists_every_pinned_command_and_the_exit_codes(invoke: Invoke) -> None:
+    """--help names all eight commands and documents exit statuses 0, 1 and 2."""
+    result = invoke("--help")
+    assert result.exit_code == 0
+    listed = result.stdout.split("Commands:")[1]
+    for command in PINNED:
+        assert f"\n  {command} " in listed, command
+    assert "0 ok, 1 runtime failure" in result.stdout
+    assert "2 usage or bad input" in result.stdout
+
+
+def test_unknown_option_is_a_usage_error(invoke: Invoke) -> None:
+    """click's own usage errors exit 2."""
+    assert invoke("status", "--bogus").exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("post", "ava", "hi"), ("status",), ("beats",), ("dream", "ava"), ("run", "ava", "hi"),
+     ("run", "ava", "hi", "--local"), ("up", "--personas", "."), ("soul", "ava")],
+)  # fmt: skip
+def test_invalid_settings_name_the_variable(
+    invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Every command that reads settings fails with exit 2 and one line naming the variable."""
+    environ = {**env, "SOULFLEET_LEASE_TTL": "soon"}
+    extra = ("--data", str(tmp_path / "data")) if args[0] == "up" else ()
+    result = invoke(*args, *extra, environ=environ)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("soulfleet: error: SOULFLEET_LEASE_TTL")
+
+
+def test_up_with_an_unreachable_redis_fails_before_starting_anything(
+    invoke: Invoke, dead_redis_env: Mapping[str, str | None], fleet_root: Path, tmp_path: Path
+) -> None:
+    """`up` pointed at a dead REDIS_URL exits 1 naming it without password; no state is left."""
+    data = tmp_path / "data"
+    result = invoke("up", "--data", str(data), "--personas", str(fleet_root),
+                    environ=dead_redis_env)  # fmt: skip
+    assert result.exit_code == 1
+    assert PASSWORD not in result.output
+    assert "soulfleet: error: Redis at redis://:***@127.0.0.1:" in result.stderr
+    assert not (data / "up.json").exists()
+    assert not (data / "logs" / "worker-1.log").exists()
+
+
+def test_up_with_a_missing_personas_root_is_bad_input(invoke: Invoke, tmp_path: Path) -> None:
+    """`up --personas` naming no directory exits 2 before starting Redis or any child."""
+    data = tmp_path / "data"
+    result = invoke("up", "--data", str(data), "--personas", str(tmp_path / "typo"))
+    assert result.exit_code == 2
+    assert "typo" in result.stderr
+    assert result.stderr.count("\n") == 1
+    assert not (data / "redis").exists() or not any((data / "redis").iterdir())

@@ -1,0 +1,82 @@
+"""Which fleet a command reaches: REDIS_URL, else a live `up`'s state file, else the default."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from workers.cli.context import fleet_environ, persona_dir
+from workers.datadir import DataDir, UpState
+from workers.errors import UnknownPersona
+
+
+def _state(tmp: Path, pid: int, *, embedded: bool = True) -> UpState:
+    return UpState(
+        pid=pid,
+        redis_url="redis://127.0.0.1:41234/0",
+        personas=str(tmp / "up-personas"),
+        key_prefix="upfleet:",
+        queue_prefix="upfleet",
+        data=str(tmp / "xdg" / "soulfleet"),
+        started_at=1.0,
+        embedded_redis=embedded,
+    )
+
+
+def _write(tmp: Path, state: UpState) -> dict[str, str]:
+    DataDir(tmp / "xdg" / "soulfleet").write_state(state)
+    return {"XDG_DATA_HOME": str(tmp / "xdg"), "HOME": str(tmp)}
+
+
+def test_a_running_up_is_adopted_when_redis_url_is_unset(tmp_path: Path) -> None:
+    """No REDIS_URL + a live up.json: its Redis, prefixes and personas root are used."""
+    environ = _write(tmp_path, _state(tmp_path, os.getpid()))
+    env, adopted = fleet_environ(None, environ)
+    assert adopted is not None
+    assert adopted.pid == os.getpid()
+    assert env["REDIS_URL"] == "redis://127.0.0.1:41234/0"
+    assert env["SOULFLEET_KEY_PREFIX"] == "upfleet:"
+    assert env["SOULFLEET_QUEUE_PREFIX"] == "upfleet"
+    assert env["SOULFLEET_PERSONAS"] == str(tmp_path / "up-personas")
+
+
+def test_explicit_settings_win_over_the_state_file(tmp_path: Path) -> None:
+    """REDIS_URL set: the state file is ignored; --personas beats the up's root."""
+    environ = _write(tmp_path, _state(tmp_path, os.getpid()))
+    env, adopted = fleet_environ(None, {**environ, "REDIS_URL": "redis://10.0.0.1:6379/0"})
+    assert adopted is None
+    assert env["REDIS_URL"] == "redis://10.0.0.1:6379/0"
+    assert "SOULFLEET_KEY_PREFIX" not in env
+    env, adopted = fleet_environ(tmp_path / "mine", {**environ, "SOULFLEET_KEY_PREFIX": "x:"})
+    assert adopted is not None
+    assert env["SOULFLEET_PERSONAS"] == str(tmp_path / "mine")
+    assert env["SOULFLEET_KEY_PREFIX"] == "x:"
+
+
+def test_a_dead_up_or_an_external_redis_is_not_adopted(tmp_path: Path) -> None:
+    """A state file whose pid is gone, or that records a user's own Redis, is ignored."""
+    dead = 2**22 + 12345  # above Linux's default pid_max: no such process
+    environ = _write(tmp_path, _state(tmp_path, dead))
+    assert fleet_environ(None, environ)[1] is None
+    environ = _write(tmp_path, _state(tmp_path, os.getpid(), embedded=False))
+    env, adopted = fleet_environ(None, environ)
+    assert adopted is None
+    assert "REDIS_URL" not in env
+
+
+def test_persona_dir_prefers_the_root_for_bare_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bare name resolves under the root even if the working directory has one too."""
+    root = tmp_path / "root"
+    (root / "ava").mkdir(parents=True)
+    (tmp_path / "ava").mkdir()
+    (tmp_path / "solo").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert persona_dir("ava", root) == root / "ava"
+    assert persona_dir("./ava", root) == Path("./ava")
+    assert persona_dir("solo", root) == Path("solo")
+    with pytest.raises(UnknownPersona):
+        persona_dir("ghost", root)

@@ -1,0 +1,77 @@
+"""`soulfleet dream PERSONA | --all`: wake dreamers now; watch a batch to its summary."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from tests.cli.conftest import Invoke
+from tests.support.cli import PASSWORD, dead_letter, lanes_for
+
+
+def test_dream_persona_queues_a_pass_on_the_dreamer_lane(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """`dream nora` queues a dream turn on nora-dreamer, not on nora's own lane."""
+    result = invoke("dream", "nora")
+    assert result.exit_code == 0, result.output
+    lanes = lanes_for(env)
+    dreamer = lanes.status("nora-dreamer")
+    assert dreamer["state"] == "queued"
+    assert dreamer["kind"] == "dream"
+    assert f"turn {dreamer['turn_id']}" in result.stdout
+    assert lanes.status("nora")["state"] == "idle"
+
+
+def test_dream_twice_coalesces(invoke: Invoke, env: Mapping[str, str | None]) -> None:
+    """A second `dream` while one is queued joins it instead of queueing another."""
+    assert invoke("dream", "ava").exit_code == 0
+    result = invoke("dream", "ava")
+    assert result.exit_code == 0
+    assert "already queued or running" in result.stdout
+    assert lanes_for(env).status("ava-dreamer")["pending_ticks"] == 2
+
+
+def test_dream_dead_lettered_dreamer_exit_1(invoke: Invoke, env: Mapping[str, str | None]) -> None:
+    """A dead-lettered dreamer lane is a runtime failure pointing at `soulfleet status`."""
+    dead_letter(lanes_for(env), "milo-dreamer")
+    result = invoke("dream", "milo")
+    assert result.exit_code == 1
+    assert "dead-lettered" in result.stderr
+    assert "soulfleet status milo" in result.stderr
+
+
+def test_dream_all_times_out_with_a_summary(invoke: Invoke, env: Mapping[str, str | None]) -> None:
+    """With no worker running, --all reports every dreamer still running (exit 1) and counts a
+    dead-lettered one as failed."""
+    dead_letter(lanes_for(env), "milo-dreamer")
+    result = invoke("dream", "--all", "--timeout", "0")
+    assert result.exit_code == 1
+    assert "done: 0  failed: 1  still running: 2" in result.stdout
+    assert "failed: milo-dreamer" in result.stdout
+    assert "still running: ava-dreamer, nora-dreamer" in result.stdout
+    assert lanes_for(env).status("ava-dreamer")["state"] == "queued"
+
+
+@pytest.mark.parametrize("args", [(), ("ava", "--all")])
+def test_dream_needs_exactly_one_of_persona_or_all(invoke: Invoke, args: tuple[str, ...]) -> None:
+    """Neither or both of PERSONA and --all is a usage error (exit 2)."""
+    result = invoke("dream", *args)
+    assert result.exit_code == 2
+    assert "either PERSONA or --all" in result.stderr
+
+
+def test_dream_unknown_persona_exit_2(invoke: Invoke) -> None:
+    """An unknown persona: exit 2, one line."""
+    result = invoke("dream", "nobody")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+
+
+def test_dream_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, str | None]) -> None:
+    """Redis down: exit 1, the URL without its password, `soulfleet up` suggested."""
+    result = invoke("dream", "ava", environ=dead_redis_env)
+    assert result.exit_code == 1
+    assert PASSWORD not in result.output
+    assert "soulfleet up" in result.stderr

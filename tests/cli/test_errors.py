@@ -1,0 +1,59 @@
+"""How the CLI fails: the exit code per kind of error, one line, never a password."""
+
+from __future__ import annotations
+
+import redis
+from kombu.exceptions import OperationalError
+
+from workers.cli.errors import EXIT_FAILURE, EXIT_USAGE, BadInputError, CliError, translate
+from workers.errors import InboxFull, LaneDeadLettered, UnknownPersona
+from workers.persona.errors import ModelSpecError, PersonaConfigError, SettingsError
+
+
+def test_bad_input_maps_to_exit_2() -> None:
+    """Unknown persona, invalid persona.toml, invalid settings, bad model spec: exit 2."""
+    for exc in (
+        UnknownPersona("ghost", "/p"),
+        PersonaConfigError("/p/persona.toml", "heartbeat.every", "bad"),
+        SettingsError("SOULFLEET_INBOX_MAX", "must be a whole number"),
+        ModelSpecError("unknown model spec 'x'"),
+    ):
+        error = translate(exc)
+        assert isinstance(error, BadInputError), exc
+        assert error.exit_code == EXIT_USAGE
+
+
+def test_runtime_failures_map_to_exit_1() -> None:
+    """Inbox full, dead-lettered lane, timeouts and Redis trouble: exit 1."""
+    for exc in (
+        InboxFull("ava", 3),
+        LaneDeadLettered("ava", "boom"),
+        TimeoutError("no answer"),
+        PermissionError(13, "Permission denied", "/root/x"),
+        redis.ResponseError("OOM command not allowed"),
+    ):
+        error = translate(exc)
+        assert error is not None, exc
+        assert not isinstance(error, BadInputError), exc
+        assert error.exit_code == EXIT_FAILURE
+
+
+def test_connection_errors_name_the_url_without_password() -> None:
+    """A raw redis or broker connection error becomes the RedisUnavailable line, password hidden."""
+    url = "redis://user:hunter2@10.1.2.3:6380/0"
+    for exc in (
+        redis.ConnectionError("Error 111 connecting to 10.1.2.3:6380. Connection refused."),
+        OperationalError("cannot reach redis://user:hunter2@10.1.2.3:6380/0"),
+    ):
+        error = translate(exc, redis_url=url)
+        assert error is not None
+        assert "hunter2" not in error.message
+        assert "redis://user:***@10.1.2.3:6380/0" in error.message
+        assert "soulfleet up" in error.message
+
+
+def test_messages_are_one_line_and_bugs_are_not_translated() -> None:
+    """Multi-line messages are collapsed; an unexpected exception is left to its traceback."""
+    error = CliError("first line\n  second line")
+    assert error.message == "first line second line"
+    assert translate(KeyError("bug")) is None

@@ -1,0 +1,70 @@
+"""`soulfleet init DIR`: a self-explaining persona home, never overwriting anything."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from tests.cli.conftest import Invoke
+from workers.cli.init import SCAFFOLD_FILES
+from workers.persona.home import BOOTSTRAP_ORDER, compose_soul
+from workers.persona.manifest import PersonaConfig, load_manifest
+
+_KEYS = ("does", "model", "memory", "notes", "memory_index_cap", "every", "active_hours",
+         "cron", "timezone", "window", "instructions")  # fmt: skip
+
+
+def test_init_writes_every_bootstrap_file_with_a_role_comment(
+    invoke: Invoke, tmp_path: Path
+) -> None:
+    """Every bootstrap file, persona.toml and DREAM.md are written; each .md opens with a comment
+    on its role."""
+    home = tmp_path / "kai"
+    result = invoke("init", str(home))
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in home.iterdir()) == sorted(SCAFFOLD_FILES)
+    for name in (*BOOTSTRAP_ORDER, "DREAM.md"):
+        text = (home / name).read_text(encoding="utf-8")
+        assert text.startswith(f"<!-- {name}:"), name
+    assert "Name: kai" in (home / "IDENTITY.md").read_text(encoding="utf-8")
+    soul, found = compose_soul(home)
+    assert found == list(BOOTSTRAP_ORDER)
+    assert "## SOUL.md" in soul
+
+
+def test_init_persona_toml_is_valid_and_documents_every_key(invoke: Invoke, tmp_path: Path) -> None:
+    """The scaffolded persona.toml parses, and every schema key appears with a comment above it."""
+    home = tmp_path / "kai"
+    assert invoke("init", str(home)).exit_code == 0
+    config = load_manifest(home)
+    assert isinstance(config, PersonaConfig)
+    assert config.heartbeat is not None
+    assert config.dream is not None
+    text = (home / "persona.toml").read_text(encoding="utf-8")
+    tomllib.loads(text)
+    lines = text.splitlines()
+    for key in _KEYS:
+        at = next(i for i, line in enumerate(lines) if line.lstrip("# ").startswith(f"{key} ="))
+        assert lines[at - 1].startswith("#"), f"{key} has no comment above it"
+
+
+def test_init_refuses_to_overwrite_and_writes_nothing(invoke: Invoke, tmp_path: Path) -> None:
+    """An existing bootstrap file makes init fail (exit 2, one line naming it) and write nothing."""
+    home = tmp_path / "kai"
+    home.mkdir()
+    (home / "SOUL.md").write_text("mine", encoding="utf-8")
+    result = invoke("init", str(home))
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert "refusing to overwrite" in result.stderr
+    assert "SOUL.md" in result.stderr
+    assert [p.name for p in home.iterdir()] == ["SOUL.md"]
+    assert (home / "SOUL.md").read_text(encoding="utf-8") == "mine"
+
+
+def test_init_into_an_empty_existing_directory(invoke: Invoke, tmp_path: Path) -> None:
+    """An existing empty directory is fine: init fills it."""
+    home = tmp_path / "empty"
+    home.mkdir()
+    assert invoke("init", str(home)).exit_code == 0
+    assert (home / "persona.toml").is_file()

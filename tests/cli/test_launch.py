@@ -1,0 +1,97 @@
+"""What `up` assembles: personas root, child environments and commands, persona summaries."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from workers.cli.launch import (
+    BUILTIN_MODEL_LABEL,
+    child_environ,
+    child_specs,
+    choose_personas,
+    describe_personas,
+    model_label,
+)
+from workers.demo import DEMO_PERSONAS
+from workers.settings import Settings
+
+
+def test_choose_personas_precedence_and_demo_copy_once(tmp_path: Path) -> None:
+    """--personas beats SOULFLEET_PERSONAS beats the demo, which is copied only the first time."""
+    data = tmp_path / "data" / "personas"
+    mine = tmp_path / "mine"
+    assert choose_personas(mine, {"SOULFLEET_PERSONAS": "/elsewhere"}, data).root == mine.resolve()
+    from_env = choose_personas(None, {"SOULFLEET_PERSONAS": str(mine)}, data)
+    assert (from_env.root, from_env.demo) == (mine.resolve(), False)
+    assert not data.exists()
+    first = choose_personas(None, {}, data)
+    assert first.demo
+    assert first.installed == DEMO_PERSONAS
+    (data / "ava" / "SOUL.md").write_text("edited by the user", encoding="utf-8")
+    (data / "milo").rename(data / "max")
+    second = choose_personas(None, {}, data)
+    assert second.demo
+    assert second.installed == ()
+    assert (data / "ava" / "SOUL.md").read_text(encoding="utf-8") == "edited by the user"
+    assert sorted(p.name for p in data.iterdir()) == ["ava", "max", "nora"]
+
+
+def test_child_specs_order_stages_and_commands(tmp_path: Path) -> None:
+    """beat stops first, workers next (thread pool, all queues), flower last on 127.0.0.1."""
+    settings = Settings.from_env({"SOULFLEET_QUEUE_PREFIX": "qp"})
+    env = child_environ({"PATH": "/bin"}, redis_url="redis://127.0.0.1:1/0", personas=tmp_path)
+    specs = child_specs(settings, env, logs=tmp_path / "logs", cwd=tmp_path, workers=2,
+                        flower=True, flower_port=5599)  # fmt: skip
+    assert [(s.name, s.stage) for s in specs] == [
+        ("beat", 0), ("worker-1", 1), ("worker-2", 1), ("flower", 2),
+    ]  # fmt: skip
+    worker = specs[1]
+    assert worker.argv[:5] == [sys.executable, "-m", "celery", "-A", "workers"]
+    assert worker.argv[worker.argv.index("-P") + 1] == "threads"
+    assert worker.argv[worker.argv.index("-Q") + 1] == "qp.interactive,qp.heartbeat,qp.dream"
+    assert worker.stop_signal == signal.SIGTERM  # celery's warm shutdown
+    assert "--address=127.0.0.1" in specs[3].argv
+    assert "--port=5599" in specs[3].argv
+    assert worker.env["REDIS_URL"] == "redis://127.0.0.1:1/0"
+    assert worker.env["SOULFLEET_PERSONAS"] == str(tmp_path)
+    assert worker.env["SOULFLEET_LOG_FORMAT"] == "json"
+    assert {s.env["SOULFLEET_METRICS_PORT"] for s in specs} == {"0"}
+    assert worker.log_path == tmp_path / "logs" / "worker-1.log"
+
+
+def test_metrics_ports_are_distinct_only_with_a_base(tmp_path: Path) -> None:
+    """With SOULFLEET_METRICS_PORT=9100, each process serves its own port."""
+    settings = Settings.from_env({"SOULFLEET_METRICS_PORT": "9100"})
+    specs = child_specs(settings, {}, logs=tmp_path, cwd=tmp_path, workers=2, flower=False)
+    assert {s.name: s.env["SOULFLEET_METRICS_PORT"] for s in specs} == {
+        "beat": "9102", "worker-1": "9100", "worker-2": "9101",
+    }  # fmt: skip
+
+
+def test_model_label_says_which_model() -> None:
+    """inherit -> SOULFLEET_MODEL if set, else the built-in scripted model; explicit specs win."""
+    plain = Settings.from_env({})
+    configured = Settings.from_env({"SOULFLEET_MODEL": "openai:gpt-4o-mini"})
+    assert model_label("inherit", plain) == BUILTIN_MODEL_LABEL
+    assert model_label("inherit", configured) == "openai:gpt-4o-mini (SOULFLEET_MODEL)"
+    assert model_label("anthropic:claude-x", configured) == "anthropic:claude-x (persona.toml)"
+
+
+def test_describe_personas_lists_models_schedules_and_lanes(tmp_path: Path) -> None:
+    """One line per demo persona with its model and schedules; dreamers count as lanes."""
+    root = choose_personas(None, {}, tmp_path / "personas").root
+    (root / "broken").mkdir()
+    (root / "broken" / "persona.toml").write_text("evrey = 1\n", encoding="utf-8")
+    lines, lanes = describe_personas(root, Settings.from_env({}))
+    assert [line.split()[0] for line in lines] == ["ava", "broken", "milo", "nora"]
+    assert "heartbeat every 20s" in lines[0]
+    assert "dream cron '0 3 * * *' UTC" in lines[0]
+    assert "INVALID" in lines[1]
+    assert "evrey" in lines[1]
+    assert "heartbeat every 10s" in lines[2]
+    assert "dream" not in lines[2]
+    assert "dream every 20s" in lines[3]
+    assert all(BUILTIN_MODEL_LABEL in line for line in (lines[0], lines[2], lines[3]))
+    assert lanes == 2 + 1 + 1 + 2

@@ -1,0 +1,104 @@
+"""`soulfleet post PERSONA TEXT`: one inbox item through Fleet.post, refusals loud."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+
+from tests.cli.conftest import Invoke
+from tests.support.cli import PASSWORD, lanes_for
+from workers.persona.inbox import InboxItem
+
+
+def test_post_no_wake_keeps_the_item_with_its_provenance(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """--no-wake puts the item in the inbox with --from/--channel and queues no turn."""
+    result = invoke(
+        "post", "ava", "hello there", "--no-wake", "--from", "tester", "--channel", "sms"
+    )
+    assert result.exit_code == 0, result.output
+    assert "posted to ava" in result.stdout
+    assert "not woken" in result.stdout
+    lanes = lanes_for(env)
+    status = lanes.status("ava")
+    assert status["state"] == "idle"
+    assert status["inbox_depth"] == 1
+    raw = lanes.client.lindex(lanes.keys.inbox("ava"), 0)
+    item = InboxItem.from_json(str(raw))
+    assert (item.text, item.sender, item.channel) == ("hello there", "tester", "sms")
+
+
+def test_post_wake_queues_an_interactive_turn(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """With --wake (the default) an idle persona's lane is queued and the turn id printed."""
+    result = invoke("post", "milo", "wake up")
+    assert result.exit_code == 0, result.output
+    status = lanes_for(env).status("milo")
+    assert status["state"] == "queued"
+    assert status["kind"] == "interactive"
+    assert f"turn {status['turn_id']} queued" in result.stdout
+
+
+def test_post_accepts_a_path_inside_the_root(invoke: Invoke, env: Mapping[str, str | None]) -> None:
+    """PERSONA may be the path of a persona directory under the root."""
+    root = env["SOULFLEET_PERSONAS"]
+    assert root is not None
+    result = invoke("post", f"{root}/nora", "by path", "--no-wake")
+    assert result.exit_code == 0, result.output
+    assert lanes_for(env).status("nora")["inbox_depth"] == 1
+
+
+def test_post_unknown_persona_exit_2(invoke: Invoke) -> None:
+    """An unknown persona is one line on stderr naming it, exit 2."""
+    result = invoke("post", "nobody", "hi")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert "unknown persona 'nobody'" in result.stderr
+
+
+def test_post_directory_outside_the_root_says_so(invoke: Invoke, tmp_path: object) -> None:
+    """A real directory outside the root is refused with a hint at --personas / run --local."""
+    result = invoke("post", str(tmp_path), "hi")
+    assert result.exit_code == 2
+    assert "only reach personas under the fleet's root" in result.stderr
+
+
+def test_post_inbox_full_exit_1(invoke: Invoke, env: Mapping[str, str | None]) -> None:
+    """A full inbox refuses the item loudly (exit 1) and keeps what was there."""
+    full = {**env, "SOULFLEET_INBOX_MAX": "1"}
+    assert invoke("post", "ava", "one", "--no-wake", environ=full).exit_code == 0
+    result = invoke("post", "ava", "two", "--no-wake", environ=full)
+    assert result.exit_code == 1
+    assert result.stderr.count("\n") == 1
+    assert "inbox of lane 'ava' is full" in result.stderr
+    assert lanes_for(env).status("ava")["inbox_depth"] == 1
+
+
+def test_post_redis_unreachable_names_url_without_password(
+    invoke: Invoke, dead_redis_env: Mapping[str, str | None]
+) -> None:
+    """Redis down: exit 1, one line naming the URL with *** for the password, suggesting up."""
+    result = invoke("post", "ava", "hi", environ=dead_redis_env)
+    assert result.exit_code == 1
+    url = str(dead_redis_env["REDIS_URL"])
+    assert PASSWORD not in result.output
+    assert url.replace(PASSWORD, "***") in result.stderr
+    assert "soulfleet up" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("SOULFLEET_INBOX_MAX", "lots"), ("REDIS_URL", "http://example.com")],
+)
+def test_post_invalid_settings_exit_2(
+    invoke: Invoke, env: Mapping[str, str | None], variable: str, value: str
+) -> None:
+    """An invalid setting fails with exit 2 and one line naming the variable."""
+    result = invoke("post", "ava", "hi", environ={**env, variable: value})
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert variable in result.stderr

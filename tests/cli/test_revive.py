@@ -1,0 +1,61 @@
+"""`soulfleet revive`: a dead-lettered lane goes back into service; anything else is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from tests.cli.conftest import Invoke
+from workers.fleet import Fleet
+from workers.settings import Settings
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, str]] = []
+
+    def publish(self, lane: str, turn_id: str, kind: str) -> None:
+        self.sent.append((lane, turn_id, kind))
+
+    def publish_many(self, turns: list[tuple[str, str, str]]) -> None:
+        self.sent.extend(turns)
+
+
+def _dead_letter(env: Mapping[str, str | None], persona: str) -> Fleet:
+    settings = Settings.from_env({k: v for k, v in env.items() if v is not None})
+    fleet = Fleet(settings, publisher=_Recorder())
+    turn_id = fleet.post(persona, "hello", wake=True).turn_id
+    for _ in range(settings.max_attempts):
+        assert turn_id is not None
+        started = fleet.lanes.start(persona, turn_id, "test-worker")
+        failed = fleet.lanes.fail(persona, started.fence, error="model exploded")
+        turn_id = failed.retry_turn_id
+    assert fleet.lanes.status(persona)["state"] == "dead"
+    return fleet
+
+
+def test_revive_queues_a_dead_lettered_lane_again(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """After N failures the lane is dead; `revive` queues it with its kept item, exit 0."""
+    fleet = _dead_letter(env, "nora")
+    result = invoke("revive", "nora")
+    assert result.exit_code == 0, result.output
+    assert "revived nora: turn" in result.stdout
+    status = fleet.lanes.status("nora")
+    assert status["state"] == "queued"
+    assert status["attempts"] == 0
+    assert status["inflight_items"] == 1
+
+
+def test_revive_of_a_lane_that_is_not_dead_fails_clearly(invoke: Invoke) -> None:
+    """Reviving a healthy lane changes nothing and exits 1 with one line saying why."""
+    result = invoke("revive", "milo")
+    assert result.exit_code == 1
+    assert "milo is not dead-lettered" in result.output
+
+
+def test_revive_of_an_unknown_persona_is_bad_input(invoke: Invoke) -> None:
+    """An unknown persona is a usage error (exit 2), like every other fleet command."""
+    result = invoke("revive", "nobody")
+    assert result.exit_code == 2
+    assert "nobody" in result.output

@@ -1,0 +1,83 @@
+"""`soulfleet run PERSONA PROMPT`: one turn, in-process with --local (fleet runs: test_fleet)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from tests.cli.conftest import Invoke
+from tests.support.cli import PASSWORD
+
+
+def test_run_local_json_reports_text_status_usage_limit(invoke: Invoke, fleet_root: Path) -> None:
+    """--local --json runs the persona in-process; a "remember:" prompt writes MEMORY.md."""
+    result = invoke("run", "nora", "remember: the tea is genmaicha", "--local", "--json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["status"] == "done"
+    assert payload["limit"] is None
+    assert set(payload["usage"]) >= {"input_tokens", "output_tokens"}
+    assert payload["text"].startswith("Noted.")
+    assert "- the tea is genmaicha" in (fleet_root / "nora" / "MEMORY.md").read_text("utf-8")
+
+
+def test_run_local_plain_prints_the_text(invoke: Invoke) -> None:
+    """Without --json only the reply text is printed."""
+    result = invoke("run", "milo", "hello", "--local")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("I am the built-in scripted model")
+
+
+def test_run_local_any_directory_and_model_spec(invoke: Invoke, tmp_path: Path) -> None:
+    """--local takes a directory outside the root, and --model picks the model."""
+    home = tmp_path / "solo"
+    home.mkdir()
+    (home / "SOUL.md").write_text("You are Solo.", encoding="utf-8")
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rules]]\nname = "always"\ntext = "scripted hello"\n', encoding="utf-8")
+    result = invoke("run", str(home), "hi", "--local", "--model", f"scripted:{rules}", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["text"] == "scripted hello"
+
+
+def test_run_local_bad_model_spec_exit_2(invoke: Invoke) -> None:
+    """A model spec that names no model is bad input: exit 2, one line."""
+    result = invoke("run", "ava", "hi", "--local", "--model", "nonsense:thing")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert "nonsense:thing" in result.stderr
+
+
+def test_run_model_without_local_is_a_usage_error(invoke: Invoke) -> None:
+    """--model without --local is refused: a fleet turn uses the persona's own model."""
+    result = invoke("run", "ava", "hi", "--model", "scripted:builtin")
+    assert result.exit_code == 2
+    assert "--model only applies with --local" in result.stderr
+
+
+def test_run_local_invalid_persona_toml_names_the_key(invoke: Invoke, fleet_root: Path) -> None:
+    """An invalid persona.toml: exit 2, one line naming the key, no traceback."""
+    (fleet_root / "ava" / "persona.toml").write_text('model = 42\n', encoding="utf-8")
+    result = invoke("run", "ava", "hi", "--local")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert "'model'" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_run_unknown_persona_exit_2(invoke: Invoke) -> None:
+    """Unknown persona, fleet or local: exit 2, one line naming it."""
+    for extra in ((), ("--local",)):
+        result = invoke("run", "nobody", "hi", *extra)
+        assert result.exit_code == 2, extra
+        assert "unknown persona 'nobody'" in result.stderr
+
+
+def test_run_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, str | None]) -> None:
+    """A fleet run with Redis down: exit 1, URL without password, `soulfleet up` suggested."""
+    result = invoke("run", "ava", "hi", environ=dead_redis_env)
+    assert result.exit_code == 1
+    assert PASSWORD not in result.output
+    assert ":***@" in result.stderr
+    assert "soulfleet up" in result.stderr

@@ -1,0 +1,70 @@
+"""`soulfleet soul DIR`: the composed soul exactly as a turn reads it, and the found list."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.cli.conftest import Invoke
+from workers.persona.home import compose_soul
+
+
+def test_soul_prints_the_composed_soul_on_stdout(invoke: Invoke, fleet_root: Path) -> None:
+    """stdout is the soul compose_soul builds (plus a newline); stderr lists what was found."""
+    home = fleet_root / "ava"
+    result = invoke("soul", str(home))
+    assert result.exit_code == 0, result.output
+    soul, found = compose_soul(home)
+    assert result.stdout == soul + "\n"
+    assert result.stderr.startswith("found: " + ", ".join(found))
+
+
+def test_soul_json_has_soul_and_found(invoke: Invoke, fleet_root: Path) -> None:
+    """--json prints {"soul": ..., "found": [...]} and nothing else on stdout."""
+    result = invoke("soul", str(fleet_root / "milo"), "--json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    soul, found = compose_soul(fleet_root / "milo")
+    assert payload == {"soul": soul, "found": found}
+
+
+def test_soul_honours_the_memory_index_cap_from_persona_toml(
+    invoke: Invoke, tmp_path: Path
+) -> None:
+    """memory_index_cap in persona.toml applies to the preview, as it does to a turn."""
+    home = tmp_path / "capped"
+    home.mkdir()
+    (home / "MEMORY.md").write_text("".join(f"- fact {i}\n" for i in range(50)), encoding="utf-8")
+    (home / "persona.toml").write_text(
+        "memory_index_cap = { max_lines = 3, max_bytes = 1000 }\n", encoding="utf-8"
+    )
+    payload = json.loads(invoke("soul", str(home), "--json").stdout)
+    assert payload["soul"] == compose_soul(home, memory_index_cap=(3, 1000))[0]
+    assert "- fact 3" not in payload["soul"]
+
+
+def test_soul_accepts_a_persona_name_under_the_root(invoke: Invoke, fleet_root: Path) -> None:
+    """A bare name that is not a directory here resolves under SOULFLEET_PERSONAS."""
+    result = invoke("soul", "nora", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["soul"] == compose_soul(fleet_root / "nora")[0]
+
+
+def test_soul_unknown_persona_is_one_line_exit_2(invoke: Invoke) -> None:
+    """A name that is neither a directory nor a persona fails with one line and exit 2."""
+    result = invoke("soul", "nobody")
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("soulfleet: error: unknown persona 'nobody'")
+
+
+def test_soul_invalid_persona_toml_names_the_key(invoke: Invoke, fleet_root: Path) -> None:
+    """A bad persona.toml fails with exit 2 and a one-line error naming the key."""
+    home = fleet_root / "ava"
+    (home / "persona.toml").write_text('[heartbeat]\nevrey = "30m"\n', encoding="utf-8")
+    result = invoke("soul", str(home))
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert "heartbeat.evrey" in result.stderr
+    assert "Traceback" not in result.output

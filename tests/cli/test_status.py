@@ -1,0 +1,93 @@
+"""`soulfleet status [PERSONA] [--json]`: lanes for people and for scripts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from tests.cli.conftest import Invoke
+from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for
+
+
+def test_status_one_persona_json(invoke: Invoke, env: Mapping[str, str | None]) -> None:
+    """--json for one persona carries the lane's state, ticks, inbox depth and last turn."""
+    lanes = lanes_for(env)
+    turn_id = commit_turn(lanes, "ava", "Reminder: water")
+    assert invoke("post", "ava", "later", "--no-wake").exit_code == 0
+    result = invoke("status", "ava", "--json")
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["persona"] == "ava"
+    assert payload["state"] == "idle"
+    assert payload["inbox_depth"] == 1
+    assert payload["pending_ticks"] == 0
+    assert payload["last_turn"] == turn_id
+    assert payload["last_status"] == "done"
+    assert payload["attempts"] == 0
+
+
+def test_status_one_persona_table(invoke: Invoke, env: Mapping[str, str | None]) -> None:
+    """The table has a header and the persona's row; the last reply is shown below it."""
+    commit_turn(lanes_for(env), "milo", "Found three sources")
+    result = invoke("status", "milo")
+    assert result.exit_code == 0, result.output
+    header, row, last = result.stdout.splitlines()
+    assert header.split()[:3] == ["PERSONA", "STATE", "TICKS"]
+    assert row.split()[:2] == ["milo", "idle"]
+    assert "done" in row
+    assert last == "last reply: Found three sources"
+
+
+def test_status_shows_a_dead_lettered_lane_and_why(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A dead-lettered lane reads state dead with its last error."""
+    dead_letter(lanes_for(env), "nora", error="persona.toml exploded")
+    payload = json.loads(invoke("status", "nora", "--json").stdout)
+    assert payload["state"] == "dead"
+    assert payload["last_error"] == "persona.toml exploded"
+    assert "persona.toml exploded" in invoke("status", "nora").stdout
+
+
+def test_status_all_lists_every_persona_and_fleet_counts(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """Without PERSONA: every persona under the root, lane counts, and beat liveness."""
+    lanes = lanes_for(env)
+    lanes.tick("milo", kind="heartbeat")
+    commit_turn(lanes, "nora-dreamer", "folded", kind="dream")
+    payload = json.loads(invoke("status", "--json").stdout)
+    assert [entry["persona"] for entry in payload["personas"]] == ["ava", "milo", "nora"]
+    assert payload["counts"] == {"queued": 1, "running": 0, "dead": 0}
+    assert payload["beat"] is None
+    nora = payload["personas"][2]
+    assert nora["dreamer"]["lane"] == "nora-dreamer"
+    table = invoke("status").stdout
+    assert [line.split()[0] for line in table.splitlines()[1:4]] == ["ava", "milo", "nora"]
+    assert "lanes: 1 queued, 0 running, 0 dead" in table
+    assert "beat: never swept" in table
+
+
+def test_status_unknown_persona_exit_2(invoke: Invoke) -> None:
+    """An unknown persona: exit 2, one line."""
+    result = invoke("status", "nobody")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert "unknown persona 'nobody'" in result.stderr
+
+
+def test_status_missing_root_exit_2(invoke: Invoke, tmp_path: Path) -> None:
+    """A personas root that does not exist is bad input, named in the error."""
+    result = invoke("status", "--personas", str(tmp_path / "nowhere"))
+    assert result.exit_code == 2
+    assert "nowhere" in result.stderr
+
+
+def test_status_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, str | None]) -> None:
+    """Redis down: exit 1, the URL without its password, and a pointer to `soulfleet up`."""
+    result = invoke("status", environ=dead_redis_env)
+    assert result.exit_code == 1
+    assert PASSWORD not in result.output
+    assert ":***@127.0.0.1" in result.stderr
+    assert "soulfleet up" in result.stderr

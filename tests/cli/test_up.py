@@ -1,0 +1,156 @@
+"""`soulfleet up` as a user runs it: a real process, no REDIS_URL, the demo, then Ctrl-C.
+
+One `up` is started for the module (on a temporary data directory that is also the default
+one, via XDG_DATA_HOME, so other commands can find it) and the tests run against it in order;
+the last one sends SIGINT and checks that every child process is gone and the exit code is 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import descendants, run_soulfleet, soulfleet_argv, subprocess_env
+from tests.support.fleet import wait_until
+
+pytestmark = pytest.mark.integration
+
+DEADLINE = 90.0
+
+
+@dataclass
+class Up:
+    process: subprocess.Popen[bytes]
+    data: Path
+    output: Path
+    env: dict[str, str | None]
+
+    def text(self) -> str:
+        return self.output.read_text(encoding="utf-8", errors="replace")
+
+    def alive(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"up exited with {self.process.returncode}:\n{self.text()}")
+        return True
+
+
+def _clean_env(xdg: Path) -> dict[str, str | None]:
+    env: dict[str, str | None] = {
+        name: None
+        for name in os.environ
+        if name.startswith(("SOULFLEET_", "CELERY_", "OPENAI_", "ANTHROPIC_"))
+    }
+    env.update({"REDIS_URL": None, "XDG_DATA_HOME": str(xdg)})
+    return env
+
+
+@contextlib.contextmanager
+def start_up(base: Path) -> Iterator[Up]:
+    """`soulfleet up --data <XDG_DATA_HOME>/soulfleet` with no REDIS_URL, output to a file;
+    whatever is still running at the end is killed (children first)."""
+    env = _clean_env(base / "xdg")
+    data = base / "xdg" / "soulfleet"
+    output = base / "up.out"
+    with output.open("wb") as sink:
+        process = subprocess.Popen(
+            soulfleet_argv("up", "--data", str(data)),
+            env=subprocess_env(env),
+            stdin=subprocess.DEVNULL,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=str(base),
+        )
+    try:
+        yield Up(process, data, output, env)
+    finally:
+        if process.poll() is None:
+            for child in descendants(process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGKILL)
+            process.kill()
+            process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    """One `up` shared by the tests below, in order (the last one stops it)."""
+    with start_up(tmp_path_factory.mktemp("up")) as running:
+        yield running
+
+
+def test_a_second_up_on_the_same_data_dir_is_refused(up: Up) -> None:
+    """While one `up` runs, another on its data dir exits 1 saying one is already running."""
+    wait_until(lambda: up.alive() and (up.data / "up.json").exists(), timeout=DEADLINE,
+               what="up.json")  # fmt: skip
+    second = run_soulfleet("up", "--data", str(up.data), env=up.env, timeout=60)
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert "already running" in second.stderr
+    assert f"pid {up.process.pid}" in second.stderr
+    assert up.alive()
+
+
+def test_other_commands_find_the_running_up_without_redis_url(up: Up) -> None:
+    """With REDIS_URL unset, `post` and `status` reach the `up` recorded in the default data dir."""
+    wait_until(lambda: up.alive() and (up.data / "up.json").exists(), timeout=DEADLINE,
+               what="up.json")  # fmt: skip
+    posted = run_soulfleet("post", "nora", "remember: the test was here", env=up.env)
+    assert posted.returncode == 0, posted.stderr
+    status = run_soulfleet("status", "--json", env=up.env)
+    assert status.returncode == 0, status.stderr
+    assert '"persona": "nora"' in status.stdout
+    memory = up.data / "personas" / "nora" / "MEMORY.md"
+    wait_until(lambda: up.alive() and "- the test was here" in memory.read_text("utf-8"),
+               timeout=DEADLINE, what="the posted memory write")  # fmt: skip
+
+
+def test_up_shows_the_demo_within_a_minute_and_sigint_stops_every_child(up: Up) -> None:
+    """The demo surfaces a beat, counts a silent one, writes memory and logs a dream; SIGINT then
+    stops every child process and `up` exits 0."""
+    nora = up.data / "personas" / "nora"
+
+    def shown() -> bool:
+        text = up.text()
+        return (
+            up.alive()
+            and "beat    ava: Reminder: stand up, stretch, and drink a glass of water" in text
+            and "silent  milo: heartbeat answered HEARTBEAT_OK" in text
+            and "memory  nora wrote MEMORY.md (add)" in text
+            and "dream   nora: dream pass logged to memory/log.md" in text
+            and "soulfleet up started this fleet at" in (nora / "MEMORY.md").read_text("utf-8")
+            and (nora / "memory" / "log.md").is_file()
+        )
+
+    wait_until(shown, timeout=DEADLINE, interval=0.5, what="the demo's first minute")
+    assert "dream pass" in (nora / "memory" / "log.md").read_text("utf-8")
+    children = descendants(up.process.pid)
+    commands = [child.cmdline for child in children]
+    assert any("redis-server" in cmd for cmd in commands), commands
+    assert any("celery -A workers worker" in cmd for cmd in commands), commands
+    assert any("celery -A workers beat" in cmd for cmd in commands), commands
+    up.process.send_signal(signal.SIGINT)
+    assert up.process.wait(timeout=120) == 0, up.text()
+    survivors = [child for child in children if child.alive()]
+    assert survivors == [], f"children survived: {survivors}"
+    assert not (up.data / "up.json").exists()
+    assert "soulfleet up: stopped." in up.text()
+
+
+def test_a_child_that_dies_is_reported_and_up_stops_the_rest(tmp_path: Path) -> None:
+    """SIGKILL of the worker: `up` names it, stops beat and Redis, and exits 1."""
+    with start_up(tmp_path) as running:
+        wait_until(lambda: running.alive() and "ready   worker-1" in running.text(),
+                   timeout=DEADLINE, what="worker-1 ready")  # fmt: skip
+        children = descendants(running.process.pid)
+        worker = next(c for c in children if "celery -A workers worker" in c.cmdline)
+        os.kill(worker.pid, signal.SIGKILL)
+        assert running.process.wait(timeout=120) == 1, running.text()
+        assert "worker-1 exited unexpectedly" in running.text()
+        assert [c for c in children if c.alive()] == []
+        assert not (running.data / "up.json").exists()

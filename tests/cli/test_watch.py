@@ -1,0 +1,84 @@
+"""What `up` prints: JSON log events and beats turned into lines, and the running tally."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from workers.beats import Beat
+from workers.cli.watch import LogTail, Reporter
+
+
+def _append(path: Path, *records: dict[str, Any] | str) -> None:
+    with path.open("a", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(record if isinstance(record, str) else json.dumps(record) + "\n")
+
+
+def test_log_tail_reads_only_new_complete_json_lines(tmp_path: Path) -> None:
+    """Each read returns events appended since the last; a partial line waits for its end."""
+    path = tmp_path / "w.log"
+    tail = LogTail(path, "worker-1")
+    assert tail.read() == []
+    _append(path, {"event": "a"}, "not json\n", '{"event": "b"')
+    assert [e["event"] for e in tail.read()] == ["a"]
+    _append(path, ', "x": 1}\n')
+    events = tail.read()
+    assert [(e["event"], e["x"], e["_source"]) for e in events] == [("b", 1, "worker-1")]
+    assert tail.read() == []
+
+
+def _reporter() -> tuple[Reporter, list[str]]:
+    lines: list[str] = []
+    return Reporter(lines.append), lines
+
+
+def test_reporter_counts_silent_heartbeats_and_shows_only_the_first() -> None:
+    """Silent heartbeats are counted and only the first gets a line; dreamer turns are no beats."""
+    reporter, lines = _reporter()
+    silent = {"event": "turn.end", "lane": "milo", "ticks": 1, "status": "done", "silent": True}
+    reporter.events([silent, silent, {**silent, "lane": "nora-dreamer"}])
+    assert reporter.tally.silent == 2
+    assert reporter.tally.turns == 3
+    assert [line.split()[1] for line in lines] == ["silent"]
+    assert "milo: heartbeat answered HEARTBEAT_OK" in lines[0]
+
+
+def test_reporter_memory_and_dream_lines() -> None:
+    """A persona's memory.write is a memory line; a dreamer's memory/log.md write a dream line."""
+    reporter, lines = _reporter()
+    reporter.event({"event": "memory.write", "lane": "nora", "path": "MEMORY.md", "action": "add"})
+    reporter.event({"event": "memory.write", "lane": "nora-dreamer", "path": "memory/log.md"})
+    assert lines[0].split(maxsplit=1)[1] == "memory  nora wrote MEMORY.md (add)"
+    assert lines[1].split(maxsplit=1)[1] == "dream   nora: dream pass logged to memory/log.md"
+    assert (reporter.tally.memory_writes, reporter.tally.dream_passes) == (2, 1)
+
+
+def test_reporter_beats_errors_and_status_line() -> None:
+    """Beats are printed and counted; failed turns and other errors once each; status sums up."""
+    reporter, lines = _reporter()
+    reporter.beat(Beat(persona="ava", text="Reminder:\n water", turn_id="t", time=0.0, id="1-0"))
+    reporter.event({"event": "turn.end", "lane": "ava", "status": "error", "error": "ModelError"})
+    crash = {"event": "Task raised unexpected: TypeError()", "level": "error"}
+    crash["_source"] = "worker-1"
+    reporter.events([crash, crash])
+    reporter.status({"queued": 1, "running": 1, "dead": 0}, total_lanes=5)
+    tags = [line.split()[1] for line in lines]
+    assert tags == ["beat", "error", "error", "status"]
+    assert lines[0].endswith("beat    ava: Reminder: water")
+    assert "worker-1: Task raised unexpected" in lines[2]
+    assert lines[3].endswith(
+        "status  lanes 3 idle, 1 queued, 1 running, 0 dead | beats 1 surfaced, 0 silent"
+        " | turns 1 | memory writes 0, dream passes 0"
+    )
+
+
+def test_log_tail_at_end_skips_what_a_previous_run_wrote(tmp_path: Path) -> None:
+    """A tail made with at_end ignores existing lines and reads only later ones."""
+    path = tmp_path / "w.log"
+    _append(path, {"event": "old"})
+    tail = LogTail.at_end(path, "worker-1")
+    _append(path, {"event": "new"})
+    assert [e["event"] for e in tail.read()] == ["new"]
+    assert LogTail.at_end(tmp_path / "missing.log", "x").read() == []

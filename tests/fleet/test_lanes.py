@@ -1,0 +1,537 @@
+"""Lane transitions on a real Redis: every script's normal and rejection paths."""
+
+from __future__ import annotations
+
+import json
+from typing import cast
+
+import pytest
+import redis
+from prometheus_client import REGISTRY
+
+from tests.support.lanes import dump_keys, item, make_lanes
+from workers.errors import InboxFull, ItemTooLarge, LeaseLost, RedisUnavailable
+from workers.keys import Keys
+from workers.lanes import LAST_TEXT_MAX, Lanes
+from workers.persona.clock import VirtualClock
+from workers.redis_server import free_port
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock(start=1_700_000_000.0)
+
+
+@pytest.fixture
+def lanes(redis_client: redis.Redis, key_prefix: str, clock: VirtualClock) -> Lanes:
+    return make_lanes(redis_client, key_prefix, clock=clock)
+
+
+@pytest.fixture
+def keys(key_prefix: str) -> Keys:
+    return Keys(key_prefix)
+
+
+def _queued_turn(lanes: Lanes, lane: str = "ava") -> str:
+    outcome = lanes.post(lane, item("hello"), wake=True)
+    assert outcome.turn_id is not None
+    return outcome.turn_id
+
+
+def _crash(client: redis.Redis, keys: Keys, lane: str = "ava") -> None:
+    # A SIGKILLed worker stops renewing: its lease key expires. Deleting it is the same state.
+    client.delete(keys.lease(lane))
+
+
+# -- post -------------------------------------------------------------------------------------
+def test_post_with_wake_queues_an_interactive_turn_on_an_idle_lane(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """A woken post to an idle lane queues one interactive turn and indexes it as queued."""
+    new = item("hi")
+    outcome = lanes.post("ava", new, wake=True)
+    assert (outcome.outcome, outcome.turn_kind, outcome.depth) == ("queued", "interactive", 1)
+    assert outcome.item_id == new.id
+    assert redis_client.hget(keys.lane("ava"), "turn_id") == outcome.turn_id
+    assert redis_client.zscore(keys.queued, "ava") == 1_700_000_000_000
+    assert redis_client.lrange(keys.inbox("ava"), 0, -1) == [new.to_json()]
+
+
+def test_post_without_wake_or_to_a_busy_lane_queues_nothing(lanes: Lanes) -> None:
+    """An item posted without wake, or while a turn is queued, waits: no new turn id."""
+    quiet = lanes.post("ava", item("a"), wake=False)
+    assert (quiet.outcome, quiet.turn_id) == ("pending", None)
+    assert lanes.status("ava")["state"] == "idle"
+    first = lanes.post("ava", item("b"), wake=True)
+    second = lanes.post("ava", item("c"), wake=True)
+    assert first.outcome == "queued"
+    assert (second.outcome, second.turn_id, second.depth) == ("pending", None, 3)
+
+
+def test_full_inbox_rejects_loudly_and_writes_nothing(
+    lanes: Lanes, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Posting to a full inbox raises InboxFull naming lane and limit; Redis is unchanged."""
+    for n in range(5):
+        lanes.post("ava", item(f"m{n}"), wake=True)
+    before = dump_keys(redis_client, key_prefix)
+    rejects = REGISTRY.get_sample_value("soulfleet_inbox_rejects_total") or 0.0
+    with pytest.raises(InboxFull) as caught:
+        lanes.post("ava", item("one too many"), wake=True)
+    assert caught.value.lane == "ava"
+    assert caught.value.limit == 5
+    assert "full" in str(caught.value)
+    assert "nothing was dropped" in str(caught.value)
+    assert dump_keys(redis_client, key_prefix) == before
+    assert REGISTRY.get_sample_value("soulfleet_inbox_rejects_total") == rejects + 1
+
+
+def test_item_over_the_byte_limit_is_refused_before_redis(redis_url: str) -> None:
+    """ItemTooLarge comes before any Redis call: even an unreachable Redis is never asked."""
+    dead = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", decode_responses=True)
+    lanes = make_lanes(dead, "x:", item_max_bytes=100)
+    with pytest.raises(ItemTooLarge) as caught:
+        lanes.post("ava", item("é" * 200), wake=True)
+    assert caught.value.limit == 100
+    assert caught.value.size > 400
+
+
+def test_post_to_a_dead_lane_keeps_the_item_and_queues_nothing(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """A dead-lettered lane still accepts items (never dropped) but queues no turn."""
+    redis_client.hset(keys.lane("ava"), mapping={"state": "dead"})
+    kept = item("still here")
+    outcome = lanes.post("ava", kept, wake=True)
+    assert (outcome.outcome, outcome.turn_id) == ("dead", None)
+    assert redis_client.lrange(keys.inbox("ava"), 0, -1) == [kept.to_json()]
+
+
+# -- tick -------------------------------------------------------------------------------------
+def test_tick_queues_an_idle_lane_by_kind_and_coalesces_otherwise(lanes: Lanes) -> None:
+    """The first tick queues (heartbeat or dream turn); later ticks only add to the count."""
+    first = lanes.tick("ava", kind="heartbeat")
+    assert (first.outcome, first.turn_kind) == ("queued", "heartbeat")
+    again = lanes.tick("ava", kind="heartbeat", count=4)
+    assert (again.outcome, again.turn_id) == ("coalesced", None)
+    dream = lanes.tick("ava-dreamer", kind="dream")
+    assert (dream.outcome, dream.turn_kind) == ("queued", "dream")
+    assert lanes.status("ava")["pending_ticks"] == 5
+
+
+def test_tick_on_a_dead_lane_changes_nothing(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys, key_prefix: str
+) -> None:
+    """A tick on a dead lane reports dead_lettered and writes nothing."""
+    redis_client.hset(keys.lane("ava"), mapping={"state": "dead", "ticks": 2})
+    before = dump_keys(redis_client, key_prefix)
+    outcome = lanes.tick("ava", kind="heartbeat")
+    assert (outcome.outcome, outcome.turn_id) == ("dead_lettered", None)
+    assert dump_keys(redis_client, key_prefix) == before
+
+
+def test_tick_many_returns_one_outcome_per_pair_in_order(lanes: Lanes) -> None:
+    """tick_many across batches keeps input order and gives each new turn its own id."""
+    pairs = [(f"l{i % 700}", "dream" if i % 3 == 0 else "heartbeat") for i in range(1400)]
+    outcomes = lanes.tick_many(pairs)
+    assert [(o.lane, o.kind) for o in outcomes] == pairs
+    assert [o.outcome for o in outcomes] == ["queued"] * 700 + ["coalesced"] * 700
+    assert all(o.turn_kind == o.kind for o in outcomes[:700]), "the FIRST tick decides"
+    ids = [o.turn_id for o in outcomes[:700]]
+    assert len(set(ids)) == 700
+    assert lanes.counts()["queued"] == 700
+
+
+def test_tick_rejects_an_unknown_kind(lanes: Lanes) -> None:
+    """Only heartbeat and dream ticks exist."""
+    with pytest.raises(ValueError, match="tick kind"):
+        lanes.tick_many([("ava", "interactive")])
+
+
+def test_a_thousand_ticks_during_a_turn_make_exactly_one_follow_up_reporting_them(
+    lanes: Lanes,
+) -> None:
+    """1,000 ticks while a turn runs: finish queues ONE follow-up, which starts with 1,000."""
+    turn = _queued_turn(lanes)
+    started = lanes.start("ava", turn, "w1")
+    outcomes = lanes.tick_many([("ava", "heartbeat")] * 1000)
+    assert {o.outcome for o in outcomes} == {"coalesced"}
+    done = lanes.finish("ava", started.fence, status="done", text="ok")
+    assert done.follow_up_kind == "heartbeat"
+    assert done.follow_up_turn_id is not None
+    assert lanes.counts()["queued"] == 1
+    follow = lanes.start("ava", done.follow_up_turn_id, "w2")
+    assert (follow.status, follow.ticks, follow.items) == ("started", 1000, [])
+    last = lanes.finish("ava", follow.fence, status="done", text="ok")
+    assert last.follow_up_turn_id is None
+    assert lanes.status("ava")["state"] == "idle"
+
+
+# -- start ------------------------------------------------------------------------------------
+def test_start_drains_inbox_and_ticks_into_inflight_under_a_new_fence(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """start takes a lease "<fence>:<worker>" and moves inbox + ticks into in-flight."""
+    a, b = item("a"), item("b")
+    turn = lanes.post("ava", a, wake=True).turn_id
+    assert turn is not None
+    lanes.post("ava", b, wake=True)
+    lanes.tick("ava", kind="heartbeat", count=2)
+    started = lanes.start("ava", turn, "w1")
+    assert started.status == "started"
+    assert [i.id for i in started.items] == [a.id, b.id]
+    assert (started.ticks, started.recovered, started.attempt) == (2, 0, 1)
+    assert started.kind == "interactive"
+    assert redis_client.get(keys.lease("ava")) == f"{started.fence}:w1"
+    assert 0 < redis_client.pttl(keys.lease("ava")) <= 30_000
+    assert redis_client.llen(keys.inbox("ava")) == 0
+    assert redis_client.llen(keys.inflight("ava")) == 2
+    assert redis_client.zscore(keys.running, "ava") == 1_700_000_030_000
+    assert lanes.counts() == {"queued": 0, "running": 1, "dead": 0}
+
+
+def test_duplicate_and_stale_starts_are_rejected_and_change_nothing(
+    lanes: Lanes, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """A second start of the running turn is a duplicate; any other turn id is stale."""
+    turn = _queued_turn(lanes)
+    started = lanes.start("ava", turn, "w1")
+    before = dump_keys(redis_client, key_prefix)
+    assert lanes.start("ava", turn, "w2").status == "duplicate"
+    assert lanes.start("ava", "not-the-turn", "w2").status == "stale"
+    assert lanes.start("nobody", "x", "w2").status == "stale"
+    assert dump_keys(redis_client, key_prefix) == before
+    lanes.finish("ava", started.fence, status="done", text="ok")
+    assert lanes.start("ava", turn, "w3").status == "stale"
+
+
+def test_start_after_a_crash_recovers_inflight_items_first_then_the_new_inbox(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """A redelivered turn whose worker died gets the dead turn's items first, then new ones."""
+    a, b, c = item("a"), item("b"), item("c")
+    turn = lanes.post("ava", a, wake=True).turn_id
+    assert turn is not None
+    lanes.post("ava", b, wake=True)
+    first = lanes.start("ava", turn, "w1")
+    lanes.tick("ava", kind="heartbeat")
+    lanes.post("ava", c, wake=True)
+    _crash(redis_client, keys)
+    again = lanes.start("ava", turn, "w2")
+    assert again.status == "started"
+    assert [i.id for i in again.items] == [a.id, b.id, c.id]
+    assert (again.recovered, again.ticks, again.attempt) == (2, 1, 2)
+    assert again.fence == first.fence + 1
+    with pytest.raises(LeaseLost):
+        lanes.finish("ava", first.fence, status="done", text="zombie")
+
+
+def test_an_unparseable_inbox_entry_is_handed_over_not_dropped(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """Junk in the inbox reaches the turn as an untrusted item instead of vanishing."""
+    turn = _queued_turn(lanes)
+    redis_client.rpush(keys.inbox("ava"), "not json")
+    started = lanes.start("ava", turn, "w1")
+    assert [i.text for i in started.items] == ["hello", "not json"]
+    assert started.items[1].channel == "unparseable"
+
+
+# -- renew / holds ------------------------------------------------------------------------------
+def test_renew_and_holds_follow_the_fence(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys, clock: VirtualClock
+) -> None:
+    """renew extends the lease while the fence is current; after a takeover both say False."""
+    turn = _queued_turn(lanes)
+    started = lanes.start("ava", turn, "w1")
+    redis_client.pexpire(keys.lease("ava"), 1000)
+    clock.advance(10)
+    assert lanes.holds("ava", started.fence)
+    assert lanes.renew("ava", started.fence)
+    assert redis_client.pttl(keys.lease("ava")) > 1000
+    assert redis_client.zscore(keys.running, "ava") == 1_700_000_040_000
+    assert not lanes.renew("ava", started.fence + 1)
+    _crash(redis_client, keys)
+    assert not lanes.holds("ava", started.fence)
+    assert not lanes.renew("ava", started.fence)
+    lanes.start("ava", turn, "w2")
+    assert lanes.renew_many([("ava", started.fence), ("ava", started.fence + 1)]) == [False, True]
+
+
+# -- finish -----------------------------------------------------------------------------------
+def test_finish_commits_status_text_beat_and_replies(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys, clock: VirtualClock
+) -> None:
+    """finish clears in-flight, records the turn, XADDs the beat and pushes replies with TTL."""
+    asked = item("question", reply=True)
+    turn = lanes.post("ava", asked, wake=True).turn_id
+    assert turn is not None
+    started = lanes.start("ava", turn, "w1")
+    clock.advance(2)
+    long_text = "x" * (LAST_TEXT_MAX + 50)
+    done = lanes.finish(
+        "ava", started.fence, status="done", text=long_text,
+        beat={"persona": "ava", "text": "sky is falling"}, reply_ids=[asked.id],
+    )  # fmt: skip
+    assert (done.turn_id, done.follow_up_turn_id) == (turn, None)
+    status = lanes.status("ava")
+    assert status["state"] == "idle"
+    assert (status["last_turn"], status["last_status"]) == (turn, "done")
+    assert status["last_text"] == long_text[:LAST_TEXT_MAX]
+    assert status["last_end"] == 1_700_000_002.0
+    assert (status["attempts"], status["inflight_items"]) == (0, 0)
+    assert redis_client.exists(keys.lease("ava")) == 0
+    assert lanes.counts() == {"queued": 0, "running": 0, "dead": 0}
+    ((beat_id, fields),) = cast(list[tuple[str, dict[str, str]]], redis_client.xrange(keys.beats))
+    assert beat_id == done.beat_id
+    assert fields == {"persona": "ava", "text": "sky is falling", "turn_id": turn,
+                      "time": repr(1_700_000_002.0)}
+    reply_key = keys.reply(asked.id)
+    assert [json.loads(r) for r in redis_client.lrange(reply_key, 0, -1)] == [
+        {"text": long_text, "status": "done", "turn_id": turn}
+    ]
+    assert 0 < redis_client.pttl(reply_key) <= 60_000
+
+
+def test_finish_with_a_stale_fence_raises_lease_lost_and_changes_nothing(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys, key_prefix: str
+) -> None:
+    """A zombie's finish is refused: no state change, no beat, no reply."""
+    asked = item("q", reply=True)
+    turn = lanes.post("ava", asked, wake=True).turn_id
+    assert turn is not None
+    zombie = lanes.start("ava", turn, "w1")
+    _crash(redis_client, keys)
+    lanes.start("ava", turn, "w2")
+    before = dump_keys(redis_client, key_prefix)
+    with pytest.raises(LeaseLost) as caught:
+        lanes.finish("ava", zombie.fence, status="done", text="late",
+                     beat={"text": "late beat"}, reply_ids=[asked.id])
+    assert (caught.value.lane, caught.value.fence) == ("ava", zombie.fence)
+    assert dump_keys(redis_client, key_prefix) == before
+    assert redis_client.exists(keys.beats, keys.reply(asked.id)) == 0
+
+
+def test_finish_without_a_beat_publishes_nothing(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """No beat argument (a HEARTBEAT_OK turn) means no stream entry."""
+    started = lanes.start("ava", _queued_turn(lanes), "w1")
+    done = lanes.finish("ava", started.fence, status="done", text="HEARTBEAT_OK")
+    assert done.beat_id is None
+    assert redis_client.exists(keys.beats) == 0
+
+
+def test_finish_queues_an_interactive_follow_up_when_items_arrived(lanes: Lanes) -> None:
+    """Items posted during a turn make the follow-up interactive and are its items."""
+    started = lanes.start("ava", _queued_turn(lanes), "w1")
+    late = item("late")
+    assert lanes.post("ava", late, wake=True).outcome == "pending"
+    lanes.tick("ava", kind="heartbeat")
+    done = lanes.finish("ava", started.fence, status="done", text="ok")
+    assert done.follow_up_kind == "interactive"
+    assert done.follow_up_turn_id is not None
+    follow = lanes.start("ava", done.follow_up_turn_id, "w1")
+    assert ([i.id for i in follow.items], follow.ticks) == ([late.id], 1)
+
+
+def test_beats_stream_is_trimmed_near_beats_max(
+    redis_client: redis.Redis, key_prefix: str, keys: Keys
+) -> None:
+    """finish trims the stream with MAXLEN ~ beats_max, so it stays bounded."""
+    lanes = make_lanes(redis_client, key_prefix, beats_max=10)
+    for n in range(300):
+        started = lanes.start("ava", _queued_turn(lanes), "w")
+        lanes.finish("ava", started.fence, status="done", text="t", beat={"text": f"b{n}"})
+    assert 10 <= redis_client.xlen(keys.beats) < 300
+
+
+# -- fail / attempts / dead-letter ----------------------------------------------------------------
+def test_fail_retries_then_dead_letters_after_max_attempts_with_the_error_visible(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """Each failure re-queues on the same queue until max_attempts; then the lane is dead."""
+    kept = item("keep me")
+    turn = lanes.post("ava", kept, wake=True).turn_id
+    for attempt in (1, 2, 3):
+        assert turn is not None
+        started = lanes.start("ava", turn, "w1")
+        assert (started.status, started.attempt) == ("started", attempt)
+        assert [i.id for i in started.items] == [kept.id]
+        failed = lanes.fail("ava", started.fence, error=f"boom {attempt}")
+        turn = failed.retry_turn_id
+        assert failed.kind == "interactive"
+    assert failed.dead
+    assert failed.retry_turn_id is None
+    status = lanes.status("ava")
+    assert (status["state"], status["last_error"], status["attempts"]) == ("dead", "boom 3", 3)
+    assert status["inflight_items"] == 1
+    assert lanes.counts() == {"queued": 0, "running": 0, "dead": 1}
+    assert redis_client.exists(keys.lease("ava")) == 0
+
+
+def test_fail_with_a_stale_fence_raises_lease_lost(
+    lanes: Lanes, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """fail is fencing-checked like finish."""
+    started = lanes.start("ava", _queued_turn(lanes), "w1")
+    before = dump_keys(redis_client, key_prefix)
+    with pytest.raises(LeaseLost):
+        lanes.fail("ava", started.fence + 1, error="not mine")
+    assert dump_keys(redis_client, key_prefix) == before
+
+
+def test_a_crash_loop_dead_letters_after_max_attempts(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """start, crash, redeliver... the (max_attempts + 1)th start dead-letters the lane."""
+    turn = _queued_turn(lanes)
+    for attempt in (1, 2, 3):
+        started = lanes.start("ava", turn, "w")
+        assert (started.status, started.attempt) == ("started", attempt)
+        _crash(redis_client, keys)
+    final = lanes.start("ava", turn, "w")
+    assert final.status == "dead"
+    assert final.error == "worker lost mid-turn 3 times"
+    status = lanes.status("ava")
+    assert (status["state"], status["last_error"]) == ("dead", "worker lost mid-turn 3 times")
+    assert lanes.counts() == {"queued": 0, "running": 0, "dead": 1}
+    assert lanes.start("ava", turn, "w").status == "dead"
+
+
+def test_dead_letter_after_mixed_failures_and_crashes_names_both(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """When some attempts failed and the last ones crashed, the error keeps the real error."""
+    started = lanes.start("ava", _queued_turn(lanes), "w")
+    turn = lanes.fail("ava", started.fence, error="model said no").retry_turn_id
+    assert turn is not None
+    for _ in (2, 3):
+        lanes.start("ava", turn, "w")
+        _crash(redis_client, keys)
+    final = lanes.start("ava", turn, "w")
+    assert final.error == "worker lost mid-turn 2 times (last error: model said no)"
+
+
+def test_revive_requeues_a_dead_lane_with_its_kept_items_first(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """revive resets attempts and queues a new turn that gets the dead turn's items first."""
+    kept, later = item("kept"), item("later")
+    turn = lanes.post("ava", kept, wake=True).turn_id
+    for _ in range(3):
+        assert turn is not None
+        started = lanes.start("ava", turn, "w")
+        turn = lanes.fail("ava", started.fence, error="boom").retry_turn_id
+    lanes.post("ava", later, wake=True)
+    revived = lanes.revive("ava")
+    assert (revived.outcome, revived.turn_kind) == ("queued", "interactive")
+    assert revived.turn_id is not None
+    assert lanes.counts() == {"queued": 1, "running": 0, "dead": 0}
+    again = lanes.start("ava", revived.turn_id, "w")
+    assert (again.status, again.attempt) == ("started", 1)
+    assert [i.id for i in again.items] == [kept.id, later.id]
+
+
+def test_revive_of_a_live_lane_changes_nothing(
+    lanes: Lanes, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Reviving a lane that is not dead is a no-op with no turn to publish."""
+    _queued_turn(lanes)
+    before = dump_keys(redis_client, key_prefix)
+    outcome = lanes.revive("ava")
+    assert (outcome.outcome, outcome.turn_id) == ("coalesced", None)
+    assert dump_keys(redis_client, key_prefix) == before
+
+
+# -- reap ---------------------------------------------------------------------------------------
+def test_reap_requeues_a_running_lane_whose_lease_expired_and_fences_out_the_old_holder(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys, clock: VirtualClock
+) -> None:
+    """Lease gone + expiry passed: new turn id, fence bumped, the old holder cannot finish."""
+    a = item("a")
+    turn = lanes.post("ava", a, wake=True).turn_id
+    assert turn is not None
+    old = lanes.start("ava", turn, "w1")
+    _crash(redis_client, keys)
+    clock.advance(31)
+    (repair,) = lanes.reap(queued_after=600)
+    assert (repair.lane, repair.reason, repair.kind) == ("ava", "lease_expired", "interactive")
+    assert repair.turn_id != turn
+    assert lanes.status("ava")["fence"] == old.fence + 1
+    with pytest.raises(LeaseLost):
+        lanes.finish("ava", old.fence, status="done", text="late")
+    assert not lanes.renew("ava", old.fence)
+    assert lanes.start("ava", turn, "w2").status == "stale"
+    fresh = lanes.start("ava", repair.turn_id, "w2")
+    assert ([i.id for i in fresh.items], fresh.recovered) == ([a.id], 1)
+
+
+def test_reap_leaves_a_live_lease_and_an_unexpired_one_alone(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys, clock: VirtualClock, key_prefix: str
+) -> None:
+    """A lease key that is alive, or an expiry not yet passed, is never reaped."""
+    lanes.start("ava", _queued_turn(lanes, "ava"), "w1")
+    lanes.start("bob", _queued_turn(lanes, "bob"), "w1")
+    _crash(redis_client, keys, "bob")
+    clock.advance(29)
+    assert lanes.reap(queued_after=600) == []
+    clock.advance(2)
+    assert [r.lane for r in lanes.reap(queued_after=600)] == ["bob"]
+
+
+def test_reap_republishes_a_turn_queued_too_long_with_the_same_turn_id(
+    lanes: Lanes, clock: VirtualClock
+) -> None:
+    """A lost turn message is re-sent with the SAME id, once per queued_after."""
+    turn = _queued_turn(lanes)
+    clock.advance(59)
+    assert lanes.reap(queued_after=60) == []
+    clock.advance(2)
+    (repair,) = lanes.reap(queued_after=60)
+    assert (repair.reason, repair.turn_id, repair.kind) == ("queued_too_long", turn, "interactive")
+    assert lanes.status("ava")["queued_at"] == 1_700_000_061.0
+    assert lanes.reap(queued_after=60) == []
+    assert lanes.start("ava", turn, "w").status == "started"
+
+
+def test_reap_heals_index_entries_of_lanes_that_moved_on(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys, clock: VirtualClock
+) -> None:
+    """A stale lanes:running / lanes:queued member for an idle lane is dropped, not repaired."""
+    redis_client.zadd(keys.running, {"ghost": 1})
+    redis_client.zadd(keys.queued, {"ghost2": 1})
+    assert lanes.reap(queued_after=1) == []
+    assert lanes.counts() == {"queued": 0, "running": 0, "dead": 0}
+
+
+# -- status / counts / errors -------------------------------------------------------------------
+def test_status_of_an_unknown_lane_is_idle_and_empty(lanes: Lanes) -> None:
+    """A lane with no hash is idle with nothing pending."""
+    status = lanes.status("nobody")
+    assert status["state"] == "idle"
+    assert (status["pending_ticks"], status["inbox_depth"], status["inflight_items"]) == (0, 0, 0)
+    assert status["last_turn"] is None
+
+
+def test_redis_down_raises_redis_unavailable_without_the_password() -> None:
+    """A connection failure becomes RedisUnavailable; the message hides the password."""
+    port = free_port()
+    client = redis.Redis.from_url(
+        f"redis://:hunter2@127.0.0.1:{port}/0", decode_responses=True, socket_connect_timeout=1
+    )
+    lanes = make_lanes(client, "x:")
+    with pytest.raises(RedisUnavailable) as caught:
+        lanes.post("ava", item("hi"), wake=True)
+    message = str(caught.value)
+    assert "hunter2" not in message
+    assert f"127.0.0.1:{port}" in message
+    assert "soulfleet up" in message
+    with pytest.raises(RedisUnavailable):
+        lanes.tick_many([("ava", "heartbeat")])
+
+
+def test_lanes_refuses_a_client_that_returns_bytes(redis_url: str) -> None:
+    """Lanes needs decode_responses=True; a bytes client is refused up front."""
+    with pytest.raises(ValueError, match="decode_responses"):
+        make_lanes(redis.Redis.from_url(redis_url), "x:")

@@ -1,0 +1,106 @@
+"""A real fleet per test: personas on disk, real celery workers (and beat), the test's own Redis
+prefix, and a :class:`Fleet` host handle in the test process built from the same settings."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.support.fleet import FleetProcess, fleet_env, read_events, start_beat, start_worker
+from workers.fleet import Fleet
+from workers.settings import Settings
+
+
+@dataclass
+class Harness:
+    """Personas, processes and a host-side Fleet for one integration test."""
+
+    root: Path
+    logs: Path
+    env: dict[str, str]
+    processes: list[FleetProcess] = field(default_factory=list)
+    _fleet: Fleet | None = None
+
+    def configure(self, **values: str) -> None:
+        """Set fleet environment variables (before starting processes or using ``fleet``)."""
+        assert self._fleet is None, "configure before the first use of harness.fleet"
+        self.env.update(values)
+
+    @property
+    def settings(self) -> Settings:
+        return Settings.from_env(self.env)
+
+    @property
+    def fleet(self) -> Fleet:
+        if self._fleet is None:
+            self._fleet = Fleet(self.settings)
+        return self._fleet
+
+    def persona(
+        self,
+        name: str,
+        *,
+        rules: str | None = None,
+        toml: str = "",
+        files: dict[str, str] | None = None,
+    ) -> Path:
+        """Write a persona home; ``rules`` (scripted-model TOML) becomes its model."""
+        home = self.root / name
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "SOUL.md").write_text(f"You are {name}.\n", encoding="utf-8")
+        manifest = toml
+        if rules is not None:
+            (home / "rules.toml").write_text(rules, encoding="utf-8")
+            manifest = f'model = "scripted:rules.toml"\n{toml}'
+        if manifest:
+            (home / "persona.toml").write_text(manifest, encoding="utf-8")
+        for filename, text in (files or {}).items():
+            (home / filename).write_text(text, encoding="utf-8")
+        return home
+
+    def worker(self, name: str = "w1", **kwargs: Any) -> FleetProcess:
+        process = start_worker(self.env, self.logs, name=name, **kwargs)
+        self.processes.append(process)
+        return process
+
+    def beat(self, name: str = "beat", **kwargs: Any) -> FleetProcess:
+        process = start_beat(self.env, self.logs, name=name, **kwargs)
+        self.processes.append(process)
+        return process
+
+    def events(self, event: str, **match: Any) -> list[dict[str, Any]]:
+        """``event`` records from every process log, oldest first, filtered by ``match``."""
+        found: list[dict[str, Any]] = []
+        for path in sorted(self.logs.glob("*.log")):
+            for record in read_events(path, event):
+                if all(record.get(key) == value for key, value in match.items()):
+                    record["_process"] = path.stem
+                    found.append(record)
+        return sorted(found, key=lambda record: float(record.get("at", record.get("ts", 0))))
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.stop()
+
+
+@pytest.fixture
+def harness(
+    tmp_path: Path, redis_url: str, key_prefix: str, redis_client: redis.Redis
+) -> Iterator[Harness]:
+    root = tmp_path / "personas"
+    root.mkdir()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    env = fleet_env(redis_url=redis_url, key_prefix=key_prefix, personas=root)
+    harness = Harness(root=root, logs=logs, env=env)
+    try:
+        yield harness
+    finally:
+        harness.stop()
+        if harness._fleet is not None:
+            harness._fleet.client.close()

@@ -1,0 +1,262 @@
+"""The shared HTTP policy: Retry-After parsing, backoff, scrubbing, and retry/error mapping."""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import threading
+
+import pytest
+
+from tests.support.providers import (
+    FakeProvider,
+    RecordingClock,
+    Reply,
+    error_reply,
+    openai_completion,
+)
+from workers.persona.errors import (
+    ModelAuthError,
+    ModelRequestError,
+    ModelResponseError,
+    ModelServerError,
+    ModelSpecError,
+    ModelUnreachable,
+)
+from workers.persona.messages import Message
+from workers.persona.models.config import ModelConfig, Secret
+from workers.persona.models.http import (
+    ProviderHTTP,
+    RetryPolicy,
+    check_base_url,
+    excerpt,
+    parse_retry_after,
+    redact_url,
+    scrub,
+)
+from workers.persona.models.openai import OpenAIModel
+
+KEY = "key-0123456789-SECRET"
+
+
+def transport(
+    server: FakeProvider, clock: RecordingClock, *, retries: int = 2, max_wait: float = 60.0
+) -> ProviderHTTP:
+    return ProviderHTTP(
+        provider="testprov",
+        base_url=server.base_url,
+        headers={"authorization": f"Bearer {KEY}"},
+        key_env="TEST_API_KEY",
+        secrets=(KEY,),
+        policy=RetryPolicy(timeout=5.0, retries=retries, max_wait=max_wait),
+        clock=clock,
+        rng=random.Random(1),
+    )
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({}, None),
+        ({"retry-after": "7"}, 7.0),
+        ({"retry-after": "0.5"}, 0.5),
+        ({"retry-after": " 12 "}, 12.0),
+        ({"retry-after-ms": "250"}, 0.25),
+        ({"retry-after-ms": "250", "retry-after": "9"}, 0.25),
+        ({"retry-after-ms": "junk", "retry-after": "9"}, 9.0),
+        ({"retry-after": "-3"}, None),
+        ({"retry-after": "soon"}, None),
+        ({"retry-after": "nan"}, None),
+    ],
+)
+def test_parse_retry_after_seconds(headers: dict[str, str], expected: float | None) -> None:
+    """Seconds and milliseconds forms are read; nonsense is ignored."""
+    assert parse_retry_after(headers, now=1_000.0) == expected
+
+
+def test_parse_retry_after_http_date() -> None:
+    """An HTTP-date Retry-After is the time left until that date (never negative)."""
+    now = 1_700_000_000.0
+    later = email.utils.formatdate(now + 30, usegmt=True)
+    assert parse_retry_after({"retry-after": later}, now=now) == pytest.approx(30.0)
+    earlier = email.utils.formatdate(now - 30, usegmt=True)
+    assert parse_retry_after({"retry-after": earlier}, now=now) == 0.0
+
+
+def test_backoff_grows_with_jitter_and_is_capped() -> None:
+    """Each backoff lies in [step/2, step], steps double, and no wait exceeds max_wait."""
+    policy = RetryPolicy(base_delay=0.5, max_wait=4.0)
+    rng = random.Random(3)
+    for retry, step in enumerate([0.5, 1.0, 2.0, 4.0, 4.0, 4.0]):
+        waits = [policy.backoff(retry, rng) for _ in range(50)]
+        assert all(step / 2 <= w <= step for w in waits)
+        assert len(set(waits)) > 1
+    assert policy.backoff(10_000, rng) <= 4.0
+
+
+def test_scrub_and_excerpt() -> None:
+    """Secrets are masked anywhere in a text; excerpts pick the provider's message, shortened."""
+    assert scrub(f"bad key {KEY}; again {KEY}", [KEY, ""]) == "bad key ***; again ***"
+    assert excerpt('{"error": {"message": "no  such\\nmodel"}}') == "no such model"
+    assert excerpt('{"error": "plain"}') == "plain"
+    assert excerpt("") == "(empty body)"
+    long = excerpt("x" * 1000)
+    assert len(long) == 200
+    assert long.endswith("…")
+
+
+def test_redact_url_and_check_base_url() -> None:
+    """URLs lose credentials and queries in messages; non-http base URLs are refused early."""
+    assert redact_url("https://user:pw@host:8443/v1?key=abc") == "https://host:8443/v1"
+    assert check_base_url("http://h/v1/", provider="p", env="E") == "http://h/v1"
+    with pytest.raises(ModelSpecError, match="check OPENAI_BASE_URL"):
+        check_base_url("localhost:11434/v1", provider="openai", env="OPENAI_BASE_URL")
+    with pytest.raises(ModelSpecError):
+        OpenAIModel("m", ModelConfig(openai_base_url="ftp://x"))
+
+
+def test_5xx_exhausted(openai_server: FakeProvider, clock: RecordingClock) -> None:
+    """Every try a 502: ModelServerError after retries+1 requests and retries waits."""
+    for _ in range(3):
+        openai_server.enqueue(error_reply("openai", 502, "bad gateway"))
+    with pytest.raises(ModelServerError, match=r"testprov: server error \(HTTP 502\)"):
+        transport(openai_server, clock).post_json("/chat/completions", {})
+    assert len(openai_server.requests) == 3
+    assert len(clock.sleeps) == 2
+    assert 0.25 <= clock.sleeps[0] <= 0.5
+    assert 0.5 <= clock.sleeps[1] <= 1.0  # the step doubled
+
+
+def test_other_4xx_not_retried(openai_server: FakeProvider, clock: RecordingClock) -> None:
+    """A 400 or 404 is a ModelRequestError at once: asking again cannot help."""
+    openai_server.enqueue(error_reply("openai", 404, "model 'nope' not found"))
+    with pytest.raises(ModelRequestError, match="model 'nope' not found"):
+        transport(openai_server, clock).post_json("/chat/completions", {})
+    assert len(openai_server.requests) == 1
+    assert clock.sleeps == []
+
+
+def test_403_not_retried(openai_server: FakeProvider, clock: RecordingClock) -> None:
+    """A 403 is a ModelAuthError naming the key variable, without retrying."""
+    openai_server.enqueue(error_reply("openai", 403, "forbidden"))
+    with pytest.raises(ModelAuthError, match=r"HTTP 403.*check TEST_API_KEY"):
+        transport(openai_server, clock).post_json("/chat/completions", {})
+    assert len(openai_server.requests) == 1
+
+
+def test_x_should_retry_overrides(openai_server: FakeProvider, clock: RecordingClock) -> None:
+    """x-should-retry: false stops retries on a 503; true makes a 409 retryable."""
+    openai_server.enqueue(
+        error_reply("openai", 503, "down", {"x-should-retry": "false"}),
+        error_reply("openai", 409, "conflict", {"x-should-retry": "true"}),
+        openai_completion("ok"),
+    )
+    http = transport(openai_server, clock)
+    with pytest.raises(ModelServerError):
+        http.post_json("/chat/completions", {})
+    assert len(openai_server.requests) == 1
+    assert http.post_json("/chat/completions", {})["choices"][0]["message"]["content"] == "ok"
+    assert len(openai_server.requests) == 3
+
+
+def test_retry_after_is_capped(openai_server: FakeProvider, clock: RecordingClock) -> None:
+    """A Retry-After longer than max_wait waits max_wait, not an hour."""
+    openai_server.enqueue(
+        error_reply("openai", 429, "later", {"Retry-After": "3600"}), openai_completion("ok")
+    )
+    transport(openai_server, clock, max_wait=5.0).post_json("/chat/completions", {})
+    assert clock.sleeps == [5.0]
+
+
+def test_key_scrubbed_from_5xx_echo(openai_server: FakeProvider, clock: RecordingClock) -> None:
+    """A server that echoes the key in a 500 body cannot get it into the error message."""
+    openai_server.enqueue(Reply(status=500, raw=f"crash handling Bearer {KEY}".encode()))
+    with pytest.raises(ModelServerError) as caught:
+        transport(openai_server, clock, retries=0).post_json("/chat/completions", {})
+    assert KEY not in str(caught.value)
+    assert "Bearer ***" in str(caught.value)
+
+
+def test_dropped_connection(openai_server: FakeProvider, clock: RecordingClock) -> None:
+    """A server that hangs up without answering is retried, then ModelUnreachable."""
+    openai_server.enqueue(Reply(disconnect=True), Reply(disconnect=True))
+    with pytest.raises(ModelUnreachable, match="testprov: connection to"):
+        transport(openai_server, clock, retries=1).post_json("/chat/completions", {})
+    assert len(openai_server.requests) == 2
+
+
+def test_dropped_connection_then_success(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """One dropped connection is retried and the next answer is returned."""
+    openai_server.enqueue(Reply(disconnect=True), openai_completion("after drop"))
+    data = transport(openai_server, clock).post_json("/chat/completions", {})
+    assert data["choices"][0]["message"]["content"] == "after drop"
+
+
+def test_non_object_json(openai_server: FakeProvider, clock: RecordingClock) -> None:
+    """JSON that is not an object is a ModelResponseError."""
+    openai_server.enqueue(Reply(body=[1, 2, 3]))
+    with pytest.raises(ModelResponseError, match="not an object"):
+        transport(openai_server, clock).post_json("/chat/completions", {})
+
+
+def test_redirect_is_reported(openai_server: FakeProvider, clock: RecordingClock) -> None:
+    """A redirect is not followed with a POST: it is a clear ModelRequestError."""
+    openai_server.enqueue(
+        Reply(status=301, headers={"location": "https://elsewhere.example/v1/chat/completions"})
+    )
+    with pytest.raises(ModelRequestError, match=r"redirect .* to https://elsewhere\.example"):
+        transport(openai_server, clock).post_json("/chat/completions", {})
+
+
+def test_unencodable_request(openai_server: FakeProvider, clock: RecordingClock) -> None:
+    """A request body that is not JSON-encodable fails before any request is sent."""
+    with pytest.raises(ModelRequestError, match="not valid JSON"):
+        transport(openai_server, clock).post_json("/chat/completions", {"x": float("nan")})
+    assert openai_server.requests == []
+
+
+def test_one_model_shared_by_threads(openai_server: FakeProvider, clock: RecordingClock) -> None:
+    """One client instance serves concurrent turns on several threads."""
+    config = ModelConfig(openai_base_url=openai_server.base_url, openai_api_key=Secret(KEY))
+    model = OpenAIModel("shared", config, clock=clock)
+    texts: list[str] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def turn() -> None:
+        try:
+            for _ in range(5):
+                text = model.complete(system="", messages=[Message("user", "hi")], tools=[]).text
+                with lock:
+                    texts.append(text)
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=turn) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == []
+    assert texts == ["ok"] * 40
+    assert len(openai_server.requests) == 40
+    model.close()
+    assert model.closed
+
+
+def test_stopped_server_is_unreachable_even_when_pooled(clock: RecordingClock) -> None:
+    """After the fake server stops, a client with a pooled keep-alive connection cannot reach it."""
+    server = FakeProvider("openai").start()
+    config = ModelConfig(openai_base_url=server.base_url, retries=1)
+    model = OpenAIModel("m", config, clock=clock)
+    try:
+        assert model.complete(system="", messages=[Message("user", "hi")], tools=[]).text == "ok"
+        server.stop()
+        with pytest.raises(ModelUnreachable):
+            model.complete(system="", messages=[Message("user", "hi")], tools=[])
+    finally:
+        server.stop()
+        model.close()

@@ -1,0 +1,153 @@
+"""files.py: confinement, bounded reads, atomic writes."""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.support.persona import make_persona, tree
+from workers.persona.errors import PersonaFileError
+from workers.persona.files import atomic_write_bytes, atomic_write_text, confined, read_prefix
+
+# --- confined ------------------------------------------------------------------------------
+
+
+def test_confined_returns_the_real_path(tmp_path: Path) -> None:
+    """A plain relative name resolves under the real root, whether it exists or not."""
+    root = make_persona(tmp_path / "ava", {"MEMORY.md": "x"})
+    assert confined(root, "MEMORY.md") == root.resolve() / "MEMORY.md"
+    assert confined(str(root), "memory/new.md") == root.resolve() / "memory" / "new.md"
+
+
+@pytest.mark.parametrize("name", ["../x", "memory/../../x", "/etc/passwd", "", ".", "a/../b"])
+def test_confined_refuses_traversal_and_absolute(tmp_path: Path, name: str) -> None:
+    """'..' anywhere, absolute paths and the root itself are refused with PersonaFileError."""
+    with pytest.raises(PersonaFileError):
+        confined(tmp_path, name)
+
+
+def test_confined_refuses_file_symlink_leading_out(tmp_path: Path) -> None:
+    """A MEMORY.md that links to a file outside the root is refused, naming where it leads."""
+    outside = make_persona(tmp_path / "outside", {"secret.md": "keep"})
+    root = make_persona(tmp_path / "ava")
+    (root / "MEMORY.md").symlink_to(outside / "secret.md")
+    with pytest.raises(PersonaFileError, match="outside the persona directory"):
+        confined(root, "MEMORY.md")
+
+
+def test_confined_refuses_directory_symlink_leading_out(tmp_path: Path) -> None:
+    """A memory/ directory that links outside is refused for any name beneath it."""
+    outside = make_persona(tmp_path / "outside")
+    root = make_persona(tmp_path / "ava")
+    (root / "memory").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(PersonaFileError, match="outside the persona directory"):
+        confined(root, "memory/x.md")
+
+
+def test_confined_follows_symlink_that_stays_inside(tmp_path: Path) -> None:
+    """A link to a file inside the root is followed: the real target is returned."""
+    root = make_persona(tmp_path / "ava", {"real/MEMORY.md": "x"})
+    (root / "MEMORY.md").symlink_to(root / "real" / "MEMORY.md")
+    assert confined(root, "MEMORY.md") == root.resolve() / "real" / "MEMORY.md"
+
+
+def test_confined_root_may_itself_be_a_symlink(tmp_path: Path) -> None:
+    """A persona directory reached through a symlink is confined to its real location."""
+    real = make_persona(tmp_path / "real")
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    assert confined(tmp_path / "link", "MEMORY.md") == real.resolve() / "MEMORY.md"
+
+
+# --- read_prefix ---------------------------------------------------------------------------
+
+
+def test_read_prefix_bounds_and_absence(tmp_path: Path) -> None:
+    """At most limit+1 bytes come back; a missing file is None."""
+    make_persona(tmp_path, {"a.md": "0123456789"})
+    assert read_prefix(tmp_path / "a.md", 4) == b"01234"
+    assert read_prefix(tmp_path / "a.md", 10) == b"0123456789"
+    assert read_prefix(tmp_path / "missing.md", 4) is None
+
+
+def test_read_prefix_refuses_non_files(tmp_path: Path) -> None:
+    """A directory, a FIFO and a dangling link each raise PersonaFileError naming the path."""
+    (tmp_path / "dir.md").mkdir()
+    os.mkfifo(tmp_path / "fifo.md")
+    (tmp_path / "dangling.md").symlink_to(tmp_path / "nowhere")
+    cases = (("dir.md", "directory"), ("fifo.md", "regular"), ("dangling.md", "missing"))
+    for name, problem in cases:
+        with pytest.raises(PersonaFileError, match=problem) as raised:
+            read_prefix(tmp_path / name, 10)
+        assert raised.value.path == tmp_path / name
+
+
+# --- atomic writes -------------------------------------------------------------------------
+
+
+def test_atomic_write_creates_and_replaces(tmp_path: Path) -> None:
+    """The target ends up with exactly the new bytes and no temp file is left behind."""
+    target = tmp_path / "MEMORY.md"
+    atomic_write_text(target, "first ✓\n")
+    assert target.read_bytes() == "first ✓\n".encode()
+    atomic_write_bytes(target, b"second")
+    assert target.read_bytes() == b"second"
+    assert tree(tmp_path) == {"MEMORY.md"}
+
+
+def test_atomic_write_keeps_permissions(tmp_path: Path) -> None:
+    """Replacing a file keeps its permission bits."""
+    target = tmp_path / "USER.md"
+    target.write_text("x")
+    target.chmod(0o600)
+    atomic_write_text(target, "y")
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+
+
+def test_atomic_write_never_writes_through_a_hard_link(tmp_path: Path) -> None:
+    """A hard link elsewhere keeps its old bytes: the write replaces the name, not the inode."""
+    target = tmp_path / "MEMORY.md"
+    target.write_text("old")
+    other = tmp_path / "other"
+    os.link(target, other)
+    atomic_write_text(target, "new")
+    assert (target.read_text(), other.read_text()) == ("new", "old")
+
+
+def test_atomic_write_failure_leaves_no_temp(tmp_path: Path) -> None:
+    """When the final rename fails, the error propagates and the temp file is removed."""
+    (tmp_path / "MEMORY.md").mkdir()
+    (tmp_path / "MEMORY.md" / "keep").write_text("k")
+    with pytest.raises(OSError, match="directory"):
+        atomic_write_text(tmp_path / "MEMORY.md", "x")
+    assert tree(tmp_path) == {"MEMORY.md", "MEMORY.md/keep"}
+
+
+def test_reader_never_sees_a_torn_file(tmp_path: Path) -> None:
+    """While one thread rewrites a large file, every read sees one whole version or the other."""
+    target = tmp_path / "MEMORY.md"
+    versions = (b"a" * 1_000_000, b"b" * 1_500_000)
+    atomic_write_bytes(target, versions[0])
+    done = threading.Event()
+
+    def writer() -> None:
+        try:
+            for round_ in range(60):
+                atomic_write_bytes(target, versions[round_ % 2])
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    reads = 0
+    try:
+        while not done.is_set() or reads == 0:
+            assert target.read_bytes() in versions
+            reads += 1
+    finally:
+        thread.join()
+    assert reads > 0
+    assert tree(tmp_path) == {"MEMORY.md"}

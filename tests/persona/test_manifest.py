@@ -1,0 +1,362 @@
+"""persona.toml: schema, defaults, durations, active hours, and errors that name their key."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, time
+from pathlib import Path
+
+import pytest
+
+from workers.persona.errors import PersonaConfigError, PersonaFileError, PersonaNotFound
+from workers.persona.home import DEFAULT_INDEX_CAP
+from workers.persona.manifest import (
+    MANIFEST_NAME,
+    ActiveHours,
+    DreamSchedule,
+    HeartbeatSchedule,
+    PersonaConfig,
+    load_manifest,
+    parse_duration,
+    parse_manifest,
+)
+
+FULL = """\
+does = "Keeps Ava's calendar and remembers her preferences"
+model = "openai:gpt-4o-mini"
+memory = true
+notes = true
+memory_index_cap = { max_lines = 100, max_bytes = 9000 }
+
+[heartbeat]
+every = "30m"
+active_hours = { start = "08:00", end = "22:00", timezone = "Europe/Berlin" }
+
+[dream]
+cron = "0  3 * * *"
+timezone = "Europe/Berlin"
+window = "1h"
+instructions = "Keep birthdays."
+"""
+
+
+def write(home: Path, text: str) -> Path:
+    path = home / MANIFEST_NAME
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def at(year: int, month: int, day: int, hour: int, minute: int = 0) -> float:
+    """Epoch seconds of a UTC wall-clock instant."""
+    return datetime(year, month, day, hour, minute, tzinfo=UTC).timestamp()
+
+
+def test_absent_file_means_defaults(tmp_path: Path) -> None:
+    """A persona without persona.toml gets every default."""
+    config = load_manifest(tmp_path)
+    assert config == PersonaConfig()
+    assert config.model == "inherit"
+    assert config.memory is True
+    assert config.notes is False
+    assert config.memory_index_cap is None
+    assert config.heartbeat is None
+    assert config.dream is None
+
+
+def test_full_schema_parses(tmp_path: Path) -> None:
+    """Every documented key is read into its typed field."""
+    write(tmp_path, FULL)
+    config = load_manifest(tmp_path)
+    assert config == PersonaConfig(
+        does="Keeps Ava's calendar and remembers her preferences",
+        model="openai:gpt-4o-mini",
+        memory=True,
+        notes=True,
+        memory_index_cap=(100, 9000),
+        heartbeat=HeartbeatSchedule(
+            every=1800.0,
+            active_hours=ActiveHours(time(8, 0), time(22, 0), "Europe/Berlin"),
+        ),
+        dream=DreamSchedule(
+            every=None,
+            cron="0 3 * * *",
+            timezone="Europe/Berlin",
+            window=3600.0,
+            instructions="Keep birthdays.",
+        ),
+    )
+
+
+def test_dream_every_defaults_timezone_and_window(tmp_path: Path) -> None:
+    """[dream] every = "24h" alone means UTC, no own window and no instructions."""
+    write(tmp_path, '[dream]\nevery = "24h"\n')
+    assert load_manifest(tmp_path).dream == DreamSchedule(
+        every=86400.0, cron=None, timezone="UTC", window=None, instructions=None
+    )
+
+
+def test_heartbeat_tables_may_be_written_as_sections(tmp_path: Path) -> None:
+    """[heartbeat.active_hours] as its own section is the same as an inline table."""
+    write(
+        tmp_path,
+        '[heartbeat]\nevery = "15s"\n[heartbeat.active_hours]\nstart = "22:00"\nend = "06:00"\n',
+    )
+    heartbeat = load_manifest(tmp_path).heartbeat
+    assert heartbeat == HeartbeatSchedule(15.0, ActiveHours(time(22), time(6), "UTC"))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("true", DEFAULT_INDEX_CAP), ("false", None), ("{ max_lines = 3 }", (3, 25_600))],
+)
+def test_memory_index_cap_forms(
+    tmp_path: Path, value: str, expected: tuple[int, int] | None
+) -> None:
+    """memory_index_cap: true is 200 lines / 25600 bytes, false is off, a table fills defaults."""
+    write(tmp_path, f"memory_index_cap = {value}\n")
+    assert load_manifest(tmp_path).memory_index_cap == expected
+
+
+def test_default_index_cap_is_the_contract_preset() -> None:
+    """memory_index_cap = true means exactly 200 lines / 25,600 bytes."""
+    assert DEFAULT_INDEX_CAP == (200, 25_600)
+
+
+def test_relative_scripted_model_is_anchored_to_the_persona(tmp_path: Path) -> None:
+    """A relative scripted:<path> is relative to the persona directory, not the worker's cwd."""
+    write(tmp_path, 'model = "scripted:rules.toml"\n')
+    assert load_manifest(tmp_path).model == f"scripted:{tmp_path / 'rules.toml'}"
+
+
+def test_absolute_scripted_model_is_kept(tmp_path: Path) -> None:
+    """An absolute scripted:<path> is used as written."""
+    write(tmp_path, 'model = "scripted:/srv/rules.toml"\n')
+    assert load_manifest(tmp_path).model == "scripted:/srv/rules.toml"
+
+
+BAD: list[tuple[str, str]] = [
+    ("evrey = 1", "evrey"),
+    ("does = 1", "does"),
+    ("model = 5", "model"),
+    ('model = ""', "model"),
+    ('model = "gpt-4o"', "model"),
+    ("memory = 1", "memory"),
+    ('memory = "yes"', "memory"),
+    ("notes = 0", "notes"),
+    ('notes = "false"', "notes"),
+    ("memory_index_cap = 5", "memory_index_cap"),
+    ('memory_index_cap = "true"', "memory_index_cap"),
+    ("memory_index_cap = { max_lines = 0 }", "memory_index_cap.max_lines"),
+    ("memory_index_cap = { max_bytes = -1 }", "memory_index_cap.max_bytes"),
+    ("memory_index_cap = { max_lines = true }", "memory_index_cap.max_lines"),
+    ("memory_index_cap = { max_lines = 1.5 }", "memory_index_cap.max_lines"),
+    ("memory_index_cap = { lines = 3 }", "memory_index_cap.lines"),
+    ('heartbeat = "30m"', "heartbeat"),
+    ("[heartbeat]", "heartbeat.every"),
+    ('[heartbeat]\nevery = "30m"\nfoo = 1', "heartbeat.foo"),
+    ('[heartbeat]\nevery = "30m"\nactive_hours = "8-22"', "heartbeat.active_hours"),
+    (
+        '[heartbeat]\nevery = "30m"\nactive_hours = { start = "8:00", end = "22:00" }',
+        "heartbeat.active_hours.start",
+    ),
+    (
+        '[heartbeat]\nevery = "30m"\nactive_hours = { start = "24:00", end = "22:00" }',
+        "heartbeat.active_hours.start",
+    ),
+    (
+        '[heartbeat]\nevery = "30m"\nactive_hours = { start = "08:00", end = "22:60" }',
+        "heartbeat.active_hours.end",
+    ),
+    (
+        '[heartbeat]\nevery = "30m"\nactive_hours = { start = "08:00", end = "25:00" }',
+        "heartbeat.active_hours.end",
+    ),
+    (
+        '[heartbeat]\nevery = "30m"\nactive_hours = { end = "22:00" }',
+        "heartbeat.active_hours.start",
+    ),
+    (
+        '[heartbeat]\nevery = "30m"\nactive_hours = { start = "08:00" }',
+        "heartbeat.active_hours.end",
+    ),
+    (
+        '[heartbeat]\nevery = "30m"\nactive_hours = { start = 8, end = "22:00" }',
+        "heartbeat.active_hours.start",
+    ),
+    (
+        '[heartbeat]\nevery = "30m"\n'
+        'active_hours = { start = "08:00", end = "22:00", timezone = "Mars/Olympus" }',
+        "heartbeat.active_hours.timezone",
+    ),
+    (
+        '[heartbeat]\nevery = "30m"\n'
+        'active_hours = { start = "08:00", end = "22:00", timezone = "" }',
+        "heartbeat.active_hours.timezone",
+    ),
+    (
+        '[heartbeat]\nevery = "30m"\n'
+        'active_hours = { start = "08:00", end = "22:00", timezone = "../../etc/passwd" }',
+        "heartbeat.active_hours.timezone",
+    ),
+    (
+        '[heartbeat]\nevery = "30m"\nactive_hours = { start = "08:00", end = "22:00", tz = "UTC" }',
+        "heartbeat.active_hours.tz",
+    ),
+    ("dream = 1", "dream"),
+    ("[dream]", "dream.every"),
+    ('[dream]\ninstructions = "x"', "dream.every"),
+    ('[dream]\nevery = "24h"\ncron = "0 3 * * *"', "dream.cron"),
+    ('[dream]\ncron = "0 3 * *"', "dream.cron"),
+    ('[dream]\ncron = "0 3 * * * *"', "dream.cron"),
+    ('[dream]\ncron = ""', "dream.cron"),
+    ("[dream]\ncron = 3", "dream.cron"),
+    ('[dream]\nevery = "0h"', "dream.every"),
+    ('[dream]\ncron = "0 3 * * *"\ntimezone = "Europe/Nowhere"', "dream.timezone"),
+    ('[dream]\ncron = "0 3 * * *"\ntimezone = 1', "dream.timezone"),
+    ('[dream]\nevery = "24h"\nwindow = "1 h"', "dream.window"),
+    ('[dream]\nevery = "24h"\nwindow = 3600', "dream.window"),
+    ('[dream]\nevery = "24h"\ninstructions = 1', "dream.instructions"),
+    ('[dream]\nevery = "24h"\nat = "03:00"', "dream.at"),
+]
+
+
+@pytest.mark.parametrize(("text", "key"), BAD, ids=[key + ":" + text for text, key in BAD])
+def test_bad_value_names_its_key_and_file(tmp_path: Path, text: str, key: str) -> None:
+    """Every unknown key or bad value is a PersonaConfigError naming the dotted key and the file."""
+    path = write(tmp_path, text + "\n")
+    with pytest.raises(PersonaConfigError) as caught:
+        load_manifest(tmp_path)
+    assert caught.value.key == key
+    assert caught.value.path == path
+    assert f"'{key}'" in str(caught.value)
+    assert str(path) in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "every", ['"30 m"', '"0m"', '"30"', '"m"', '"1.5h"', '"-1h"', '"30M"', '"1w"', "30", '""']
+)
+def test_bad_heartbeat_every_names_heartbeat_every(tmp_path: Path, every: str) -> None:
+    """A bad [heartbeat] every (format, zero, unit, type) is an error naming heartbeat.every."""
+    write(tmp_path, f"[heartbeat]\nevery = {every}\n")
+    with pytest.raises(PersonaConfigError) as caught:
+        load_manifest(tmp_path)
+    assert caught.value.key == "heartbeat.every"
+
+
+def test_invalid_toml_reports_the_parsers_line_and_column(tmp_path: Path) -> None:
+    """Invalid TOML is a PersonaConfigError carrying the parser's line and column."""
+    path = write(tmp_path, 'does = "ok"\n[heartbeat\n')
+    with pytest.raises(PersonaConfigError) as caught:
+        load_manifest(tmp_path)
+    assert caught.value.key is None
+    assert "line 2, column 11" in str(caught.value)
+    assert str(path) in str(caught.value)
+
+
+def test_non_utf8_manifest_is_a_config_error(tmp_path: Path) -> None:
+    """A persona.toml that is not UTF-8 is a PersonaConfigError naming the file."""
+    (tmp_path / MANIFEST_NAME).write_bytes(b'does = "\xff"\n')
+    with pytest.raises(PersonaConfigError, match="UTF-8"):
+        load_manifest(tmp_path)
+
+
+def test_manifest_that_is_a_directory_is_a_file_error(tmp_path: Path) -> None:
+    """persona.toml being a directory is a PersonaFileError naming the path."""
+    (tmp_path / MANIFEST_NAME).mkdir()
+    with pytest.raises(PersonaFileError, match="is a directory"):
+        load_manifest(tmp_path)
+
+
+def test_missing_home_is_persona_not_found(tmp_path: Path) -> None:
+    """Loading the manifest of a directory that does not exist is PersonaNotFound."""
+    with pytest.raises(PersonaNotFound):
+        load_manifest(tmp_path / "nobody")
+
+
+def test_parse_manifest_without_source_names_the_key() -> None:
+    """Parsing text directly still names the key, with no file in the message."""
+    with pytest.raises(PersonaConfigError) as caught:
+        parse_manifest("memory = 'no'\n")
+    assert caught.value.key == "memory"
+    assert caught.value.path is None
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("1s", 1.0), ("45s", 45.0), ("30m", 1800.0), ("2h", 7200.0), ("1d", 86400.0), ("90m", 5400.0)],
+)
+def test_parse_duration_units(text: str, seconds: float) -> None:
+    """Durations are a positive whole number and one of s, m, h, d."""
+    assert parse_duration(text, key="x") == seconds
+
+
+@pytest.mark.parametrize(
+    "text", ["0s", "1.5h", "1 h", " 1h", "1h ", "h", "1", "1y", "-5m", "", None]
+)
+def test_parse_duration_rejects_with_key(text: object) -> None:
+    """A malformed or zero duration is a PersonaConfigError naming the key it came from."""
+    with pytest.raises(PersonaConfigError) as caught:
+        parse_duration(text, key="dream.window")
+    assert caught.value.key == "dream.window"
+
+
+NIGHT_BERLIN = ActiveHours(start=time(22, 0), end=time(6, 0), timezone="Europe/Berlin")
+
+
+@pytest.mark.parametrize(
+    ("instant", "inside"),
+    [
+        # Winter: Berlin is UTC+1.
+        (at(2024, 1, 15, 20, 59), False),  # 21:59 local
+        (at(2024, 1, 15, 21, 0), True),  # 22:00 local: start is inclusive
+        (at(2024, 1, 15, 22, 30), True),  # 23:30 local
+        (at(2024, 1, 15, 23, 0), True),  # 00:00 local, the next day
+        (at(2024, 1, 16, 4, 59), True),  # 05:59 local
+        (at(2024, 1, 16, 5, 0), False),  # 06:00 local: end is exclusive
+        (at(2024, 1, 16, 11, 0), False),  # noon local
+        # Summer: Berlin is UTC+2, so the same UTC instants fall differently.
+        (at(2024, 7, 1, 20, 30), True),  # 22:30 local
+        (at(2024, 7, 1, 3, 30), True),  # 05:30 local
+        (at(2024, 7, 1, 4, 30), False),  # 06:30 local
+    ],
+)
+def test_active_hours_across_midnight_in_berlin(instant: float, inside: bool) -> None:
+    """A 22:00-06:00 window in Europe/Berlin covers local late evening and early morning."""
+    assert NIGHT_BERLIN.contains(instant) is inside
+
+
+def test_active_hours_use_the_zone_not_utc() -> None:
+    """The same instant is inside a Berlin window and outside the same window in UTC."""
+    instant = at(2024, 1, 15, 21, 30)  # 22:30 in Berlin, 21:30 in UTC
+    assert NIGHT_BERLIN.contains(instant)
+    assert not ActiveHours(time(22), time(6), "UTC").contains(instant)
+
+
+def test_active_hours_same_day_window() -> None:
+    """08:00-22:00 in New York holds from 08:00 up to (not including) 22:00 local."""
+    hours = ActiveHours(time(8), time(22), "America/New_York")
+    assert not hours.contains(at(2024, 1, 15, 12, 59))  # 07:59 local (UTC-5)
+    assert hours.contains(at(2024, 1, 15, 13, 0))  # 08:00 local
+    assert hours.contains(at(2024, 1, 16, 2, 59))  # 21:59 local
+    assert not hours.contains(at(2024, 1, 16, 3, 0))  # 22:00 local
+
+
+def test_active_hours_equal_start_and_end_is_all_day() -> None:
+    """start == end means all day, never an empty window."""
+    hours = ActiveHours(time(9), time(9), "Asia/Tokyo")
+    assert all(hours.contains(at(2024, 3, 1, h, m)) for h in range(24) for m in (0, 30))
+
+
+def test_end_2400_means_until_midnight(tmp_path: Path) -> None:
+    """end = "24:00" parses as midnight: 18:00-24:00 holds in the evening, not after midnight."""
+    write(
+        tmp_path,
+        '[heartbeat]\nevery = "1h"\nactive_hours = { start = "18:00", end = "24:00" }\n',
+    )
+    heartbeat = load_manifest(tmp_path).heartbeat
+    assert heartbeat is not None
+    assert heartbeat.active_hours is not None
+    hours = heartbeat.active_hours
+    assert hours.end == time(0, 0)
+    assert hours.contains(at(2024, 1, 15, 23, 59))
+    assert not hours.contains(at(2024, 1, 16, 0, 0))
+    assert not hours.contains(at(2024, 1, 15, 17, 59))

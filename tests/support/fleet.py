@@ -1,0 +1,210 @@
+"""Real fleet processes for integration tests: celery workers and beat, started as subprocesses.
+
+Each process writes JSON log lines (``SOULFLEET_LOG_FORMAT=json``) to its own file; tests read
+the recorded events (``turn.start``, ``turn.end``, ``tick.emitted`` …) to check invariants.
+Nothing here fakes Celery or Redis: these are the same commands an operator runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FleetProcess", "fleet_env", "read_events", "start_beat", "start_worker", "wait_until"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def fleet_env(
+    *,
+    redis_url: str,
+    key_prefix: str,
+    personas: Path,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment a fleet process gets: this test's Redis, prefix and personas root."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SOULFLEET_", "CELERY_", "OPENAI_", "ANTHROPIC_"))
+    }
+    env.update(
+        {
+            "REDIS_URL": redis_url,
+            "SOULFLEET_KEY_PREFIX": key_prefix,
+            "SOULFLEET_QUEUE_PREFIX": key_prefix.rstrip(":").replace(":", "-"),
+            "SOULFLEET_PERSONAS": str(personas),
+            "SOULFLEET_LOG_FORMAT": "json",
+            "SOULFLEET_LOG_LEVEL": "info",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.pop("REDIS_URL_UNUSED", None)
+    if extra:
+        env.update(extra)
+    return env
+
+
+def read_events(path: Path, event: str | None = None) -> list[dict[str, Any]]:
+    """Every JSON log line in ``path`` (optionally only one event name); other lines skipped."""
+    events: list[dict[str, Any]] = []
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return events
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and (event is None or record.get("event") == event):
+            events.append(record)
+    return events
+
+
+def wait_until(
+    predicate: Callable[[], Any], *, timeout: float, interval: float = 0.1, what: str = ""
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+@dataclass
+class FleetProcess:
+    """A running celery worker or beat; its JSON log is ``log_path``."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    _log_file: Any = field(repr=False, default=None)
+
+    def events(self, event: str | None = None) -> list[dict[str, Any]]:
+        return read_events(self.log_path, event)
+
+    def wait_for_event(self, event: str, *, timeout: float = 60.0) -> dict[str, Any]:
+        def found() -> dict[str, Any] | None:
+            if self.popen.poll() is not None:
+                raise AssertionError(
+                    f"{self.name} exited with {self.popen.returncode}:\n{self.tail()}"
+                )
+            matches = self.events(event)
+            return matches[0] if matches else None
+
+        result: dict[str, Any] = wait_until(found, timeout=timeout, what=f"{self.name}: {event}")
+        return result
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no shutdown, no acks, like a lost host."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(timeout=30)
+        self._close()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout=timeout)
+        self._close()
+
+    def _close(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+
+def _spawn(name: str, argv: list[str], env: Mapping[str, str], log_dir: Path) -> FleetProcess:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    log_file = log_path.open("ab")
+    popen = subprocess.Popen(
+        argv,
+        env=dict(env),
+        cwd=str(REPO),
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=log_file,
+        start_new_session=True,
+    )
+    return FleetProcess(name=name, popen=popen, log_path=log_path, _log_file=log_file)
+
+
+def start_worker(
+    env: Mapping[str, str],
+    log_dir: Path,
+    *,
+    name: str = "w1",
+    queues: tuple[str, ...] = ("interactive", "heartbeat", "dream"),
+    concurrency: int = 8,
+    pool: str = "threads",
+    wait: bool = True,
+) -> FleetProcess:
+    """Start ``celery -A workers worker`` serving ``queues`` (kinds) and wait until it is ready."""
+    prefix = env["SOULFLEET_QUEUE_PREFIX"]
+    argv = [
+        sys.executable, "-m", "celery", "-A", "workers", "worker",
+        "-n", f"{name}@%h",
+        "-Q", ",".join(f"{prefix}.{kind}" for kind in queues),
+        "-P", pool, "-c", str(concurrency),
+        "--without-mingle", "--without-gossip",
+        "--loglevel", "INFO",
+    ]
+    process = _spawn(name, argv, env, log_dir)
+    if wait:
+        process.wait_for_event("worker.ready", timeout=60)
+    return process
+
+
+def start_beat(
+    env: Mapping[str, str], log_dir: Path, *, name: str = "beat", wait: bool = True
+) -> FleetProcess:
+    """Start ``celery -A workers beat`` and wait for its first sweep."""
+    argv = [sys.executable, "-m", "celery", "-A", "workers", "beat", "--loglevel", "INFO"]
+    process = _spawn(name, argv, env, log_dir)
+    if wait:
+        process.wait_for_event("sweep.done", timeout=60)
+    return process
+
+
+@contextlib.contextmanager
+def running(*processes: FleetProcess) -> Iterator[tuple[FleetProcess, ...]]:
+    """Stop every process on the way out, whatever the test did."""
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            process.stop()

@@ -1,0 +1,420 @@
+"""Real local HTTP servers that speak the OpenAI Chat Completions and Anthropic Messages wire
+protocols, for testing the model clients and benchmarking the fleet without a paid model.
+
+A :class:`FakeProvider` is a :class:`http.server.ThreadingHTTPServer` on 127.0.0.1 (port 0 by
+default: the OS picks a free one) served from a background thread. Tests program it with a queue
+of canned :class:`Reply` objects (status, headers, JSON or raw bytes, delay, or a dropped
+connection) and read back every request it received (:class:`Recorded`: path, headers, parsed
+body). With the queue empty it answers a plain text completion after ``delay`` seconds, which
+is what a benchmark wants::
+
+    python -m tests.support.providers openai --port 8765 --delay 2 --text HEARTBEAT_OK
+    OPENAI_BASE_URL=http://127.0.0.1:8765/v1 SOULFLEET_MODEL=openai:fake soulfleet ...
+
+Real sockets rather than a mock transport, so the clients' timeouts, connection handling and
+headers are exercised exactly as against a provider.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import socket
+import threading
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Literal
+
+from workers.persona.clock import SystemClock
+
+__all__ = [
+    "FakeProvider",
+    "ProviderKind",
+    "Recorded",
+    "RecordingClock",
+    "Reply",
+    "anthropic_error",
+    "anthropic_message",
+    "error_reply",
+    "main",
+    "openai_completion",
+    "openai_error",
+]
+
+ProviderKind = Literal["openai", "anthropic"]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One canned answer. ``body`` is sent as JSON unless ``raw`` bytes are given."""
+
+    status: int = 200
+    body: Any = None
+    raw: bytes | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    disconnect: bool = False  # close the connection without answering at all
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request as the server saw it. Header names are lower-cased."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body: Any  # the parsed JSON body, or None if it was not JSON
+    raw: bytes
+
+
+class RecordingClock(SystemClock):
+    """Real time, but ``sleep`` only records the wait: retry tests observe waits instantly."""
+
+    def __init__(self) -> None:
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+
+
+# -- wire-format builders ---------------------------------------------------------------------
+
+
+def openai_completion(
+    text: str | None = None,
+    tool_calls: Sequence[tuple[str, str, Mapping[str, Any] | str]] = (),
+    *,
+    model: str = "fake",
+    prompt_tokens: int = 11,
+    completion_tokens: int = 7,
+) -> dict[str, Any]:
+    """A chat completion; ``tool_calls`` are (id, name, arguments: dict or raw JSON text)."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "arguments": args if isinstance(args, str) else json.dumps(dict(args)),
+                },
+            }
+            for call_id, name, args in tool_calls
+        ]
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def anthropic_message(
+    text: str | None = None,
+    tool_uses: Sequence[tuple[str, str, Any]] = (),
+    *,
+    model: str = "fake",
+    input_tokens: int = 13,
+    output_tokens: int = 5,
+) -> dict[str, Any]:
+    """A Messages API answer; ``tool_uses`` are (id, name, input)."""
+    content: list[dict[str, Any]] = []
+    if text is not None:
+        content.append({"type": "text", "text": text})
+    content.extend(
+        {"type": "tool_use", "id": call_id, "name": name, "input": tool_input}
+        for call_id, name, tool_input in tool_uses
+    )
+    return {
+        "id": f"msg_{uuid.uuid4().hex[:12]}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": "tool_use" if tool_uses else "end_turn",
+        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+    }
+
+
+def openai_error(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def anthropic_error(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_reply(
+    kind: ProviderKind, status: int, message: str, headers: Mapping[str, str] | None = None
+) -> Reply:
+    """An error answer in ``kind``'s own error format."""
+    body = openai_error(message) if kind == "openai" else anthropic_error(message)
+    return Reply(status=status, body=body, headers=dict(headers or {}))
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], provider: FakeProvider) -> None:
+        super().__init__(address, _Handler)
+        self.provider = provider
+
+
+class _Handler(BaseHTTPRequestHandler):
+    # HTTP/1.1 keep-alive, as real providers do: the client's connection pool gets exercised.
+    protocol_version = "HTTP/1.1"
+
+    def setup(self) -> None:
+        super().setup()
+        server = self.server
+        assert isinstance(server, _Server)
+        server.provider._opened(self.connection)
+
+    def finish(self) -> None:
+        server = self.server
+        assert isinstance(server, _Server)
+        server.provider._closed(self.connection)
+        super().finish()
+
+    def do_POST(self) -> None:
+        server = self.server
+        assert isinstance(server, _Server)
+        server.provider._handle(self)
+
+    def do_GET(self) -> None:
+        self.do_POST()  # answered with a 404 in the provider's error format
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: tests read the recorded requests instead."""
+
+
+class FakeProvider:
+    """A programmable provider server; start with ``with FakeProvider("openai") as server:``."""
+
+    def __init__(
+        self,
+        kind: ProviderKind,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        delay: float = 0.0,
+        text: str = "ok",
+    ) -> None:
+        self.kind: ProviderKind = kind
+        self.delay = delay
+        self.text = text
+        self._address = (host, port)
+        self._lock = threading.Lock()
+        self._replies: collections.deque[Reply] = collections.deque()
+        self._requests: list[Recorded] = []
+        self._stopping = threading.Event()
+        self._connections: set[socket.socket] = set()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._in_flight = 0
+        #: the most requests this server was answering at one moment (the turn gate's witness)
+        self.max_in_flight = 0
+
+    # lifecycle
+
+    def start(self) -> FakeProvider:
+        self._server = _Server(self._address, self)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"fake-{self.kind}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()  # wakes handlers sleeping in a delay
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        # Keep-alive connections outlive the listening socket: hang them up too, so a stopped
+        # server is really gone for a client's connection pool.
+        with self._lock:
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeProvider:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "server not started"
+        return int(self._server.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        """What the client is configured with: ``OPENAI_BASE_URL`` / ``ANTHROPIC_BASE_URL``."""
+        root = f"http://127.0.0.1:{self.port}"
+        return f"{root}/v1" if self.kind == "openai" else root
+
+    # programming and inspection
+
+    def enqueue(self, *replies: Reply | Mapping[str, Any]) -> None:
+        """Answer the next requests with these, in order (a mapping is a 200 JSON body)."""
+        with self._lock:
+            for reply in replies:
+                self._replies.append(reply if isinstance(reply, Reply) else Reply(body=reply))
+
+    @property
+    def requests(self) -> list[Recorded]:
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def bodies(self) -> list[Any]:
+        return [request.body for request in self.requests]
+
+    # serving
+
+    def _opened(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._connections.add(connection)
+
+    def _closed(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._connections.discard(connection)
+
+    def _default(self, body: Any) -> Reply:
+        model = body.get("model", "fake") if isinstance(body, dict) else "fake"
+        payload = (
+            openai_completion(self.text, model=model)
+            if self.kind == "openai"
+            else anthropic_message(self.text, model=model)
+        )
+        return Reply(body=payload, delay=self.delay)
+
+    def _route_ok(self, path: str) -> bool:
+        path = path.split("?", 1)[0]
+        if self.kind == "openai":
+            return path.endswith("/chat/completions")
+        return path == "/v1/messages"
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
+        with self._lock:
+            self._in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self._in_flight)
+        try:
+            self._answer(handler)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _answer(self, handler: BaseHTTPRequestHandler) -> None:
+        length = int(handler.headers.get("content-length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        record = Recorded(
+            method=handler.command,
+            path=handler.path,
+            headers={name.lower(): value for name, value in handler.headers.items()},
+            body=body,
+            raw=raw,
+        )
+        with self._lock:
+            self._requests.append(record)
+            queued = self._replies.popleft() if self._replies else None
+        if not self._route_ok(handler.path) or handler.command != "POST":
+            reply = error_reply(self.kind, 404, f"no route {handler.command} {handler.path}")
+        else:
+            reply = queued if queued is not None else self._default(body)
+        if reply.delay > 0 and self._stopping.wait(reply.delay):
+            handler.close_connection = True
+            return
+        if reply.disconnect:
+            handler.close_connection = True
+            return
+        payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
+        headers = {name.lower(): value for name, value in reply.headers.items()}
+        headers.setdefault("content-type", "application/json")
+        try:
+            handler.send_response(reply.status)
+            for name, value in headers.items():
+                handler.send_header(name, value)
+            handler.send_header("content-length", str(len(payload)))
+            handler.end_headers()
+            handler.wfile.write(payload)
+            handler.wfile.flush()
+        except OSError:
+            # The client gave up (timed out) before we answered: expected in timeout tests.
+            handler.close_connection = True
+
+
+def serve(kind: ProviderKind, *, host: str, port: int, delay: float, text: str) -> FakeProvider:
+    """Start a fake provider answering every request with ``text`` after ``delay`` seconds."""
+    return FakeProvider(kind, host=host, port=port, delay=delay, text=text).start()
+
+
+def main(argv: Iterable[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.providers",
+        description="Serve a fake model provider that answers every request with plain text.",
+    )
+    parser.add_argument("kind", choices=["openai", "anthropic"])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds before each answer")
+    parser.add_argument("--text", default="ok", help="the completion text")
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    kind: ProviderKind = "openai" if args.kind == "openai" else "anthropic"
+    server = serve(kind, host=args.host, port=args.port, delay=args.delay, text=args.text)
+    print(
+        f"fake {kind} provider on {server.base_url} (delay {args.delay:g}s); Ctrl-C stops",
+        flush=True,
+    )
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

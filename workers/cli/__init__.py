@@ -1,0 +1,66 @@
+"""The ``soulfleet`` command line: one command to a running fleet, and the tools around it.
+
+::
+
+    soulfleet up [--personas DIR] [--workers N] [--flower] [--data DIR]
+    soulfleet init DIR
+    soulfleet soul DIR [--json]
+    soulfleet run PERSONA PROMPT [--local] [--model SPEC] [--json]
+    soulfleet post PERSONA TEXT [--wake/--no-wake] [--from NAME] [--channel C]
+    soulfleet status [PERSONA] [--json]
+    soulfleet beats [--follow] [--json]
+    soulfleet dream PERSONA | --all
+    soulfleet revive PERSONA [--dreamer]
+
+One module per command, each thin: parse, call the core (:class:`workers.fleet.Fleet`, the
+persona core), report. Which fleet a command reaches is :mod:`workers.cli.context`; how it fails
+(one line, documented exit codes) is :mod:`workers.cli.errors`.
+"""
+
+from __future__ import annotations
+
+import click
+
+from workers.cli.beats import beats
+from workers.cli.context import CliContext
+from workers.cli.dream import dream
+from workers.cli.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
+from workers.cli.group import SoulfleetGroup, quiet_logging
+from workers.cli.init import init
+from workers.cli.post import post
+from workers.cli.revive import revive
+from workers.cli.run import run
+from workers.cli.soul import soul
+from workers.cli.status import status
+from workers.cli.up import up
+
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
+
+_EPILOG = """\b
+Exit status: 0 ok, 1 runtime failure (Redis unreachable, inbox full, failed turn,
+`up` already running), 2 usage or bad input (unknown persona, invalid persona.toml
+or settings).
+PERSONA is a name under the personas root or a path to a persona directory.
+Without REDIS_URL, commands reach the `soulfleet up` running on the default data
+directory, else redis://127.0.0.1:6379/0."""
+
+
+@click.group(
+    cls=SoulfleetGroup, epilog=_EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
+)
+@click.version_option(package_name="soulfleet", prog_name="soulfleet")
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    """soulfleet: file-defined persona agents, run as a fleet on Celery + Redis."""
+    state = ctx.ensure_object(CliContext)
+    ctx.call_on_close(state.close)
+
+
+for _command in (up, init, soul, run, post, status, beats, dream, revive):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """Console-script entry point (``soulfleet = "workers.cli:main"``)."""
+    quiet_logging()
+    cli.main(prog_name="soulfleet")

@@ -1,0 +1,67 @@
+"""``soulfleet beats [--follow] [--json]``: what personas surfaced on their heartbeats.
+
+Reads the fleet's beats stream (:class:`workers.beats.Beats`): the newest ``--count`` beats,
+oldest first, then with ``--follow`` every new one as it is committed, until Ctrl-C (exit 0).
+``--json`` prints one JSON object per line (JSON Lines), so ``--follow --json`` streams into
+``jq`` or a script without waiting for an end that never comes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import click
+
+from workers.beats import Beat, Beats
+from workers.cli.group import cli_context, personas_option
+
+__all__ = ["beats", "format_beat"]
+
+
+def format_beat(beat: Beat, *, as_json: bool = False) -> str:
+    """One beat as a terminal line (``HH:MM:SS persona: text``) or a JSON object."""
+    if as_json:
+        return json.dumps(
+            {
+                "id": beat.id,
+                "persona": beat.persona,
+                "text": beat.text,
+                "turn_id": beat.turn_id,
+                "time": beat.time,
+            },
+            ensure_ascii=False,
+        )
+    stamp = time.strftime("%H:%M:%S", time.localtime(beat.time)) if beat.time else "--:--:--"
+    return f"{stamp} {beat.persona}: {' '.join(beat.text.split())}"
+
+
+@click.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new beats until Ctrl-C.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option(
+    "--count", "-n", type=click.IntRange(min=0), default=20, show_default=True,
+    help="How many recent beats to print first.",
+)  # fmt: skip
+@personas_option
+@click.pass_context
+def beats(
+    ctx: click.Context, follow: bool, as_json: bool, count: int, personas: Path | None
+) -> None:
+    """Print recent surfaced beats; with --follow, keep printing new ones."""
+    fleet = cli_context(ctx, personas).fleet()
+    recent = fleet.beats(count=count)
+    for beat in recent:
+        click.echo(format_beat(beat, as_json=as_json))
+    if not follow:
+        if not recent and not as_json:
+            click.echo("no surfaced beats yet", err=True)
+        return
+    feed = Beats(fleet.client, fleet.keys)
+    cursor = recent[-1].id if recent else feed.last_id()
+    try:
+        for beat in feed.follow(cursor, block_ms=2000):
+            click.echo(format_beat(beat, as_json=as_json))
+    except KeyboardInterrupt:
+        return

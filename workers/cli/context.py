@@ -1,0 +1,127 @@
+"""Which fleet a CLI command talks to, and how it reaches it.
+
+Resolution, first that applies (the README's "Which fleet" section says the same):
+
+- ``REDIS_URL`` set: that Redis, always (an explicit setting is never second-guessed);
+- else a ``soulfleet up`` running on the DEFAULT data directory: its embedded Redis, key and
+  queue prefixes and personas root, read from its ``up.json`` — so ``soulfleet post ava hi``
+  next to a running ``up`` just works;
+- else the default ``redis://127.0.0.1:6379/0``.
+
+The personas root is ``--personas`` if given, else ``SOULFLEET_PERSONAS``, else the running
+``up``'s, else ``./personas``.
+
+Turns are published by :class:`workers.fleet.CeleryPublisher` with a Celery app built from THIS
+command's settings, not ``workers.celery.app`` (configured from ``os.environ`` at import): a CLI
+command may be talking to the fleet found in ``up.json``, whose broker the environment does not
+name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workers.datadir import DataDir, UpState, default_data_dir
+from workers.errors import UnknownPersona
+from workers.fleet import CeleryPublisher, Fleet
+from workers.registry import PersonaRegistry, valid_persona_name
+from workers.settings import Settings
+
+__all__ = ["CliContext", "fleet_environ", "persona_dir"]
+
+
+def fleet_environ(
+    personas: Path | None, environ: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], UpState | None]:
+    """The environment a command's settings are read from, and the `up` it adopted (if any)."""
+    env = dict(os.environ if environ is None else environ)
+    adopted: UpState | None = None
+    if not (env.get("REDIS_URL") or "").strip():
+        state = DataDir(default_data_dir(env)).running_state()
+        # Only an embedded Redis is adopted: a user's own REDIS_URL is recorded redacted.
+        if state is not None and state.embedded_redis:
+            adopted = state
+            env["REDIS_URL"] = state.redis_url
+            for name, value in (
+                ("SOULFLEET_KEY_PREFIX", state.key_prefix),
+                ("SOULFLEET_QUEUE_PREFIX", state.queue_prefix),
+                ("SOULFLEET_PERSONAS", state.personas),
+            ):
+                if not (env.get(name) or "").strip():
+                    env[name] = value
+    if personas is not None:
+        env["SOULFLEET_PERSONAS"] = str(personas)
+    return env, adopted
+
+
+def persona_dir(arg: str, root: Path) -> Path:
+    """A persona directory from a name under ``root`` or a path anywhere (``run --local``,
+    ``soul``). A bare name prefers the root; a path (or a name the root lacks) is a path."""
+    bare = os.sep not in arg and not arg.startswith(".") and valid_persona_name(arg)
+    if bare and (root / arg).is_dir():
+        return root / arg
+    candidate = Path(arg).expanduser()
+    if candidate.is_dir():
+        return candidate
+    raise UnknownPersona(arg, root)
+
+
+@dataclass
+class CliContext:
+    """Per-invocation state: the options shared by fleet commands, built lazily."""
+
+    personas: Path | None = None
+    environ: Mapping[str, str] | None = None
+    _settings: Settings | None = field(default=None, repr=False)
+    _fleet: Fleet | None = field(default=None, repr=False)
+    _publisher: CeleryPublisher | None = field(default=None, repr=False)
+    adopted: UpState | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            env, self.adopted = fleet_environ(self.personas, self.environ)
+            self._settings = Settings.from_env(env)
+        return self._settings
+
+    @property
+    def redis_url(self) -> str | None:
+        return self._settings.redis_url if self._settings is not None else None
+
+    @property
+    def registry(self) -> PersonaRegistry:
+        return PersonaRegistry(self.settings.personas)
+
+    def fleet(self) -> Fleet:
+        """The fleet, after a ping: an unreachable Redis fails here with its (redacted) URL."""
+        if self._fleet is None:
+            self._publisher = CeleryPublisher(self.settings)
+            fleet = Fleet(self.settings, publisher=self._publisher)
+            fleet.ping()
+            self._fleet = fleet
+        return self._fleet
+
+    def persona(self, arg: str) -> str:
+        """The fleet's name for ``arg`` (a name or a path under the root), checked on disk."""
+        registry = self.registry
+        try:
+            return registry.resolve(arg)
+        except UnknownPersona:
+            path = Path(arg).expanduser()
+            if path.is_dir():
+                raise UnknownPersona(
+                    arg,
+                    f"{registry.root} (that directory exists, but fleet commands only reach "
+                    "personas under the fleet's root: pass --personas, or use "
+                    "`soulfleet run --local` for a directory anywhere)",
+                ) from None
+            raise
+
+    def close(self) -> None:
+        if self._publisher is not None:
+            self._publisher.close()
+        if self._fleet is not None:
+            self._fleet.client.close()

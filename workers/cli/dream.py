@@ -1,0 +1,119 @@
+"""``soulfleet dream PERSONA | --all``: wake dreamers now instead of at their schedule.
+
+``dream PERSONA`` ticks one persona's dreamer lane (:meth:`workers.fleet.Fleet.dream`) and
+says whether a pass was queued or folded into one already queued or running.
+
+``dream --all`` ticks every persona's dreamer in pipelined round trips, then watches the batch:
+a lane is DONE when its ``last_turn`` differs from the one recorded before the tick (a pass
+committed), FAILED when it is dead-lettered (a failing pass is retried by the fleet until
+SOULFLEET_MAX_ATTEMPTS, so a single error is not yet a failure), and STILL RUNNING if neither
+happened within ``--timeout``. Exit status 1 if any failed or is still running.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import click
+
+from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
+from workers.cli.group import cli_context, personas_option
+from workers.fleet import Fleet
+
+__all__ = ["dream", "watch_batch"]
+
+
+def watch_batch(
+    fleet: Fleet,
+    before: Mapping[str, str | None],
+    *,
+    timeout: float,
+    poll: float = 0.5,
+) -> tuple[list[str], list[str], list[str]]:
+    """Poll dreamer lanes until each is done or failed; return (done, failed, still running).
+
+    ``before`` maps each lane to its ``last_turn`` before the tick. The progress bar goes to
+    stderr, so stdout carries only the summary.
+    """
+    pending = dict(before)
+    done: list[str] = []
+    failed: list[str] = []
+    deadline = time.monotonic() + timeout
+    with click.progressbar(length=len(pending), label="dreaming", file=sys.stderr) as bar:
+        while pending:
+            for lane, last in list(pending.items()):
+                state = fleet.lanes.status(lane)
+                if state.get("last_turn") != last:
+                    done.append(lane)
+                elif state.get("state") == "dead":
+                    failed.append(lane)
+                else:
+                    continue
+                del pending[lane]
+                bar.update(1)
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(poll)
+    return done, failed, sorted(pending)
+
+
+@click.command()
+@click.argument("persona", required=False)
+@click.option("--all", "all_personas", is_flag=True, help="Every persona under the root.")
+@click.option(
+    "--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
+    help="--all: seconds to wait for the batch.",
+)  # fmt: skip
+@personas_option
+@click.pass_context
+def dream(
+    ctx: click.Context,
+    persona: str | None,
+    all_personas: bool,
+    timeout: float,
+    personas: Path | None,
+) -> None:
+    """Run a dream pass for PERSONA now, or for every persona with --all."""
+    if (persona is None) == (not all_personas):
+        raise BadInputError("give either PERSONA or --all (not both, not neither)")
+    state = cli_context(ctx, personas)
+    if persona is not None:
+        name = state.persona(persona)
+        outcome = state.fleet().dream(name)
+        if outcome.outcome == "queued":
+            click.echo(
+                f"dream pass queued for {name} (lane {outcome.lane}, turn {outcome.turn_id})"
+            )
+        elif outcome.outcome == "coalesced":
+            click.echo(f"{name}: a dream pass is already queued or running; this tick joins it")
+        else:
+            raise CliError(
+                f"lane {outcome.lane} is dead-lettered: `soulfleet status {name}` says why"
+            )
+        return
+
+    fleet = state.fleet()
+    names = fleet.registry.names()
+    if not names:
+        raise BadInputError(f"no personas in {fleet.registry.root}")
+    lanes = [fleet.registry.lane_of(name, "dreamer") for name in names]
+    before = {lane: _str(fleet.lanes.status(lane).get("last_turn")) for lane in lanes}
+    outcomes = fleet.tick_lanes([(lane, "dream") for lane in lanes])
+    dead = [o.lane for o in outcomes if o.outcome == "dead_lettered"]
+    watched = {lane: last for lane, last in before.items() if lane not in dead}
+    click.echo(f"dreaming: {len(watched)} dreamers woken ({len(dead)} dead-lettered)", err=True)
+    done, failed, running = watch_batch(fleet, watched, timeout=timeout)
+    failed = sorted([*failed, *dead])
+    click.echo(f"done: {len(done)}  failed: {len(failed)}  still running: {len(running)}")
+    for label, group in (("failed", failed), ("still running", running)):
+        if group:
+            click.echo(f"{label}: {', '.join(group)}")
+    if failed or running:
+        ctx.exit(EXIT_FAILURE)
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,126 @@
+"""How the CLI fails: exit codes, and one clear line instead of a traceback.
+
+Exit codes (the README documents them):
+
+====  =============================================================================
+0     success (``up``: stopped by Ctrl-C / SIGTERM after a clean shutdown)
+1     runtime failure: Redis unreachable, inbox full, lane dead-lettered, a turn that
+      failed or did not answer in time, `up` already running, a child of `up` died, a
+      file that cannot be read or written
+2     usage or bad input: unknown option or persona, invalid persona.toml (the key is
+      named), invalid settings (the variable is named), a model spec naming no model,
+      files `init` would overwrite
+====  =============================================================================
+
+Why a translation layer: the core raises precise exceptions whose messages already say what
+happened and what to do (and never contain a password); the CLI's job is only to pick the exit
+code and print the message on ONE line, prefixed so it is obviously soulfleet speaking. Anything
+else (a real bug) keeps its traceback, because hiding one helps nobody.
+"""
+
+from __future__ import annotations
+
+from typing import IO, Any
+from urllib.parse import urlsplit
+
+import click
+import redis
+from kombu.exceptions import OperationalError as BrokerError
+
+from workers.errors import ItemTooLarge, RedisUnavailable, UnknownPersona
+from workers.persona.errors import (
+    ModelSpecError,
+    PersonaError,
+    SettingsError,
+    SoulfleetError,
+)
+from workers.settings import redact_url
+
+__all__ = [
+    "EXIT_FAILURE",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "BadInputError",
+    "CliError",
+    "translate",
+]
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+# Bad input: the user can fix it by changing what they typed or the files they point at.
+_USAGE_ERRORS: tuple[type[BaseException], ...] = (
+    UnknownPersona,
+    ItemTooLarge,
+    SettingsError,
+    ModelSpecError,
+    PersonaError,  # PersonaNotFound, PersonaConfigError (names the key), PersonaFileError
+)
+
+
+def one_line(text: str) -> str:
+    """Collapse a message onto one line (TOML errors and stack-ish details carry newlines)."""
+    return " ".join(str(text).split())
+
+
+class CliError(click.ClickException):
+    """A runtime failure, reported as ``soulfleet: error: <one line>``; exit 1."""
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(one_line(message))
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"soulfleet: error: {self.format_message()}", file=file, err=file is None)
+
+
+class BadInputError(CliError):
+    """Usage or bad input (unknown persona, invalid persona.toml or settings); exit 2."""
+
+    exit_code = EXIT_USAGE
+
+
+def translate(exc: BaseException, *, redis_url: str | None = None) -> CliError | None:
+    """The CliError for a known failure, or None for anything that is a bug.
+
+    ``redis_url`` names the Redis a raw redis-py or kombu error came from; it is shown without
+    its password, and that password is scrubbed from the whole message as a last line of
+    defence (a library may quote the URL it was given).
+    """
+    error = _translate(exc, redis_url)
+    password = _password(redis_url) if redis_url else None
+    if error is not None and password and password in error.message:
+        return type(error)(error.message.replace(password, "***"))
+    return error
+
+
+def _password(url: str) -> str | None:
+    try:
+        return urlsplit(url).password
+    except ValueError:
+        return None
+
+
+def _translate(exc: BaseException, redis_url: str | None) -> CliError | None:
+    message: str | None = None
+    if isinstance(exc, CliError):
+        return exc
+    if isinstance(exc, _USAGE_ERRORS):
+        return BadInputError(str(exc))
+    if isinstance(exc, SoulfleetError):  # FleetError (RedisUnavailable, InboxFull …), LockTimeout
+        message = str(exc)
+    elif isinstance(exc, (redis.ConnectionError, redis.TimeoutError, BrokerError)):
+        # Publishing a turn goes through kombu: a broker it cannot reach is the same failure
+        # as Redis being down, and gets the same message.
+        url = redact_url(redis_url) if redis_url else "the configured Redis"
+        message = str(RedisUnavailable(url, one_line(str(exc))))
+    elif isinstance(exc, redis.RedisError):
+        message = f"Redis refused a command: {exc}"
+    elif isinstance(exc, TimeoutError):
+        message = str(exc) or "timed out"
+    elif isinstance(exc, OSError):
+        # A file the command needs or writes (permissions, a full disk): errno text + path.
+        message = str(exc)
+    return None if message is None else CliError(message)

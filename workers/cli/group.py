@@ -1,0 +1,79 @@
+"""The ``soulfleet`` command group: shared options, quiet logging, and error translation.
+
+Every command runs inside :meth:`SoulfleetGroup.invoke`, which turns the core's exceptions into
+one ``soulfleet: error: ...`` line and the documented exit code (:mod:`workers.cli.errors`), so no
+command repeats a try/except and no user ever sees a traceback for bad input.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+import structlog
+
+from workers.cli.context import CliContext
+from workers.cli.errors import translate
+
+__all__ = ["SoulfleetGroup", "cli_context", "personas_option", "quiet_logging"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class SoulfleetGroup(click.Group):
+    """A click group whose commands fail with one clear line instead of a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.Abort, click.ClickException):
+            raise
+        except Exception as exc:
+            state = ctx.find_object(CliContext)
+            error = translate(exc, redis_url=state.redis_url if state else None)
+            if error is None:
+                raise
+            raise error from exc
+
+
+def quiet_logging(level: str | None = None) -> None:
+    """Log lines go to stderr at WARNING and above (DEBUG with SOULFLEET_LOG_LEVEL=debug),
+    never into a command's stdout, which scripts parse.
+
+    Called by the console-script entry point only: configuring logging belongs to a process,
+    and a program embedding the CLI's group (a test run, a worker) keeps its own.
+    """
+    chosen = (level if level is not None else os.environ.get("SOULFLEET_LOG_LEVEL", "")).lower()
+    threshold = logging.DEBUG if chosen == "debug" else logging.WARNING
+    structlog.configure(
+        processors=[
+            structlog.stdlib.add_log_level,
+            structlog.processors.format_exc_info,
+            structlog.dev.ConsoleRenderer(colors=False),
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.make_filtering_bound_logger(threshold),
+    )
+
+
+def cli_context(ctx: click.Context, personas: Path | None = None) -> CliContext:
+    """This invocation's :class:`CliContext`, with ``--personas`` applied if given."""
+    state = ctx.ensure_object(CliContext)
+    if personas is not None:
+        state.personas = personas
+    return state
+
+
+def personas_option(func: F) -> F:
+    """``--personas DIR``: the personas root (overrides SOULFLEET_PERSONAS and `up`'s)."""
+    option = click.option(
+        "--personas",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Personas root (default: SOULFLEET_PERSONAS, else the running `up`'s).",
+    )
+    return option(func)

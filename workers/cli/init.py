@@ -1,0 +1,69 @@
+"""``soulfleet init DIR``: scaffold a persona home that explains itself.
+
+Every bootstrap file starts with a short comment on its role, persona.toml comments every key,
+and DREAM.md steers the dreamer, so a new user learns the persona layout by opening the files.
+The templates are package data (``workers/cli/scaffold/``), read-only.
+
+It never overwrites: if any file it would write already exists, it writes NOTHING and names the
+files, because a persona home is someone's work.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import click
+
+from workers.cli.errors import BadInputError
+from workers.persona.home import BOOTSTRAP_ORDER
+from workers.persona.manifest import MANIFEST_NAME
+from workers.registry import valid_persona_name
+
+__all__ = ["SCAFFOLD_FILES", "init", "scaffold"]
+
+SCAFFOLD_FILES: tuple[str, ...] = (*BOOTSTRAP_ORDER, MANIFEST_NAME, "DREAM.md")
+
+
+def scaffold(directory: Path) -> list[Path]:
+    """Write every scaffold file into ``directory`` (created if needed); return the paths.
+
+    Raises :class:`BadInputError` naming the files that exist, before writing anything.
+    """
+    if directory.exists() and not directory.is_dir():
+        raise BadInputError(f"{directory} exists and is not a directory")
+    existing = [name for name in SCAFFOLD_FILES if (directory / name).exists()]
+    if existing:
+        raise BadInputError(
+            f"refusing to overwrite existing files in {directory}: {', '.join(existing)} "
+            "(init only creates a new persona home; move them away or pick another directory)"
+        )
+    name = directory.resolve().name
+    templates = resources.files("workers.cli").joinpath("scaffold")
+    directory.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for filename in SCAFFOLD_FILES:
+        text = templates.joinpath(filename).read_text(encoding="utf-8")
+        target = directory / filename
+        # "x": fail rather than clobber a file that appeared since the check above.
+        with target.open("x", encoding="utf-8") as handle:
+            handle.write(text.replace("{{name}}", name))
+        written.append(target)
+    return written
+
+
+@click.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+def init(directory: Path) -> None:
+    """Scaffold a persona home in DIRECTORY (bootstrap files, persona.toml, DREAM.md)."""
+    written = scaffold(directory)
+    click.echo(f"created persona {directory.resolve().name!r} in {directory}:")
+    for path in written:
+        click.echo(f"  {path.name}")
+    if not valid_persona_name(directory.resolve().name):
+        click.echo(
+            "note: this directory name cannot be a fleet persona name (letters, digits, . _ -, "
+            "not ending in -dreamer); `soulfleet run --local` still works",
+            err=True,
+        )
+    click.echo(f"next: soulfleet soul {directory}   (preview what the model will read)")

@@ -1,0 +1,195 @@
+"""The pieces ``soulfleet up`` assembles: personas root, child environment, child commands.
+
+Kept apart from the command so each piece is a plain function a test can call:
+
+- :func:`choose_personas`: ``--personas``, else ``SOULFLEET_PERSONAS``, else the demo copied
+  into ``<data>/personas`` (first run only; a user's edits are never overwritten);
+- :func:`child_environ`: what every child gets — REDIS_URL of the fleet, the personas root,
+  JSON logs (``up`` reads them), and distinct metrics ports only when the user set a base;
+- :func:`child_specs`: ``celery -A workers worker`` x N (thread pool), ``celery -A workers
+  beat``, and ``celery -A workers flower`` on 127.0.0.1 — with their shutdown stages (beat
+  first, workers next with a warm-shutdown deadline, Flower last);
+- :func:`describe_personas`: one line per persona saying which model it uses and its
+  schedules, so nobody wonders whether the demo is calling a paid API.
+
+Children run ``sys.executable -m celery``: the interpreter ``up`` runs in, whatever PATH says.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.demo import install_demo
+from workers.persona.agent import from_dir
+from workers.persona.errors import PersonaError
+from workers.queues import KINDS, queue_name
+from workers.registry import PersonaRegistry
+from workers.settings import Settings
+from workers.supervisor import ChildSpec
+
+__all__ = [
+    "BUILTIN_MODEL_LABEL",
+    "PersonasChoice",
+    "child_environ",
+    "child_specs",
+    "choose_personas",
+    "describe_personas",
+    "model_label",
+]
+
+BUILTIN_MODEL_LABEL = "scripted:builtin (the built-in scripted model: offline, no API key)"
+#: A warm shutdown lets running turns commit; past this a worker is killed and its lanes'
+#: leases expire, so the reaper re-queues those turns (nothing is lost, they are retried).
+WORKER_STOP_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class PersonasChoice:
+    root: Path
+    demo: bool  # the packaged demo (in <data>/personas), not the user's own personas
+    installed: tuple[str, ...] = ()  # demo personas copied on this run
+
+
+def choose_personas(
+    option: Path | None, environ: Mapping[str, str], data_personas: Path
+) -> PersonasChoice:
+    if option is not None:
+        return PersonasChoice(option.expanduser().resolve(), demo=False)
+    configured = (environ.get("SOULFLEET_PERSONAS") or "").strip()
+    if configured:
+        return PersonasChoice(Path(configured).expanduser().resolve(), demo=False)
+    installed = install_demo(data_personas)
+    return PersonasChoice(data_personas.resolve(), demo=True, installed=tuple(installed))
+
+
+def child_environ(
+    environ: Mapping[str, str], *, redis_url: str, personas: Path
+) -> dict[str, str]:
+    """The environment every child starts from (per-child metrics ports are added later)."""
+    env = dict(environ)
+    env.update(
+        {
+            "REDIS_URL": redis_url,
+            "SOULFLEET_PERSONAS": str(personas),
+            "SOULFLEET_LOG_FORMAT": "json",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    return env
+
+
+def _metrics_env(env: Mapping[str, str], base: int, offset: int) -> dict[str, str]:
+    child = dict(env)
+    # One port per process: two processes cannot serve /metrics on the same port.
+    child["SOULFLEET_METRICS_PORT"] = str(base + offset) if base > 0 else "0"
+    return child
+
+
+def child_specs(
+    settings: Settings,
+    env: Mapping[str, str],
+    *,
+    logs: Path,
+    cwd: Path,
+    workers: int,
+    flower: bool,
+    flower_port: int = 5555,
+) -> list[ChildSpec]:
+    celery = [sys.executable, "-m", "celery", "-A", "workers"]
+    queues = ",".join(queue_name(settings.queue_prefix, kind) for kind in KINDS)
+    base = settings.metrics_port
+    specs = [
+        ChildSpec(
+            name=f"worker-{i}",
+            argv=[
+                *celery, "worker", "-n", f"worker{i}.{settings.queue_prefix}@%h",
+                "-Q", queues, "-P", settings.worker_pool, "-c", str(settings.worker_concurrency),
+                "--without-mingle", "--without-gossip", "--loglevel", "INFO",
+            ],
+            env=_metrics_env(env, base, i - 1),
+            log_path=logs / f"worker-{i}.log",
+            cwd=cwd,
+            stage=1,
+            stop_timeout=WORKER_STOP_TIMEOUT,
+        )
+        for i in range(1, workers + 1)
+    ]
+    # beat stops FIRST: no new ticks while workers drain.
+    specs.insert(
+        0,
+        ChildSpec(
+            name="beat",
+            argv=[*celery, "beat", "--loglevel", "INFO"],
+            env=_metrics_env(env, base, workers),
+            log_path=logs / "beat.log",
+            cwd=cwd,
+            stage=0,
+        ),
+    )
+    if flower:
+        specs.append(
+            ChildSpec(
+                name="flower",
+                argv=[*celery, "flower", "--address=127.0.0.1", f"--port={flower_port}"],
+                env=_metrics_env(env, 0, 0),
+                log_path=logs / "flower.log",
+                cwd=cwd,
+                stage=2,
+                stop_signal=signal.SIGTERM,
+            )
+        )
+    return specs
+
+
+def model_label(spec: str, settings: Settings) -> str:
+    """What model a persona with ``model = spec`` uses, in words (never contacts a provider)."""
+    chosen = spec.strip()
+    if chosen.lower() in ("", "inherit"):
+        default = settings.model.default_spec.strip()
+        if default.lower() in ("", "inherit"):
+            return BUILTIN_MODEL_LABEL
+        return f"{default} (SOULFLEET_MODEL)"
+    if chosen == "scripted:builtin":
+        return BUILTIN_MODEL_LABEL
+    return f"{chosen} (persona.toml)"
+
+
+def _every(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def describe_personas(root: Path, settings: Settings) -> tuple[list[str], int]:
+    """One line per persona (model, schedules) and how many lanes the fleet has."""
+    registry = PersonaRegistry(root)
+    names = registry.names()
+    width = max((len(name) for name in names), default=0)
+    lines: list[str] = []
+    lanes = 0
+    for name in names:
+        try:
+            agent = from_dir(registry.home(name))
+        except PersonaError as exc:
+            lines.append(f"{name:<{width}}  INVALID: {' '.join(str(exc).split())}")
+            lanes += 1
+            continue
+        lanes += 2 if agent.dream else 1
+        parts = [f"model {model_label(agent.model, settings)}"]
+        if agent.heartbeat:
+            parts.append(f"heartbeat every {_every(agent.heartbeat.every)}")
+        if agent.dream:
+            dream = agent.dream
+            when = (
+                f"every {_every(dream.every)}"
+                if dream.every
+                else f"cron {dream.cron!r} {dream.timezone}"
+            )
+            parts.append(f"dream {when}")
+        lines.append(f"{name:<{width}}  " + "; ".join(parts))
+    return lines, lanes

@@ -1,0 +1,47 @@
+"""``soulfleet post PERSONA TEXT``: deliver one inbox item through the host API.
+
+A thin wrapper over :meth:`workers.fleet.Fleet.post`, the same call any inbound channel makes:
+the item keeps its provenance (``--from``, ``--channel``) and, with ``--wake`` (the default),
+queues a turn if the persona is idle. A full inbox is refused loudly (exit 1), never dropped.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from workers.cli.group import cli_context, personas_option
+
+__all__ = ["post"]
+
+
+@click.command()
+@click.argument("persona")
+@click.argument("text")
+@click.option("--wake/--no-wake", default=True, show_default=True, help="Queue a turn now.")
+@click.option("--from", "sender", default="cli", show_default=True, help="Sender name.")
+@click.option("--channel", default="cli", show_default=True, help="Channel the item came in on.")
+@personas_option
+@click.pass_context
+def post(
+    ctx: click.Context,
+    *,
+    persona: str,
+    text: str,
+    wake: bool,
+    sender: str,
+    channel: str,
+    personas: Path | None,
+) -> None:
+    """Put TEXT in PERSONA's inbox (and wake it unless --no-wake)."""
+    state = cli_context(ctx, personas)
+    name = state.persona(persona)
+    outcome = state.fleet().post(name, text, sender=sender, channel=channel, wake=wake)
+    if outcome.outcome == "queued":
+        what = f"turn {outcome.turn_id} queued"
+    elif outcome.outcome == "dead":
+        what = f"lane is dead-lettered: the item is kept; `soulfleet status {name}` says why"
+    else:
+        what = "waiting for the next turn" if wake else "not woken (--no-wake)"
+    click.echo(f"posted to {name} (item {outcome.item_id}, inbox depth {outcome.depth}): {what}")

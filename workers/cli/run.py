@@ -1,0 +1,110 @@
+"""``soulfleet run PERSONA PROMPT``: one turn, answered on the terminal.
+
+Through the fleet by default (:meth:`workers.fleet.Fleet.run`: the prompt is posted as an
+interactive item and a worker's turn answers it, exactly as any channel would see it), or
+in-process with ``--local`` (:func:`workers.persona.run.run`: no Redis, no workers; PERSONA may
+then be any directory). ``--model`` picks the model for a local run only: a fleet turn uses the
+persona's own model, since the worker, not the CLI, makes the model call.
+
+Exit status: 0 when the turn finished (status ``done``), 1 when it ended ``incomplete`` (a
+budget limit) or ``error``, or did not answer within ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from workers.cli.context import CliContext, persona_dir
+from workers.cli.errors import EXIT_FAILURE, BadInputError
+from workers.cli.group import cli_context, personas_option
+from workers.persona.loop import Budget
+
+__all__ = ["run"]
+
+
+@click.command()
+@click.argument("persona")
+@click.argument("prompt")
+@click.option("--local", is_flag=True, help="Run in this process (no Redis, no workers).")
+@click.option("--model", "model_spec", metavar="SPEC", help="Model for a --local run.")
+@click.option("--json", "as_json", is_flag=True, help="Print text, status, usage, limit as JSON.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=300.0,
+    show_default=True,
+    help="Seconds to wait for the fleet's answer.",
+)
+@personas_option
+@click.pass_context
+def run(
+    ctx: click.Context,
+    *,
+    persona: str,
+    prompt: str,
+    local: bool,
+    model_spec: str | None,
+    as_json: bool,
+    timeout: float,
+    personas: Path | None,
+) -> None:
+    """Run PERSONA once on PROMPT and print its answer."""
+    state = cli_context(ctx, personas)
+    if local:
+        report = _local(persona, prompt, model_spec, state.settings.personas, _budget(state))
+    else:
+        if model_spec is not None:
+            raise BadInputError(
+                "--model only applies with --local: a fleet turn uses the persona's model "
+                "(persona.toml `model`, else SOULFLEET_MODEL)"
+            )
+        name = state.persona(persona)
+        reply = state.fleet().run(name, prompt, timeout=timeout)
+        report = {
+            "persona": name,
+            "text": reply.text,
+            "status": reply.status,
+            "usage": reply.usage,
+            "limit": reply.limit,
+            "turn_id": reply.turn_id,
+        }
+    if as_json:
+        click.echo(json.dumps(report, ensure_ascii=False))
+    else:
+        click.echo(report["text"])
+    if report["status"] != "done":
+        why = report.get("limit") or report.get("error") or report["status"]
+        if not as_json:
+            click.echo(f"soulfleet: turn ended {report['status']}: {why}", err=True)
+        ctx.exit(EXIT_FAILURE)
+
+
+def _budget(state: CliContext) -> Budget:
+    settings = state.settings
+    return Budget(
+        max_model_calls=settings.turn_max_model_calls,
+        max_tool_calls=settings.turn_max_tool_calls,
+        max_tokens=settings.turn_max_tokens,
+        max_seconds=settings.turn_max_seconds,
+    )
+
+
+def _local(
+    persona: str, prompt: str, model_spec: str | None, root: Path, budget: Budget
+) -> dict[str, Any]:
+    from workers.persona.run import run as run_persona  # noqa: PLC0415 - only for --local
+
+    home = persona_dir(persona, root)
+    result = run_persona(home, prompt, model_spec, budget)
+    return {
+        "persona": home.resolve().name,
+        "text": result.text,
+        "status": result.status,
+        "usage": result.usage.to_dict(),
+        "limit": result.limit,
+        "error": result.error,
+    }

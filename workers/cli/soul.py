@@ -1,0 +1,45 @@
+"""``soulfleet soul DIR [--json]``: preview exactly what a turn of this persona would read.
+
+The soul is composed by :func:`workers.persona.home.compose_soul` with the persona's own
+persona.toml settings (``memory_index_cap``, ``notes``), the same call a turn makes, so the
+preview is byte-for-byte the system prompt. The soul goes to stdout alone (pipe it, diff it);
+the found list goes to stderr. ``--json`` prints ``{"soul": ..., "found": [...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from workers.cli.context import persona_dir
+from workers.cli.group import cli_context
+from workers.persona.home import compose_soul
+from workers.persona.manifest import load_manifest
+
+__all__ = ["preview", "soul"]
+
+
+def preview(directory: Path) -> tuple[str, list[str]]:
+    """The composed soul and found list, honouring persona.toml (PersonaConfigError if bad)."""
+    config = load_manifest(directory)
+    return compose_soul(directory, memory_index_cap=config.memory_index_cap, notes=config.notes)
+
+
+@click.command()
+@click.argument("directory")
+@click.option("--json", "as_json", is_flag=True, help='Print {"soul": ..., "found": [...]}.')
+@click.pass_context
+def soul(ctx: click.Context, directory: str, as_json: bool) -> None:
+    """Show the soul composed from DIRECTORY (a path, or a persona name under the root)."""
+    path = Path(directory).expanduser()
+    if not path.is_dir():  # not a directory here: maybe a persona name under the root
+        path = persona_dir(directory, cli_context(ctx).settings.personas)
+    text, found = preview(path)
+    if as_json:
+        click.echo(json.dumps({"soul": text, "found": found}, ensure_ascii=False))
+        return
+    size = len(text.encode("utf-8"))
+    click.echo(f"found: {', '.join(found) or '(no bootstrap files)'} ({size} bytes)", err=True)
+    click.echo(text)

@@ -1,0 +1,120 @@
+"""``soulfleet status [PERSONA] [--json]``: what the fleet's lanes are doing.
+
+A table for people, ``--json`` for scripts (the same fields :meth:`workers.fleet.Fleet.status`
+returns). Without PERSONA: every persona under the root, plus the fleet-wide lane counts and
+when beat last swept (a beat that stopped sweeping means no heartbeats and no dreams).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from workers.cli.errors import BadInputError
+from workers.cli.group import cli_context, personas_option
+from workers.fleet import Fleet
+from workers.scripts import redis_errors
+
+__all__ = ["ago", "beat_summary", "status"]
+
+_COLUMNS = ("PERSONA", "STATE", "TICKS", "INBOX", "TRIES", "LAST TURN", "DREAMER", "LAST ERROR")
+
+
+def ago(when: object, now: float | None = None) -> str:
+    """``"12s ago"`` for an epoch time, ``"-"`` for none."""
+    if not isinstance(when, (int, float)) or when <= 0:
+        return "-"
+    seconds = max(0.0, (time.time() if now is None else now) - float(when))
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h ago"
+    return f"{seconds / 86400:.0f}d ago"
+
+
+def beat_summary(fleet: Fleet) -> dict[str, Any] | None:
+    """beat's newest sweep summary (JSON it writes each sweep), or None if it never swept."""
+    with redis_errors(fleet.client):
+        raw = fleet.client.get(fleet.keys.last_sweep)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
+    last = "-"
+    if entry.get("last_turn"):
+        last = f"{entry.get('last_status') or '?'} {ago(entry.get('last_end'))}"
+    dreamer = entry.get("dreamer")
+    dreamer_state = "-"
+    if isinstance(dreamer, Mapping):
+        dreamer_state = f"{dreamer.get('state', 'idle')} {ago(dreamer.get('last_end'))}".strip()
+    error = " ".join(str(entry.get("last_error") or "-").split())
+    return (
+        str(entry.get("persona", "")),
+        str(entry.get("state", "idle")),
+        str(entry.get("pending_ticks", 0)),
+        str(entry.get("inbox_depth", 0)),
+        str(entry.get("attempts", 0)),
+        last,
+        dreamer_state,
+        error if len(error) <= 60 else error[:57] + "...",
+    )
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in (_COLUMNS, *rows)) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+             for row in (_COLUMNS, *rows)]
+    return "\n".join(line.rstrip() for line in lines)
+
+
+@click.command()
+@click.argument("persona", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@personas_option
+@click.pass_context
+def status(ctx: click.Context, persona: str | None, as_json: bool, personas: Path | None) -> None:
+    """Show PERSONA's lanes, or every persona's plus fleet-wide counts."""
+    state = cli_context(ctx, personas)
+    if persona is not None:
+        name = state.persona(persona)
+        entry = state.fleet().status(name)
+        click.echo(json.dumps(entry, ensure_ascii=False) if as_json else _table([_row(entry)]))
+        if not as_json and entry.get("last_text"):
+            click.echo(f"last reply: {' '.join(str(entry['last_text']).split())[:200]}")
+        return
+    fleet = state.fleet()  # Redis first: with no fleet, the personas root is moot
+    root = state.settings.personas
+    if not root.is_dir():
+        raise BadInputError(
+            f"personas root {root} does not exist (set SOULFLEET_PERSONAS or pass --personas)"
+        )
+    entries = [fleet.status(name) for name in fleet.registry.names()]
+    counts = fleet.lanes.counts()
+    beat = beat_summary(fleet)
+    if as_json:
+        payload = {"root": str(root), "personas": entries, "counts": counts, "beat": beat}
+        click.echo(json.dumps(payload, ensure_ascii=False))
+        return
+    click.echo(_table([_row(entry) for entry in entries]) if entries else f"no personas in {root}")
+    click.echo(
+        f"lanes: {counts['queued']} queued, {counts['running']} running, {counts['dead']} dead "
+        f"| personas: {len(entries)} in {root}"
+    )
+    click.echo(
+        "beat: never swept (is `celery -A workers beat` running?)"
+        if beat is None
+        else f"beat: last sweep {ago(beat.get('at') or beat.get('time'))}"
+    )

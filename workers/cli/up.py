@@ -1,0 +1,251 @@
+"""``soulfleet up``: a whole fleet on this machine, in one command, stopped by Ctrl-C.
+
+Start order: take the data directory's lock (a second ``up`` fails right here), pick the
+personas (the demo on a first run), start the embedded Redis when REDIS_URL is unset (AOF on,
+noeviction, a free loopback port, data in ``<data>/redis``), write ``up.json`` so other commands
+find this fleet, then start the workers, beat and (``--flower``) Flower as supervised children,
+and post the demo's welcome through the host API. Then it watches: surfaced beats from the
+beats stream, events from the children's JSON logs, a status line every few seconds.
+
+Stop order, on SIGINT or SIGTERM: beat, workers (warm shutdown with a deadline), Flower, and
+Redis LAST, once nothing writes to it; then the state file and the lock. Exit 0. A child that
+dies on its own is reported with the tail of its log, the rest are stopped the same way, and
+``up`` exits 1. A second Ctrl-C during shutdown kills what is left at once.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from workers.beats import Beat, Beats
+from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
+from workers.cli.launch import child_environ, child_specs, choose_personas, describe_personas
+from workers.cli.watch import LogTail, Reporter
+from workers.datadir import AlreadyRunningError, DataDir, UpState, default_data_dir
+from workers.demo import WELCOME_PERSONA, welcome_text
+from workers.fleet import CeleryPublisher, Fleet
+from workers.redis_server import RedisServer, RedisServerError, free_port
+from workers.settings import Settings, redact_url
+from workers.supervisor import Supervisor
+
+__all__ = ["up"]
+
+STATUS_EVERY = 10.0
+_TICK = 0.25
+
+
+@dataclass
+class _Stop:
+    """Set by SIGINT/SIGTERM: the first asks for a clean stop, the second for a forced one."""
+
+    requested: threading.Event = field(default_factory=threading.Event)
+    force: bool = False
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        if self.requested.is_set():
+            self.force = True
+        self.requested.set()
+        # os.write, not click.echo: a handler that writes to a buffered stream the main thread
+        # is writing to raises "reentrant call".
+        what = "killing what is left" if self.force else "stopping the fleet (again to force)"
+        os.write(2, f"\n{signal.Signals(signum).name}: {what}...\n".encode())
+
+
+def _follow_beats(fleet: Fleet, out: queue.Queue[Beat | Exception], stop: threading.Event) -> None:
+    feed = Beats(fleet.client, fleet.keys)
+    try:
+        for beat in feed.follow("$", block_ms=1000, stop=stop):
+            out.put(beat)
+    except Exception as exc:  # reported by the main loop; up keeps supervising
+        out.put(exc)
+
+
+@click.command()
+@click.option("--personas", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Personas root (default: SOULFLEET_PERSONAS, else the demo personas).")
+@click.option("--workers", "worker_count", type=click.IntRange(min=1), default=1, show_default=True,
+              help="celery worker processes (thread pool each).")
+@click.option("--flower", is_flag=True, help="Also run Flower on 127.0.0.1.")
+@click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Data directory (default: $XDG_DATA_HOME/soulfleet, else "
+                   "~/.local/share/soulfleet).")
+def up(personas: Path | None, worker_count: int, flower: bool, data: Path | None) -> None:
+    """Run a fleet here: embedded Redis, workers, beat; stream its beats until Ctrl-C."""
+    data_dir = DataDir((data or default_data_dir()).expanduser().resolve())
+    try:
+        lock = data_dir.lock()
+    except AlreadyRunningError as exc:
+        raise CliError(str(exc)) from None
+    stop = _Stop()
+    previous = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = _Up(data_dir, personas, worker_count, flower, stop).run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        lock.release()
+    if code:
+        raise click.exceptions.Exit(code)
+
+
+class _Up:
+    """One `up` run: what it started, so whatever happens, it is all stopped in order."""
+
+    def __init__(self, data: DataDir, personas: Path | None, workers: int, flower: bool,
+                 stop: _Stop) -> None:  # fmt: skip
+        self.data, self.personas_option, self.workers, self.flower = data, personas, workers, flower
+        self.stop = stop
+        self.redis: RedisServer | None = None
+        self.supervisor = Supervisor()
+        self.fleet: Fleet | None = None
+        self.publisher: CeleryPublisher | None = None
+        self.reporter = Reporter(click.echo)
+
+    def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self._shutdown()
+
+    def _run(self) -> int:
+        self.data.create()
+        env = dict(os.environ)
+        choice = choose_personas(self.personas_option, env, self.data.personas)
+        if not choice.root.is_dir():
+            raise BadInputError(
+                f"personas root {choice.root} does not exist (--personas or SOULFLEET_PERSONAS; "
+                "`soulfleet init DIR/<name>` makes a persona)"
+            )
+        env["SOULFLEET_PERSONAS"] = str(choice.root)
+        settings = Settings.from_env(env)  # invalid settings fail before anything starts
+        echo = click.echo
+        echo(f"soulfleet up: data in {self.data.root}")
+        if settings.redis_url_explicit:
+            redis_url = settings.redis_url
+            echo(f"  redis     {redact_url(redis_url)} (REDIS_URL)")
+        else:
+            try:
+                self.redis = RedisServer(self.data.redis, persistent=True).start()
+            except RedisServerError as exc:
+                raise CliError(f"embedded Redis did not start: {exc}") from exc
+            redis_url = self.redis.url
+            echo(f"  redis     embedded {self.redis.binary} at {redis_url} "
+                 f"(AOF on, noeviction; data in {self.data.redis})")  # fmt: skip
+        env["REDIS_URL"] = redis_url
+        settings = Settings.from_env(env)
+        self.publisher = CeleryPublisher(settings)
+        self.fleet = Fleet(settings, publisher=self.publisher)
+        self.fleet.ping()
+        how = "demo personas" + (", copied on this first run" if choice.installed else "")
+        echo(f"  personas  {choice.root} ({how if choice.demo else 'yours'})")
+        lines, lanes = describe_personas(choice.root, settings)
+        for line in lines or ["(no persona directories here yet: `soulfleet init DIR` makes one)"]:
+            echo(f"    {line}")
+        self.data.write_state(UpState(
+            pid=os.getpid(), redis_url=redact_url(redis_url), personas=str(choice.root),
+            key_prefix=settings.key_prefix, queue_prefix=settings.queue_prefix,
+            data=str(self.data.root), started_at=time.time(), embedded_redis=self.redis is not None,
+        ))  # fmt: skip
+        flower_port = free_port() if self.flower else 0
+        specs = child_specs(settings, child_environ(env, redis_url=redis_url, personas=choice.root),
+                            logs=self.data.logs, cwd=self.data.root, workers=self.workers,
+                            flower=self.flower, flower_port=flower_port)  # fmt: skip
+        tails = [LogTail.at_end(spec.log_path, spec.name) for spec in specs]
+        for spec in specs:
+            if self.stop.requested.is_set():
+                return 0
+            self.supervisor.start(spec)
+        echo(f"  children  {len(specs)} processes: {', '.join(s.name for s in specs)}; "
+             f"logs in {self.data.logs}")  # fmt: skip
+        if self.flower:
+            echo(f"  flower    http://127.0.0.1:{flower_port}/")
+        echo("Ctrl-C stops everything.")
+        if choice.demo and (choice.root / WELCOME_PERSONA).is_dir():
+            text = welcome_text()
+            self.fleet.post(WELCOME_PERSONA, text, sender="soulfleet-up", channel="cli")
+            self.reporter.line("posted", f"{WELCOME_PERSONA} <- {text!r} (Fleet.post)")
+        return self._watch(tails, lanes)
+
+    def _watch(self, tails: list[LogTail], lanes: int) -> int:
+        assert self.fleet is not None
+        beats: queue.Queue[Beat | Exception] = queue.Queue()
+        stop_beats = threading.Event()
+        follower = threading.Thread(target=_follow_beats, args=(self.fleet, beats, stop_beats),
+                                    name="beats-follow", daemon=True)  # fmt: skip
+        follower.start()
+        next_status = time.monotonic() + STATUS_EVERY
+        try:
+            while not self.stop.requested.is_set():
+                for tail in tails:
+                    self.reporter.events(tail.read())
+                self._drain(beats)
+                if self.redis is not None and not self._redis_running():
+                    return EXIT_FAILURE
+                crashed = self.supervisor.crashed()
+                if crashed is not None:
+                    self.reporter.line("error", f"{crashed.name} exited unexpectedly "
+                                       f"(code {crashed.popen.returncode}); last log lines:")
+                    click.echo(crashed.log_tail(), err=True)
+                    return EXIT_FAILURE
+                if time.monotonic() >= next_status:
+                    next_status += STATUS_EVERY
+                    self.reporter.status(self.fleet.lanes.counts(), lanes)
+                self.stop.requested.wait(_TICK)
+            return 0
+        finally:
+            stop_beats.set()
+            for tail in tails:  # what the children said while we were stopping the loop
+                self.reporter.events(tail.read())
+            follower.join(timeout=3)
+
+    def _redis_running(self) -> bool:
+        process = self.redis.process if self.redis is not None else None
+        if process is None or process.poll() is None:
+            return True
+        assert self.redis is not None
+        self.reporter.line("error", f"the embedded redis-server exited unexpectedly (code "
+                           f"{process.returncode}); see {self.redis.log_path}")  # fmt: skip
+        return False
+
+    def _drain(self, beats: queue.Queue[Beat | Exception]) -> None:
+        while True:
+            try:
+                item = beats.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, Exception):
+                self.reporter.line("error", f"beats feed stopped: {item}")
+            else:
+                self.reporter.beat(item)
+
+    def _shutdown(self) -> None:
+        started = bool(self.supervisor.children) or self.redis is not None
+        if self.supervisor.children:
+            flower = any(child.name == "flower" for child in self.supervisor.children)
+            order = "beat, then workers (warm shutdown)" + (", then flower" if flower else "")
+            click.echo(f"stopping: {order}...", err=True)
+            stopped = self.supervisor.stop_all(
+                force=self.stop.force, should_force=lambda: self.stop.force
+            )
+            for name, code in stopped:
+                click.echo(f"  {name} stopped (exit {code})", err=True)
+        if self.publisher is not None:
+            self.publisher.close()
+        if self.fleet is not None:
+            self.fleet.client.close()
+        if self.redis is not None:
+            self.redis.stop()
+            click.echo("  redis stopped (AOF flushed)", err=True)
+        self.data.clear_state(os.getpid())
+        if started:
+            click.echo("soulfleet up: stopped.", err=True)

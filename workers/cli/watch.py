@@ -1,0 +1,201 @@
+"""What ``soulfleet up`` tells its terminal: fleet events, surfaced beats, a status line.
+
+``up`` starts its children with ``SOULFLEET_LOG_FORMAT=json``, so their log files are a stream
+of structured events; :class:`LogTail` reads what is new in each file and :class:`Reporter`
+turns the events worth a person's attention into one short line each:
+
+- ``ready``   a worker or beat came up (``worker.ready``, the first ``sweep.done``);
+- ``memory``  a persona wrote its memory (``memory.write``);
+- ``dream``   a dreamer pass logged to ``memory/log.md``;
+- ``silent``  the FIRST silent heartbeat (later ones are only counted: silence is the default);
+- ``error``   a failed or dead-lettered turn, an invalid persona, and any other error-level
+              line (each distinct message once: a crash loop must not flood the terminal);
+- ``beat``    a surfaced beat, from the beats stream (the same feed ``soulfleet beats`` reads);
+- ``status``  every few seconds: lanes by state, beats surfaced/silent, turns.
+
+Why logs and not Redis for the counts: a silent beat leaves nothing in Redis by design (only
+surfaced beats are published), but its ``turn.end`` event says ``silent``; the logs are the
+honest record of what the workers did.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers.beats import Beat
+from workers.registry import DREAMER_SUFFIX
+
+__all__ = ["LogTail", "Reporter", "Tally"]
+
+Echo = Callable[[str], None]
+
+
+class LogTail:
+    """New JSON events appended to one log file since the last read (partial lines wait).
+
+    Log files are appended to across runs, so `up` makes its tails with :meth:`at_end` before
+    starting the children: a restart never replays the previous run's events.
+    """
+
+    def __init__(self, path: Path, source: str, offset: int = 0) -> None:
+        self.path = path
+        self.source = source
+        self._offset = offset
+        self._partial = b""
+
+    @classmethod
+    def at_end(cls, path: Path, source: str) -> LogTail:
+        """A tail that starts after whatever ``path`` holds now (nothing if it is missing)."""
+        try:
+            offset = path.stat().st_size
+        except FileNotFoundError:
+            offset = 0
+        return cls(path, source, offset)
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self._offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        events: list[dict[str, Any]] = []
+        for raw in lines:
+            line = raw.strip()
+            if not line.startswith(b"{"):
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                record.setdefault("_source", self.source)
+                events.append(record)
+        return events
+
+
+@dataclass
+class Tally:
+    """Running counts for the status line."""
+
+    turns: int = 0
+    surfaced: int = 0
+    silent: int = 0
+    memory_writes: int = 0
+    dream_passes: int = 0
+    errors: int = 0
+    ready: set[str] = field(default_factory=set)
+
+
+def _stamp(when: float | None = None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(time.time() if when is None else when))
+
+
+def _short(text: object, limit: int = 160) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class Reporter:
+    """Turns events and beats into terminal lines and keeps the :class:`Tally`."""
+
+    def __init__(self, echo: Echo) -> None:
+        self.echo = echo
+        self.tally = Tally()
+        self._seen_errors: set[tuple[str, str]] = set()
+
+    def line(self, tag: str, text: str, when: float | None = None) -> None:
+        self.echo(f"{_stamp(when)} {tag:<7} {text}")
+
+    def beat(self, beat: Beat) -> None:
+        self.tally.surfaced += 1
+        self.line("beat", f"{beat.persona}: {_short(beat.text)}", beat.time or None)
+
+    def events(self, events: Iterable[Mapping[str, Any]]) -> None:
+        for event in events:
+            self.event(event)
+
+    def event(self, event: Mapping[str, Any]) -> None:
+        name = event.get("event")
+        source = str(event.get("_source", "?"))
+        lane = str(event.get("lane") or "")
+        persona = lane.removesuffix(DREAMER_SUFFIX)
+        if name == "worker.ready":
+            self.tally.ready.add(source)
+            pool, threads = event.get("pool", "?"), event.get("concurrency", "?")
+            self.line("ready", f"{source} (pool {pool}, concurrency {threads})")
+        elif name == "sweep.done" and source not in self.tally.ready:
+            self.tally.ready.add(source)
+            self.line("ready", f"{source} is sweeping schedules")
+        elif name == "memory.write":
+            self._memory(event, lane, persona)
+        elif name == "turn.end":
+            self._turn_end(event, lane, persona)
+        elif name in ("turn.dead_lettered", "lane.dead_lettered"):
+            self.tally.errors += 1
+            error = _short(event.get("error", ""))
+            self.line("error", f"lane {lane or '?'} dead-lettered: {error}")
+        elif name == "registry.invalid":
+            self.tally.errors += 1
+            self.line(
+                "error",
+                f"persona {event.get('persona')} is invalid ({event.get('key') or 'file'}): "
+                f"{_short(event.get('error', ''))}",
+            )
+        elif event.get("level") in ("error", "critical"):
+            self._other_error(source, str(name))
+
+    def _other_error(self, source: str, message: str) -> None:
+        key = (source, message[:120])
+        if key in self._seen_errors:
+            return
+        self._seen_errors.add(key)
+        self.tally.errors += 1
+        self.line("error", f"{source}: {_short(message, 240)} (see its log; shown once)")
+
+    def _memory(self, event: Mapping[str, Any], lane: str, persona: str) -> None:
+        self.tally.memory_writes += 1
+        path = str(event.get("path", "?"))
+        if lane.endswith(DREAMER_SUFFIX) and path == "memory/log.md":
+            self.tally.dream_passes += 1
+            self.line("dream", f"{persona}: dream pass logged to {path}")
+        else:
+            action = event.get("action", "write")
+            self.line("memory", f"{persona or '?'} wrote {path} ({action})")
+
+    def _turn_end(self, event: Mapping[str, Any], lane: str, persona: str) -> None:
+        self.tally.turns += 1
+        status = event.get("status")
+        if status not in ("done", "incomplete"):
+            self.tally.errors += 1
+            self.line("error", f"{lane}: turn {status}: {_short(event.get('error', ''))}")
+            return
+        heartbeat = not lane.endswith(DREAMER_SUFFIX) and int(event.get("ticks") or 0) > 0
+        if heartbeat and event.get("silent"):
+            self.tally.silent += 1
+            if self.tally.silent == 1:
+                self.line(
+                    "silent",
+                    f"{persona}: heartbeat answered HEARTBEAT_OK, so nothing surfaced "
+                    "(silent beats are counted on the status line from now on)",
+                )
+
+    def status(self, counts: Mapping[str, int], total_lanes: int) -> None:
+        queued, running, dead = (counts.get(k, 0) for k in ("queued", "running", "dead"))
+        idle = max(0, total_lanes - queued - running - dead)
+        t = self.tally
+        self.line(
+            "status",
+            f"lanes {idle} idle, {queued} queued, {running} running, {dead} dead"
+            f" | beats {t.surfaced} surfaced, {t.silent} silent"
+            f" | turns {t.turns} | memory writes {t.memory_writes}, dream passes {t.dream_passes}",
+        )

@@ -1,0 +1,188 @@
+"""The per-user data directory of ``soulfleet up``, and the state file other commands read.
+
+``soulfleet up`` keeps everything it creates in ONE directory, so a user can find, back up or
+delete a local fleet in one place and the installed package is never written to::
+
+    <data>/                 $XDG_DATA_HOME/soulfleet, else ~/.local/share/soulfleet (or --data)
+        up.lock             held (flock) for the whole life of `up`: a second `up` fails fast
+        up.json             who is running: pid, redis_url, personas root, key/queue prefix
+        personas/           the demo personas, copied from the package on the first run
+        redis/              the embedded Redis: appendonly files and redis.log
+        logs/               one JSON-lines log per child process (worker-1.log, beat.log …)
+
+Why a lock AND a state file: the lock is the truth about "is one running" (the kernel drops it
+when `up` dies, even on SIGKILL), while the state file tells other commands WHERE that fleet
+is, so ``soulfleet post ava hi`` next to a running ``up`` needs no REDIS_URL. A state file
+left behind by a killed `up` is recognised by its dead pid and ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from workers.persona.files import atomic_write_text
+
+__all__ = [
+    "AlreadyRunningError",
+    "DataDir",
+    "UpState",
+    "default_data_dir",
+    "pid_alive",
+]
+
+APP_NAME = "soulfleet"
+
+
+def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_DATA_HOME/soulfleet``, else ``~/.local/share/soulfleet`` (XDG base-dir spec)."""
+    env = os.environ if environ is None else environ
+    base = (env.get("XDG_DATA_HOME") or "").strip()
+    # The spec says a relative XDG_DATA_HOME is invalid and must be ignored.
+    if base and os.path.isabs(base):
+        return Path(base) / APP_NAME
+    home = (env.get("HOME") or "").strip()
+    root = Path(home) if home else Path.home()
+    return root / ".local" / "share" / APP_NAME
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (signal 0 checks without sending anything)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, it is just not ours
+    return True
+
+
+class AlreadyRunningError(RuntimeError):
+    """Another ``soulfleet up`` holds this data directory's lock."""
+
+    def __init__(self, data: Path, state: UpState | None) -> None:
+        who = f" (pid {state.pid}, Redis at {state.redis_url})" if state else ""
+        hint = f"`kill -INT {state.pid}`" if state else "Ctrl-C in its terminal"
+        super().__init__(
+            f"soulfleet up is already running on {data}{who}; use that one, stop it first "
+            f"({hint}), or pass another --data directory"
+        )
+        self.data = data
+        self.state = state
+
+
+@dataclass(frozen=True, slots=True)
+class UpState:
+    """What ``up.json`` records about a running ``soulfleet up``.
+
+    ``redis_url`` is always written redacted: the embedded Redis has no password, and a
+    user's own REDIS_URL (``embedded_redis`` False) may have one that must not land in a file.
+    Other commands only adopt the URL of an embedded Redis; a user with their own Redis has
+    REDIS_URL in their environment already.
+    """
+
+    pid: int
+    redis_url: str
+    personas: str
+    key_prefix: str
+    queue_prefix: str
+    data: str
+    started_at: float
+    embedded_redis: bool = True
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, raw: str) -> UpState:
+        data = json.loads(raw)
+        return cls(
+            pid=int(data["pid"]),
+            redis_url=str(data["redis_url"]),
+            personas=str(data["personas"]),
+            key_prefix=str(data["key_prefix"]),
+            queue_prefix=str(data["queue_prefix"]),
+            data=str(data["data"]),
+            started_at=float(data["started_at"]),
+            embedded_redis=bool(data.get("embedded_redis", True)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DataDir:
+    """The layout of one data directory (paths only; nothing is created until asked)."""
+
+    root: Path
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / "up.lock"
+
+    @property
+    def state_path(self) -> Path:
+        return self.root / "up.json"
+
+    @property
+    def personas(self) -> Path:
+        return self.root / "personas"
+
+    @property
+    def redis(self) -> Path:
+        return self.root / "redis"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def create(self) -> None:
+        for path in (self.root, self.logs, self.redis):
+            path.mkdir(parents=True, exist_ok=True)
+
+    def lock(self) -> FileLock:
+        """Take the `up` lock without waiting; :class:`AlreadyRunningError` if another holds it.
+
+        The caller keeps the returned lock for as long as `up` runs and releases it last.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        # thread_local=False: `up` takes the lock on its main thread but may release it from
+        # a signal path; the lock belongs to the process, not to a thread.
+        lock = FileLock(str(self.lock_path), thread_local=False)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            raise AlreadyRunningError(self.root, self.read_state()) from None
+        return lock
+
+    def write_state(self, state: UpState) -> None:
+        # Atomic: a command reading it while `up` writes sees the old file or the new one.
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.state_path, state.to_json())
+
+    def read_state(self) -> UpState | None:
+        """The recorded state, whether or not its process still runs (None if absent/corrupt)."""
+        try:
+            return UpState.from_json(self.state_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def running_state(self) -> UpState | None:
+        """The state of a LIVE `up` on this directory, or None (a dead pid's file is stale)."""
+        state = self.read_state()
+        if state is None or not pid_alive(state.pid):
+            return None
+        return state
+
+    def clear_state(self, pid: int) -> None:
+        """Remove the state file if it is still this process's (never another `up`'s)."""
+        state = self.read_state()
+        if state is not None and state.pid == pid:
+            with contextlib.suppress(FileNotFoundError):
+                self.state_path.unlink()

@@ -1,0 +1,315 @@
+"""The host API: what inbound channels, beat and the CLI call to reach a fleet.
+
+CONTRACT §3 leaves delivering external events to the host; :class:`Fleet` is that seam::
+
+    fleet = Fleet.from_env()
+    fleet.post("ava", "text", sender="external", channel="api", wake=True)
+    fleet.tick("ava", kind="heartbeat")
+    fleet.status("ava")
+    fleet.beats(count=100)
+
+State lives in Redis lanes (:mod:`workers.lanes`); a Celery message is only a wake-up that
+names ``(lane, turn_id)``. Publishing happens here, after the lane script has decided a turn is
+due, so a lost publish is repaired by the reaper and a duplicate is dropped at turn start.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import redis
+from kombu.exceptions import OperationalError as BrokerError
+
+from workers.beats import Beat, Beats
+from workers.errors import LaneDeadLettered, RedisUnavailable
+from workers.keys import Keys
+from workers.lanes import Lanes, PostOutcome, Repair, TickOutcome
+from workers.persona.clock import Clock, SystemClock
+from workers.persona.inbox import InboxItem
+from workers.queues import TURN_TASK, queue_name
+from workers.registry import PersonaRegistry
+from workers.settings import Settings, redact_url
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+__all__ = ["CeleryPublisher", "Fleet", "Publisher", "RunReply"]
+
+
+class Publisher(Protocol):
+    """Sends turn wake-ups to workers. Celery in production; a recorder in unit tests."""
+
+    def publish(self, lane: str, turn_id: str, kind: str) -> None: ...
+
+    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None: ...
+
+
+class CeleryPublisher:
+    """Publishes ``soulfleet.turn(lane, turn_id)`` to the queue of the turn's kind.
+
+    It uses a Celery app built from the same settings as the fleet (or the worker's own app),
+    so a host process publishes to the broker and key prefix its settings name, whatever the
+    process environment says.
+    """
+
+    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+        self._settings = settings
+        self._prefix = settings.queue_prefix
+        self._app = app
+        self._owns_app = app is None
+        self._lock = threading.Lock()
+
+    @property
+    def app(self) -> Celery:
+        with self._lock:
+            if self._app is None:
+                from workers.celery import make_app  # noqa: PLC0415 - Celery is slow to import
+
+                self._app = make_app(self._settings)
+            return self._app
+
+    def publish(self, lane: str, turn_id: str, kind: str) -> None:
+        self.publish_many([(lane, turn_id, kind)])
+
+    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
+        if not turns:
+            return
+        app = self.app
+        try:
+            # One pooled producer for the whole batch: a sweep may queue thousands of turns.
+            with app.producer_or_acquire() as producer:
+                for lane, turn_id, kind in turns:
+                    app.send_task(
+                        TURN_TASK,
+                        args=[lane, turn_id],
+                        queue=queue_name(self._prefix, kind),
+                        producer=producer,
+                        ignore_result=True,
+                    )
+        except BrokerError as exc:
+            # The lane is already queued: the reaper re-publishes it once the broker is back.
+            raise RedisUnavailable(self._settings.broker_url, str(exc)) from exc
+
+    def close(self) -> None:
+        """Release the broker connections of an app this publisher built itself."""
+        with self._lock:
+            if self._app is not None and self._owns_app:
+                self._app.close()
+                self._app = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunReply:
+    """What a fleet turn answered to a ``run``."""
+
+    text: str
+    status: str
+    turn_id: str
+    usage: dict[str, int] | None = None
+    limit: str | None = None
+
+
+class Fleet:
+    """One fleet: a Redis, a personas root, a broker. Thread-safe; share one per process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        client: redis.Redis | None = None,
+        publisher: Publisher | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock: Clock = clock or SystemClock()
+        self.client: redis.Redis = client or redis.Redis.from_url(
+            settings.redis_url,
+            decode_responses=True,
+            socket_connect_timeout=5,
+            socket_timeout=30,
+            health_check_interval=30,
+        )
+        self.keys = Keys(settings.key_prefix)
+        self.registry = PersonaRegistry(settings.personas)
+        self.publisher: Publisher = publisher or CeleryPublisher(settings)
+        self.lanes = Lanes(
+            self.client,
+            self.keys,
+            inbox_max=settings.inbox_max,
+            item_max_bytes=settings.item_max_bytes,
+            lease_ttl=settings.lease_ttl,
+            max_attempts=settings.max_attempts,
+            beats_max=settings.beats_max,
+            reply_ttl=settings.reply_ttl,
+            clock=self.clock,
+        )
+        self._beats = Beats(self.client, self.keys)
+
+    @classmethod
+    def from_env(cls) -> Fleet:
+        return cls(Settings.from_env())
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, *, publisher: Publisher | None = None, clock: Clock | None = None
+    ) -> Fleet:
+        return cls(settings, publisher=publisher, clock=clock)
+
+    # -- inbound ------------------------------------------------------------------------
+    def post(
+        self,
+        persona: str,
+        text: str,
+        *,
+        sender: str = "external",
+        channel: str = "api",
+        wake: bool = True,
+        reply: bool = False,
+    ) -> PostOutcome:
+        """Put ``text`` in the persona's inbox; with ``wake``, queue a turn if it is idle.
+
+        Raises :class:`~workers.errors.UnknownPersona`, :class:`~workers.errors.InboxFull`
+        (nothing is dropped: the sender keeps the item) or ``ItemTooLarge``.
+        """
+        name = self.registry.resolve(persona)
+        item = InboxItem(
+            text=text,
+            sender=sender,
+            channel=channel,
+            id=uuid.uuid4().hex,
+            at=self.clock.time(),
+            reply=reply,
+        )
+        outcome = self.lanes.post(name, item, wake=wake)
+        if outcome.turn_id is not None and outcome.turn_kind is not None:
+            self.publisher.publish(name, outcome.turn_id, outcome.turn_kind)
+        return outcome
+
+    def tick(self, persona: str, kind: str = "heartbeat") -> TickOutcome:
+        """What beat does: fold one tick into the lane; queue a turn only if it is idle."""
+        name = self.registry.resolve(persona)
+        lane = self.registry.lane_of(name, kind)
+        return self.tick_lanes([(lane, "dream" if kind == "dream" else "heartbeat")])[0]
+
+    def dream(self, persona: str) -> TickOutcome:
+        """Wake the persona's dreamer for one pass now (its own lane and queue)."""
+        return self.tick(persona, kind="dream")
+
+    def tick_lanes(self, pairs: Sequence[tuple[str, str]]) -> list[TickOutcome]:
+        """Tick many ``(lane, kind)`` pairs in pipelined round trips and publish what queued."""
+        outcomes = self.lanes.tick_many(pairs)
+        self.publisher.publish_many(
+            [
+                (o.lane, o.turn_id, o.turn_kind)
+                for o in outcomes
+                if o.outcome == "queued" and o.turn_id is not None and o.turn_kind is not None
+            ]
+        )
+        return outcomes
+
+    def run(self, persona: str, prompt: str, *, timeout: float = 300.0) -> RunReply:
+        """Post ``prompt`` as an interactive item and wait for the turn that answers it."""
+        outcome = self.post(persona, prompt, sender="cli", channel="run", wake=True, reply=True)
+        deadline = time.monotonic() + timeout
+        name = self.registry.resolve(persona)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"no answer from {name!r} within {timeout:.0f}s; "
+                    f"`soulfleet status {name}` shows what its lane is doing"
+                )
+            wait = min(remaining, 2.0)
+            reply_key = self.keys.reply(outcome.item_id)
+            popped = self._call(
+                lambda key=reply_key, wait=wait: self.client.blpop([key], timeout=wait)
+            )
+            if popped:
+                data: dict[str, Any] = json.loads(popped[1])
+                usage = data.get("usage")
+                return RunReply(
+                    text=str(data.get("text", "")),
+                    status=str(data.get("status", "")),
+                    turn_id=str(data.get("turn_id", "")),
+                    usage={str(k): int(v) for k, v in usage.items()}
+                    if isinstance(usage, dict)
+                    else None,
+                    limit=None if data.get("limit") is None else str(data["limit"]),
+                )
+            status = self.lanes.status(name)
+            if status.get("state") == "dead":
+                raise LaneDeadLettered(name, str(status.get("last_error") or "unknown error"))
+
+    # -- operations ---------------------------------------------------------------------
+    def status(self, persona: str) -> dict[str, Any]:
+        """The persona lane's state, plus its dreamer lane's when it has one."""
+        name = self.registry.resolve(persona)
+        status: dict[str, Any] = {"persona": name, **self.lanes.status(name)}
+        dreamer_lane = self.registry.lane_of(name, "dreamer")
+        dreamer = self.lanes.status(dreamer_lane)
+        if dreamer.get("last_turn") or dreamer.get("state") not in (None, "idle"):
+            status["dreamer"] = {"lane": dreamer_lane, **dreamer}
+        return status
+
+    def beats(self, count: int = 100) -> list[Beat]:
+        """Recent surfaced beats, newest last."""
+        beats: list[Beat] = self._call(lambda: self._beats.recent(count))
+        return beats
+
+    def revive(self, persona: str, *, dreamer: bool = False) -> TickOutcome:
+        """Take a dead-lettered lane back into service (its kept items run first)."""
+        name = self.registry.resolve(persona)
+        lane = self.registry.lane_of(name, "dreamer" if dreamer else "persona")
+        outcome = self.lanes.revive(lane)
+        if outcome.outcome == "queued" and outcome.turn_id and outcome.turn_kind:
+            self.publisher.publish(lane, outcome.turn_id, outcome.turn_kind)
+        return outcome
+
+    def reap(self) -> list[Repair]:
+        """Re-queue stranded lanes (lost messages, dead workers) and publish their turns."""
+        repairs = self.lanes.reap(queued_after=self.settings.reap_queued_after)
+        self.publisher.publish_many([(r.lane, r.turn_id, r.kind) for r in repairs])
+        return repairs
+
+    def lane_counts(self) -> dict[str, int]:
+        """Fleet-wide gauges for :class:`workers.metrics.LaneStateCollector` (one round trip)."""
+        now_ms = int(self.clock.time() * 1000)
+        stale_ms = now_ms - int(self.settings.reap_queued_after * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(self.keys.queued)
+        pipe.zcard(self.keys.running)
+        pipe.zcard(self.keys.dead)
+        pipe.zcount(self.keys.running, "-inf", now_ms)
+        pipe.zcount(self.keys.queued, "-inf", stale_ms)
+        pipe.get(self.keys.registry_lanes)
+        pipe.info("memory")
+        queued, running, dead, stuck_running, stuck_queued, registered, memory = self._call(
+            pipe.execute
+        )
+        registered_lanes = int(registered or 0)
+        return {
+            "idle": max(0, registered_lanes - queued - running - dead),
+            "queued": int(queued),
+            "running": int(running),
+            "dead": int(dead),
+            "stuck_running": int(stuck_running),
+            "stuck_queued": int(stuck_queued),
+            "redis_memory_used": int(memory.get("used_memory", 0)),
+            "redis_maxmemory": int(memory.get("maxmemory", 0)),
+        }
+
+    def ping(self) -> None:
+        """Raise :class:`RedisUnavailable` (URL without its password) if Redis is down."""
+        self._call(self.client.ping)
+
+    def _call(self, fn: Any) -> Any:
+        try:
+            return fn()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise RedisUnavailable(redact_url(self.settings.redis_url), str(exc)) from exc

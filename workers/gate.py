@@ -1,0 +1,253 @@
+"""The fleet-wide turn gate: at most N model calls at once across every host, and GatedModel.
+
+Providers rate-limit per account, not per worker, so the limit has to be fleet-wide. The gate is
+one Redis sorted set (``Keys.gate``): member = a holder token, score = when its slot expires.
+:file:`gate_acquire.lua` first drops expired members, then adds the token only if fewer than
+``limit`` remain, in one atomic step, so at most ``limit`` unexpired holders ever exist. A
+holder renews its slot through the process's :class:`~workers.lease.Renewer` while its call
+runs; a holder that dies stops renewing and its slot frees itself after ``slot_ttl``: a crash
+can never leak a slot. ``limit == 0`` means unlimited and makes no Redis calls at all.
+
+Only the model call is gated (:class:`GatedModel` wraps ``Model.complete`` and nothing else):
+tool calls and memory writes never hold a slot, so a slow tool cannot starve the fleet.
+Scores use each host's clock: keep hosts NTP-synchronised (skew eats into ``slot_ttl``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import redis
+import structlog
+
+from workers import metrics
+from workers.errors import GateTimeout
+from workers.keys import Keys
+from workers.lease import Held, Renewer
+from workers.persona.clock import Clock, SystemClock
+from workers.persona.messages import Completion, Message, ToolSpec
+from workers.persona.models import Model
+from workers.scripts import Scripts, redis_errors
+
+__all__ = ["Gate", "GatedModel", "ModelCall", "Slot", "SlotHandle"]
+
+_log = structlog.get_logger("soulfleet.gate")
+
+
+class SlotHandle(Held):
+    """A held gate slot, renewed by the :class:`Renewer` while the model call runs."""
+
+    def __init__(self, gate: Gate, token: str) -> None:
+        super().__init__(gate.slot_ttl)
+        self.gate = gate
+        self.token = token
+
+    def __repr__(self) -> str:
+        return f"SlotHandle(token={self.token!r})"
+
+    @property
+    def owner(self) -> object:
+        return self.gate
+
+    @classmethod
+    def renew_group(cls, handles: Sequence[SlotHandle]) -> list[bool]:
+        return handles[0].gate.renew_many([h.token for h in handles])
+
+    def check(self) -> None:
+        """A lost slot does not stop a call already running; there is nothing to raise."""
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """What :meth:`Gate.slot` yields. ``token``/``handle`` are None when the gate is unlimited."""
+
+    token: str | None
+    waited: float
+    handle: SlotHandle | None
+
+
+class Gate:
+    """A counting semaphore shared by every worker of one fleet. Thread-safe."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        *,
+        limit: int,
+        slot_ttl: float,
+        renewer: Renewer | None = None,
+        clock: Clock | None = None,
+        poll_min: float = 0.005,
+        poll_max: float = 0.2,
+    ) -> None:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0 (0 = unlimited), got {limit}")
+        if slot_ttl <= 0:
+            raise ValueError(f"slot_ttl must be > 0, got {slot_ttl}")
+        self.client = client
+        self.keys = keys
+        self.limit = limit
+        self.slot_ttl = slot_ttl
+        self.clock: Clock = clock or SystemClock()
+        self.poll_min = poll_min
+        self.poll_max = poll_max
+        self.scripts = Scripts.register(client)
+        self._renewer = renewer
+        self._renewer_lock = threading.Lock()
+        if renewer is not None:
+            renewer.attach_gate(self)
+        self._holder = f"{socket.gethostname()}:{os.getpid()}"
+
+    @property
+    def unlimited(self) -> bool:
+        return self.limit == 0
+
+    @property
+    def renewer(self) -> Renewer:
+        """The renewer slots register with (a private one if none was given)."""
+        with self._renewer_lock:
+            if self._renewer is None:
+                self._renewer = Renewer(ttl=self.slot_ttl)
+            return self._renewer
+
+    def _now_ms(self) -> int:
+        return int(self.clock.time() * 1000)
+
+    def _ttl_ms(self) -> int:
+        return max(1, int(self.slot_ttl * 1000))
+
+    def new_token(self) -> str:
+        """A holder token: host and pid (for operators reading the zset) plus uuid4 hex."""
+        return f"{self._holder}:{uuid.uuid4().hex}"
+
+    # -- the transitions --------------------------------------------------------------------
+    def acquire(self, token: str) -> bool:
+        """Take a slot for ``token`` if one is free (or extend it if ``token`` holds one)."""
+        args: list[str | int] = [self._now_ms(), self.limit, token, self._ttl_ms()]
+        with redis_errors(self.client):
+            return bool(self.scripts.gate_acquire(keys=[self.keys.gate], args=args))
+
+    def renew(self, token: str) -> bool:
+        """Extend ``token``'s slot; False if it is gone (expired and dropped)."""
+        return self.renew_many([token])[0]
+
+    def renew_many(self, tokens: Sequence[str]) -> list[bool]:
+        """Extend many slots in one call (the Renewer's batch)."""
+        if not tokens:
+            return []
+        args: list[str | int] = [self._now_ms(), self._ttl_ms(), *tokens]
+        with redis_errors(self.client):
+            replies = self.scripts.gate_renew(keys=[self.keys.gate], args=args)
+        return [bool(ok) for ok in replies]
+
+    def release(self, token: str) -> bool:
+        """Give the slot back; False if it had already expired."""
+        with redis_errors(self.client):
+            return bool(self.scripts.gate_release(keys=[self.keys.gate], args=[token]))
+
+    def holders(self) -> int:
+        """How many unexpired slots are held right now."""
+        with redis_errors(self.client):
+            return int(self.client.zcount(self.keys.gate, f"({self._now_ms()}", "+inf"))
+
+    @contextmanager
+    def slot(self, timeout: float | None = None) -> Iterator[Slot]:
+        """Hold one slot for the ``with`` body, waiting for one first.
+
+        Polls with jittered exponential backoff (``poll_min`` .. ``poll_max``) on the gate's
+        clock; raises :class:`GateTimeout` after ``timeout`` seconds (None: wait forever).
+        The wait is observed in ``soulfleet_turn_gate_wait_seconds``.
+        """
+        if self.unlimited:
+            metrics.TURN_GATE_WAIT.observe(0.0)
+            yield Slot(None, 0.0, None)
+            return
+        token = self.new_token()
+        began = self.clock.monotonic()
+        delay = self.poll_min
+        while not self.acquire(token):
+            waited = self.clock.monotonic() - began
+            if timeout is not None and waited >= timeout:
+                metrics.TURN_GATE_WAIT.observe(waited)
+                raise GateTimeout(self.limit, waited)
+            pause = delay * random.uniform(0.5, 1.5)
+            if timeout is not None:
+                pause = min(pause, max(0.0, timeout - waited))
+            self.clock.sleep(pause)
+            delay = min(delay * 2, self.poll_max)
+        waited = self.clock.monotonic() - began
+        metrics.TURN_GATE_WAIT.observe(waited)
+        handle = SlotHandle(self, token)
+        self.renewer.register(handle)
+        try:
+            yield Slot(token, waited, handle)
+        finally:
+            handle.close()
+            try:
+                self.release(token)
+            except Exception as exc:  # the slot expires by itself after slot_ttl
+                _log.warning("gate.release_failed", error=str(exc))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """One gated model call, reported to ``GatedModel(on_call=...)``."""
+
+    provider: str
+    waited: float
+    seconds: float
+    error: str | None = None
+
+
+class GatedModel:
+    """A :class:`~workers.persona.models.Model` whose ``complete`` holds a gate slot.
+
+    ``provider`` labels ``soulfleet_model_call_seconds`` (``provider_of(model)``); ``on_call``
+    hears about every call after it ends (a recorder in tests, logs in production). A gate
+    wait past ``timeout`` raises :class:`GateTimeout`, a retryable ``ModelError``.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        gate: Gate,
+        *,
+        provider: str = "other",
+        timeout: float | None = None,
+        on_call: Callable[[ModelCall], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.gate = gate
+        self.provider = provider
+        self.timeout = timeout
+        self.on_call = on_call
+
+    @property
+    def spec(self) -> str:
+        return self.model.spec
+
+    def complete(
+        self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> Completion:
+        clock = self.gate.clock
+        with self.gate.slot(self.timeout) as slot:
+            began = clock.monotonic()
+            error: str | None = None
+            try:
+                return self.model.complete(system=system, messages=messages, tools=tools)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                raise
+            finally:
+                seconds = clock.monotonic() - began
+                metrics.MODEL_CALL_SECONDS.labels(provider=self.provider).observe(seconds)
+                if self.on_call is not None:
+                    self.on_call(ModelCall(self.provider, slot.waited, seconds, error))

@@ -1,0 +1,132 @@
+"""Every Redis key soulfleet uses, built in this one module.
+
+All keys share one prefix (``SOULFLEET_KEY_PREFIX``, default ``soulfleet:``) so several fleets
+can share a Redis and an operator can find everything with one ``SCAN``. Celery's own broker
+keys are namespaced separately through kombu's ``global_keyprefix`` (see workers/celery.py).
+
+Per lane (a lane is one persona's turn sequence: ``ava`` or ``ava-dreamer``):
+
+====================  ======  =============================================================
+key                   type    holds
+====================  ======  =============================================================
+``lane:<lane>``       hash    state (idle|queued|running|dead), turn_id, kind, tick_kind,
+                              fence, ticks, inflight_ticks, attempts, lost (crashes in this
+                              run of attempts), last_error, last_error_at, last_turn,
+                              last_status, last_text, last_end, queued_at, started_at, worker
+``inbox:<lane>``      list    JSON inbox items waiting for the next turn (bounded)
+``inflight:<lane>``   list    items drained by the running turn, kept until it finishes
+``lease:<lane>``      string  ``<fence>:<worker>``, PX TTL; the running turn's lease
+====================  ======  =============================================================
+
+Fleet-wide:
+
+============================  ======  ======================================================
+``lanes:queued``              zset    lane -> ms when its turn was queued (reaper, metrics)
+``lanes:running``             zset    lane -> ms when its lease expires (reaper, metrics)
+``lanes:dead``                zset    lane -> ms when it was dead-lettered
+``beats``                     stream  surfaced heartbeat replies (MAXLEN ~ SOULFLEET_BEATS_MAX)
+``gate``                      zset    model-call slot holder -> ms when the slot expires
+``reply:<item id>``           list    the final text of the turn that consumed a ``run`` item
+``schedule``                  zset    ``<lane>|<kind>`` -> ms when next due
+``schedule:spec``             hash    ``<lane>|<kind>`` -> JSON schedule spec
+``registry``                  hash    persona -> JSON {path, fingerprint, error}
+``registry:lanes``            string  how many lanes the newest registry sync registered
+``beat:last_sweep``           string  JSON summary of the newest sweep (liveness)
+============================  ======  ======================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Keys", "schedule_member", "split_schedule_member"]
+
+
+def schedule_member(lane: str, kind: str) -> str:
+    """The schedule set's member for one (lane, kind) pair."""
+    return f"{lane}|{kind}"
+
+
+def split_schedule_member(member: str) -> tuple[str, str]:
+    lane, _, kind = member.rpartition("|")
+    return lane, kind
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key builder for one fleet (one prefix)."""
+
+    prefix: str = "soulfleet:"
+
+    # -- per lane ---------------------------------------------------------------------------
+    def lane(self, lane: str) -> str:
+        return f"{self.prefix}lane:{lane}"
+
+    def inbox(self, lane: str) -> str:
+        return f"{self.prefix}inbox:{lane}"
+
+    def inflight(self, lane: str) -> str:
+        return f"{self.prefix}inflight:{lane}"
+
+    def lease(self, lane: str) -> str:
+        return f"{self.prefix}lease:{lane}"
+
+    def lane_keys(self, lane: str) -> list[str]:
+        """KEYS for every lane transition script, in the order the scripts expect."""
+        return [
+            self.lane(lane),
+            self.inbox(lane),
+            self.inflight(lane),
+            self.lease(lane),
+            self.queued,
+            self.running,
+            self.dead,
+        ]
+
+    # -- fleet-wide -------------------------------------------------------------------------
+    @property
+    def queued(self) -> str:
+        return f"{self.prefix}lanes:queued"
+
+    @property
+    def running(self) -> str:
+        return f"{self.prefix}lanes:running"
+
+    @property
+    def dead(self) -> str:
+        return f"{self.prefix}lanes:dead"
+
+    @property
+    def beats(self) -> str:
+        return f"{self.prefix}beats"
+
+    @property
+    def gate(self) -> str:
+        return f"{self.prefix}gate"
+
+    def reply(self, item_id: str) -> str:
+        return f"{self.prefix}reply:{item_id}"
+
+    @property
+    def schedule(self) -> str:
+        return f"{self.prefix}schedule"
+
+    @property
+    def schedule_spec(self) -> str:
+        return f"{self.prefix}schedule:spec"
+
+    @property
+    def registry(self) -> str:
+        return f"{self.prefix}registry"
+
+    @property
+    def registry_lanes(self) -> str:
+        return f"{self.prefix}registry:lanes"
+
+    @property
+    def last_sweep(self) -> str:
+        return f"{self.prefix}beat:last_sweep"
+
+    def pattern(self) -> str:
+        """A SCAN pattern matching every key of this fleet (tests use it to clean up)."""
+        return f"{self.prefix}*"

@@ -1,0 +1,487 @@
+"""Lanes: one persona's turn sequence, kept in Redis, changed only by one Lua script per step.
+
+A lane (``ava``, ``ava-dreamer``) runs one turn at a time. Its state machine::
+
+    idle ──post(wake)/tick──▶ queued ──start──▶ running ──finish──▶ idle  (or queued: follow-up)
+                                 ▲                │ fail / crash
+                                 └── retry ◀──────┤
+                                        dead ◀────┘ after max_attempts in a row ── revive ─▶ queued
+
+Why it is built this way:
+
+- Every transition is ONE script (``workers/lua/<name>.lua``): the checks and the writes of a
+  step are atomic, so no interleaving of workers, beats and posters can put two turns of one
+  lane in flight or lose an item. Python only prepares arguments and reads replies.
+- The clock is Python's: time goes in as ARGV (ms), so tests drive it with a VirtualClock.
+  Turn ids are made here too (Lua has no good randomness); a script uses one only if it queues.
+- A start takes a lease (``<fence>:<worker>``, PX ttl) and bumps the lane's fence; finish and
+  fail check the fence, so a worker whose lease lapsed (and whose lane was taken over) can
+  never commit. Drained items stay in the in-flight list until finish, so a crashed turn's
+  items are the first thing the next start hands out.
+- Publishing turn messages is not done here: an outcome's ``turn_id`` is set exactly when a
+  turn was queued and the caller must publish it.
+
+Every method may raise :class:`~workers.errors.RedisUnavailable`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, cast
+
+import redis
+import structlog
+from redis.commands.core import Script
+
+from workers import metrics
+from workers.errors import InboxFull, ItemTooLarge, LeaseLost
+from workers.keys import Keys
+from workers.persona.clock import Clock, SystemClock
+from workers.persona.inbox import InboxItem
+from workers.scripts import Scripts, redis_errors
+
+__all__ = [
+    "LAST_TEXT_MAX",
+    "TICK_KINDS",
+    "FailOutcome",
+    "FinishOutcome",
+    "Lanes",
+    "PostOutcome",
+    "Repair",
+    "StartOutcome",
+    "TickOutcome",
+]
+
+_log = structlog.get_logger("soulfleet.lanes")
+
+TICK_KINDS = ("heartbeat", "dream")
+LAST_TEXT_MAX = 2000
+_ERROR_MAX = 4000
+#: Lanes per tick script call, and script calls per pipelined round trip (see tick_many).
+_TICK_BATCH = 500
+_TICK_CALLS_PER_TRIP = 20
+
+
+@dataclass(frozen=True, slots=True)
+class PostOutcome:
+    """What a post did. ``turn_id``/``turn_kind`` are set iff a turn must be published."""
+
+    lane: str
+    outcome: Literal["queued", "pending", "dead"]
+    item_id: str
+    depth: int
+    turn_id: str | None = None
+    turn_kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TickOutcome:
+    """What a tick (or a revive) did. ``turn_id``/``turn_kind`` are set iff a turn was queued."""
+
+    lane: str
+    kind: str
+    outcome: Literal["queued", "coalesced", "dead_lettered"]
+    turn_id: str | None = None
+    turn_kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StartOutcome:
+    """What a start did; only ``status == "started"`` means: run the turn with ``fence``."""
+
+    status: Literal["started", "duplicate", "stale", "dead"]
+    fence: int = 0
+    items: list[InboxItem] = field(default_factory=list)
+    ticks: int = 0
+    recovered: int = 0
+    attempt: int = 0
+    kind: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FinishOutcome:
+    """A committed turn. ``follow_up_*`` are set iff a follow-up turn must be published."""
+
+    turn_id: str
+    follow_up_turn_id: str | None = None
+    follow_up_kind: str | None = None
+    beat_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailOutcome:
+    """A failed turn: dead-lettered, or queued again as ``retry_turn_id`` (publish it)."""
+
+    dead: bool
+    retry_turn_id: str | None
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Repair:
+    """A stranded lane the reaper re-queued; the caller publishes ``turn_id`` on ``kind``."""
+
+    lane: str
+    reason: Literal["lease_expired", "queued_too_long"]
+    turn_id: str
+    kind: str
+
+
+def _turn_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _item(raw: str) -> InboxItem:
+    try:
+        return InboxItem.from_json(raw)
+    except ValueError as exc:
+        # Never drop: hand the raw text to the turn as an untrusted item instead.
+        _log.warning("lanes.item_unparseable", error=str(exc))
+        return InboxItem(text=raw, sender="unknown", channel="unparseable", id="", at=0.0)
+
+
+class Lanes:
+    """Every lane transition of one fleet. Thread-safe; share one per process."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: Keys,
+        *,
+        inbox_max: int,
+        lease_ttl: float,
+        max_attempts: int,
+        beats_max: int,
+        reply_ttl: float,
+        item_max_bytes: int = 64 * 1024,
+        clock: Clock | None = None,
+    ) -> None:
+        if not client.connection_pool.connection_kwargs.get("decode_responses"):
+            raise ValueError("Lanes needs a redis client made with decode_responses=True")
+        for name, value in (
+            ("inbox_max", inbox_max),
+            ("max_attempts", max_attempts),
+            ("beats_max", beats_max),
+            ("item_max_bytes", item_max_bytes),
+        ):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if lease_ttl <= 0 or reply_ttl <= 0:
+            raise ValueError("lease_ttl and reply_ttl must be > 0")
+        self.client = client
+        self.keys = keys
+        self.inbox_max = inbox_max
+        self.item_max_bytes = item_max_bytes
+        self.lease_ttl = lease_ttl
+        self.max_attempts = max_attempts
+        self.beats_max = beats_max
+        self.reply_ttl = reply_ttl
+        self.clock: Clock = clock or SystemClock()
+        self.scripts = Scripts.register(client)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _now_ms(self) -> int:
+        return int(self.clock.time() * 1000)
+
+    def _ms(self, seconds: float) -> int:
+        return max(1, int(seconds * 1000))
+
+    def _run(self, calls: Sequence[tuple[Script, list[str], list[str | int]]]) -> list[Any]:
+        """Run script calls in ONE round trip: directly if there is one, else pipelined
+        (a pipeline adds a SCRIPT EXISTS check, worth it only for several calls)."""
+        if not calls:
+            return []
+        with redis_errors(self.client):
+            if len(calls) == 1:
+                script, keys, args = calls[0]
+                return [script(keys=keys, args=args)]
+            pipe = self.client.pipeline(transaction=False)
+            for script, keys, args in calls:
+                script(keys=keys, args=args, client=pipe)
+            return list(pipe.execute())
+
+    # -- inbound ----------------------------------------------------------------------------
+    def post(self, lane: str, item: InboxItem, *, wake: bool) -> PostOutcome:
+        """Append ``item`` to the lane's inbox; with ``wake``, queue a turn if the lane is idle.
+
+        Raises :class:`ItemTooLarge` (before touching Redis) or :class:`InboxFull`; in both
+        cases nothing was written.
+        """
+        raw = item.to_json()
+        size = len(raw.encode("utf-8"))
+        if size > self.item_max_bytes:
+            raise ItemTooLarge(lane, size, self.item_max_bytes)
+        turn_id = _turn_id()
+        args = [lane, raw, "1" if wake else "0", self.inbox_max, self._now_ms(), turn_id]
+        with redis_errors(self.client):
+            reply = self.scripts.post(keys=self.keys.lane_keys(lane), args=args)
+        outcome, depth = str(reply[0]), int(reply[1])
+        if outcome == "full":
+            metrics.INBOX_REJECTS.inc()
+            _log.warning("lane.inbox_full", lane=lane, limit=self.inbox_max)
+            raise InboxFull(lane, self.inbox_max)
+        if outcome == "queued":
+            return PostOutcome(lane, "queued", item.id, depth, turn_id, "interactive")
+        return PostOutcome(lane, "dead" if outcome == "dead" else "pending", item.id, depth)
+
+    def tick(self, lane: str, *, kind: str, count: int = 1) -> TickOutcome:
+        """Fold ``count`` ticks of ``kind`` into the lane; queue a turn only if it is idle."""
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        return self._tick([(lane, kind)], count)[0]
+
+    def tick_many(self, ticks: Sequence[tuple[str, str]]) -> list[TickOutcome]:
+        """Tick many ``(lane, kind)`` pairs once each; outcomes come back in the same order.
+
+        The sweep's hot path: lanes go ``_TICK_BATCH`` to a script call and
+        ``_TICK_CALLS_PER_TRIP`` calls to a pipelined round trip, so 100,000 lanes cost about
+        ten round trips, not 100,000. The result is the same as ticking one pair at a time.
+        """
+        outcomes: list[TickOutcome] = []
+        per_trip = _TICK_BATCH * _TICK_CALLS_PER_TRIP
+        for start in range(0, len(ticks), per_trip):
+            outcomes.extend(self._tick(ticks[start : start + per_trip], 1))
+        return outcomes
+
+    def _tick(self, ticks: Sequence[tuple[str, str]], count: int) -> list[TickOutcome]:
+        """One round trip: script calls of up to _TICK_BATCH lanes each, applied in order."""
+        for lane, kind in ticks:
+            if kind not in TICK_KINDS:
+                raise ValueError(f"tick kind must be one of {TICK_KINDS}, got {kind!r} ({lane})")
+        now = self._now_ms()
+        # Turn ids: uuid4 entropy per call (24 hex digits) + an 8-digit per-lane counter.
+        base = uuid.uuid4().hex[:24]
+        cut = len(self.keys.lane(""))
+        calls: list[tuple[Script, list[str], list[str | int]]] = []
+        for first in range(0, len(ticks), _TICK_BATCH):
+            chunk = ticks[first : first + _TICK_BATCH]
+            keys = [self.keys.queued, *(self.keys.lane(lane) for lane, _ in chunk)]
+            kinds = "".join("d" if kind == "dream" else "h" for _, kind in chunk)
+            calls.append((self.scripts.tick, keys, [now, kinds, count, base, first, cut]))
+        replies = self._run(calls)
+        codes = "".join(replies)
+        outcomes: list[TickOutcome] = []
+        for index, ((lane, kind), code) in enumerate(zip(ticks, codes, strict=True)):
+            if code == "q":
+                outcomes.append(TickOutcome(lane, kind, "queued", f"{base}{index:08x}", kind))
+            elif code == "d":
+                outcomes.append(TickOutcome(lane, kind, "dead_lettered"))
+            else:
+                outcomes.append(TickOutcome(lane, kind, "coalesced"))
+        return outcomes
+
+    # -- a turn's life ----------------------------------------------------------------------
+    def start(self, lane: str, turn_id: str, worker: str) -> StartOutcome:
+        """Begin turn ``turn_id``: take the lease and drain inbox + ticks into in-flight.
+
+        ``duplicate`` (its turn is running under a live lease), ``stale`` (not the lane's
+        current turn) and ``dead`` (dead-lettered, possibly by this very start) mean: drop the
+        message, run nothing.
+        """
+        args: list[str | int] = [
+            lane, turn_id, worker, self._now_ms(), self._ms(self.lease_ttl), self.max_attempts,
+        ]  # fmt: skip
+        with redis_errors(self.client):
+            reply = self.scripts.start(keys=self.keys.lane_keys(lane), args=args)
+        status = str(reply[0])
+        if status == "dead":
+            return StartOutcome("dead", error=str(reply[1]))
+        if status != "started":
+            return StartOutcome(cast(Literal["duplicate", "stale"], status))
+        fence, attempt, kind, ticks, recovered = reply[1:6]
+        return StartOutcome(
+            "started",
+            fence=int(fence),
+            items=[_item(raw) for raw in reply[6:]],
+            ticks=int(ticks),
+            recovered=int(recovered),
+            attempt=int(attempt),
+            kind=str(kind),
+        )
+
+    def renew(self, lane: str, fence: int) -> bool:
+        """Extend the lease if ``fence`` is still current; False means the lease is lost."""
+        return self.renew_many([(lane, fence)])[0]
+
+    def renew_many(self, leases: Sequence[tuple[str, int]]) -> list[bool]:
+        """:meth:`renew` for many ``(lane, fence)`` pairs in one round trip (the Renewer's)."""
+        if not leases:
+            return []
+        now, ttl = self._now_ms(), self._ms(self.lease_ttl)
+        replies = self._run(
+            [
+                (self.scripts.renew, self.keys.lane_keys(lane), [lane, fence, now, ttl])
+                for lane, fence in leases
+            ]
+        )
+        return [bool(ok) for ok in replies]
+
+    def holds(self, lane: str, fence: int) -> bool:
+        """Ask Redis whether ``fence`` still owns the lane with a live lease."""
+        with redis_errors(self.client):
+            return bool(self.scripts.holds(keys=self.keys.lane_keys(lane), args=[lane, fence]))
+
+    def finish(
+        self,
+        lane: str,
+        fence: int,
+        *,
+        status: str,
+        text: str,
+        beat: Mapping[str, object] | None = None,
+        reply_ids: Sequence[str] = (),
+        reply_extra: Mapping[str, object] | None = None,
+    ) -> FinishOutcome:
+        """Commit the turn holding ``fence``; raise :class:`LeaseLost` (changing nothing) if
+        it no longer holds the lane.
+
+        ``beat`` (e.g. ``{"persona": "ava", "text": reply}``) is added to the beats stream in
+        the same atomic step, with ``time`` defaulting to now and ``turn_id`` from the lane.
+        Each ``reply_ids`` item gets ``{text, status, turn_id, **reply_extra}`` (e.g. usage,
+        limit) on its reply list.
+        """
+        beat_args: list[str] = []
+        if beat is not None:
+            fields = {"persona": lane, "time": repr(self.clock.time()), **beat}
+            fields.pop("turn_id", None)
+            for name, value in fields.items():
+                beat_args += [name, str(value)]
+        keys = [*self.keys.lane_keys(lane), self.keys.beats]
+        keys += [self.keys.reply(item_id) for item_id in reply_ids]
+        follow_up = _turn_id()
+        args: list[str | int] = [
+            lane, fence, self._now_ms(), status,
+            json.dumps({**(reply_extra or {}), "text": text, "status": status}),
+            text[:LAST_TEXT_MAX], follow_up,
+            self.beats_max, self._ms(self.reply_ttl), len(beat_args), *beat_args,
+        ]  # fmt: skip
+        with redis_errors(self.client):
+            reply = self.scripts.finish(keys=keys, args=args)
+        if reply[0] == "lost":
+            raise LeaseLost(lane, fence, "finish refused: the fence is no longer current")
+        beat_id = str(reply[2]) or None
+        if reply[0] == "queued":
+            return FinishOutcome(str(reply[1]), str(reply[3]), str(reply[4]), beat_id)
+        return FinishOutcome(str(reply[1]), beat_id=beat_id)
+
+    def fail(self, lane: str, fence: int, *, error: str) -> FailOutcome:
+        """Record a failed turn; retry it (publish ``retry_turn_id``) or dead-letter the lane.
+
+        Raises :class:`LeaseLost` (changing nothing) if ``fence`` no longer holds the lane.
+        """
+        retry = _turn_id()
+        args: list[str | int] = [
+            lane, fence, self._now_ms(), error[:_ERROR_MAX], retry, self.max_attempts,
+        ]  # fmt: skip
+        with redis_errors(self.client):
+            reply = self.scripts.fail(keys=self.keys.lane_keys(lane), args=args)
+        if reply[0] == "lost":
+            raise LeaseLost(lane, fence, "fail refused: the fence is no longer current")
+        if reply[0] == "dead":
+            _log.error("lane.dead_lettered", lane=lane, error=error[:200])
+            return FailOutcome(dead=True, retry_turn_id=None, kind=str(reply[2]))
+        return FailOutcome(dead=False, retry_turn_id=str(reply[3]), kind=str(reply[2]))
+
+    # -- operations -------------------------------------------------------------------------
+    def status(self, lane: str) -> dict[str, object]:
+        """One consistent snapshot of the lane for people (the CLI, ``Fleet.status``)."""
+        with redis_errors(self.client):
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hgetall(self.keys.lane(lane))
+            pipe.llen(self.keys.inbox(lane))
+            pipe.llen(self.keys.inflight(lane))
+            fields, inbox_depth, inflight = pipe.execute()
+
+        def num(name: str) -> int:
+            return int(fields.get(name) or 0)
+
+        def when(name: str) -> float | None:
+            value = fields.get(name)
+            return int(value) / 1000 if value else None
+
+        return {
+            "state": fields.get("state", "idle"),
+            "pending_ticks": num("ticks"),
+            "inbox_depth": int(inbox_depth),
+            "inflight_items": int(inflight),
+            "inflight_ticks": num("inflight_ticks"),
+            "turn_id": fields.get("turn_id"),
+            "kind": fields.get("kind"),
+            "queued_at": when("queued_at"),
+            "started_at": when("started_at"),
+            "worker": fields.get("worker"),
+            "fence": num("fence"),
+            "attempts": num("attempts"),
+            "last_turn": fields.get("last_turn"),
+            "last_status": fields.get("last_status"),
+            "last_text": fields.get("last_text"),
+            "last_end": when("last_end"),
+            "last_error": fields.get("last_error"),
+            "last_error_at": when("last_error_at"),
+        }
+
+    def revive(self, lane: str) -> TickOutcome:
+        """Queue a dead-lettered lane again with attempts reset (its kept items run first).
+
+        A lane that is not dead is left alone: outcome ``coalesced``, no turn id.
+        """
+        turn_id = _turn_id()
+        with redis_errors(self.client):
+            reply = self.scripts.revive(
+                keys=self.keys.lane_keys(lane), args=[lane, self._now_ms(), turn_id]
+            )
+        if reply[0] != "queued":
+            return TickOutcome(lane, "revive", "coalesced")
+        _log.info("lane.revived", lane=lane, turn_id=turn_id)
+        return TickOutcome(lane, "revive", "queued", str(reply[1]), str(reply[2]))
+
+    def reap(self, *, queued_after: float, limit: int = 1000) -> list[Repair]:
+        """Re-queue lanes stranded by a dead worker or a lost message (the caller publishes).
+
+        Candidates come from the ``lanes:running`` / ``lanes:queued`` indexes; each repair is
+        re-checked by its own script, so a lane that moved on meanwhile is left alone.
+        """
+        now = self._now_ms()
+        with redis_errors(self.client):
+            stale = now - self._ms(queued_after)
+            running: list[str] = self.client.zrangebyscore(
+                self.keys.running, "-inf", f"({now}", 0, limit
+            )  # type: ignore[assignment]
+            queued: list[str] = self.client.zrangebyscore(
+                self.keys.queued, "-inf", f"({stale}", 0, limit
+            )  # type: ignore[assignment]
+        calls: list[tuple[Script, list[str], list[str | int]]] = [
+            (self.scripts.reap_running, self.keys.lane_keys(lane), [lane, now, _turn_id()])
+            for lane in running
+        ]
+        after = self._ms(queued_after)
+        calls += [
+            (self.scripts.reap_queued, self.keys.lane_keys(lane), [lane, now, after])
+            for lane in queued
+        ]
+        replies = self._run(calls)
+        repairs: list[Repair] = []
+        reasons: list[Literal["lease_expired", "queued_too_long"]] = []
+        reasons += ["lease_expired"] * len(running)
+        reasons += ["queued_too_long"] * len(queued)
+        for lane, reason, reply in zip([*running, *queued], reasons, replies, strict=True):
+            if reply[0] == "repaired":
+                repairs.append(Repair(lane, reason, str(reply[1]), str(reply[2])))
+                metrics.REAPER_REPAIRS.labels(reason=reason).inc()
+                _log.warning("lane.reaped", lane=lane, reason=reason, turn_id=reply[1])
+        return repairs
+
+    def counts(self) -> dict[str, int]:
+        """How many lanes are queued, running and dead-lettered (three ZCARDs)."""
+        with redis_errors(self.client):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zcard(self.keys.queued)
+            pipe.zcard(self.keys.running)
+            pipe.zcard(self.keys.dead)
+            queued, running, dead = pipe.execute()
+        return {"queued": int(queued), "running": int(running), "dead": int(dead)}

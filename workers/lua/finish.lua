@@ -1,0 +1,70 @@
+-- finish.lua: commit a turn (fencing-checked): clear in-flight, publish its beat and replies,
+-- and queue exactly one follow-up if anything arrived while it ran.
+--
+-- KEYS  [1] lane hash  [2] inbox list  [3] inflight list  [4] lease  [5] lanes:queued
+--       [6] lanes:running  [7] lanes:dead  (Keys.lane_keys(lane))  [8] beats stream
+--       [9..] reply:<item id> lists, one per drained item that waits for a reply
+-- ARGV  [1] lane name  [2] fence  [3] now (ms)  [4] status  [5] reply JSON {text, status, ...}
+--       [6] last_text (<= 2000 chars)  [7] follow-up turn id (used only if one is queued)
+--       [8] beats_max  [9] reply ttl (ms)  [10] n = number of beat ARGVs (0: no beat)
+--       [11..10+n] beat field, value pairs (turn_id is added here, from the lane)
+-- Reply {"lost"}: the fence is not current; NOTHING changed
+--     | {"idle", turn_id, beat_id}
+--     | {"queued", turn_id, beat_id, follow-up turn id, follow-up kind}
+--       beat_id is "" when no beat was given; follow-up kind is "interactive" when items wait,
+--       else the waiting ticks' kind ("dream" or "heartbeat").
+-- Guarantees: one atomic step, so a beat is published and a reply pushed iff the turn
+-- commits; the beats stream stays bounded (MAXLEN ~ beats_max).
+local lane, inbox, inflight, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local queued, running, beats = KEYS[5], KEYS[6], KEYS[8]
+local name, fence, now = ARGV[1], ARGV[2], ARGV[3]
+
+local f = redis.call('HMGET', lane, 'state', 'fence', 'turn_id', 'tick_kind', 'ticks')
+if f[1] ~= 'running' or f[2] ~= fence then
+  return {'lost'}
+end
+local turn_id = f[3] or ''
+
+redis.call('DEL', inflight, lease)
+redis.call('HSET', lane, 'inflight_ticks', 0, 'attempts', 0, 'lost', 0,
+           'last_turn', turn_id, 'last_status', ARGV[4], 'last_text', ARGV[6], 'last_end', now)
+redis.call('ZREM', running, name)
+
+local beat_id = ''
+local n = tonumber(ARGV[10])
+if n > 0 then
+  local fields = {}
+  for i = 11, 10 + n do
+    fields[#fields + 1] = ARGV[i]
+  end
+  fields[#fields + 1] = 'turn_id'
+  fields[#fields + 1] = turn_id
+  beat_id = redis.call('XADD', beats, 'MAXLEN', '~', ARGV[8], '*', unpack(fields))
+end
+
+if #KEYS > 8 then
+  local document = cjson.decode(ARGV[5])
+  document['turn_id'] = turn_id
+  local payload = cjson.encode(document)
+  for i = 9, #KEYS do
+    redis.call('RPUSH', KEYS[i], payload)
+    redis.call('PEXPIRE', KEYS[i], ARGV[9])
+  end
+end
+
+local waiting = redis.call('LLEN', inbox)
+local ticks = tonumber(f[5] or '0')
+if waiting > 0 or ticks > 0 then
+  local kind = 'interactive'
+  if waiting == 0 then
+    kind = 'heartbeat'
+    if f[4] == 'dream' then kind = 'dream' end
+  end
+  redis.call('HSET', lane, 'state', 'queued', 'turn_id', ARGV[7], 'kind', kind,
+             'queued_at', now)
+  redis.call('ZADD', queued, now, name)
+  return {'queued', turn_id, beat_id, ARGV[7], kind}
+end
+redis.call('HSET', lane, 'state', 'idle')
+redis.call('HDEL', lane, 'turn_id', 'kind', 'queued_at')
+return {'idle', turn_id, beat_id}

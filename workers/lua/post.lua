@@ -1,0 +1,32 @@
+-- post.lua: append one item to a lane's bounded inbox; wake the lane if asked and idle.
+--
+-- KEYS  [1] lane hash  [2] inbox list  [3] inflight list  [4] lease  [5] lanes:queued
+--       [6] lanes:running  [7] lanes:dead                         (Keys.lane_keys(lane))
+-- ARGV  [1] lane name  [2] item JSON  [3] wake "1"|"0"  [4] inbox_max  [5] now (ms)
+--       [6] turn id for the turn this post may queue (unused unless it queues)
+-- Reply {outcome, inbox depth}, or {"queued", depth, turn_id} when a turn must be published:
+--   "full"     the inbox already holds inbox_max items: NOTHING was written
+--   "dead"     the lane is dead-lettered: the item is kept (never dropped), no turn queued
+--   "queued"   the lane was idle and wake was asked: a new interactive turn is queued
+--   "pending"  the item waits for the lane's queued or running turn, or for a later wake
+-- Guarantees: the bound check and the push are one atomic step, so concurrent posters can
+-- never overshoot inbox_max; an accepted item is never dropped.
+local lane, inbox, queued = KEYS[1], KEYS[2], KEYS[5]
+
+local depth = redis.call('LLEN', inbox)
+if depth >= tonumber(ARGV[4]) then
+  return {'full', depth}
+end
+depth = redis.call('RPUSH', inbox, ARGV[2])
+
+local state = redis.call('HGET', lane, 'state') or 'idle'
+if state == 'dead' then
+  return {'dead', depth}
+end
+if state == 'idle' and ARGV[3] == '1' then
+  redis.call('HSET', lane, 'state', 'queued', 'turn_id', ARGV[6], 'kind', 'interactive',
+             'queued_at', ARGV[5])
+  redis.call('ZADD', queued, ARGV[5], ARGV[1])
+  return {'queued', depth, ARGV[6]}
+end
+return {'pending', depth}

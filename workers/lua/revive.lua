@@ -1,0 +1,20 @@
+-- revive.lua: take a dead-lettered lane back into service with a fresh attempt count.
+--
+-- KEYS  [1] lane hash  [2] inbox  [3] inflight  [4] lease  [5] lanes:queued
+--       [6] lanes:running  [7] lanes:dead                         (Keys.lane_keys(lane))
+-- ARGV  [1] lane name  [2] now (ms)  [3] new turn id
+-- Reply {"queued", turn id, kind}: the lane was dead and now has a queued turn (same kind as
+--       the turn that died); its in-flight items and inbox are kept and run first
+--     | {"not_dead", state}: NOTHING changed
+local lane, queued, dead = KEYS[1], KEYS[5], KEYS[7]
+local f = redis.call('HMGET', lane, 'state', 'kind')
+local state = f[1] or 'idle'
+if state ~= 'dead' then
+  return {'not_dead', state}
+end
+local kind = f[2] or 'interactive'
+redis.call('HSET', lane, 'state', 'queued', 'attempts', 0, 'lost', 0, 'turn_id', ARGV[3],
+           'kind', kind, 'queued_at', ARGV[2])
+redis.call('ZREM', dead, ARGV[1])
+redis.call('ZADD', queued, ARGV[2], ARGV[1])
+return {'queued', ARGV[3], kind}

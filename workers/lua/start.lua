@@ -1,0 +1,70 @@
+-- start.lua: a worker begins the queued turn: reject duplicates and stale messages, count the
+-- attempt, take the lease with a new fence and drain the inbox and ticks into in-flight.
+--
+-- KEYS  [1] lane hash  [2] inbox list  [3] inflight list  [4] lease  [5] lanes:queued
+--       [6] lanes:running  [7] lanes:dead                         (Keys.lane_keys(lane))
+-- ARGV  [1] lane name  [2] turn id (from the turn message)  [3] worker  [4] now (ms)
+--       [5] lease ttl (ms)  [6] max_attempts
+-- Reply {"dead", last_error} | {"stale"} | {"duplicate"}
+--     | {"started", fence, attempt, kind, ticks, recovered, item JSON...}
+--       items: in-flight items left by a dead worker FIRST (recovered = their count), then the
+--       whole inbox in arrival order; ticks = in-flight ticks (recovered ones included).
+-- Guarantees: at most one live lease per lane; each start bumps the fence, so a worker whose
+-- lease lapsed can no longer finish; drained items stay in in-flight until finish, so a
+-- crashed turn's items are recovered by the next start; a lane whose turns keep crashing is
+-- dead-lettered once attempts exceed max_attempts.
+local lane, inbox, inflight, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local queued, running, dead = KEYS[5], KEYS[6], KEYS[7]
+local name, turn_id, worker, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+local f = redis.call('HMGET', lane, 'state', 'turn_id', 'last_error', 'lost', 'kind')
+local state = f[1] or 'idle'
+if state == 'dead' then
+  return {'dead', f[3] or ''}
+end
+if (state ~= 'queued' and state ~= 'running') or f[2] ~= turn_id then
+  return {'stale'}
+end
+local lost = tonumber(f[4] or '0')
+if state == 'running' then
+  if redis.call('EXISTS', lease) == 1 then
+    return {'duplicate'}
+  end
+  -- The broker redelivered a turn whose worker died: that attempt was lost mid-turn.
+  lost = redis.call('HINCRBY', lane, 'lost', 1)
+end
+
+local attempt = redis.call('HINCRBY', lane, 'attempts', 1)
+if attempt > tonumber(ARGV[6]) then
+  local err = 'worker lost mid-turn ' .. lost .. ' times'
+  if f[3] and lost < attempt - 1 then
+    err = err .. ' (last error: ' .. f[3] .. ')'
+  end
+  redis.call('HSET', lane, 'state', 'dead', 'last_error', err, 'last_error_at', now)
+  redis.call('DEL', lease)
+  redis.call('ZREM', queued, name)
+  redis.call('ZREM', running, name)
+  redis.call('ZADD', dead, now, name)
+  return {'dead', err}
+end
+
+local fence = redis.call('HINCRBY', lane, 'fence', 1)
+redis.call('SET', lease, fence .. ':' .. worker, 'PX', ARGV[5])
+local recovered = redis.call('LLEN', inflight)
+local fresh = redis.call('LRANGE', inbox, 0, -1)
+for i = 1, #fresh, 500 do
+  redis.call('RPUSH', inflight, unpack(fresh, i, math.min(i + 499, #fresh)))
+end
+redis.call('DEL', inbox)
+local pending = tonumber(redis.call('HGET', lane, 'ticks') or '0')
+local ticks = redis.call('HINCRBY', lane, 'inflight_ticks', pending)
+redis.call('HSET', lane, 'ticks', 0, 'state', 'running', 'started_at', now, 'worker', worker)
+redis.call('ZREM', queued, name)
+redis.call('ZADD', running, tonumber(now) + tonumber(ARGV[5]), name)
+
+local reply = {'started', fence, attempt, f[5] or '', ticks, recovered}
+local items = redis.call('LRANGE', inflight, 0, -1)
+for i = 1, #items do
+  reply[#reply + 1] = items[i]
+end
+return reply

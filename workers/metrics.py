@@ -1,0 +1,187 @@
+"""Prometheus metrics for workers and beat, all defined here.
+
+Labels are low-cardinality by rule: kinds, statuses, reasons, states. Never a persona or lane
+name (a fleet of 100,000 personas would be 100,000 series per metric). Per-persona detail is
+what ``soulfleet status`` and the logs are for.
+
+Workers and beat each serve ``/metrics`` on ``SOULFLEET_METRICS_PORT`` (0 = off). Lane-state
+gauges are read from Redis at scrape time by :class:`LaneStateCollector`, which only beat
+registers, so a fleet with many workers does not report the same lanes many times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import structlog
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = [
+    "BEATS",
+    "COUNT_KEYS",
+    "DEAD_LETTERED",
+    "INBOX_REJECTS",
+    "LANES",
+    "LANES_STUCK",
+    "LAST_SWEEP",
+    "LEASE_LOSSES",
+    "MEMORY_LOCK_WAIT",
+    "MODEL_CALL_SECONDS",
+    "REAPER_REPAIRS",
+    "REDIS_MEMORY_MAX",
+    "REDIS_MEMORY_USED",
+    "REGISTRY_INVALID",
+    "SWEEP_DUE",
+    "SWEEP_SECONDS",
+    "TICKS",
+    "TICKS_SKIPPED",
+    "TURNS",
+    "TURN_GATE_WAIT",
+    "TURN_SECONDS",
+    "LaneStateCollector",
+    "serve_metrics",
+]
+
+_log = structlog.get_logger("soulfleet.metrics")
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+TICKS = Counter(
+    "soulfleet_ticks_total",
+    "Ticks handled by the sweep or the tick path, by outcome (emitted = a turn was queued).",
+    ["kind", "outcome"],
+)
+TICKS_SKIPPED = Counter(
+    "soulfleet_ticks_skipped_total",
+    "Ticks the sweep skipped without a model call, by reason.",
+    ["kind", "reason"],
+)
+TURNS = Counter(
+    "soulfleet_turns_total",
+    "Turns that ended, by kind (interactive|heartbeat|dream) and status.",
+    ["kind", "status"],
+)
+BEATS = Counter(
+    "soulfleet_beats_total",
+    "Heartbeat turn replies: surfaced (substantive) or silent (HEARTBEAT_OK).",
+    ["outcome"],
+)
+TURN_SECONDS = Histogram(
+    "soulfleet_turn_seconds", "Wall time of a turn.", ["kind"], buckets=_LATENCY_BUCKETS
+)
+MODEL_CALL_SECONDS = Histogram(
+    "soulfleet_model_call_seconds",
+    "Wall time of one model call (inside the turn gate).",
+    ["provider"],
+    buckets=_LATENCY_BUCKETS,
+)
+TURN_GATE_WAIT = Histogram(
+    "soulfleet_turn_gate_wait_seconds",
+    "Time a model call waited for a fleet-wide turn gate slot.",
+    buckets=_LATENCY_BUCKETS,
+)
+LEASE_LOSSES = Counter(
+    "soulfleet_lease_losses_total", "Turns stopped because their lane lease was lost."
+)
+INBOX_REJECTS = Counter(
+    "soulfleet_inbox_rejects_total", "Posts refused because the lane's inbox was full."
+)
+MEMORY_LOCK_WAIT = Histogram(
+    "soulfleet_memory_lock_wait_seconds",
+    "Time a memory write waited for its file lock.",
+    buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
+)
+SWEEP_SECONDS = Histogram(
+    "soulfleet_sweep_seconds", "Wall time of one schedule sweep.", buckets=_LATENCY_BUCKETS
+)
+SWEEP_DUE = Gauge("soulfleet_sweep_due", "Schedule entries due in the newest sweep.")
+LAST_SWEEP = Gauge("soulfleet_last_sweep_timestamp_seconds", "Unix time the newest sweep finished.")
+REAPER_REPAIRS = Counter(
+    "soulfleet_reaper_repairs_total", "Lanes the reaper re-queued, by what it found.", ["reason"]
+)
+REGISTRY_INVALID = Gauge(
+    "soulfleet_registry_invalid_personas", "Personas whose persona.toml is invalid."
+)
+
+LANES = "soulfleet_lanes"
+LANES_STUCK = "soulfleet_lanes_stuck"
+DEAD_LETTERED = "soulfleet_dead_lettered_lanes"
+REDIS_MEMORY_USED = "soulfleet_redis_memory_used_bytes"
+REDIS_MEMORY_MAX = "soulfleet_redis_maxmemory_bytes"
+
+#: Keys :class:`LaneStateCollector` reads from its ``counts`` callable.
+COUNT_KEYS = (
+    "idle",
+    "queued",
+    "running",
+    "dead",
+    "stuck_running",
+    "stuck_queued",
+    "redis_memory_used",
+    "redis_maxmemory",
+)
+
+
+class LaneStateCollector(Collector):
+    """Reads fleet-wide gauges from Redis at scrape time (beat registers it).
+
+    ``counts`` returns a dict with :data:`COUNT_KEYS`: lanes by state, lanes stuck (running
+    with an expired lease, or queued longer than the reaper threshold), and Redis memory (used
+    and ``maxmemory``; 0 = no limit) so alerts need no separate exporter.
+    """
+
+    def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        try:
+            counts = self._counts()
+        except Exception as exc:  # a scrape must never crash the process it runs in
+            _log.warning("metrics.lane_counts_failed", error=str(exc))
+            return
+        lanes = GaugeMetricFamily(
+            LANES,
+            "Lanes by state (idle = registered lanes not queued, running or dead).",
+            labels=["state"],
+        )
+        for state in ("idle", "queued", "running", "dead"):
+            lanes.add_metric([state], float(counts.get(state, 0)))
+        yield lanes
+        stuck = GaugeMetricFamily(
+            LANES_STUCK,
+            "Lanes running with an expired lease, or queued longer than the reaper threshold.",
+            labels=["state"],
+        )
+        stuck.add_metric(["running"], float(counts.get("stuck_running", 0)))
+        stuck.add_metric(["queued"], float(counts.get("stuck_queued", 0)))
+        yield stuck
+        yield GaugeMetricFamily(
+            DEAD_LETTERED,
+            "Dead-lettered lanes (need an operator).",
+            value=float(counts.get("dead", 0)),
+        )
+        yield GaugeMetricFamily(
+            REDIS_MEMORY_USED, "Redis used_memory.", value=float(counts.get("redis_memory_used", 0))
+        )
+        yield GaugeMetricFamily(
+            REDIS_MEMORY_MAX,
+            "Redis maxmemory (0 = unlimited).",
+            value=float(counts.get("redis_maxmemory", 0)),
+        )
+
+
+def serve_metrics(port: int, *, collector: Collector | None = None) -> bool:
+    """Serve ``/metrics`` on ``port`` (0 = off). A taken port is logged, never fatal."""
+    if collector is not None:
+        REGISTRY.register(collector)
+    if port <= 0:
+        return False
+    try:
+        start_http_server(port)
+    except OSError as exc:
+        _log.error("metrics.port_unavailable", port=port, error=str(exc))
+        return False
+    _log.info("metrics.serving", port=port)
+    return True

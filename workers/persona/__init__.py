@@ -1,0 +1,91 @@
+"""The persona core: the directory is the agent.
+
+Pure library: importing it never imports Celery or Redis, so the fleet and anyone embedding a
+persona share one implementation. Names resolve lazily (PEP 562), so ``import workers.persona``
+costs nothing until a name is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workers.persona.agent import AgentDef, from_dir
+    from workers.persona.dreamer import DREAM_PROMPT, dreamer
+    from workers.persona.driver import HeartbeatDriver, start_agent
+    from workers.persona.heartbeat import HEARTBEAT_OK, HEARTBEAT_PROMPT, is_silent
+    from workers.persona.home import BOOTSTRAP_ORDER, MAX_FILE_BYTES, compose_soul
+    from workers.persona.inbox import InboxItem, render_inbox
+    from workers.persona.loop import Budget, RunResult
+    from workers.persona.memory import memory_tool, valid_note_slug
+    from workers.persona.run import as_tool, run
+    from workers.persona.tools import Tool, ToolResult
+    from workers.persona.transcripts import FileTranscripts, TranscriptStore
+
+__all__ = [
+    "BOOTSTRAP_ORDER",
+    "DREAM_PROMPT",
+    "HEARTBEAT_OK",
+    "HEARTBEAT_PROMPT",
+    "MAX_FILE_BYTES",
+    "AgentDef",
+    "Budget",
+    "FileTranscripts",
+    "HeartbeatDriver",
+    "InboxItem",
+    "RunResult",
+    "Tool",
+    "ToolResult",
+    "TranscriptStore",
+    "as_tool",
+    "compose_soul",
+    "dreamer",
+    "from_dir",
+    "is_silent",
+    "memory_tool",
+    "render_inbox",
+    "run",
+    "start_agent",
+    "valid_note_slug",
+]
+
+_WHERE = {
+    "AgentDef": "agent",
+    "from_dir": "agent",
+    "DREAM_PROMPT": "dreamer",
+    "dreamer": "dreamer",
+    "HeartbeatDriver": "driver",
+    "start_agent": "driver",
+    "HEARTBEAT_OK": "heartbeat",
+    "HEARTBEAT_PROMPT": "heartbeat",
+    "is_silent": "heartbeat",
+    "BOOTSTRAP_ORDER": "home",
+    "MAX_FILE_BYTES": "home",
+    "compose_soul": "home",
+    "InboxItem": "inbox",
+    "render_inbox": "inbox",
+    "Budget": "loop",
+    "RunResult": "loop",
+    "memory_tool": "memory",
+    "valid_note_slug": "memory",
+    "as_tool": "run",
+    "run": "run",
+    "Tool": "tools",
+    "ToolResult": "tools",
+    "FileTranscripts": "transcripts",
+    "TranscriptStore": "transcripts",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'workers.persona' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"workers.persona.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

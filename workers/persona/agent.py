@@ -1,0 +1,183 @@
+"""The persona as an agent definition: a frozen value built from a directory (CONTRACT §5).
+
+There is no Agent object with behaviour to learn: :class:`AgentDef` is plain data (who, where,
+which model, which tools, which schedules), and the runtimes (one-shot ``run``, ``as_tool``, the
+in-process driver, the fleet) all read the same value. Two things are deliberately NOT frozen
+into it:
+
+* the soul: :meth:`AgentDef.soul` composes from disk when called, once per turn, so a person
+  editing SOUL.md (or the persona editing MEMORY.md) is picked up by the next turn without
+  rebuilding anything;
+* the memory tool: :meth:`AgentDef.toolset` builds it per call, so the lock mode and timeout come
+  from the runtime that will execute the writes, not from whoever built the definition.
+
+Defaults come from the optional ``persona.toml`` (:mod:`workers.persona.manifest`); keyword
+overrides passed to :func:`from_dir` win over it.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from workers.persona.home import CapSpec, compose_soul, persona_home, resolve_index_cap
+from workers.persona.locks import LockMode
+from workers.persona.manifest import DreamSchedule, HeartbeatSchedule, load_manifest
+from workers.persona.memory import memory_tool
+from workers.persona.search import transcript_search_tool
+from workers.persona.tools import Tool
+from workers.persona.transcripts import TranscriptStore
+
+__all__ = ["AgentDef", "AgentKind", "default_name", "from_dir"]
+
+AgentKind = Literal["persona", "dreamer"]
+
+
+@dataclass(frozen=True)
+class AgentDef:
+    """One agent: a persona (``kind="persona"``) or a persona's dreamer (``kind="dreamer"``).
+
+    ``tools`` are the extra tools, offered BEFORE ``memory``. ``instructions`` and ``store`` are
+    used by dreamers only (see :func:`workers.persona.dreamer.dreamer`).
+    """
+
+    name: str
+    home: Path
+    does: str
+    model: str
+    tools: tuple[Tool, ...]
+    memory: bool
+    notes: bool
+    memory_index_cap: CapSpec
+    heartbeat: HeartbeatSchedule | None
+    dream: DreamSchedule | None
+    kind: AgentKind = "persona"
+    instructions: str | None = None
+    store: TranscriptStore | None = None
+
+    def soul(self) -> tuple[str, list[str]]:
+        """``(soul, found)`` composed from disk NOW; call once at the start of each turn."""
+        if self.kind == "dreamer":
+            # Imported here: dreamer.py builds AgentDefs, so a module-level import would cycle.
+            from workers.persona.dreamer import dream_soul  # noqa: PLC0415
+
+            return dream_soul(self.home, self.instructions)
+        return compose_soul(self.home, memory_index_cap=self.memory_index_cap, notes=self.notes)
+
+    def toolset(
+        self, *, lock_mode: LockMode = "local", lock_timeout: float = 10.0
+    ) -> tuple[Tool, ...]:
+        """The tools a turn offers, in order.
+
+        A persona: its extra tools, then ``memory`` unless ``memory=False``. A dreamer: EXACTLY
+        ``memory`` (notes on) and ``transcript_search`` over its store.
+        """
+        if self.kind == "dreamer":
+            if self.store is None:
+                raise ValueError(f"dreamer {self.name!r} has no transcript store")
+            return (
+                memory_tool(self.home, notes=True, lock_mode=lock_mode, lock_timeout=lock_timeout),
+                transcript_search_tool(self.store),
+            )
+        if not self.memory:
+            return self.tools
+        memory = memory_tool(
+            self.home, notes=self.notes, lock_mode=lock_mode, lock_timeout=lock_timeout
+        )
+        return (*self.tools, memory)
+
+
+def default_name(path: str | os.PathLike[str]) -> str:
+    """The directory's last segment as given (``./personas/ava/`` -> ``ava``); no link following."""
+    name = Path(os.path.abspath(Path(path).expanduser())).name
+    if not name:
+        raise ValueError(f"cannot derive an agent name from {os.fspath(path)!r}; pass name=")
+    return name
+
+
+class _Unset(enum.Enum):
+    """Marks an override that was not passed (None is a real value for several of them)."""
+
+    UNSET = enum.auto()
+
+
+_UNSET = _Unset.UNSET
+
+
+def _tools(tools: object) -> tuple[Tool, ...]:
+    if isinstance(tools, str | bytes) or not hasattr(tools, "__iter__"):
+        raise TypeError(f"tools must be a sequence of tools, got {tools!r}")
+    result = tuple(tools)
+    for tool in result:
+        if not isinstance(tool, Tool):
+            raise TypeError(
+                f"tools: {tool!r} is not a Tool (name, description, input_schema, execute)"
+            )
+    return result
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def _check_str(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def from_dir(
+    path: str | os.PathLike[str],
+    *,
+    name: str | _Unset = _UNSET,
+    does: str | _Unset = _UNSET,
+    model: str | _Unset = _UNSET,
+    tools: tuple[Tool, ...] | list[Tool] | _Unset = _UNSET,
+    memory: bool | _Unset = _UNSET,
+    notes: bool | _Unset = _UNSET,
+    memory_index_cap: CapSpec | _Unset = _UNSET,
+    heartbeat: HeartbeatSchedule | _Unset | None = _UNSET,
+    dream: DreamSchedule | _Unset | None = _UNSET,
+) -> AgentDef:
+    """Build a persona's :class:`AgentDef` from its directory (CONTRACT §5).
+
+    Defaults: ``name`` is the directory's last segment; everything else comes from
+    ``persona.toml`` (absent: ``does=""``, ``model="inherit"``, no extra tools, memory on,
+    notes off, no index cap, no heartbeat, no dream). Any keyword given wins over the file;
+    an unknown keyword is a TypeError, an invalid persona.toml a PersonaConfigError, a missing
+    directory PersonaNotFound.
+    """
+    home = persona_home(path)
+    config = load_manifest(home)
+    chosen_name = default_name(path) if isinstance(name, _Unset) else name
+    if not isinstance(chosen_name, str) or not chosen_name.strip():
+        raise ValueError(f"name must be a non-empty string, got {chosen_name!r}")
+    extra = () if isinstance(tools, _Unset) else _tools(tools)
+    use_memory = config.memory if isinstance(memory, _Unset) else _check_bool("memory", memory)
+    use_notes = config.notes if isinstance(notes, _Unset) else _check_bool("notes", notes)
+    # A model calls tools by name: two tools with one name would make one of them unreachable.
+    names = [tool.name for tool in extra] + (["memory"] if use_memory else [])
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"tool names must be unique; used more than once: {duplicates}")
+    return AgentDef(
+        name=chosen_name,
+        home=home,
+        does=config.does if isinstance(does, _Unset) else _check_str("does", does),
+        model=config.model if isinstance(model, _Unset) else _check_str("model", model),
+        tools=extra,
+        memory=use_memory,
+        notes=use_notes,
+        memory_index_cap=(
+            config.memory_index_cap
+            if isinstance(memory_index_cap, _Unset)
+            else resolve_index_cap(memory_index_cap)
+        ),
+        heartbeat=config.heartbeat if isinstance(heartbeat, _Unset) else heartbeat,
+        dream=config.dream if isinstance(dream, _Unset) else dream,
+    )

@@ -1,0 +1,159 @@
+"""Every exception soulfleet raises, drawn here first so callers know what to catch.
+
+::
+
+    SoulfleetError
+    ├── SettingsError            a bad environment variable (names it)
+    ├── PersonaError             a persona directory that cannot be used
+    │   ├── PersonaNotFound      the directory does not exist
+    │   ├── PersonaFileError     a bootstrap file is unreadable, or is a directory (names the path)
+    │   ├── PersonaConfigError   persona.toml is invalid (names the key)
+    │   └── LockTimeout          a persona file stayed locked past the lock timeout
+    ├── ModelError               a model call failed; turned into an "error" RunResult by the loop
+    │   ├── ModelSpecError       a model spec string that names no model ("openai:", "foo:bar")
+    │   ├── ModelAuthError       401/403, or no API key configured
+    │   ├── ModelRateLimited     429 and every retry used
+    │   ├── ModelServerError     5xx and every retry used
+    │   ├── ModelRequestError    another 4xx: the request itself was refused
+    │   ├── ModelTimeout         no answer within the request timeout, every retry used
+    │   ├── ModelUnreachable     connection refused / DNS failure, every retry used
+    │   └── ModelResponseError   the provider answered something we cannot parse
+    └── TurnAborted              raised by a turn guard to stop a turn before its next write
+                                 (the fleet's LeaseLost is one); the loop never swallows it
+
+Tool misuse is never an exception: tools return an error ``ToolResult`` the model can act on.
+Messages never contain API keys or passwords.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LockTimeout",
+    "ModelAuthError",
+    "ModelError",
+    "ModelRateLimited",
+    "ModelRequestError",
+    "ModelResponseError",
+    "ModelServerError",
+    "ModelSpecError",
+    "ModelTimeout",
+    "ModelUnreachable",
+    "PersonaConfigError",
+    "PersonaError",
+    "PersonaFileError",
+    "PersonaNotFound",
+    "SettingsError",
+    "SoulfleetError",
+    "TurnAborted",
+]
+
+
+class SoulfleetError(Exception):
+    """Base of every soulfleet error."""
+
+
+class SettingsError(SoulfleetError):
+    """An environment variable holds a value soulfleet cannot use."""
+
+    def __init__(self, variable: str, problem: str) -> None:
+        super().__init__(f"{variable} {problem}")
+        self.variable = variable
+        self.problem = problem
+
+
+class PersonaError(SoulfleetError):
+    """A persona directory cannot be used as it is."""
+
+
+class PersonaNotFound(PersonaError):
+    """The persona directory does not exist (or is not a directory)."""
+
+    def __init__(self, path: object, detail: str = "") -> None:
+        message = f"persona directory not found: {path}"
+        super().__init__(f"{message} ({detail})" if detail else message)
+        self.path = path
+
+
+class PersonaFileError(PersonaError):
+    """A file inside the persona directory cannot be read as a file."""
+
+    def __init__(self, path: object, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+class PersonaConfigError(PersonaError):
+    """persona.toml is malformed, has an unknown key or a bad value."""
+
+    def __init__(self, path: object, key: str | None, problem: str) -> None:
+        where = f"{path}: " if path is not None else ""
+        what = f"key {key!r} " if key else ""
+        super().__init__(f"{where}{what}{problem}")
+        self.path = path
+        self.key = key
+        self.problem = problem
+
+
+class LockTimeout(PersonaError):
+    """A persona file's lock was not acquired within the timeout (names the file and timeout)."""
+
+    def __init__(
+        self, path: object, timeout: float, mode: str, holders: tuple[str, ...] = ()
+    ) -> None:
+        held = f"; held by {', '.join(holders)}" if holders else ""
+        super().__init__(f"{path}: lock not acquired within {timeout:g}s ({mode} lock mode{held})")
+        self.path = path
+        self.timeout = timeout
+        self.mode = mode
+        self.holders = holders
+
+
+class ModelError(SoulfleetError):
+    """A model call failed. ``retryable`` says whether a later turn may well succeed."""
+
+    retryable: bool = False
+
+
+class ModelSpecError(ModelError):
+    """A model spec string that names no usable model."""
+
+
+class ModelAuthError(ModelError):
+    """The provider refused our credentials, or none are configured."""
+
+
+class ModelRateLimited(ModelError):
+    """The provider kept answering 429 after every retry."""
+
+    retryable = True
+
+
+class ModelServerError(ModelError):
+    """The provider kept answering 5xx after every retry."""
+
+    retryable = True
+
+
+class ModelRequestError(ModelError):
+    """The provider refused the request itself (a 4xx other than 401/403/429)."""
+
+
+class ModelTimeout(ModelError):
+    """No answer within the request timeout on every try."""
+
+    retryable = True
+
+
+class ModelUnreachable(ModelError):
+    """The provider's host could not be reached on every try."""
+
+    retryable = True
+
+
+class ModelResponseError(ModelError):
+    """The provider's answer was not what its wire protocol promises."""
+
+
+class TurnAborted(SoulfleetError):
+    """A turn guard stopped the turn; the loop lets this propagate to the runtime."""

@@ -1,0 +1,23 @@
+"""The heartbeat contract: the wake prompt and the silent-no-op sentinel (CONTRACT §3).
+
+These two strings are a cross-port contract: every port wakes a persona with the same prompt and
+treats the same sentinel as "nothing to report". Silence is the default, so a reply counts as
+silent as soon as it CONTAINS the sentinel anywhere: a model that says "All quiet. HEARTBEAT_OK"
+has still chosen silence, and surfacing it would turn a heartbeat into a cron job with a bill.
+"""
+
+from __future__ import annotations
+
+__all__ = ["HEARTBEAT_OK", "HEARTBEAT_PROMPT", "is_silent"]
+
+HEARTBEAT_OK = "HEARTBEAT_OK"
+
+HEARTBEAT_PROMPT = (
+    "Heartbeat. Read your HEARTBEAT.md section and follow it. "
+    "If nothing needs attention, reply HEARTBEAT_OK."
+)
+
+
+def is_silent(reply: str) -> bool:
+    """True when ``reply`` contains :data:`HEARTBEAT_OK` (case-sensitive, anywhere)."""
+    return HEARTBEAT_OK in reply

@@ -1,0 +1,190 @@
+"""The persona home: which files make a soul, in what order, and how big they may get.
+
+``compose_soul`` is a cross-port contract (CONTRACT §1): the same directory must give the same
+bytes in every language, so this module does exactly what the contract says and nothing clever:
+bootstrap files in a fixed order, each as ``## NAME`` + blank line + its stripped body, joined by
+blank lines. Two caps keep a runaway file from eating the context window:
+
+* the per-file cap, in BYTES (2 MiB): a longer file is cut at a code-point boundary and a notice
+  is appended, before the strip; the file on disk is never touched;
+* the opt-in memory index cap, on MEMORY.md only, after the byte cap and before the strip: keep
+  the longest run of whole leading lines within both bounds (a lone over-long first line is cut
+  at a code-point boundary) and append a notice stating the CAP values. Off means byte-identical.
+
+Reads are bounded (never more than ``MAX_FILE_BYTES + 1`` bytes per file); invalid UTF-8 is
+decoded with replacement characters and logged (``soul.invalid_utf8``) rather than failing a turn.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from workers.persona.errors import PersonaNotFound
+from workers.persona.files import read_prefix
+
+__all__ = [
+    "BOOTSTRAP_ORDER",
+    "DEFAULT_INDEX_CAP",
+    "MAX_FILE_BYTES",
+    "TRUNCATION_NOTICE",
+    "CapSpec",
+    "apply_index_cap",
+    "compose_soul",
+    "index_cap_notice",
+    "persona_home",
+    "resolve_index_cap",
+]
+
+#: Identity first, durable memory last. Part of the cross-port contract.
+BOOTSTRAP_ORDER: tuple[str, ...] = (
+    "AGENTS.md",
+    "SOUL.md",
+    "IDENTITY.md",
+    "USER.md",
+    "TOOLS.md",
+    "HEARTBEAT.md",
+    "MEMORY.md",
+)
+#: Per-file bootstrap cap, in bytes.
+MAX_FILE_BYTES = 2 * 1024 * 1024
+TRUNCATION_NOTICE = "\n[truncated: exceeds 2 MB bootstrap cap]"
+#: What ``memory_index_cap=True`` means: (max_lines, max_bytes).
+DEFAULT_INDEX_CAP: tuple[int, int] = (200, 25_600)
+#: What callers pass as ``memory_index_cap``: off (None/False), the default (True), or explicit.
+CapSpec = None | bool | tuple[int, int]
+
+_MEMORY = "MEMORY.md"
+
+
+def _log() -> Any:
+    # Looked up per call (a rare path), so a logger cached by configuration never goes stale.
+    return structlog.get_logger("soulfleet.soul")
+
+
+def persona_home(path: str | os.PathLike[str]) -> Path:
+    """The resolved persona directory; :class:`PersonaNotFound` if missing or not a directory."""
+    home = Path(path).expanduser()
+    try:
+        resolved = home.resolve(strict=True)
+    except (FileNotFoundError, NotADirectoryError):
+        raise PersonaNotFound(home) from None
+    except (OSError, RuntimeError) as error:  # RuntimeError: a symlink loop
+        raise PersonaNotFound(home, str(error)) from None
+    if not resolved.is_dir():
+        raise PersonaNotFound(home, "not a directory")
+    return resolved
+
+
+def resolve_index_cap(cap: object) -> tuple[int, int] | None:
+    """``(max_lines, max_bytes)`` for a cap spec, or None when the cap is off.
+
+    Raises ``TypeError``/``ValueError`` for anything else: a bad cap is a caller bug, not data.
+    """
+    if cap is None or cap is False:
+        return None
+    if cap is True:
+        return DEFAULT_INDEX_CAP
+    if not isinstance(cap, tuple) or len(cap) != 2:
+        raise TypeError(
+            f"memory_index_cap must be None, a bool or (max_lines, max_bytes), got {cap!r}"
+        )
+    max_lines, max_bytes = cap
+    for name, value in (("max_lines", max_lines), ("max_bytes", max_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"memory_index_cap {name} must be an int, got {value!r}")
+        if value < 1:
+            raise ValueError(f"memory_index_cap {name} must be >= 1, got {value}")
+    return (max_lines, max_bytes)
+
+
+def index_cap_notice(max_lines: int, max_bytes: int, *, notes: bool = False) -> str:
+    """The notice appended to a capped MEMORY.md; it states the cap values, not the kept counts."""
+    head = (
+        f"\n[memory index truncated: MEMORY.md is capped at {max_lines} lines / {max_bytes} bytes"
+    )
+    if notes:
+        return (
+            f"{head}; keep MEMORY.md a short index and move details into note:<slug> files "
+            "(memory tool: list, read)]"
+        )
+    return f"{head}; keep it short: replace or remove entries that no longer matter]"
+
+
+def apply_index_cap(content: str, max_lines: int, max_bytes: int, *, notes: bool = False) -> str:
+    """The memory index cap over MEMORY.md's (already byte-capped) content.
+
+    A line ends at ``"\\n"`` or at the end of the content, and owns its ``"\\n"``: the byte
+    bound counts newlines. Within both bounds the content comes back unchanged. Otherwise the
+    longest run of whole leading lines within both bounds is kept (without its last newline, so
+    the notice starts on the next line); if not even the first line fits, that line is cut at a
+    code-point boundary; then the notice.
+    """
+    lines = content.split("\n")
+    if content.endswith("\n"):
+        lines.pop()
+    if len(lines) <= max_lines and len(content.encode("utf-8")) <= max_bytes:
+        return content
+    kept: list[str] = []
+    used = 0
+    for line in lines[:max_lines]:
+        # Every line but an unterminated last one carries its newline; that last one is never
+        # reached here, since it fitting would mean the whole content fits.
+        size = len(line.encode("utf-8")) + 1
+        if used + size > max_bytes:
+            break
+        kept.append(line)
+        used += size
+    if kept:
+        body = "\n".join(kept)
+    else:
+        # A valid line cut anywhere is valid UTF-8 but for a partial last character: drop it.
+        body = lines[0].encode("utf-8")[:max_bytes].decode("utf-8", "ignore")
+    return body + index_cap_notice(max_lines, max_bytes, notes=notes)
+
+
+def _section_body(name: str, path: Path, raw: bytes) -> str:
+    """The text of one bootstrap file from its first ``MAX_FILE_BYTES + 1`` bytes."""
+    truncated = len(raw) > MAX_FILE_BYTES
+    if truncated:
+        _log().info("soul.truncated", file=name, path=str(path), cap_bytes=MAX_FILE_BYTES)
+        raw = raw[:MAX_FILE_BYTES]
+    # final=False drops a partial trailing character: right for a cut, and for a whole file a
+    # dangling lead byte is invalid data that "replace" below turns into U+FFFD anyway.
+    try:
+        text = codecs.getincrementaldecoder("utf-8")("strict").decode(raw, final=not truncated)
+    except UnicodeDecodeError as error:
+        _log().warning("soul.invalid_utf8", file=name, path=str(path), offset=error.start)
+        text = codecs.getincrementaldecoder("utf-8")("replace").decode(raw, final=not truncated)
+    return text + TRUNCATION_NOTICE if truncated else text
+
+
+def compose_soul(
+    path: str | os.PathLike[str],
+    memory_index_cap: CapSpec = None,
+    notes: bool = False,
+) -> tuple[str, list[str]]:
+    """Compose the bootstrap files present in ``path`` into ``(soul, found)`` (CONTRACT §1).
+
+    Raises :class:`PersonaNotFound` for a missing directory and :class:`PersonaFileError` (naming
+    the path) for a bootstrap name that is a directory, a dangling link or unreadable.
+    """
+    home = persona_home(path)
+    cap = resolve_index_cap(memory_index_cap)
+    sections: list[str] = []
+    found: list[str] = []
+    for name in BOOTSTRAP_ORDER:
+        file = home / name
+        raw = read_prefix(file, MAX_FILE_BYTES)
+        if raw is None:
+            continue
+        body = _section_body(name, file, raw)
+        if cap is not None and name == _MEMORY:
+            body = apply_index_cap(body, cap[0], cap[1], notes=notes)
+        sections.append(f"## {name}\n\n{body.strip()}")
+        found.append(name)
+    return "\n\n".join(sections), found

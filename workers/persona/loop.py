@@ -1,0 +1,218 @@
+"""The tool loop: one turn of model <-> tools, bounded by a :class:`Budget`.
+
+It takes plain arguments (a system prompt, a prompt, tools, a model) and knows nothing of
+persona directories, Redis or Celery, so the one-shot ``run``, the in-process heartbeat driver
+and the fleet's turn executor all run exactly the same loop.
+
+Why it never raises for the model's or a tool's mistakes: a turn should end with a result the
+host can record (``done`` / ``incomplete`` / ``error``) and a well-formed transcript, not a
+stack trace. Tool trouble (an unknown tool, arguments that are not JSON, a tool that raises)
+becomes an error tool result the model sees and can recover from. A failed model call ends the
+turn with status ``error``; a budget limit with ``incomplete`` naming the limit. The only
+exception that escapes is :class:`~workers.persona.errors.TurnAborted`, raised by ``guard`` when
+the host has lost the right to go on writing (the fleet's lost lease): that must stop the turn
+before its next write, not be recorded as a result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import structlog
+
+from workers.persona.clock import Clock, SystemClock
+from workers.persona.errors import ModelError, TurnAborted
+from workers.persona.messages import Message, ToolCall, Usage
+from workers.persona.models import Model
+from workers.persona.tools import Tool, ToolResult, spec_of
+
+__all__ = ["Budget", "Limit", "RunResult", "Status", "run_loop"]
+
+Status = Literal["done", "incomplete", "error"]
+Limit = Literal["max_model_calls", "max_tool_calls", "max_tokens", "max_seconds"]
+
+_log = structlog.get_logger("soulfleet.loop")
+_MAX_SHOWN_ARGS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Per-turn limits. Model calls, tokens and wall time are checked before each model call;
+    tool calls before each tool call."""
+
+    max_model_calls: int = 24
+    max_tool_calls: int = 64
+    max_tokens: int = 400_000
+    max_seconds: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_model_calls", "max_tool_calls", "max_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"Budget.{name} must be >= 0")
+        if not self.max_seconds >= 0:
+            raise ValueError("Budget.max_seconds must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """How a turn ended.
+
+    ``text`` is the final assistant text (for ``incomplete``, the latest text so far).
+    ``messages`` is the whole turn: the user message, every assistant message and every tool
+    message, in order. ``limit`` names the budget limit of an ``incomplete`` turn; ``error``
+    says what failed in an ``error`` turn.
+    """
+
+    text: str
+    status: Status
+    usage: Usage
+    messages: tuple[Message, ...]
+    limit: Limit | None = None
+    error: str | None = None
+    model_calls: int = 0
+    tool_calls: int = 0
+
+
+class _Turn:
+    """The mutable state of one loop; kept out of run_loop so each step reads as one idea."""
+
+    def __init__(
+        self,
+        *,
+        tools: Sequence[Tool],
+        budget: Budget,
+        clock: Clock,
+        on_message: Callable[[Message], None] | None,
+        guard: Callable[[], None] | None,
+    ) -> None:
+        self.tools: dict[str, Tool] = {}
+        for tool in tools:
+            self.tools.setdefault(tool.name, tool)
+        self.budget = budget
+        self.clock = clock
+        self.on_message = on_message
+        self.guard = guard
+        self.messages: list[Message] = []
+        self.usage = Usage()
+        self.model_calls = 0
+        self.tool_calls = 0
+        self.text = ""
+        self.started = clock.monotonic()
+
+    def check(self) -> None:
+        if self.guard is not None:
+            self.guard()
+
+    def emit(self, message: Message) -> None:
+        self.check()
+        self.messages.append(message)
+        if self.on_message is not None:
+            self.on_message(message)
+
+    def model_limit(self) -> Limit | None:
+        if self.model_calls >= self.budget.max_model_calls:
+            return "max_model_calls"
+        if self.usage.total_tokens >= self.budget.max_tokens:
+            return "max_tokens"
+        if self.clock.monotonic() - self.started >= self.budget.max_seconds:
+            return "max_seconds"
+        return None
+
+    def result(
+        self, status: Status, *, limit: Limit | None = None, error: str | None = None
+    ) -> RunResult:
+        return RunResult(
+            text=self.text,
+            status=status,
+            usage=self.usage,
+            messages=tuple(self.messages),
+            limit=limit,
+            error=error,
+            model_calls=self.model_calls,
+            tool_calls=self.tool_calls,
+        )
+
+    def execute(self, call: ToolCall) -> ToolResult:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            names = ", ".join(self.tools) or "none"
+            return ToolResult(f"error: unknown tool {call.name!r}; available tools: {names}", True)
+        if call.raw_arguments is not None:
+            shown = call.raw_arguments[:_MAX_SHOWN_ARGS]
+            return ToolResult(
+                f"error: the arguments for tool {call.name!r} are not a JSON object "
+                f"({shown!r}); call it again with a JSON object matching its input schema",
+                True,
+            )
+        try:
+            return tool.execute(call.arguments)
+        except TurnAborted:
+            raise
+        except Exception as exc:
+            _log.warning("tool.raised", tool=call.name, error=type(exc).__name__)
+            return ToolResult(
+                f"error: tool {call.name!r} failed: {type(exc).__name__}: {exc}", True
+            )
+
+    def tool_message(self, call: ToolCall, result: ToolResult) -> Message:
+        return Message(
+            role="tool",
+            content=result.output,
+            tool_call_id=call.id,
+            name=call.name,
+            is_error=result.is_error,
+        )
+
+
+def run_loop(
+    *,
+    system: str,
+    prompt: str,
+    tools: Sequence[Tool],
+    model: Model,
+    budget: Budget,
+    clock: Clock | None = None,
+    on_message: Callable[[Message], None] | None = None,
+    guard: Callable[[], None] | None = None,
+) -> RunResult:
+    """Run one turn: ``prompt`` in, model and tools in turn until the model answers plainly.
+
+    ``tools`` are offered in the given order. ``on_message`` sees every message as it is made
+    (the transcript writer); ``guard`` runs before every tool call and every ``on_message`` and
+    may raise TurnAborted, which propagates.
+    """
+    turn = _Turn(
+        tools=tools, budget=budget, clock=clock or SystemClock(), on_message=on_message, guard=guard
+    )
+    specs = [spec_of(tool) for tool in turn.tools.values()]
+    turn.emit(Message(role="user", content=prompt))
+    while True:
+        limit = turn.model_limit()
+        if limit is not None:
+            _log.info("turn.incomplete", limit=limit, model_calls=turn.model_calls)
+            return turn.result("incomplete", limit=limit)
+        try:
+            completion = model.complete(system=system, messages=tuple(turn.messages), tools=specs)
+        except ModelError as exc:
+            _log.warning("turn.model_error", model=model.spec, error=type(exc).__name__)
+            return turn.result("error", error=f"model call failed ({type(exc).__name__}): {exc}")
+        turn.model_calls += 1
+        turn.usage = turn.usage + completion.usage
+        turn.text = completion.text
+        turn.emit(completion.as_message())
+        if not completion.tool_calls:
+            return turn.result("done")
+        for n, call in enumerate(completion.tool_calls):
+            turn.check()
+            if turn.tool_calls >= budget.max_tool_calls:
+                refused = ToolResult(
+                    f"not run: budget (max_tool_calls={budget.max_tool_calls}) reached", True
+                )
+                for skipped in completion.tool_calls[n:]:
+                    turn.emit(turn.tool_message(skipped, refused))
+                _log.info("turn.incomplete", limit="max_tool_calls", tool_calls=turn.tool_calls)
+                return turn.result("incomplete", limit="max_tool_calls")
+            turn.tool_calls += 1
+            turn.emit(turn.tool_message(call, turn.execute(call)))

@@ -1,0 +1,361 @@
+"""persona.toml: the optional file that carries a persona's defaults and schedules.
+
+The directory is the agent, so its settings live next to its soul, in a file a person edits
+with any editor. That makes the parser a user interface: every unknown key and every bad value
+is a :class:`PersonaConfigError` naming the dotted key (``heartbeat.active_hours.start``) and
+the file, because a silently ignored typo (``evrey = "30m"``) is a persona that never beats.
+An absent file means all defaults.
+
+The schema (README "persona.toml" documents it for people)::
+
+    does = "routing description"
+    model = "inherit"            # or openai:<m> | anthropic:<m> | scripted:<path>
+    memory = true
+    notes = false
+    memory_index_cap = false     # true, or { max_lines = 200, max_bytes = 25600 }
+    [heartbeat]
+    every = "30m"
+    active_hours = { start = "08:00", end = "22:00", timezone = "Europe/Berlin" }
+    [dream]
+    every = "24h"                # or cron = "0 3 * * *"
+    timezone = "UTC"
+    window = "1h"
+    instructions = "..."
+
+Cron strings are only shape-checked here (five whitespace-separated fields): their semantics
+belong to ``beat/cron.py``, and the core must never import ``beat``.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, time
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from workers.persona.errors import PersonaConfigError, PersonaFileError, PersonaNotFound
+from workers.persona.home import DEFAULT_INDEX_CAP
+
+__all__ = [
+    "MANIFEST_NAME",
+    "ActiveHours",
+    "DreamSchedule",
+    "HeartbeatSchedule",
+    "PersonaConfig",
+    "load_manifest",
+    "parse_duration",
+    "parse_manifest",
+    "valid_timezone",
+]
+
+MANIFEST_NAME = "persona.toml"
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(\d+)([smhd])")
+_HHMM = re.compile(r"([01]\d|2[0-3]):([0-5]\d)")
+# A spec is "inherit" or "<provider>:<rest>"; which providers exist is models/spec.py's call.
+_MODEL_SPEC = re.compile(r"[a-z][a-z0-9_-]*:\S.*", re.DOTALL)
+
+
+def _error(key: str | None, problem: str, source: object = None) -> PersonaConfigError:
+    return PersonaConfigError(source, key, problem)
+
+
+def parse_duration(text: object, *, key: str, source: object = None) -> float:
+    """``"<n>s|m|h|d"`` (n a positive whole number) -> seconds; else PersonaConfigError(key)."""
+    if not isinstance(text, str):
+        raise _error(key, f'must be a duration string like "30m", got {text!r}', source)
+    match = _DURATION.fullmatch(text)
+    if match is None or int(match.group(1)) == 0:
+        raise _error(
+            key,
+            f'must be "<n>s", "<n>m", "<n>h" or "<n>d" with n a positive whole number, '
+            f"got {text!r}",
+            source,
+        )
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def valid_timezone(name: object) -> bool:
+    """True when ``name`` is an IANA zone key zoneinfo can load ("UTC", "Europe/Berlin")."""
+    if not isinstance(name, str) or not name:
+        return False
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class ActiveHours:
+    """A daily local-time window ``[start, end)`` in ``timezone`` when heartbeats may run.
+
+    - ``start < end``: the same day, e.g. 08:00-22:00.
+    - ``start > end``: the window crosses midnight, e.g. 22:00-06:00 is 22:00..23:59 and
+      00:00..05:59.
+    - ``start == end``: all day. An empty window would silence a persona forever, which nobody
+      means; to switch heartbeats off, remove the ``[heartbeat]`` section instead.
+
+    ``end = "24:00"`` is accepted in persona.toml and means midnight (stored as 00:00).
+    """
+
+    start: time
+    end: time
+    timezone: str = "UTC"
+
+    def contains(self, when: float) -> bool:
+        """Whether the instant ``when`` (epoch seconds) falls inside the window, locally."""
+        local = datetime.fromtimestamp(when, ZoneInfo(self.timezone)).time()
+        if self.start == self.end:
+            return True
+        if self.start < self.end:
+            return self.start <= local < self.end
+        return local >= self.start or local < self.end
+
+
+@dataclass(frozen=True)
+class HeartbeatSchedule:
+    """``[heartbeat]``: beat every ``every`` seconds, only inside ``active_hours`` if set."""
+
+    every: float
+    active_hours: ActiveHours | None = None
+
+
+@dataclass(frozen=True)
+class DreamSchedule:
+    """``[dream]``: exactly one of ``every`` (seconds) or ``cron`` (5 fields, in ``timezone``).
+
+    ``window`` (seconds) spreads this persona's pass over a window after each due time (None:
+    the fleet's ``SOULFLEET_DREAM_WINDOW``); ``instructions`` are appended to the dream soul.
+    ``timezone`` only matters for ``cron``.
+    """
+
+    every: float | None = None
+    cron: str | None = None
+    timezone: str = "UTC"
+    window: float | None = None
+    instructions: str | None = None
+
+
+@dataclass(frozen=True)
+class PersonaConfig:
+    """Everything persona.toml can say; the defaults are what an absent file means."""
+
+    does: str = ""
+    model: str = "inherit"
+    memory: bool = True
+    notes: bool = False
+    memory_index_cap: tuple[int, int] | None = None
+    heartbeat: HeartbeatSchedule | None = None
+    dream: DreamSchedule | None = None
+
+
+class _Table:
+    """One TOML table being read: tracks its dotted prefix and refuses keys nobody read."""
+
+    def __init__(self, data: Mapping[str, Any], prefix: str, source: object) -> None:
+        self.data = data
+        self.prefix = prefix
+        self.source = source
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}.{name}" if self.prefix else name
+
+    def fail(self, name: str, problem: str) -> PersonaConfigError:
+        return _error(self.key(name), problem, self.source)
+
+    def check_keys(self, allowed: tuple[str, ...]) -> None:
+        for name in self.data:
+            if name not in allowed:
+                raise self.fail(name, f"is not a known key (known here: {', '.join(allowed)})")
+
+    def string(self, name: str, default: str | None = None) -> str | None:
+        value = self.data.get(name, default)
+        if value is not None and not isinstance(value, str):
+            raise self.fail(name, f"must be a string, got {value!r}")
+        return value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self.data.get(name, default)
+        if not isinstance(value, bool):
+            raise self.fail(name, f"must be true or false, got {value!r}")
+        return value
+
+    def positive_int(self, name: str, default: int) -> int:
+        value = self.data.get(name, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.fail(name, f"must be a positive integer, got {value!r}")
+        return value
+
+    def table(self, name: str) -> _Table | None:
+        value = self.data.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise self.fail(name, f"must be a table, got {value!r}")
+        return _Table(value, self.key(name), self.source)
+
+    def duration(self, name: str) -> float | None:
+        if name not in self.data:
+            return None
+        return parse_duration(self.data[name], key=self.key(name), source=self.source)
+
+    def timezone(self, name: str) -> str:
+        value = self.string(name, "UTC")
+        if not valid_timezone(value):
+            raise self.fail(
+                name, f'must be an IANA time zone such as "Europe/Berlin", got {value!r}'
+            )
+        assert value is not None
+        return value
+
+
+def _clock_time(table: _Table, name: str, *, allow_24: bool) -> time:
+    value = table.data.get(name)
+    if value is None:
+        raise table.fail(name, 'is required ("HH:MM")')
+    if isinstance(value, str):
+        if allow_24 and value == "24:00":
+            return time(0, 0)
+        match = _HHMM.fullmatch(value)
+        if match is not None:
+            return time(int(match.group(1)), int(match.group(2)))
+    raise table.fail(name, f'must be a 24-hour "HH:MM" string such as "08:00", got {value!r}')
+
+
+def _active_hours(table: _Table) -> ActiveHours:
+    table.check_keys(("start", "end", "timezone"))
+    return ActiveHours(
+        start=_clock_time(table, "start", allow_24=False),
+        end=_clock_time(table, "end", allow_24=True),
+        timezone=table.timezone("timezone"),
+    )
+
+
+def _heartbeat(table: _Table) -> HeartbeatSchedule:
+    table.check_keys(("every", "active_hours"))
+    every = table.duration("every")
+    if every is None:
+        raise table.fail("every", 'is required in [heartbeat] (e.g. every = "30m")')
+    hours = table.table("active_hours")
+    active_hours = None if hours is None else _active_hours(hours)
+    return HeartbeatSchedule(every=every, active_hours=active_hours)
+
+
+def _cron(table: _Table) -> str | None:
+    value = table.data.get("cron")
+    if value is None:
+        return None
+    fields = value.split() if isinstance(value, str) else []
+    if len(fields) != 5:
+        raise table.fail(
+            "cron",
+            f'must be a cron expression of 5 whitespace-separated fields such as "0 3 * * *", '
+            f"got {value!r}",
+        )
+    return " ".join(fields)
+
+
+def _dream(table: _Table) -> DreamSchedule:
+    table.check_keys(("every", "cron", "timezone", "window", "instructions"))
+    every = table.duration("every")
+    cron = _cron(table)
+    if every is not None and cron is not None:
+        raise table.fail("cron", "cannot be combined with dream.every: choose one schedule")
+    if every is None and cron is None:
+        raise table.fail("every", 'is missing: [dream] needs every = "24h" or cron = "0 3 * * *"')
+    return DreamSchedule(
+        every=every,
+        cron=cron,
+        timezone=table.timezone("timezone"),
+        window=table.duration("window"),
+        instructions=table.string("instructions"),
+    )
+
+
+def _index_cap(root: _Table) -> tuple[int, int] | None:
+    value = root.data.get("memory_index_cap", False)
+    if isinstance(value, bool):
+        return DEFAULT_INDEX_CAP if value else None
+    if not isinstance(value, dict):
+        raise root.fail(
+            "memory_index_cap",
+            f"must be true, false or a table {{ max_lines = N, max_bytes = N }}, got {value!r}",
+        )
+    table = _Table(value, "memory_index_cap", root.source)
+    table.check_keys(("max_lines", "max_bytes"))
+    return (
+        table.positive_int("max_lines", DEFAULT_INDEX_CAP[0]),
+        table.positive_int("max_bytes", DEFAULT_INDEX_CAP[1]),
+    )
+
+
+def _model(root: _Table, home: Path | None) -> str:
+    value = root.string("model", "inherit")
+    assert value is not None
+    if value != "inherit" and _MODEL_SPEC.fullmatch(value) is None:
+        raise root.fail(
+            "model",
+            f'must be "inherit" or a spec such as "openai:<model>", "anthropic:<model>" or '
+            f'"scripted:<path>", got {value!r}',
+        )
+    # A scripted path in persona.toml is relative to the persona directory, not to whatever
+    # directory the worker happens to run in.
+    if home is not None and value.startswith("scripted:"):
+        path = Path(value.removeprefix("scripted:"))
+        if not path.is_absolute():
+            value = f"scripted:{home / path}"
+    return value
+
+
+def parse_manifest(text: str, *, home: Path | None = None, source: object = None) -> PersonaConfig:
+    """Parse persona.toml text. ``home`` anchors relative ``scripted:`` paths; ``source`` names
+    the file in errors."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _error(None, f"is not valid TOML: {exc}", source) from exc
+    root = _Table(data, "", source)
+    root.check_keys(("does", "model", "memory", "notes", "memory_index_cap", "heartbeat", "dream"))
+    heartbeat = root.table("heartbeat")
+    dream = root.table("dream")
+    return PersonaConfig(
+        does=root.string("does", "") or "",
+        model=_model(root, home),
+        memory=root.boolean("memory", True),
+        notes=root.boolean("notes", False),
+        memory_index_cap=_index_cap(root),
+        heartbeat=None if heartbeat is None else _heartbeat(heartbeat),
+        dream=None if dream is None else _dream(dream),
+    )
+
+
+def load_manifest(home: str | Path) -> PersonaConfig:
+    """Read ``<home>/persona.toml``; an absent file means :class:`PersonaConfig` defaults.
+
+    Raises PersonaNotFound when ``home`` is not a directory, PersonaFileError when the manifest
+    cannot be read as a file, and PersonaConfigError (naming the key and the file) when it is
+    invalid.
+    """
+    home = Path(home)
+    if not home.is_dir():
+        raise PersonaNotFound(home)
+    path = home / MANIFEST_NAME
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return PersonaConfig()
+    except IsADirectoryError as exc:
+        raise PersonaFileError(path, "is a directory, expected a TOML file") from exc
+    except OSError as exc:
+        raise PersonaFileError(path, f"cannot be read: {exc.strerror or exc}") from exc
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _error(None, f"is not valid UTF-8 (byte {exc.start})", path) from exc
+    return parse_manifest(text, home=home, source=path)

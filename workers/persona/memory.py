@@ -1,0 +1,247 @@
+"""The ``memory`` tool: a persona edits its own durable memory files (CONTRACT §2).
+
+Why it looks like this:
+
+* **Disk, not the live prompt.** Every action writes the file; the soul of the running turn is a
+  frozen snapshot, so the description tells the model its writes load next session.
+* **Misuse is a result, never an exception.** The model reads every error message and must be able
+  to act on it, so each names what was wrong and what to send instead; nothing is written.
+* **Bytes in, bytes out.** Edits work on the file's bytes, so bytes the tool did not touch
+  (including invalid UTF-8 a person left there) survive exactly. ``replace``/``remove`` act on the
+  FIRST occurrence; an ``add`` is exactly one ``- text`` line, so newlines in its text are
+  collapsed to single spaces (and the result says so). A ``remove`` that leaves its line empty or
+  a bare ``-`` drops that line too, so removed entries leave no husks behind.
+* **Bounded.** One entry (``text`` of an add, ``with`` of a replace) is at most
+  :data:`MAX_ENTRY_BYTES`; no edit may grow a file past :data:`MAX_FILE_BYTES`, the bootstrap cap,
+  so what the tool writes is always what the next soul shows. A file a person grew past that cap
+  is left alone (the tool reads at most the cap, so it cannot rewrite the rest safely).
+* **Safe writes.** Each write holds the path's lock (:mod:`workers.persona.locks`) across the
+  read-modify-write and replaces the file atomically (:mod:`workers.persona.files`); paths are
+  confined to the persona directory, so a MEMORY.md or ``memory/`` that links outside is refused.
+  Reads (``read``, ``list``) take no lock: atomic replacement means they never see a torn file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from workers.persona.errors import LockTimeout, PersonaError
+from workers.persona.files import atomic_write_bytes, confined, read_prefix
+from workers.persona.home import MAX_FILE_BYTES, persona_home
+from workers.persona.locks import DEFAULT_LOCK_TIMEOUT, LockMode, lock_file_for, path_lock
+from workers.persona.memory_spec import (
+    NOTES_DIR,
+    MemoryRequest,
+    describe,
+    parse_request,
+    schema,
+    target_label,
+    valid_note_slug,
+)
+from workers.persona.tools import ToolResult
+
+__all__ = ["MAX_ENTRY_BYTES", "MemoryTool", "memory_tool", "valid_note_slug"]
+
+#: The most bytes one entry (an add's ``text``, a replace's ``with``) may hold.
+MAX_ENTRY_BYTES = 16 * 1024
+_NEXT = "It loads into your system prompt at the start of your next session."
+_NOTE_SAVED = "Notes are never loaded automatically: read it when you need it."
+_log = structlog.get_logger("soulfleet.memory")
+
+
+class MemoryTool:
+    """The ``memory`` tool over one persona directory. Build it with :func:`memory_tool`."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        notes: bool = False,
+        lock_mode: LockMode = "local",
+        lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    ) -> None:
+        if lock_mode not in ("local", "shared"):
+            raise ValueError(f"lock_mode must be 'local' or 'shared', got {lock_mode!r}")
+        # Absolute now, so a later chdir cannot move the persona; resolved per call, so a
+        # directory that appears (or vanishes) later is seen as it is then.
+        self.path = Path(os.path.abspath(Path(path).expanduser()))
+        self.notes = notes
+        self.lock_mode: LockMode = lock_mode
+        self.lock_timeout = lock_timeout
+
+    @property
+    def name(self) -> str:
+        return "memory"
+
+    @property
+    def description(self) -> str:
+        return describe(notes=self.notes)
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        return schema(notes=self.notes)
+
+    def __repr__(self) -> str:
+        return f"MemoryTool({str(self.path)!r}, notes={self.notes}, lock_mode={self.lock_mode!r})"
+
+    def execute(self, arguments: Mapping[str, Any]) -> ToolResult:
+        """Run one action; every failure comes back as an error result, nothing raises."""
+        request = parse_request(arguments, notes=self.notes, max_entry_bytes=MAX_ENTRY_BYTES)
+        if isinstance(request, str):
+            return ToolResult(request, is_error=True)
+        try:
+            root = persona_home(self.path)
+            if request.action == "list":
+                return self._list(root)
+            return (self._read if request.action == "read" else self._write)(root, request)
+        except LockTimeout as error:
+            return ToolResult(_timeout_message(request, error), is_error=True)
+        except PersonaError as error:
+            return ToolResult(f"{error}. Nothing was changed.", is_error=True)
+        except OSError as error:
+            return ToolResult(_os_message(request, error), is_error=True)
+
+    def _list(self, root: Path) -> ToolResult:
+        directory = confined(root, NOTES_DIR)
+        notes: list[tuple[str, int]] = []
+        if directory.is_dir():
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    # A note is a regular *.md file with a valid slug: lock files live in
+                    # .locks/, temp files end in .tmp, and symlinks are not notes.
+                    slug = entry.name[:-3] if entry.name.endswith(".md") else ""
+                    if valid_note_slug(slug) and entry.is_file(follow_symlinks=False):
+                        notes.append((slug, entry.stat(follow_symlinks=False).st_size))
+        if not notes:
+            return ToolResult("No notes yet. add with target \"note:<slug>\" creates one.")
+        lines = [f"- note:{slug} ({size} bytes)" for slug, size in sorted(notes)]
+        return ToolResult(f"{len(notes)} note(s):\n" + "\n".join(lines))
+
+    def _read(self, root: Path, request: MemoryRequest) -> ToolResult:
+        data = read_prefix(confined(root, request.relative), MAX_FILE_BYTES)
+        label = target_label(request.target)
+        if data is None:
+            if request.target.startswith("note:"):
+                return ToolResult(
+                    f"{label} does not exist yet. Use list to see your notes; add creates one.",
+                    is_error=True,
+                )
+            return ToolResult(f"{label} is empty.")
+        text = data[:MAX_FILE_BYTES].decode("utf-8", "replace")
+        if len(data) > MAX_FILE_BYTES:
+            text += f"\n[read stops at {MAX_FILE_BYTES} bytes: the file is longer]"
+        return ToolResult(text if text.strip() else f"{label} is empty.")
+
+    def _write(self, root: Path, request: MemoryRequest) -> ToolResult:
+        if request.target.startswith("note:") and request.action == "add":
+            confined(root, NOTES_DIR).mkdir(exist_ok=True)
+        data_path = confined(root, request.relative)
+        if request.action != "add" and not data_path.exists():
+            # Nothing to find in a file that is not there: answer without creating a lock file.
+            return ToolResult(_not_found(request), is_error=True)
+        lock_file = lock_file_for(root, data_path, self.lock_mode)
+        with path_lock(lock_file, mode=self.lock_mode, timeout=self.lock_timeout):
+            current = read_prefix(data_path, MAX_FILE_BYTES)
+            outcome = _edit(request, current)
+            if isinstance(outcome, str):
+                return ToolResult(outcome, is_error=True)
+            new, message = outcome
+            atomic_write_bytes(data_path, new)
+        _log.info(
+            "memory.write",
+            action=request.action,
+            target=request.target,
+            path=str(data_path.relative_to(root)),
+            bytes=len(new),
+        )
+        return ToolResult(message)
+
+
+def _edit(request: MemoryRequest, current: bytes | None) -> tuple[bytes, str] | str:
+    """The new file bytes and the success message, or an error message (nothing to write)."""
+    label = target_label(request.target)
+    after = _NOTE_SAVED if request.target.startswith("note:") else _NEXT
+    data = current or b""
+    if len(data) > MAX_FILE_BYTES:
+        return (
+            f"{label} is larger than {MAX_FILE_BYTES} bytes, the most the memory tool edits "
+            "(and the most a session loads). It cannot be changed with this tool until a person "
+            "trims it. Nothing was changed."
+        )
+    needle = request.text.encode("utf-8")
+    if request.action == "add":
+        separator = b"\n" if data and not data.endswith(b"\n") else b""
+        new = data + separator + b"- " + needle + b"\n"
+        note = " (newlines in text were collapsed to spaces)" if request.collapsed else ""
+        message = f"Added an entry to {label}{note}. {after}"
+    else:
+        at = data.find(needle)
+        if at < 0:
+            return _not_found(request)
+        if request.action == "replace":
+            new = data[:at] + request.with_.encode("utf-8") + data[at + len(needle) :]
+            message = f"Replaced the first occurrence in {label}. {after}"
+        else:
+            new = _drop_husk(data[:at] + data[at + len(needle) :], at)
+            message = f"Removed the first occurrence from {label}. {after}"
+    if len(new) > MAX_FILE_BYTES:
+        return (
+            f"this {request.action} would make {label} {len(new)} bytes, over the "
+            f"{MAX_FILE_BYTES}-byte limit. Nothing was changed. Remove or shorten entries first."
+        )
+    return new, message
+
+
+def _not_found(request: MemoryRequest) -> str:
+    return (
+        f"text not found in {target_label(request.target)}: {request.text!r}. Nothing was "
+        "changed. Copy the text exactly as it appears in the file (same spelling, spacing, "
+        "case)."
+    )
+
+
+def _drop_husk(data: bytes, at: int) -> bytes:
+    """Drop the line containing offset ``at`` if a removal left it empty or a bare bullet."""
+    start = data.rfind(b"\n", 0, at) + 1
+    end = data.find(b"\n", at)
+    line = data[start : len(data) if end < 0 else end]
+    if line.strip() not in (b"", b"-"):
+        return data
+    return data[:start] + (b"" if end < 0 else data[end + 1 :])
+
+
+def _timeout_message(request: MemoryRequest, error: LockTimeout) -> str:
+    holders = f" It is held by: {', '.join(error.holders)}." if error.holders else ""
+    return (
+        f"{target_label(request.target)} is busy: its write lock ({error.path}, {error.mode} "
+        f"mode) was not acquired within {error.timeout:g}s.{holders} Nothing was changed; try "
+        "again in a moment. If it persists, an operator should follow the README runbook "
+        "'Persona directory > Locks' (in shared lock mode, a crashed writer's claim must be "
+        "cleared with break_shared_lock)."
+    )
+
+
+def _os_message(request: MemoryRequest, error: OSError) -> str:
+    where = error.filename or target_label(request.target)
+    hint = ""
+    if error.errno in (errno.ENOSYS, errno.ENOLCK):
+        hint = " This filesystem does not support flock: set SOULFLEET_LOCK_MODE=shared."
+    problem = error.strerror or str(error)
+    return f"could not {request.action} {where}: {problem}.{hint} Nothing was changed."
+
+
+def memory_tool(
+    path: str | os.PathLike[str],
+    notes: bool = False,
+    *,
+    lock_mode: LockMode = "local",
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+) -> MemoryTool:
+    """The ``memory`` tool over the persona directory at ``path`` (CONTRACT §2)."""
+    return MemoryTool(path, notes=notes, lock_mode=lock_mode, lock_timeout=lock_timeout)

@@ -1,0 +1,348 @@
+"""The one HTTP policy every provider client shares: timeout, retries, backoff, error mapping.
+
+Why one hand-written policy on httpx rather than the official SDKs' built-in retry loops:
+
+- One retry/backoff policy for every provider, configured once (``SOULFLEET_MODEL_TIMEOUT``,
+  ``SOULFLEET_MODEL_RETRIES``), so the fleet's turn gate and lease renewal can reason about the
+  worst case of a model call. Wrapping an SDK would mean either a retry loop inside ours (calls
+  multiplied) or turning one of them off and depending on its internals.
+- Failures land on our own :class:`~workers.persona.errors.ModelError` hierarchy with messages
+  that name the provider, the HTTP status and a short excerpt of the provider's complaint, with
+  every configured key scrubbed out: even a provider that echoes the key back cannot leak it.
+- The sleep between tries goes through a :class:`~workers.persona.clock.Clock`, so tests observe
+  the waits (``Retry-After`` honoured, backoff growing) without sleeping.
+
+Retried: HTTP 429, 500, 502, 503, 504, 529, and connection failures and timeouts. A provider's
+``x-should-retry: true|false`` header overrides that choice, as the official SDKs do. The wait is
+``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date) when the provider sends one, else
+exponential backoff with jitter; either way capped by :attr:`RetryPolicy.max_wait`. 401/403 and
+other 4xx are not retried: asking again cannot fix a refused key or a malformed request.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import structlog
+
+from workers.persona.clock import Clock, SystemClock
+from workers.persona.errors import (
+    ModelAuthError,
+    ModelError,
+    ModelRateLimited,
+    ModelRequestError,
+    ModelResponseError,
+    ModelServerError,
+    ModelSpecError,
+    ModelTimeout,
+    ModelUnreachable,
+)
+
+__all__ = [
+    "EXCERPT_CHARS",
+    "RETRY_STATUSES",
+    "ProviderHTTP",
+    "RetryPolicy",
+    "check_base_url",
+    "excerpt",
+    "parse_retry_after",
+    "redact_url",
+    "scrub",
+]
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
+EXCERPT_CHARS = 200
+_REDACTED = "***"
+
+log = structlog.get_logger("soulfleet.model")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How long one try may take, how many times to retry, and how long to wait in between.
+
+    ``retries`` counts extra tries: 3 means up to 4 requests. ``max_wait`` caps any single wait,
+    whether it comes from backoff or from the provider's ``Retry-After``.
+    """
+
+    timeout: float = 60.0
+    retries: int = 3
+    base_delay: float = 0.5
+    max_wait: float = 60.0
+
+    def backoff(self, retry: int, rng: random.Random) -> float:
+        """The wait before retry number ``retry`` (0-based) when the provider named none.
+
+        "Equal jitter": half the exponential step is fixed, half random, so waits grow
+        predictably yet a fleet that failed together does not retry in lockstep.
+        """
+        step = min(self.max_wait, self.base_delay * (2.0 ** min(retry, 32)))
+        return step / 2 + rng.uniform(0.0, step / 2)
+
+
+def parse_retry_after(headers: Mapping[str, str], now: float) -> float | None:
+    """Seconds the provider asked us to wait, or None when it did not say (or said nonsense).
+
+    ``retry-after-ms`` (OpenAI's, more precise) wins over ``Retry-After``, which may be seconds
+    or an HTTP date (compared with ``now``, epoch seconds).
+    """
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms:
+        seconds = _non_negative(raw_ms)
+        if seconds is not None:
+            return seconds / 1000.0
+    raw = (headers.get("retry-after") or "").strip()
+    if not raw:
+        return None
+    seconds = _non_negative(raw)
+    if seconds is not None:
+        return seconds
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now)
+
+
+def _non_negative(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def scrub(text: str, secrets: Sequence[str]) -> str:
+    """``text`` with every secret replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, _REDACTED)
+    return text
+
+
+def excerpt(body: str, limit: int = EXCERPT_CHARS) -> str:
+    """A short, one-line summary of a provider's answer: its error message if it has one.
+
+    Both providers wrap errors as ``{"error": {"message": ...}}`` (Anthropic adds a top-level
+    ``type``); anything else is shown as its first characters.
+    """
+    text = body
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            text = error["message"]
+        elif isinstance(error, str):
+            text = error
+        elif isinstance(data.get("message"), str):
+            text = data["message"]
+    text = re.sub(r"\s+", " ", text).strip()
+    if not text:
+        return "(empty body)"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def redact_url(url: str) -> str:
+    """``url`` without credentials or query string, fit for an error message."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid URL>"
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = f"{host}:{port}" if port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def check_base_url(url: str, *, provider: str, env: str) -> str:
+    """The base URL without a trailing slash; ModelSpecError if it is not http(s)."""
+    try:
+        parts = urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        usable = False
+    if not usable:
+        raise ModelSpecError(
+            f"{provider}: base URL {redact_url(url)!r} is not an http(s) URL; check {env}"
+        )
+    return url.rstrip("/")
+
+
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """One failed try, kept until we know whether it was the last."""
+
+    kind: type[ModelError]
+    message: str
+    retryable: bool
+    wait: float | None = None
+
+
+class ProviderHTTP:
+    """POSTs JSON to one provider under the shared policy; returns the decoded JSON object.
+
+    Holds one :class:`httpx.Client` (a connection pool) for the life of the model. httpx clients
+    are safe to share between threads, and the fleet runs turns on threads, so one model
+    instance serves every concurrent turn of a worker.
+    """
+
+    def __init__(
+        self,
+        *,
+        provider: str,
+        base_url: str,
+        headers: Mapping[str, str],
+        key_env: str,
+        secrets: Sequence[str] = (),
+        policy: RetryPolicy | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.provider = provider
+        self.policy = policy or RetryPolicy()
+        self._base_url = base_url.rstrip("/")
+        self._key_env = key_env
+        self._secrets = tuple(s for s in secrets if s)
+        self._clock: Clock = clock or SystemClock()
+        self._rng = rng or random.Random()
+        self._client = httpx.Client(
+            headers=dict(headers),
+            timeout=httpx.Timeout(self.policy.timeout),
+            # A redirected POST is rarely what a provider meant; report it instead (see below).
+            follow_redirects=False,
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._client.is_closed
+
+    def close(self) -> None:
+        self._client.close()
+
+    def error(self, kind: type[ModelError], detail: str) -> ModelError:
+        """An error of ``kind`` whose message names the provider and holds no secret."""
+        return kind(scrub(f"{self.provider}: {detail}", self._secrets))
+
+    def post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """POST ``body`` to ``base_url + path``, retrying per the policy; the answer's JSON."""
+        url = self._base_url + path
+        try:
+            content = json.dumps(body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise self.error(ModelRequestError, f"request is not valid JSON: {exc}") from None
+        tries = self.policy.retries + 1
+        failure: _Failure | None = None
+        for attempt in range(tries):
+            if failure is not None:
+                wait = failure.wait
+                if wait is None:
+                    wait = self.policy.backoff(attempt - 1, self._rng)
+                wait = min(wait, self.policy.max_wait)
+                log.info(
+                    "model.retry",
+                    provider=self.provider,
+                    attempt=attempt + 1,
+                    tries=tries,
+                    wait_s=round(wait, 3),
+                    reason=failure.kind.__name__,
+                )
+                self._clock.sleep(wait)
+            response, failure = self._try(url, content)
+            if response is not None:
+                return self._decode(response)
+            assert failure is not None
+            if not failure.retryable:
+                break
+        assert failure is not None
+        suffix = f" (after {tries} tries)" if failure.retryable and tries > 1 else ""
+        raise self.error(failure.kind, failure.message + suffix)
+
+    def _try(self, url: str, content: bytes) -> tuple[httpx.Response | None, _Failure | None]:
+        where = redact_url(url)
+        # The httpx exception is rendered to text here, scrubbed by error(); it is never chained
+        # (its request object carries our auth headers).
+        try:
+            response = self._client.post(
+                url, content=content, headers={"content-type": "application/json"}
+            )
+        except httpx.TimeoutException as exc:
+            kind = type(exc).__name__
+            return None, _Failure(
+                ModelTimeout,
+                f"no answer from {where} within {self.policy.timeout:g}s ({kind})",
+                True,
+            )
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+            return None, _Failure(ModelRequestError, f"bad URL {where}: {exc}", False)
+        except httpx.ConnectError as exc:
+            return None, _Failure(ModelUnreachable, f"cannot connect to {where}: {exc}", True)
+        except httpx.TransportError as exc:
+            return None, _Failure(
+                ModelUnreachable, f"connection to {where} failed: {type(exc).__name__}: {exc}", True
+            )
+        if 200 <= response.status_code < 300:
+            return response, None
+        return None, self._status_failure(response, where)
+
+    def _status_failure(self, response: httpx.Response, where: str) -> _Failure:
+        status = response.status_code
+        said = excerpt(response.text)
+        retryable = status in RETRY_STATUSES
+        override = (response.headers.get("x-should-retry") or "").strip().lower()
+        if override in ("true", "false"):
+            retryable = override == "true"
+        wait = parse_retry_after(response.headers, self._clock.time())
+        kind: type[ModelError]
+        if status in (401, 403):
+            hint = f"check {self._key_env}" if self._secrets else f"{self._key_env} is not set"
+            return _Failure(
+                ModelAuthError, f"authentication refused (HTTP {status}): {said}; {hint}", False
+            )
+        if status == 429:
+            kind, what = ModelRateLimited, "rate limited"
+        elif status >= 500:
+            kind, what = ModelServerError, "server error"
+        elif 300 <= status < 400:
+            target = redact_url(response.headers.get("location") or "?")
+            return _Failure(
+                ModelRequestError,
+                f"HTTP {status} redirect from {where} to {target}; use the final URL as base URL",
+                False,
+            )
+        else:
+            kind, what = ModelRequestError, "request refused"
+        return _Failure(kind, f"{what} (HTTP {status}): {said}", retryable, wait)
+
+    def _decode(self, response: httpx.Response) -> dict[str, Any]:
+        try:
+            data = json.loads(response.content)
+        except (ValueError, UnicodeDecodeError):
+            raise self.error(
+                ModelResponseError,
+                f"answer is not JSON (HTTP {response.status_code}): {excerpt(response.text)}",
+            ) from None
+        if not isinstance(data, dict):
+            raise self.error(
+                ModelResponseError, f"answer is JSON but not an object: {excerpt(response.text)}"
+            )
+        return data

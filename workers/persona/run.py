@@ -1,0 +1,200 @@
+"""One-shot runs: a persona directory and a prompt in, a :class:`RunResult` out (CONTRACT §5).
+
+``run`` is the synchronous, in-process way to use a persona; ``as_tool`` turns a persona into a
+tool another agent can call. Both rebuild the agent from its directory on every call, so an edit
+to persona.toml or a bootstrap file applies to the next call, and neither ever dreams.
+
+:func:`run_agent` is the one turn recipe every runtime shares (``run``, the in-process
+heartbeat driver, and the fleet's turn executor can too): compose the soul ONCE (a frozen
+snapshot for the whole turn, so a memory write during the turn shows up in the next one), build
+the tools, open a fresh conversation in the lane's durable transcript, run the loop with the
+transcript writer as ``on_message``.
+
+Model choice, first that applies: the explicit ``model`` argument (a spec string or a Model);
+the persona's ``model`` in persona.toml unless ``"inherit"``; ``SOULFLEET_MODEL``; the built-in
+scripted model. ``"inherit"`` (or an empty string) at any level defers to the next.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from workers.persona.agent import AgentDef, from_dir
+from workers.persona.clock import Clock, SystemClock
+from workers.persona.errors import SoulfleetError, TurnAborted
+from workers.persona.locks import LockMode
+from workers.persona.loop import Budget, RunResult, run_loop
+from workers.persona.models import Model
+from workers.persona.models.config import ModelConfig
+from workers.persona.models.spec import INHERIT, resolve_model
+from workers.persona.tools import ToolResult
+from workers.persona.transcripts import FileTranscripts
+
+__all__ = ["PersonaTool", "as_tool", "model_for", "run", "run_agent"]
+
+_log = structlog.get_logger("soulfleet.run")
+
+ModelChoice = str | Model | None
+
+
+def model_for(
+    agent: AgentDef, model: ModelChoice = None, *, config: ModelConfig | None = None
+) -> Model:
+    """The model a turn of ``agent`` uses (precedence in the module docstring)."""
+    if model is not None and not isinstance(model, str):
+        return model
+    settings = config if config is not None else ModelConfig.from_env()
+    if model is not None and model.strip().lower() not in ("", INHERIT):
+        return resolve_model(model, settings)
+    if agent.model.strip().lower() not in ("", INHERIT):
+        # persona.toml's relative scripted paths mean the persona's own directory.
+        return resolve_model(agent.model, settings, base_dir=agent.home)
+    return resolve_model(None, settings)
+
+
+def run_agent(
+    agent: AgentDef,
+    prompt: str,
+    *,
+    model: Model,
+    budget: Budget | None = None,
+    clock: Clock | None = None,
+    guard: Callable[[], None] | None = None,
+    lock_mode: LockMode = "local",
+    lock_timeout: float = 10.0,
+    max_conversations: int = 1000,
+) -> RunResult:
+    """One turn of ``agent`` on ``prompt``, recorded as a new conversation in its lane."""
+    used_clock: Clock = clock if clock is not None else SystemClock()
+    soul, found = agent.soul()
+    tools = agent.toolset(lock_mode=lock_mode, lock_timeout=lock_timeout)
+    conversation = uuid.uuid4().hex
+    store = FileTranscripts(agent.home, max_conversations=max_conversations, clock=used_clock)
+    writer = store.open(lane=agent.name, conversation_id=conversation)
+    started = used_clock.monotonic()
+    _log.debug(
+        "turn.start", lane=agent.name, conversation=conversation, sections=found, model=model.spec
+    )
+    result = run_loop(
+        system=soul,
+        prompt=prompt,
+        tools=tools,
+        model=model,
+        budget=budget if budget is not None else Budget(),
+        clock=used_clock,
+        on_message=writer.append,
+        guard=guard,
+    )
+    _log.debug(
+        "turn.end",
+        lane=agent.name,
+        conversation=conversation,
+        status=result.status,
+        limit=result.limit,
+        model_calls=result.model_calls,
+        tool_calls=result.tool_calls,
+        tokens=result.usage.total_tokens,
+        seconds=round(used_clock.monotonic() - started, 6),
+    )
+    return result
+
+
+def run(
+    path: str | os.PathLike[str],
+    prompt: str,
+    model: ModelChoice = None,
+    budget: Budget | None = None,
+    *,
+    clock: Clock | None = None,
+) -> RunResult:
+    """Run the persona at ``path`` once on ``prompt`` (synchronous; never dreams).
+
+    Raises PersonaNotFound / PersonaConfigError for an unusable directory and ModelSpecError
+    for a model spec naming no model; everything that goes wrong during the turn is in the
+    result (``status`` "error" or "incomplete").
+    """
+    agent = from_dir(path)
+    return run_agent(agent, prompt, model=model_for(agent, model), budget=budget, clock=clock)
+
+
+_SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {
+        "prompt": {
+            "type": "string",
+            "description": "What to ask or tell the persona, in plain words.",
+        }
+    },
+    "required": ["prompt"],
+    "additionalProperties": False,
+}
+
+
+class PersonaTool:
+    """A persona as a tool: ``{prompt}`` in, the persona's final text out. See :func:`as_tool`."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, model: ModelChoice, budget: Budget | None
+    ) -> None:
+        agent = from_dir(path)
+        self._path = path
+        self._model = model
+        self._budget = budget
+        self._name = agent.name
+        self._description = agent.does.strip() or (
+            f"Ask the persona {agent.name!r} (a file-defined agent with its own memory) to "
+            "answer or act on a prompt; it replies with its final answer."
+        )
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def description(self) -> str:
+        return self._description
+
+    @property
+    def input_schema(self) -> Mapping[str, Any]:
+        return _SCHEMA
+
+    def execute(self, arguments: Mapping[str, Any]) -> ToolResult:
+        prompt = arguments.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            return ToolResult(
+                f"error: {self._name} needs a non-empty string argument 'prompt', e.g. "
+                '{"prompt": "What is on my plate today?"}',
+                is_error=True,
+            )
+        try:
+            result = run(self._path, prompt, self._model, self._budget)
+        except TurnAborted:
+            raise
+        except SoulfleetError as exc:
+            return ToolResult(f"error: {self._name} could not run: {exc}", is_error=True)
+        if result.status == "done":
+            return ToolResult(result.text)
+        if result.status == "incomplete":
+            partial = f" Its latest text: {result.text}" if result.text.strip() else ""
+            return ToolResult(
+                f"error: {self._name} stopped before finishing: it reached its "
+                f"{result.limit} budget limit.{partial}",
+                is_error=True,
+            )
+        return ToolResult(f"error: {self._name} could not answer: {result.error}", is_error=True)
+
+
+def as_tool(
+    path: str | os.PathLike[str], model: ModelChoice = None, budget: Budget | None = None
+) -> PersonaTool:
+    """The persona at ``path`` as a :class:`~workers.persona.tools.Tool` (never dreams).
+
+    Name: the persona's name. Description: its ``does`` (or a sensible default). Each call runs
+    the persona once, from its directory as it is then.
+    """
+    return PersonaTool(path, model=model, budget=budget)

@@ -1,0 +1,58 @@
+"""What a tool is: a name, a description, a JSON Schema, and a synchronous ``execute``.
+
+A tool never raises for misuse: bad arguments come back as a :class:`ToolResult` with
+``is_error=True`` and a message the model can act on. (If a tool does raise, the loop turns the
+exception into such a result; the model sees it, the turn goes on.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from workers.persona.messages import ToolSpec
+
+__all__ = ["FunctionTool", "Tool", "ToolResult", "spec_of"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a tool returns: its output text, and whether it is an error."""
+
+    output: str
+    is_error: bool = False
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """Anything with these four members can be given to a persona."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def input_schema(self) -> Mapping[str, Any]: ...
+
+    def execute(self, arguments: Mapping[str, Any]) -> ToolResult: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionTool:
+    """A tool made from a plain function of its arguments."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    fn: Callable[[Mapping[str, Any]], ToolResult]
+
+    def execute(self, arguments: Mapping[str, Any]) -> ToolResult:
+        return self.fn(arguments)
+
+
+def spec_of(tool: Tool) -> ToolSpec:
+    """The part of a tool a model sees."""
+    return ToolSpec(name=tool.name, description=tool.description, input_schema=tool.input_schema)

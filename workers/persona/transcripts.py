@@ -1,0 +1,406 @@
+"""Durable per-lane transcripts under ``<home>/transcripts/<lane>/``, one JSON Lines file each.
+
+Why files in the persona's home: the directory IS the agent. A person can read what a persona
+said with ``less``, back it up with the rest of the persona, and the dreamer folds it into
+memory with no database in the way. Why JSON Lines, append-only, fsync per message: a crash
+loses at most the line being written, and readers never need a lock.
+
+Layout::
+
+    <home>/transcripts/<lane>/<started_ms>-<conversation_id>.jsonl
+
+``started_ms`` is the conversation's start time in epoch milliseconds, zero-padded to 15 digits,
+so a plain ``ls`` (and this module) orders a lane's conversations oldest first without opening
+a file. A file is created by the FIRST append (a turn that writes nothing leaves nothing);
+its first line is a header and every further line one message::
+
+    {"transcript": 1, "conversation": "<id>", "lane": "<lane>", "started_at": 1700000000.0}
+    {"at": 1700000001.25, "message": {"role": "user", "content": "..."}}
+
+Growth bound: each lane keeps at most ``max_conversations`` files (default 1000,
+``SOULFLEET_TRANSCRIPT_MAX_CONVERSATIONS`` in the fleet). Creating a conversation's file
+deletes that lane's oldest files beyond the bound first. One file is one turn, and a turn is
+bounded by its budget, so a persona's transcripts are bounded too.
+
+Safety: lane names and conversation ids are slugs (letters, digits, ``.``, ``_``, ``-``; no
+separators, no ``..``), lane directories are confined to the home (``files.confined``: a
+symlink leading out is refused, before anything is created), and files are opened with
+``O_NOFOLLOW``: nothing is ever written outside ``<home>/transcripts/``. A torn
+or malformed line (a crash mid-write, a hand edit) is skipped with a structured warning; it
+never crashes a reader. A resumed conversation (the same id opened again after a crash) first
+terminates a torn last line so the next record starts on a line of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import structlog
+
+from workers.persona.clock import Clock, SystemClock
+from workers.persona.errors import PersonaFileError, PersonaNotFound
+from workers.persona.files import confined, fsync_directory
+from workers.persona.messages import Message
+
+__all__ = [
+    "TRANSCRIPTS_DIR",
+    "ConversationInfo",
+    "ConversationWriter",
+    "FileTranscripts",
+    "TranscriptRecord",
+    "TranscriptStore",
+    "valid_transcript_name",
+]
+
+TRANSCRIPTS_DIR = "transcripts"
+_SUFFIX = ".jsonl"
+_STAMP_DIGITS = 15
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+_FORMAT_VERSION = 1
+
+log = structlog.get_logger("soulfleet.transcripts")
+
+
+def valid_transcript_name(name: object) -> bool:
+    """Whether ``name`` may be a lane name or a conversation id (one safe path segment)."""
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None and ".." not in name
+
+
+def _require_name(kind: str, name: object) -> str:
+    if not valid_transcript_name(name):
+        raise ValueError(
+            f"invalid {kind} {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter, digit or '_', without '..'"
+        )
+    assert isinstance(name, str)
+    return name
+
+
+@dataclass(frozen=True)
+class ConversationInfo:
+    """One conversation (one turn) of one lane; ``started_at`` is epoch seconds (ms precision)."""
+
+    id: str
+    lane: str
+    started_at: float
+
+
+@dataclass(frozen=True)
+class TranscriptRecord:
+    """One message of a conversation, with the time it was recorded."""
+
+    conversation: str
+    at: float
+    message: Message
+
+
+@runtime_checkable
+class TranscriptStore(Protocol):
+    """What the dreamer's ``transcript_search`` reads: conversations and their messages."""
+
+    def conversations(self) -> Sequence[ConversationInfo]:
+        """Every conversation, oldest first."""
+        ...
+
+    def messages(self, conversation_id: str) -> Sequence[TranscriptRecord]:
+        """A conversation's messages in order; empty when it does not exist (or was pruned)."""
+        ...
+
+
+def _file_name(info: ConversationInfo) -> str:
+    return f"{round(info.started_at * 1000):0{_STAMP_DIGITS}d}-{info.id}{_SUFFIX}"
+
+
+def _parse_file_name(lane: str, name: str) -> ConversationInfo | None:
+    if not name.endswith(_SUFFIX) or len(name) <= _STAMP_DIGITS + 1 + len(_SUFFIX):
+        return None
+    stamp, dash, rest = name[:_STAMP_DIGITS], name[_STAMP_DIGITS], name[_STAMP_DIGITS + 1 :]
+    conversation = rest.removesuffix(_SUFFIX)
+    if not stamp.isdigit() or dash != "-" or not valid_transcript_name(conversation):
+        return None
+    return ConversationInfo(id=conversation, lane=lane, started_at=int(stamp) / 1000)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _line(data: dict[str, Any]) -> bytes:
+    return (json.dumps(data, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+class ConversationWriter:
+    """Appends one conversation's messages; each append is flushed and fsynced before return."""
+
+    def __init__(
+        self, store: FileTranscripts, info: ConversationInfo, path: Path, clock: Clock
+    ) -> None:
+        self._store = store
+        self._info = info
+        self._path = path
+        self._clock = clock
+        self._checked_tail = False
+
+    @property
+    def info(self) -> ConversationInfo:
+        return self._info
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    def append(self, message: Message) -> None:
+        """Write ``message`` durably (creating the file, and pruning the lane, on first use).
+
+        Returns None so it can be handed straight to the turn loop as ``on_message``.
+        """
+        line = _line({"at": self._clock.time(), "message": message.to_dict()})
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self._path, flags)
+        except FileNotFoundError:
+            self._create(line)
+            return
+        try:
+            if not self._checked_tail:
+                self._terminate_torn_tail(fd)
+            _write_all(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _create(self, first: bytes) -> None:
+        self._store._prune(self._info.lane, keep_room_for=self._info.id)
+        header = _line(
+            {
+                "transcript": _FORMAT_VERSION,
+                "conversation": self._info.id,
+                "lane": self._info.lane,
+                "started_at": self._info.started_at,
+            }
+        )
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fd = os.open(self._path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            _write_all(fd, header + first)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        # The new directory entry must survive a crash too, not just the bytes.
+        fsync_directory(self._path.parent)
+        self._checked_tail = True
+
+    def _terminate_torn_tail(self, fd: int) -> None:
+        # A crash mid-write may have left a last line without its newline; appending straight
+        # after it would glue our record onto the torn one and lose both.
+        self._checked_tail = True
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return
+        reader = os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        try:
+            last = os.pread(reader, 1, size - 1)
+        finally:
+            os.close(reader)
+        if last != b"\n":
+            _write_all(fd, b"\n")
+            log.warning("transcript.torn_tail_terminated", path=str(self._path))
+
+
+class FileTranscripts:
+    """The durable :class:`TranscriptStore` over ``<home>/transcripts/`` (layout: module doc).
+
+    ``lanes`` scopes the store: it reads (and writes) only those lanes. ``None`` means every lane
+    under the directory.
+    """
+
+    def __init__(
+        self,
+        home: str | os.PathLike[str],
+        *,
+        lanes: Sequence[str] | None = None,
+        max_conversations: int = 1000,
+        clock: Clock | None = None,
+    ) -> None:
+        home_path = Path(home)
+        if not home_path.is_dir():
+            raise PersonaNotFound(home_path)
+        if isinstance(max_conversations, bool) or max_conversations < 1:
+            raise ValueError(f"max_conversations must be at least 1, got {max_conversations!r}")
+        self._home = home_path.resolve()
+        self._root = self._home / TRANSCRIPTS_DIR
+        self._lanes = None if lanes is None else tuple(_require_name("lane", n) for n in lanes)
+        self._max = max_conversations
+        self._clock: Clock = clock or SystemClock()
+        # id -> file, filled by listings; verified before use, so pruning can never fool it.
+        self._paths: dict[str, str] = {}
+
+    @property
+    def root(self) -> Path:
+        return self._root
+
+    @property
+    def max_conversations(self) -> int:
+        return self._max
+
+    def open(self, lane: str, conversation_id: str) -> ConversationWriter:
+        """A writer for ``conversation_id`` in ``lane``; resumes it if its file already exists.
+
+        Raises ValueError for an invalid lane or id, a lane outside this store's scope, or an id
+        already used by another lane (ids name conversations store-wide); PersonaFileError when
+        the lane directory would resolve outside ``<home>/transcripts`` (a symlink leading out).
+        """
+        lane = _require_name("lane", lane)
+        conversation_id = _require_name("conversation id", conversation_id)
+        if self._lanes is not None and lane not in self._lanes:
+            raise ValueError(f"lane {lane!r} is outside this store's lanes {list(self._lanes)}")
+        lane_dir = self._lane_dir(lane)
+        found = self._find(conversation_id)
+        if found is not None:
+            info, existing = found
+            if info.lane != lane:
+                raise ValueError(
+                    f"conversation id {conversation_id!r} is already used in lane {info.lane!r}"
+                )
+            return ConversationWriter(self, info, Path(existing), self._clock)
+        started = round(self._clock.time() * 1000) / 1000
+        info = ConversationInfo(id=conversation_id, lane=lane, started_at=started)
+        path = lane_dir / _file_name(info)
+        self._paths[conversation_id] = str(path)
+        return ConversationWriter(self, info, path, self._clock)
+
+    def conversations(self) -> list[ConversationInfo]:
+        """Every conversation in scope, oldest first (ties: lane, then id)."""
+        infos: list[ConversationInfo] = []
+        for lane in self._lane_names():
+            for name, path in self._files(lane):
+                info = _parse_file_name(lane, name)
+                if info is not None:
+                    self._paths[info.id] = path
+                    infos.append(info)
+        infos.sort(key=lambda info: (info.started_at, info.lane, info.id))
+        return infos
+
+    def messages(self, conversation_id: str) -> list[TranscriptRecord]:
+        """The conversation's readable messages in order; ``[]`` if it does not exist."""
+        conversation_id = _require_name("conversation id", conversation_id)
+        path = self._paths.get(conversation_id)
+        if path is None or not os.path.isfile(path):
+            found = self._find(conversation_id)
+            if found is None:
+                return []
+            path = found[1]
+        return list(self._read(conversation_id, path))
+
+    # -- internals -------------------------------------------------------------------------
+    # Listings work on plain name strings: a lane holds up to max_conversations files and is
+    # listed on every open(), so building a Path per entry would dominate a turn's overhead.
+
+    def _lane_dir(self, lane: str) -> Path:
+        # Confine BEFORE creating anything: a symlinked transcripts/ or lane directory leading
+        # out of the home would otherwise make even the mkdir land outside it.
+        lane_dir = confined(self._home, f"{TRANSCRIPTS_DIR}/{lane}")
+        lane_dir.mkdir(parents=True, exist_ok=True)
+        return lane_dir
+
+    def _lane_names(self) -> list[str]:
+        if self._lanes is not None:
+            return list(self._lanes)
+        try:
+            with os.scandir(self._root) as entries:
+                return sorted(
+                    e.name for e in entries if valid_transcript_name(e.name) and e.is_dir()
+                )
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def _files(self, lane: str) -> list[tuple[str, str]]:
+        """(name, path) of the lane's regular ``*.jsonl`` files; [] for a missing/refused lane."""
+        try:
+            lane_dir = confined(self._home, f"{TRANSCRIPTS_DIR}/{lane}")
+        except PersonaFileError as exc:
+            log.warning("transcript.lane_refused", lane=lane, error=str(exc))
+            return []
+        try:
+            with os.scandir(lane_dir) as entries:
+                return [
+                    (e.name, e.path)
+                    for e in entries
+                    if e.name.endswith(_SUFFIX) and e.is_file(follow_symlinks=False)
+                ]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def _find(self, conversation_id: str) -> tuple[ConversationInfo, str] | None:
+        tail = f"-{conversation_id}{_SUFFIX}"
+        for lane in self._lane_names():
+            for name, path in self._files(lane):
+                if name.endswith(tail):
+                    info = _parse_file_name(lane, name)
+                    if info is not None and info.id == conversation_id:
+                        self._paths[conversation_id] = path
+                        return info, path
+        return None
+
+    def _prune(self, lane: str, *, keep_room_for: str) -> None:
+        """Delete the lane's oldest files so that one more still fits within the bound."""
+        files = []
+        for name, path in self._files(lane):
+            info = _parse_file_name(lane, name)
+            if info is not None and info.id != keep_room_for:
+                files.append((name, info.id, path))
+        files.sort()
+        excess = len(files) - (self._max - 1)
+        for _, conversation_id, path in files[: max(0, excess)]:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            self._paths.pop(conversation_id, None)
+            log.debug("transcript.pruned", lane=lane, conversation=conversation_id, bound=self._max)
+
+    def _read(self, conversation_id: str, path: str) -> Iterator[TranscriptRecord]:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return  # pruned since it was listed
+        except OSError as exc:
+            log.warning("transcript.unreadable", path=str(path), error=exc.strerror or str(exc))
+            return
+        with os.fdopen(fd, "rb") as handle:
+            raw = handle.read()
+        for number, chunk in enumerate(raw.split(b"\n"), start=1):
+            if not chunk.strip():
+                continue
+            record = self._parse_line(conversation_id, path, number, chunk)
+            if record is not None:
+                yield record
+
+    def _parse_line(
+        self, conversation_id: str, path: str, number: int, chunk: bytes
+    ) -> TranscriptRecord | None:
+        try:
+            data = json.loads(chunk.decode("utf-8", errors="replace"))
+        except ValueError:
+            log.warning("transcript.torn_line", path=str(path), line=number, bytes=len(chunk))
+            return None
+        if isinstance(data, dict) and "transcript" in data and "message" not in data:
+            return None  # the header
+        try:
+            if not isinstance(data, dict):
+                raise TypeError("a record must be a JSON object")
+            at = data["at"]
+            if isinstance(at, bool) or not isinstance(at, int | float):
+                raise TypeError("'at' must be a number")
+            return TranscriptRecord(conversation_id, float(at), Message.from_dict(data["message"]))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            log.warning("transcript.bad_record", path=str(path), line=number, error=str(exc))
+            return None

@@ -1,0 +1,82 @@
+"""A worker process's long-lived parts, built once and shared by every pool thread.
+
+One Redis connection pool, one lease :class:`~workers.lease.Renewer` thread, one
+:class:`~workers.gate.Gate` and one :class:`~workers.turn.TurnExecutor` per process. Prefork
+children call :func:`reset_runtime` after the fork (connections and threads do not survive one).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+
+import structlog
+
+from workers import metrics
+from workers.fleet import CeleryPublisher, Fleet
+from workers.gate import Gate
+from workers.lease import Renewer
+from workers.persona.locks import set_lock_wait_observer
+from workers.settings import Settings
+from workers.turn import TurnExecutor
+
+__all__ = ["executor", "reset_runtime", "start_worker_services", "stop_worker_services"]
+
+_log = structlog.get_logger("soulfleet.runtime")
+
+
+class _Holder:
+    """The process's one executor (a class attribute rather than a module global)."""
+
+    lock = threading.Lock()
+    executor: TurnExecutor | None = None
+
+
+def _build(settings: Settings) -> TurnExecutor:
+    from workers.celery import app  # noqa: PLC0415 - the app module imports this one
+
+    fleet = Fleet(settings, publisher=CeleryPublisher(settings, app))
+    renewer = Renewer(fleet.lanes, interval=settings.lease_renew_every, ttl=settings.lease_ttl)
+    gate = Gate(
+        fleet.client,
+        fleet.keys,
+        limit=settings.max_concurrent_model_calls,
+        slot_ttl=settings.gate_slot_ttl,
+        renewer=renewer,
+        clock=fleet.clock,
+    )
+    renewer.attach_gate(gate)
+    renewer.start()
+    worker_id = f"{settings.hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    return TurnExecutor(settings, fleet, renewer, gate, worker_id=worker_id)
+
+
+def executor() -> TurnExecutor:
+    """This process's executor, built on first use from the Celery app's settings."""
+    with _Holder.lock:
+        if _Holder.executor is None:
+            from workers.celery import settings  # noqa: PLC0415 - as above
+
+            _Holder.executor = _build(settings)
+        return _Holder.executor
+
+
+def reset_runtime() -> None:
+    with _Holder.lock:
+        _Holder.executor = None
+
+
+def start_worker_services(settings: Settings) -> None:
+    """Metrics endpoint and the memory-lock wait histogram; then warm the executor."""
+    set_lock_wait_observer(metrics.MEMORY_LOCK_WAIT.observe)
+    metrics.serve_metrics(settings.metrics_port)
+    executor()
+    _log.info("worker.ready", pool=settings.worker_pool, concurrency=settings.worker_concurrency)
+
+
+def stop_worker_services() -> None:
+    with _Holder.lock:
+        current = _Holder.executor
+    if current is not None:
+        current.renewer.stop()

@@ -1,0 +1,96 @@
+"""The fleet's Lua scripts, loaded from package data and registered on a Redis client.
+
+Every lane and gate state transition is one ``.lua`` file in :mod:`workers.lua` (the header of
+each file states its KEYS, ARGV and guarantees), so a transition is atomic on the server and
+reviewable on its own. They are read with :mod:`importlib.resources` (so they ship in the
+wheel) and registered with ``redis.Redis.register_script``: calls go out as ``EVALSHA`` and
+reload the script by themselves after a Redis restart or ``SCRIPT FLUSH`` (pipelines check
+``SCRIPT EXISTS`` before they run). Registering never talks to Redis.
+
+:func:`redis_errors` is the one place a lost Redis connection becomes
+:class:`~workers.errors.RedisUnavailable` (with the password hidden).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+
+import redis
+from redis.commands.core import Script
+
+from workers.errors import RedisUnavailable
+
+__all__ = ["SCRIPT_NAMES", "Scripts", "client_url", "redis_errors", "script_source"]
+
+SCRIPT_NAMES: tuple[str, ...] = (
+    "post",
+    "tick",
+    "start",
+    "renew",
+    "holds",
+    "finish",
+    "fail",
+    "revive",
+    "reap_running",
+    "reap_queued",
+    "gate_acquire",
+    "gate_renew",
+    "gate_release",
+)
+
+
+@functools.cache
+def script_source(name: str) -> str:
+    """The text of ``workers/lua/<name>.lua``."""
+    if name not in SCRIPT_NAMES:
+        raise ValueError(f"no fleet script named {name!r}; known: {', '.join(SCRIPT_NAMES)}")
+    return resources.files("workers.lua").joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Scripts:
+    """Every fleet script, registered on one client."""
+
+    post: Script
+    tick: Script
+    start: Script
+    renew: Script
+    holds: Script
+    finish: Script
+    fail: Script
+    revive: Script
+    reap_running: Script
+    reap_queued: Script
+    gate_acquire: Script
+    gate_renew: Script
+    gate_release: Script
+
+    @classmethod
+    def register(cls, client: redis.Redis) -> Scripts:
+        """Register every script on ``client`` (no round trip: only the SHA is computed)."""
+        return cls(**{name: client.register_script(script_source(name)) for name in SCRIPT_NAMES})
+
+
+def client_url(client: redis.Redis) -> str:
+    """A ``redis://`` URL describing where ``client`` connects (for error messages)."""
+    kwargs = client.connection_pool.connection_kwargs
+    password = kwargs.get("password")
+    auth = f":{password}@" if password else ""
+    path = kwargs.get("path")
+    if path:
+        return f"unix://{auth}{path}?db={kwargs.get('db', 0)}"
+    host = kwargs.get("host", "localhost")
+    return f"redis://{auth}{host}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+@contextmanager
+def redis_errors(client: redis.Redis) -> Iterator[None]:
+    """Turn a lost connection to ``client``'s Redis into :class:`RedisUnavailable`."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise RedisUnavailable(client_url(client), str(exc) or type(exc).__name__) from exc

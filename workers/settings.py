@@ -1,0 +1,263 @@
+"""The one settings object: read from the environment once, frozen, passed down.
+
+Every variable soulfleet reads is parsed here (the model provider variables are parsed by
+:class:`workers.persona.models.config.ModelConfig`, which this object embeds), so the README's
+configuration table has exactly one place to be checked against. A bad value fails loudly at
+start-up with :class:`SettingsError` naming the variable; nothing falls back silently.
+
+This module imports nothing heavy: the persona core, the CLI and Celery's app module all read it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from workers.persona.errors import SettingsError
+from workers.persona.models.config import ModelConfig
+
+__all__ = ["LockMode", "LogFormat", "Settings", "SettingsError", "redact_url"]
+
+LockMode = Literal["local", "shared"]
+LogFormat = Literal["console", "json"]
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` with any password replaced by ``***`` (safe for logs and errors)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    netloc = f"{user}:***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+class _Env:
+    """Loud typed reads from one environment mapping."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+
+    def raw(self, name: str) -> str | None:
+        value = self._environ.get(name)
+        if value is None or value.strip() == "":
+            return None
+        return value.strip()
+
+    def text(self, name: str, default: str) -> str:
+        value = self.raw(name)
+        return default if value is None else value
+
+    def integer(self, name: str, default: int, *, minimum: int = 0) -> int:
+        value = self.raw(name)
+        if value is None:
+            return default
+        try:
+            parsed = int(value)
+        except ValueError:
+            raise SettingsError(name, f"must be a whole number, got {value!r}") from None
+        if parsed < minimum:
+            raise SettingsError(name, f"must be >= {minimum}, got {parsed}")
+        return parsed
+
+    def number(self, name: str, default: float, *, minimum: float = 0.0) -> float:
+        value = self.raw(name)
+        if value is None:
+            return default
+        try:
+            parsed = float(value)
+        except ValueError:
+            raise SettingsError(name, f"must be a number, got {value!r}") from None
+        if math.isnan(parsed) or parsed < minimum:
+            raise SettingsError(name, f"must be a number >= {minimum}, got {value!r}")
+        return parsed
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        value = self.raw(name)
+        if value is None:
+            return default
+        lowered = value.lower()
+        if lowered not in choices:
+            raise SettingsError(name, f"must be one of {', '.join(choices)}; got {value!r}")
+        return lowered
+
+    def flag(self, name: str, default: bool) -> bool:
+        value = self.raw(name)
+        if value is None:
+            return default
+        lowered = value.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(name, f"must be true or false, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything a soulfleet process is configured with. Build it with :meth:`from_env`."""
+
+    redis_url: str = DEFAULT_REDIS_URL
+    #: True when REDIS_URL was set explicitly (the CLI then never looks for an embedded Redis).
+    redis_url_explicit: bool = False
+    broker_url: str = DEFAULT_REDIS_URL
+    personas: Path = Path("personas")
+    key_prefix: str = "soulfleet:"
+    queue_prefix: str = "soulfleet"
+    model: ModelConfig = field(default_factory=ModelConfig)
+
+    # Lanes and turns.
+    inbox_max: int = 1000
+    item_max_bytes: int = 64 * 1024
+    lease_ttl: float = 30.0
+    max_attempts: int = 5
+    turn_max_seconds: float = 600.0
+    turn_max_model_calls: int = 24
+    turn_max_tool_calls: int = 64
+    turn_max_tokens: int = 400_000
+    visibility_timeout: float = 7200.0
+    max_concurrent_model_calls: int = 64
+    gate_slot_ttl: float = 30.0
+    beats_max: int = 10_000
+    transcript_max_conversations: int = 1000
+    reply_ttl: float = 3600.0
+
+    # Memory files.
+    lock_mode: LockMode = "local"
+    lock_timeout: float = 10.0
+
+    # Worker pool.
+    worker_pool: str = "threads"
+    worker_concurrency: int = 32
+
+    # beat.
+    sweep_interval: float = 1.0
+    sync_interval: float = 10.0
+    reap_interval: float = 15.0
+    reap_queued_after: float = 600.0
+    sweep_batch: int = 5000
+    heartbeat_jitter: float = 0.1
+    dream_window: float = 3600.0
+
+    # Observability.
+    log_format: LogFormat = "console"
+    log_level: str = "INFO"
+    metrics_port: int = 0
+    hostname: str = field(default_factory=socket.gethostname)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Parse ``environ`` (default ``os.environ``); a bad value raises :class:`SettingsError`."""
+        env = _Env(os.environ if environ is None else environ)
+        redis_raw = env.raw("REDIS_URL")
+        redis_url = redis_raw or DEFAULT_REDIS_URL
+        _check_redis_url("REDIS_URL", redis_url)
+        broker_url = env.text("CELERY_BROKER_URL", redis_url)
+        prefix = env.text("SOULFLEET_KEY_PREFIX", "soulfleet:")
+        if any(ch.isspace() for ch in prefix):
+            raise SettingsError("SOULFLEET_KEY_PREFIX", "must not contain white space")
+
+        turn_max_seconds = env.number("SOULFLEET_TURN_MAX_SECONDS", 600.0, minimum=1.0)
+        model = ModelConfig.from_env(os.environ if environ is None else environ)
+        # A model call may take its timeout on every try; the turn's wall budget is only
+        # checked between steps, so the broker must not redeliver before both have run out.
+        worst_turn = turn_max_seconds + model.timeout * (model.retries + 1)
+        visibility_timeout = env.number(
+            "SOULFLEET_VISIBILITY_TIMEOUT", max(7200.0, 4 * worst_turn), minimum=1.0
+        )
+        if visibility_timeout < 2 * worst_turn:
+            raise SettingsError(
+                "SOULFLEET_VISIBILITY_TIMEOUT",
+                f"must be at least twice the longest turn ({2 * worst_turn:.0f}s: "
+                "SOULFLEET_TURN_MAX_SECONDS plus every model retry), or the broker redelivers "
+                f"turns that are still running; got {visibility_timeout:.0f}",
+            )
+        lease_ttl = env.number("SOULFLEET_LEASE_TTL", 30.0, minimum=1.0)
+        metrics_port = env.integer("SOULFLEET_METRICS_PORT", 0)
+        if metrics_port > 65535:
+            raise SettingsError("SOULFLEET_METRICS_PORT", f"must be a TCP port, got {metrics_port}")
+
+        return cls(
+            redis_url=redis_url,
+            redis_url_explicit=redis_raw is not None,
+            broker_url=broker_url,
+            personas=Path(env.text("SOULFLEET_PERSONAS", "personas")).expanduser(),
+            key_prefix=prefix,
+            queue_prefix=env.text("SOULFLEET_QUEUE_PREFIX", "soulfleet"),
+            model=model,
+            inbox_max=env.integer("SOULFLEET_INBOX_MAX", 1000, minimum=1),
+            item_max_bytes=env.integer("SOULFLEET_ITEM_MAX_BYTES", 64 * 1024, minimum=1),
+            lease_ttl=lease_ttl,
+            max_attempts=env.integer("SOULFLEET_MAX_ATTEMPTS", 5, minimum=1),
+            turn_max_seconds=turn_max_seconds,
+            turn_max_model_calls=env.integer("SOULFLEET_TURN_MAX_MODEL_CALLS", 24, minimum=1),
+            turn_max_tool_calls=env.integer("SOULFLEET_TURN_MAX_TOOL_CALLS", 64, minimum=0),
+            turn_max_tokens=env.integer("SOULFLEET_TURN_MAX_TOKENS", 400_000, minimum=1),
+            visibility_timeout=visibility_timeout,
+            max_concurrent_model_calls=env.integer(
+                "SOULFLEET_MAX_CONCURRENT_MODEL_CALLS", 64, minimum=0
+            ),
+            gate_slot_ttl=env.number("SOULFLEET_GATE_SLOT_TTL", 30.0, minimum=1.0),
+            beats_max=env.integer("SOULFLEET_BEATS_MAX", 10_000, minimum=1),
+            transcript_max_conversations=env.integer(
+                "SOULFLEET_TRANSCRIPT_MAX_CONVERSATIONS", 1000, minimum=1
+            ),
+            reply_ttl=env.number("SOULFLEET_REPLY_TTL", 3600.0, minimum=1.0),
+            lock_mode="shared"
+            if env.choice("SOULFLEET_LOCK_MODE", "local", ("local", "shared")) == "shared"
+            else "local",
+            lock_timeout=env.number("SOULFLEET_LOCK_TIMEOUT", 10.0, minimum=0.0),
+            worker_pool=env.choice(
+                "SOULFLEET_WORKER_POOL", "threads", ("threads", "gevent", "prefork", "solo")
+            ),
+            worker_concurrency=env.integer("SOULFLEET_WORKER_CONCURRENCY", 32, minimum=1),
+            sweep_interval=env.number("SOULFLEET_SWEEP_INTERVAL", 1.0, minimum=0.05),
+            sync_interval=env.number("SOULFLEET_SYNC_INTERVAL", 10.0, minimum=0.1),
+            reap_interval=env.number("SOULFLEET_REAP_INTERVAL", 15.0, minimum=0.1),
+            reap_queued_after=env.number("SOULFLEET_REAP_QUEUED_AFTER", 600.0, minimum=1.0),
+            sweep_batch=env.integer("SOULFLEET_SWEEP_BATCH", 5000, minimum=1),
+            heartbeat_jitter=_fraction(env, "SOULFLEET_HEARTBEAT_JITTER", 0.1),
+            dream_window=env.number("SOULFLEET_DREAM_WINDOW", 3600.0),
+            log_format="json"
+            if env.choice("SOULFLEET_LOG_FORMAT", "console", ("console", "json")) == "json"
+            else "console",
+            log_level=env.choice(
+                "SOULFLEET_LOG_LEVEL", "info", ("debug", "info", "warning", "error")
+            ).upper(),
+            metrics_port=metrics_port,
+            hostname=env.text("SOULFLEET_HOSTNAME", socket.gethostname()),
+        )
+
+    @property
+    def lease_renew_every(self) -> float:
+        """Renew three times per TTL so one slow round trip never loses a live lease."""
+        return self.lease_ttl / 3
+
+
+def _fraction(env: _Env, name: str, default: float) -> float:
+    value = env.number(name, default)
+    if value > 0.5:
+        raise SettingsError(name, f"must be between 0 and 0.5, got {value}")
+    return value
+
+
+def _check_redis_url(name: str, url: str) -> None:
+    scheme = urlsplit(url).scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        raise SettingsError(
+            name, f"must be a redis://, rediss:// or unix:// URL, got {redact_url(url)!r}"
+        )

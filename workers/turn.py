@@ -1,0 +1,305 @@
+"""One fleet turn, start to commit: the core the thin Celery task calls.
+
+    start (Lua: reject duplicate/stale, lease + fence, drain inbox into in-flight)
+      -> compose the soul (frozen for the turn) and render the drained items as one message
+      -> run the loop (model calls behind the fleet-wide gate; guard before every write)
+      -> finish (Lua, fencing-checked: clear in-flight, publish a surfaced beat, queue one
+         follow-up if anything arrived) or fail (retry, or dead-letter after N attempts)
+
+A worker that loses its lease stops before its next write (:class:`~workers.errors.LeaseLost`
+from the guard) and commits nothing; the lane's new holder re-runs the kept items. Errors in
+one persona's files or model end that persona's turn with a recorded error and touch no other
+lane.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from workers import metrics
+from workers.fleet import Fleet
+from workers.gate import Gate, GatedModel
+from workers.lanes import StartOutcome
+from workers.lease import Renewer
+from workers.logs import bind_task, monotonic_wall_time
+from workers.model_cache import ModelCache
+from workers.persona.agent import AgentDef, from_dir
+from workers.persona.dreamer import dreamer
+from workers.persona.errors import TurnAborted
+from workers.persona.heartbeat import is_silent
+from workers.persona.inbox import render_inbox
+from workers.persona.loop import Budget, RunResult, run_loop
+from workers.persona.memory import memory_tool
+from workers.persona.messages import Message
+from workers.persona.models import Model
+from workers.persona.models.spec import provider_of
+from workers.persona.transcripts import FileTranscripts
+from workers.settings import Settings
+
+__all__ = ["TurnExecutor", "TurnReport"]
+
+_log = structlog.get_logger("soulfleet.turn")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnReport:
+    """What happened to one turn message (for tests and the task's return value)."""
+
+    lane: str
+    turn_id: str
+    outcome: str  # started status when dropped, else the run status, or "lease_lost"
+    text: str = ""
+    follow_up: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TurnExecutor:
+    """Runs turns for one worker process. Thread-safe: one instance serves every pool thread."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        fleet: Fleet,
+        renewer: Renewer,
+        gate: Gate,
+        *,
+        worker_id: str,
+        models: ModelCache | None = None,
+    ) -> None:
+        self.settings = settings
+        self.fleet = fleet
+        self.renewer = renewer
+        self.gate = gate
+        self.worker_id = worker_id
+        self.models = models or ModelCache(settings.model)
+        self.budget = Budget(
+            max_model_calls=settings.turn_max_model_calls,
+            max_tool_calls=settings.turn_max_tool_calls,
+            max_tokens=settings.turn_max_tokens,
+            max_seconds=settings.turn_max_seconds,
+        )
+
+    def execute(self, lane: str, turn_id: str, *, task_id: str | None = None) -> TurnReport:
+        bind_task(task_id=task_id, lane=lane, turn_id=turn_id)
+        started = self.fleet.lanes.start(lane, turn_id, self.worker_id)
+        if started.status != "started":
+            _log.info("turn.dropped", reason=started.status)
+            if started.status == "dead":
+                _log.warning("turn.dead_lettered", attempts=started.attempt)
+            return TurnReport(lane, turn_id, started.status)
+        bind_task(task_id=task_id, lane=lane, turn_id=turn_id, fence=started.fence)
+        handle = self.renewer.register_lease(lane, started.fence)
+        began = time.monotonic()
+        _log.info(
+            "turn.start",
+            fence=started.fence,
+            kind=started.kind,
+            ticks=started.ticks,
+            items=len(started.items),
+            recovered=started.recovered,
+            attempt=started.attempt,
+            worker=self.worker_id,
+            at=monotonic_wall_time(),
+        )
+        try:
+            return self._run(lane, turn_id, started, handle.check, began)
+        except TurnAborted as exc:
+            metrics.LEASE_LOSSES.inc()
+            _log.warning("turn.lease_lost", fence=started.fence, error=str(exc))
+            self._end(lane, turn_id, started, "lease_lost", began, error=str(exc))
+            return TurnReport(lane, turn_id, "lease_lost")
+        finally:
+            self.renewer.unregister(handle)
+
+    def _run(
+        self,
+        lane: str,
+        turn_id: str,
+        started: StartOutcome,
+        guard: Callable[[], None],
+        began: float,
+    ) -> TurnReport:
+        name, role = self.fleet.registry.parse_lane(lane)
+        try:
+            agent = self._agent(name, role)
+            soul, _found = agent.soul()
+            tools = agent.toolset(
+                lock_mode=self.settings.lock_mode, lock_timeout=self.settings.lock_timeout
+            )
+            model = self._model(agent)
+        except TurnAborted:
+            raise
+        except Exception as exc:  # a persona that cannot be composed fails only its own turn
+            return self._fail(lane, turn_id, started, f"{type(exc).__name__}: {exc}", began)
+
+        prompt = render_inbox(
+            started.items,
+            started.ticks,
+            persona=name,
+            tick_channel="dream" if role == "dreamer" else "heartbeat",
+        )
+        writer = FileTranscripts(
+            agent.home, max_conversations=self.settings.transcript_max_conversations
+        ).open(lane, turn_id)
+
+        def record(message: Message) -> None:
+            guard()
+            writer.append(message)
+
+        try:
+            result = run_loop(
+                system=soul,
+                prompt=prompt,
+                tools=tools,
+                model=model,
+                budget=self.budget,
+                on_message=record,
+                guard=guard,
+            )
+        except TurnAborted:
+            raise
+        except Exception as exc:
+            return self._fail(lane, turn_id, started, f"{type(exc).__name__}: {exc}", began)
+        if result.status == "error":
+            return self._fail(lane, turn_id, started, result.error or "model error", began)
+        return self._commit(
+            lane, turn_id, started, result, agent=agent, role=role, guard=guard, began=began
+        )
+
+    def _commit(
+        self,
+        lane: str,
+        turn_id: str,
+        started: StartOutcome,
+        result: RunResult,
+        *,
+        agent: AgentDef,
+        role: str,
+        guard: Callable[[], None],
+        began: float,
+    ) -> TurnReport:
+        silent = is_silent(result.text)
+        beat: dict[str, str] | None = None
+        if role == "persona" and started.ticks > 0:
+            metrics.BEATS.labels(outcome="silent" if silent else "surfaced").inc()
+            if not silent and result.text.strip():
+                beat = {"persona": agent.name, "text": result.text}
+        if role == "dreamer" and not silent and not _wrote_log(result):
+            # The dream prompt asks the model to log its pass; if it did not, the runtime
+            # keeps the promise that what a dream did lands in memory/log.md.
+            guard()
+            self._log_dream(agent, turn_id, result.text)
+        guard()
+        # Taken before the commit: once finish returns, a follow-up may already be running on
+        # another worker, and "this turn ended before the next began" must hold in the logs.
+        ended_at = monotonic_wall_time()
+        finished = self.fleet.lanes.finish(
+            lane,
+            started.fence,
+            status=result.status,
+            text=result.text,
+            beat=beat,
+            reply_ids=[item.id for item in started.items if item.reply],
+            reply_extra={"usage": result.usage.to_dict(), "limit": result.limit},
+        )
+        if finished.follow_up_turn_id and finished.follow_up_kind:
+            self.fleet.publisher.publish(lane, finished.follow_up_turn_id, finished.follow_up_kind)
+        self._end(
+            lane,
+            turn_id,
+            started,
+            result.status,
+            began,
+            ended_at=ended_at,
+            limit=result.limit,
+            silent=silent,
+            tokens=result.usage.total_tokens,
+            follow_up=finished.follow_up_turn_id,
+        )
+        return TurnReport(lane, turn_id, result.status, result.text, finished.follow_up_turn_id)
+
+    def _fail(
+        self, lane: str, turn_id: str, started: StartOutcome, error: str, began: float
+    ) -> TurnReport:
+        ended_at = monotonic_wall_time()
+        failed = self.fleet.lanes.fail(lane, started.fence, error=error[:2000])
+        if failed.dead:
+            _log.error("turn.dead_lettered", attempts=started.attempt, error=error)
+        elif failed.retry_turn_id and failed.kind:
+            self.fleet.publisher.publish(lane, failed.retry_turn_id, failed.kind)
+        self._end(
+            lane, turn_id, started, "error", began, ended_at=ended_at, error=error, dead=failed.dead
+        )
+        return TurnReport(lane, turn_id, "error", extra={"error": error, "dead": failed.dead})
+
+    def _end(
+        self,
+        lane: str,
+        turn_id: str,
+        started: StartOutcome,
+        status: str,
+        began: float,
+        *,
+        ended_at: float | None = None,
+        **fields: Any,
+    ) -> None:
+        seconds = time.monotonic() - began
+        metrics.TURNS.labels(kind=started.kind, status=status).inc()
+        metrics.TURN_SECONDS.labels(kind=started.kind).observe(seconds)
+        _log.info(
+            "turn.end",
+            lane=lane,
+            turn_id=turn_id,
+            fence=started.fence,
+            kind=started.kind,
+            ticks=started.ticks,
+            items=len(started.items),
+            item_ids=[item.id for item in started.items],
+            status=status,
+            seconds=round(seconds, 4),
+            at=ended_at if ended_at is not None else monotonic_wall_time(),
+            **{k: v for k, v in fields.items() if v is not None},
+        )
+
+    def _agent(self, name: str, role: str) -> AgentDef:
+        home = self.fleet.registry.home(name)
+        persona = from_dir(home)
+        if role != "dreamer":
+            return persona
+        return dreamer(
+            home,
+            store=FileTranscripts(home, lanes=[name]),
+            instructions=persona.dream.instructions if persona.dream else None,
+            model=persona.model,
+        )
+
+    def _model(self, agent: AgentDef) -> Model:
+        model = self.models.get(agent.model, agent.home)
+        return GatedModel(
+            model, self.gate, provider=provider_of(model), timeout=self.settings.turn_max_seconds
+        )
+
+    def _log_dream(self, agent: AgentDef, turn_id: str, text: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.fleet.clock.time()))
+        summary = " ".join(text.split())[:500]
+        tool = memory_tool(
+            agent.home,
+            notes=True,
+            lock_mode=self.settings.lock_mode,
+            lock_timeout=self.settings.lock_timeout,
+        )
+        entry = f"{stamp} {turn_id}: {summary}"
+        tool.execute({"action": "add", "target": "note:log", "text": entry})
+
+
+def _wrote_log(result: RunResult) -> bool:
+    return any(
+        call.name == "memory" and call.arguments.get("target") == "note:log"
+        for message in result.messages
+        for call in message.tool_calls
+    )
