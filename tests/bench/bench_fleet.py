@@ -4,7 +4,7 @@ Run:  .venv/bin/python -m tests.bench.bench_fleet [--tasks N] [--turns N] [--slo
       [--personas N] [--latency S] [--concurrency N] [--seconds S]
 
 Three figures from one run, each on a fresh real worker process with the same configuration
-(:func:`workers.celery.make_app`; pool and concurrency from :class:`Settings`, threads × 32 by
+(:func:`workers.celery.make_app`; pool and concurrency from :class:`Settings`, threads x 32 by
 default) and each with its own throwaway key and queue prefix:
 
 1. bare Celery: ``celery -A tests.bench.noop_app worker`` executing N no-op tasks (one Redis
@@ -41,7 +41,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
@@ -74,15 +74,11 @@ class Result:
 
     label: str
     count: int
-    seconds: float
+    rate: float  # tasks or turns per second
     pool: str
     concurrency: int
     p50_ms: float | None = None
     notes: tuple[str, ...] = ()
-
-    @property
-    def rate(self) -> float:
-        return self.count / self.seconds if self.seconds > 0 else float("inf")
 
 
 @dataclass
@@ -95,7 +91,6 @@ class _Worker:
     log_file: IO[bytes]
     _offset: int = 0
     _partial: bytes = b""
-    seen: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def start(cls, name: str, app: str, env: Mapping[str, str], logs: Path) -> _Worker:
@@ -130,7 +125,6 @@ class _Worker:
                 record = json.loads(line)
                 if isinstance(record, dict):
                     fresh.append(record)
-        self.seen.extend(fresh)
         return fresh
 
     def check(self, deadline: float, what: str) -> None:
@@ -166,44 +160,64 @@ class _Worker:
 
 
 @contextlib.contextmanager
-def _worker(name: str, app: str, env: Mapping[str, str], logs: Path) -> Iterator[_Worker]:
+def _worker(
+    name: str, app: str, env: Mapping[str, str], logs: Path, *, wait: bool = True
+) -> Iterator[_Worker]:
     worker = _Worker.start(name, app, env, logs)
     try:
-        worker.wait_ready(timeout=60)
+        if wait:
+            worker.wait_ready(timeout=60)
         yield worker
     finally:
         worker.stop()
 
 
 def bench_noop(env: Mapping[str, str], logs: Path, *, tasks: int, seconds: float) -> Result:
-    """Publish ``tasks`` no-op tasks to a fresh no-op worker; time until all were executed."""
+    """Fill the queue with ``tasks`` no-op tasks, start a no-op worker, time how fast it drains.
+
+    The queue is filled first because this process publishes slower than the worker runs no-ops
+    on two cores: published concurrently, the figure would measure the publisher. The clock runs
+    from the first executed task to the last, so start-up is not counted either.
+    """
     settings = Settings.from_env(env)
     app = make_noop_app(settings)
     client = redis.Redis.from_url(settings.redis_url)
+    key = done_key(settings)
     try:
-        with _worker("noop", "tests.bench.noop_app", env, logs) as worker:
-            key = done_key(settings)
-            client.delete(key)
-            began = time.time()
-            with app.producer_or_acquire() as producer:
-                for _ in range(tasks):
-                    app.send_task(NOOP_TASK, producer=producer, ignore_result=True)
-            published = time.time() - began
-            deadline = time.monotonic() + seconds
-            while int(client.get(key) or 0) < tasks:
-                worker.check(deadline, f"{tasks} no-op tasks")
+        client.delete(key)
+        began = time.perf_counter()
+        with app.producer_or_acquire() as producer:
+            for _ in range(tasks):
+                app.send_task(NOOP_TASK, producer=producer, ignore_result=True)
+        published = tasks / (time.perf_counter() - began)
+        with _worker("noop", "tests.bench.noop_app", env, logs, wait=False) as worker:
+            deadline = time.monotonic() + 60 + seconds  # start-up, then the run
+            first: tuple[float, int] | None = None
+            while True:
+                done = int(client.get(key) or 0)
+                now = time.perf_counter()
+                if done and first is None:
+                    first = (now, done)
+                if done >= tasks:
+                    break
+                worker.check(deadline, f"{tasks} no-op tasks ({done} done)")
                 time.sleep(_POLL)
-            elapsed = time.time() - began
     finally:
         client.close()
         app.close()
+    assert first is not None
+    if now <= first[0]:
+        raise BenchError(f"all {tasks} no-op tasks ran between two polls: raise --tasks")
     return Result(
         "bare Celery no-op task",
         tasks,
-        elapsed,
+        (tasks - first[1]) / (now - first[0]),
         settings.worker_pool,
         settings.worker_concurrency,
-        notes=(f"publishing {tasks} no-op tasks alone: {tasks / published:,.0f}/s",),
+        notes=(
+            f"no-op: queue pre-filled (publishing alone: {published:,.0f} tasks/s), "
+            "timed from the first executed task to the last",
+        ),
     )
 
 
@@ -219,9 +233,9 @@ def _write_personas(root: Path, count: int, *, scripted: bool) -> list[str]:
     return names
 
 
-def _drive(fleet: Fleet, worker: _Worker, plan: dict[str, int], deadline: float) -> tuple[
-    float, list[dict[str, Any]]
-]:
+def _drive(
+    fleet: Fleet, worker: _Worker, plan: dict[str, int], deadline: float
+) -> tuple[float, list[dict[str, Any]]]:
     """Post each persona's items one at a time (the next when its turn starts); the turn ends."""
     remaining = dict(plan)
     total = sum(plan.values())
@@ -249,6 +263,7 @@ def _drive(fleet: Fleet, worker: _Worker, plan: dict[str, int], deadline: float)
 
 def bench_turns(
     label: str,
+    worker_name: str,
     env: Mapping[str, str],
     logs: Path,
     names: Sequence[str],
@@ -266,7 +281,7 @@ def bench_turns(
     publisher = CeleryPublisher(settings)
     fleet = Fleet(settings, publisher=publisher)
     try:
-        with _worker(label.split()[-1], "workers", env, logs) as worker:
+        with _worker(worker_name, "workers", env, logs) as worker:
             began, ends = _drive(fleet, worker, plan, time.monotonic() + seconds)
     finally:
         fleet.client.close()
@@ -274,7 +289,7 @@ def bench_turns(
     elapsed = max(float(e["at"]) for e in ends) - began
     p50 = statistics.median(float(e["seconds"]) for e in ends) * 1000
     return Result(
-        label, turns, elapsed, settings.worker_pool, settings.worker_concurrency, p50_ms=p50
+        label, turns, turns / elapsed, settings.worker_pool, settings.worker_concurrency, p50_ms=p50
     )
 
 
@@ -291,9 +306,7 @@ def _clean(url: str, prefix: str) -> int:
 
 
 def _table(results: Sequence[Result], setup: str) -> str:
-    header = (
-        f"{'':<36} {'per s':>9} {'ms/op':>8} {'p50 ms':>8} {'N':>6} {'pool':>8} {'conc':>5}"
-    )
+    header = f"{'':<36} {'per s':>9} {'ms/op':>8} {'p50 ms':>8} {'N':>6} {'pool':>8} {'conc':>5}"
     lines = [setup, header, "-" * len(header)]
     for r in results:
         p50 = "-" if r.p50_ms is None else f"{r.p50_ms:,.1f}"
@@ -302,98 +315,131 @@ def _table(results: Sequence[Result], setup: str) -> str:
             f"{r.pool:>8} {r.concurrency:>5}"
         )
     lines.append(
-        "per s: tasks or turns completed per second, first publish to last completion; "
-        "ms/op: 1000 / per s; p50 ms: median turn duration inside the worker"
+        "per s: turns completed per second from the first post to the last turn.end (no-op: "
+        "see below); ms/op: 1000 / per s; p50 ms: median turn duration inside the worker"
     )
     lines.extend(f"  {note}" for r in results for note in r.notes)
     return "\n".join(lines)
 
 
 def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m tests.bench.bench_fleet", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tasks", type=int, default=5000, help="no-op tasks (default 5000)")
-    parser.add_argument("--turns", type=int, default=1000, help="turns at 0 ms (default 1000)")
-    parser.add_argument("--slow-turns", type=int, default=None,
-                        help="turns at --latency (default 6 x concurrency)")
-    parser.add_argument("--personas", type=int, default=200, help="personas (default 200)")
-    parser.add_argument("--latency", type=float, default=2.0, help="model latency s (default 2)")
-    parser.add_argument("--concurrency", type=int, default=None,
-                        help="worker concurrency (default: SOULFLEET_WORKER_CONCURRENCY, 32)")
-    parser.add_argument("--seconds", type=float, default=90.0,
-                        help="give up on a phase after this long (default 90)")
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.bench.bench_fleet",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--tasks", type=int, default=5000, help="no-op tasks (default 5000)")
+    add("--turns", type=int, default=1000, help="fleet turns at 0 ms (default 1000)")
+    add("--slow-turns", type=int, default=None, help="turns at --latency (default 6 x concurrency)")
+    add("--personas", type=int, default=200, help="personas per fleet phase (default 200)")
+    add("--latency", type=float, default=2.0, help="HTTP model latency in seconds (default 2)")
+    add("--concurrency", type=int, default=None, help="SOULFLEET_WORKER_CONCURRENCY (default 32)")
+    add("--seconds", type=float, default=90.0, help="give up on a phase after this (default 90)")
+    add("--keep", action="store_true", help="keep the scratch directory (worker logs, personas)")
     args = parser.parse_args(argv)
-    for name in ("tasks", "turns", "personas"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1")
+    for name in ("tasks", "turns", "personas", "slow_turns", "concurrency"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.latency < 0:
+        parser.error("--latency must be >= 0")
     return args
+
+
+@dataclass(frozen=True)
+class _Run:
+    """One benchmark run: its Redis, its key prefix (every phase below it), its scratch space."""
+
+    url: str
+    prefix: str
+    scratch: Path
+    extra: Mapping[str, str]
+
+    @property
+    def logs(self) -> Path:
+        return self.scratch / "logs"
+
+    def env(
+        self, phase: str, personas: Path, more: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """A fleet environment with the phase's own key and queue prefix."""
+        personas.mkdir(parents=True, exist_ok=True)
+        return fleet_env(
+            redis_url=self.url,
+            key_prefix=f"{self.prefix}{phase}:",
+            personas=personas,
+            extra={**self.extra, **(more or {})},
+        )
+
+
+def _say(message: str) -> None:
+    print(f"bench_fleet: {message}", file=sys.stderr, flush=True)
+
+
+def _phases(run: _Run, args: argparse.Namespace, settings: Settings) -> list[Result]:
+    run.logs.mkdir(parents=True, exist_ok=True)
+    _say(f"bare Celery, {args.tasks} no-op tasks ...")
+    noop_env = run.env("noop", run.scratch / "no-personas")
+    results = [bench_noop(noop_env, run.logs, tasks=args.tasks, seconds=args.seconds)]
+
+    root = run.scratch / "scripted"
+    names = _write_personas(root, args.personas, scripted=True)
+    _say(f"fleet, {args.turns} turns, scripted model 0 ms ...")
+    results.append(
+        bench_turns("fleet turn, scripted model 0 ms", "fast", run.env("fast", root), run.logs,
+                    names, turns=args.turns, seconds=args.seconds)
+    )  # fmt: skip
+
+    root = run.scratch / "http"
+    names = _write_personas(root, args.personas, scripted=False)
+    turns = args.slow_turns or 6 * settings.worker_concurrency
+    _say(f"fleet, {turns} turns, HTTP model {args.latency:g} s ...")
+    with FakeProvider("openai", delay=args.latency, text="ok") as provider:
+        env = run.env(
+            "slow", root, {"SOULFLEET_MODEL": "openai:fake", "OPENAI_BASE_URL": provider.base_url}
+        )
+        row = bench_turns(f"fleet turn, HTTP model {args.latency:g} s", "slow", env, run.logs,
+                          names, turns=turns, seconds=args.seconds)  # fmt: skip
+        gate = Settings.from_env(env).max_concurrent_model_calls
+        slots = min(settings.worker_concurrency, gate) if gate else settings.worker_concurrency
+        ideal = f"{slots / args.latency:,.1f}" if args.latency else "-"
+        results.append(
+            replace(row, notes=(
+                f"HTTP model: {len(provider.requests)} requests, at most {provider.max_in_flight} "
+                f"at once; ideal {ideal} turns/s = min(concurrency, gate {gate}) / latency",
+            ))
+        )  # fmt: skip
+    return results
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _arguments(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    run = uuid.uuid4().hex[:10]
-    base = f"sfbench:{run}:"
-    extra: dict[str, str] = {}
-    if args.concurrency is not None:
-        extra["SOULFLEET_WORKER_CONCURRENCY"] = str(args.concurrency)
-    scratch = Path(tempfile.mkdtemp(prefix="sfbench-"))
+    extra = {"SOULFLEET_WORKER_CONCURRENCY": str(args.concurrency)} if args.concurrency else {}
     configured = os.environ.get("REDIS_URL", "").strip() or None
     source = "REDIS_URL" if configured and reachable(configured) else "own redis-server"
-    results: list[Result] = []
+    scratch = Path(tempfile.mkdtemp(prefix="sfbench-"))
     try:
         with live_redis(configured, scratch / "redis") as url:
-
-            def env(phase: str, root: Path, more: Mapping[str, str] | None = None) -> dict[str, str]:
-                root.mkdir(parents=True, exist_ok=True)
-                return fleet_env(redis_url=url, key_prefix=f"{base}{phase}:", personas=root,
-                                 extra={**extra, **(more or {})})
-
-            logs = scratch / "logs"
-            logs.mkdir()
+            run = _Run(url, f"sfbench:{uuid.uuid4().hex[:10]}:", scratch, extra)
+            settings = Settings.from_env(run.env("setup", scratch / "no-personas"))
             try:
-                noop_env = env("noop", scratch / "none")
-                settings = Settings.from_env(noop_env)
-                slow_turns = args.slow_turns or 6 * settings.worker_concurrency
-                print(f"bench_fleet: no-op x{args.tasks} …", file=sys.stderr, flush=True)
-                results.append(bench_noop(noop_env, logs, tasks=args.tasks, seconds=args.seconds))
-
-                root = scratch / "scripted"
-                names = _write_personas(root, args.personas, scripted=True)
-                print(f"bench_fleet: {args.turns} turns, scripted 0 ms …", file=sys.stderr,
-                      flush=True)
-                results.append(bench_turns("fleet turn, scripted model 0 ms", env("fast", root),
-                                           logs, names, turns=args.turns, seconds=args.seconds))
-
-                root = scratch / "http"
-                names = _write_personas(root, args.personas, scripted=False)
-                print(f"bench_fleet: {slow_turns} turns, HTTP model {args.latency:g} s …",
-                      file=sys.stderr, flush=True)
-                with FakeProvider("openai", delay=args.latency, text="ok") as provider:
-                    slow_env = env("slow", root, {"SOULFLEET_MODEL": "openai:fake",
-                                                  "OPENAI_BASE_URL": provider.base_url})
-                    row = bench_turns(f"fleet turn, HTTP model {args.latency:g} s",
-                                      slow_env, logs, names, turns=slow_turns,
-                                      seconds=args.seconds)
-                    gate = Settings.from_env(slow_env).max_concurrent_model_calls
-                    ideal = min(settings.worker_concurrency, gate or slow_turns) / args.latency
-                    results.append(replace(row, notes=(
-                        f"HTTP model: {len(provider.requests)} requests, at most "
-                        f"{provider.max_in_flight} at once; ideal {ideal:,.1f} turns/s "
-                        f"(min(concurrency, gate {gate}) / {args.latency:g} s)",
-                    )))
+                results = _phases(run, args, settings)
             finally:
-                leftover = _clean(url, base)
-            if leftover:
-                print(f"bench_fleet: WARNING: {leftover} keys under {base!r} survived cleanup",
-                      file=sys.stderr)
+                leftover = _clean(url, run.prefix)
+                if leftover:
+                    _say(f"WARNING: {leftover} keys under {run.prefix!r} survived the clean-up")
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    cores = os.cpu_count() or 0
+        if args.keep:
+            _say(f"kept {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
     setup = (
-        f"bench_fleet: {source}, Celery {celery.__version__}, Python "
-        f"{sys.version.split()[0]}, {cores} cores; pool {settings.worker_pool}, concurrency "
-        f"{settings.worker_concurrency}, prefetch 1, acks_late; {args.personas} personas"
+        f"bench_fleet: Redis {source}, Celery {celery.__version__}, Python "
+        f"{sys.version.split()[0]}, {os.cpu_count()} cores; pool {settings.worker_pool}, "
+        f"concurrency {settings.worker_concurrency}, prefetch 1, acks_late, turn gate "
+        f"{settings.max_concurrent_model_calls}; {args.personas} personas"
     )
     print(_table(results, setup))
 
