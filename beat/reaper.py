@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from workers.fleet import Fleet
-from workers.lanes import Repair
+from workers.outcomes import Repair
 
 __all__ = ["MAX_ROUNDS", "ReapReport", "Reaper"]
 

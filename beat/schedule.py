@@ -34,7 +34,8 @@ from typing import Any, Literal
 
 from beat.cron import parse_cron, zone
 from workers.keys import schedule_member
-from workers.persona.manifest import ActiveHours, PersonaConfig
+from workers.persona.manifest import PersonaConfig
+from workers.persona.schedules import ActiveHours
 from workers.registry import PersonaRegistry
 from workers.settings import Settings
 

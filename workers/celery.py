@@ -98,10 +98,17 @@ def _worker_process_init(**_: Any) -> None:
 
 
 @worker_ready.connect
-def _worker_ready(**_: Any) -> None:
+def _worker_ready(sender: Any = None, **_: Any) -> None:
     from workers.runtime import start_worker_services  # noqa: PLC0415 - as above
 
-    start_worker_services(settings)
+    # -P/-c on the command line override the settings: report what the pool really is.
+    pool = getattr(sender, "pool", None)
+    module = type(pool).__module__.rsplit(".", 1)[-1] if pool is not None else None
+    start_worker_services(
+        settings,
+        pool={"thread": "threads"}.get(module or "", module),
+        concurrency=getattr(pool, "limit", None),
+    )
 
 
 @worker_shutdown.connect

@@ -29,7 +29,8 @@ from kombu.exceptions import OperationalError as BrokerError
 from workers.beats import Beat, Beats
 from workers.errors import LaneDeadLettered, RedisUnavailable
 from workers.keys import Keys
-from workers.lanes import Lanes, PostOutcome, Repair, TickOutcome
+from workers.lanes import Lanes
+from workers.outcomes import PostOutcome, Repair, TickOutcome
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
 from workers.queues import TURN_TASK, queue_name

@@ -19,7 +19,8 @@ Why it is built this way:
   never commit. Drained items stay in the in-flight list until finish, so a crashed turn's
   items are the first thing the next start hands out.
 - Publishing turn messages is not done here: an outcome's ``turn_id`` is set exactly when a
-  turn was queued and the caller must publish it.
+  turn was queued and the caller must publish it. The outcome values live in
+  :mod:`workers.outcomes` (re-exported here) so their readers need not import the lanes.
 
 Every method may raise :class:`~workers.errors.RedisUnavailable`.
 """
@@ -27,10 +28,8 @@ Every method may raise :class:`~workers.errors.RedisUnavailable`.
 from __future__ import annotations
 
 import json
-
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import redis
@@ -40,6 +39,14 @@ from redis.commands.core import Script
 from workers import metrics
 from workers.errors import InboxFull, ItemTooLarge, LeaseLost
 from workers.keys import Keys
+from workers.outcomes import (
+    FailOutcome,
+    FinishOutcome,
+    PostOutcome,
+    Repair,
+    StartOutcome,
+    TickOutcome,
+)
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
 from workers.scripts import Scripts, redis_errors
@@ -64,72 +71,6 @@ _ERROR_MAX = 4000
 #: Lanes per tick script call, and script calls per pipelined round trip (see tick_many).
 _TICK_BATCH = 500
 _TICK_CALLS_PER_TRIP = 20
-
-
-@dataclass(frozen=True, slots=True)
-class PostOutcome:
-    """What a post did. ``turn_id``/``turn_kind`` are set iff a turn must be published."""
-
-    lane: str
-    outcome: Literal["queued", "pending", "dead"]
-    item_id: str
-    depth: int
-    turn_id: str | None = None
-    turn_kind: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class TickOutcome:
-    """What a tick (or a revive) did. ``turn_id``/``turn_kind`` are set iff a turn was queued."""
-
-    lane: str
-    kind: str
-    outcome: Literal["queued", "coalesced", "dead_lettered"]
-    turn_id: str | None = None
-    turn_kind: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StartOutcome:
-    """What a start did; only ``status == "started"`` means: run the turn with ``fence``."""
-
-    status: Literal["started", "duplicate", "stale", "dead"]
-    fence: int = 0
-    items: list[InboxItem] = field(default_factory=list)
-    ticks: int = 0
-    recovered: int = 0
-    attempt: int = 0
-    kind: str = ""
-    error: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class FinishOutcome:
-    """A committed turn. ``follow_up_*`` are set iff a follow-up turn must be published."""
-
-    turn_id: str
-    follow_up_turn_id: str | None = None
-    follow_up_kind: str | None = None
-    beat_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class FailOutcome:
-    """A failed turn: dead-lettered, or queued again as ``retry_turn_id`` (publish it)."""
-
-    dead: bool
-    retry_turn_id: str | None
-    kind: str
-
-
-@dataclass(frozen=True, slots=True)
-class Repair:
-    """A stranded lane the reaper re-queued; the caller publishes ``turn_id`` on ``kind``."""
-
-    lane: str
-    reason: Literal["lease_expired", "queued_too_long"]
-    turn_id: str
-    kind: str
 
 
 def _turn_id() -> str:

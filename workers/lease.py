@@ -241,8 +241,12 @@ class Renewer:
                 for handle in group:
                     handle._failed(time.monotonic(), str(exc))
                 continue
+            with self._lock:
+                # A turn that committed while this pass was in flight deleted its own lease
+                # and unregistered: "gone" is then its finish, not a loss.
+                still = {id(handle) for handle in group if id(handle) in self._handles}
             for handle, ok in zip(group, results, strict=True):
                 if ok:
                     handle._renewed(sent)
-                else:
+                elif id(handle) in still:
                     handle.mark_lost("renewal found it gone (fence moved on or slot expired)")

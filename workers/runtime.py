@@ -67,12 +67,18 @@ def reset_runtime() -> None:
         _Holder.executor = None
 
 
-def start_worker_services(settings: Settings) -> None:
+def start_worker_services(
+    settings: Settings, *, pool: str | None = None, concurrency: int | None = None
+) -> None:
     """Metrics endpoint and the memory-lock wait histogram; then warm the executor."""
     set_lock_wait_observer(metrics.MEMORY_LOCK_WAIT.observe)
     metrics.serve_metrics(settings.metrics_port)
     executor()
-    _log.info("worker.ready", pool=settings.worker_pool, concurrency=settings.worker_concurrency)
+    _log.info(
+        "worker.ready",
+        pool=pool or settings.worker_pool,
+        concurrency=concurrency or settings.worker_concurrency,
+    )
 
 
 def stop_worker_services() -> None:

@@ -3,14 +3,15 @@
 Every variable soulfleet reads is parsed here (the model provider variables are parsed by
 :class:`workers.persona.models.config.ModelConfig`, which this object embeds), so the README's
 configuration table has exactly one place to be checked against. A bad value fails loudly at
-start-up with :class:`SettingsError` naming the variable; nothing falls back silently.
+start-up with :class:`SettingsError` naming the variable; nothing falls back silently. The typed
+reads themselves are the core's :class:`~workers.persona.env.EnvReader`, shared with
+``ModelConfig`` so both give the same messages.
 
 This module imports nothing heavy: the persona core, the CLI and Celery's app module all read it.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from workers.persona.env import EnvReader
 from workers.persona.errors import SettingsError
 from workers.persona.models.config import ModelConfig
 
@@ -44,67 +46,6 @@ def redact_url(url: str) -> str:
         host = f"{host}:{parts.port}"
     netloc = f"{user}:***@{host}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-class _Env:
-    """Loud typed reads from one environment mapping."""
-
-    def __init__(self, environ: Mapping[str, str]) -> None:
-        self._environ = environ
-
-    def raw(self, name: str) -> str | None:
-        value = self._environ.get(name)
-        if value is None or value.strip() == "":
-            return None
-        return value.strip()
-
-    def text(self, name: str, default: str) -> str:
-        value = self.raw(name)
-        return default if value is None else value
-
-    def integer(self, name: str, default: int, *, minimum: int = 0) -> int:
-        value = self.raw(name)
-        if value is None:
-            return default
-        try:
-            parsed = int(value)
-        except ValueError:
-            raise SettingsError(name, f"must be a whole number, got {value!r}") from None
-        if parsed < minimum:
-            raise SettingsError(name, f"must be >= {minimum}, got {parsed}")
-        return parsed
-
-    def number(self, name: str, default: float, *, minimum: float = 0.0) -> float:
-        value = self.raw(name)
-        if value is None:
-            return default
-        try:
-            parsed = float(value)
-        except ValueError:
-            raise SettingsError(name, f"must be a number, got {value!r}") from None
-        if math.isnan(parsed) or parsed < minimum:
-            raise SettingsError(name, f"must be a number >= {minimum}, got {value!r}")
-        return parsed
-
-    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
-        value = self.raw(name)
-        if value is None:
-            return default
-        lowered = value.lower()
-        if lowered not in choices:
-            raise SettingsError(name, f"must be one of {', '.join(choices)}; got {value!r}")
-        return lowered
-
-    def flag(self, name: str, default: bool) -> bool:
-        value = self.raw(name)
-        if value is None:
-            return default
-        lowered = value.lower()
-        if lowered in ("1", "true", "yes", "on"):
-            return True
-        if lowered in ("0", "false", "no", "off"):
-            return False
-        raise SettingsError(name, f"must be true or false, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +103,7 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """Parse ``environ`` (default ``os.environ``); a bad value raises :class:`SettingsError`."""
-        env = _Env(os.environ if environ is None else environ)
+        env = EnvReader(os.environ if environ is None else environ)
         redis_raw = env.raw("REDIS_URL")
         redis_url = redis_raw or DEFAULT_REDIS_URL
         _check_redis_url("REDIS_URL", redis_url)
@@ -248,7 +189,7 @@ class Settings:
         return self.lease_ttl / 3
 
 
-def _fraction(env: _Env, name: str, default: float) -> float:
+def _fraction(env: EnvReader, name: str, default: float) -> float:
     value = env.number(name, default)
     if value > 0.5:
         raise SettingsError(name, f"must be between 0 and 0.5, got {value}")

@@ -19,7 +19,6 @@ re-sync), the cost of INFO JSON log lines per tick, and ``next_fire`` for a cron
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import sys
@@ -40,9 +39,9 @@ from beat.cron import next_fire
 from beat.schedule import ScheduleSpec, to_ms
 from beat.sweep import Sweeper
 from beat.sync import RegistrySync
+from tests.support.redis import live_redis
 from workers.fleet import Fleet
 from workers.logs import configure_logging
-from workers.redis_server import RedisServer
 from workers.settings import Settings
 
 __all__ = ["NoopPublisher", "main"]
@@ -59,27 +58,6 @@ class NoopPublisher:
 
     def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
         return None
-
-
-def _reachable(url: str) -> bool:
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except (redis.RedisError, OSError, ValueError):
-        return False
-
-
-@contextlib.contextmanager
-def _redis() -> Iterator[tuple[str, str]]:
-    configured = os.environ.get("REDIS_URL", "").strip()
-    if configured and _reachable(configured):
-        yield configured, "REDIS_URL"
-        return
-    with tempfile.TemporaryDirectory() as scratch, RedisServer(Path(scratch)) as server:
-        yield server.url, "own redis-server"
 
 
 def _quiet() -> None:
@@ -235,7 +213,13 @@ def bench_sync(url: str, root: Path, size: int) -> tuple[float, float]:
 
 def main() -> None:
     _quiet()
-    with _redis() as (url, where), tempfile.TemporaryDirectory() as scratch:
+    configured = os.environ.get("REDIS_URL", "").strip() or None
+    with (
+        tempfile.TemporaryDirectory() as redis_dir,
+        live_redis(configured, Path(redis_dir)) as url,
+        tempfile.TemporaryDirectory() as scratch,
+    ):
+        where = "REDIS_URL" if url == configured else "own redis-server"
         root = Path(scratch)
         print(f"beat benchmark — Redis: {where}; turn messages: no-op publisher, so the figures")
         print("are Redis + sweep cost (claim, re-score, skip checks, tick scripts), no broker.")

@@ -1,28 +1,34 @@
 """Benchmark the fleet end to end against bare Celery, and PRINT one side-by-side table.
 
 Run:  .venv/bin/python -m tests.bench.bench_fleet [--tasks N] [--turns N] [--slow-turns N]
-      [--personas N] [--latency S] [--concurrency N] [--seconds S]
+      [--personas N] [--latency S] [--concurrency N] [--seconds S] [--keep]
 
 Three figures from one run, each on a fresh real worker process with the same configuration
 (:func:`workers.celery.make_app`; pool and concurrency from :class:`Settings`, threads x 32 by
 default) and each with its own throwaway key and queue prefix:
 
-1. bare Celery: ``celery -A tests.bench.noop_app worker`` executing N no-op tasks (one Redis
-   INCR each, which is how completions are counted) — the ceiling Celery itself sets;
+1. bare Celery: ``celery -A tests.bench.noop_app worker`` draining N no-op tasks (one Redis
+   INCR each, which is how completions are counted) — the ceiling Celery itself sets. The queue
+   is filled before the worker starts and the clock runs from the first executed task to the
+   last: published live, the figure would measure this process's publishing, not the worker;
 2. fleet turns with the scripted model answering at once: ``celery -A workers worker`` and
    personas whose ``persona.toml`` says ``model = "scripted:rules.toml"``;
 3. fleet turns against a real local HTTP server speaking the OpenAI protocol that answers after
    ``--latency`` seconds (:class:`~tests.support.providers.FakeProvider`), at the default turn
-   gate: the figure should approach concurrency / latency.
+   gate: the figure should approach min(concurrency, gate) / latency.
 
 A turn is measured end to end: ``Fleet.post`` (lane script + Celery publish), ``start.lua``, soul
 composition, the loop, fsynced transcript writes, ``finish.lua``. Each persona has at most one
 item outstanding: its next item is posted when its current turn is seen starting (``turn.start``
 in the worker's JSON log), so the finish script queues exactly one follow-up per item and the
-workers never starve, while no turn ever coalesces two items (the count would be off). Rates are
+worker never starves, while no turn ever coalesces two items (the count would be off). Rates are
 N over (last ``turn.end`` timestamp minus the first post); "p50 ms" is the median turn duration
-the worker logged. Uses ``REDIS_URL`` if it answers, else starts its own redis-server; every
-key of the run is deleted at the end and every process it started is stopped.
+the worker logged; "cpu ms" is the worker process's CPU per task or turn (``/proc``), which
+shows how close one thread-pool process is to its one-core (GIL) ceiling. The benchmark process
+runs on the same cores, so its own CPU per turn is printed too.
+
+Uses ``REDIS_URL`` if it answers, else starts its own redis-server; every key of the run is
+deleted at the end and every process it started is stopped (process groups, try/finally).
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ class Result:
     pool: str
     concurrency: int
     p50_ms: float | None = None
+    cpu_ms: float | None = None  # worker process CPU per task or turn
     notes: tuple[str, ...] = ()
 
 
@@ -127,6 +134,15 @@ class _Worker:
                     fresh.append(record)
         return fresh
 
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU the worker process has used so far (Linux ``/proc``; else None)."""
+        try:
+            stat = Path(f"/proc/{self.popen.pid}/stat").read_text()
+        except OSError:
+            return None
+        fields = stat.rsplit(")", 1)[1].split()  # the command name may contain spaces
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def check(self, deadline: float, what: str) -> None:
         """Raise :class:`BenchError` with the log tail if the worker died or time is up."""
         if self.popen.poll() is not None:
@@ -136,7 +152,8 @@ class _Worker:
 
     def error(self, message: str) -> BenchError:
         tail = self.log_path.read_text(errors="replace").splitlines()[-30:]
-        return BenchError(f"{message}\n--- {self.log_path} (last lines) ---\n" + "\n".join(tail))
+        header = f"--- last lines of {self.log_path.name} (--keep keeps the whole log) ---"
+        return BenchError("\n".join([message, header, *tail]))
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -192,21 +209,22 @@ def bench_noop(env: Mapping[str, str], logs: Path, *, tasks: int, seconds: float
         published = tasks / (time.perf_counter() - began)
         with _worker("noop", "tests.bench.noop_app", env, logs, wait=False) as worker:
             deadline = time.monotonic() + 60 + seconds  # start-up, then the run
-            first: tuple[float, int] | None = None
+            first: tuple[float, int, float | None] | None = None
             while True:
                 done = int(client.get(key) or 0)
                 now = time.perf_counter()
                 if done and first is None:
-                    first = (now, done)
+                    first = (now, done, worker.cpu_seconds())
                 if done >= tasks:
                     break
                 worker.check(deadline, f"{tasks} no-op tasks ({done} done)")
                 time.sleep(_POLL)
+            cpu_end = worker.cpu_seconds()
     finally:
         client.close()
         app.close()
     assert first is not None
-    if now <= first[0]:
+    if now <= first[0] or first[1] >= tasks:
         raise BenchError(f"all {tasks} no-op tasks ran between two polls: raise --tasks")
     return Result(
         "bare Celery no-op task",
@@ -214,6 +232,7 @@ def bench_noop(env: Mapping[str, str], logs: Path, *, tasks: int, seconds: float
         (tasks - first[1]) / (now - first[0]),
         settings.worker_pool,
         settings.worker_concurrency,
+        cpu_ms=_per_op(first[2], cpu_end, tasks - first[1]),
         notes=(
             f"no-op: queue pre-filled (publishing alone: {published:,.0f} tasks/s), "
             "timed from the first executed task to the last",
@@ -282,15 +301,33 @@ def bench_turns(
     fleet = Fleet(settings, publisher=publisher)
     try:
         with _worker(worker_name, "workers", env, logs) as worker:
+            cpu_start, own_start = worker.cpu_seconds(), time.process_time()
             began, ends = _drive(fleet, worker, plan, time.monotonic() + seconds)
+            cpu_end, own = worker.cpu_seconds(), time.process_time() - own_start
     finally:
         fleet.client.close()
         publisher.app.close()
     elapsed = max(float(e["at"]) for e in ends) - began
     p50 = statistics.median(float(e["seconds"]) for e in ends) * 1000
     return Result(
-        label, turns, turns / elapsed, settings.worker_pool, settings.worker_concurrency, p50_ms=p50
+        label,
+        turns,
+        turns / elapsed,
+        settings.worker_pool,
+        settings.worker_concurrency,
+        p50_ms=p50,
+        cpu_ms=_per_op(cpu_start, cpu_end, turns),
+        notes=(
+            f"{label}: this process (posting, reading the worker log, any HTTP model) used "
+            f"{own * 1000 / turns:,.2f} ms CPU per turn on the same cores",
+        ),
     )
+
+
+def _per_op(start: float | None, end: float | None, count: int) -> float | None:
+    if start is None or end is None or count <= 0:
+        return None
+    return (end - start) * 1000 / count
 
 
 def _clean(url: str, prefix: str) -> int:
@@ -306,17 +343,22 @@ def _clean(url: str, prefix: str) -> int:
 
 
 def _table(results: Sequence[Result], setup: str) -> str:
-    header = f"{'':<36} {'per s':>9} {'ms/op':>8} {'p50 ms':>8} {'N':>6} {'pool':>8} {'conc':>5}"
+    header = (
+        f"{'':<34} {'per s':>8} {'ms/op':>7} {'p50 ms':>8} {'cpu ms':>7} {'N':>6} "
+        f"{'pool':>7} {'conc':>4}"
+    )
     lines = [setup, header, "-" * len(header)]
     for r in results:
         p50 = "-" if r.p50_ms is None else f"{r.p50_ms:,.1f}"
+        cpu = "-" if r.cpu_ms is None else f"{r.cpu_ms:,.2f}"
         lines.append(
-            f"{r.label:<36} {r.rate:>9,.1f} {1000 / r.rate:>8,.2f} {p50:>8} {r.count:>6} "
-            f"{r.pool:>8} {r.concurrency:>5}"
+            f"{r.label:<34} {r.rate:>8,.1f} {1000 / r.rate:>7,.2f} {p50:>8} {cpu:>7} "
+            f"{r.count:>6} {r.pool:>7} {r.concurrency:>4}"
         )
     lines.append(
-        "per s: turns completed per second from the first post to the last turn.end (no-op: "
-        "see below); ms/op: 1000 / per s; p50 ms: median turn duration inside the worker"
+        "per s: turns completed per second from the first post to the last turn.end (no-op: see "
+        "below); ms/op: 1000 / per s; p50 ms: median turn duration in the worker; cpu ms: "
+        "worker process CPU (user+sys) per task or turn"
     )
     lines.extend(f"  {note}" for r in results for note in r.notes)
     return "\n".join(lines)
@@ -404,12 +446,11 @@ def _phases(run: _Run, args: argparse.Namespace, settings: Settings) -> list[Res
         gate = Settings.from_env(env).max_concurrent_model_calls
         slots = min(settings.worker_concurrency, gate) if gate else settings.worker_concurrency
         ideal = f"{slots / args.latency:,.1f}" if args.latency else "-"
-        results.append(
-            replace(row, notes=(
-                f"HTTP model: {len(provider.requests)} requests, at most {provider.max_in_flight} "
-                f"at once; ideal {ideal} turns/s = min(concurrency, gate {gate}) / latency",
-            ))
-        )  # fmt: skip
+        served = (
+            f"HTTP model: {len(provider.requests)} requests, at most {provider.max_in_flight} at "
+            f"once; ideal {ideal} turns/s = min(concurrency, gate {gate}) / latency"
+        )
+        results.append(replace(row, notes=(*row.notes, served)))
     return results
 
 

@@ -14,14 +14,12 @@ figures measure soulfleet plus one local Redis round trip, not a network.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import redis
@@ -30,33 +28,12 @@ import structlog
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.support.redis import live_redis
 from workers.keys import Keys
 from workers.lanes import Lanes
 from workers.persona.inbox import InboxItem
-from workers.redis_server import RedisServer
 
 __all__ = ["bench_cycles", "bench_tick_many", "bench_tick_single", "main"]
-
-
-def _reachable(url: str) -> bool:
-    try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except (redis.RedisError, OSError, ValueError):
-        return False
-
-
-@contextlib.contextmanager
-def _redis() -> Iterator[tuple[str, str]]:
-    configured = os.environ.get("REDIS_URL", "").strip()
-    if configured and _reachable(configured):
-        yield configured, "REDIS_URL"
-        return
-    with tempfile.TemporaryDirectory() as scratch, RedisServer(Path(scratch)) as server:
-        yield server.url, "own redis-server"
 
 
 def _lanes(client: redis.Redis, prefix: str) -> Lanes:
@@ -128,7 +105,9 @@ def bench_cycles(client: redis.Redis, cycles: int, lane_count: int = 100) -> flo
 
 def main() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    with _redis() as (url, source):
+    configured = os.environ.get("REDIS_URL", "").strip() or None
+    with tempfile.TemporaryDirectory() as scratch, live_redis(configured, Path(scratch)) as url:
+        source = "REDIS_URL" if url == configured else "own redis-server"
         client = redis.Redis.from_url(url, decode_responses=True)
         version = client.info("server").get("redis_version", "?")
         print(f"bench_lanes: Redis {version} ({source}), Python {sys.version.split()[0]}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from tests.cli.conftest import Invoke
 from workers.fleet import Fleet
@@ -16,7 +16,7 @@ class _Recorder:
     def publish(self, lane: str, turn_id: str, kind: str) -> None:
         self.sent.append((lane, turn_id, kind))
 
-    def publish_many(self, turns: list[tuple[str, str, str]]) -> None:
+    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
         self.sent.extend(turns)
 
 

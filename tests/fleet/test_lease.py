@@ -192,3 +192,32 @@ def test_stop_ends_the_thread_and_refuses_new_handles(
     assert not thread.is_alive()
     with pytest.raises(RuntimeError, match="stopped"):
         renewer.register_lease("ava", 1, lanes=lanes)
+
+
+def test_a_turn_that_commits_during_a_renewal_pass_is_not_reported_lost(
+    redis_client: redis.Redis, key_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal already in flight when its turn commits (finish deletes the lease, then the
+    turn unregisters) finds the lease gone: that is the commit, not a loss, so the handle is
+    not marked lost. The same "gone" for a handle still registered is a loss."""
+    lanes = make_lanes(redis_client, key_prefix, lease_ttl=30)
+    renewer = Renewer(lanes)
+    fence = _start(lanes)
+    committed = renewer.register_lease("ava", fence)
+    renew_many = lanes.renew_many
+
+    def commit_first(leases: list[tuple[str, int]]) -> list[bool]:
+        lanes.finish("ava", fence, status="done", text="ok")
+        renewer.unregister(committed)
+        return renew_many(leases)
+
+    monkeypatch.setattr(lanes, "renew_many", commit_first)
+    renewer.renew_now()
+    assert not committed.lost.is_set()
+
+    fence = _start(lanes)
+    stolen = renewer.register_lease("ava", fence)
+    monkeypatch.setattr(lanes, "renew_many", renew_many)
+    redis_client.delete(Keys(key_prefix).lease("ava"))
+    renewer.renew_now()
+    assert stolen.lost.is_set()

@@ -25,27 +25,21 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.fleet import FleetProcess, fleet_env, wait_until
+from tests.support.fleet import FleetProcess, fleet_env, spawn, wait_until
 from tests.support.ops import (
     COMPOSE,
     DOCKERFILE,
     OPS,
-    REPO,
     alert_rules,
     dashboard_exprs,
     load_yaml,
 )
+from workers.redis_server import free_port
 
 pytestmark = pytest.mark.integration
 
 HEALTHCHECK = OPS / "healthcheck.py"
 FLOWER_AUTH = "ops-test:flower-secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _compose_argv(service: str) -> list[str]:
@@ -64,22 +58,6 @@ def _env(redis_url: str, key_prefix: str, personas: Path, **extra: str) -> dict[
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(extra)
     return env
-
-
-def _spawn(name: str, argv: list[str], env: Mapping[str, str], logs: Path) -> FleetProcess:
-    logs.mkdir(parents=True, exist_ok=True)
-    log_path = logs / f"{name}.log"
-    log_file = log_path.open("ab")
-    popen = subprocess.Popen(
-        argv,
-        env=dict(env),
-        cwd=str(REPO),
-        stdin=subprocess.DEVNULL,
-        stdout=log_file,
-        stderr=log_file,
-        start_new_session=True,
-    )
-    return FleetProcess(name=name, popen=popen, log_path=log_path, _log_file=log_file)
 
 
 @pytest.fixture
@@ -129,9 +107,9 @@ def test_beat_runs_as_compose_runs_it_and_its_healthcheck_follows_the_sweep(
     redis_url: str, key_prefix: str, personas: Path, tmp_path: Path, processes: list[FleetProcess]
 ) -> None:
     """compose's beat command sweeps; the health check passes; beat exports what alerts read."""
-    port = _free_port()
+    port = free_port()
     env = _env(redis_url, key_prefix, personas, SOULFLEET_METRICS_PORT=str(port))
-    beat = _spawn("beat", _compose_argv("beat"), env, tmp_path / "logs")
+    beat = spawn("beat", _compose_argv("beat"), env, tmp_path / "logs")
     processes.append(beat)
     beat.wait_for_event("sweep.done", timeout=60)
 
@@ -153,7 +131,7 @@ def test_worker_runs_as_compose_runs_it_and_answers_the_image_healthcheck(
     redis_url: str, key_prefix: str, personas: Path, tmp_path: Path, processes: list[FleetProcess]
 ) -> None:
     """compose's worker command starts; the Dockerfile HEALTHCHECK pings this node, not another."""
-    port = _free_port()
+    port = free_port()
     env = _env(
         redis_url,
         key_prefix,
@@ -164,7 +142,7 @@ def test_worker_runs_as_compose_runs_it_and_answers_the_image_healthcheck(
     )
     argv = _compose_argv("worker")
     argv[argv.index("-c") + 1] = "4"
-    worker = _spawn("worker", argv, env, tmp_path / "logs")
+    worker = spawn("worker", argv, env, tmp_path / "logs")
     processes.append(worker)
     worker.wait_for_event("worker.ready", timeout=60)
 
@@ -209,10 +187,10 @@ def test_flower_refuses_anonymous_requests_and_its_healthcheck_passes(
     redis_url: str, key_prefix: str, personas: Path, tmp_path: Path, processes: list[FleetProcess]
 ) -> None:
     """Flower with FLOWER_BASIC_AUTH: 401 without credentials, 200 with; /healthcheck is open."""
-    port = _free_port()
+    port = free_port()
     env = _env(redis_url, key_prefix, personas, FLOWER_BASIC_AUTH=FLOWER_AUTH)
     argv = [part for part in _compose_argv("flower") if not part.startswith("--port")]
-    flower = _spawn("flower", [*argv, f"--port={port}", "--address=127.0.0.1"], env, tmp_path)
+    flower = spawn("flower", [*argv, f"--port={port}", "--address=127.0.0.1"], env, tmp_path)
     processes.append(flower)
     base = f"http://127.0.0.1:{port}"
 

@@ -7,7 +7,6 @@ while its own newest sweep is recent; the metrics come from a real prometheus_cl
 from __future__ import annotations
 
 import http.server
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from tests.support.ops import OPS
+from workers.redis_server import free_port
 
 SCRIPT = OPS / "healthcheck.py"
 
@@ -30,12 +30,6 @@ def _check(*args: str) -> subprocess.CompletedProcess[str]:
         timeout=30,
         check=False,
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Exporter:
@@ -95,7 +89,7 @@ def test_beat_is_unhealthy_when_the_gauge_is_missing(exporter: Exporter) -> None
 
 def test_beat_is_unhealthy_when_nothing_listens() -> None:
     """No metrics endpoint at all: exit 1, naming the URL."""
-    port = _free_port()
+    port = free_port()
     result = _check("beat", "--port", str(port), "--timeout", "2")
     assert result.returncode == 1
     assert f"127.0.0.1:{port}" in result.stderr

@@ -13,8 +13,8 @@ import pytest
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.errors import PersonaConfigError, PersonaNotFound
 from workers.persona.home import compose_soul
-from workers.persona.manifest import ActiveHours, DreamSchedule, HeartbeatSchedule
 from workers.persona.memory import MemoryTool, memory_tool
+from workers.persona.schedules import ActiveHours, DreamSchedule, HeartbeatSchedule
 from workers.persona.tools import FunctionTool, ToolResult
 
 MANIFEST = """\

@@ -21,8 +21,8 @@ from beat.schedule import ScheduleSpec, to_ms
 from beat.sweep import Sweeper
 from workers.fleet import Fleet
 from workers.keys import Keys
-from workers.lanes import TickOutcome
 from workers.logs import configure_logging
+from workers.outcomes import TickOutcome
 from workers.persona.clock import Clock
 from workers.settings import Settings
 

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FleetProcess", "fleet_env", "read_events", "start_beat", "start_worker", "wait_until"]
+__all__ = [
+    "FleetProcess",
+    "fleet_env",
+    "read_events",
+    "spawn",
+    "start_beat",
+    "start_worker",
+    "wait_until",
+]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -147,7 +155,8 @@ class FleetProcess:
             self._log_file = None
 
 
-def _spawn(name: str, argv: list[str], env: Mapping[str, str], log_dir: Path) -> FleetProcess:
+def spawn(name: str, argv: list[str], env: Mapping[str, str], log_dir: Path) -> FleetProcess:
+    """Start ``argv`` from the repository root in its own session, logging to ``<name>.log``."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     log_file = log_path.open("ab")
@@ -183,7 +192,7 @@ def start_worker(
         "--without-mingle", "--without-gossip",
         "--loglevel", "INFO",
     ]
-    process = _spawn(name, argv, env, log_dir)
+    process = spawn(name, argv, env, log_dir)
     if wait:
         process.wait_for_event("worker.ready", timeout=60)
     return process
@@ -194,7 +203,7 @@ def start_beat(
 ) -> FleetProcess:
     """Start ``celery -A workers beat`` and wait for its first sweep."""
     argv = [sys.executable, "-m", "celery", "-A", "workers", "beat", "--loglevel", "INFO"]
-    process = _spawn(name, argv, env, log_dir)
+    process = spawn(name, argv, env, log_dir)
     if wait:
         process.wait_for_event("sweep.done", timeout=60)
     return process

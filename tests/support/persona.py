@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
@@ -19,12 +20,18 @@ from workers.persona.locks import LockMode
 from workers.persona.memory import memory_tool
 
 __all__ = [
+    "at",
     "expected_entries",
     "make_persona",
     "memory_churn",
     "memory_worker",
     "tree",
 ]
+
+
+def at(year: int, month: int, day: int, hour: int, minute: int = 0) -> float:
+    """Epoch seconds of a UTC wall-clock instant."""
+    return datetime(year, month, day, hour, minute, tzinfo=UTC).timestamp()
 
 
 def make_persona(root: Path, files: Mapping[str, str | bytes] | None = None) -> Path:

@@ -25,8 +25,9 @@ from typing import Literal
 
 from workers.persona.home import CapSpec, compose_soul, persona_home, resolve_index_cap
 from workers.persona.locks import LockMode
-from workers.persona.manifest import DreamSchedule, HeartbeatSchedule, load_manifest
+from workers.persona.manifest import load_manifest
 from workers.persona.memory import memory_tool
+from workers.persona.schedules import DreamSchedule, HeartbeatSchedule
 from workers.persona.search import transcript_search_tool
 from workers.persona.tools import Tool
 from workers.persona.transcripts import TranscriptStore

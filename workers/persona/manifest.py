@@ -23,7 +23,10 @@ The schema (README "persona.toml" documents it for people)::
     instructions = "..."
 
 Cron strings are only shape-checked here (five whitespace-separated fields): their semantics
-belong to ``beat/cron.py``, and the core must never import ``beat``.
+belong to ``beat/cron.py``, and the core must never import ``beat``. The values a schedule is
+made of (durations, time zones, ``ActiveHours`` and the two schedules) live in
+:mod:`workers.persona.schedules`; they are re-exported here because this is where people first
+look for them.
 """
 
 from __future__ import annotations
@@ -32,13 +35,19 @@ import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, time
+from datetime import time
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from workers.persona.errors import PersonaConfigError, PersonaFileError, PersonaNotFound
 from workers.persona.home import DEFAULT_INDEX_CAP
+from workers.persona.schedules import (
+    ActiveHours,
+    DreamSchedule,
+    HeartbeatSchedule,
+    parse_duration,
+    valid_timezone,
+)
 
 __all__ = [
     "MANIFEST_NAME",
@@ -54,8 +63,6 @@ __all__ = [
 
 MANIFEST_NAME = "persona.toml"
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"(\d+)([smhd])")
 _HHMM = re.compile(r"([01]\d|2[0-3]):([0-5]\d)")
 # A spec is "inherit" or "<provider>:<rest>"; which providers exist is models/spec.py's call.
 _MODEL_SPEC = re.compile(r"[a-z][a-z0-9_-]*:\S.*", re.DOTALL)
@@ -63,83 +70,6 @@ _MODEL_SPEC = re.compile(r"[a-z][a-z0-9_-]*:\S.*", re.DOTALL)
 
 def _error(key: str | None, problem: str, source: object = None) -> PersonaConfigError:
     return PersonaConfigError(source, key, problem)
-
-
-def parse_duration(text: object, *, key: str, source: object = None) -> float:
-    """``"<n>s|m|h|d"`` (n a positive whole number) -> seconds; else PersonaConfigError(key)."""
-    if not isinstance(text, str):
-        raise _error(key, f'must be a duration string like "30m", got {text!r}', source)
-    match = _DURATION.fullmatch(text)
-    if match is None or int(match.group(1)) == 0:
-        raise _error(
-            key,
-            f'must be "<n>s", "<n>m", "<n>h" or "<n>d" with n a positive whole number, '
-            f"got {text!r}",
-            source,
-        )
-    return int(match.group(1)) * _UNITS[match.group(2)]
-
-
-def valid_timezone(name: object) -> bool:
-    """True when ``name`` is an IANA zone key zoneinfo can load ("UTC", "Europe/Berlin")."""
-    if not isinstance(name, str) or not name:
-        return False
-    try:
-        ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        return False
-    return True
-
-
-@dataclass(frozen=True)
-class ActiveHours:
-    """A daily local-time window ``[start, end)`` in ``timezone`` when heartbeats may run.
-
-    - ``start < end``: the same day, e.g. 08:00-22:00.
-    - ``start > end``: the window crosses midnight, e.g. 22:00-06:00 is 22:00..23:59 and
-      00:00..05:59.
-    - ``start == end``: all day. An empty window would silence a persona forever, which nobody
-      means; to switch heartbeats off, remove the ``[heartbeat]`` section instead.
-
-    ``end = "24:00"`` is accepted in persona.toml and means midnight (stored as 00:00).
-    """
-
-    start: time
-    end: time
-    timezone: str = "UTC"
-
-    def contains(self, when: float) -> bool:
-        """Whether the instant ``when`` (epoch seconds) falls inside the window, locally."""
-        local = datetime.fromtimestamp(when, ZoneInfo(self.timezone)).time()
-        if self.start == self.end:
-            return True
-        if self.start < self.end:
-            return self.start <= local < self.end
-        return local >= self.start or local < self.end
-
-
-@dataclass(frozen=True)
-class HeartbeatSchedule:
-    """``[heartbeat]``: beat every ``every`` seconds, only inside ``active_hours`` if set."""
-
-    every: float
-    active_hours: ActiveHours | None = None
-
-
-@dataclass(frozen=True)
-class DreamSchedule:
-    """``[dream]``: exactly one of ``every`` (seconds) or ``cron`` (5 fields, in ``timezone``).
-
-    ``window`` (seconds) spreads this persona's pass over a window after each due time (None:
-    the fleet's ``SOULFLEET_DREAM_WINDOW``); ``instructions`` are appended to the dream soul.
-    ``timezone`` only matters for ``cron``.
-    """
-
-    every: float | None = None
-    cron: str | None = None
-    timezone: str = "UTC"
-    window: float | None = None
-    instructions: str | None = None
 
 
 @dataclass(frozen=True)

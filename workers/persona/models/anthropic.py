@@ -19,79 +19,34 @@ tool results first, as the API also requires. Without ``ANTHROPIC_API_KEY`` no r
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from workers.persona.clock import Clock
-from workers.persona.errors import ModelAuthError, ModelResponseError, ModelSpecError
+from workers.persona.errors import ModelAuthError
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
+from workers.persona.models.client import Endpoint, HTTPModel, MalformedAnswer, token_count
 from workers.persona.models.config import ModelConfig
-from workers.persona.models.http import ProviderHTTP, RetryPolicy, check_base_url, excerpt
+from workers.persona.models.http import excerpt
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicModel"]
 
 ANTHROPIC_VERSION = "2023-06-01"
 
 
-class AnthropicModel:
+class AnthropicModel(HTTPModel):
     """One Claude model; safe to share between threads."""
 
     provider: ClassVar[str] = "anthropic"
 
-    def __init__(
-        self,
-        model: str,
-        config: ModelConfig,
-        *,
-        clock: Clock | None = None,
-        rng: random.Random | None = None,
-        max_retry_wait: float = 60.0,
-    ) -> None:
-        model = model.strip()
-        if not model:
-            raise ModelSpecError("anthropic: empty model name; expected 'anthropic:<model>'")
-        self._model = model
-        base_url = check_base_url(
-            config.anthropic_base_url, provider="anthropic", env="ANTHROPIC_BASE_URL"
-        )
+    @staticmethod
+    def _endpoint(config: ModelConfig) -> Endpoint:
         key = config.anthropic_api_key.reveal()
-        self._has_key = bool(key)
-        headers = {
-            "accept": "application/json",
-            "user-agent": "soulfleet",
-            "anthropic-version": ANTHROPIC_VERSION,
-        }
+        auth = {"anthropic-version": ANTHROPIC_VERSION}
         if key:
-            headers["x-api-key"] = key
-        self._max_tokens = config.max_output_tokens
-        self._http = ProviderHTTP(
-            provider="anthropic",
-            base_url=base_url,
-            headers=headers,
-            key_env="ANTHROPIC_API_KEY",
-            secrets=(key,),
-            policy=RetryPolicy(
-                timeout=config.timeout, retries=config.retries, max_wait=max_retry_wait
-            ),
-            clock=clock,
-            rng=rng,
+            auth["x-api-key"] = key
+        return Endpoint(
+            config.anthropic_base_url, "ANTHROPIC_BASE_URL", key, "ANTHROPIC_API_KEY", auth
         )
-
-    @property
-    def spec(self) -> str:
-        return f"anthropic:{self._model}"
-
-    @property
-    def closed(self) -> bool:
-        return self._http.closed
-
-    def close(self) -> None:
-        """Close the connection pool; the model cannot be used afterwards."""
-        self._http.close()
-
-    def __repr__(self) -> str:
-        return f"AnthropicModel({self._model!r})"
 
     def complete(
         self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
@@ -119,15 +74,7 @@ class AnthropicModel:
                 }
                 for tool in tools
             ]
-        data = self._http.post_json("/v1/messages", body)
-        try:
-            return _parse(data)
-        except _MalformedError as exc:
-            raise self._http.error(ModelResponseError, str(exc)) from None
-
-
-class _MalformedError(Exception):
-    """The answer broke the wire protocol; becomes a ModelResponseError with the provider name."""
+        return self._post("/v1/messages", body, _parse)
 
 
 def _blocks(message: Message) -> tuple[str, list[dict[str, Any]]]:
@@ -169,18 +116,18 @@ def _parse(data: Mapping[str, Any]) -> Completion:
     content = data.get("content")
     if not isinstance(content, list):
         if data.get("type") == "error" or "error" in data:
-            raise _MalformedError(f"answer carries an error: {excerpt(json.dumps(data))}")
-        raise _MalformedError("answer has no content list")
+            raise MalformedAnswer(f"answer carries an error: {excerpt(json.dumps(data))}")
+        raise MalformedAnswer("answer has no content list")
     texts: list[str] = []
     calls: list[ToolCall] = []
     for index, block in enumerate(content):
         if not isinstance(block, dict):
-            raise _MalformedError(f"content[{index}] is not an object")
+            raise MalformedAnswer(f"content[{index}] is not an object")
         kind = block.get("type")
         if kind == "text":
             text = block.get("text")
             if not isinstance(text, str):
-                raise _MalformedError(f"content[{index}] text block has no text")
+                raise MalformedAnswer(f"content[{index}] text block has no text")
             if text:
                 texts.append(text)
         elif kind == "tool_use":
@@ -199,9 +146,9 @@ def _call(block: Mapping[str, Any], index: int) -> ToolCall:
     call_id = block.get("id")
     name = block.get("name")
     if not isinstance(call_id, str) or not call_id:
-        raise _MalformedError(f"content[{index}] tool_use block has no id")
+        raise MalformedAnswer(f"content[{index}] tool_use block has no id")
     if not isinstance(name, str) or not name:
-        raise _MalformedError(f"content[{index}] tool_use block has no name")
+        raise MalformedAnswer(f"content[{index}] tool_use block has no name")
     arguments = block.get("input")
     if isinstance(arguments, dict):
         return ToolCall(id=call_id, name=name, arguments=arguments)
@@ -214,11 +161,7 @@ def _usage(raw: object) -> Usage:
         return Usage()
     # Cached prompt tokens are reported apart from input_tokens; a budget counts them all.
     prompt = sum(
-        _count(raw.get(name))
+        token_count(raw.get(name))
         for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
-    return Usage(input_tokens=prompt, output_tokens=_count(raw.get("output_tokens")))
-
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    return Usage(input_tokens=prompt, output_tokens=token_count(raw.get("output_tokens")))

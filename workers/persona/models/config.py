@@ -7,12 +7,11 @@ and ``str`` never show the value: a settings object can be logged whole.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from workers.persona.errors import SettingsError
+from workers.persona.env import EnvReader
 
 __all__ = ["ModelConfig", "Secret"]
 
@@ -44,32 +43,6 @@ class Secret:
         return hash(self._value)
 
 
-def _float(environ: Mapping[str, str], name: str, default: float, minimum: float) -> float:
-    raw = (environ.get(name) or "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise SettingsError(name, f"must be a number, got {raw!r}") from None
-    if math.isnan(value) or value < minimum:
-        raise SettingsError(name, f"must be a number >= {minimum}, got {raw!r}")
-    return value
-
-
-def _int(environ: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    raw = (environ.get(name) or "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(name, f"must be a whole number, got {raw!r}") from None
-    if value < minimum:
-        raise SettingsError(name, f"must be >= {minimum}, got {value}")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """Which model a fleet uses by default, and how to reach the providers.
@@ -88,16 +61,15 @@ class ModelConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ModelConfig:
-        env = os.environ if environ is None else environ
+        """Parse ``environ`` (default ``os.environ``); a bad value raises SettingsError."""
+        env = EnvReader(os.environ if environ is None else environ)
         return cls(
-            default_spec=(env.get("SOULFLEET_MODEL") or "").strip(),
-            openai_base_url=(env.get("OPENAI_BASE_URL") or "").strip()
-            or "https://api.openai.com/v1",
-            openai_api_key=Secret((env.get("OPENAI_API_KEY") or "").strip()),
-            anthropic_base_url=(env.get("ANTHROPIC_BASE_URL") or "").strip()
-            or "https://api.anthropic.com",
-            anthropic_api_key=Secret((env.get("ANTHROPIC_API_KEY") or "").strip()),
-            timeout=_float(env, "SOULFLEET_MODEL_TIMEOUT", 300.0, 0.1),
-            retries=_int(env, "SOULFLEET_MODEL_RETRIES", 3, 0),
-            max_output_tokens=_int(env, "SOULFLEET_MODEL_MAX_OUTPUT_TOKENS", 4096, 1),
+            default_spec=env.text("SOULFLEET_MODEL", ""),
+            openai_base_url=env.text("OPENAI_BASE_URL", "https://api.openai.com/v1"),
+            openai_api_key=Secret(env.text("OPENAI_API_KEY", "")),
+            anthropic_base_url=env.text("ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
+            anthropic_api_key=Secret(env.text("ANTHROPIC_API_KEY", "")),
+            timeout=env.number("SOULFLEET_MODEL_TIMEOUT", 300.0, minimum=0.1),
+            retries=env.integer("SOULFLEET_MODEL_RETRIES", 3, minimum=0),
+            max_output_tokens=env.integer("SOULFLEET_MODEL_MAX_OUTPUT_TOKENS", 4096, minimum=1),
         )

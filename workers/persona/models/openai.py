@@ -22,76 +22,36 @@ already say so is sent with an ``ERROR: `` prefix the model can see.
 from __future__ import annotations
 
 import json
-import random
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from workers.persona.clock import Clock
-from workers.persona.errors import ModelResponseError, ModelSpecError
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
+from workers.persona.models.client import Endpoint, HTTPModel, MalformedAnswer, token_count
 from workers.persona.models.config import ModelConfig
-from workers.persona.models.http import ProviderHTTP, RetryPolicy, check_base_url, excerpt
+from workers.persona.models.http import excerpt
 
 __all__ = ["OpenAIModel"]
 
 _OFFICIAL_HOST = "api.openai.com"
 
 
-class OpenAIModel:
+class OpenAIModel(HTTPModel):
     """One model on an OpenAI-compatible server; safe to share between threads."""
 
     provider: ClassVar[str] = "openai"
 
-    def __init__(
-        self,
-        model: str,
-        config: ModelConfig,
-        *,
-        clock: Clock | None = None,
-        rng: random.Random | None = None,
-        max_retry_wait: float = 60.0,
-    ) -> None:
-        model = model.strip()
-        if not model:
-            raise ModelSpecError("openai: empty model name; expected 'openai:<model>'")
-        self._model = model
-        base_url = check_base_url(config.openai_base_url, provider="openai", env="OPENAI_BASE_URL")
+    @staticmethod
+    def _endpoint(config: ModelConfig) -> Endpoint:
         key = config.openai_api_key.reveal()
-        headers = {"accept": "application/json", "user-agent": "soulfleet"}
-        if key:
-            headers["authorization"] = f"Bearer {key}"
-        self._max_tokens = config.max_output_tokens
-        official = (urlsplit(base_url).hostname or "").lower() == _OFFICIAL_HOST
-        self._max_tokens_field = "max_completion_tokens" if official else "max_tokens"
-        self._http = ProviderHTTP(
-            provider="openai",
-            base_url=base_url,
-            headers=headers,
-            key_env="OPENAI_API_KEY",
-            secrets=(key,),
-            policy=RetryPolicy(
-                timeout=config.timeout, retries=config.retries, max_wait=max_retry_wait
-            ),
-            clock=clock,
-            rng=rng,
-        )
+        auth = {"authorization": f"Bearer {key}"} if key else {}
+        return Endpoint(config.openai_base_url, "OPENAI_BASE_URL", key, "OPENAI_API_KEY", auth)
 
     @property
-    def spec(self) -> str:
-        return f"openai:{self._model}"
-
-    @property
-    def closed(self) -> bool:
-        return self._http.closed
-
-    def close(self) -> None:
-        """Close the connection pool; the model cannot be used afterwards."""
-        self._http.close()
-
-    def __repr__(self) -> str:
-        return f"OpenAIModel({self._model!r})"
+    def _max_tokens_field(self) -> str:
+        official = (urlsplit(self._base_url).hostname or "").lower() == _OFFICIAL_HOST
+        return "max_completion_tokens" if official else "max_tokens"
 
     def complete(
         self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
@@ -104,15 +64,7 @@ class OpenAIModel:
         if tools:
             # Some compatible servers reject an empty list, so the key is left out instead.
             body["tools"] = [_wire_tool(tool) for tool in tools]
-        data = self._http.post_json("/chat/completions", body)
-        try:
-            return _parse(data)
-        except _MalformedError as exc:
-            raise self._http.error(ModelResponseError, str(exc)) from None
-
-
-class _MalformedError(Exception):
-    """The answer broke the wire protocol; becomes a ModelResponseError with the provider name."""
+        return self._post("/chat/completions", body, _parse)
 
 
 def _wire_messages(system: str, messages: Sequence[Message]) -> list[dict[str, Any]]:
@@ -165,15 +117,15 @@ def _parse(data: Mapping[str, Any]) -> Completion:
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         if "error" in data:
-            raise _MalformedError(f"answer carries an error: {excerpt(json.dumps(data))}")
-        raise _MalformedError("answer has no choices[0]")
+            raise MalformedAnswer(f"answer carries an error: {excerpt(json.dumps(data))}")
+        raise MalformedAnswer("answer has no choices[0]")
     choice: dict[str, Any] = choices[0]
     message = choice.get("message")
     if not isinstance(message, dict):
-        raise _MalformedError("answer has no choices[0].message")
+        raise MalformedAnswer("answer has no choices[0].message")
     raw_calls = message.get("tool_calls") or []
     if not isinstance(raw_calls, list):
-        raise _MalformedError("choices[0].message.tool_calls is not a list")
+        raise MalformedAnswer("choices[0].message.tool_calls is not a list")
     finish = choice.get("finish_reason")
     return Completion(
         text=_text(message),
@@ -197,18 +149,18 @@ def _text(message: Mapping[str, Any]) -> str:
             for part in content
             if isinstance(part, dict) and isinstance(part.get("text"), str)
         )
-    raise _MalformedError("choices[0].message.content is neither text nor null")
+    raise MalformedAnswer("choices[0].message.content is neither text nor null")
 
 
 def _call(raw: object, index: int) -> ToolCall:
     if not isinstance(raw, dict):
-        raise _MalformedError(f"tool_calls[{index}] is not an object")
+        raise MalformedAnswer(f"tool_calls[{index}] is not an object")
     function = raw.get("function")
     if not isinstance(function, dict):
-        raise _MalformedError(f"tool_calls[{index}] has no function")
+        raise MalformedAnswer(f"tool_calls[{index}] has no function")
     name = function.get("name")
     if not isinstance(name, str) or not name:
-        raise _MalformedError(f"tool_calls[{index}].function has no name")
+        raise MalformedAnswer(f"tool_calls[{index}].function has no name")
     call_id = raw.get("id")
     if not isinstance(call_id, str) or not call_id:
         # A few local servers omit ids; the tool result still needs one to refer to.
@@ -233,10 +185,6 @@ def _usage(raw: object) -> Usage:
     if not isinstance(raw, dict):
         return Usage()
     return Usage(
-        input_tokens=_count(raw.get("prompt_tokens")),
-        output_tokens=_count(raw.get("completion_tokens")),
+        input_tokens=token_count(raw.get("prompt_tokens")),
+        output_tokens=token_count(raw.get("completion_tokens")),
     )
-
-
-def _count(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

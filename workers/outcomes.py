@@ -1,0 +1,90 @@
+"""Outcomes: what each lane transition did, as plain frozen values.
+
+:class:`~workers.lanes.Lanes` returns these; the fleet, the turn runner and the beat's reaper
+consume them. They live apart from ``Lanes`` because their readers need only the shapes, not a
+Redis client or the Lua scripts, and because they are the contract between "a script ran" and
+"the caller must now publish a turn": wherever an outcome carries a turn id, a turn was queued
+and publishing it is the caller's job (the lanes never publish).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from workers.persona.inbox import InboxItem
+
+__all__ = [
+    "FailOutcome",
+    "FinishOutcome",
+    "PostOutcome",
+    "Repair",
+    "StartOutcome",
+    "TickOutcome",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class PostOutcome:
+    """What a post did. ``turn_id``/``turn_kind`` are set iff a turn must be published."""
+
+    lane: str
+    outcome: Literal["queued", "pending", "dead"]
+    item_id: str
+    depth: int
+    turn_id: str | None = None
+    turn_kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TickOutcome:
+    """What a tick (or a revive) did. ``turn_id``/``turn_kind`` are set iff a turn was queued."""
+
+    lane: str
+    kind: str
+    outcome: Literal["queued", "coalesced", "dead_lettered"]
+    turn_id: str | None = None
+    turn_kind: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StartOutcome:
+    """What a start did; only ``status == "started"`` means: run the turn with ``fence``."""
+
+    status: Literal["started", "duplicate", "stale", "dead"]
+    fence: int = 0
+    items: list[InboxItem] = field(default_factory=list)
+    ticks: int = 0
+    recovered: int = 0
+    attempt: int = 0
+    kind: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class FinishOutcome:
+    """A committed turn. ``follow_up_*`` are set iff a follow-up turn must be published."""
+
+    turn_id: str
+    follow_up_turn_id: str | None = None
+    follow_up_kind: str | None = None
+    beat_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FailOutcome:
+    """A failed turn: dead-lettered, or queued again as ``retry_turn_id`` (publish it)."""
+
+    dead: bool
+    retry_turn_id: str | None
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class Repair:
+    """A stranded lane the reaper re-queued; the caller publishes ``turn_id`` on ``kind``."""
+
+    lane: str
+    reason: Literal["lease_expired", "queued_too_long"]
+    turn_id: str
+    kind: str

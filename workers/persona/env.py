@@ -1,0 +1,88 @@
+"""Environment variables, read loudly: the one typed reader every settings object uses.
+
+soulfleet is configured only through the environment, and a typo there must stop a process at
+start-up, not quietly run it with a default. So every read goes through :class:`EnvReader`:
+blank means "unset" (the default applies), and anything else that does not parse, or is out of
+range, is a :class:`~workers.persona.errors.SettingsError` naming the variable.
+
+It lives in the core (not in ``workers/settings.py``) because the core reads its own variables
+(:class:`~workers.persona.models.config.ModelConfig`) and must not import the fleet's settings;
+the fleet's :class:`~workers.settings.Settings` uses the same reader, so both speak one dialect
+and give the same messages.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from workers.persona.errors import SettingsError
+
+__all__ = ["EnvReader"]
+
+
+class EnvReader:
+    """Loud typed reads from one environment mapping."""
+
+    def __init__(self, environ: Mapping[str, str]) -> None:
+        self._environ = environ
+
+    def raw(self, name: str) -> str | None:
+        """The stripped value, or None when the variable is unset or blank."""
+        value = self._environ.get(name)
+        if value is None or value.strip() == "":
+            return None
+        return value.strip()
+
+    def text(self, name: str, default: str) -> str:
+        """The stripped value, or ``default`` when unset or blank."""
+        value = self.raw(name)
+        return default if value is None else value
+
+    def integer(self, name: str, default: int, *, minimum: int = 0) -> int:
+        """A whole number >= ``minimum``."""
+        value = self.raw(name)
+        if value is None:
+            return default
+        try:
+            parsed = int(value)
+        except ValueError:
+            raise SettingsError(name, f"must be a whole number, got {value!r}") from None
+        if parsed < minimum:
+            raise SettingsError(name, f"must be >= {minimum}, got {parsed}")
+        return parsed
+
+    def number(self, name: str, default: float, *, minimum: float = 0.0) -> float:
+        """A number >= ``minimum`` (never NaN)."""
+        value = self.raw(name)
+        if value is None:
+            return default
+        try:
+            parsed = float(value)
+        except ValueError:
+            raise SettingsError(name, f"must be a number, got {value!r}") from None
+        if math.isnan(parsed) or parsed < minimum:
+            raise SettingsError(name, f"must be a number >= {minimum}, got {value!r}")
+        return parsed
+
+    def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:
+        """One of ``choices``, matched case-insensitively and returned lower-cased."""
+        value = self.raw(name)
+        if value is None:
+            return default
+        lowered = value.lower()
+        if lowered not in choices:
+            raise SettingsError(name, f"must be one of {', '.join(choices)}; got {value!r}")
+        return lowered
+
+    def flag(self, name: str, default: bool) -> bool:
+        """A boolean: 1/true/yes/on or 0/false/no/off, any case."""
+        value = self.raw(name)
+        if value is None:
+            return default
+        lowered = value.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise SettingsError(name, f"must be true or false, got {value!r}")
