@@ -38,6 +38,10 @@ __all__ = ["Held", "LeaseHandle", "Renewer"]
 
 _log = structlog.get_logger("soulfleet.lease")
 
+# A holder stops writing once this fraction of its TTL has passed without a successful
+# renewal (renewals run every third of a TTL, so a healthy lease is never near it).
+_UNPROVEN = 0.8
+
 
 class Held(ABC):
     """Something a process holds in Redis with a TTL, kept alive by a :class:`Renewer`."""
@@ -115,7 +119,15 @@ class LeaseHandle(Held):
         return handles[0].lanes.renew_many([(h.lane, h.fence) for h in handles])
 
     def check(self) -> None:
-        """Raise :class:`LeaseLost` if the renewer found the lease gone."""
+        """Raise :class:`LeaseLost` if the renewer found the lease gone, or if no renewal has
+        succeeded for most of a TTL: the lease may already have expired in Redis (and the
+        reaper handed the lane on), so a write now could overlap the next holder's."""
+        if not self.lost.is_set():
+            silent = time.monotonic() - self._last_ok
+            if silent > self.ttl * _UNPROVEN:
+                self.mark_lost(
+                    f"no successful renewal for {silent:.1f}s of a {self.ttl:.0f}s lease"
+                )
         if self.lost.is_set():
             raise LeaseLost(self.lane, self.fence, self.lost_reason)
 

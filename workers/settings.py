@@ -48,7 +48,7 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Settings:
     """Everything a soulfleet process is configured with. Build it with :meth:`from_env`."""
 
@@ -182,6 +182,15 @@ class Settings:
             metrics_port=metrics_port,
             hostname=env.text("SOULFLEET_HOSTNAME", socket.gethostname()),
         )
+
+    def __repr__(self) -> str:
+        # A settings object may end up in a log line or a traceback: never with a password.
+        parts = []
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            shown = redact_url(value) if name.endswith("_url") else value
+            parts.append(f"{name}={shown!r}")
+        return f"Settings({', '.join(parts)})"
 
     @property
     def lease_renew_every(self) -> float:

@@ -221,3 +221,18 @@ def test_a_turn_that_commits_during_a_renewal_pass_is_not_reported_lost(
     redis_client.delete(Keys(key_prefix).lease("ava"))
     renewer.renew_now()
     assert stolen.lost.is_set()
+
+
+def test_a_lease_not_renewed_for_most_of_its_ttl_stops_the_next_write(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """With no successful renewal for 80% of the TTL the holder cannot prove its lease is
+    alive: check() marks it lost and raises, before the lease could expire under it."""
+    lanes = make_lanes(redis_client, key_prefix, lease_ttl=1)
+    fence = _start(lanes)
+    handle = LeaseHandle(lanes, "ava", fence)  # registered with no renewer: never renewed
+    handle.check()  # fresh: fine
+    time.sleep(0.85)
+    with pytest.raises(LeaseLost, match="no successful renewal"):
+        handle.check()
+    assert handle.lost.is_set()

@@ -1,0 +1,50 @@
+"""workers/registry.py: persona names under a root, and the two lanes each persona has."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workers.errors import UnknownPersona
+from workers.registry import PersonaRegistry, valid_persona_name
+
+
+def test_names_are_the_valid_subdirectories_sorted(tmp_path: Path) -> None:
+    """Files, hidden dirs and names that cannot be lanes are not personas."""
+    for name in ("nora", "ava", ".git", "bad name", "x-dreamer"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "notes.txt").write_text("not a persona")
+    assert PersonaRegistry(tmp_path).names() == ["ava", "nora"]
+    assert PersonaRegistry(tmp_path / "missing").names() == []
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [("ava", True), ("Ava-2.b_c", True), ("a" * 64, True), ("a" * 65, False), ("", False),
+     ("../x", False), ("a/b", False), ("-x", False), ("a..b", False), ("ava-dreamer", False)],
+)  # fmt: skip
+def test_valid_persona_name(name: str, ok: bool) -> None:
+    """A name becomes a Redis key and a lane id: a short slug, never a dreamer lane's name."""
+    assert valid_persona_name(name) is ok
+
+
+def test_resolve_accepts_a_name_or_a_path_inside_the_root(tmp_path: Path) -> None:
+    """`ava` and `<root>/ava` both resolve; a missing persona or a path elsewhere does not."""
+    (tmp_path / "root" / "ava").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    registry = PersonaRegistry(tmp_path / "root")
+    assert registry.resolve("ava") == "ava"
+    assert registry.resolve(str(tmp_path / "root" / "ava")) == "ava"
+    assert registry.home("ava") == tmp_path / "root" / "ava"
+    for wrong in ("bob", str(tmp_path / "elsewhere"), "../root/ava"):
+        with pytest.raises(UnknownPersona):
+            registry.resolve(wrong)
+
+
+def test_lanes_round_trip() -> None:
+    """A persona's own lane is its name; its dreamer's lane carries the suffix."""
+    assert PersonaRegistry.lane_of("ava") == "ava"
+    assert PersonaRegistry.lane_of("ava", "dream") == "ava-dreamer"
+    assert PersonaRegistry.parse_lane("ava-dreamer") == ("ava", "dreamer")
+    assert PersonaRegistry.parse_lane("ava") == ("ava", "persona")

@@ -1,0 +1,102 @@
+"""workers/settings.py: one frozen settings object; bad values fail loudly, naming the variable."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from workers.persona.errors import SettingsError
+from workers.settings import Settings, redact_url
+
+
+def test_defaults_need_no_environment() -> None:
+    """With nothing set, a fleet runs: local Redis, ./personas, thread pool, built-in model."""
+    settings = Settings.from_env({})
+    assert settings.redis_url == "redis://127.0.0.1:6379/0"
+    assert settings.broker_url == settings.redis_url
+    assert not settings.redis_url_explicit
+    assert settings.personas == Path("personas")
+    assert settings.worker_pool == "threads"
+    assert settings.model.default_spec == ""
+    assert settings.lease_renew_every == settings.lease_ttl / 3
+
+
+def test_values_are_read_and_the_object_is_frozen() -> None:
+    """Every variable lands in its field; the result cannot be changed afterwards."""
+    settings = Settings.from_env(
+        {
+            "REDIS_URL": "redis://h:1/2",
+            "CELERY_BROKER_URL": "amqp://guest@mq//",
+            "SOULFLEET_PERSONAS": "/srv/personas",
+            "SOULFLEET_INBOX_MAX": "5",
+            "SOULFLEET_LOCK_MODE": "SHARED",
+            "SOULFLEET_LOG_FORMAT": "json",
+            "SOULFLEET_METRICS_PORT": "9808",
+            "SOULFLEET_HEARTBEAT_JITTER": "0.25",
+        }
+    )
+    assert settings.redis_url_explicit
+    assert settings.broker_url == "amqp://guest@mq//"
+    assert settings.personas == Path("/srv/personas")
+    assert settings.inbox_max == 5
+    assert settings.lock_mode == "shared"
+    assert settings.log_format == "json"
+    assert settings.metrics_port == 9808
+    assert settings.heartbeat_jitter == 0.25
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.inbox_max = 6  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        ("SOULFLEET_INBOX_MAX", "lots", "whole number"),
+        ("SOULFLEET_INBOX_MAX", "0", ">= 1"),
+        ("SOULFLEET_LEASE_TTL", "nan", "number >= 1"),
+        ("SOULFLEET_LOCK_MODE", "nfs", "one of local, shared"),
+        ("SOULFLEET_WORKER_POOL", "eventlet", "one of threads"),
+        ("SOULFLEET_METRICS_PORT", "70000", "TCP port"),
+        ("SOULFLEET_HEARTBEAT_JITTER", "0.9", "between 0 and 0.5"),
+        ("REDIS_URL", "http://x", "redis://"),
+        ("SOULFLEET_KEY_PREFIX", "a b", "white space"),
+        ("SOULFLEET_MODEL_TIMEOUT", "soon", "number"),
+    ],
+)
+def test_a_bad_value_fails_loudly_naming_the_variable(variable: str, value: str, says: str) -> None:
+    """Nothing falls back silently: the error names the variable and what is wrong."""
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env({variable: value})
+    assert caught.value.variable == variable
+    assert variable in str(caught.value)
+    assert says in str(caught.value)
+
+
+def test_visibility_timeout_must_outlast_the_longest_turn() -> None:
+    """A visibility timeout under twice the worst turn would let the broker redeliver turns
+    that are still running: refused at start-up. The default follows the turn budget."""
+    with pytest.raises(SettingsError, match="SOULFLEET_VISIBILITY_TIMEOUT"):
+        Settings.from_env({"SOULFLEET_VISIBILITY_TIMEOUT": "600"})
+    long_turns = Settings.from_env(
+        {"SOULFLEET_TURN_MAX_SECONDS": "3600", "SOULFLEET_MODEL_TIMEOUT": "60"}
+    )
+    worst = 3600 + 60 * (long_turns.model.retries + 1)
+    assert long_turns.visibility_timeout >= 2 * worst
+
+
+def test_repr_never_shows_a_password_or_key() -> None:
+    """A settings object can be logged whole: URLs are redacted, API keys hidden."""
+    settings = Settings.from_env(
+        {"REDIS_URL": "redis://:hunter2@h:6379/0", "OPENAI_API_KEY": "sk-very-secret"}
+    )
+    shown = repr(settings)
+    assert "hunter2" not in shown
+    assert "sk-very-secret" not in shown
+    assert "redis://:***@h:6379/0" in shown
+
+
+def test_redact_url_keeps_everything_but_the_password() -> None:
+    """User, host, port, path and query survive; only the password is replaced."""
+    assert redact_url("redis://user:pw@host:1/2?x=y") == "redis://user:***@host:1/2?x=y"
+    assert redact_url("redis://host:1/0") == "redis://host:1/0"
