@@ -218,7 +218,7 @@ class Fleet:
         """Post ``prompt`` as an interactive item and wait for the turn that answers it."""
         outcome = self.post(persona, prompt, sender="cli", channel="run", wake=True, reply=True)
         deadline = time.monotonic() + timeout
-        name = self.registry.resolve(persona)
+        name = outcome.lane
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

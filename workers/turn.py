@@ -26,7 +26,6 @@ from workers.fleet import Fleet
 from workers.gate import Gate, GatedModel
 from workers.lease import Renewer
 from workers.logs import bind_task, monotonic_wall_time
-from workers.model_cache import ModelCache
 from workers.outcomes import StartOutcome
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.dreamer import dreamer
@@ -37,7 +36,7 @@ from workers.persona.loop import Budget, RunResult, run_loop
 from workers.persona.memory import memory_tool
 from workers.persona.messages import Message
 from workers.persona.models import Model
-from workers.persona.models.spec import provider_of
+from workers.persona.models.spec import provider_of, resolve_model
 from workers.persona.transcripts import FileTranscripts
 from workers.settings import Settings
 
@@ -69,7 +68,6 @@ class TurnExecutor:
         gate: Gate,
         *,
         worker_id: str,
-        models: ModelCache | None = None,
     ) -> None:
         self.settings = settings
         self.fleet = fleet
@@ -79,7 +77,6 @@ class TurnExecutor:
             gate.client, gate.keys, limit=0, slot_ttl=gate.slot_ttl, clock=gate.clock
         )
         self.worker_id = worker_id
-        self.models = models or ModelCache(settings.model)
         self.budget = Budget(
             max_model_calls=settings.turn_max_model_calls,
             max_tool_calls=settings.turn_max_tool_calls,
@@ -282,7 +279,7 @@ class TurnExecutor:
         )
 
     def _model(self, agent: AgentDef) -> Model:
-        model = self.models.get(agent.model, agent.home)
+        model = resolve_model(agent.model, self.settings.model, base_dir=agent.home)
         provider = provider_of(model)
         # The gate protects a provider's rate limits; the offline scripted model has none, so it
         # skips the two Redis round trips a slot costs (the wrapper still times the call).

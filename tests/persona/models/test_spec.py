@@ -87,6 +87,18 @@ def test_scripted_relative_path_uses_base_dir(tmp_path: Path) -> None:
     )
 
 
+def test_a_scripted_model_is_parsed_once_and_follows_edits(tmp_path: Path) -> None:
+    """An unchanged rules file gives the same model (parsed once); an edited one is rebuilt,
+    so the persona's next turn answers from the new rules."""
+    script = write_script(tmp_path / "rules.json", "one")
+    first = resolve_model("scripted:rules.json", CONFIG, base_dir=tmp_path)
+    assert resolve_model("scripted:rules.json", CONFIG, base_dir=tmp_path) is first
+    write_script(script, "second")  # a different size: a change even within one mtime tick
+    again = resolve_model("scripted:rules.json", CONFIG, base_dir=tmp_path)
+    assert again is not first
+    assert answer(again) == "second"
+
+
 def test_scripted_relative_path_defaults_to_cwd(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -11,9 +11,12 @@ Accepted forms (everywhere a model is chosen: an argument, ``SOULFLEET_MODEL``, 
 - empty or ``inherit``  the fleet default (``SOULFLEET_MODEL``), and with none configured, the
   built-in scripted model.
 
-HTTP models are cached per (provider, model, connection settings): resolving the same spec for
-every turn reuses one client and its connection pool (TLS handshakes are not free) instead of
-leaking a pool per turn. The clients are thread-safe, so the cache is shared by every thread.
+Models are cached, so resolving the same spec for every turn is cheap: HTTP models per
+(provider, model, connection settings), reusing one client and its connection pool (TLS
+handshakes are not free) instead of leaking a pool per turn; scripted models per (rules file,
+its mtime and size), so a rules file is parsed once, and an edited one is picked up on the next
+turn like every other file in a persona home. Models are thread-safe, so the caches are shared
+by every thread.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ _CACHE_MAX = 64
 
 _cache: dict[tuple[object, ...], OpenAIModel | AnthropicModel] = {}
 _cache_lock = threading.Lock()
+# resolved rules path -> ((mtime_ns, size), model)
+_scripted: dict[Path, tuple[tuple[int, int], Model]] = {}
 
 
 def resolve_model(spec: str | None, config: ModelConfig, *, base_dir: Path | None = None) -> Model:
@@ -85,8 +90,28 @@ def _parse(text: str, config: ModelConfig, *, base_dir: Path | None, origin: str
         path = Path(rest).expanduser()
         if not path.is_absolute():
             path = (base_dir if base_dir is not None else Path.cwd()) / path
-        return ScriptedModel.from_path(path)
+        return _scripted_model(path)
     return _http_model(provider, rest, config)
+
+
+def _scripted_model(path: Path) -> Model:
+    from workers.persona.models.scripted import ScriptedModel  # noqa: PLC0415
+
+    try:
+        stat = path.stat()
+    except OSError:
+        return ScriptedModel.from_path(path)  # raises the clear ModelSpecError
+    version = (stat.st_mtime_ns, stat.st_size)
+    with _cache_lock:
+        cached = _scripted.get(path)
+        if cached is not None and cached[0] == version:
+            return cached[1]
+    model = ScriptedModel.from_path(path)
+    with _cache_lock:
+        if len(_scripted) >= _CACHE_MAX and path not in _scripted:
+            _scripted.pop(next(iter(_scripted)))
+        _scripted[path] = (version, model)
+    return model
 
 
 def _http_model(provider: str, name: str, config: ModelConfig) -> OpenAIModel | AnthropicModel:
