@@ -121,18 +121,30 @@ def register(
         pipe.execute()
 
 
-def hourly_specs(home: Path, count: int, prefix: str = "lane") -> list[ScheduleSpec]:
-    """Hourly heartbeat specs for ``count`` lanes, all pointing at one real persona home."""
-    return [
-        ScheduleSpec(
-            lane=f"{prefix}{i:05d}",
+def hourly_specs(
+    home: Path, count: int, prefix: str = "lane", *, quiet_after: float | None = None
+) -> list[ScheduleSpec]:
+    """Hourly heartbeat specs for ``count`` lanes, all pointing at one real persona home.
+
+    Each lane's grid phase is spread over the hour, so a sweep running on the real clock sees
+    about one lane per 1.2 s come due AGAIN (a new slot: a correct second tick). A test that
+    counts ticks per lane on the real clock passes ``quiet_after`` (epoch seconds): only lanes
+    whose next slot after it is at least ten minutes later are kept.
+    """
+    specs: list[ScheduleSpec] = []
+    index = 0
+    while len(specs) < count:
+        spec = ScheduleSpec(
+            lane=f"{prefix}{index:05d}",
             kind="heartbeat",
             persona="shared",
             home=str(home),
             every=3600.0,
         )
-        for i in range(count)
-    ]
+        index += 1
+        if quiet_after is None or spec.next_due(quiet_after) - quiet_after >= 600:
+            specs.append(spec)
+    return specs
 
 
 def lane_ticks(client: redis.Redis, keys: Keys, lanes: Sequence[str]) -> dict[str, int]:
