@@ -8,6 +8,8 @@ import subprocess
 import threading
 from collections.abc import Mapping
 
+import pytest
+
 from tests.cli.conftest import Invoke
 from tests.support.cli import PASSWORD, commit_turn, lanes_for, soulfleet_argv, subprocess_env
 from tests.support.fleet import wait_until
@@ -46,18 +48,44 @@ def test_beats_empty_feed_says_so(invoke: Invoke) -> None:
     assert "no surfaced beats yet" in result.stderr
 
 
+def _follow(env: Mapping[str, str | None], *, inherit_ignored_sigint: bool = False) -> Follower:
+    argv = soulfleet_argv("beats", "--follow", "--json")
+    if inherit_ignored_sigint:
+        # What a shell does to a background job: SIGINT ignored, and kept ignored across exec.
+        argv = ["sh", "-c", "trap '' INT; exec \"$@\"", "sh", *argv]
+    process = subprocess.Popen(
+        argv, env=subprocess_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    return Follower(process)
+
+
+class Follower:
+    """A running ``beats --follow --json`` and the lines it printed so far."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self.process = process
+        self.lines: list[str] = []
+        stdout = process.stdout
+        assert stdout is not None
+        self._reader = threading.Thread(target=lambda: self.lines.extend(iter(stdout.readline, "")))
+        self._reader.start()
+
+    def stop(self, sig: signal.Signals) -> int:
+        self.process.send_signal(sig)
+        try:
+            code = self.process.wait(timeout=30)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+            self._reader.join(timeout=10)
+        return code
+
+
 def test_beats_follow_streams_new_beats_until_sigint(env: Mapping[str, str | None]) -> None:
     """--follow prints beats committed after it started; SIGINT ends it with exit 0."""
-    process = subprocess.Popen(
-        soulfleet_argv("beats", "--follow", "--json"),
-        env=subprocess_env(env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")))  # type: ignore[union-attr]
-    reader.start()
+    follower = _follow(env)
+    lines = follower.lines
     try:
         lanes = lanes_for(env)
         turn_id = commit_turn(lanes, "ava", "Reminder: stretch")
@@ -67,11 +95,26 @@ def test_beats_follow_streams_new_beats_until_sigint(env: Mapping[str, str | Non
         wait_until(lambda: len(lines) >= 2, timeout=30, what="a second followed beat")
         assert json.loads(lines[1])["turn_id"] == later
     finally:
-        process.send_signal(signal.SIGINT)
-        code = process.wait(timeout=30)
-        reader.join(timeout=10)
+        code = follower.stop(signal.SIGINT)
     assert code == 0
-    assert "Traceback" not in (process.stderr.read() if process.stderr else "")
+    assert "Traceback" not in (follower.process.stderr.read() if follower.process.stderr else "")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_beats_follow_stops_on_signal_even_when_started_with_sigint_ignored(
+    env: Mapping[str, str | None], sig: signal.Signals
+) -> None:
+    """Started as a background job would be (SIGINT ignored, inherited across exec), --follow
+    still ends cleanly with exit 0 on SIGINT, and on SIGTERM."""
+    follower = _follow(env, inherit_ignored_sigint=True)
+    turn_id = commit_turn(lanes_for(env), "ava", "Reminder: stretch")
+    try:
+        wait_until(lambda: follower.lines, timeout=30, what="a followed beat")
+        assert json.loads(follower.lines[0])["turn_id"] == turn_id
+    finally:
+        code = follower.stop(sig)
+    assert code == 0
+    assert "Traceback" not in (follower.process.stderr.read() if follower.process.stderr else "")
 
 
 def test_beats_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, str | None]) -> None:

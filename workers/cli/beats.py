@@ -1,7 +1,8 @@
 """``soulfleet beats [--follow] [--json]``: what personas surfaced on their heartbeats.
 
 Reads the fleet's beats stream (:class:`workers.beats.Beats`): the newest ``--count`` beats,
-oldest first, then with ``--follow`` every new one as it is committed, until Ctrl-C (exit 0).
+oldest first, then with ``--follow`` every new one as it is committed, until Ctrl-C or SIGTERM
+(exit 0).
 ``--json`` prints one JSON object per line (JSON Lines), so ``--follow --json`` streams into
 ``jq`` or a script without waiting for an end that never comes.
 """
@@ -9,8 +10,10 @@ oldest first, then with ``--follow`` every new one as it is committed, until Ctr
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
+from types import FrameType
 
 import click
 
@@ -37,6 +40,21 @@ def format_beat(beat: Beat, *, as_json: bool = False) -> str:
     return f"{stamp} {beat.persona}: {' '.join(beat.text.split())}"
 
 
+def _interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _stop_on_sigint_and_sigterm() -> None:
+    """Make SIGINT and SIGTERM end ``--follow`` cleanly, whatever the process inherited.
+
+    A shell starts a background job (``soulfleet beats --follow &``, a CI step) with SIGINT
+    ignored, and an ignored signal survives exec, so Python's KeyboardInterrupt handler is never
+    installed: the documented way to stop following would do nothing.
+    """
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+
+
 @click.command()
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new beats until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
@@ -58,6 +76,7 @@ def beats(
         if not recent and not as_json:
             click.echo("no surfaced beats yet", err=True)
         return
+    _stop_on_sigint_and_sigterm()
     feed = Beats(fleet.client, fleet.keys)
     cursor = recent[-1].id if recent else feed.last_id()
     try:
