@@ -70,7 +70,8 @@ class Follower:
         self._reader = threading.Thread(target=lambda: self.lines.extend(iter(stdout.readline, "")))
         self._reader.start()
 
-    def stop(self, sig: signal.Signals) -> int:
+    def stop(self, sig: signal.Signals) -> tuple[int, str]:
+        """Send ``sig`` and wait for the exit: the exit code and everything on stderr."""
         self.process.send_signal(sig)
         try:
             code = self.process.wait(timeout=30)
@@ -79,7 +80,7 @@ class Follower:
                 self.process.kill()
                 self.process.wait()
             self._reader.join(timeout=10)
-        return code
+        return code, self.process.stderr.read() if self.process.stderr else ""
 
 
 def test_beats_follow_streams_new_beats_until_sigint(env: Mapping[str, str | None]) -> None:
@@ -95,9 +96,9 @@ def test_beats_follow_streams_new_beats_until_sigint(env: Mapping[str, str | Non
         wait_until(lambda: len(lines) >= 2, timeout=30, what="a second followed beat")
         assert json.loads(lines[1])["turn_id"] == later
     finally:
-        code = follower.stop(signal.SIGINT)
+        code, stderr = follower.stop(signal.SIGINT)
     assert code == 0
-    assert "Traceback" not in (follower.process.stderr.read() if follower.process.stderr else "")
+    assert "Traceback" not in stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -112,9 +113,9 @@ def test_beats_follow_stops_on_signal_even_when_started_with_sigint_ignored(
         wait_until(lambda: follower.lines, timeout=30, what="a followed beat")
         assert json.loads(follower.lines[0])["turn_id"] == turn_id
     finally:
-        code = follower.stop(sig)
+        code, stderr = follower.stop(sig)
     assert code == 0
-    assert "Traceback" not in (follower.process.stderr.read() if follower.process.stderr else "")
+    assert "Traceback" not in stderr
 
 
 def test_beats_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, str | None]) -> None:
