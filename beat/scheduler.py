@@ -171,4 +171,3 @@ class FleetScheduler(Scheduler):
             metrics.serve_metrics(self.settings.metrics_port, collector=collector)
         except Exception as exc:  # metrics are an aid; beat runs without them
             _log.exception("beat.metrics_failed", error=str(exc))
-

@@ -213,9 +213,7 @@ class Renewer:
         with self._lock:
             if self._thread is not None or self._stop.is_set():
                 return
-            self._thread = threading.Thread(
-                target=self._run, name="soulfleet-renewer", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, name="soulfleet-renewer", daemon=True)
             self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:

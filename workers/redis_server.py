@@ -82,13 +82,20 @@ class RedisServer:
     def argv(self) -> list[str]:
         args = [
             self.binary,
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--dir", str(self.data_dir),
-            "--logfile", str(self.log_path),
-            "--maxmemory-policy", "noeviction",
-            "--save", "",
-            "--protected-mode", "yes",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.data_dir),
+            "--logfile",
+            str(self.log_path),
+            "--maxmemory-policy",
+            "noeviction",
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
         ]
         if self.persistent:
             args += ["--appendonly", "yes", "--appendfsync", "everysec"]

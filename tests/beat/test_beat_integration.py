@@ -250,8 +250,9 @@ def _scrape(port: int) -> dict[str, list[tuple[str, dict[str, str], float]]]:
     return families
 
 
-def _value(families: dict[str, list[tuple[str, dict[str, str], float]]], sample: str,
-           **labels: str) -> float:
+def _value(
+    families: dict[str, list[tuple[str, dict[str, str], float]]], sample: str, **labels: str
+) -> float:
     for samples in families.values():
         for name, have, value in samples:
             if name == sample and all(have.get(k) == v for k, v in labels.items()):
@@ -281,8 +282,10 @@ def test_a_scrape_after_a_short_run_shows_every_metric(
     processes.append(beat := start_beat({**env, "SOULFLEET_METRICS_PORT": str(beat_port)}, logs))
     wait_until(lambda: len(turn_ends(worker, "ava")) >= 3, timeout=60, what="three ava turns")
     wait_until(
-        lambda: {"no_heartbeat_file", "quiet_hours"}
-        <= {e["reason"] for e in beat.events("tick.skipped")},
+        lambda: (
+            {"no_heartbeat_file", "quiet_hours"}
+            <= {e["reason"] for e in beat.events("tick.skipped")}
+        ),
         timeout=30,
         what="both kinds of skip",
     )

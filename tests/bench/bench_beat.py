@@ -141,7 +141,7 @@ def bench_sweep(url: str, root: Path, size: int) -> tuple[float, float, float, f
         sweeper = Sweeper(fleet)
         sweeper.run()  # warm: script load, connection
         idle = min(_timed(sweeper.run) for _ in range(5))
-        _make_due(fleet, members[:: 100])
+        _make_due(fleet, members[::100])
         one_percent = _timed(sweeper.run)
         _make_due(fleet, members)
         everything = _timed(sweeper.run)
@@ -161,8 +161,13 @@ def bench_log_cost(url: str, root: Path, size: int = 10_000) -> float:
     fleet = _fleet(url, prefix, root)
     homes = _homes(root / "homes")
     specs = [
-        ScheduleSpec(lane=f"log{i:06d}", kind="heartbeat", persona="x", home=str(homes[i % HOMES]),
-                     every=3600.0)
+        ScheduleSpec(
+            lane=f"log{i:06d}",
+            kind="heartbeat",
+            persona="x",
+            home=str(homes[i % HOMES]),
+            every=3600.0,
+        )
         for i in range(size)
     ]
     members = [spec.member for spec in specs]
@@ -226,22 +231,30 @@ def main() -> None:
         print(f"Lanes share {HOMES} real persona directories; batch 5000; per-tick logs off.")
         print("Sweep wall time; 'all due' twice: first pass (lanes idle, specs parsed) and again")
         print("(steady state: specs cached, ticks coalesce). Tick path: Fleet.tick_lanes alone.\n")
-        print(f"{'lanes':>8} | {'none due':>9} | {'1% due':>9} | {'all due, first':>14} | "
-              f"{'all due, again':>14} | {'tick path':>13}")
+        print(
+            f"{'lanes':>8} | {'none due':>9} | {'1% due':>9} | {'all due, first':>14} | "
+            f"{'all due, again':>14} | {'tick path':>13}"
+        )
         print("-" * 84)
         for size in SIZES:
             idle, some, everything, again, rate = bench_sweep(url, root, size)
-            print(f"{size:>8,} | {idle * 1000:>6.2f} ms | {some * 1000:>6.1f} ms | "
-                  f"{everything * 1000:>11.0f} ms | {again * 1000:>11.0f} ms | "
-                  f"{rate:>8,.0f} t/s")
+            print(
+                f"{size:>8,} | {idle * 1000:>6.2f} ms | {some * 1000:>6.1f} ms | "
+                f"{everything * 1000:>11.0f} ms | {again * 1000:>11.0f} ms | "
+                f"{rate:>8,.0f} t/s"
+            )
         print()
         per_tick = bench_log_cost(url, root)
-        print(f"INFO JSON log line per tick (10,000 due, to /dev/null): +{per_tick * 1e6:.0f} µs "
-              "per tick")
+        print(
+            f"INFO JSON log line per tick (10,000 due, to /dev/null): +{per_tick * 1e6:.0f} µs "
+            "per tick"
+        )
         for size in (1_000, 10_000):
             first, again = bench_sync(url, root, size)
-            print(f"registry sync, {size:>6,} personas: first {first * 1000:>7.0f} ms, "
-                  f"unchanged {again * 1000:>6.1f} ms")
+            print(
+                f"registry sync, {size:>6,} personas: first {first * 1000:>7.0f} ms, "
+                f"unchanged {again * 1000:>6.1f} ms"
+            )
         runs = 2000
         started = time.perf_counter()
         for i in range(runs):

@@ -37,8 +37,15 @@ __all__ = ["bench_cycles", "bench_tick_many", "bench_tick_single", "main"]
 
 
 def _lanes(client: redis.Redis, prefix: str) -> Lanes:
-    return Lanes(client, Keys(prefix), inbox_max=1000, lease_ttl=30, max_attempts=5,
-                 beats_max=10_000, reply_ttl=3600)
+    return Lanes(
+        client,
+        Keys(prefix),
+        inbox_max=1000,
+        lease_ttl=30,
+        max_attempts=5,
+        beats_max=10_000,
+        reply_ttl=3600,
+    )
 
 
 def _clean(client: redis.Redis, prefix: str) -> None:
@@ -92,8 +99,13 @@ def bench_cycles(client: redis.Redis, cycles: int, lane_count: int = 100) -> flo
         began = time.perf_counter()
         for i in range(cycles):
             lane = f"persona-{i % lane_count}"
-            item = InboxItem(text=f"message {i}", sender="bench", channel="api",
-                             id=uuid.uuid4().hex, at=time.time())
+            item = InboxItem(
+                text=f"message {i}",
+                sender="bench",
+                channel="api",
+                id=uuid.uuid4().hex,
+                at=time.time(),
+            )
             posted = lanes.post(lane, item, wake=True)
             assert posted.turn_id is not None
             started = lanes.start(lane, posted.turn_id, "bench")

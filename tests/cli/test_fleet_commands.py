@@ -61,6 +61,7 @@ def test_dream_all_waits_for_every_dreamer(
     for name in ("ava", "milo", "nora"):
         log = fleet_root / name / "memory" / "log.md"
         assert "dream pass" in log.read_text(encoding="utf-8"), name
+
     def lanes() -> set[str]:
         return {e["lane"] for e in worker.events("turn.end")}
 

@@ -58,7 +58,7 @@ def test_run_model_without_local_is_a_usage_error(invoke: Invoke) -> None:
 
 def test_run_local_invalid_persona_toml_names_the_key(invoke: Invoke, fleet_root: Path) -> None:
     """An invalid persona.toml: exit 2, one line naming the key, no traceback."""
-    (fleet_root / "ava" / "persona.toml").write_text('model = 42\n', encoding="utf-8")
+    (fleet_root / "ava" / "persona.toml").write_text("model = 42\n", encoding="utf-8")
     result = invoke("run", "ava", "hi", "--local")
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1

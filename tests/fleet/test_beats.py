@@ -29,8 +29,9 @@ def _surface(lanes: Lanes, lane: str, text: str) -> str:
     tick = lanes.tick(lane, kind="heartbeat")
     assert tick.turn_id is not None
     started = lanes.start(lane, tick.turn_id, "w")
-    lanes.finish(lane, started.fence, status="done", text=text,
-                 beat={"persona": lane, "text": text})
+    lanes.finish(
+        lane, started.fence, status="done", text=text, beat={"persona": lane, "text": text}
+    )
     return tick.turn_id
 
 

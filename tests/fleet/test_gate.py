@@ -39,10 +39,16 @@ def renewer() -> Iterator[Renewer]:
     r.stop()
 
 
-def _gate(client: redis.Redis, prefix: str, clock: VirtualClock | None, renewer: Renewer, *,
-          limit: int = 2, slot_ttl: float = 10.0) -> Gate:
-    return Gate(client, Keys(prefix), limit=limit, slot_ttl=slot_ttl, renewer=renewer,
-                clock=clock)
+def _gate(
+    client: redis.Redis,
+    prefix: str,
+    clock: VirtualClock | None,
+    renewer: Renewer,
+    *,
+    limit: int = 2,
+    slot_ttl: float = 10.0,
+) -> Gate:
+    return Gate(client, Keys(prefix), limit=limit, slot_ttl=slot_ttl, renewer=renewer, clock=clock)
 
 
 def test_acquire_grants_up_to_limit_and_release_frees_a_slot(
@@ -147,17 +153,19 @@ def test_gated_model_holds_a_slot_only_during_complete(
     model = GatedModel(probe, gate, provider="scripted", on_call=calls.append)
     assert isinstance(model, Model)
     assert model.spec == "probe:test"
-    before = REGISTRY.get_sample_value(
-        "soulfleet_model_call_seconds_count", {"provider": "scripted"}
-    ) or 0.0
+    before = (
+        REGISTRY.get_sample_value("soulfleet_model_call_seconds_count", {"provider": "scripted"})
+        or 0.0
+    )
     answer = model.complete(system="s", messages=[Message(role="user", content="hi")], tools=[])
     assert answer.text == "answer to hi"
     assert probe.holders_seen == [1]
     assert gate.holders() == 0
     assert [(c.provider, c.error) for c in calls] == [("scripted", None)]
-    assert REGISTRY.get_sample_value(
-        "soulfleet_model_call_seconds_count", {"provider": "scripted"}
-    ) == before + 1
+    assert (
+        REGISTRY.get_sample_value("soulfleet_model_call_seconds_count", {"provider": "scripted"})
+        == before + 1
+    )
 
 
 def test_gated_model_releases_the_slot_when_the_call_fails(
@@ -176,8 +184,17 @@ def test_gated_model_releases_the_slot_when_the_call_fails(
 
 def _child(mode: str, url: str, prefix: str, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.support.lanes", mode, "--url", url, "--prefix", prefix,
-         *extra],
+        [
+            sys.executable,
+            "-m",
+            "tests.support.lanes",
+            mode,
+            "--url",
+            url,
+            "--prefix",
+            prefix,
+            *extra,
+        ],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,

@@ -284,8 +284,12 @@ def test_finish_commits_status_text_beat_and_replies(
     assert lanes.counts() == {"queued": 0, "running": 0, "dead": 0}
     ((beat_id, fields),) = cast(list[tuple[str, dict[str, str]]], redis_client.xrange(keys.beats))
     assert beat_id == done.beat_id
-    assert fields == {"persona": "ava", "text": "sky is falling", "turn_id": turn,
-                      "time": repr(1_700_000_002.0)}
+    assert fields == {
+        "persona": "ava",
+        "text": "sky is falling",
+        "turn_id": turn,
+        "time": repr(1_700_000_002.0),
+    }
     reply_key = keys.reply(asked.id)
     assert [json.loads(r) for r in redis_client.lrange(reply_key, 0, -1)] == [
         {"text": long_text, "status": "done", "turn_id": turn}
@@ -305,8 +309,14 @@ def test_finish_with_a_stale_fence_raises_lease_lost_and_changes_nothing(
     lanes.start("ava", turn, "w2")
     before = dump_keys(redis_client, key_prefix)
     with pytest.raises(LeaseLost) as caught:
-        lanes.finish("ava", zombie.fence, status="done", text="late",
-                     beat={"text": "late beat"}, reply_ids=[asked.id])
+        lanes.finish(
+            "ava",
+            zombie.fence,
+            status="done",
+            text="late",
+            beat={"text": "late beat"},
+            reply_ids=[asked.id],
+        )
     assert (caught.value.lane, caught.value.fence) == ("ava", zombie.fence)
     assert dump_keys(redis_client, key_prefix) == before
     assert redis_client.exists(keys.beats, keys.reply(asked.id)) == 0

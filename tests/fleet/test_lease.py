@@ -163,9 +163,7 @@ def test_renewals_failing_for_longer_than_the_ttl_mark_the_lease_lost(key_prefix
         lease.check()
 
 
-def test_a_lost_handle_is_never_renewed_again(
-    redis_client: redis.Redis, key_prefix: str
-) -> None:
+def test_a_lost_handle_is_never_renewed_again(redis_client: redis.Redis, key_prefix: str) -> None:
     """A handle marked lost stays lost even while the fence would still accept renewals."""
     lanes = make_lanes(redis_client, key_prefix, lease_ttl=30)
     renewer = Renewer(ttl=30)

@@ -29,9 +29,7 @@ def own_redis(tmp_path: Path) -> Iterator[redis.Redis]:
 
 def test_every_script_ships_as_package_data_with_its_layout_in_the_header() -> None:
     """Each named script is a .lua resource whose header states KEYS and ARGV."""
-    shipped = {
-        p.name for p in resources.files("workers.lua").iterdir() if p.name.endswith(".lua")
-    }
+    shipped = {p.name for p in resources.files("workers.lua").iterdir() if p.name.endswith(".lua")}
     assert shipped == {f"{name}.lua" for name in SCRIPT_NAMES}
     for name in SCRIPT_NAMES:
         header = "\n".join(

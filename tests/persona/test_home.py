@@ -80,7 +80,13 @@ def test_seed_example_3_two_mb_truncation(tmp_path: Path) -> None:
 def test_bootstrap_order_constant() -> None:
     """The bootstrap order is the contract's: identity first, durable memory last."""
     assert BOOTSTRAP_ORDER == (
-        "AGENTS.md", "SOUL.md", "IDENTITY.md", "USER.md", "TOOLS.md", "HEARTBEAT.md", "MEMORY.md"
+        "AGENTS.md",
+        "SOUL.md",
+        "IDENTITY.md",
+        "USER.md",
+        "TOOLS.md",
+        "HEARTBEAT.md",
+        "MEMORY.md",
     )
     assert MAX_FILE_BYTES == 2_097_152
     assert DEFAULT_INDEX_CAP == (200, 25_600)

@@ -330,5 +330,9 @@ def test_no_stray_files_after_writes(home: Path) -> None:
     _ok(tool, action="remove", text="entry 2")
     _ok(tool, action="add", target="user", text="u")
     assert tree(home) == {
-        "MEMORY.md", "USER.md", ".locks", ".locks/MEMORY.md.lock", ".locks/USER.md.lock"
+        "MEMORY.md",
+        "USER.md",
+        ".locks",
+        ".locks/MEMORY.md.lock",
+        ".locks/USER.md.lock",
     }

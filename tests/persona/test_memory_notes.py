@@ -174,5 +174,9 @@ def test_note_locks_live_under_dot_locks(home: Path) -> None:
     tool = memory_tool(home, notes=True)
     _ok(tool, action="add", target="note:log", text="dreamed")
     assert tree(home) == {
-        "memory", "memory/log.md", ".locks", ".locks/memory", ".locks/memory/log.md.lock"
+        "memory",
+        "memory/log.md",
+        ".locks",
+        ".locks/memory",
+        ".locks/memory/log.md.lock",
     }

@@ -109,9 +109,7 @@ def write_persona(
     return home
 
 
-def register(
-    client: redis.Redis, keys: Keys, specs: Sequence[ScheduleSpec], due: float
-) -> None:
+def register(client: redis.Redis, keys: Keys, specs: Sequence[ScheduleSpec], due: float) -> None:
     """Put schedule entries straight into Redis, all due at ``due`` (benchmarks, races)."""
     for start in range(0, len(specs), 5000):
         pipe = client.pipeline(transaction=False)

@@ -18,7 +18,7 @@ from workers.redis_server import free_port
 from workers.settings import Settings
 
 __all__ = [
-        "PASSWORD",
+    "PASSWORD",
     "cli_environ",
     "closed_port_url",
     "commit_turn",

@@ -185,12 +185,24 @@ def start_worker(
     """Start ``celery -A workers worker`` serving ``queues`` (kinds) and wait until it is ready."""
     prefix = env["SOULFLEET_QUEUE_PREFIX"]
     argv = [
-        sys.executable, "-m", "celery", "-A", "workers", "worker",
-        "-n", f"{name}@%h",
-        "-Q", ",".join(f"{prefix}.{kind}" for kind in queues),
-        "-P", pool, "-c", str(concurrency),
-        "--without-mingle", "--without-gossip",
-        "--loglevel", "INFO",
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "workers",
+        "worker",
+        "-n",
+        f"{name}@%h",
+        "-Q",
+        ",".join(f"{prefix}.{kind}" for kind in queues),
+        "-P",
+        pool,
+        "-c",
+        str(concurrency),
+        "--without-mingle",
+        "--without-gossip",
+        "--loglevel",
+        "INFO",
     ]
     process = spawn(name, argv, env, log_dir)
     if wait:

@@ -65,8 +65,9 @@ def make_lanes(
 
 def item(text: str, *, sender: str = "external", reply: bool = False) -> InboxItem:
     """A fresh inbox item with a unique id."""
-    return InboxItem(text=text, sender=sender, channel="api", id=uuid.uuid4().hex, at=1.0,
-                     reply=reply)
+    return InboxItem(
+        text=text, sender=sender, channel="api", id=uuid.uuid4().hex, at=1.0, reply=reply
+    )
 
 
 def dump_keys(client: redis.Redis, prefix: str) -> dict[str, object]:
@@ -209,8 +210,9 @@ def gate_main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     client = redis.Redis.from_url(args.url, decode_responses=True)
     renewer = Renewer(ttl=args.slot_ttl)
-    gate = Gate(client, Keys(args.prefix), limit=args.limit, slot_ttl=args.slot_ttl,
-                renewer=renewer)
+    gate = Gate(
+        client, Keys(args.prefix), limit=args.limit, slot_ttl=args.slot_ttl, renewer=renewer
+    )
     if args.mode == "gate-hold":
         with gate.slot(timeout=10) as slot:
             print(f"held {slot.token}", flush=True)

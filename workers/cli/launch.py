@@ -66,9 +66,7 @@ def choose_personas(
     return PersonasChoice(data_personas.resolve(), demo=True, installed=tuple(installed))
 
 
-def child_environ(
-    environ: Mapping[str, str], *, redis_url: str, personas: Path
-) -> dict[str, str]:
+def child_environ(environ: Mapping[str, str], *, redis_url: str, personas: Path) -> dict[str, str]:
     """The environment every child starts from (per-child metrics ports are added later)."""
     env = dict(environ)
     env.update(
@@ -106,9 +104,20 @@ def child_specs(
         ChildSpec(
             name=f"worker-{i}",
             argv=[
-                *celery, "worker", "-n", f"worker{i}.{settings.queue_prefix}@%h",
-                "-Q", queues, "-P", settings.worker_pool, "-c", str(settings.worker_concurrency),
-                "--without-mingle", "--without-gossip", "--loglevel", "INFO",
+                *celery,
+                "worker",
+                "-n",
+                f"worker{i}.{settings.queue_prefix}@%h",
+                "-Q",
+                queues,
+                "-P",
+                settings.worker_pool,
+                "-c",
+                str(settings.worker_concurrency),
+                "--without-mingle",
+                "--without-gossip",
+                "--loglevel",
+                "INFO",
             ],
             env=_metrics_env(env, base, i - 1),
             log_path=logs / f"worker-{i}.log",

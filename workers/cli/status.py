@@ -75,8 +75,10 @@ def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
 
 def _table(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(row[i]) for row in (_COLUMNS, *rows)) for i in range(len(_COLUMNS))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-             for row in (_COLUMNS, *rows)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        for row in (_COLUMNS, *rows)
+    ]
     return "\n".join(line.rstrip() for line in lines)
 
 

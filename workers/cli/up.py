@@ -71,14 +71,27 @@ def _follow_beats(fleet: Fleet, out: queue.Queue[Beat | Exception], stop: thread
 
 
 @click.command()
-@click.option("--personas", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Personas root (default: SOULFLEET_PERSONAS, else the demo personas).")
-@click.option("--workers", "worker_count", type=click.IntRange(min=1), default=1, show_default=True,
-              help="celery worker processes (thread pool each).")
+@click.option(
+    "--personas",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Personas root (default: SOULFLEET_PERSONAS, else the demo personas).",
+)
+@click.option(
+    "--workers",
+    "worker_count",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="celery worker processes (thread pool each).",
+)
 @click.option("--flower", is_flag=True, help="Also run Flower on 127.0.0.1.")
-@click.option("--data", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Data directory (default: $XDG_DATA_HOME/soulfleet, else "
-                   "~/.local/share/soulfleet).")
+@click.option(
+    "--data",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Data directory (default: $XDG_DATA_HOME/soulfleet, else ~/.local/share/soulfleet).",
+)
 def up(personas: Path | None, worker_count: int, flower: bool, data: Path | None) -> None:
     """Run a fleet here: embedded Redis, workers, beat; stream its beats until Ctrl-C."""
     data_dir = DataDir((data or default_data_dir()).expanduser().resolve())
@@ -193,8 +206,11 @@ class _Up:
                     return EXIT_FAILURE
                 crashed = self.supervisor.crashed()
                 if crashed is not None:
-                    self.reporter.line("error", f"{crashed.name} exited unexpectedly "
-                                       f"(code {crashed.popen.returncode}); last log lines:")
+                    self.reporter.line(
+                        "error",
+                        f"{crashed.name} exited unexpectedly "
+                        f"(code {crashed.popen.returncode}); last log lines:",
+                    )
                     click.echo(crashed.log_tail(), err=True)
                     return EXIT_FAILURE
                 if time.monotonic() >= next_status:

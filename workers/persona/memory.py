@@ -119,7 +119,7 @@ class MemoryTool:
                     if valid_note_slug(slug) and entry.is_file(follow_symlinks=False):
                         notes.append((slug, entry.stat(follow_symlinks=False).st_size))
         if not notes:
-            return ToolResult("No notes yet. add with target \"note:<slug>\" creates one.")
+            return ToolResult('No notes yet. add with target "note:<slug>" creates one.')
         lines = [f"- note:{slug} ({size} bytes)" for slug, size in sorted(notes)]
         return ToolResult(f"{len(notes)} note(s):\n" + "\n".join(lines))
 
