@@ -1,6 +1,6 @@
 """The schedule's Redis side: write, compare and remove the schedule entries of personas.
 
-Three structures (``workers/keys.py``): ``schedule`` (zset ``<lane>|<kind>`` -> due ms),
+Three structures (``workers/fleet/keys.py``): ``schedule`` (zset ``<lane>|<kind>`` -> due ms),
 ``schedule:spec`` (hash member -> canonical JSON spec) and ``registry`` (hash persona -> JSON
 {path, fingerprint, error}). Why the writes look like this:
 
@@ -25,8 +25,8 @@ import redis
 import structlog
 
 from beat.schedule import ScheduleSpec, to_ms
-from workers.keys import Keys, schedule_member, split_schedule_member
-from workers.registry import PersonaRegistry
+from workers.fleet.keys import Keys, schedule_member, split_schedule_member
+from workers.fleet.registry import PersonaRegistry
 
 __all__ = ["EntryChanges", "PersonaEntries", "ScheduleEntries", "members_of"]
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from workers.fleet import Fleet
-from workers.outcomes import Repair
+from workers.fleet.outcomes import Repair
 
 __all__ = ["MAX_ROUNDS", "ReapReport", "Reaper"]
 
@@ -44,7 +44,7 @@ class ReapReport:
 
 class Reaper:
     """Runs reaper passes for one fleet (``soulfleet_reaper_repairs_total`` is counted by
-    :meth:`workers.lanes.Lanes.reap`, where each repair commits)."""
+    :meth:`workers.fleet.lanes.Lanes.reap`, where each repair commits)."""
 
     def __init__(self, fleet: Fleet, *, max_rounds: int = MAX_ROUNDS) -> None:
         self._fleet = fleet

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 from beat.cron import parse_cron, zone
-from workers.keys import schedule_member
+from workers.fleet.keys import schedule_member
+from workers.fleet.registry import PersonaRegistry
 from workers.persona.manifest import PersonaConfig
 from workers.persona.schedules import ActiveHours
-from workers.registry import PersonaRegistry
 from workers.settings import Settings
 
 __all__ = ["SPEC_VERSION", "ScheduleKind", "ScheduleSpec", "lane_fraction", "specs_for", "to_ms"]

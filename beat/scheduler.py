@@ -33,7 +33,8 @@ from beat.reaper import Reaper
 from beat.sweep import Sweeper
 from beat.sync import RegistrySync
 from workers import metrics
-from workers.fleet import CeleryPublisher, Fleet
+from workers.fleet import Fleet
+from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 
 __all__ = ["IN_PROCESS", "REAP", "SWEEP", "SYNC", "FleetScheduler"]

@@ -34,7 +34,7 @@ from beat.schedule import ScheduleSpec, to_ms
 from beat.sync import HEARTBEAT_FILE
 from workers import metrics
 from workers.fleet import Fleet
-from workers.keys import split_schedule_member
+from workers.fleet.keys import split_schedule_member
 from workers.persona.schedules import ActiveHours
 
 __all__ = ["CLAIM_TIMEOUT", "MAX_BATCHES", "HeartbeatFiles", "SweepReport", "Sweeper"]

@@ -40,11 +40,11 @@ from beat.cron import CronError
 from beat.entries import EntryChanges, PersonaEntries, ScheduleEntries
 from beat.schedule import ScheduleSpec, specs_for
 from workers import metrics
-from workers.keys import Keys
+from workers.fleet.keys import Keys
+from workers.fleet.registry import PersonaRegistry
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import PersonaError, PersonaNotFound
 from workers.persona.manifest import MANIFEST_NAME, PersonaConfig, load_manifest
-from workers.registry import PersonaRegistry
 from workers.settings import Settings
 
 __all__ = ["HEARTBEAT_FILE", "PersonaRecord", "RegistrySync", "SyncReport"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workers.celery import make_app
+from workers.app import make_app
 from workers.settings import Settings
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import redis
 
 from tests.support.redis import live_redis, reachable
-from workers.redis_server import RedisServer, free_port
+from workers.local.redis_server import RedisServer, free_port
 
 
 def test_starts_its_own_redis_when_none_is_configured(tmp_path: Path) -> None:

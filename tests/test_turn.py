@@ -16,8 +16,8 @@ import pytest
 import redis
 
 from workers.fleet import Fleet
-from workers.gate import Gate
-from workers.lease import Renewer
+from workers.fleet.gate import Gate
+from workers.fleet.lease import Renewer
 from workers.settings import Settings
 from workers.turn import TurnExecutor
 

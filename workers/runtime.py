@@ -1,7 +1,7 @@
 """A worker process's long-lived parts, built once and shared by every pool thread.
 
-One Redis connection pool, one lease :class:`~workers.lease.Renewer` thread, one
-:class:`~workers.gate.Gate` and one :class:`~workers.turn.TurnExecutor` per process. Prefork
+One Redis connection pool, one lease :class:`~workers.fleet.lease.Renewer` thread, one
+:class:`~workers.fleet.gate.Gate` and one :class:`~workers.turn.TurnExecutor` per process. Prefork
 children call :func:`reset_runtime` after the fork (connections and threads do not survive one).
 """
 
@@ -12,16 +12,24 @@ import threading
 import uuid
 
 import structlog
+from celery import Celery
 
 from workers import metrics
-from workers.fleet import CeleryPublisher, Fleet
-from workers.gate import Gate
-from workers.lease import Renewer
+from workers.fleet import Fleet
+from workers.fleet.gate import Gate
+from workers.fleet.lease import Renewer
 from workers.persona.locks import set_lock_wait_observer
+from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 from workers.turn import TurnExecutor
 
-__all__ = ["executor", "reset_runtime", "start_worker_services", "stop_worker_services"]
+__all__ = [
+    "configure",
+    "executor",
+    "reset_runtime",
+    "start_worker_services",
+    "stop_worker_services",
+]
 
 _log = structlog.get_logger("soulfleet.runtime")
 
@@ -31,11 +39,17 @@ class _Holder:
 
     lock = threading.Lock()
     executor: TurnExecutor | None = None
+    settings: Settings | None = None
+    app: Celery | None = None
 
 
-def _build(settings: Settings) -> TurnExecutor:
-    from workers.celery import app  # noqa: PLC0415 - the app module imports this one
+def configure(settings: Settings, app: Celery) -> None:
+    """The settings and Celery app this process's executor is built from (on first use)."""
+    with _Holder.lock:
+        _Holder.settings, _Holder.app, _Holder.executor = settings, app, None
 
+
+def _build(settings: Settings, app: Celery) -> TurnExecutor:
     fleet = Fleet(settings, publisher=CeleryPublisher(settings, app))
     renewer = Renewer(fleet.lanes, interval=settings.lease_renew_every, ttl=settings.lease_ttl)
     gate = Gate(
@@ -46,7 +60,6 @@ def _build(settings: Settings) -> TurnExecutor:
         renewer=renewer,
         clock=fleet.clock,
     )
-    renewer.attach_gate(gate)
     renewer.start()
     worker_id = f"{settings.hostname}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     return TurnExecutor(settings, fleet, renewer, gate, worker_id=worker_id)
@@ -56,9 +69,9 @@ def executor() -> TurnExecutor:
     """This process's executor, built on first use from the Celery app's settings."""
     with _Holder.lock:
         if _Holder.executor is None:
-            from workers.celery import settings  # noqa: PLC0415 - as above
-
-            _Holder.executor = _build(settings)
+            if _Holder.settings is None or _Holder.app is None:
+                raise RuntimeError("workers.runtime is not configured: import workers.celery first")
+            _Holder.executor = _build(_Holder.settings, _Holder.app)
         return _Holder.executor
 
 

@@ -6,7 +6,7 @@
       -> finish (Lua, fencing-checked: clear in-flight, publish a surfaced beat, queue one
          follow-up if anything arrived) or fail (retry, or dead-letter after N attempts)
 
-A worker that loses its lease stops before its next write (:class:`~workers.errors.LeaseLost`
+A worker that loses its lease stops before its next write (:class:`~workers.fleet.errors.LeaseLost`
 from the guard) and commits nothing; the lane's new holder re-runs the kept items. Errors in
 one persona's files or model end that persona's turn with a recorded error and touch no other
 lane.
@@ -23,10 +23,10 @@ import structlog
 
 from workers import metrics
 from workers.fleet import Fleet
-from workers.gate import Gate, GatedModel
-from workers.lease import Renewer
+from workers.fleet.gate import Gate, GatedModel
+from workers.fleet.lease import Renewer
+from workers.fleet.outcomes import StartOutcome
 from workers.logs import bind_task, monotonic_wall_time
-from workers.outcomes import StartOutcome
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.dreamer import dreamer
 from workers.persona.errors import TurnAborted

@@ -30,8 +30,8 @@ from tests.support.fleet import (
     wait_until,
 )
 from workers import metrics
-from workers.keys import Keys
-from workers.redis_server import free_port
+from workers.fleet.keys import Keys
+from workers.local.redis_server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import redis
 
 from beat.entries import EntryChanges, PersonaEntries, ScheduleEntries, members_of
 from beat.schedule import ScheduleSpec, to_ms
-from workers.keys import Keys
+from workers.fleet.keys import Keys
 
 NOW = 1_717_200_000.0
 

@@ -16,8 +16,8 @@ import beat.scheduler
 from beat.scheduler import REAP, SWEEP, SYNC, FleetScheduler
 from tests.beat.conftest import Events
 from tests.support.beat import lane_ticks, write_persona
-from workers.celery import make_app
-from workers.keys import Keys
+from workers.app import make_app
+from workers.fleet.keys import Keys
 from workers.metrics import LaneStateCollector
 from workers.settings import Settings
 

@@ -4,7 +4,7 @@ Run:  .venv/bin/python -m tests.bench.bench_fleet [--tasks N] [--turns N] [--slo
       [--personas N] [--latency S] [--concurrency N] [--seconds S] [--keep]
 
 Three figures from one run, each on a fresh real worker process with the same configuration
-(:func:`workers.celery.make_app`; pool and concurrency from :class:`Settings`, threads x 32 by
+(:func:`workers.app.make_app`; pool and concurrency from :class:`Settings`, threads x 32 by
 default) and each with its own throwaway key and queue prefix:
 
 1. bare Celery: ``celery -A tests.bench.noop_app worker`` draining N no-op tasks (one Redis
@@ -62,7 +62,8 @@ from tests.bench.noop_app import NOOP_TASK, done_key, make_noop_app
 from tests.support.fleet import REPO, fleet_env
 from tests.support.providers import FakeProvider
 from tests.support.redis import live_redis, reachable
-from workers.fleet import CeleryPublisher, Fleet
+from workers.fleet import Fleet
+from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 
 __all__ = ["BenchError", "Result", "bench_noop", "bench_turns", "main"]

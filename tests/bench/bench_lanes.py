@@ -29,8 +29,8 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.support.redis import live_redis
-from workers.keys import Keys
-from workers.lanes import Lanes
+from workers.fleet.keys import Keys
+from workers.fleet.lanes import Lanes
 from workers.persona.inbox import InboxItem
 
 __all__ = ["bench_cycles", "bench_tick_many", "bench_tick_single", "main"]

@@ -2,7 +2,7 @@
 
 Run:  celery -A tests.bench.noop_app worker   (with the same environment as a fleet worker)
 
-The app is :func:`workers.celery.make_app` of :meth:`Settings.from_env`, so the worker gets
+The app is :func:`workers.app.make_app` of :meth:`Settings.from_env`, so the worker gets
 exactly the fleet's configuration: broker and key prefix, queues, prefetch 1, ``acks_late`` +
 ``reject_on_worker_lost``, results ignored, JSON only, task events on, the thread pool and its
 concurrency. Importing :mod:`workers.celery` also connects the fleet's worker signals (JSON
@@ -23,7 +23,7 @@ import threading
 import redis
 from celery import Celery
 
-from workers.celery import make_app
+from workers.app import make_app
 from workers.settings import Settings
 
 __all__ = ["NOOP_TASK", "app", "done_key", "make_noop_app", "settings"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from workers.cli.context import fleet_environ, persona_dir
-from workers.datadir import DataDir, UpState
-from workers.errors import UnknownPersona
+from workers.fleet.errors import UnknownPersona
+from workers.local.datadir import DataDir, UpState
 
 
 def _state(tmp: Path, pid: int, *, embedded: bool = True) -> UpState:

@@ -6,7 +6,7 @@ import redis
 from kombu.exceptions import OperationalError
 
 from workers.cli.errors import EXIT_FAILURE, EXIT_USAGE, BadInputError, CliError, translate
-from workers.errors import InboxFull, LaneDeadLettered, UnknownPersona
+from workers.fleet.errors import InboxFull, LaneDeadLettered, UnknownPersona
 from workers.persona.errors import ModelSpecError, PersonaConfigError, SettingsError
 
 

@@ -14,7 +14,7 @@ from workers.cli.launch import (
     describe_personas,
     model_label,
 )
-from workers.demo import DEMO_PERSONAS
+from workers.local.demo import DEMO_PERSONAS
 from workers.settings import Settings
 
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from workers.beats import Beat
 from workers.cli.watch import LogTail, Reporter
+from workers.fleet.beats import Beat
 
 
 def _append(path: Path, *records: dict[str, Any] | str) -> None:

@@ -7,10 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from workers.demo import DEMO_PERSONAS, WELCOME_PERSONA, demo_source, install_demo, welcome_text
+from workers.fleet.registry import valid_persona_name
+from workers.local.demo import (
+    DEMO_PERSONAS,
+    WELCOME_PERSONA,
+    demo_source,
+    install_demo,
+    welcome_text,
+)
 from workers.persona.agent import from_dir
 from workers.persona.home import BOOTSTRAP_ORDER
-from workers.registry import valid_persona_name
 
 _DUE = re.compile(r"(?im)^[ \t]*(?:[-*+][ \t]+)?due[ \t]*:")
 

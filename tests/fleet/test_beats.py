@@ -8,9 +8,9 @@ import pytest
 import redis
 
 from tests.support.lanes import make_lanes
-from workers.beats import Beat, Beats
-from workers.keys import Keys
-from workers.lanes import Lanes
+from workers.fleet.beats import Beat, Beats
+from workers.fleet.keys import Keys
+from workers.fleet.lanes import Lanes
 from workers.persona.clock import VirtualClock
 
 

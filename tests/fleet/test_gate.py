@@ -14,15 +14,15 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 
-from workers.errors import GateTimeout
-from workers.gate import Gate, GatedModel, ModelCall
-from workers.keys import Keys
-from workers.lease import Renewer
+from workers.fleet.errors import GateTimeout
+from workers.fleet.gate import Gate, GatedModel, ModelCall
+from workers.fleet.keys import Keys
+from workers.fleet.lease import Renewer
+from workers.local.redis_server import free_port
 from workers.persona.clock import VirtualClock
 from workers.persona.errors import ModelError
 from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
-from workers.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

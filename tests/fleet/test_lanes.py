@@ -10,11 +10,11 @@ import redis
 from prometheus_client import REGISTRY
 
 from tests.support.lanes import dump_keys, item, make_lanes
-from workers.errors import InboxFull, ItemTooLarge, LeaseLost, RedisUnavailable
-from workers.keys import Keys
-from workers.lanes import LAST_TEXT_MAX, Lanes
+from workers.fleet.errors import InboxFull, ItemTooLarge, LeaseLost, RedisUnavailable
+from workers.fleet.keys import Keys
+from workers.fleet.lanes import LAST_TEXT_MAX, Lanes
+from workers.local.redis_server import free_port
 from workers.persona.clock import VirtualClock
-from workers.redis_server import free_port
 
 
 @pytest.fixture

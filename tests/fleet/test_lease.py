@@ -11,13 +11,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tests.support.lanes import item, make_lanes
-from workers.errors import LeaseLost
-from workers.gate import Gate
-from workers.keys import Keys
-from workers.lanes import Lanes
-from workers.lease import LeaseHandle, Renewer
+from workers.fleet.errors import LeaseLost
+from workers.fleet.gate import Gate
+from workers.fleet.keys import Keys
+from workers.fleet.lanes import Lanes
+from workers.fleet.lease import LeaseHandle, Renewer
+from workers.local.redis_server import free_port
 from workers.persona.errors import TurnAborted
-from workers.redis_server import free_port
 
 
 @pytest.fixture

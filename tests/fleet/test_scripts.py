@@ -13,9 +13,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from tests.support.lanes import item, make_lanes
-from workers.errors import RedisUnavailable
-from workers.redis_server import RedisServer, free_port
-from workers.scripts import SCRIPT_NAMES, Scripts, client_url, redis_errors, script_source
+from workers.fleet.errors import RedisUnavailable
+from workers.fleet.scripts import SCRIPT_NAMES, Scripts, client_url, redis_errors, script_source
+from workers.local.redis_server import RedisServer, free_port
 
 
 @pytest.fixture
@@ -29,7 +29,9 @@ def own_redis(tmp_path: Path) -> Iterator[redis.Redis]:
 
 def test_every_script_ships_as_package_data_with_its_layout_in_the_header() -> None:
     """Each named script is a .lua resource whose header states KEYS and ARGV."""
-    shipped = {p.name for p in resources.files("workers.lua").iterdir() if p.name.endswith(".lua")}
+    shipped = {
+        p.name for p in resources.files("workers.fleet.lua").iterdir() if p.name.endswith(".lua")
+    }
     assert shipped == {f"{name}.lua" for name in SCRIPT_NAMES}
     for name in SCRIPT_NAMES:
         header = "\n".join(

@@ -13,6 +13,7 @@ import redis
 
 from tests.support.fleet import FleetProcess, fleet_env, read_events, start_beat, start_worker
 from workers.fleet import Fleet
+from workers.publisher import connect
 from workers.settings import Settings
 
 
@@ -38,7 +39,7 @@ class Harness:
     @property
     def fleet(self) -> Fleet:
         if self._fleet is None:
-            self._fleet = Fleet(self.settings)
+            self._fleet = connect(self.settings)
         return self._fleet
 
     def persona(

@@ -17,8 +17,8 @@ import pytest
 
 from tests.integration.conftest import Harness
 from tests.support.fleet import wait_until
-from workers.errors import InboxFull
-from workers.fleet import Fleet
+from workers.fleet.errors import InboxFull
+from workers.publisher import connect
 from workers.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -63,7 +63,7 @@ def test_a_thousand_ticks_during_a_turn_become_one_follow_up(harness: Harness) -
 
 
 def _ticker(harness_env: dict[str, str], lanes: list[str], stop: threading.Event) -> int:
-    fleet = Fleet(Settings.from_env(harness_env))
+    fleet = connect(Settings.from_env(harness_env))
     sent = 0
     rng = random.Random()
     while not stop.is_set():

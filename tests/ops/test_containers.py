@@ -34,7 +34,7 @@ from tests.support.ops import (
     dashboard_exprs,
     load_yaml,
 )
-from workers.redis_server import free_port
+from workers.local.redis_server import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -149,8 +149,8 @@ def test_dockerignore_keeps_out_everything_but_the_sources() -> None:
     for kept in (
         "pyproject.toml",
         "README.md",
-        "workers/fleet.py",
-        "workers/lua/start.lua",
+        "workers/fleet/host.py",
+        "workers/fleet/lua/start.lua",
         "beat/__init__.py",
         "ops/healthcheck.py",
     ):
@@ -237,6 +237,6 @@ def test_the_build_context_builds_a_complete_wheel(tmp_path: Path) -> None:
         for path in (REPO / package).rglob("*")
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
     }
-    assert {"workers/lua/start.lua", "workers/persona/models/default_script.toml"} <= shipped
+    assert {"workers/fleet/lua/start.lua", "workers/persona/models/default_script.toml"} <= shipped
     assert shipped - names == set()
     assert not any(name.startswith("tests/") for name in names)

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
 from tests.support.ops import OPS
-from workers.redis_server import free_port
+from workers.local.redis_server import free_port
 
 SCRIPT = OPS / "healthcheck.py"
 

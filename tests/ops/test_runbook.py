@@ -18,10 +18,11 @@ import redis
 
 from tests.support.fleet import fleet_env
 from tests.support.ops import ALERTS, COMPOSE, DOCKERFILE, REPO, RUNBOOK
-from workers.celery import make_app
+from workers.app import make_app
 from workers.cli import cli
 from workers.fleet import Fleet
-from workers.keys import Keys
+from workers.fleet.keys import Keys
+from workers.publisher import connect
 from workers.settings import Settings
 
 SECTIONS = (
@@ -102,11 +103,11 @@ def test_every_cli_command_in_the_runbook_exists() -> None:
 def _fleet_snippets() -> list[str]:
     """The runbook's Python that uses the host API: one-liners and the heredoc block."""
     text = _runbook()
-    snippets = re.findall(r"python -c '([^']*Fleet[^']*)'", text)
+    snippets = re.findall(r"python -c '([^']*connect\(\)[^']*)'", text)
     snippets += [
         textwrap.dedent(block)
         for block in re.findall(r"python - <<'EOF'\n(.*?)\n\s*EOF", text, re.S)
-        if "Fleet" in block
+        if "connect()" in block
     ]
     return [snippet.replace('"NAME"', '"ava"') for snippet in snippets]
 
@@ -134,7 +135,7 @@ def test_the_runbook_fleet_snippets_run_and_revive_a_dead_lane(
         personas=personas,
         extra={"SOULFLEET_MAX_ATTEMPTS": "1"},
     )
-    fleet = Fleet(Settings.from_env(env))
+    fleet = connect(Settings.from_env(env))
     snippets = _fleet_snippets()
     assert any("revive" in s for s in snippets)
     assert any("reap" in s for s in snippets)

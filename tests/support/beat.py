@@ -20,9 +20,9 @@ import redis
 from beat.schedule import ScheduleSpec, to_ms
 from beat.sweep import Sweeper
 from workers.fleet import Fleet
-from workers.keys import Keys
+from workers.fleet.keys import Keys
+from workers.fleet.outcomes import TickOutcome
 from workers.logs import configure_logging
-from workers.outcomes import TickOutcome
 from workers.persona.clock import Clock
 from workers.settings import Settings
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import redis
 
-from workers.demo import install_demo
-from workers.keys import Keys
-from workers.lanes import Lanes
-from workers.redis_server import free_port
+from workers.fleet.keys import Keys
+from workers.fleet.lanes import Lanes
+from workers.local.demo import install_demo
+from workers.local.redis_server import free_port
 from workers.settings import Settings
 
 __all__ = [

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 
 import redis
 
-from workers.errors import LeaseLost
-from workers.gate import Gate
-from workers.keys import Keys
-from workers.lanes import Lanes
-from workers.lease import Renewer
+from workers.fleet.errors import LeaseLost
+from workers.fleet.gate import Gate
+from workers.fleet.keys import Keys
+from workers.fleet.lanes import Lanes
+from workers.fleet.lease import Renewer
 from workers.persona.clock import Clock
 from workers.persona.inbox import InboxItem
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import redis
 
-from workers.redis_server import RedisServer
+from workers.local.redis_server import RedisServer
 
 __all__ = ["live_redis", "reachable"]
 

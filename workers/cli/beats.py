@@ -1,6 +1,6 @@
 """``soulfleet beats [--follow] [--json]``: what personas surfaced on their heartbeats.
 
-Reads the fleet's beats stream (:class:`workers.beats.Beats`): the newest ``--count`` beats,
+Reads the fleet's beats stream (:class:`workers.fleet.beats.Beats`): the newest ``--count`` beats,
 oldest first, then with ``--follow`` every new one as it is committed, until Ctrl-C or SIGTERM
 (exit 0).
 ``--json`` prints one JSON object per line (JSON Lines), so ``--follow --json`` streams into
@@ -17,8 +17,8 @@ from types import FrameType
 
 import click
 
-from workers.beats import Beat, Beats
 from workers.cli.group import cli_context, personas_option
+from workers.fleet.beats import Beat, Beats
 
 __all__ = ["beats", "format_beat"]
 

@@ -11,7 +11,7 @@ Resolution, first that applies (the README's "Which fleet" section says the same
 The personas root is ``--personas`` if given, else ``SOULFLEET_PERSONAS``, else the running
 ``up``'s, else ``./personas``.
 
-Turns are published by :class:`workers.fleet.CeleryPublisher` with a Celery app built from THIS
+Turns are published by :class:`workers.publisher.CeleryPublisher` with a Celery app built from THIS
 command's settings, not ``workers.celery.app`` (configured from ``os.environ`` at import): a CLI
 command may be talking to the fleet found in ``up.json``, whose broker the environment does not
 name.
@@ -24,10 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workers.datadir import DataDir, UpState, default_data_dir
-from workers.errors import UnknownPersona
-from workers.fleet import CeleryPublisher, Fleet
-from workers.registry import PersonaRegistry, valid_persona_name
+from workers.fleet import Fleet
+from workers.fleet.errors import UnknownPersona
+from workers.fleet.registry import PersonaRegistry, valid_persona_name
+from workers.local.datadir import DataDir, UpState, default_data_dir
+from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 
 __all__ = ["CliContext", "fleet_environ", "persona_dir"]

@@ -27,7 +27,7 @@ import click
 import redis
 from kombu.exceptions import OperationalError as BrokerError
 
-from workers.errors import ItemTooLarge, RedisUnavailable, UnknownPersona
+from workers.fleet.errors import ItemTooLarge, RedisUnavailable, UnknownPersona
 from workers.persona.errors import (
     ModelSpecError,
     PersonaError,

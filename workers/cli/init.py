@@ -16,9 +16,9 @@ from pathlib import Path
 import click
 
 from workers.cli.errors import BadInputError
+from workers.fleet.registry import valid_persona_name
 from workers.persona.home import BOOTSTRAP_ORDER
 from workers.persona.manifest import MANIFEST_NAME
-from workers.registry import valid_persona_name
 
 __all__ = ["SCAFFOLD_FILES", "init", "scaffold"]
 

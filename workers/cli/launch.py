@@ -23,13 +23,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.demo import install_demo
+from workers.fleet.registry import PersonaRegistry
+from workers.local.demo import install_demo
+from workers.local.supervisor import ChildSpec
 from workers.persona.agent import from_dir
 from workers.persona.errors import PersonaError
 from workers.queues import KINDS, queue_name
-from workers.registry import PersonaRegistry
 from workers.settings import Settings
-from workers.supervisor import ChildSpec
 
 __all__ = [
     "BUILTIN_MODEL_LABEL",

@@ -18,7 +18,7 @@ import click
 from workers.cli.errors import BadInputError
 from workers.cli.group import cli_context, personas_option
 from workers.fleet import Fleet
-from workers.scripts import redis_errors
+from workers.fleet.scripts import redis_errors
 
 __all__ = ["ago", "beat_summary", "status"]
 

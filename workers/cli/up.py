@@ -26,16 +26,17 @@ from types import FrameType
 
 import click
 
-from workers.beats import Beat, Beats
 from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
 from workers.cli.launch import child_environ, child_specs, choose_personas, describe_personas
 from workers.cli.watch import LogTail, Reporter
-from workers.datadir import AlreadyRunningError, DataDir, UpState, default_data_dir
-from workers.demo import WELCOME_PERSONA, welcome_text
-from workers.fleet import CeleryPublisher, Fleet
-from workers.redis_server import RedisServer, RedisServerError, free_port
+from workers.fleet import Fleet
+from workers.fleet.beats import Beat, Beats
+from workers.local.datadir import AlreadyRunningError, DataDir, UpState, default_data_dir
+from workers.local.demo import WELCOME_PERSONA, welcome_text
+from workers.local.redis_server import RedisServer, RedisServerError, free_port
+from workers.local.supervisor import Supervisor
+from workers.publisher import CeleryPublisher
 from workers.settings import Settings, redact_url
-from workers.supervisor import Supervisor
 
 __all__ = ["up"]
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.beats import Beat
-from workers.registry import DREAMER_SUFFIX
+from workers.fleet.beats import Beat
+from workers.fleet.registry import DREAMER_SUFFIX
 
 __all__ = ["LogTail", "Reporter", "Tally"]
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from workers.persona.dream_soul import dream_soul
 from workers.persona.home import CapSpec, compose_soul, persona_home, resolve_index_cap
 from workers.persona.locks import LockMode
 from workers.persona.manifest import load_manifest
@@ -62,9 +63,6 @@ class AgentDef:
     def soul(self) -> tuple[str, list[str]]:
         """``(soul, found)`` composed from disk NOW; call once at the start of each turn."""
         if self.kind == "dreamer":
-            # Imported here: dreamer.py builds AgentDefs, so a module-level import would cycle.
-            from workers.persona.dreamer import dream_soul  # noqa: PLC0415
-
             return dream_soul(self.home, self.instructions)
         return compose_soul(self.home, memory_index_cap=self.memory_index_cap, notes=self.notes)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.datadir import AlreadyRunningError, DataDir, UpState, default_data_dir, pid_alive
+from workers.local.datadir import AlreadyRunningError, DataDir, UpState, default_data_dir, pid_alive
 
 
 def test_default_data_dir_follows_xdg() -> None:
@@ -57,7 +57,7 @@ def test_the_lock_excludes_a_second_process(tmp_path: Path) -> None:
     data.write_state(_state(data, os.getpid()))
     try:
         probe = (
-            "import sys; from pathlib import Path; from workers.datadir import DataDir, "
+            "import sys; from pathlib import Path; from workers.local.datadir import DataDir, "
             "AlreadyRunningError\n"
             "try:\n DataDir(Path(sys.argv[1])).lock()\nexcept AlreadyRunningError as e:\n"
             " print(e); sys.exit(7)\n"

@@ -1,6 +1,6 @@
 """The demo fleet ``soulfleet up`` runs when no personas are configured.
 
-Three persona homes ship as package data under ``workers/demo/personas/`` and together show
+Three persona homes ship as package data under ``workers/local/demo/personas/`` and together show
 everything a fleet does within its first minute, on the built-in scripted model (no key, no
 network):
 

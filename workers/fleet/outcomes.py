@@ -1,6 +1,6 @@
 """Outcomes: what each lane transition did, as plain frozen values.
 
-:class:`~workers.lanes.Lanes` returns these; the fleet, the turn runner and the beat's reaper
+:class:`~workers.fleet.lanes.Lanes` returns these; the fleet, the turn runner and the beat's reaper
 consume them. They live apart from ``Lanes`` because their readers need only the shapes, not a
 Redis client or the Lua scripts, and because they are the contract between "a script ran" and
 "the caller must now publish a turn": wherever an outcome carries a turn id, a turn was queued

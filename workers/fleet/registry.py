@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workers.errors import UnknownPersona
+from workers.fleet.errors import UnknownPersona
 
 __all__ = ["DREAMER_SUFFIX", "LaneRole", "PersonaRegistry", "valid_persona_name"]
 

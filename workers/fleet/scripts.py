@@ -1,6 +1,6 @@
 """The fleet's Lua scripts, loaded from package data and registered on a Redis client.
 
-Every lane and gate state transition is one ``.lua`` file in :mod:`workers.lua` (the header of
+Every lane and gate state transition is one ``.lua`` file in :mod:`workers.fleet.lua` (the header of
 each file states its KEYS, ARGV and guarantees), so a transition is atomic on the server and
 reviewable on its own. They are read with :mod:`importlib.resources` (so they ship in the
 wheel) and registered with ``redis.Redis.register_script``: calls go out as ``EVALSHA`` and
@@ -8,7 +8,7 @@ reload the script by themselves after a Redis restart or ``SCRIPT FLUSH`` (pipel
 ``SCRIPT EXISTS`` before they run). Registering never talks to Redis.
 
 :func:`redis_errors` is the one place a lost Redis connection becomes
-:class:`~workers.errors.RedisUnavailable` (with the password hidden).
+:class:`~workers.fleet.errors.RedisUnavailable` (with the password hidden).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from importlib import resources
 import redis
 from redis.commands.core import Script
 
-from workers.errors import RedisUnavailable
+from workers.fleet.errors import RedisUnavailable
 
 __all__ = ["SCRIPT_NAMES", "Scripts", "client_url", "redis_errors", "script_source"]
 
@@ -45,10 +45,10 @@ SCRIPT_NAMES: tuple[str, ...] = (
 
 @functools.cache
 def script_source(name: str) -> str:
-    """The text of ``workers/lua/<name>.lua``."""
+    """The text of ``workers/fleet/lua/<name>.lua``."""
     if name not in SCRIPT_NAMES:
         raise ValueError(f"no fleet script named {name!r}; known: {', '.join(SCRIPT_NAMES)}")
-    return resources.files("workers.lua").joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    return resources.files("workers.fleet.lua").joinpath(f"{name}.lua").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True, slots=True)

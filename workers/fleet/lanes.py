@@ -9,7 +9,7 @@ A lane (``ava``, ``ava-dreamer``) runs one turn at a time. Its state machine::
 
 Why it is built this way:
 
-- Every transition is ONE script (``workers/lua/<name>.lua``): the checks and the writes of a
+- Every transition is ONE script (``workers/fleet/lua/<name>.lua``): the checks and the writes of a
   step are atomic, so no interleaving of workers, beats and posters can put two turns of one
   lane in flight or lose an item. Python only prepares arguments and reads replies.
 - The clock is Python's: time goes in as ARGV (ms), so tests drive it with a VirtualClock.
@@ -20,9 +20,9 @@ Why it is built this way:
   items are the first thing the next start hands out.
 - Publishing turn messages is not done here: an outcome's ``turn_id`` is set exactly when a
   turn was queued and the caller must publish it. The outcome values live in
-  :mod:`workers.outcomes` (re-exported here) so their readers need not import the lanes.
+  :mod:`workers.fleet.outcomes` (re-exported here) so their readers need not import the lanes.
 
-Every method may raise :class:`~workers.errors.RedisUnavailable`.
+Every method may raise :class:`~workers.fleet.errors.RedisUnavailable`.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ import structlog
 from redis.commands.core import Script
 
 from workers import metrics
-from workers.errors import InboxFull, ItemTooLarge, LeaseLost
-from workers.keys import Keys
-from workers.outcomes import (
+from workers.fleet.errors import InboxFull, ItemTooLarge, LeaseLost
+from workers.fleet.keys import Keys
+from workers.fleet.outcomes import (
     FailOutcome,
     FinishOutcome,
     PostOutcome,
@@ -47,9 +47,9 @@ from workers.outcomes import (
     StartOutcome,
     TickOutcome,
 )
+from workers.fleet.scripts import Scripts, redis_errors
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
-from workers.scripts import Scripts, redis_errors
 
 __all__ = [
     "LAST_TEXT_MAX",

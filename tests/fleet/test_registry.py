@@ -1,4 +1,4 @@
-"""workers/registry.py: persona names under a root, and the two lanes each persona has."""
+"""workers/fleet/registry.py: persona names under a root, and the two lanes each persona has."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.errors import UnknownPersona
-from workers.registry import PersonaRegistry, valid_persona_name
+from workers.fleet.errors import UnknownPersona
+from workers.fleet.registry import PersonaRegistry, valid_persona_name
 
 
 def test_names_are_the_valid_subdirectories_sorted(tmp_path: Path) -> None:

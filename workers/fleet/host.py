@@ -2,13 +2,13 @@
 
 CONTRACT §3 leaves delivering external events to the host; :class:`Fleet` is that seam::
 
-    fleet = Fleet.from_env()
+    fleet = connect()          # workers.publisher.connect: a Fleet publishing through Celery
     fleet.post("ava", "text", sender="external", channel="api", wake=True)
     fleet.tick("ava", kind="heartbeat")
     fleet.status("ava")
     fleet.beats(count=100)
 
-State lives in Redis lanes (:mod:`workers.lanes`); a Celery message is only a wake-up that
+State lives in Redis lanes (:mod:`workers.fleet.lanes`); a Celery message is only a wake-up that
 names ``(lane, turn_id)``. Publishing happens here, after the lane script has decided a turn is
 due, so a lost publish is repaired by the reaper and a duplicate is dropped at turn start.
 """
@@ -16,93 +16,38 @@ due, so a lost publish is repaired by the reaper and a duplicate is dropped at t
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import redis
-from kombu.exceptions import OperationalError as BrokerError
 
-from workers.beats import Beat, Beats
-from workers.errors import LaneDeadLettered, RedisUnavailable
-from workers.keys import Keys
-from workers.lanes import Lanes
-from workers.outcomes import PostOutcome, Repair, TickOutcome
+from workers.fleet.beats import Beat, Beats
+from workers.fleet.errors import LaneDeadLettered, RedisUnavailable
+from workers.fleet.keys import Keys
+from workers.fleet.lanes import Lanes
+from workers.fleet.outcomes import PostOutcome, Repair, TickOutcome
+from workers.fleet.registry import PersonaRegistry
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
-from workers.queues import TURN_TASK, queue_name
-from workers.registry import PersonaRegistry
 from workers.settings import Settings, redact_url
 
-if TYPE_CHECKING:
-    from celery import Celery
-
-__all__ = ["CeleryPublisher", "Fleet", "Publisher", "RunReply"]
+__all__ = ["Fleet", "Publisher", "RunReply"]
 
 
 class Publisher(Protocol):
-    """Sends turn wake-ups to workers. Celery in production; a recorder in unit tests."""
+    """Sends turn wake-ups to workers. Celery in production
+    (:class:`workers.publisher.CeleryPublisher`, wired by the Celery side); a recorder in tests.
+
+    A lane is queued in Redis before its wake-up is published, so a publisher that raises
+    leaves a lane the reaper re-publishes; it must raise
+    :class:`~workers.fleet.errors.RedisUnavailable` for a broker it cannot reach."""
 
     def publish(self, lane: str, turn_id: str, kind: str) -> None: ...
 
     def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None: ...
-
-
-class CeleryPublisher:
-    """Publishes ``soulfleet.turn(lane, turn_id)`` to the queue of the turn's kind.
-
-    It uses a Celery app built from the same settings as the fleet (or the worker's own app),
-    so a host process publishes to the broker and key prefix its settings name, whatever the
-    process environment says.
-    """
-
-    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
-        self._settings = settings
-        self._prefix = settings.queue_prefix
-        self._app = app
-        self._owns_app = app is None
-        self._lock = threading.Lock()
-
-    @property
-    def app(self) -> Celery:
-        with self._lock:
-            if self._app is None:
-                from workers.celery import make_app  # noqa: PLC0415 - Celery is slow to import
-
-                self._app = make_app(self._settings)
-            return self._app
-
-    def publish(self, lane: str, turn_id: str, kind: str) -> None:
-        self.publish_many([(lane, turn_id, kind)])
-
-    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
-        if not turns:
-            return
-        app = self.app
-        try:
-            # One pooled producer for the whole batch: a sweep may queue thousands of turns.
-            with app.producer_or_acquire() as producer:
-                for lane, turn_id, kind in turns:
-                    app.send_task(
-                        TURN_TASK,
-                        args=[lane, turn_id],
-                        queue=queue_name(self._prefix, kind),
-                        producer=producer,
-                        ignore_result=True,
-                    )
-        except BrokerError as exc:
-            # The lane is already queued: the reaper re-publishes it once the broker is back.
-            raise RedisUnavailable(self._settings.broker_url, str(exc)) from exc
-
-    def close(self) -> None:
-        """Release the broker connections of an app this publisher built itself."""
-        with self._lock:
-            if self._app is not None and self._owns_app:
-                self._app.close()
-                self._app = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +69,7 @@ class Fleet:
         settings: Settings,
         *,
         client: redis.Redis | None = None,
-        publisher: Publisher | None = None,
+        publisher: Publisher,
         clock: Clock | None = None,
     ) -> None:
         self.settings = settings
@@ -138,7 +83,7 @@ class Fleet:
         )
         self.keys = Keys(settings.key_prefix)
         self.registry = PersonaRegistry(settings.personas)
-        self.publisher: Publisher = publisher or CeleryPublisher(settings)
+        self.publisher: Publisher = publisher
         self.lanes = Lanes(
             self.client,
             self.keys,
@@ -153,12 +98,8 @@ class Fleet:
         self._beats = Beats(self.client, self.keys)
 
     @classmethod
-    def from_env(cls) -> Fleet:
-        return cls(Settings.from_env())
-
-    @classmethod
     def from_settings(
-        cls, settings: Settings, *, publisher: Publisher | None = None, clock: Clock | None = None
+        cls, settings: Settings, *, publisher: Publisher, clock: Clock | None = None
     ) -> Fleet:
         return cls(settings, publisher=publisher, clock=clock)
 
@@ -175,7 +116,8 @@ class Fleet:
     ) -> PostOutcome:
         """Put ``text`` in the persona's inbox; with ``wake``, queue a turn if it is idle.
 
-        Raises :class:`~workers.errors.UnknownPersona`, :class:`~workers.errors.InboxFull`
+        Raises :class:`~workers.fleet.errors.UnknownPersona`,
+        :class:`~workers.fleet.errors.InboxFull`
         (nothing is dropped: the sender keeps the item) or ``ItemTooLarge``.
         """
         name = self.registry.resolve(persona)

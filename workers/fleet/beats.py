@@ -16,8 +16,8 @@ from typing import cast
 
 import redis
 
-from workers.keys import Keys
-from workers.scripts import redis_errors
+from workers.fleet.keys import Keys
+from workers.fleet.scripts import redis_errors
 
 __all__ = ["Beat", "Beats"]
 

@@ -5,8 +5,8 @@ renewed, which is what frees them when a worker dies. Renewing from the turn's o
 would stall exactly when the turn is stuck in a long model call, and a thread per turn does not
 scale to a 32-thread pool, so one daemon thread renews every registered handle each
 ``interval`` (default ``lease_ttl / 3``, or ``gate_slot_ttl / 3`` if shorter: one slow round
-trip never loses a live hold), one batched round trip per owner (a :class:`~workers.lanes.Lanes`
-or a :class:`~workers.gate.Gate`).
+trip never loses a live hold), one batched round trip per owner (a
+:class:`~workers.fleet.lanes.Lanes` or a :class:`~workers.fleet.gate.Gate`).
 
 A handle's :attr:`Held.lost` is set, for good, when a renewal finds the lease gone (its key
 expired or was deleted, or another start or the reaper bumped the fence: a lapsed lease is
@@ -28,11 +28,10 @@ from typing import TYPE_CHECKING, Self
 import redis
 import structlog
 
-from workers.errors import FleetError, LeaseLost
+from workers.fleet.errors import FleetError, LeaseLost
 
 if TYPE_CHECKING:
-    from workers.gate import Gate
-    from workers.lanes import Lanes
+    from workers.fleet.lanes import Lanes
 
 __all__ = ["Held", "LeaseHandle", "Renewer"]
 
@@ -145,8 +144,8 @@ class Renewer:
     """The process's one renewal thread. Thread-safe; started by the first registration.
 
     ``Renewer(lanes, interval=..., ttl=...)``: ``ttl`` defaults to ``lanes.lease_ttl`` and
-    ``interval`` to ``ttl / 3``. Attaching a gate whose ``slot_ttl`` is shorter tightens the
-    interval to ``slot_ttl / 3``, so slots never lapse between two passes.
+    ``interval`` to ``ttl / 3``. A gate whose ``slot_ttl`` is shorter tightens the interval to
+    ``slot_ttl / 3`` through :meth:`serve_ttl`, so slots never lapse between two passes.
     """
 
     def __init__(
@@ -173,10 +172,13 @@ class Renewer:
         self._thread: threading.Thread | None = None
 
     # -- registration -----------------------------------------------------------------------
-    def attach_gate(self, gate: Gate) -> None:
-        """Make sure passes come often enough for ``gate``'s slots (``slot_ttl / 3``)."""
+    def serve_ttl(self, ttl: float) -> None:
+        """Make sure passes come often enough for holds of ``ttl`` seconds (``ttl / 3``).
+
+        A gate calls this with its slot TTL, so the gate knows the renewer and never the other
+        way round."""
         with self._lock:
-            self.interval = min(self.interval, gate.slot_ttl / 3)
+            self.interval = min(self.interval, ttl / 3)
         self._wake.set()  # a thread asleep on the old interval re-reads it now
 
     def register(self, handle: Held) -> Held:

@@ -4,7 +4,7 @@ Providers rate-limit per account, not per worker, so the limit has to be fleet-w
 one Redis sorted set (``Keys.gate``): member = a holder token, score = when its slot expires.
 :file:`gate_acquire.lua` first drops expired members, then adds the token only if fewer than
 ``limit`` remain, in one atomic step, so at most ``limit`` unexpired holders ever exist. A
-holder renews its slot through the process's :class:`~workers.lease.Renewer` while its call
+holder renews its slot through the process's :class:`~workers.fleet.lease.Renewer` while its call
 runs; a holder that dies stops renewing and its slot frees itself after ``slot_ttl``: a crash
 can never leak a slot. ``limit == 0`` means unlimited and makes no Redis calls at all.
 
@@ -28,13 +28,13 @@ import redis
 import structlog
 
 from workers import metrics
-from workers.errors import GateTimeout
-from workers.keys import Keys
-from workers.lease import Held, Renewer
+from workers.fleet.errors import GateTimeout
+from workers.fleet.keys import Keys
+from workers.fleet.lease import Held, Renewer
+from workers.fleet.scripts import Scripts, redis_errors
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
-from workers.scripts import Scripts, redis_errors
 
 __all__ = ["Gate", "GatedModel", "ModelCall", "Slot", "SlotHandle"]
 
@@ -103,7 +103,7 @@ class Gate:
         self._renewer = renewer
         self._renewer_lock = threading.Lock()
         if renewer is not None:
-            renewer.attach_gate(self)
+            renewer.serve_ttl(self.slot_ttl)
         self._holder = f"{socket.gethostname()}:{os.getpid()}"
 
     @property

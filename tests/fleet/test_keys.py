@@ -1,8 +1,8 @@
-"""workers/keys.py: every key under one prefix; schedule members split back into parts."""
+"""workers/fleet/keys.py: every key under one prefix; schedule members split back into parts."""
 
 from __future__ import annotations
 
-from workers.keys import Keys, schedule_member, split_schedule_member
+from workers.fleet.keys import Keys, schedule_member, split_schedule_member
 
 
 def test_every_key_carries_the_prefix() -> None:

@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 
 from tests.support.fleet import wait_until
-from workers.supervisor import Child, ChildSpec, Supervisor
+from workers.local.supervisor import Child, ChildSpec, Supervisor
 
 # A child that says "ready", then on SIGTERM records when and exits (or ignores it).
 _CHILD = """

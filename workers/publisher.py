@@ -1,0 +1,85 @@
+"""Publishing turn wake-ups through Celery: the seam between the fleet and its broker.
+
+:class:`~workers.fleet.Fleet` coordinates through Redis and never imports Celery; whoever builds
+one hands it a :class:`~workers.fleet.host.Publisher`. This module is the Celery one, and
+:func:`connect` is what a host process (the CLI, a web app, a shell on a worker) calls::
+
+    from workers.publisher import connect
+    fleet = connect()                     # settings from the environment
+    fleet.post("ava", "hello")
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from celery import Celery
+from kombu.exceptions import OperationalError as BrokerError
+
+from workers.app import make_app
+from workers.fleet import Fleet
+from workers.fleet.errors import RedisUnavailable
+from workers.persona.clock import Clock
+from workers.queues import TURN_TASK, queue_name
+from workers.settings import Settings
+
+__all__ = ["CeleryPublisher", "connect"]
+
+
+class CeleryPublisher:
+    """Publishes ``soulfleet.turn(lane, turn_id)`` to the queue of the turn's kind.
+
+    It uses a Celery app built from the same settings as the fleet (or the worker's own app),
+    so a host process publishes to the broker and key prefix its settings name, whatever the
+    process environment says.
+    """
+
+    def __init__(self, settings: Settings, app: Celery | None = None) -> None:
+        self._settings = settings
+        self._prefix = settings.queue_prefix
+        self._app = app
+        self._owns_app = app is None
+        self._lock = threading.Lock()
+
+    @property
+    def app(self) -> Celery:
+        with self._lock:
+            if self._app is None:
+                self._app = make_app(self._settings)
+            return self._app
+
+    def publish(self, lane: str, turn_id: str, kind: str) -> None:
+        self.publish_many([(lane, turn_id, kind)])
+
+    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
+        if not turns:
+            return
+        app = self.app
+        try:
+            # One pooled producer for the whole batch: a sweep may queue thousands of turns.
+            with app.producer_or_acquire() as producer:
+                for lane, turn_id, kind in turns:
+                    app.send_task(
+                        TURN_TASK,
+                        args=[lane, turn_id],
+                        queue=queue_name(self._prefix, kind),
+                        producer=producer,
+                        ignore_result=True,
+                    )
+        except BrokerError as exc:
+            # The lane is already queued: the reaper re-publishes it once the broker is back.
+            raise RedisUnavailable(self._settings.broker_url, str(exc)) from exc
+
+    def close(self) -> None:
+        """Release the broker connections of an app this publisher built itself."""
+        with self._lock:
+            if self._app is not None and self._owns_app:
+                self._app.close()
+                self._app = None
+
+
+def connect(settings: Settings | None = None, *, clock: Clock | None = None) -> Fleet:
+    """A :class:`Fleet` on ``settings`` (default: the environment) publishing through Celery."""
+    settings = settings if settings is not None else Settings.from_env()
+    return Fleet(settings, publisher=CeleryPublisher(settings), clock=clock)
