@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.support.fleet import FleetProcess, stop_all
 from tests.support.redis import live_redis
 
 
@@ -49,3 +50,13 @@ def persona_root(tmp_path: Path) -> Path:
     root = tmp_path / "personas"
     root.mkdir()
     return root
+
+
+@pytest.fixture
+def processes() -> Iterator[list[FleetProcess]]:
+    """Every process a test appends is stopped afterwards, in parallel, whatever happened."""
+    started: list[FleetProcess] = []
+    try:
+        yield started
+    finally:
+        stop_all(started)

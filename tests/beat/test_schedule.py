@@ -44,6 +44,7 @@ def test_phase_offsets_spread_a_fleet_over_its_interval() -> None:
     assert all(100 < count < 240 for count in buckets), buckets
 
 
+@pytest.mark.integration
 def test_phase_is_stable_across_processes() -> None:
     """Another process (another hash seed) computes the same phase: beats agree on schedules."""
     code = "from beat.schedule import lane_fraction; print(repr(lane_fraction('ava')))"

@@ -83,6 +83,7 @@ class Follower:
         return code, self.process.stderr.read() if self.process.stderr else ""
 
 
+@pytest.mark.integration
 def test_beats_follow_streams_new_beats_until_sigint(env: Mapping[str, str | None]) -> None:
     """--follow prints beats committed after it started; SIGINT ends it with exit 0."""
     follower = _follow(env)
@@ -101,6 +102,7 @@ def test_beats_follow_streams_new_beats_until_sigint(env: Mapping[str, str | Non
     assert "Traceback" not in stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_beats_follow_stops_on_signal_even_when_started_with_sigint_ignored(
     env: Mapping[str, str | None], sig: signal.Signals

@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 import redis
 
-from tests.support.fleet import FleetProcess, fleet_env, read_events, start_beat, start_worker
+from tests.support.fleet import (
+    FleetProcess,
+    fleet_env,
+    read_events,
+    start_beat,
+    start_worker,
+    stop_all,
+)
 from workers.fleet import Fleet
 from workers.publisher import connect
 from workers.settings import Settings
@@ -85,8 +92,7 @@ class Harness:
         return sorted(found, key=lambda record: float(record.get("at", record.get("ts", 0))))
 
     def stop(self) -> None:
-        for process in self.processes:
-            process.stop()
+        stop_all(self.processes)
 
 
 @pytest.fixture

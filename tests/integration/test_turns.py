@@ -1,7 +1,7 @@
 """The fleet runtime end to end: real Redis, real `celery -A workers worker` processes.
 
-Each test states one invariant of DESIGN.md and checks it from what the workers recorded
-(`turn.start` / `turn.end` JSON events) and from Redis, never from the code's own say-so.
+Each test states one invariant of docs/architecture.md and checks it from what the workers
+recorded (`turn.start` / `turn.end` JSON events) and from Redis, never from the code's own say-so.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Harness
-from tests.support.fleet import wait_until
+from tests.support.fleet import soak_seconds, wait_until
 from workers.fleet.errors import InboxFull
 from workers.publisher import connect
 from workers.settings import Settings
@@ -75,8 +75,8 @@ def _ticker(harness_env: dict[str, str], lanes: list[str], stop: threading.Event
 
 
 def test_hammered_lanes_never_overlap_and_consume_every_item_once(harness: Harness) -> None:
-    """50 lanes, two tickers and a poster for 30 s: no two turns of a lane overlap, and every
-    accepted item is consumed by exactly one completed turn."""
+    """50 lanes, two tickers and a poster for 30 s (``SOULFLEET_TEST_SOAK``): no two turns of a
+    lane overlap, and every accepted item is consumed by exactly one completed turn."""
     lanes = [f"p{i:02d}" for i in range(50)]
     for lane in lanes:
         harness.persona(lane, rules=QUICK)
@@ -107,7 +107,7 @@ def test_hammered_lanes_never_overlap_and_consume_every_item_once(harness: Harne
     ]
     for thread in threads:
         thread.start()
-    time.sleep(30)
+    time.sleep(soak_seconds(30))
     stop.set()
     for thread in threads:
         thread.join(timeout=30)

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -66,14 +66,6 @@ def personas(tmp_path: Path) -> Path:
     (root / "ava").mkdir(parents=True)
     (root / "ava" / "SOUL.md").write_text("You are Ava.\n")
     return root
-
-
-@pytest.fixture
-def processes() -> Iterator[list[FleetProcess]]:
-    started: list[FleetProcess] = []
-    yield started
-    for process in started:
-        process.stop()
 
 
 def _healthcheck(*args: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:

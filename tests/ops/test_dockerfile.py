@@ -15,6 +15,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.support.ops import DOCKERFILE, DOCKERIGNORE, REPO
 from workers.queues import declare_queues
 from workers.settings import Settings
@@ -204,6 +206,7 @@ def _context_copy(destination: Path) -> None:
                 shutil.copy2(file, out)
 
 
+@pytest.mark.integration
 def test_the_build_context_builds_a_complete_wheel(tmp_path: Path) -> None:
     """pip builds the project from exactly the copied context, Lua scripts and data included."""
     source = tmp_path / "src"

@@ -1,4 +1,5 @@
-"""The dreamer preset (CONTRACT §4): exactly two tools, a one-section soul, a pinned prompt."""
+"""The dreamer preset (docs/persona.md §4): exactly two tools, a one-section soul, a pinned
+prompt."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The heartbeat contract: the wake prompt and the silent sentinel (CONTRACT §3)."""
+"""The heartbeat contract: the wake prompt and the silent sentinel (docs/persona.md §3)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,9 @@ import pytest
 from tests.support.persona import expected_entries, make_persona, memory_worker, tree
 from workers.persona.locks import LockMode
 
+# Process-level hammering: several seconds each, so outside the inner loop.
+pytestmark = pytest.mark.integration
+
 WORKERS = 4
 ADDS = 250
 

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +23,11 @@ __all__ = [
     "FleetProcess",
     "fleet_env",
     "read_events",
+    "soak_seconds",
     "spawn",
     "start_beat",
     "start_worker",
+    "stop_all",
     "wait_until",
 ]
 
@@ -138,15 +140,21 @@ class FleetProcess:
         self._close()
 
     def stop(self, timeout: float = 30.0) -> None:
+        stop_all([self], timeout=timeout)
+
+    def terminate(self) -> None:
+        """SIGTERM the process group (a warm shutdown); :meth:`stop` also waits."""
         if self.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.popen.pid, signal.SIGKILL)
-                self.popen.wait(timeout=timeout)
+
+    def _wait_or_kill(self, timeout: float) -> None:
+        try:
+            self.popen.wait(timeout=max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(timeout=30)
         self._close()
 
     def _close(self) -> None:
@@ -227,5 +235,32 @@ def running(*processes: FleetProcess) -> Iterator[tuple[FleetProcess, ...]]:
     try:
         yield processes
     finally:
-        for process in processes:
-            process.stop()
+        stop_all(processes)
+
+
+def stop_all(processes: Iterable[FleetProcess], timeout: float = 30.0) -> None:
+    """Stop processes in parallel: SIGTERM every one, then wait for each against ONE deadline
+    (a warm shutdown takes seconds, and N of them one after another would take N times that),
+    SIGKILLing whoever is still up when it passes."""
+    group = list(processes)
+    for process in group:
+        process.terminate()
+    deadline = time.monotonic() + timeout
+    for process in group:
+        process._wait_or_kill(deadline - time.monotonic())
+
+
+def soak_seconds(default: float) -> float:
+    """A soak test's window: ``SOULFLEET_TEST_SOAK`` seconds when set, else ``default``.
+
+    Shorter windows make a quick local loop; longer ones a nightly hunt for rare races."""
+    raw = os.environ.get("SOULFLEET_TEST_SOAK", "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"SOULFLEET_TEST_SOAK must be a number of seconds, got {raw!r}") from None
+    if value <= 0:
+        raise ValueError(f"SOULFLEET_TEST_SOAK must be > 0, got {raw!r}")
+    return value

@@ -1,6 +1,6 @@
 """The host API: what inbound channels, beat and the CLI call to reach a fleet.
 
-CONTRACT §3 leaves delivering external events to the host; :class:`Fleet` is that seam::
+docs/persona.md §3 leaves delivering external events to the host; :class:`Fleet` is that seam::
 
     fleet = connect()          # workers.publisher.connect: a Fleet publishing through Celery
     fleet.post("ava", "text", sender="external", channel="api", wake=True)

@@ -1,4 +1,4 @@
-"""The persona as an agent definition: a frozen value built from a directory (CONTRACT §5).
+"""The persona as an agent definition: a frozen value built from a directory (docs/persona.md §5).
 
 There is no Agent object with behaviour to learn: :class:`AgentDef` is plain data (who, where,
 which model, which tools, which schedules), and the runtimes (one-shot ``run``, ``as_tool``, the
@@ -143,7 +143,7 @@ def from_dir(
     heartbeat: HeartbeatSchedule | _Unset | None = _UNSET,
     dream: DreamSchedule | _Unset | None = _UNSET,
 ) -> AgentDef:
-    """Build a persona's :class:`AgentDef` from its directory (CONTRACT §5).
+    """Build a persona's :class:`AgentDef` from its directory (docs/persona.md §5).
 
     Defaults: ``name`` is the directory's last segment; everything else comes from
     ``persona.toml`` (absent: ``does=""``, ``model="inherit"``, no extra tools, memory on,

@@ -73,7 +73,7 @@ def _dream_file_text(home: Path) -> str:
 def dream_soul(
     path: str | os.PathLike[str], instructions: str | None = None
 ) -> tuple[str, list[str]]:
-    """The dreamer's soul, read NOW: one ``## HEARTBEAT.md`` section (CONTRACT §4).
+    """The dreamer's soul, read NOW: one ``## HEARTBEAT.md`` section (docs/persona.md §4).
 
     Its body is :data:`DREAM_PROMPT`, then ``<dir>/DREAM.md`` (trimmed, if non-empty), then
     ``instructions`` (trimmed, if non-empty), joined by blank lines. ``found`` is

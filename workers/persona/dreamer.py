@@ -1,7 +1,7 @@
 """The dreamer: a persona's second agent, which folds what was said into what is remembered.
 
-A dreamer is a plain :class:`~workers.persona.agent.AgentDef` (CONTRACT §4), not new machinery:
-its soul is ONE ``## HEARTBEAT.md`` section holding :data:`DREAM_PROMPT`, so the ordinary
+A dreamer is a plain :class:`~workers.persona.agent.AgentDef` (docs/persona.md §4), not new
+machinery: its soul is ONE ``## HEARTBEAT.md`` section holding :data:`DREAM_PROMPT`, so the ordinary
 heartbeat wake drives a pass and ``HEARTBEAT_OK`` keeps a pass with nothing to fold silent. Its
 tools are EXACTLY ``memory`` (notes on) and ``transcript_search``: never the persona's own tools,
 because a pass that could send mail or call APIs would be a second persona acting unprompted.
@@ -31,7 +31,7 @@ def dreamer(
     name: str | None = None,
     model: str = "inherit",
 ) -> AgentDef:
-    """The dreamer over the persona at ``path``, searching ``store`` (CONTRACT §4).
+    """The dreamer over the persona at ``path``, searching ``store`` (docs/persona.md §4).
 
     Default name ``<basename(dir)>-dreamer``. Raises PersonaNotFound for a missing directory and
     TypeError when ``store`` is not a TranscriptStore.

@@ -1,4 +1,4 @@
-"""The in-process heartbeat driver: a persona on its own clock (CONTRACT §3).
+"""The in-process heartbeat driver: a persona on its own clock (docs/persona.md §3).
 
 It is the reference for what the distributed fleet does with Redis lanes, in a few dozen lines
 of plain Python: each interval a tick is posted to the persona's OWN inbox; when the persona is

@@ -1,4 +1,4 @@
-"""The heartbeat contract: the wake prompt and the silent-no-op sentinel (CONTRACT §3).
+"""The heartbeat contract: the wake prompt and the silent-no-op sentinel (docs/persona.md §3).
 
 These two strings are a cross-port contract: every port wakes a persona with the same prompt and
 treats the same sentinel as "nothing to report". Silence is the default, so a reply counts as

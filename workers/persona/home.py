@@ -1,7 +1,7 @@
 """The persona home: which files make a soul, in what order, and how big they may get.
 
-``compose_soul`` is a cross-port contract (CONTRACT §1): the same directory must give the same
-bytes in every language, so this module does exactly what the contract says and nothing clever:
+``compose_soul`` is a cross-port contract (docs/persona.md §1): the same directory must give the
+same bytes in every language, so this module does exactly what the contract says and nothing clever:
 bootstrap files in a fixed order, each as ``## NAME`` + blank line + its stripped body, joined by
 blank lines. Two caps keep a runaway file from eating the context window:
 
@@ -168,7 +168,7 @@ def compose_soul(
     memory_index_cap: CapSpec = None,
     notes: bool = False,
 ) -> tuple[str, list[str]]:
-    """Compose the bootstrap files present in ``path`` into ``(soul, found)`` (CONTRACT §1).
+    """Compose the bootstrap files present in ``path`` into ``(soul, found)`` (docs/persona.md §1).
 
     Raises :class:`PersonaNotFound` for a missing directory and :class:`PersonaFileError` (naming
     the path) for a bootstrap name that is a directory, a dangling link or unreadable.

@@ -1,4 +1,4 @@
-"""The ``memory`` tool: a persona edits its own durable memory files (CONTRACT §2).
+"""The ``memory`` tool: a persona edits its own durable memory files (docs/persona.md §2).
 
 Why it looks like this:
 
@@ -243,5 +243,5 @@ def memory_tool(
     lock_mode: LockMode = "local",
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
 ) -> MemoryTool:
-    """The ``memory`` tool over the persona directory at ``path`` (CONTRACT §2)."""
+    """The ``memory`` tool over the persona directory at ``path`` (docs/persona.md §2)."""
     return MemoryTool(path, notes=notes, lock_mode=lock_mode, lock_timeout=lock_timeout)

@@ -1,4 +1,5 @@
-"""One-shot runs: a persona directory and a prompt in, a :class:`RunResult` out (CONTRACT §5).
+"""One-shot runs: a persona directory and a prompt in, a :class:`RunResult` out (§5 of
+docs/persona.md).
 
 ``run`` is the synchronous, in-process way to use a persona; ``as_tool`` turns a persona into a
 tool another agent can call. Both rebuild the agent from its directory on every call, so an edit

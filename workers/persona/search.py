@@ -1,4 +1,4 @@
-"""``transcript_search``: the dreamer's window onto what was said (CONTRACT §4).
+"""``transcript_search``: the dreamer's window onto what was said (docs/persona.md §4).
 
 It searches the TEXT of user and assistant messages only. Tool results, tool-call arguments,
 heartbeat prompts and silent ``HEARTBEAT_OK`` replies are left out on purpose: they are the
