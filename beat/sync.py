@@ -45,6 +45,7 @@ from workers.fleet.registry import PersonaRegistry
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import PersonaError, PersonaNotFound
 from workers.persona.manifest import MANIFEST_NAME, PersonaConfig, load_manifest
+from workers.persona.mcp_servers import check_uses
 from workers.settings import Settings
 
 __all__ = ["HEARTBEAT_FILE", "PersonaRecord", "RegistrySync", "SyncReport"]
@@ -106,13 +107,13 @@ class RegistrySync:
         registry: PersonaRegistry,
         settings: Settings,
         clock: Clock | None = None,
-        loader: Loader = load_manifest,
+        loader: Loader | None = None,
     ) -> None:
         self._entries = ScheduleEntries(client, keys, registry.root)
         self._registry = registry
         self._settings = settings
         self._clock: Clock = clock or SystemClock()
-        self._loader = loader
+        self._loader = loader or self._load
         self._known: dict[str, PersonaRecord] = {}
         self._reported_names: set[str] = set()
         self._reconciled = False
@@ -176,6 +177,12 @@ class RegistrySync:
             seconds=round(report.seconds, 4),
         )
         return report
+
+    def _load(self, home: Path) -> PersonaConfig:
+        """persona.toml, with its ``use`` of fleet MCP servers checked against the fleet file."""
+        config = load_manifest(home)
+        check_uses(config.tools, self._settings.mcp_servers)
+        return config
 
     # -- disk -----------------------------------------------------------------------------
     def _scan(self, report: SyncReport) -> dict[str, str]:

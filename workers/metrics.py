@@ -37,10 +37,13 @@ __all__ = [
     "SWEEP_SECONDS",
     "TICKS",
     "TICKS_SKIPPED",
+    "TOOL_CALLS",
+    "TOOL_CALL_SECONDS",
     "TURNS",
     "TURN_GATE_WAIT",
     "TURN_SECONDS",
     "LaneStateCollector",
+    "observe_tool_call",
     "serve_metrics",
 ]
 
@@ -82,6 +85,26 @@ TURN_GATE_WAIT = Histogram(
     "Time a model call waited for a fleet-wide turn gate slot.",
     buckets=_LATENCY_BUCKETS,
 )
+TOOL_CALLS = Counter(
+    "soulfleet_tool_calls_total",
+    "Tool calls by source (builtin|mcp|python|unknown) and outcome (ok|tool_error|timeout|"
+    "too_large|server_died|unavailable|protocol_error|raised|unknown_tool|bad_arguments|error).",
+    ["source", "outcome"],
+)
+TOOL_CALL_SECONDS = Histogram(
+    "soulfleet_tool_call_seconds",
+    "Wall time of one tool call, by source.",
+    ["source"],
+    buckets=_LATENCY_BUCKETS,
+)
+
+
+def observe_tool_call(source: str, outcome: str, seconds: float) -> None:
+    """The persona core's tool-call observer (see workers.persona.loop.set_tool_call_observer)."""
+    TOOL_CALLS.labels(source=source, outcome=outcome).inc()
+    TOOL_CALL_SECONDS.labels(source=source).observe(seconds)
+
+
 LEASE_LOSSES = Counter(
     "soulfleet_lease_losses_total", "Turns stopped because their lane lease was lost."
 )

@@ -19,6 +19,7 @@ from workers.fleet import Fleet
 from workers.fleet.gate import Gate
 from workers.fleet.lease import Renewer
 from workers.persona.locks import set_lock_wait_observer
+from workers.persona.loop import set_tool_call_observer
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 from workers.turn import TurnExecutor
@@ -83,8 +84,9 @@ def reset_runtime() -> None:
 def start_worker_services(
     settings: Settings, *, pool: str | None = None, concurrency: int | None = None
 ) -> None:
-    """Metrics endpoint and the memory-lock wait histogram; then warm the executor."""
+    """Metrics endpoint, the memory-lock and tool-call observers; then warm the executor."""
     set_lock_wait_observer(metrics.MEMORY_LOCK_WAIT.observe)
+    set_tool_call_observer(metrics.observe_tool_call)
     metrics.serve_metrics(settings.metrics_port)
     executor()
     _log.info(
@@ -95,7 +97,9 @@ def start_worker_services(
 
 
 def stop_worker_services() -> None:
+    """Stop renewing leases and close every MCP session (no tool server outlives its worker)."""
     with _Holder.lock:
         current = _Holder.executor
     if current is not None:
         current.renewer.stop()
+        current.tool_hub.close()

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from workers.persona.env import EnvReader
 from workers.persona.errors import SettingsError
+from workers.persona.mcp_servers import FleetServer, load_mcp_servers
 from workers.persona.models.config import ModelConfig
 
 __all__ = ["LockMode", "LogFormat", "Settings", "SettingsError", "redact_url"]
@@ -77,6 +78,13 @@ class Settings:
     transcript_max_conversations: int = 1000
     reply_ttl: float = 3600.0
 
+    # Persona tools (MCP servers and Python tools declared in persona.toml).
+    mcp_config: Path | None = None
+    #: The servers of the SOULFLEET_MCP_CONFIG file, read once at start-up.
+    mcp_servers: Mapping[str, FleetServer] = field(default_factory=dict)
+    tool_args_max_bytes: int = 64 * 1024
+    tool_result_max_bytes: int = 128 * 1024
+
     # Memory files.
     lock_mode: LockMode = "local"
     lock_timeout: float = 10.0
@@ -128,6 +136,8 @@ class Settings:
                 f"turns that are still running; got {visibility_timeout:.0f}",
             )
         lease_ttl = env.number("SOULFLEET_LEASE_TTL", 30.0, minimum=1.0)
+        mcp_raw = env.raw("SOULFLEET_MCP_CONFIG")
+        mcp_config = None if mcp_raw is None else Path(mcp_raw).expanduser()
         metrics_port = env.integer("SOULFLEET_METRICS_PORT", 0)
         if metrics_port > 65535:
             raise SettingsError("SOULFLEET_METRICS_PORT", f"must be a TCP port, got {metrics_port}")
@@ -158,6 +168,12 @@ class Settings:
                 "SOULFLEET_TRANSCRIPT_MAX_CONVERSATIONS", 1000, minimum=1
             ),
             reply_ttl=env.number("SOULFLEET_REPLY_TTL", 3600.0, minimum=1.0),
+            mcp_config=mcp_config,
+            mcp_servers={} if mcp_config is None else load_mcp_servers(mcp_config),
+            tool_args_max_bytes=env.integer("SOULFLEET_TOOL_ARGS_MAX_BYTES", 64 * 1024, minimum=1),
+            tool_result_max_bytes=env.integer(
+                "SOULFLEET_TOOL_RESULT_MAX_BYTES", 128 * 1024, minimum=1
+            ),
             lock_mode="shared"
             if env.choice("SOULFLEET_LOCK_MODE", "local", ("local", "shared")) == "shared"
             else "local",

@@ -33,10 +33,13 @@ from workers.persona.errors import TurnAborted
 from workers.persona.heartbeat import is_silent
 from workers.persona.inbox import render_inbox
 from workers.persona.loop import Budget, RunResult, run_loop
+from workers.persona.mcp_hub import McpHub
 from workers.persona.memory import memory_tool
 from workers.persona.messages import Message
 from workers.persona.models import Model
 from workers.persona.models.spec import provider_of, resolve_model
+from workers.persona.toolbox import ToolLimits, build_declared
+from workers.persona.tools import Tool
 from workers.persona.transcripts import FileTranscripts
 from workers.settings import Settings
 
@@ -82,6 +85,12 @@ class TurnExecutor:
             max_tool_calls=settings.turn_max_tool_calls,
             max_tokens=settings.turn_max_tokens,
             max_seconds=settings.turn_max_seconds,
+        )
+        # One hub per worker process: every turn's MCP calls share its sessions.
+        self.tool_hub = McpHub()
+        self.tool_limits = ToolLimits(
+            max_args_bytes=settings.tool_args_max_bytes,
+            max_result_bytes=settings.tool_result_max_bytes,
         )
 
     def execute(self, lane: str, turn_id: str, *, task_id: str | None = None) -> TurnReport:
@@ -129,7 +138,9 @@ class TurnExecutor:
             agent = self._agent(name, role)
             soul, _found = agent.soul()
             tools = agent.toolset(
-                lock_mode=self.settings.lock_mode, lock_timeout=self.settings.lock_timeout
+                lock_mode=self.settings.lock_mode,
+                lock_timeout=self.settings.lock_timeout,
+                declared=self._declared(agent, role),
             )
             model = self._model(agent)
         except TurnAborted:
@@ -160,6 +171,7 @@ class TurnExecutor:
                 budget=self.budget,
                 on_message=record,
                 guard=guard,
+                persona=agent.name,
             )
         except TurnAborted:
             raise
@@ -277,6 +289,27 @@ class TurnExecutor:
             instructions=persona.dream.instructions if persona.dream else None,
             model=persona.model,
         )
+
+    def _declared(self, agent: AgentDef, role: str) -> tuple[Tool, ...]:
+        """The persona's persona.toml tools; a dreamer never gets them (CONTRACT §4)."""
+        if role == "dreamer" or not agent.declared.entries:
+            return ()
+        box = build_declared(
+            agent.declared,
+            hub=self.tool_hub,
+            fleet=self.settings.mcp_servers,
+            limits=self.tool_limits,
+            reserved=("memory",) if agent.memory else (),
+        )
+        for prefix, server, reason in box.unavailable:
+            _log.warning(
+                "tool.server_unavailable",
+                persona=agent.name,
+                server=prefix,
+                command=server,
+                error=reason,
+            )
+        return box.tools
 
     def _model(self, agent: AgentDef) -> Model:
         model = resolve_model(agent.model, self.settings.model, base_dir=agent.home)

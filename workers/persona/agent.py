@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +31,7 @@ from workers.persona.manifest import load_manifest
 from workers.persona.memory import memory_tool
 from workers.persona.schedules import DreamSchedule, HeartbeatSchedule
 from workers.persona.search import transcript_search_tool
+from workers.persona.tool_config import ToolsConfig
 from workers.persona.tools import Tool
 from workers.persona.transcripts import TranscriptStore
 
@@ -42,8 +44,11 @@ AgentKind = Literal["persona", "dreamer"]
 class AgentDef:
     """One agent: a persona (``kind="persona"``) or a persona's dreamer (``kind="dreamer"``).
 
-    ``tools`` are the extra tools, offered BEFORE ``memory``. ``instructions`` and ``store`` are
-    used by dreamers only (see :func:`workers.persona.dreamer.dreamer`).
+    ``tools`` are the extra tools, offered BEFORE ``memory``. ``declared`` is what persona.toml
+    declares under ``[tools]``; building those tools needs a runtime (MCP servers to start), so
+    it stays configuration here and a runtime passes the built tools to :meth:`toolset`.
+    ``instructions`` and ``store`` are used by dreamers only (see
+    :func:`workers.persona.dreamer.dreamer`).
     """
 
     name: str
@@ -59,6 +64,7 @@ class AgentDef:
     kind: AgentKind = "persona"
     instructions: str | None = None
     store: TranscriptStore | None = None
+    declared: ToolsConfig = field(default_factory=ToolsConfig)
 
     def soul(self) -> tuple[str, list[str]]:
         """``(soul, found)`` composed from disk NOW; call once at the start of each turn."""
@@ -67,12 +73,18 @@ class AgentDef:
         return compose_soul(self.home, memory_index_cap=self.memory_index_cap, notes=self.notes)
 
     def toolset(
-        self, *, lock_mode: LockMode = "local", lock_timeout: float = 10.0
+        self,
+        *,
+        lock_mode: LockMode = "local",
+        lock_timeout: float = 10.0,
+        declared: Sequence[Tool] = (),
     ) -> tuple[Tool, ...]:
         """The tools a turn offers, in order.
 
-        A persona: its extra tools, then ``memory`` unless ``memory=False``. A dreamer: EXACTLY
-        ``memory`` (notes on) and ``transcript_search`` over its store.
+        A persona: its extra tools, then its ``declared`` tools (built from persona.toml by the
+        runtime, :func:`workers.persona.toolbox.build_declared`), then ``memory`` unless
+        ``memory=False``. A dreamer: EXACTLY ``memory`` (notes on) and ``transcript_search``
+        over its store, whatever is passed.
         """
         if self.kind == "dreamer":
             if self.store is None:
@@ -81,12 +93,13 @@ class AgentDef:
                 memory_tool(self.home, notes=True, lock_mode=lock_mode, lock_timeout=lock_timeout),
                 transcript_search_tool(self.store),
             )
+        tools = (*self.tools, *declared)
         if not self.memory:
-            return self.tools
+            return tools
         memory = memory_tool(
             self.home, notes=self.notes, lock_mode=lock_mode, lock_timeout=lock_timeout
         )
-        return (*self.tools, memory)
+        return (*tools, memory)
 
 
 def default_name(path: str | os.PathLike[str]) -> str:
@@ -179,4 +192,5 @@ def from_dir(
         ),
         heartbeat=config.heartbeat if isinstance(heartbeat, _Unset) else heartbeat,
         dream=config.dream if isinstance(dream, _Unset) else dream,
+        declared=config.tools,
     )

@@ -16,6 +16,7 @@ before its next write, not be recorded as a result.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -26,15 +27,29 @@ from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import ModelError, TurnAborted
 from workers.persona.messages import Message, ToolCall, Usage
 from workers.persona.models import Model
-from workers.persona.tools import Tool, ToolResult, spec_of
+from workers.persona.tools import Tool, ToolResult, spec_of, tool_source
 
-__all__ = ["Budget", "Limit", "RunResult", "Status", "run_loop"]
+__all__ = ["Budget", "Limit", "RunResult", "Status", "run_loop", "set_tool_call_observer"]
 
 Status = Literal["done", "incomplete", "error"]
 Limit = Literal["max_model_calls", "max_tool_calls", "max_tokens", "max_seconds"]
 
 _log = structlog.get_logger("soulfleet.loop")
 _MAX_SHOWN_ARGS = 200
+
+#: (source, outcome, seconds) of every tool call; the fleet points it at its metrics.
+ToolCallObserver = Callable[[str, str, float], None]
+
+
+class _Observer:
+    """The process's tool-call observer (a class attribute rather than a module global)."""
+
+    current: ToolCallObserver | None = None
+
+
+def set_tool_call_observer(observer: ToolCallObserver | None) -> None:
+    """Report every tool call's source, outcome and duration to ``observer`` (None: nobody)."""
+    _Observer.current = observer
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +101,9 @@ class _Turn:
         clock: Clock,
         on_message: Callable[[Message], None] | None,
         guard: Callable[[], None] | None,
+        persona: str | None = None,
     ) -> None:
+        self.persona = persona
         self.tools: dict[str, Tool] = {}
         for tool in tools:
             self.tools.setdefault(tool.name, tool)
@@ -135,16 +152,40 @@ class _Turn:
         )
 
     def execute(self, call: ToolCall) -> ToolResult:
+        """Run one call and report it (``tool.call`` log event, the observer)."""
         tool = self.tools.get(call.name)
+        started = time.perf_counter()
+        result = self._execute(tool, call)
+        seconds = time.perf_counter() - started
+        source = "unknown" if tool is None else tool_source(tool)
+        outcome = "ok" if not result.is_error else (result.failure or "error")
+        _log.info(
+            "tool.call",
+            persona=self.persona,
+            tool=call.name,
+            source=source,
+            outcome=outcome,
+            seconds=round(seconds, 4),
+            result_bytes=len(result.output.encode("utf-8")),
+        )
+        observer = _Observer.current
+        if observer is not None:
+            observer(source, outcome, seconds)
+        return result
+
+    def _execute(self, tool: Tool | None, call: ToolCall) -> ToolResult:
         if tool is None:
             names = ", ".join(self.tools) or "none"
-            return ToolResult(f"error: unknown tool {call.name!r}; available tools: {names}", True)
+            return ToolResult(
+                f"error: unknown tool {call.name!r}; available tools: {names}", True, "unknown_tool"
+            )
         if call.raw_arguments is not None:
             shown = call.raw_arguments[:_MAX_SHOWN_ARGS]
             return ToolResult(
                 f"error: the arguments for tool {call.name!r} are not a JSON object "
                 f"({shown!r}); call it again with a JSON object matching its input schema",
                 True,
+                "bad_arguments",
             )
         try:
             return tool.execute(call.arguments)
@@ -153,7 +194,7 @@ class _Turn:
         except Exception as exc:
             _log.warning("tool.raised", tool=call.name, error=type(exc).__name__)
             return ToolResult(
-                f"error: tool {call.name!r} failed: {type(exc).__name__}: {exc}", True
+                f"error: tool {call.name!r} failed: {type(exc).__name__}: {exc}", True, "raised"
             )
 
     def tool_message(self, call: ToolCall, result: ToolResult) -> Message:
@@ -176,15 +217,21 @@ def run_loop(
     clock: Clock | None = None,
     on_message: Callable[[Message], None] | None = None,
     guard: Callable[[], None] | None = None,
+    persona: str | None = None,
 ) -> RunResult:
     """Run one turn: ``prompt`` in, model and tools in turn until the model answers plainly.
 
     ``tools`` are offered in the given order. ``on_message`` sees every message as it is made
     (the transcript writer); ``guard`` runs before every tool call and every ``on_message`` and
-    may raise TurnAborted, which propagates.
+    may raise TurnAborted, which propagates. ``persona`` names the agent in ``tool.call`` logs.
     """
     turn = _Turn(
-        tools=tools, budget=budget, clock=clock or SystemClock(), on_message=on_message, guard=guard
+        tools=tools,
+        budget=budget,
+        clock=clock or SystemClock(),
+        on_message=on_message,
+        guard=guard,
+        persona=persona,
     )
     specs = [spec_of(tool) for tool in turn.tools.values()]
     turn.emit(Message(role="user", content=prompt))

@@ -21,6 +21,7 @@ The schema (README "persona.toml" documents it for people)::
     timezone = "UTC"
     window = "1h"
     instructions = "..."
+    [[tools.mcp]] / [[tools.python]]   # see workers.persona.tool_config
 
 Cron strings are only shape-checked here (five whitespace-separated fields): their semantics
 belong to ``beat/cron.py``, and the core must never import ``beat``. The values a schedule is
@@ -34,7 +35,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from workers.persona.schedules import (
     parse_duration,
     valid_timezone,
 )
+from workers.persona.tool_config import ToolsConfig, parse_tools
 
 __all__ = [
     "MANIFEST_NAME",
@@ -83,6 +85,7 @@ class PersonaConfig:
     memory_index_cap: tuple[int, int] | None = None
     heartbeat: HeartbeatSchedule | None = None
     dream: DreamSchedule | None = None
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
 
 
 class _Table:
@@ -251,7 +254,9 @@ def parse_manifest(text: str, *, home: Path | None = None, source: object = None
     except tomllib.TOMLDecodeError as exc:
         raise _error(None, f"is not valid TOML: {exc}", source) from exc
     root = _Table(data, "", source)
-    root.check_keys(("does", "model", "memory", "notes", "memory_index_cap", "heartbeat", "dream"))
+    root.check_keys(
+        ("does", "model", "memory", "notes", "memory_index_cap", "heartbeat", "dream", "tools")
+    )
     heartbeat = root.table("heartbeat")
     dream = root.table("dream")
     return PersonaConfig(
@@ -262,6 +267,7 @@ def parse_manifest(text: str, *, home: Path | None = None, source: object = None
         memory_index_cap=_index_cap(root),
         heartbeat=None if heartbeat is None else _heartbeat(heartbeat),
         dream=None if dream is None else _dream(dream),
+        tools=parse_tools(data.get("tools"), text=text, source=source),
     )
 
 

@@ -58,6 +58,8 @@ _log = structlog.get_logger("soulfleet.memory")
 class MemoryTool:
     """The ``memory`` tool over one persona directory. Build it with :func:`memory_tool`."""
 
+    source = "builtin"
+
     def __init__(
         self,
         path: str | os.PathLike[str],

@@ -90,6 +90,7 @@ def run_agent(
         clock=used_clock,
         on_message=writer.append,
         guard=guard,
+        persona=agent.name,
     )
     _log.debug(
         "turn.end",

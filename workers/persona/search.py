@@ -197,4 +197,5 @@ def transcript_search_tool(store: TranscriptStore) -> Tool:
         description=_DESCRIPTION,
         input_schema=_SCHEMA,
         fn=lambda arguments: _search(store, arguments),
+        source="builtin",
     )

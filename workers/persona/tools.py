@@ -13,15 +13,20 @@ from typing import Any, Protocol, runtime_checkable
 
 from workers.persona.messages import ToolSpec
 
-__all__ = ["FunctionTool", "Tool", "ToolResult", "spec_of"]
+__all__ = ["FunctionTool", "Tool", "ToolResult", "spec_of", "tool_source"]
 
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """What a tool returns: its output text, and whether it is an error."""
+    """What a tool returns: its output text, and whether it is an error.
+
+    ``failure`` optionally names the kind of error in one word (``timeout``, ``too_large``,
+    ``server_died`` …) for the ``tool.call`` log and metric; the model only reads ``output``.
+    """
 
     output: str
     is_error: bool = False
+    failure: str | None = None
 
 
 @runtime_checkable
@@ -48,6 +53,7 @@ class FunctionTool:
     description: str
     input_schema: Mapping[str, Any]
     fn: Callable[[Mapping[str, Any]], ToolResult]
+    source: str = "python"
 
     def execute(self, arguments: Mapping[str, Any]) -> ToolResult:
         return self.fn(arguments)
@@ -56,3 +62,10 @@ class FunctionTool:
 def spec_of(tool: Tool) -> ToolSpec:
     """The part of a tool a model sees."""
     return ToolSpec(name=tool.name, description=tool.description, input_schema=tool.input_schema)
+
+
+def tool_source(tool: Tool) -> str:
+    """Where a tool comes from, for metrics: ``builtin`` (memory, transcript_search), ``mcp``,
+    or ``python`` (anything else, the default for a tool that does not say)."""
+    source = getattr(tool, "source", None)
+    return source if isinstance(source, str) and source else "python"

@@ -1,0 +1,363 @@
+"""One MCP server connection: started on first use, restarted when it dies, every call bounded.
+
+Lives entirely on the hub's event loop (:mod:`workers.persona.mcp_hub`): the SDK is asyncio,
+and its transports and sessions are task-group based, so one *runner* task opens the transport
+and the :class:`~mcp.ClientSession`, holds them open, and is the only task that closes them;
+calls from many turns are other tasks on the same loop sharing that session (the SDK correlates
+concurrent requests by id).
+
+What the model and the operator can rely on:
+
+- A call never raises and never outlives its timeout: a slow tool, a server that crashed
+  mid-call, a protocol error or a server that cannot start each come back as a
+  :class:`CallOutcome` error naming what happened and what happens next.
+- A dead server is noticed (its stream ends) and restarted by the next call. Starts that keep
+  failing back off (0 s, then 1, 2, 4 … up to 30 s) so a broken server costs a fast error
+  result per call, not a process spawn per call; the first successful call resets it.
+- A timed-out call is cancelled (the SDK sends ``notifications/cancelled``) and the server is
+  pinged: a server that answers stays (other turns' calls are in flight on it), one that does
+  not is wedged and is restarted.
+- A stdio server runs in its own process group (the SDK kills the group at close) and, on
+  Linux, with ``PR_SET_PDEATHSIG`` so it dies with the hub's loop thread even if the worker is
+  SIGKILLed. It gets only the SDK's safe environment (PATH, HOME, …) plus its own ``env``,
+  never the worker's secrets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import httpx2
+import mcp_types
+import structlog
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from workers.persona.tool_config import McpServer
+
+__all__ = ["CallOutcome", "McpConnection", "McpToolInfo", "McpUnavailable"]
+
+_log = structlog.get_logger("soulfleet.mcp")
+
+_BACKOFF_MAX = 30.0
+_PROBE_MAX = 5.0
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Exec'd by the worker's own Python before the server: the death signal survives execve, so
+# the server is killed when the thread that spawned it (the hub's loop thread) ends, even if
+# the worker dies by SIGKILL and never runs its shutdown.
+_LAUNCH = (
+    "import ctypes,os,sys\n"
+    "try:\n ctypes.CDLL(None,use_errno=True).prctl(1,9)\nexcept Exception:\n pass\n"
+    "if os.getppid()!=int(sys.argv[1]):\n os._exit(70)\n"
+    "os.execv(sys.argv[2],sys.argv[2:])\n"
+)
+
+
+_PDEATHSIG = platform.system() == "Linux"
+
+
+class McpUnavailable(Exception):
+    """The server could not be started or reached; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class McpToolInfo:
+    """A tool as the server lists it."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """What a call produced. ``failure`` is a short word for metrics when ``is_error``."""
+
+    output: str
+    is_error: bool = False
+    failure: str | None = None
+
+
+def expand(value: str) -> str:
+    """``${VAR}`` from the worker's environment (tokens stay out of committed config)."""
+    return _VAR.sub(lambda match: os.environ.get(match.group(1), ""), value)
+
+
+def _resolve(command: str) -> str:
+    """The command's path: on PATH, or next to the worker's Python (a server installed into the
+    same virtualenv works without activating it)."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)])
+    found = shutil.which(command, path=search)
+    if found is None:
+        raise McpUnavailable(f"command {command!r} not found on PATH or next to {sys.executable}")
+    return os.path.abspath(found)
+
+
+def _stdio_params(server: McpServer) -> StdioServerParameters:
+    command = _resolve(str(server.command))
+    env = {name: expand(value) for name, value in server.env}
+    if _PDEATHSIG:
+        argv = ["-I", "-S", "-c", _LAUNCH, str(os.getpid()), command, *server.args]
+        return StdioServerParameters(command=sys.executable, args=argv, env=env)
+    return StdioServerParameters(command=command, args=list(server.args), env=env)
+
+
+def _text_of(result: mcp_types.CallToolResult) -> str:
+    if result.structured_content is not None and not result.is_error:
+        return json.dumps(result.structured_content, ensure_ascii=False)
+    parts: list[str] = []
+    for block in result.content:
+        if isinstance(block, mcp_types.TextContent):
+            parts.append(block.text)
+        else:  # images, audio, resources: the model gets a note, never a blob it cannot read
+            parts.append(f"[{block.type} content omitted]")
+    return "\n".join(parts)
+
+
+class _Watched:
+    """The transport's read stream, noting when it ends (the server died or hung up)."""
+
+    def __init__(self, stream: Any, ended: asyncio.Event) -> None:
+        self._stream = stream
+        self._ended = ended
+
+    async def receive(self) -> Any:
+        try:
+            return await self._stream.receive()
+        except BaseException:
+            self._ended.set()
+            raise
+
+    async def aclose(self) -> None:
+        self._ended.set()
+        await self._stream.aclose()
+
+    def __aiter__(self) -> _Watched:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._stream.__anext__()
+        except BaseException:
+            self._ended.set()
+            raise
+
+    async def __aenter__(self) -> _Watched:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class McpConnection:
+    """One server, one session at a time. Every method runs on the hub's loop."""
+
+    def __init__(self, server: McpServer, *, errlog: TextIO) -> None:
+        self.server = server
+        self.label = server.describe()
+        self._errlog = errlog
+        self._session: ClientSession | None = None
+        self._tools: tuple[McpToolInfo, ...] = ()
+        self._starting: asyncio.Future[ClientSession] | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._failures = 0
+        self._retry_at = 0.0
+        self.starts = 0
+        self.last_error = ""
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def tools(self, budget: float) -> tuple[McpToolInfo, ...]:
+        """The server's tools (listed at start); starts the server if needed."""
+        await self._ensure(budget)
+        return self._tools
+
+    async def _ensure(self, budget: float) -> ClientSession:
+        if self._session is not None:
+            return self._session
+        loop = asyncio.get_running_loop()
+        if self._starting is None:
+            wait = self._retry_at - loop.time()
+            if wait > 0:
+                raise McpUnavailable(f"{self.last_error} (next start attempt in {wait:.1f}s)")
+            self._starting = loop.create_future()
+            # Retrieved here so a start nobody waits for any more never logs "never retrieved".
+            self._starting.add_done_callback(lambda done: done.cancelled() or done.exception())
+            self._stop = asyncio.Event()
+            self._runner = loop.create_task(self._run(self._starting, self._stop, budget))
+        try:
+            return await asyncio.shield(self._starting)
+        except McpUnavailable:
+            raise
+        except Exception as exc:  # the runner reports start failures as McpUnavailable
+            raise McpUnavailable(str(exc) or type(exc).__name__) from exc
+
+    @asynccontextmanager
+    async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
+        if self.server.transport == "stdio":
+            async with stdio_client(_stdio_params(self.server), errlog=self._errlog) as streams:
+                yield streams
+            return
+        headers = {name: expand(value) for name, value in self.server.headers}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as http,
+            streamable_http_client(str(self.server.url), http_client=http) as streams,
+        ):
+            yield streams
+
+    async def _open(self, stack: AsyncExitStack, ended: asyncio.Event) -> ClientSession:
+        read, write = await stack.enter_async_context(self._transport())
+        session = await stack.enter_async_context(ClientSession(_Watched(read, ended), write))
+        await session.initialize()
+        tools: list[McpToolInfo] = []
+        cursor: str | None = None
+        while True:
+            params = None if cursor is None else mcp_types.PaginatedRequestParams(cursor=cursor)
+            listing = await session.list_tools(params=params)
+            tools.extend(
+                McpToolInfo(tool.name, tool.description or "", dict(tool.input_schema))
+                for tool in listing.tools
+            )
+            cursor = listing.next_cursor
+            if not cursor:
+                break
+        self._tools = tuple(tools)
+        return session
+
+    async def _run(
+        self, ready: asyncio.Future[ClientSession], stop: asyncio.Event, budget: float
+    ) -> None:
+        """Open, serve until stopped or the stream ends, close. The only task that closes."""
+        ended = asyncio.Event()
+        try:
+            async with AsyncExitStack() as stack:
+                try:
+                    async with asyncio.timeout(budget):
+                        session = await self._open(stack, ended)
+                except TimeoutError:
+                    raise McpUnavailable(f"did not start within {budget:g}s") from None
+                self._session, self.starts, self._starting = session, self.starts + 1, None
+                ready.set_result(session)
+                _log.info("mcp.started", server=self.label, tools=len(self._tools))
+                waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(ended.wait())]
+                try:
+                    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for waiter in waiters:
+                        waiter.cancel()
+                self._session = None
+                if ended.is_set() and not stop.is_set():
+                    self._died("the server closed the connection")
+        except (Exception, asyncio.CancelledError) as exc:
+            problem = str(exc) if isinstance(exc, McpUnavailable) else _describe(exc)
+            if not ready.done():
+                self._died(f"could not start: {problem}")
+                ready.set_exception(McpUnavailable(self.last_error))
+            elif not stop.is_set():
+                self._died(problem)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            self._session = None
+            if self._starting is ready:
+                self._starting = None
+            if not ready.done():
+                ready.set_exception(McpUnavailable("stopped while starting"))
+
+    def _died(self, problem: str) -> None:
+        self._failures += 1
+        self.last_error = problem
+        delay = 0.0 if self._failures <= 1 else min(_BACKOFF_MAX, 2.0 ** (self._failures - 2))
+        self._retry_at = asyncio.get_running_loop().time() + delay
+        _log.warning("mcp.down", server=self.label, error=problem, retry_in=delay)
+
+    def _restart(self, session: ClientSession, why: str) -> None:
+        """Drop ``session`` (if it is still the current one); the next call starts afresh."""
+        if self._session is session:
+            self._session = None
+            self._died(why)
+            self._stop.set()
+
+    async def close(self) -> None:
+        """Stop the runner (the SDK closes stdin, then TERM/KILLs the server's group)."""
+        self._stop.set()
+        runner = self._runner
+        if runner is not None and not runner.done():
+            if self._session is None:  # still starting: nothing to wind down gracefully
+                runner.cancel()
+            with contextlib.suppress(BaseException):
+                await runner
+
+    # -- calls --------------------------------------------------------------------------------
+    async def call(
+        self, tool: str, arguments: Mapping[str, Any], *, timeout: float, budget: float
+    ) -> CallOutcome:
+        """Call ``tool``; never raises (except for the caller's own cancellation)."""
+        try:
+            session = await self._ensure(budget)
+        except McpUnavailable as exc:
+            return CallOutcome(
+                f"error: MCP server {self.label!r} is unavailable: {exc}. The tool was not run; "
+                "try again later or do without it.",
+                True,
+                "unavailable",
+            )
+        try:
+            async with asyncio.timeout(timeout):
+                result = await session.call_tool(tool, dict(arguments))
+        except TimeoutError:
+            asyncio.get_running_loop().create_task(self._probe(session, timeout))
+            return CallOutcome(
+                f"error: tool {tool!r} did not answer within its {timeout:g}s timeout and was "
+                "cancelled; its work may be incomplete.",
+                True,
+                "timeout",
+            )
+        except MCPError as exc:
+            if exc.code != mcp_types.CONNECTION_CLOSED:
+                return CallOutcome(f"error: {tool!r} failed: {exc.message}", True, "protocol_error")
+            self._restart(session, f"connection closed during a call of {tool!r}")
+            return self._died_during(tool)
+        except Exception as exc:  # a transport failure: this session cannot be trusted any more
+            self._restart(session, f"{_describe(exc)} during a call of {tool!r}")
+            return self._died_during(tool)
+        self._failures = 0
+        return CallOutcome(
+            _text_of(result), bool(result.is_error), "tool_error" if result.is_error else None
+        )
+
+    def _died_during(self, tool: str) -> CallOutcome:
+        return CallOutcome(
+            f"error: MCP server {self.label!r} stopped during the call of {tool!r} (it crashed or "
+            "hung up); it is restarted for the next call. The call may or may not have taken "
+            "effect.",
+            True,
+            "server_died",
+        )
+
+    async def _probe(self, session: ClientSession, timeout: float) -> None:
+        """After a timeout: a server that still answers a ping stays, one that does not goes."""
+        try:
+            async with asyncio.timeout(min(timeout, _PROBE_MAX)):
+                await session.send_ping()
+        except Exception as exc:
+            self._restart(session, f"no answer to a ping after a timed-out call ({_describe(exc)})")
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,96 @@
+"""``[[tools.python]]``: a tool by import reference, run inside the worker with the same bounds.
+
+``ref = "package.module:attribute"`` names either a :class:`~workers.persona.tools.Tool` or a
+callable that takes no arguments and returns one (a factory, so a tool can read its own
+configuration when a turn builds it). The module must be importable by the worker (installed
+in its environment or on its ``PYTHONPATH``); the persona directory is never put on
+``sys.path``, because a shared worker must not import code a persona's files bring along.
+
+Every problem with a ref (the module does not import, the attribute is missing, it is not a
+Tool, the factory raises) is a :class:`PersonaConfigError` naming ``tools.python[n].ref`` and
+the file: an invalid persona, reported like any other.
+
+A Python tool cannot be killed, so its timeout is enforced by running it on its own daemon
+thread: at the timeout the model gets an error result and the turn goes on; the stuck call
+keeps its thread until it returns.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from workers.persona.errors import PersonaConfigError
+from workers.persona.tool_config import PythonDecl
+from workers.persona.tools import Tool, ToolResult
+
+__all__ = ["PythonTool", "resolve_ref"]
+
+
+def resolve_ref(decl: PythonDecl, source: object) -> Tool:
+    """Import ``decl.ref`` and return its Tool (PersonaConfigError naming the key if it fails)."""
+    key = f"{decl.key}.ref"
+    module_name, _, attribute = decl.ref.partition(":")
+    try:
+        value: Any = importlib.import_module(module_name)
+    except Exception as exc:
+        raise PersonaConfigError(
+            source, key, f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    for part in attribute.split("."):
+        if not hasattr(value, part):
+            raise PersonaConfigError(source, key, f"{module_name!r} has no attribute {attribute!r}")
+        value = getattr(value, part)
+    if not isinstance(value, Tool) and callable(value):
+        try:
+            value = value()
+        except Exception as exc:
+            raise PersonaConfigError(
+                source, key, f"{decl.ref} raised {type(exc).__name__}: {exc}"
+            ) from exc
+    if not isinstance(value, Tool):
+        raise PersonaConfigError(
+            source,
+            key,
+            f"{decl.ref} is not a Tool (name, description, input_schema, execute) nor a "
+            f"callable returning one; got {type(value).__name__}",
+        )
+    return value
+
+
+class PythonTool:
+    """A declared Python tool, bounded by a timeout (the byte caps are the toolbox's)."""
+
+    source = "python"
+
+    def __init__(self, inner: Tool, *, timeout: float) -> None:
+        self._inner = inner
+        self.timeout = timeout
+        self.name = inner.name
+        self.description = inner.description
+        self.input_schema = inner.input_schema
+
+    def execute(self, arguments: Mapping[str, Any]) -> ToolResult:
+        box: list[ToolResult | BaseException] = []
+
+        def work() -> None:
+            try:
+                box.append(self._inner.execute(arguments))
+            except BaseException as exc:
+                box.append(exc)
+
+        thread = threading.Thread(target=work, name=f"tool-{self.name}", daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if not box:
+            return ToolResult(
+                f"error: tool {self.name!r} did not finish within its {self.timeout:g}s timeout",
+                True,
+                "timeout",
+            )
+        outcome = box[0]
+        if isinstance(outcome, BaseException):
+            raise outcome  # the loop turns it into an error result, as for any tool
+        return outcome

@@ -1,0 +1,274 @@
+"""The ``[tools]`` part of persona.toml: which MCP servers and Python tools a persona declares.
+
+::
+
+    [[tools.mcp]]
+    name = "time"                      # prefix of the names the model sees: time__get_current_time
+    command = "mcp-server-time"        # a stdio server: command + args (+ env) ...
+    args = ["--local-timezone", "UTC"]
+    env = { TZ = "UTC" }
+    # url = "http://127.0.0.1:8000/mcp"  ... or a streamable HTTP server (+ headers)
+    allow = ["get_current_time"]       # optional allow-list of the server's tools
+    timeout = "30s"                    # per call
+
+    [[tools.mcp]]
+    use = "github"                     # a server of the fleet-wide SOULFLEET_MCP_CONFIG file
+
+    [[tools.python]]
+    ref = "mypkg.tools:weather_tool"   # a Tool, or a callable returning one
+
+Only the SHAPE is checked here (keys, types, names): whether a ``use`` names a fleet server,
+whether a ``ref`` imports and whether an allow-list matches the server's tools can only be
+answered by the fleet configuration, the Python environment or the server itself, so
+:mod:`workers.persona.toolbox` answers them when a turn builds its tools, with the same
+:class:`PersonaConfigError` naming the dotted key and the file.
+
+The order of the declarations in the file is the order of the tools in a turn. ``tomllib``
+keeps each array's order but not how ``[[tools.mcp]]`` and ``[[tools.python]]`` interleave,
+so the interleaving is read from the table headers in the text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from workers.persona.errors import PersonaConfigError
+from workers.persona.schedules import parse_duration
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "McpDecl",
+    "McpServer",
+    "PythonDecl",
+    "ToolDecl",
+    "ToolsConfig",
+    "parse_tools",
+    "server_from_table",
+    "valid_prefix",
+]
+
+DEFAULT_TIMEOUT = 30.0
+# The model sees "<name>__<tool>": both OpenAI and Anthropic accept ^[a-zA-Z0-9_-]{1,64}$, and a
+# prefix short enough leaves the tool part room. "__" inside a prefix would make names ambiguous.
+_PREFIX = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9-]*(?:_[a-zA-Z0-9-]+)*")
+_PREFIX_MAX = 32
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_REF = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+_HEADER = re.compile(r"^\s*\[\[\s*tools\s*\.\s*(mcp|python)\s*\]\]", re.MULTILINE)
+
+
+def valid_prefix(name: str) -> bool:
+    """True for a server name usable as a tool-name prefix (letters, digits, - and single _)."""
+    return len(name) <= _PREFIX_MAX and _PREFIX.fullmatch(name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    """How to reach one MCP server. Hashable: equal values share one session per process."""
+
+    transport: Literal["stdio", "http"]
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    url: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def describe(self) -> str:
+        """A one-line description for logs and errors: never env values or headers (secrets)."""
+        if self.transport == "http":
+            return str(self.url)
+        return " ".join([str(self.command), *self.args])
+
+
+@dataclass(frozen=True, slots=True)
+class McpDecl:
+    """One ``[[tools.mcp]]`` entry. ``server`` is None for a ``use`` of a fleet server."""
+
+    key: str
+    name: str
+    server: McpServer | None
+    use: str | None
+    allow: tuple[str, ...] | None
+    timeout: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class PythonDecl:
+    """One ``[[tools.python]]`` entry."""
+
+    key: str
+    ref: str
+    timeout: float | None
+
+
+ToolDecl = McpDecl | PythonDecl
+
+
+@dataclass(frozen=True, slots=True)
+class ToolsConfig:
+    """The declared tools in file order; ``source`` names persona.toml in later errors."""
+
+    entries: tuple[ToolDecl, ...] = ()
+    source: object = field(default=None, compare=False)
+
+
+def _fail(source: object, key: str, problem: str) -> PersonaConfigError:
+    return PersonaConfigError(source, key, problem)
+
+
+def _check_keys(table: Mapping[str, Any], key: str, allowed: tuple[str, ...], src: object) -> None:
+    for name in table:
+        if name not in allowed:
+            raise _fail(
+                src, f"{key}.{name}", f"is not a known key (known here: {', '.join(allowed)})"
+            )
+
+
+def _string(table: Mapping[str, Any], key: str, name: str, src: object) -> str | None:
+    value = table.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise _fail(src, f"{key}.{name}", f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _strings(table: Mapping[str, Any], key: str, name: str, src: object) -> tuple[str, ...] | None:
+    value = table.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise _fail(src, f"{key}.{name}", f"must be a list of strings, got {value!r}")
+    return tuple(value)
+
+
+def _pairs(
+    table: Mapping[str, Any], key: str, name: str, src: object, *, env: bool
+) -> tuple[tuple[str, str], ...]:
+    value = table.get(name, {})
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise _fail(src, f"{key}.{name}", f"must be a table of strings, got {value!r}")
+    for item in value:
+        if env and _ENV_NAME.fullmatch(item) is None:
+            raise _fail(src, f"{key}.{name}.{item}", "is not a valid environment variable name")
+    return tuple(sorted(value.items()))
+
+
+def server_from_table(table: Mapping[str, Any], key: str, src: object) -> McpServer:
+    """``command`` (+ ``args``, ``env``) or ``url`` (+ ``headers``) -> :class:`McpServer`."""
+    command = _string(table, key, "command", src)
+    url = _string(table, key, "url", src)
+    if command is not None and url is not None:
+        raise _fail(src, f"{key}.url", "cannot be combined with command: a server is one or other")
+    if url is not None:
+        if not url.startswith(("http://", "https://")):
+            raise _fail(src, f"{key}.url", f"must be an http:// or https:// URL, got {url!r}")
+        for name in ("args", "env"):
+            if name in table:
+                raise _fail(src, f"{key}.{name}", "only applies to a stdio server (command)")
+        return McpServer("http", url=url, headers=_pairs(table, key, "headers", src, env=False))
+    if command is None:
+        raise _fail(
+            src,
+            f"{key}.command",
+            'is missing: a server needs command = "..." (stdio) or url = "http://..." (HTTP)',
+        )
+    if "headers" in table:
+        raise _fail(src, f"{key}.headers", "only applies to an HTTP server (url)")
+    return McpServer(
+        "stdio",
+        command=command,
+        args=_strings(table, key, "args", src) or (),
+        env=_pairs(table, key, "env", src, env=True),
+    )
+
+
+def _timeout(table: Mapping[str, Any], key: str, src: object) -> float | None:
+    if "timeout" not in table:
+        return None
+    return parse_duration(table["timeout"], key=f"{key}.timeout", source=src)
+
+
+def _mcp(table: object, key: str, src: object) -> McpDecl:
+    if not isinstance(table, dict):
+        raise _fail(src, key, f"must be a table, got {table!r}")
+    use = _string(table, key, "use", src)
+    if use is not None:
+        _check_keys(table, key, ("use", "name", "allow", "timeout"), src)
+    else:
+        _check_keys(
+            table,
+            key,
+            ("name", "command", "args", "env", "url", "headers", "allow", "timeout"),
+            src,
+        )
+    name = _string(table, key, "name", src) or use
+    if name is None:
+        raise _fail(src, f"{key}.name", 'is missing: the prefix of the tool names (name = "time")')
+    if not valid_prefix(name):
+        raise _fail(
+            src,
+            f"{key}.name",
+            f"must be 1-{_PREFIX_MAX} letters, digits, '-' or single '_' (it prefixes tool names "
+            f"as <name>__<tool>), got {name!r}",
+        )
+    allow = _strings(table, key, "allow", src)
+    server = None if use is not None else server_from_table(table, key, src)
+    return McpDecl(key, name, server, use, allow, _timeout(table, key, src))
+
+
+def _python(table: object, key: str, src: object) -> PythonDecl:
+    if not isinstance(table, dict):
+        raise _fail(src, key, f"must be a table, got {table!r}")
+    _check_keys(table, key, ("ref", "timeout"), src)
+    ref = _string(table, key, "ref", src)
+    if ref is None:
+        raise _fail(src, f"{key}.ref", 'is missing: ref = "package.module:attribute"')
+    if _REF.fullmatch(ref) is None:
+        raise _fail(src, f"{key}.ref", f'must look like "package.module:attribute", got {ref!r}')
+    return PythonDecl(key, ref, _timeout(table, key, src))
+
+
+def _file_order(text: str, mcp: int, python: int) -> list[str] | None:
+    """Which array each declaration came from, in file order (None: not all from headers)."""
+    kinds = [match.group(1) for match in _HEADER.finditer(text)]
+    if kinds.count("mcp") == mcp and kinds.count("python") == python:
+        return kinds
+    return None
+
+
+def parse_tools(value: object, *, text: str = "", source: object = None) -> ToolsConfig:
+    """Validate the ``tools`` table of persona.toml (``text`` is the file, for the order)."""
+    if value is None:
+        return ToolsConfig(source=source)
+    if not isinstance(value, dict):
+        raise _fail(source, "tools", f"must be a table, got {value!r}")
+    _check_keys(value, "tools", ("mcp", "python"), source)
+    groups: dict[str, list[ToolDecl]] = {}
+    for kind in value:
+        items = value[kind]
+        if not isinstance(items, list):
+            raise _fail(source, f"tools.{kind}", f"must be an array of tables ([[tools.{kind}]])")
+        parse = _mcp if kind == "mcp" else _python
+        groups[kind] = [parse(item, f"tools.{kind}[{n}]", source) for n, item in enumerate(items)]
+    order = _file_order(text, len(groups.get("mcp", [])), len(groups.get("python", [])))
+    if order is None:  # inline arrays: keep the order the two keys first appear in
+        entries = [decl for kind in groups for decl in groups[kind]]
+    else:
+        queues = {kind: iter(decls) for kind, decls in groups.items()}
+        entries = [next(queues[kind]) for kind in order]
+    prefixes: dict[str, str] = {}
+    for decl in entries:
+        if isinstance(decl, McpDecl):
+            if decl.name in prefixes:
+                raise _fail(
+                    source,
+                    f"{decl.key}.name",
+                    f"{decl.name!r} is already the name of {prefixes[decl.name]}: "
+                    "two servers with one name would give their tools the same names",
+                )
+            prefixes[decl.name] = decl.key
+    return ToolsConfig(tuple(entries), source)

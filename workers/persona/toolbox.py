@@ -1,0 +1,224 @@
+"""A persona's declared tools, built for one turn: MCP servers' tools and Python tools, bounded.
+
+:func:`build_declared` turns persona.toml's ``[tools]`` (:mod:`workers.persona.tool_config`)
+into :class:`~workers.persona.tools.Tool` values in file order, answering the questions the
+parser could not: a ``use`` must name a server of the fleet file, a ``ref`` must import, an
+allow-list must name tools the server has, and the names the model sees must be valid for
+both OpenAI and Anthropic (``^[a-zA-Z0-9_-]{1,64}$``) and unique. Each failure is a
+:class:`PersonaConfigError` naming the dotted key and the file, like any invalid persona.toml.
+
+A server that cannot be reached is NOT a configuration error (it may be back next turn, and one
+bad server must not silence a persona): its tools are left out of this turn and it is listed in
+:attr:`Toolbox.unavailable` with the reason, which the turn logs and ``soulfleet tools`` shows.
+
+Every declared tool is bounded the same way: arguments and results over the byte caps become
+error results naming the cap (the tool never sees the arguments; the model never sees the
+oversized result), and the per-tool timeout applies (MCP: the hub; Python: a thread).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from workers.persona.errors import PersonaConfigError
+from workers.persona.mcp_connection import McpUnavailable
+from workers.persona.mcp_hub import McpHub
+from workers.persona.mcp_servers import FleetServer, unknown_use
+from workers.persona.python_tools import PythonTool, resolve_ref
+from workers.persona.tool_config import DEFAULT_TIMEOUT, McpDecl, McpServer, ToolsConfig
+from workers.persona.tools import Tool, ToolResult, tool_source
+
+__all__ = ["BoundedTool", "McpTool", "ToolLimits", "Toolbox", "build_declared", "valid_tool_name"]
+
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def valid_tool_name(name: str) -> bool:
+    """True when both OpenAI and Anthropic accept ``name`` as a tool name."""
+    return _NAME.fullmatch(name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolLimits:
+    """Byte caps on one call's arguments (as JSON) and result text."""
+
+    max_args_bytes: int = 64 * 1024
+    max_result_bytes: int = 128 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Toolbox:
+    """The declared tools of one turn, and the servers left out (prefix, server, reason)."""
+
+    tools: tuple[Tool, ...]
+    unavailable: tuple[tuple[str, str, str], ...] = ()
+
+
+class McpTool:
+    """One tool of an MCP server, as the model sees it (``<prefix>__<tool>``)."""
+
+    source = "mcp"
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        remote: str,
+        description: str,
+        input_schema: Mapping[str, Any],
+        hub: McpHub,
+        server: McpServer,
+        timeout: float,
+    ) -> None:
+        self.name = name
+        self.remote = remote
+        self.description = description
+        self.input_schema = input_schema
+        self.server = server
+        self.timeout = timeout
+        self._hub = hub
+
+    def execute(self, arguments: Mapping[str, Any]) -> ToolResult:
+        outcome = self._hub.call(self.server, self.remote, arguments, timeout=self.timeout)
+        return ToolResult(outcome.output, outcome.is_error, outcome.failure)
+
+
+class BoundedTool:
+    """Applies the byte caps around any tool."""
+
+    def __init__(self, inner: Tool, limits: ToolLimits) -> None:
+        self.inner = inner
+        self.limits = limits
+        self.name = inner.name
+        self.description = inner.description
+        self.input_schema = inner.input_schema
+        self.source = tool_source(inner)
+
+    def execute(self, arguments: Mapping[str, Any]) -> ToolResult:
+        size = len(json.dumps(arguments, ensure_ascii=False).encode("utf-8"))
+        if size > self.limits.max_args_bytes:
+            return ToolResult(
+                f"error: the arguments are {size:,} bytes, over the {self.limits.max_args_bytes:,}"
+                " byte cap on tool arguments (SOULFLEET_TOOL_ARGS_MAX_BYTES); the tool was not "
+                "run. Send less, or split the work over several calls.",
+                True,
+                "too_large",
+            )
+        result = self.inner.execute(arguments)
+        size = len(result.output.encode("utf-8"))
+        if size > self.limits.max_result_bytes:
+            return ToolResult(
+                f"error: the result of {self.name!r} was {size:,} bytes, over the "
+                f"{self.limits.max_result_bytes:,} byte cap on tool results "
+                "(SOULFLEET_TOOL_RESULT_MAX_BYTES), and was discarded. Ask for less (a smaller "
+                "range, a filter, a page).",
+                True,
+                "too_large",
+            )
+        return result
+
+
+def _server_of(
+    decl: McpDecl, fleet: Mapping[str, FleetServer], source: object
+) -> tuple[McpServer, float] | None:
+    if decl.server is not None:
+        return decl.server, decl.timeout or DEFAULT_TIMEOUT
+    entry = fleet.get(str(decl.use))
+    if entry is None:
+        raise unknown_use(decl, fleet, source)
+    if not entry.enabled:
+        return None
+    return entry.server, decl.timeout or entry.timeout or DEFAULT_TIMEOUT
+
+
+def _mcp_tools(
+    decl: McpDecl, server: McpServer, timeout: float, hub: McpHub, source: object
+) -> list[tuple[str, Tool]]:
+    listed = hub.tools(server)
+    if decl.allow is not None:
+        have = {info.name for info in listed}
+        missing = [name for name in decl.allow if name not in have]
+        if missing:
+            raise PersonaConfigError(
+                source,
+                f"{decl.key}.allow",
+                f"names tools the server {server.describe()!r} does not have: {missing}; "
+                f"it has: {sorted(have)}",
+            )
+        listed = tuple(info for info in listed if info.name in decl.allow)
+    tools: list[tuple[str, Tool]] = []
+    for info in listed:
+        name = f"{decl.name}__{_UNSAFE.sub('_', info.name)}"
+        if not valid_tool_name(name):
+            raise PersonaConfigError(
+                source,
+                f"{decl.key}.name",
+                f"gives the server's tool {info.name!r} the name {name!r}, longer than the 64 "
+                "characters models accept: choose a shorter name or an allow-list without it",
+            )
+        tool = McpTool(
+            name=name,
+            remote=info.name,
+            description=info.description,
+            input_schema=info.input_schema,
+            hub=hub,
+            server=server,
+            timeout=timeout,
+        )
+        tools.append((f"{decl.key} (server tool {info.name!r})", tool))
+    return tools
+
+
+def build_declared(
+    config: ToolsConfig,
+    *,
+    hub: McpHub,
+    fleet: Mapping[str, FleetServer] | None = None,
+    limits: ToolLimits | None = None,
+    reserved: tuple[str, ...] = ("memory",),
+) -> Toolbox:
+    """The declared tools in file order (starting MCP servers as needed).
+
+    ``reserved`` are names the runtime adds itself (``memory``): a declared tool may not take
+    them. Raises PersonaConfigError for configuration the fleet, the environment or a server
+    contradicts.
+    """
+    source = config.source
+    bounds = limits or ToolLimits()
+    named: list[tuple[str, Tool]] = []
+    unavailable: list[tuple[str, str, str]] = []
+    for decl in config.entries:
+        if isinstance(decl, McpDecl):
+            found = _server_of(decl, fleet or {}, source)
+            if found is None:
+                continue
+            server, timeout = found
+            try:
+                named.extend(_mcp_tools(decl, server, timeout, hub, source))
+            except McpUnavailable as exc:
+                unavailable.append((decl.name, server.describe(), str(exc)))
+            continue
+        tool = resolve_ref(decl, source)
+        if not valid_tool_name(tool.name):
+            raise PersonaConfigError(
+                source,
+                f"{decl.key}.ref",
+                f"gives a tool named {tool.name!r}; tool names must match ^[a-zA-Z0-9_-]{{1,64}}$",
+            )
+        named.append((decl.key, PythonTool(tool, timeout=decl.timeout or DEFAULT_TIMEOUT)))
+    seen: dict[str, str] = dict.fromkeys(reserved, "the built-in tool")
+    for where, tool in named:
+        if tool.name in seen:
+            raise PersonaConfigError(
+                source,
+                where.split(" ", 1)[0],
+                f"gives a tool named {tool.name!r}, and so does {seen[tool.name]}: a model calls "
+                "tools by name, so one of them would be unreachable",
+            )
+        seen[tool.name] = where
+    return Toolbox(tuple(BoundedTool(tool, bounds) for _, tool in named), tuple(unavailable))
