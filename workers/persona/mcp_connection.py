@@ -52,6 +52,10 @@ __all__ = ["CallOutcome", "McpConnection", "McpToolInfo", "McpUnavailable"]
 _log = structlog.get_logger("soulfleet.mcp")
 
 _BACKOFF_MAX = 30.0
+# The SDK drops an HTTP session whose server sends one SSE event over 1 MiB. A big result should
+# reach the result cap (a clear "too large" error the model can act on), so the transport only
+# stops what no cap could make useful: one message over 64 MiB.
+MAX_HTTP_MESSAGE = 64 * 1024 * 1024
 _PROBE_MAX = 5.0
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Exec'd by the worker's own Python before the server: the death signal survives execve, so
@@ -213,7 +217,9 @@ class McpConnection:
         headers = {name: expand(value) for name, value in self.server.headers}
         async with (
             httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as http,
-            streamable_http_client(str(self.server.url), http_client=http) as streams,
+            streamable_http_client(
+                str(self.server.url), http_client=http, max_sse_event_size=MAX_HTTP_MESSAGE
+            ) as streams,
         ):
             yield streams
 

@@ -1,0 +1,200 @@
+"""MCP servers through the hub, as a turn uses them: a real server written with the SDK (stdio
+and streamable HTTP) that sleeps, crashes mid-call, returns 5 MB and raises.
+
+Each misbehaviour must come back as an error result within the call's timeout, the server must
+serve the next call (restarted when it died), and no server process may outlive the hub.
+Processes are counted from /proc by a tag unique to the test.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.fleet import wait_until
+from tests.support.mcp_helpers import (
+    SERVER_SCRIPT,
+    http_test_server,
+    new_tag,
+    tagged_pids,
+    wait_gone,
+)
+from workers.persona.manifest import parse_manifest
+from workers.persona.mcp_hub import McpHub
+from workers.persona.toolbox import Toolbox, ToolLimits, build_declared
+from workers.persona.tools import Tool
+
+pytestmark = pytest.mark.integration
+
+# Python MCP servers take seconds to start on a loaded machine; calls are bounded separately.
+START = 120.0
+
+
+@pytest.fixture
+def hub() -> Iterator[McpHub]:
+    hub = McpHub(start_timeout=START)
+    try:
+        yield hub
+    finally:
+        hub.close()
+
+
+def _box(hub: McpHub, toml: str, limits: ToolLimits | None = None) -> Toolbox:
+    config = parse_manifest(toml, source=Path("persona.toml"))
+    return build_declared(config.tools, hub=hub, limits=limits or ToolLimits())
+
+
+def _stdio(tag: str, timeout: str = "6s") -> str:
+    return (
+        f'[[tools.mcp]]\nname = "t"\ncommand = "{sys.executable}"\n'
+        f'args = ["{SERVER_SCRIPT}", "--tag", "{tag}"]\ntimeout = "{timeout}"\n'
+    )
+
+
+def _tools(box: Toolbox) -> dict[str, Tool]:
+    return {tool.name: tool for tool in box.tools}
+
+
+def _pid(tools: dict[str, Tool]) -> str:
+    result = tools["t__whoami"].execute({})
+    assert not result.is_error, result.output
+    return result.output.split("pid=")[1].split()[0]
+
+
+def _timed(tool: Tool, arguments: dict[str, object]) -> tuple[float, str, bool, str | None]:
+    started = time.monotonic()
+    result = tool.execute(arguments)
+    return time.monotonic() - started, result.output, result.is_error, result.failure
+
+
+def _misbehave(tools: dict[str, Tool], restarted: object) -> None:
+    """The shared script: sleep, 5 MB, raise, crash; the server keeps serving after each."""
+    first = _pid(tools)
+
+    seconds, output, is_error, failure = _timed(tools["t__sleep"], {"seconds": 60})
+    assert (is_error, failure) == (True, "timeout")
+    assert "6s timeout" in output
+    assert seconds < 6 + 6  # the timeout, plus scheduling slack on a loaded machine
+    assert _pid(tools) == first  # a slow tool is not a dead server: same process, same session
+
+    seconds, output, is_error, failure = _timed(tools["t__big"], {"megabytes": 5})
+    assert (is_error, failure) == (True, "too_large")
+    assert "131,072 byte cap" in output
+    assert "5,242,8" in output
+    assert len(output) < 1000
+
+    seconds, output, is_error, failure = _timed(tools["t__fail"], {"message": "boom"})
+    assert (is_error, failure) == (True, "tool_error")
+    assert seconds < 6 + 6
+
+    seconds, output, is_error, failure = _timed(tools["t__crash"], {})
+    assert (is_error, failure) == (True, "server_died"), output
+    assert "restarted for the next call" in output
+    assert seconds < 6 + 6
+    if callable(restarted):
+        restarted()
+    second = _pid(tools)
+    assert second != first  # a new server process answered the next call
+
+
+def test_stdio_server_failures_are_error_results_and_the_server_comes_back(hub: McpHub) -> None:
+    """Over stdio: a sleeping tool times out, a 5 MB result is refused naming the cap, a raising
+    tool is an error, a crash mid-call is an error and the next call starts a new server; at
+    close no server process is left."""
+    tag = new_tag()
+    assert tagged_pids(tag) == []
+    tools = _tools(_box(hub, _stdio(tag)))
+    assert list(tools) == ["t__echo", "t__whoami", "t__sleep", "t__crash", "t__big", "t__fail"]
+    _misbehave(tools, restarted=None)
+    assert len(tagged_pids(tag)) == 1  # the crashed one is gone, its successor runs
+    hub.close()
+    wait_gone(tag)
+    assert tagged_pids(tag) == []
+
+
+def test_http_server_failures_are_error_results_and_the_session_comes_back(hub: McpHub) -> None:
+    """Over streamable HTTP, the same: each failure is an error result within the timeout, and
+    after the (supervised) server restarts, the next call opens a new session to it."""
+    tag = new_tag()
+    with http_test_server(tag) as http:
+        toml = f'[[tools.mcp]]\nname = "t"\nurl = "{http.url}"\ntimeout = "6s"\n'
+        tools = _tools(_box(hub, toml))
+        assert "t__crash" in tools
+        _misbehave(tools, restarted=http.wait_ready)
+        assert http.starts == 2
+    wait_gone(tag)
+    assert tagged_pids(tag) == []
+
+
+def test_fifty_threads_share_one_session_and_each_gets_its_own_answer(hub: McpHub) -> None:
+    """50 threads (a worker's pool) calling at once share one server process and one session,
+    and every call gets its own answer back."""
+    tag = new_tag()
+    tools = _tools(_box(hub, _stdio(tag, timeout="60s")))
+    echo = tools["t__echo"]
+    results: dict[int, str] = {}
+    barrier = threading.Barrier(50)
+
+    def call(n: int) -> None:
+        barrier.wait()
+        results[n] = echo.execute({"text": f"n{n}"}).output
+
+    threads = [threading.Thread(target=call, args=(n,)) for n in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert results == {n: f'{{"result": "n{n}"}}' for n in range(50)}
+    assert hub.starts(tools["t__echo"].inner.server) == 1  # type: ignore[attr-defined]
+    assert len(tagged_pids(tag)) == 1
+
+
+def test_a_server_that_cannot_start_is_named_and_backed_off(hub: McpHub) -> None:
+    """A missing command leaves the server out of the turn with the reason (not a config error);
+    a call made meanwhile is a quick error result, not a new spawn attempt per call."""
+    box = _box(hub, '[[tools.mcp]]\nname = "gone"\ncommand = "no-such-mcp-server-here"\n')
+    assert box.tools == ()
+    [(prefix, server, reason)] = box.unavailable
+    assert (prefix, server) == ("gone", "no-such-mcp-server-here")
+    assert "not found on PATH" in reason
+    again = _box(hub, '[[tools.mcp]]\nname = "gone"\ncommand = "no-such-mcp-server-here"\n')
+    assert "not found" in again.unavailable[0][2]
+
+
+def test_a_killed_worker_takes_its_stdio_servers_with_it(tmp_path: Path) -> None:
+    """A process holding a hub is SIGKILLed (no shutdown runs): its stdio server dies too."""
+    tag = new_tag()
+    script = tmp_path / "holder.py"
+    script.write_text(
+        "import sys, time\n"
+        "from workers.persona.mcp_hub import McpHub\n"
+        "from workers.persona.tool_config import McpServer\n"
+        f"server = McpServer('stdio', command=sys.executable, args=({str(SERVER_SCRIPT)!r}, "
+        f"'--tag', {tag!r}))\n"
+        f"McpHub(start_timeout={START}).tools(server)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
+    try:
+        assert holder.stdout is not None
+        lines = iter(holder.stdout.readline, b"")
+        assert any(line.strip() == b"ready" for line in lines)
+        assert len(tagged_pids(tag)) == 1
+        holder.kill()
+        holder.wait(30)
+        wait_until(lambda: not tagged_pids(tag), timeout=30, what="the server to die")
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    assert tagged_pids(tag) == []

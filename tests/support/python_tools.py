@@ -1,0 +1,39 @@
+"""Python tools for ``[[tools.python]] ref = ...`` tests (``tests.support.python_tools:...``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from workers.persona.tools import FunctionTool, ToolResult
+
+__all__ = ["NOT_A_TOOL", "broken_factory", "make_shout", "shout", "slow"]
+
+_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+
+
+def _shout(arguments: Mapping[str, Any]) -> ToolResult:
+    return ToolResult(str(arguments.get("text", "")).upper())
+
+
+shout = FunctionTool("shout", "Say the text in capitals.", _SCHEMA, _shout)
+
+
+def make_shout() -> FunctionTool:
+    """A factory: ``ref`` may name a callable returning a Tool."""
+    return FunctionTool("shout_made", "Say the text in capitals.", _SCHEMA, _shout)
+
+
+def _slow(arguments: Mapping[str, Any]) -> ToolResult:
+    time.sleep(float(arguments.get("seconds", 5)))
+    return ToolResult("done")
+
+
+slow = FunctionTool("slow", "Sleep, then answer.", {"type": "object"}, _slow)
+
+NOT_A_TOOL = 42
+
+
+def broken_factory() -> FunctionTool:
+    raise RuntimeError("no weather today")
