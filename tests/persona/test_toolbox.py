@@ -1,0 +1,163 @@
+"""Declared Python tools, names, byte caps, order and the ``tool.call`` report (no servers).
+
+A ``[[tools.python]] ref`` imports a Tool (or a factory of one); any ref that cannot give a Tool
+is an invalid persona naming ``tools.python[n].ref`` and the file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import structlog
+
+from workers.persona.agent import from_dir
+from workers.persona.errors import PersonaConfigError
+from workers.persona.loop import Budget, run_loop, set_tool_call_observer
+from workers.persona.manifest import parse_manifest
+from workers.persona.mcp_hub import McpHub
+from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
+from workers.persona.toolbox import Toolbox, ToolLimits, build_declared
+from workers.persona.tools import ToolResult
+
+SOURCE = Path("/p/ava/persona.toml")
+
+
+def _build(text: str, limits: ToolLimits | None = None, memory: bool = True) -> Toolbox:
+    config = parse_manifest(text, source=SOURCE)
+    hub = McpHub()  # never started: no MCP server is declared in these tests
+    return build_declared(
+        config.tools,
+        hub=hub,
+        limits=limits or ToolLimits(),
+        reserved=("memory",) if memory else (),
+    )
+
+
+def _refs(*refs: str) -> str:
+    return "".join(f'[[tools.python]]\nref = "{ref}"\n' for ref in refs)
+
+
+def test_a_python_tool_by_ref_and_by_factory() -> None:
+    """A ref to a Tool and a ref to a factory both give working tools, in file order."""
+    box = _build(_refs("tests.support.python_tools:shout", "tests.support.python_tools:make_shout"))
+    assert [tool.name for tool in box.tools] == ["shout", "shout_made"]
+    assert box.tools[0].execute({"text": "hi"}) == ToolResult("HI")
+
+
+@pytest.mark.parametrize(
+    ("ref", "words"),
+    [
+        (
+            "tests.support.no_such_module:tool",
+            "cannot import module 'tests.support.no_such_module'",
+        ),
+        ("tests.support.python_tools:nothing", "has no attribute 'nothing'"),
+        ("tests.support.python_tools:NOT_A_TOOL", "is not a Tool"),
+        ("tests.support.python_tools:broken_factory", "raised RuntimeError: no weather today"),
+    ],
+)
+def test_a_bad_ref_is_an_invalid_persona(ref: str, words: str) -> None:
+    """Missing module, missing attribute, not a Tool, a raising factory: each names the key."""
+    with pytest.raises(PersonaConfigError) as caught:
+        _build(_refs("tests.support.python_tools:shout", ref))
+    assert caught.value.key == "tools.python[1].ref"
+    assert words in caught.value.problem
+    assert str(SOURCE) in str(caught.value)
+
+
+def test_two_tools_with_one_name_are_an_error_naming_both() -> None:
+    """Duplicates, including a declared tool taking the built-in ``memory`` name."""
+    with pytest.raises(PersonaConfigError) as caught:
+        _build(_refs("tests.support.python_tools:shout", "tests.support.python_tools:shout"))
+    assert caught.value.key == "tools.python[1]"
+    assert "'shout'" in caught.value.problem
+    assert "tools.python[0]" in caught.value.problem
+
+
+def test_byte_caps_refuse_big_arguments_and_results() -> None:
+    """Arguments over the cap never reach the tool; a result over the cap is replaced by an
+    error naming the cap and the size."""
+    [tool] = _build(
+        _refs("tests.support.python_tools:shout"),
+        ToolLimits(max_args_bytes=100, max_result_bytes=50),
+    ).tools
+    refused = tool.execute({"text": "a" * 200})
+    assert refused.is_error
+    assert refused.failure == "too_large"
+    assert "100 byte cap on tool arguments (SOULFLEET_TOOL_ARGS_MAX_BYTES)" in refused.output
+    big = tool.execute({"text": "b" * 80})
+    assert big.is_error
+    assert "was 80 bytes, over the 50 byte cap on tool results" in big.output
+    assert tool.execute({"text": "ok"}) == ToolResult("OK")
+
+
+def test_a_python_tool_past_its_timeout_is_an_error_result() -> None:
+    """A Python tool that does not return within its timeout gives an error result on time."""
+    [tool] = _build(
+        '[[tools.python]]\nref = "tests.support.python_tools:slow"\ntimeout = "1s"\n'
+    ).tools
+    started = time.monotonic()
+    result = tool.execute({"seconds": 30})
+    assert result.is_error
+    assert result.failure == "timeout"
+    assert time.monotonic() - started < 10
+
+
+def test_declared_tools_come_before_memory(tmp_path: Path) -> None:
+    """The persona's tool order: declared tools in file order, then ``memory`` last."""
+    (tmp_path / "persona.toml").write_text(
+        _refs("tests.support.python_tools:make_shout", "tests.support.python_tools:shout")
+    )
+    agent = from_dir(tmp_path)
+    box = build_declared(agent.declared, hub=McpHub())
+    names = [tool.name for tool in agent.toolset(declared=box.tools)]
+    assert names == ["shout_made", "shout", "memory"]
+
+
+class _OneCall:
+    """A model that calls one tool, then answers with its result."""
+
+    spec = "test:one-call"
+
+    def __init__(self, call: ToolCall) -> None:
+        self.call = call
+
+    def complete(
+        self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> Completion:
+        if messages[-1].role == "tool":
+            return Completion(text=messages[-1].content, tool_calls=(), usage=Usage())
+        return Completion(text="", tool_calls=(self.call,), usage=Usage())
+
+
+def test_every_tool_call_is_logged_and_observed() -> None:
+    """``tool.call`` carries persona, tool, source, outcome, seconds and result bytes; the
+    observer (the fleet's metrics) gets source, outcome and seconds."""
+    [tool] = _build(_refs("tests.support.python_tools:shout")).tools
+    seen: list[tuple[str, str, float]] = []
+    set_tool_call_observer(lambda source, outcome, seconds: seen.append((source, outcome, seconds)))
+    try:
+        with structlog.testing.capture_logs() as logs:
+            result = run_loop(
+                system="",
+                prompt="go",
+                tools=[tool],
+                model=_OneCall(ToolCall(id="c1", name="shout", arguments={"text": "hey"})),
+                budget=Budget(),
+                persona="ava",
+            )
+    finally:
+        set_tool_call_observer(None)
+    assert result.text == "HEY"
+    [event] = [log for log in logs if log["event"] == "tool.call"]
+    assert {k: event[k] for k in ("persona", "tool", "source", "outcome", "result_bytes")} == {
+        "persona": "ava",
+        "tool": "shout",
+        "source": "python",
+        "outcome": "ok",
+        "result_bytes": 3,
+    }
+    assert [(source, outcome) for source, outcome, _ in seen] == [("python", "ok")]
