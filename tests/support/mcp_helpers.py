@@ -41,17 +41,19 @@ def stdio_test_server(tag: str) -> McpServer:
 
 
 def tagged_pids(tag: str) -> list[int]:
-    """Live processes whose command line contains ``tag`` (zombies excluded)."""
+    """Live processes whose command line or environment contains ``tag`` (zombies excluded);
+    a third-party server that takes no ``--tag`` is tagged through its ``env``."""
     found: list[int] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (entry / "environ").read_bytes().decode(errors="replace")
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if tag in cmdline and state != "Z" and "pytest" not in cmdline:
+        if (tag in cmdline or tag in environ) and state != "Z" and "pytest" not in cmdline:
             found.append(int(entry.name))
     return found
 
