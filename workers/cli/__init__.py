@@ -5,6 +5,7 @@
     soulfleet up [--personas DIR] [--workers N] [--flower] [--data DIR]
     soulfleet init DIR
     soulfleet soul DIR [--json]
+    soulfleet tools PERSONA [--json]
     soulfleet run PERSONA PROMPT [--local] [--model SPEC] [--json]
     soulfleet post PERSONA TEXT [--wake/--no-wake] [--from NAME] [--channel C]
     soulfleet status [PERSONA] [--json]
@@ -32,6 +33,7 @@ from workers.cli.revive import revive
 from workers.cli.run import run
 from workers.cli.soul import soul
 from workers.cli.status import status
+from workers.cli.tools import tools
 from workers.cli.up import up
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
@@ -56,7 +58,7 @@ def cli(ctx: click.Context) -> None:
     ctx.call_on_close(state.close)
 
 
-for _command in (up, init, soul, run, post, status, beats, dream, revive):
+for _command in (up, init, soul, tools, run, post, status, beats, dream, revive):
     cli.add_command(_command)
 
 

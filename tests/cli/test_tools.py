@@ -1,0 +1,89 @@
+"""`soulfleet tools PERSONA`: a persona's tools as the model sees them, servers started to ask."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import Invoke
+from tests.support.mcp_helpers import SERVER_SCRIPT, new_tag, tagged_pids, wait_gone
+
+
+def _persona(root: Path, toml: str) -> Path:
+    home = root / "handy"
+    home.mkdir()
+    (home / "SOUL.md").write_text("You are handy.\n", encoding="utf-8")
+    (home / "persona.toml").write_text(toml, encoding="utf-8")
+    return home
+
+
+@pytest.mark.integration
+def test_tools_lists_the_model_view_and_names_an_unreachable_server(
+    invoke: Invoke, tmp_path: Path
+) -> None:
+    """--json lists every tool in turn order (declared in file order, memory last) with name,
+    source, description and schema; a server that cannot start is named with its error and
+    the exit status is 1; no server process is left when the command ends."""
+    tag = new_tag()
+    home = _persona(
+        tmp_path,
+        f'[[tools.mcp]]\nname = "t"\ncommand = "{sys.executable}"\n'
+        f'args = ["{SERVER_SCRIPT}", "--tag", "{tag}"]\nallow = ["echo", "sleep"]\n'
+        '[[tools.python]]\nref = "tests.support.python_tools:shout"\n'
+        '[[tools.mcp]]\nname = "gone"\ncommand = "no-such-mcp-server-here"\n',
+    )
+    result = invoke("tools", str(home), "--json")
+    assert result.exit_code == 1, result.output
+    payload = json.loads(result.stdout)
+    assert [(t["name"], t["source"]) for t in payload["tools"]] == [
+        ("t__echo", "mcp"),
+        ("t__sleep", "mcp"),
+        ("shout", "python"),
+        ("memory", "builtin"),
+    ]
+    echo = payload["tools"][0]
+    assert echo["description"] == "Return the text you send."
+    assert echo["input_schema"]["properties"]["text"]["type"] == "string"
+    assert (echo["server"], echo["server_tool"]) == ("t", "echo")
+    [missing] = payload["unavailable"]
+    assert missing["server"] == "gone"
+    assert "not found on PATH" in missing["error"]
+    wait_gone(tag)
+    assert tagged_pids(tag) == []
+
+    text = invoke("tools", str(home))
+    assert text.exit_code == 1
+    assert text.stdout.splitlines()[0].startswith("t__echo  [mcp ")
+    assert "unavailable: server 'gone' (no-such-mcp-server-here)" in text.stderr
+    wait_gone(tag)
+
+
+@pytest.mark.integration
+def test_an_allow_list_naming_a_missing_tool_is_an_invalid_persona(
+    invoke: Invoke, tmp_path: Path
+) -> None:
+    """The server is asked; an allow-list entry it does not have is exit 2 naming the key."""
+    tag = new_tag()
+    home = _persona(
+        tmp_path,
+        f'[[tools.mcp]]\nname = "t"\ncommand = "{sys.executable}"\n'
+        f'args = ["{SERVER_SCRIPT}", "--tag", "{tag}"]\nallow = ["echo", "teleport"]\n',
+    )
+    result = invoke("tools", str(home))
+    assert result.exit_code == 2
+    assert "key 'tools.mcp[0].allow' names tools the server" in result.stderr
+    assert "['teleport']" in result.stderr
+    wait_gone(tag)
+    assert tagged_pids(tag) == []
+
+
+def test_a_bad_ref_is_an_invalid_persona(invoke: Invoke, tmp_path: Path) -> None:
+    """A ref that does not import: one line naming the key and the file, exit 2."""
+    home = _persona(tmp_path, '[[tools.python]]\nref = "tests.support.nowhere:tool"\n')
+    result = invoke("tools", str(home))
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert "persona.toml: key 'tools.python[0].ref' cannot import module" in result.stderr
