@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from tests.support.beat import write_persona
 from workers.fleet import Fleet
 from workers.persona.clock import VirtualClock
 from workers.persona.manifest import PersonaConfig, load_manifest
+from workers.persona.mcp_servers import parse_mcp_servers
 
 EVERY_1M = '[heartbeat]\nevery = "1m"\n'
 EVERY_2M = '[heartbeat]\nevery = "2m"\n'
@@ -289,3 +291,30 @@ def test_sync_restores_entries_lost_from_redis(
     report = sync.run()
     assert (report.added, report.updated) == (0, 1)
     assert schedule(redis_client, fleet) == before
+
+
+def test_invalid_tool_config_is_an_invalid_persona(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis, events: Events
+) -> None:
+    """[[tools.mcp]] without command, and a ``use`` of a server the fleet file lacks, are
+    reported like any invalid persona.toml (key, error, record, gauge); a valid ``use`` is not."""
+    fleet_servers = parse_mcp_servers('{"mcpServers": {"time": {"command": "mcp-server-time"}}}')
+    settings = dataclasses.replace(fleet.settings, mcp_servers=fleet_servers)
+    write_persona(persona_root, "ava", EVERY_1M + '[[tools.mcp]]\nuse = "time"\n')
+    write_persona(persona_root, "bob", EVERY_1M + '[[tools.mcp]]\nname = "x"\nargs = ["a"]\n')
+    write_persona(persona_root, "cyd", EVERY_1M + '[[tools.mcp]]\nuse = "github"\n')
+    sync = RegistrySync(
+        client=fleet.client,
+        keys=fleet.keys,
+        registry=fleet.registry,
+        settings=settings,
+        clock=fleet.clock,
+    )
+    report = sync.run()
+    assert report.invalid == 2
+    assert set(schedule(redis_client, fleet)) == {"ava|heartbeat"}
+    logged = {event["persona"]: event for event in events.named("registry.invalid")}
+    assert logged["bob"]["key"] == "tools.mcp[0].command"
+    assert logged["cyd"]["key"] == "tools.mcp[0].use"
+    assert "known: time" in logged["cyd"]["error"]
+    assert "tools.mcp[0].use" in registry_record(redis_client, fleet, "cyd")["error"]
