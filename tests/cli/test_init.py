@@ -8,7 +8,8 @@ from pathlib import Path
 from tests.cli.conftest import Invoke
 from workers.cli.init import SCAFFOLD_FILES
 from workers.persona.home import BOOTSTRAP_ORDER, compose_soul
-from workers.persona.manifest import PersonaConfig, load_manifest
+from workers.persona.manifest import PersonaConfig, load_manifest, parse_manifest
+from workers.persona.tool_config import McpDecl
 
 _KEYS = ("does", "model", "memory", "notes", "memory_index_cap", "every", "active_hours",
          "cron", "timezone", "window", "instructions")  # fmt: skip
@@ -68,3 +69,20 @@ def test_init_into_an_empty_existing_directory(invoke: Invoke, tmp_path: Path) -
     home.mkdir()
     assert invoke("init", str(home)).exit_code == 0
     assert (home / "persona.toml").is_file()
+
+
+def test_init_shows_a_commented_tools_example_that_parses(invoke: Invoke, tmp_path: Path) -> None:
+    """The scaffold carries a commented [[tools.mcp]] example; uncommented, it is valid."""
+    home = tmp_path / "kai"
+    assert invoke("init", str(home)).exit_code == 0
+    text = (home / "persona.toml").read_text(encoding="utf-8")
+    assert load_manifest(home).tools.entries == ()
+    assert "# [[tools.mcp]]" in text
+    example = text[text.index("# [[tools.mcp]]") :].split("\n#\n")[0]
+    uncommented = "\n".join(line.removeprefix("# ") for line in example.splitlines())
+    [decl] = parse_manifest(uncommented).tools.entries
+    assert isinstance(decl, McpDecl)
+    assert decl.name == "time"
+    assert decl.server is not None
+    assert decl.server.command == "mcp-server-time"
+    assert decl.allow == ("get_current_time",)
