@@ -47,7 +47,7 @@ from mcp.shared.exceptions import MCPError
 
 from workers.persona.tool_config import McpServer
 
-__all__ = ["CallOutcome", "McpConnection", "McpToolInfo", "McpUnavailable"]
+__all__ = ["CallOutcome", "McpConnection", "McpToolInfo", "McpUnavailable", "stdio_parameters"]
 
 _log = structlog.get_logger("soulfleet.mcp")
 
@@ -109,7 +109,8 @@ def _resolve(command: str) -> str:
     return os.path.abspath(found)
 
 
-def _stdio_params(server: McpServer) -> StdioServerParameters:
+def stdio_parameters(server: McpServer) -> StdioServerParameters:
+    """How the SDK spawns a stdio server: resolved command, own env, death signal on Linux."""
     command = _resolve(str(server.command))
     env = {name: expand(value) for name, value in server.env}
     if _PDEATHSIG:
@@ -211,7 +212,7 @@ class McpConnection:
     @asynccontextmanager
     async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
         if self.server.transport == "stdio":
-            async with stdio_client(_stdio_params(self.server), errlog=self._errlog) as streams:
+            async with stdio_client(stdio_parameters(self.server), errlog=self._errlog) as streams:
                 yield streams
             return
         headers = {name: expand(value) for name, value in self.server.headers}
