@@ -6,6 +6,8 @@ is an invalid persona naming ``tools.python[n].ref`` and the file.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -161,3 +163,17 @@ def test_every_tool_call_is_logged_and_observed() -> None:
         "result_bytes": 3,
     }
     assert [(source, outcome) for source, outcome, _ in seen] == [("python", "ok")]
+
+
+def test_the_mcp_sdk_loads_only_when_a_server_starts() -> None:
+    """Importing the CLI, the turn executor and the one-shot runner does not import the MCP
+    SDK (seconds on a busy machine): it loads when a process first starts a server."""
+    code = (
+        "import sys, workers.cli, workers.turn, workers.persona.run, workers.persona.toolbox\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

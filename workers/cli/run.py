@@ -22,6 +22,7 @@ from workers.cli.context import CliContext, persona_dir
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import cli_context, personas_option
 from workers.persona.loop import Budget
+from workers.settings import Settings
 
 __all__ = ["run"]
 
@@ -55,7 +56,7 @@ def run(
     """Run PERSONA once on PROMPT and print its answer."""
     state = cli_context(ctx, personas)
     if local:
-        report = _local(persona, prompt, model_spec, state.settings.personas, _budget(state))
+        report = _local(persona, prompt, model_spec, state.settings, _budget(state))
     else:
         if model_spec is not None:
             raise BadInputError(
@@ -94,12 +95,16 @@ def _budget(state: CliContext) -> Budget:
 
 
 def _local(
-    persona: str, prompt: str, model_spec: str | None, root: Path, budget: Budget
+    persona: str,
+    prompt: str,
+    model_spec: str | None,
+    settings: Settings,
+    budget: Budget,
 ) -> dict[str, Any]:
     from workers.persona.run import run as run_persona  # noqa: PLC0415 - only for --local
 
-    home = persona_dir(persona, root)
-    result = run_persona(home, prompt, model_spec, budget)
+    home = persona_dir(persona, settings.personas)
+    result = run_persona(home, prompt, model_spec, budget, mcp_servers=settings.mcp_servers)
     return {
         "persona": home.resolve().name,
         "text": result.text,

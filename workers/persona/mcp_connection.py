@@ -35,7 +35,6 @@ import shutil
 import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, TextIO
 
 import httpx2
@@ -45,6 +44,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from workers.persona.mcp_calls import CallOutcome, McpToolInfo, McpUnavailable
 from workers.persona.tool_config import McpServer
 
 __all__ = ["CallOutcome", "McpConnection", "McpToolInfo", "McpUnavailable", "stdio_parameters"]
@@ -70,28 +70,6 @@ _LAUNCH = (
 
 
 _PDEATHSIG = platform.system() == "Linux"
-
-
-class McpUnavailable(Exception):
-    """The server could not be started or reached; the message says why."""
-
-
-@dataclass(frozen=True, slots=True)
-class McpToolInfo:
-    """A tool as the server lists it."""
-
-    name: str
-    description: str
-    input_schema: Mapping[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class CallOutcome:
-    """What a call produced. ``failure`` is a short word for metrics when ``is_error``."""
-
-    output: str
-    is_error: bool = False
-    failure: str | None = None
 
 
 def expand(value: str) -> str:

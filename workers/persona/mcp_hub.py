@@ -23,12 +23,15 @@ import os
 import sys
 import threading
 from collections.abc import Coroutine, Mapping
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import structlog
 
-from workers.persona.mcp_connection import CallOutcome, McpConnection, McpToolInfo, McpUnavailable
+from workers.persona.mcp_calls import CallOutcome, McpToolInfo, McpUnavailable
 from workers.persona.tool_config import McpServer
+
+if TYPE_CHECKING:
+    from workers.persona.mcp_connection import McpConnection
 
 __all__ = ["McpHub"]
 
@@ -87,6 +90,9 @@ class McpHub:
         with self._lock:
             connection = self._connections.get(server)
             if connection is None:
+                # The SDK loads here, on the first server a process starts, not at import.
+                from workers.persona.mcp_connection import McpConnection  # noqa: PLC0415
+
                 if self._errlog is None:
                     self._errlog = _default_errlog()
                 connection = McpConnection(server, errlog=self._errlog)

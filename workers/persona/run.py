@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -30,10 +30,13 @@ from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import SoulfleetError, TurnAborted
 from workers.persona.locks import LockMode
 from workers.persona.loop import Budget, RunResult, run_loop
+from workers.persona.mcp_hub import McpHub
+from workers.persona.mcp_servers import FleetServer
 from workers.persona.models import Model
 from workers.persona.models.config import ModelConfig
 from workers.persona.models.spec import INHERIT, resolve_model
-from workers.persona.tools import ToolResult
+from workers.persona.toolbox import build_declared
+from workers.persona.tools import Tool, ToolResult
 from workers.persona.transcripts import FileTranscripts
 
 __all__ = ["PersonaTool", "as_tool", "model_for", "run", "run_agent"]
@@ -69,11 +72,15 @@ def run_agent(
     lock_mode: LockMode = "local",
     lock_timeout: float = 10.0,
     max_conversations: int = 1000,
+    declared: Sequence[Tool] = (),
 ) -> RunResult:
-    """One turn of ``agent`` on ``prompt``, recorded as a new conversation in its lane."""
+    """One turn of ``agent`` on ``prompt``, recorded as a new conversation in its lane.
+
+    ``declared`` are the persona's persona.toml tools, already built (:func:`run` builds them).
+    """
     used_clock: Clock = clock if clock is not None else SystemClock()
     soul, found = agent.soul()
-    tools = agent.toolset(lock_mode=lock_mode, lock_timeout=lock_timeout)
+    tools = agent.toolset(lock_mode=lock_mode, lock_timeout=lock_timeout, declared=declared)
     conversation = uuid.uuid4().hex
     store = FileTranscripts(agent.home, max_conversations=max_conversations, clock=used_clock)
     writer = store.open(lane=agent.name, conversation_id=conversation)
@@ -113,15 +120,43 @@ def run(
     budget: Budget | None = None,
     *,
     clock: Clock | None = None,
+    mcp_servers: Mapping[str, FleetServer] | None = None,
 ) -> RunResult:
     """Run the persona at ``path`` once on ``prompt`` (synchronous; never dreams).
 
-    Raises PersonaNotFound / PersonaConfigError for an unusable directory and ModelSpecError
-    for a model spec naming no model; everything that goes wrong during the turn is in the
-    result (``status`` "error" or "incomplete").
+    The persona's declared tools (persona.toml ``[tools]``) are built for this run: its MCP
+    servers are started, and stopped when the run ends. ``mcp_servers`` are the fleet servers a
+    ``use`` may name (the CLI passes ``SOULFLEET_MCP_CONFIG``'s).
+
+    Raises PersonaNotFound / PersonaConfigError for an unusable directory or tool configuration
+    and ModelSpecError for a model spec naming no model; everything that goes wrong during the
+    turn is in the result (``status`` "error" or "incomplete").
     """
     agent = from_dir(path)
-    return run_agent(agent, prompt, model=model_for(agent, model), budget=budget, clock=clock)
+    chosen = model_for(agent, model)
+    if not agent.declared.entries:
+        return run_agent(agent, prompt, model=chosen, budget=budget, clock=clock)
+    hub = McpHub()
+    try:
+        box = build_declared(
+            agent.declared,
+            hub=hub,
+            fleet=mcp_servers,
+            reserved=("memory",) if agent.memory else (),
+        )
+        for prefix, server, reason in box.unavailable:
+            _log.warning(
+                "tool.server_unavailable",
+                persona=agent.name,
+                server=prefix,
+                command=server,
+                error=reason,
+            )
+        return run_agent(
+            agent, prompt, model=chosen, budget=budget, clock=clock, declared=box.tools
+        )
+    finally:
+        hub.close()
 
 
 _SCHEMA: Mapping[str, Any] = {

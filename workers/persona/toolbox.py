@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.persona.errors import PersonaConfigError
-from workers.persona.mcp_connection import McpUnavailable
+from workers.persona.mcp_calls import McpUnavailable
 from workers.persona.mcp_hub import McpHub
 from workers.persona.mcp_servers import FleetServer, unknown_use
 from workers.persona.python_tools import PythonTool, resolve_ref

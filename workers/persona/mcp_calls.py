@@ -1,0 +1,37 @@
+"""What an MCP call gives back, in plain values: importable without loading the MCP SDK.
+
+The SDK costs seconds to import on a busy machine, and every ``soulfleet`` command and every
+worker imports the code that *may* talk MCP; so the values that cross from the hub's loop
+thread to a turn live here, and :mod:`workers.persona.mcp_connection` (which imports the SDK)
+loads only when a process first starts a server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CallOutcome", "McpToolInfo", "McpUnavailable"]
+
+
+class McpUnavailable(Exception):
+    """The server could not be started or reached; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class McpToolInfo:
+    """A tool as the server lists it."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """What a call produced. ``failure`` is a short word for metrics when ``is_error``."""
+
+    output: str
+    is_error: bool = False
+    failure: str | None = None
