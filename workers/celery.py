@@ -14,6 +14,7 @@ from celery.signals import (
     beat_init,
     setup_logging,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
     worker_shutdown,
 )
@@ -61,4 +62,10 @@ def _worker_ready(sender: Any = None, **_: Any) -> None:
 
 @worker_shutdown.connect
 def _worker_shutdown(**_: Any) -> None:
+    runtime.stop_worker_services()
+
+
+@worker_process_shutdown.connect
+def _worker_process_shutdown(**_: Any) -> None:
+    # Prefork children have their own runtime (and MCP servers): close theirs as they exit.
     runtime.stop_worker_services()

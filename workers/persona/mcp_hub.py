@@ -111,6 +111,8 @@ class McpHub:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise McpUnavailable(f"no answer from the MCP client within {wait:g}s") from None
+        except concurrent.futures.CancelledError:  # close() cancelled it: the worker is stopping
+            raise McpUnavailable("the worker is shutting down") from None
 
     def tools(self, server: McpServer) -> tuple[McpToolInfo, ...]:
         """The server's tools, starting it if needed; McpUnavailable says why it cannot."""
