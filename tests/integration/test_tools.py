@@ -160,3 +160,55 @@ def test_python_tools_by_ref_and_an_invalid_ref(harness: Harness) -> None:
     assert "tools.python[0].ref" in error
     assert "cannot import module 'tests.support.no_such_module'" in error
     assert "persona.toml" in error
+
+
+MISBEHAVE_RULES = """
+[[rules]]
+when = { tool_results = 0 }
+calls = [
+  { tool = "t__sleep", args = { seconds = 600 } },
+  { tool = "t__crash", args = {} },
+  { tool = "t__whoami", args = {} },
+]
+
+[[rules]]
+when = { tool_results = 3 }
+text = "after {tool_results} results: {last_tool_result}"
+"""
+
+
+def test_a_misbehaving_server_never_fails_or_hangs_a_turn(harness: Harness) -> None:
+    """Through a real worker: a tool that sleeps past its timeout and one that crashes its
+    server are error results the model sees; the next call runs on a restarted server; the turn
+    ends done, and stopping the worker leaves no server process."""
+    tag = new_tag()
+    home = harness.persona(
+        "shaky",
+        rules=MISBEHAVE_RULES,
+        toml=(
+            f'[[tools.mcp]]\nname = "t"\ncommand = "{sys.executable}"\n'
+            f'args = ["{SERVER_SCRIPT}", "--tag", "{tag}"]\ntimeout = "3s"\n'
+        ),
+    )
+    worker = harness.worker()
+    reply = harness.fleet.run("shaky", "go", timeout=240)
+    assert reply.status == "done"
+    assert reply.text.startswith('after 3 results: {"result": "pid=')
+    results = [
+        r.message for r in FileTranscripts(home).messages(reply.turn_id) if r.message.role == "tool"
+    ]
+    assert [(m.name, m.is_error) for m in results] == [
+        ("t__sleep", True),
+        ("t__crash", True),
+        ("t__whoami", False),
+    ]
+    assert "did not answer within its 3s timeout" in results[0].content
+    assert "restarted for the next call" in results[1].content
+    calls = harness.events("tool.call", persona="shaky")
+    assert [e["outcome"] for e in calls] == ["timeout", "server_died", "ok"]
+    # The timeout, plus slack for a loaded machine: neither call waited on the server for long.
+    assert max(e["seconds"] for e in calls[:2]) < 3 + 10
+    assert len(worker.events("mcp.started")) == 2
+    worker.stop()
+    wait_gone(tag)
+    assert tagged_pids(tag) == []
