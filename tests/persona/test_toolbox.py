@@ -16,13 +16,17 @@ import pytest
 import structlog
 
 from workers.persona.agent import from_dir
+from workers.persona.dreamer import dreamer
 from workers.persona.errors import PersonaConfigError
 from workers.persona.loop import Budget, run_loop, set_tool_call_observer
 from workers.persona.manifest import parse_manifest
+from workers.persona.mcp_connection import expand, stdio_parameters
 from workers.persona.mcp_hub import McpHub
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
+from workers.persona.tool_config import McpServer
 from workers.persona.toolbox import Toolbox, ToolLimits, build_declared
 from workers.persona.tools import ToolResult
+from workers.persona.transcripts import FileTranscripts
 
 SOURCE = Path("/p/ava/persona.toml")
 
@@ -177,3 +181,27 @@ def test_the_mcp_sdk_loads_only_when_a_server_starts() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_dreamer_never_gets_the_personas_declared_tools(tmp_path: Path) -> None:
+    """A dreamer's tools stay exactly memory and transcript_search, whatever is declared."""
+    (tmp_path / "persona.toml").write_text(_refs("tests.support.python_tools:shout"))
+    persona = from_dir(tmp_path)
+    declared = build_declared(persona.declared, hub=McpHub()).tools
+    agent = dreamer(tmp_path, store=FileTranscripts(tmp_path, lanes=[persona.name]))
+    names = [tool.name for tool in agent.toolset(declared=declared)]
+    assert names == ["memory", "transcript_search"]
+
+
+def test_env_and_header_values_expand_from_the_worker_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``${VAR}`` in env/headers is read from the worker's environment when a server starts."""
+    monkeypatch.setenv("SF_TEST_TOKEN", "s3cret")
+    monkeypatch.delenv("SF_TEST_UNSET", raising=False)
+    assert expand("Bearer ${SF_TEST_TOKEN}") == "Bearer s3cret"
+    assert expand("${SF_TEST_UNSET}-$HOME-{x}") == "-$HOME-{x}"
+    server = McpServer("stdio", command=sys.executable, env=(("TOKEN", "${SF_TEST_TOKEN}"),))
+    params = stdio_parameters(server)
+    assert params.env == {"TOKEN": "s3cret"}
+    assert "s3cret" not in server.describe()
