@@ -38,8 +38,8 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 from mcp import ClientSession, stdio_client
 
 from tests.support.mcp_helpers import SERVER_SCRIPT
-from workers.persona.mcp_connection import stdio_parameters
 from workers.persona.mcp_hub import McpHub
+from workers.persona.mcp_transport import stdio_parameters
 from workers.persona.tool_config import McpDecl, McpServer, ToolsConfig
 from workers.persona.toolbox import build_declared
 

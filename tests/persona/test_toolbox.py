@@ -20,8 +20,8 @@ from workers.persona.dreamer import dreamer
 from workers.persona.errors import PersonaConfigError
 from workers.persona.loop import Budget, run_loop, set_tool_call_observer
 from workers.persona.manifest import parse_manifest
-from workers.persona.mcp_connection import expand, stdio_parameters
 from workers.persona.mcp_hub import McpHub
+from workers.persona.mcp_transport import expand, stdio_parameters
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
 from workers.persona.tool_config import McpServer
 from workers.persona.toolbox import Toolbox, ToolLimits, build_declared

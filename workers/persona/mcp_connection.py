@@ -17,10 +17,8 @@ What the model and the operator can rely on:
 - A timed-out call is cancelled (the SDK sends ``notifications/cancelled``) and the server is
   pinged: a server that answers stays (other turns' calls are in flight on it), one that does
   not is wedged and is restarted.
-- A stdio server runs in its own process group (the SDK kills the group at close) and, on
-  Linux, with ``PR_SET_PDEATHSIG`` so it dies with the hub's loop thread even if the worker is
-  SIGKILLed. It gets only the SDK's safe environment (PATH, HOME, …) plus its own ``env``,
-  never the worker's secrets.
+- How a server is spawned or reached (and why it never outlives its worker) is
+  :mod:`workers.persona.mcp_transport`.
 """
 
 from __future__ import annotations
@@ -28,73 +26,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import platform
-import re
-import shutil
-import sys
-from collections.abc import AsyncIterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
 from typing import Any, TextIO
 
-import httpx2
 import mcp_types
 import structlog
-from mcp import ClientSession, StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
+from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
 from workers.persona.mcp_calls import CallOutcome, McpToolInfo, McpUnavailable
+from workers.persona.mcp_transport import Watched, open_transport
 from workers.persona.tool_config import McpServer
 
-__all__ = ["CallOutcome", "McpConnection", "McpToolInfo", "McpUnavailable", "stdio_parameters"]
+__all__ = ["McpConnection"]
 
 _log = structlog.get_logger("soulfleet.mcp")
 
 _BACKOFF_MAX = 30.0
-# The SDK drops an HTTP session whose server sends one SSE event over 1 MiB. A big result should
-# reach the result cap (a clear "too large" error the model can act on), so the transport only
-# stops what no cap could make useful: one message over 64 MiB.
-MAX_HTTP_MESSAGE = 64 * 1024 * 1024
 _PROBE_MAX = 5.0
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# Exec'd by the worker's own Python before the server: the death signal survives execve, so
-# the server is killed when the thread that spawned it (the hub's loop thread) ends, even if
-# the worker dies by SIGKILL and never runs its shutdown.
-_LAUNCH = (
-    "import ctypes,os,sys\n"
-    "try:\n ctypes.CDLL(None,use_errno=True).prctl(1,9)\nexcept Exception:\n pass\n"
-    "if os.getppid()!=int(sys.argv[1]):\n os._exit(70)\n"
-    "os.execv(sys.argv[2],sys.argv[2:])\n"
-)
-
-
-_PDEATHSIG = platform.system() == "Linux"
-
-
-def expand(value: str) -> str:
-    """``${VAR}`` from the worker's environment (tokens stay out of committed config)."""
-    return _VAR.sub(lambda match: os.environ.get(match.group(1), ""), value)
-
-
-def _resolve(command: str) -> str:
-    """The command's path: on PATH, or next to the worker's Python (a server installed into the
-    same virtualenv works without activating it)."""
-    search = os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)])
-    found = shutil.which(command, path=search)
-    if found is None:
-        raise McpUnavailable(f"command {command!r} not found on PATH or next to {sys.executable}")
-    return os.path.abspath(found)
-
-
-def stdio_parameters(server: McpServer) -> StdioServerParameters:
-    """How the SDK spawns a stdio server: resolved command, own env, death signal on Linux."""
-    command = _resolve(str(server.command))
-    env = {name: expand(value) for name, value in server.env}
-    if _PDEATHSIG:
-        argv = ["-I", "-S", "-c", _LAUNCH, str(os.getpid()), command, *server.args]
-        return StdioServerParameters(command=sys.executable, args=argv, env=env)
-    return StdioServerParameters(command=command, args=list(server.args), env=env)
 
 
 def _text_of(result: mcp_types.CallToolResult) -> str:
@@ -107,41 +57,6 @@ def _text_of(result: mcp_types.CallToolResult) -> str:
         else:  # images, audio, resources: the model gets a note, never a blob it cannot read
             parts.append(f"[{block.type} content omitted]")
     return "\n".join(parts)
-
-
-class _Watched:
-    """The transport's read stream, noting when it ends (the server died or hung up)."""
-
-    def __init__(self, stream: Any, ended: asyncio.Event) -> None:
-        self._stream = stream
-        self._ended = ended
-
-    async def receive(self) -> Any:
-        try:
-            return await self._stream.receive()
-        except BaseException:
-            self._ended.set()
-            raise
-
-    async def aclose(self) -> None:
-        self._ended.set()
-        await self._stream.aclose()
-
-    def __aiter__(self) -> _Watched:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self._stream.__anext__()
-        except BaseException:
-            self._ended.set()
-            raise
-
-    async def __aenter__(self) -> _Watched:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 class McpConnection:
@@ -187,24 +102,9 @@ class McpConnection:
         except Exception as exc:  # the runner reports start failures as McpUnavailable
             raise McpUnavailable(str(exc) or type(exc).__name__) from exc
 
-    @asynccontextmanager
-    async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
-        if self.server.transport == "stdio":
-            async with stdio_client(stdio_parameters(self.server), errlog=self._errlog) as streams:
-                yield streams
-            return
-        headers = {name: expand(value) for name, value in self.server.headers}
-        async with (
-            httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as http,
-            streamable_http_client(
-                str(self.server.url), http_client=http, max_sse_event_size=MAX_HTTP_MESSAGE
-            ) as streams,
-        ):
-            yield streams
-
     async def _open(self, stack: AsyncExitStack, ended: asyncio.Event) -> ClientSession:
-        read, write = await stack.enter_async_context(self._transport())
-        session = await stack.enter_async_context(ClientSession(_Watched(read, ended), write))
+        read, write = await stack.enter_async_context(open_transport(self.server, self._errlog))
+        session = await stack.enter_async_context(ClientSession(Watched(read, ended), write))
         await session.initialize()
         tools: list[McpToolInfo] = []
         cursor: str | None = None

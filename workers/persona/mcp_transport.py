@@ -1,0 +1,122 @@
+"""How an MCP server is reached: a stdio child the worker spawns, or a streamable HTTP URL.
+
+A stdio server runs in its own process group (the SDK kills the group when the session closes)
+and, on Linux, behind a tiny launcher that sets ``PR_SET_PDEATHSIG``: the death signal survives
+``execve``, so the server dies when the thread that spawned it (the hub's loop thread) ends,
+even when the worker is SIGKILLed and never runs its shutdown. It gets only the SDK's safe
+environment (PATH, HOME, …) plus its own ``env``, never the worker's secrets; ``${VAR}`` in
+``env`` and ``headers`` values is read from the worker's environment, so tokens stay out of
+persona files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import re
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, TextIO
+
+import httpx2
+from mcp import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from workers.persona.mcp_calls import McpUnavailable
+from workers.persona.tool_config import McpServer
+
+__all__ = ["MAX_HTTP_MESSAGE", "Watched", "expand", "open_transport", "stdio_parameters"]
+
+# The SDK drops an HTTP session whose server sends one SSE event over 1 MiB. A big result should
+# reach the result cap (a clear "too large" error the model can act on), so the transport only
+# stops what no cap could make useful: one message over 64 MiB.
+MAX_HTTP_MESSAGE = 64 * 1024 * 1024
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Run by the worker's own Python, then exec'd into the server (see the module docstring).
+_LAUNCH = (
+    "import ctypes,os,sys\n"
+    "try:\n ctypes.CDLL(None,use_errno=True).prctl(1,9)\nexcept Exception:\n pass\n"
+    "if os.getppid()!=int(sys.argv[1]):\n os._exit(70)\n"
+    "os.execv(sys.argv[2],sys.argv[2:])\n"
+)
+_PDEATHSIG = platform.system() == "Linux"
+
+
+def expand(value: str) -> str:
+    """``${VAR}`` from the worker's environment (tokens stay out of committed config)."""
+    return _VAR.sub(lambda match: os.environ.get(match.group(1), ""), value)
+
+
+def _resolve(command: str) -> str:
+    """The command's path: on PATH, or next to the worker's Python (a server installed into the
+    same virtualenv works without activating it)."""
+    search = os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)])
+    found = shutil.which(command, path=search)
+    if found is None:
+        raise McpUnavailable(f"command {command!r} not found on PATH or next to {sys.executable}")
+    return os.path.abspath(found)
+
+
+def stdio_parameters(server: McpServer) -> StdioServerParameters:
+    """How the SDK spawns a stdio server: resolved command, own env, death signal on Linux."""
+    command = _resolve(str(server.command))
+    env = {name: expand(value) for name, value in server.env}
+    if _PDEATHSIG:
+        argv = ["-I", "-S", "-c", _LAUNCH, str(os.getpid()), command, *server.args]
+        return StdioServerParameters(command=sys.executable, args=argv, env=env)
+    return StdioServerParameters(command=command, args=list(server.args), env=env)
+
+
+@asynccontextmanager
+async def open_transport(server: McpServer, errlog: TextIO) -> AsyncIterator[tuple[Any, Any]]:
+    """The (read, write) streams to ``server``, closed (the server stopped) on exit."""
+    if server.transport == "stdio":
+        async with stdio_client(stdio_parameters(server), errlog=errlog) as streams:
+            yield streams
+        return
+    headers = {name: expand(value) for name, value in server.headers}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as http,
+        streamable_http_client(
+            str(server.url), http_client=http, max_sse_event_size=MAX_HTTP_MESSAGE
+        ) as streams,
+    ):
+        yield streams
+
+
+class Watched:
+    """The transport's read stream, noting when it ends (the server died or hung up)."""
+
+    def __init__(self, stream: Any, ended: asyncio.Event) -> None:
+        self._stream = stream
+        self._ended = ended
+
+    async def receive(self) -> Any:
+        try:
+            return await self._stream.receive()
+        except BaseException:
+            self._ended.set()
+            raise
+
+    async def aclose(self) -> None:
+        self._ended.set()
+        await self._stream.aclose()
+
+    def __aiter__(self) -> Watched:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._stream.__anext__()
+        except BaseException:
+            self._ended.set()
+            raise
+
+    async def __aenter__(self) -> Watched:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
