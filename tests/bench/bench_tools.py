@@ -13,7 +13,10 @@ Both sides call the same stdio server process kind with the same tool and argume
 The two sides alternate in ``--rounds`` rounds (a fresh server each), so a change in the
 machine's load lands on both rather than on whichever ran second.
 
-Printed: median and p99 per call for each, and the fleet's overhead (the difference). The
+Printed: median and p99 per call for each, the fleet's overhead (the difference), and the
+bare cost of the thread hop the fleet adds (a no-op coroutine to a loop thread and back): on a
+machine with idle cores the overhead is about that hop; on a saturated one each hop waits for
+the scheduler and the difference moves by milliseconds from run to run. The
 server defaults to ``mcp-server-time`` (``get_current_time``); ``--server test`` uses the
 SDK-written test server's ``echo``. Figures depend on the machine and its load; they are for
 comparing changes on one machine, not targets.
@@ -26,6 +29,7 @@ import asyncio
 import logging
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -95,6 +99,25 @@ def _fleet(server: McpServer, tool: str, args: dict[str, Any], calls: int) -> li
         hub.close()
 
 
+def _hop(calls: int) -> list[float]:
+    """The floor of the fleet's design: one no-op coroutine to a loop thread and back."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def noop() -> None:
+        return None
+
+    samples: list[float] = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        asyncio.run_coroutine_threadsafe(noop(), loop).result(30)
+        samples.append(time.perf_counter() - started)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    return samples
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=1000)
@@ -110,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(options.rounds):
         sdk += asyncio.run(_sdk(server, tool, args, per_round))
         fleet += _fleet(server, tool, args, per_round)
+    hop_median, hop_p99 = _figures(_hop(options.calls))
     sdk_median, sdk_p99 = _figures(sdk)
     fleet_median, fleet_p99 = _figures(fleet)
     print(f"MCP tool call, {len(sdk)} calls each of {tool} on {server.describe()}:")
@@ -118,6 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"  overhead     : median {fleet_median - sdk_median:+7.3f} ms   "
         f"p99 {fleet_p99 - sdk_p99:+7.3f} ms"
+    )
+    print(
+        f"  thread hop   : median {hop_median:7.3f} ms   p99 {hop_p99:7.3f} ms (no-op, for scale)"
     )
 
 
