@@ -202,3 +202,17 @@ def test_a_use_of_an_unknown_fleet_server_is_an_invalid_persona() -> None:
     assert caught.value.key == "tools.mcp[0].use"
     assert "known: off, search, time" in caught.value.problem
     check_uses(parse_manifest('[[tools.mcp]]\nuse = "time"\n').tools, parse_mcp_servers(FLEET))
+
+
+def test_server_env_and_headers_never_show_in_a_repr(tmp_path: Path) -> None:
+    """Tokens in env or headers stay out of reprs (Settings, tracebacks, logs)."""
+    path = tmp_path / "mcp.json"
+    path.write_text(
+        '{"mcpServers": {"a": {"url": "https://h/mcp", "headers": {"Authorization": '
+        '"Bearer tok1"}}, "b": {"command": "x", "env": {"KEY": "tok2"}}}}'
+    )
+    settings = Settings.from_env({"SOULFLEET_MCP_CONFIG": str(path)})
+    shown = repr(settings)
+    assert "https://h/mcp" in shown
+    assert "tok1" not in shown
+    assert "tok2" not in shown

@@ -67,14 +67,18 @@ def valid_prefix(name: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class McpServer:
-    """How to reach one MCP server. Hashable: equal values share one session per process."""
+    """How to reach one MCP server. Hashable: equal values share one session per process.
+
+    ``env`` and ``headers`` may hold tokens, so they stay out of its repr (a Settings object or
+    a traceback may print it).
+    """
 
     transport: Literal["stdio", "http"]
     command: str | None = None
     args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     url: str | None = None
-    headers: tuple[tuple[str, str], ...] = ()
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def describe(self) -> str:
         """A one-line description for logs and errors: never env values or headers (secrets)."""
