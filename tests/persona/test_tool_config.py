@@ -216,3 +216,19 @@ def test_server_env_and_headers_never_show_in_a_repr(tmp_path: Path) -> None:
     assert "https://h/mcp" in shown
     assert "tok1" not in shown
     assert "tok2" not in shown
+
+
+def test_the_inline_use_form_of_the_issue_parses() -> None:
+    """``tools.mcp = [{ use = "time" }]`` (inline arrays) is the same as ``[[tools.mcp]]``."""
+    tools = parse_manifest(
+        'tools.mcp = [{ use = "time" }, { use = "search", allow = ["find"] }]\n'
+        'tools.python = [{ ref = "pkg.mod:tool" }]\n'
+    ).tools
+    assert [(type(d).__name__, d.key) for d in tools.entries] == [
+        ("McpDecl", "tools.mcp[0]"),
+        ("McpDecl", "tools.mcp[1]"),
+        ("PythonDecl", "tools.python[0]"),
+    ]
+    first = tools.entries[0]
+    assert isinstance(first, McpDecl)
+    assert (first.name, first.use) == ("time", "time")
