@@ -23,18 +23,23 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 import structlog
 
 from workers import metrics
-from workers.fleet.errors import GateTimeout
+from workers.fleet.errors import GateTimeout, ProviderPaused
 from workers.fleet.keys import Keys
 from workers.fleet.lease import Held, Renewer
 from workers.fleet.scripts import Scripts, redis_errors
 from workers.persona.clock import Clock, SystemClock
+from workers.persona.errors import ModelError
 from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
+
+if TYPE_CHECKING:
+    from workers.fleet.breaker import Breaker
 
 __all__ = ["Gate", "GatedModel", "ModelCall", "Slot", "SlotHandle"]
 
@@ -213,6 +218,10 @@ class GatedModel:
     ``provider`` labels ``soulfleet_model_call_seconds`` (``provider_of(model)``); ``on_call``
     hears about every call after it ends (a recorder in tests, logs in production). A gate
     wait past ``timeout`` raises :class:`GateTimeout`, a retryable ``ModelError``.
+
+    With a ``breaker`` (:class:`workers.fleet.breaker.Breaker`), the provider's breaker is asked
+    before the gate: while it is open the call is not made and :class:`ProviderPaused` is
+    raised (the turn executor defers the turn); every call made is counted by it.
     """
 
     def __init__(
@@ -223,8 +232,10 @@ class GatedModel:
         provider: str = "other",
         timeout: float | None = None,
         on_call: Callable[[ModelCall], None] | None = None,
+        breaker: Breaker | None = None,
     ) -> None:
         self.model = model
+        self.breaker = breaker
         self.gate = gate
         self.provider = provider
         self.timeout = timeout
@@ -238,14 +249,26 @@ class GatedModel:
         self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
     ) -> Completion:
         clock = self.gate.clock
+        breaker = self.breaker
+        if breaker is not None and breaker.allow(self.provider) == "open":
+            raise ProviderPaused(self.provider)
         with self.gate.slot(self.timeout) as slot:
             began = clock.monotonic()
             error: str | None = None
             try:
-                return self.model.complete(system=system, messages=messages, tools=tools)
+                completion = self.model.complete(system=system, messages=messages, tools=tools)
+            except ModelError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if breaker is not None:
+                    breaker.record_failure(self.provider, exc)
+                raise
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 raise
+            else:
+                if breaker is not None:
+                    breaker.record(self.provider, ok=True)
+                return completion
             finally:
                 seconds = clock.monotonic() - began
                 metrics.MODEL_CALL_SECONDS.labels(provider=self.provider).observe(seconds)
