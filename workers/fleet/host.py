@@ -32,6 +32,7 @@ from workers.fleet.lanes import Lanes
 from workers.fleet.outcomes import PostOutcome, Repair, TickOutcome
 from workers.fleet.recovery import Backoff, Recovery
 from workers.fleet.registry import PersonaRegistry
+from workers.fleet.servertime import ServerClock
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
 from workers.settings import Settings, redact_url
@@ -73,9 +74,11 @@ class Fleet:
         client: redis.Redis | None = None,
         publisher: Publisher,
         clock: Clock | None = None,
+        server_clock: bool = False,
     ) -> None:
+        """``server_clock``: take wall time from Redis (:class:`ServerClock`), as beat does;
+        else ``clock`` (default the host's)."""
         self.settings = settings
-        self.clock: Clock = clock or SystemClock()
         self.client: redis.Redis = client or redis.Redis.from_url(
             settings.redis_url,
             decode_responses=True,
@@ -83,6 +86,7 @@ class Fleet:
             socket_timeout=30,
             health_check_interval=30,
         )
+        self.clock: Clock = ServerClock(self.client) if server_clock else clock or SystemClock()
         self.keys = Keys(settings.key_prefix)
         self.registry = PersonaRegistry(settings.personas)
         self.publisher: Publisher = publisher
@@ -115,9 +119,14 @@ class Fleet:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, *, publisher: Publisher, clock: Clock | None = None
+        cls,
+        settings: Settings,
+        *,
+        publisher: Publisher,
+        clock: Clock | None = None,
+        server_clock: bool = False,
     ) -> Fleet:
-        return cls(settings, publisher=publisher, clock=clock)
+        return cls(settings, publisher=publisher, clock=clock, server_clock=server_clock)
 
     # -- inbound ------------------------------------------------------------------------
     def post(
