@@ -112,7 +112,8 @@ def test_a_gated_model_stops_calling_a_provider_whose_breaker_opened(
     for _ in range(6):
         with pytest.raises(ModelAuthError):
             refused.complete(system="", messages=(), tools=())
-    assert auth.calls == 6 and breaker.allow("anthropic") == "closed"
+    assert auth.calls == 6
+    assert breaker.allow("anthropic") == "closed"
 
     down = _Failing(ModelServerError("500"))
     model = GatedModel(down, gate, provider="openai", breaker=breaker)
@@ -149,7 +150,8 @@ def test_deferred_lanes_spend_no_attempt_and_resume_when_the_breaker_closes(
     assert recovery.resume_deferred() == []  # open, probe not due yet
     clock.advance(10)
     probe = recovery.resume_deferred()
-    assert len(probe) == 1 and lanes.waiting()["deferred"] == 2
+    assert len(probe) == 1
+    assert lanes.waiting()["deferred"] == 2
     assert breaker.allow("openai") == "probe"
     assert recovery.resume_deferred() == []  # a probe is in flight
     breaker.record("openai", ok=True)

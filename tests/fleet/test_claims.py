@@ -105,6 +105,7 @@ def test_the_renewer_keeps_a_claim_alive_and_drops_it_quietly_once_gone(
         assert redis_client.pttl(lanes.keys.claim("ava")) > 10_000
         lanes.start("ava", turn_id, "w1")
         renewer.renew_now()
-        assert handle.lost.is_set() and len(renewer) == 0
+        assert handle.lost.is_set()
+        assert len(renewer) == 0
     finally:
         renewer.stop()

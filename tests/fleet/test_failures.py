@@ -112,13 +112,9 @@ def test_every_failure_is_classified_by_its_class(exc: BaseException, kind: str)
 
 def test_a_wrapped_redis_blip_is_transient() -> None:
     """An error raised from a Redis connection error keeps its transient cause."""
-    try:
-        try:
-            raise redis.TimeoutError("read timed out")
-        except redis.TimeoutError as inner:
-            raise RuntimeError("while writing the transcript") from inner
-    except RuntimeError as outer:
-        assert classify(outer) == "transient"
+    outer = RuntimeError("while writing the transcript")
+    outer.__cause__ = redis.TimeoutError("read timed out")
+    assert classify(outer) == "transient"
 
 
 def test_backoff_is_full_jitter_under_an_exponential_cap() -> None:
@@ -128,7 +124,8 @@ def test_backoff_is_full_jitter_under_an_exponential_cap() -> None:
     for failures, step in [(0, 2.0), (1, 4.0), (3, 16.0), (10, 300.0), (80, 300.0)]:
         draws = [backoff.delay(failures, rng) for _ in range(500)]
         assert all(0.0 <= d <= step for d in draws)
-        assert min(draws) < step * 0.1 and max(draws) > step * 0.9
+        assert min(draws) < step * 0.1
+        assert max(draws) > step * 0.9
 
 
 def test_a_transient_failure_waits_in_redis_and_beat_releases_it_when_due(
@@ -140,7 +137,8 @@ def test_a_transient_failure_waits_in_redis_and_beat_releases_it_when_due(
     failed = lanes.fail(
         "ava", fence, error="HTTP 500", kind="transient", backoff=(2.0, 300.0), jitter=0.5
     )
-    assert not failed.dead and failed.retry_turn_id is None
+    assert not failed.dead
+    assert failed.retry_turn_id is None
     assert failed.retry_at == pytest.approx(clock.time() + 1.0)
     status = lanes.status("ava")
     assert (status["state"], status["attempts"], status["failures"]) == ("retry", 0, 1)
@@ -155,7 +153,9 @@ def test_a_transient_failure_waits_in_redis_and_beat_releases_it_when_due(
     ]
     assert lanes.status("ava")["state"] == "queued"
     started = lanes.start("ava", str(status["turn_id"]), "w2")
-    assert started.status == "started" and started.recovered == 1 and len(started.items) == 2
+    assert started.status == "started"
+    assert started.recovered == 1
+    assert len(started.items) == 2
 
 
 def test_backoff_grows_with_consecutive_failures_and_success_resets_it(lanes: Lanes) -> None:
@@ -191,7 +191,8 @@ def test_transient_failures_dead_letter_only_after_retry_for(
     fence = _start(lanes)
     failed = lanes.fail("ava", fence, error="HTTP 502", kind="transient", retry_for=6 * HOUR)
     assert failed.dead
-    assert "SOULFLEET_RETRY_FOR" in failed.reason and "HTTP 502" in failed.reason
+    assert "SOULFLEET_RETRY_FOR" in failed.reason
+    assert "HTTP 502" in failed.reason
     assert lanes.status("ava")["last_error"] == failed.reason
 
 
