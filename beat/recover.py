@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from workers import metrics
 from workers.fleet import Fleet
 from workers.fleet.outcomes import Repair
 
@@ -53,6 +54,8 @@ class Recoverer:
             report.repairs.extend(repairs)
             if len(repairs) < 1000:
                 break
+        for state in self._fleet.breaker.states():
+            metrics.BREAKER_OPEN.labels(provider=state.provider).set(1 if state.open else 0)
         report.seconds = time.perf_counter() - started
         if report.repairs:
             _log.info(

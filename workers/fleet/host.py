@@ -298,7 +298,6 @@ class Fleet:
             "dead": int(dead),
             "retry": int(retry),
             "deferred": deferred,
-            "breakers_open": sum(1 for state in breakers if state.open),
             "stuck_running": int(stuck_running),
             "stuck_queued": int(stuck_queued),
             "redis_memory_used": int(memory.get("used_memory", 0)),
