@@ -62,14 +62,12 @@ def test_a_worker_killed_between_taking_a_message_and_start_is_replaced_within_1
     for _ in range(40):
         runs = len(harness.events("turn.end", lane="ava"))
         harness.fleet.post("ava", "hello")
-        wait_until(
-            lambda runs=runs: (
-                doomed.popen.poll() is not None
-                or len(harness.events("turn.end", lane="ava")) > runs
-            ),
-            timeout=30,
-            what="a turn or the crash",
-        )
+
+        def moved(runs: int = runs) -> bool:
+            ended = len(harness.events("turn.end", lane="ava")) > runs
+            return doomed.popen.poll() is not None or ended
+
+        wait_until(moved, timeout=30, what="a turn or the crash")
         if doomed.popen.poll() is not None:
             break
     assert doomed.popen.poll() is not None, "the doomed worker never took a message"
