@@ -15,6 +15,7 @@ import pytest
 
 from tests.integration.conftest import Harness
 from tests.support.fleet import REPO, start_beat, wait_until
+from tests.support.lost_message import lose_one_message
 from tests.support.outage import run_outage
 from tests.support.providers import FakeProvider, error_reply
 
@@ -56,31 +57,15 @@ def test_a_worker_killed_between_taking_a_message_and_start_is_replaced_within_1
     harness.configure(CRASH_BEFORE_START_LANE="ava")
     harness.persona("ava", rules='[[rules]]\ntext = "ok"\n')
     harness.beat()
-    doomed = harness.worker("doomed", app="tests.support.crash_app")
     harness.worker("rescuer")
-    # Both workers compete for the queue: post until the doomed one takes a message.
-    for _ in range(40):
-        runs = len(harness.events("turn.end", lane="ava"))
-        harness.fleet.post("ava", "hello")
-
-        def moved(runs: int = runs) -> bool:
-            ended = len(harness.events("turn.end", lane="ava")) > runs
-            return doomed.popen.poll() is not None or ended
-
-        wait_until(moved, timeout=30, what="a turn or the crash")
-        if doomed.popen.poll() is not None:
-            break
-    assert doomed.popen.poll() is not None, "the doomed worker never took a message"
-    died = time.monotonic()
-    before = len(harness.events("turn.start", lane="ava"))
-    assert harness.fleet.status("ava")["state"] == "queued"
-    wait_until(
-        lambda: len(harness.events("turn.start", lane="ava")) > before,
-        timeout=60,
-        interval=0.05,
-        what="the lane to run again",
+    recovered = lose_one_message(
+        harness.fleet,
+        harness.env,
+        harness.logs,
+        lane="ava",
+        name="doomed",
+        processes=harness.processes,
     )
-    recovered = time.monotonic() - died
     print(f"\nlost message: the lane ran again {recovered:.1f} s after its worker died")
     assert recovered < 10.0
     assert len(harness.events("lane.released", lane="ava", reason="claim_lapsed")) == 1
