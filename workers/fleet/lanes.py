@@ -378,7 +378,7 @@ class Lanes:
         Raises :class:`LeaseLost` (changing nothing) if ``fence`` no longer holds the lane.
         """
         turn_id = _turn_id()
-        keys = [*self.keys.lane_keys(lane), self.keys.deferred(provider)]
+        keys = [*self.keys.lane_keys(lane), self.keys.deferred(provider), self.keys.breakers]
         args: list[str | int] = [lane, fence, self._now_ms(), provider, turn_id, why[:_ERROR_MAX]]
         with redis_errors(self.client):
             reply = self.scripts.defer(keys=keys, args=args)

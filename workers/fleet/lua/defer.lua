@@ -2,6 +2,7 @@
 --
 -- KEYS  [1] lane hash  [2] inbox  [3] inflight  [4] lease  [5] lanes:queued
 --       [6] lanes:running  [7] lanes:dead  (Keys.lane_keys(lane))  [8] deferred:<provider>
+--       [9] breakers (the provider is listed there, so recovery always finds this lane)
 -- ARGV  [1] lane name  [2] fence  [3] now (ms)  [4] provider  [5] turn id for the resumed turn
 --       [6] why (for last_error)
 -- Reply {"lost"}: the fence is not current; NOTHING changed | {"deferred", turn id}
@@ -22,4 +23,5 @@ redis.call('HDEL', lane, 'failing_since')
 redis.call('HSET', lane, 'state', 'deferred', 'provider', ARGV[4], 'turn_id', ARGV[5],
            'last_error', ARGV[6], 'last_error_at', now, 'last_error_kind', 'transient')
 redis.call('ZADD', deferred, now, name)
+redis.call('SADD', KEYS[9], ARGV[4])
 return {'deferred', ARGV[5]}
