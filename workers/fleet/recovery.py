@@ -26,9 +26,12 @@ caller publishes what was released (start drops duplicates and stale turn ids).
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any, Literal, cast
 
 import structlog
+from redis.commands.core import Script
 
 from workers import metrics
 from workers.fleet.breaker import Breaker
@@ -39,6 +42,12 @@ from workers.fleet.scripts import redis_errors
 __all__ = ["Backoff", "Recovery"]
 
 _log = structlog.get_logger("soulfleet.recovery")
+
+Reason = Literal["claim_lapsed", "retry_due", "resumed"]
+
+
+def _names(reply: object) -> list[str]:
+    return [str(name) for name in cast(Iterable[object], reply)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,12 +82,12 @@ class Recovery:
         lanes, keys = self.lanes, self.lanes.keys
         now = lanes._now_ms()
         with redis_errors(lanes.client):
-            due: list[str] = lanes.client.zrangebyscore(keys.retry, "-inf", now, 0, limit)  # type: ignore[assignment]
-        calls = [
+            due = _names(lanes.client.zrangebyscore(keys.retry, "-inf", now, 0, limit))
+        calls: list[tuple[Script, list[str], list[str | int]]] = [
             (lanes.scripts.release, [*keys.lane_keys(lane), keys.retry], [lane, now, "retry"])
             for lane in due
         ]
-        return self._repairs(due, lanes._run(calls), "retry_due")  # type: ignore[arg-type]
+        return self._repairs(due, lanes._run(calls), "retry_due")
 
     def reap_claims(self, limit: int = 1000) -> list[Repair]:
         lanes, keys = self.lanes, self.lanes.keys
@@ -86,8 +95,8 @@ class Recovery:
         # A claim younger than its TTL is alive whatever happened: look only at older ones.
         before = now - int(self.claim_ttl * 1000)
         with redis_errors(lanes.client):
-            old: list[str] = lanes.client.zrangebyscore(keys.claimed, "-inf", before, 0, limit)  # type: ignore[assignment]
-        calls = [
+            old = _names(lanes.client.zrangebyscore(keys.claimed, "-inf", before, 0, limit))
+        calls: list[tuple[Script, list[str], list[str | int]]] = [
             (
                 lanes.scripts.reap_claimed,
                 [keys.lane(lane), keys.claim(lane), keys.claimed, keys.queued],
@@ -95,7 +104,7 @@ class Recovery:
             )
             for lane in old
         ]
-        return self._repairs(old, lanes._run(calls), "claim_lapsed")  # type: ignore[arg-type]
+        return self._repairs(old, lanes._run(calls), "claim_lapsed")
 
     def resume_deferred(self, limit: int = 1000) -> list[Repair]:
         lanes, keys = self.lanes, self.lanes.keys
@@ -112,20 +121,20 @@ class Recovery:
                 count = limit
             waiting = keys.deferred(state.provider)
             with redis_errors(lanes.client):
-                parked: list[str] = lanes.client.zrange(waiting, 0, count - 1)  # type: ignore[assignment]
+                parked = _names(lanes.client.zrange(waiting, 0, count - 1))
             now = lanes._now_ms()
-            calls = [
+            calls: list[tuple[Script, list[str], list[str | int]]] = [
                 (lanes.scripts.release, [*keys.lane_keys(lane), waiting], [lane, now, "deferred"])
                 for lane in parked
             ]
-            repairs += self._repairs(parked, lanes._run(calls), "resumed")  # type: ignore[arg-type]
+            repairs += self._repairs(parked, lanes._run(calls), "resumed")
         return repairs
 
-    def _repairs(self, lanes: list[str], replies: list[list[str]], reason: str) -> list[Repair]:
+    def _repairs(self, lanes: list[str], replies: list[Any], reason: Reason) -> list[Repair]:
         repairs: list[Repair] = []
         for lane, reply in zip(lanes, replies, strict=True):
             if reply[0] in ("released", "repaired"):
-                repair = Repair(lane, reason, str(reply[1]), str(reply[2]))  # type: ignore[arg-type]
+                repair = Repair(lane, reason, str(reply[1]), str(reply[2]))
                 repairs.append(repair)
                 metrics.REAPER_REPAIRS.labels(reason=reason).inc()
                 log = _log.warning if reason == "claim_lapsed" else _log.info
