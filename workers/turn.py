@@ -181,6 +181,11 @@ class TurnExecutor:
             error = f"{type(exc).__name__}: {exc}"
             return self._fail(lane, turn_id, started, error, began, cause=exc)
 
+        if model.breaker is not None and model.breaker.paused(model.provider):
+            # Known before the first write: park the turn without opening a transcript.
+            why = str(ProviderPaused(model.provider))
+            return self._defer(lane, turn_id, started, began, provider=model.provider, why=why)
+
         prompt = render_inbox(
             started.items,
             started.ticks,
@@ -292,10 +297,7 @@ class TurnExecutor:
         ended_at = monotonic_wall_time()
         kind = classify(cause) if cause is not None else "unknown"
         if provider is not None and cause is not None and self._breaker_holds(provider, cause):
-            self.fleet.lanes.defer(lane, started.fence, provider=provider, why=error[:2000])
-            _log.info("turn.deferred", provider=provider, error=error[:300])
-            self._end(lane, turn_id, started, "deferred", began, ended_at=ended_at, error=error)
-            return TurnReport(lane, turn_id, "deferred", extra={"error": error})
+            return self._defer(lane, turn_id, started, began, provider=provider, why=error)
         settings = self.settings
         failed = self.fleet.lanes.fail(
             lane,
@@ -325,6 +327,22 @@ class TurnExecutor:
         )
         extra = {"error": error, "dead": failed.dead, "failure": kind, "reason": failed.reason}
         return TurnReport(lane, turn_id, "error", extra=extra)
+
+    def _defer(
+        self,
+        lane: str,
+        turn_id: str,
+        started: StartOutcome,
+        began: float,
+        *,
+        provider: str,
+        why: str,
+    ) -> TurnReport:
+        ended_at = monotonic_wall_time()
+        self.fleet.lanes.defer(lane, started.fence, provider=provider, why=why[:2000])
+        _log.info("turn.deferred", provider=provider, error=why[:300])
+        self._end(lane, turn_id, started, "deferred", began, ended_at=ended_at, error=why)
+        return TurnReport(lane, turn_id, "deferred", extra={"error": why})
 
     def _breaker_holds(self, provider: str, cause: BaseException) -> bool:
         """Whether this failure is the provider breaker's to wait out (defer, not fail)."""

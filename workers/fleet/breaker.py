@@ -32,7 +32,6 @@ from workers.fleet.keys import Keys
 from workers.fleet.scripts import Scripts, redis_errors
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import (
-    ModelError,
     ModelRateLimited,
     ModelResponseError,
     ModelServerError,
@@ -147,10 +146,25 @@ class Breaker:
             _log.warning("breaker.closed", provider=provider)
         return outcome
 
-    def record_failure(self, provider: str, exc: ModelError) -> None:
-        """:meth:`record` a failed call if it counts against the provider."""
-        if counts_against_provider(exc):
+    def record_failure(self, provider: str, exc: BaseException, *, probe: bool = False) -> None:
+        """:meth:`record` a failed call if it counts against the provider, or if it was the
+        probe (whatever failed it: a probe must always report, or the next one waits for the
+        probe ttl)."""
+        if probe or counts_against_provider(exc):
             self.record(provider, ok=False, error=f"{type(exc).__name__}: {exc}")
+
+    def paused(self, provider: str) -> bool:
+        """Read-only: open, and no probe may go now (not yet due, or one in flight). A turn
+        can then be deferred before it writes anything; when a probe is due it goes on and
+        :meth:`allow` hands it the probe."""
+        with redis_errors(self.client):
+            state, probe_at, probe_until = self.client.hmget(
+                self.keys.breaker(provider), ["state", "probe_at", "probe_until"]
+            )
+        if state != "open":
+            return False
+        now = self._now_ms()
+        return now < float(probe_at or 0) or float(probe_until or 0) > now
 
     def is_open(self, provider: str) -> bool:
         with redis_errors(self.client):

@@ -34,7 +34,6 @@ from workers.fleet.keys import Keys
 from workers.fleet.lease import Held, Renewer
 from workers.fleet.scripts import Scripts, redis_errors
 from workers.persona.clock import Clock, SystemClock
-from workers.persona.errors import ModelError
 from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
 
@@ -248,27 +247,34 @@ class GatedModel:
     def complete(
         self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
     ) -> Completion:
-        clock = self.gate.clock
         breaker = self.breaker
-        if breaker is not None and breaker.allow(self.provider) == "open":
+        if breaker is None:
+            return self._call(system, messages, tools)
+        verdict = breaker.allow(self.provider)
+        if verdict == "open":
             raise ProviderPaused(self.provider)
+        try:
+            completion = self._call(system, messages, tools)
+        except Exception as exc:
+            # A probe reports whatever failed it (a gate timeout too): otherwise the next
+            # probe would wait out the probe ttl.
+            breaker.record_failure(self.provider, exc, probe=verdict == "probe")
+            raise
+        breaker.record(self.provider, ok=True)
+        return completion
+
+    def _call(
+        self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> Completion:
+        clock = self.gate.clock
         with self.gate.slot(self.timeout) as slot:
             began = clock.monotonic()
             error: str | None = None
             try:
-                completion = self.model.complete(system=system, messages=messages, tools=tools)
-            except ModelError as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                if breaker is not None:
-                    breaker.record_failure(self.provider, exc)
-                raise
+                return self.model.complete(system=system, messages=messages, tools=tools)
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 raise
-            else:
-                if breaker is not None:
-                    breaker.record(self.provider, ok=True)
-                return completion
             finally:
                 seconds = clock.monotonic() - began
                 metrics.MODEL_CALL_SECONDS.labels(provider=self.provider).observe(seconds)
