@@ -9,6 +9,7 @@ from pathlib import Path
 from tests.cli.conftest import Invoke
 from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for
 from workers.fleet import Fleet
+from workers.persona.inbox import InboxItem
 from workers.settings import Settings
 
 
@@ -123,3 +124,26 @@ class _NoPublisher:
 
     def publish_many(self, turns: object) -> None:
         raise AssertionError("nothing is published here")
+
+
+def test_status_row_says_when_a_waiting_lane_runs_again(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A lane waiting out a backoff reads `retry in Ns`; its JSON has retry_at and the kind."""
+    lanes = lanes_for(env)
+    turn_id = lanes.post("ava", _item(), wake=True).turn_id
+    assert turn_id is not None
+    started = lanes.start("ava", turn_id, "w")
+    lanes.fail(
+        "ava", started.fence, error="HTTP 503", kind="transient", backoff=(60, 60), jitter=0.5
+    )
+    row = invoke("status", "ava").stdout.splitlines()[1]
+    assert row.split()[:3] == ["ava", "retry", "in"]
+    payload = json.loads(invoke("status", "ava", "--json").stdout)
+    assert payload["state"] == "retry"
+    assert payload["last_error_kind"] == "transient"
+    assert payload["retry_at"] is not None
+
+
+def _item() -> InboxItem:
+    return InboxItem(text="hi", sender="external", channel="api", id="i1", at=1.0)

@@ -93,9 +93,15 @@ def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
     if isinstance(dreamer, Mapping):
         dreamer_state = f"{dreamer.get('state', 'idle')} {ago(dreamer.get('last_end'))}".strip()
     error = " ".join(str(entry.get("last_error") or "-").split())
+    state = str(entry.get("state", "idle"))
+    if state == "retry":
+        retry_at = entry.get("retry_at")
+        state = f"retry {_until(retry_at if isinstance(retry_at, float) else None, time.time())}"
+    elif state == "deferred":
+        state = f"deferred ({entry.get('provider') or '?'})"
     return (
         str(entry.get("persona", "")),
-        str(entry.get("state", "idle")),
+        state,
         str(entry.get("pending_ticks", 0)),
         str(entry.get("inbox_depth", 0)),
         str(entry.get("attempts", 0)),
