@@ -5,7 +5,6 @@ open a turn is deferred before it writes anything and resumes once a probe succe
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.support.fleet import wait_until
 from tests.support.providers import FakeProvider, error_reply
 from workers.fleet import Fleet
 from workers.fleet.gate import Gate
@@ -64,7 +64,7 @@ def rig(
                 "SOULFLEET_RETRY_BASE": "10ms",
                 "SOULFLEET_RETRY_MAX": "20ms",
                 "SOULFLEET_BREAKER_MIN_CALLS": "2",
-                "SOULFLEET_BREAKER_PROBE_INTERVAL": "0.3s",
+                "SOULFLEET_BREAKER_PROBE_INTERVAL": "2s",
             }
         )
         home = tmp_path / "ava"
@@ -83,8 +83,7 @@ def rig(
 
 
 def _release(rig: Rig) -> None:
-    time.sleep(0.05)  # the 10-20 ms backoff
-    assert rig.fleet.recover()
+    wait_until(rig.fleet.recover, timeout=10, interval=0.01, what="the retry")
 
 
 def test_a_transient_failure_waits_in_redis_then_an_open_breaker_defers_turns(
@@ -125,9 +124,7 @@ def test_a_transient_failure_waits_in_redis_then_an_open_breaker_defers_turns(
             0,
             "openai",
         )
-    assert rig.fleet.recover() == []  # no probe due yet
-    time.sleep(0.35)
-    [probe] = rig.fleet.recover()
+    [probe] = wait_until(rig.fleet.recover, timeout=10, interval=0.05, what="the probe")
     assert (probe.lane, probe.reason) == ("ava", "resumed")
     assert rig.run_next() == "done"
     assert not rig.fleet.breaker.is_open("openai")
