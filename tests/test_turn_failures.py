@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.fleet import wait_until
 from tests.support.providers import FakeProvider, error_reply
 from workers.fleet import Fleet
 from workers.fleet.gate import Gate
 from workers.fleet.lease import Renewer
+from workers.persona.clock import VirtualClock
 from workers.settings import Settings
 from workers.turn import TurnExecutor
 
@@ -39,6 +39,7 @@ class Rig:
     published: Recorder
     provider: FakeProvider
     home: Path
+    clock: VirtualClock
 
     def run_next(self) -> str:
         lane, turn_id, _ = self.published.sent.pop()
@@ -61,8 +62,8 @@ def rig(
                 "OPENAI_BASE_URL": provider.base_url,
                 "OPENAI_API_KEY": "sk-test",
                 "SOULFLEET_MODEL_RETRIES": "0",
-                "SOULFLEET_RETRY_BASE": "10ms",
-                "SOULFLEET_RETRY_MAX": "20ms",
+                "SOULFLEET_RETRY_BASE": "10s",
+                "SOULFLEET_RETRY_MAX": "20s",
                 "SOULFLEET_BREAKER_MIN_CALLS": "2",
                 "SOULFLEET_BREAKER_PROBE_INTERVAL": "2s",
             }
@@ -71,19 +72,22 @@ def rig(
         home.mkdir()
         (home / "persona.toml").write_text('model = "openai:gpt-test"\n')
         published = Recorder()
-        fleet = Fleet(settings, publisher=published)
+        clock = VirtualClock(start=1_700_000_000.0)
+        fleet = Fleet(settings, publisher=published, clock=clock)
         renewer = Renewer(fleet.lanes)
         gate = Gate(fleet.client, fleet.keys, limit=0, slot_ttl=30, renewer=renewer)
         executor = TurnExecutor(settings, fleet, renewer, gate, worker_id="test-worker")
         try:
-            yield Rig(fleet, executor, published, provider, home)
+            yield Rig(fleet, executor, published, provider, home, clock)
         finally:
             renewer.stop()
             fleet.client.close()
 
 
 def _release(rig: Rig) -> None:
-    wait_until(rig.fleet.recover, timeout=10, interval=0.01, what="the retry")
+    assert rig.fleet.recover() == []  # the backoff is a score in Redis: not due yet
+    rig.clock.advance(30.0)
+    assert rig.fleet.recover()
 
 
 def test_a_transient_failure_waits_in_redis_then_an_open_breaker_defers_turns(
@@ -124,7 +128,9 @@ def test_a_transient_failure_waits_in_redis_then_an_open_breaker_defers_turns(
             0,
             "openai",
         )
-    [probe] = wait_until(rig.fleet.recover, timeout=10, interval=0.05, what="the probe")
+    assert rig.fleet.recover() == []  # no probe due yet
+    rig.clock.advance(2.0)
+    [probe] = rig.fleet.recover()
     assert (probe.lane, probe.reason) == ("ava", "resumed")
     assert rig.run_next() == "done"
     assert not rig.fleet.breaker.is_open("openai")
