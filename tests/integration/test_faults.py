@@ -54,7 +54,9 @@ def test_a_worker_killed_between_taking_a_message_and_start_is_replaced_within_1
     tests/support/crash_app.py): its receive claim lapses and beat re-publishes the turn,
     which the other, running worker starts within 10 s of the death, far from
     SOULFLEET_REAP_QUEUED_AFTER (600 s)."""
-    harness.configure(CRASH_BEFORE_START_LANE="ava")
+    # A 3 s claim (default 6 s: python -m tests.bench.bench_faults prints that figure) keeps
+    # the 10 s the issue allows well clear of a loaded machine's delays.
+    harness.configure(CRASH_BEFORE_START_LANE="ava", SOULFLEET_CLAIM_TTL="3s")
     harness.persona("ava", rules='[[rules]]\ntext = "ok"\n')
     harness.beat()
     harness.worker("rescuer")
@@ -143,7 +145,9 @@ def test_a_provider_outage_pauses_the_fleet_and_it_resumes_by_itself(
     assert result.drain_seconds is not None
     assert result.breaker_opened_after is not None
     assert result.max_deferred > 0
-    # Without the breaker every post in the outage would cost at least one call (140 here):
-    # with it, the calls that opened it, those in flight then, and one probe per 2 s interval.
-    assert result.calls_during_outage <= 5 + 2 * 8 + 14 // 2 + 10
+    # Without the breaker every post in the outage would cost at least one call (and every
+    # retry another): with it, the failures that opened it (about as many as the successes
+    # still in its 10 s window), the calls in flight then, and one probe per 2 s.
     assert result.posted_during_outage >= 100
+    assert result.calls_during_outage <= 60
+    assert result.calls_during_outage < result.posted_during_outage / 2
