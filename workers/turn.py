@@ -115,7 +115,10 @@ class TurnExecutor:
             handle = ClaimHandle(self.fleet.lanes, lane, turn_id, ttl)
             with self._claims_lock:
                 self._claims[(lane, turn_id)] = handle
-            self.renewer.register(handle)
+            try:
+                self.renewer.register(handle)
+            except RuntimeError as exc:  # shutting down: the claim lapses, beat re-publishes
+                _log.warning("turn.claim_unrenewed", lane=lane, turn_id=turn_id, error=str(exc))
         return claimed
 
     def _drop_claim(self, lane: str, turn_id: str) -> None:
