@@ -10,6 +10,12 @@ Three structures (``workers/fleet/keys.py``): ``schedule`` (zset ``<lane>|<kind>
   nothing, and a running lane's cadence survives every sync.
 - Spec and score change together in one MULTI, so the sweep's claim script never sees a member
   without its spec (it drops such a member, and :meth:`ScheduleEntries.drifted` notices).
+  The score is written by ``lua/reschedule.lua``, a compare-and-set against the score this
+  sync read: a sweep that ticked the member in between has already moved it to a later slot,
+  and writing the sync's due over it would tick that slot twice.
+- "Now" is the Redis server's clock in beat (:class:`workers.fleet.servertime.ServerClock`):
+  a beat whose host clock is behind would otherwise re-score a changed spec to a slot the
+  other beats already ticked.
 - A persona owns at most two members (its heartbeat, its dreamer's dream), so comparing a
   persona is one HMGET and two ZSCOREs, pipelined across a chunk of personas.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import redis
@@ -69,6 +76,9 @@ class ScheduleEntries:
         self._client = client
         self._keys = keys
         self._root = root
+        self._reschedule = client.register_script(
+            resources.files("beat.lua").joinpath("reschedule.lua").read_text(encoding="utf-8")
+        )
 
     def apply(
         self, personas: Mapping[str, PersonaEntries], now: float, changes: EntryChanges
@@ -147,8 +157,12 @@ class ScheduleEntries:
                 if raw == existing and score is not None:
                     continue
                 due = to_ms(spec.next_due(now))
-                write.hset(self._keys.schedule_spec, member, raw)
-                write.zadd(self._keys.schedule, {member: due})
+                read_score = "" if score is None else str(int(float(score)))
+                self._reschedule(
+                    keys=[self._keys.schedule, self._keys.schedule_spec],
+                    args=[member, read_score, raw, due],
+                    client=write,
+                )
                 if existing is None:
                     changes.added += 1
                 else:

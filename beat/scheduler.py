@@ -8,7 +8,13 @@ schedule lives in Redis (:mod:`beat.sync`, :mod:`beat.sweep`) and beat itself on
 - ``soulfleet.sweep`` every ``SOULFLEET_SWEEP_INTERVAL``: claim and tick what is due;
 - ``soulfleet.sync`` every ``SOULFLEET_SYNC_INTERVAL``: personas root -> schedule (also once at
   start, so a fresh beat schedules the fleet before its first sweep);
-- ``soulfleet.reap`` every ``SOULFLEET_REAP_INTERVAL``: re-queue stranded lanes.
+- ``soulfleet.reap`` every ``SOULFLEET_REAP_INTERVAL``: re-queue stranded lanes;
+- ``soulfleet.recover`` every ``SOULFLEET_RECOVER_INTERVAL``: release retries whose backoff is
+  over, lanes whose claiming worker died, lanes a closed provider breaker deferred.
+
+Every schedule decision uses the Redis server's clock
+(:class:`workers.fleet.servertime.ServerClock`), not this host's: a beat whose clock is off
+never re-ticks a slot another beat ticked.
 
 These three RUN IN THIS PROCESS instead of being published as tasks: if they went through a
 worker queue, a dreaming batch or saturated workers would delay every persona's heartbeat, and
@@ -30,6 +36,7 @@ import structlog
 from celery.beat import ScheduleEntry, Scheduler
 
 from beat.reaper import Reaper
+from beat.recover import Recoverer
 from beat.sweep import Sweeper
 from beat.sync import RegistrySync
 from workers import metrics
@@ -37,14 +44,15 @@ from workers.fleet import Fleet
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 
-__all__ = ["IN_PROCESS", "REAP", "SWEEP", "SYNC", "FleetScheduler"]
+__all__ = ["IN_PROCESS", "REAP", "RECOVER", "SWEEP", "SYNC", "FleetScheduler"]
 
 _log = structlog.get_logger("soulfleet.beat")
 
 SWEEP = "soulfleet.sweep"
 SYNC = "soulfleet.sync"
 REAP = "soulfleet.reap"
-IN_PROCESS = (SWEEP, SYNC, REAP)
+RECOVER = "soulfleet.recover"
+IN_PROCESS = (SWEEP, SYNC, REAP, RECOVER)
 
 # The lane-state collector is registered once per process, however many schedulers exist.
 _collectors: list[metrics.LaneStateCollector] = []
@@ -59,6 +67,7 @@ class FleetScheduler(Scheduler):
         self._sync: RegistrySync | None = None
         self._sweeper: Sweeper | None = None
         self._reaper: Reaper | None = None
+        self._recoverer: Recoverer | None = None
         super().__init__(*args, **kwargs)
 
     # -- the fleet, built lazily: `celery beat` also instantiates us (lazy) for its banner ----
@@ -73,7 +82,7 @@ class FleetScheduler(Scheduler):
         if self._fleet is None:
             # Publish through the app `celery -A` loaded (or a test's), built from our settings.
             publisher = CeleryPublisher(self.settings, self.app)
-            self._fleet = Fleet.from_settings(self.settings, publisher=publisher)
+            self._fleet = Fleet.from_settings(self.settings, publisher=publisher, server_clock=True)
         return self._fleet
 
     def _registry_sync(self) -> RegistrySync:
@@ -98,6 +107,11 @@ class FleetScheduler(Scheduler):
             self._reaper = Reaper(self.fleet)
         self._reaper.run()
 
+    def _recover(self) -> None:
+        if self._recoverer is None:
+            self._recoverer = Recoverer(self.fleet)
+        self._recoverer.run()
+
     def _run_sync(self) -> None:
         self._registry_sync().run()
 
@@ -110,6 +124,10 @@ class FleetScheduler(Scheduler):
                 SWEEP: {"task": SWEEP, "schedule": timedelta(seconds=settings.sweep_interval)},
                 SYNC: {"task": SYNC, "schedule": timedelta(seconds=settings.sync_interval)},
                 REAP: {"task": REAP, "schedule": timedelta(seconds=settings.reap_interval)},
+                RECOVER: {
+                    "task": RECOVER,
+                    "schedule": timedelta(seconds=settings.recover_interval),
+                },
             }
         )
         self._start_metrics()
@@ -142,7 +160,8 @@ class FleetScheduler(Scheduler):
         settings = self.settings
         return (
             f"    . fleet -> sweep every {settings.sweep_interval}s, sync every "
-            f"{settings.sync_interval}s, reap every {settings.reap_interval}s (in-process)"
+            f"{settings.sync_interval}s, reap every {settings.reap_interval}s, recover every "
+            f"{settings.recover_interval}s (in-process, Redis server clock)"
         )
 
     # -- internals ------------------------------------------------------------------------
@@ -151,6 +170,7 @@ class FleetScheduler(Scheduler):
             SWEEP: self._sweep,
             SYNC: self._run_sync,
             REAP: self._reap,
+            RECOVER: self._recover,
         }
         started = time.perf_counter()
         try:

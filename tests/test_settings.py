@@ -62,6 +62,12 @@ def test_values_are_read_and_the_object_is_frozen() -> None:
         ("REDIS_URL", "http://x", "redis://"),
         ("SOULFLEET_KEY_PREFIX", "a b", "white space"),
         ("SOULFLEET_MODEL_TIMEOUT", "soon", "number"),
+        ("SOULFLEET_RETRY_FOR", "six hours", "duration such as"),
+        ("SOULFLEET_RETRY_FOR", "0.5s", "duration >= 1s"),
+        ("SOULFLEET_RETRY_MAX", "infh", "duration"),
+        ("SOULFLEET_CLAIM_TTL", "0", "duration >= 1s"),
+        ("SOULFLEET_BREAKER_FAILURE_RATIO", "1.5", "fraction in (0, 1]"),
+        ("SOULFLEET_BREAKER_MIN_CALLS", "0", ">= 1"),
     ],
 )
 def test_a_bad_value_fails_loudly_naming_the_variable(variable: str, value: str, says: str) -> None:
@@ -100,3 +106,21 @@ def test_redact_url_keeps_everything_but_the_password() -> None:
     """User, host, port, path and query survive; only the password is replaced."""
     assert redact_url("redis://user:pw@host:1/2?x=y") == "redis://user:***@host:1/2?x=y"
     assert redact_url("redis://host:1/0") == "redis://host:1/0"
+
+
+def test_retry_and_breaker_durations_read_units() -> None:
+    """Durations take a unit (ms, s, m, h, d) or plain seconds; the defaults are 6h, 5m, 2s."""
+    settings = Settings.from_env(
+        {
+            "SOULFLEET_RETRY_FOR": "90m",
+            "SOULFLEET_RETRY_BASE": "500ms",
+            "SOULFLEET_RETRY_MAX": "2m",
+            "SOULFLEET_BREAKER_WINDOW": "45",
+            "SOULFLEET_BREAKER_PROBE_INTERVAL": "1d",
+        }
+    )
+    assert (settings.retry_for, settings.retry_base, settings.retry_max) == (5400.0, 0.5, 120.0)
+    assert (settings.breaker_window, settings.breaker_probe_interval) == (45.0, 86400.0)
+    defaults = Settings.from_env({})
+    assert (defaults.retry_for, defaults.retry_max, defaults.retry_base) == (21600.0, 300.0, 2.0)
+    assert (defaults.claim_ttl, defaults.recover_interval) == (6.0, 1.0)

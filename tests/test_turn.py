@@ -162,19 +162,18 @@ text = "done"
 
 
 def test_a_persona_that_cannot_be_composed_fails_only_its_own_turn(rig: Rig) -> None:
-    """A directory where MEMORY.md should be: the turn fails with an error naming it, is
-    retried, and is dead-lettered after SOULFLEET_MAX_ATTEMPTS; another persona is fine."""
+    """A directory where MEMORY.md should be: an invalid persona file is a permanent failure,
+    so the turn dead-letters at once (no retry published) with a reason naming the file and
+    saying it was not retried; another persona is fine."""
     home = rig.persona("broken", '[[rules]]\ntext = "hi"\n')
     (home / "MEMORY.md").mkdir()
     rig.persona("fine", '[[rules]]\ntext = "hi"\n')
     rig.fleet.post("broken", "hello", wake=True)
     assert rig.run_next() == "error"
-    retry_lane, _, retry_kind = rig.published.sent[-1]
-    assert (retry_lane, retry_kind) == ("broken", "interactive")
-    assert rig.run_next() == "error"
+    assert rig.published.sent == []
     status = rig.fleet.status("broken")
     assert status["state"] == "dead"
     assert "MEMORY.md" in str(status["last_error"])
-    assert rig.published.sent == []
+    assert "permanent failure, not retried" in str(status["last_error"])
     rig.fleet.post("fine", "hello", wake=True)
     assert rig.run_next() == "done"

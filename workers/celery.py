@@ -13,6 +13,7 @@ from typing import Any
 from celery.signals import (
     beat_init,
     setup_logging,
+    task_received,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
@@ -22,6 +23,7 @@ from celery.signals import (
 from workers import runtime
 from workers.app import make_app
 from workers.logs import configure_logging
+from workers.queues import TURN_TASK
 from workers.settings import Settings
 
 __all__ = ["app", "make_app", "settings"]
@@ -46,6 +48,17 @@ def _beat_init(**_: Any) -> None:
 def _worker_process_init(**_: Any) -> None:
     # Prefork children: a fresh runtime per process (connections must not cross a fork).
     runtime.reset_runtime()
+
+
+@task_received.connect
+def _task_received(request: Any = None, **_: Any) -> None:
+    # At receipt, before the pool runs the task: a worker that dies from here on leaves a
+    # claim that lapses within seconds (workers/fleet/recovery.py), not a lane stuck queued.
+    if request is None or getattr(request, "name", None) != TURN_TASK:
+        return
+    args: list[Any] = list(getattr(request, "args", None) or ())
+    if len(args) >= 2:
+        runtime.receive(str(args[0]), str(args[1]))
 
 
 @worker_ready.connect

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 __all__ = [
     "BEATS",
+    "BREAKER_OPEN",
     "COUNT_KEYS",
     "DEAD_LETTERED",
     "INBOX_REJECTS",
@@ -124,6 +125,12 @@ LAST_SWEEP = Gauge("soulfleet_last_sweep_timestamp_seconds", "Unix time the newe
 REAPER_REPAIRS = Counter(
     "soulfleet_reaper_repairs_total", "Lanes the reaper re-queued, by what it found.", ["reason"]
 )
+BREAKER_OPEN = Gauge(
+    "soulfleet_provider_breaker_open",
+    "1 while a model provider's breaker is open (calls paused, lanes deferred), else 0; set by "
+    "beat's recovery pass.",
+    ["provider"],
+)
 REGISTRY_INVALID = Gauge(
     "soulfleet_registry_invalid_personas", "Personas whose persona.toml is invalid."
 )
@@ -140,6 +147,8 @@ COUNT_KEYS = (
     "queued",
     "running",
     "dead",
+    "retry",
+    "deferred",
     "stuck_running",
     "stuck_queued",
     "redis_memory_used",
@@ -166,10 +175,11 @@ class LaneStateCollector(Collector):
             return
         lanes = GaugeMetricFamily(
             LANES,
-            "Lanes by state (idle = registered lanes not queued, running or dead).",
+            "Lanes by state (idle = registered lanes not queued, running, dead, waiting out a "
+            "retry backoff or deferred by an open provider breaker).",
             labels=["state"],
         )
-        for state in ("idle", "queued", "running", "dead"):
+        for state in ("idle", "queued", "running", "dead", "retry", "deferred"):
             lanes.add_metric([state], float(counts.get(state, 0)))
         yield lanes
         stuck = GaugeMetricFamily(

@@ -27,6 +27,7 @@ from workers.turn import TurnExecutor
 __all__ = [
     "configure",
     "executor",
+    "receive",
     "reset_runtime",
     "start_worker_services",
     "stop_worker_services",
@@ -53,6 +54,7 @@ def configure(settings: Settings, app: Celery) -> None:
 def _build(settings: Settings, app: Celery) -> TurnExecutor:
     fleet = Fleet(settings, publisher=CeleryPublisher(settings, app))
     renewer = Renewer(fleet.lanes, interval=settings.lease_renew_every, ttl=settings.lease_ttl)
+    renewer.serve_ttl(settings.claim_ttl)
     gate = Gate(
         fleet.client,
         fleet.keys,
@@ -74,6 +76,11 @@ def executor() -> TurnExecutor:
                 raise RuntimeError("workers.runtime is not configured: import workers.celery first")
             _Holder.executor = _build(_Holder.settings, _Holder.app)
         return _Holder.executor
+
+
+def receive(lane: str, turn_id: str) -> None:
+    """A turn message reached this worker: claim its lane (see TurnExecutor.receive)."""
+    executor().receive(lane, turn_id)
 
 
 def reset_runtime() -> None:

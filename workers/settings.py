@@ -84,6 +84,15 @@ class Settings:
     mcp_servers: Mapping[str, FleetServer] = field(default_factory=dict)
     tool_args_max_bytes: int = 64 * 1024
     tool_result_max_bytes: int = 128 * 1024
+    # Failed turns (workers/fleet/retries.py) and the provider breaker (workers/fleet/breaker.py).
+    retry_base: float = 2.0
+    retry_max: float = 300.0
+    retry_for: float = 6 * 3600.0
+    claim_ttl: float = 6.0
+    breaker_window: float = 30.0
+    breaker_min_calls: int = 10
+    breaker_failure_ratio: float = 0.5
+    breaker_probe_interval: float = 10.0
 
     # Memory files.
     lock_mode: LockMode = "local"
@@ -98,6 +107,7 @@ class Settings:
     sync_interval: float = 10.0
     reap_interval: float = 15.0
     reap_queued_after: float = 600.0
+    recover_interval: float = 1.0
     sweep_batch: int = 5000
     heartbeat_jitter: float = 0.1
     dream_window: float = 3600.0
@@ -138,6 +148,7 @@ class Settings:
         lease_ttl = env.number("SOULFLEET_LEASE_TTL", 30.0, minimum=1.0)
         mcp_raw = env.raw("SOULFLEET_MCP_CONFIG")
         mcp_config = None if mcp_raw is None else Path(mcp_raw).expanduser()
+        retry_max = env.duration("SOULFLEET_RETRY_MAX", 300.0, minimum=0.001)
         metrics_port = env.integer("SOULFLEET_METRICS_PORT", 0)
         if metrics_port > 65535:
             raise SettingsError("SOULFLEET_METRICS_PORT", f"must be a TCP port, got {metrics_port}")
@@ -174,6 +185,16 @@ class Settings:
             tool_result_max_bytes=env.integer(
                 "SOULFLEET_TOOL_RESULT_MAX_BYTES", 128 * 1024, minimum=1
             ),
+            retry_base=env.duration("SOULFLEET_RETRY_BASE", 2.0, minimum=0.001),
+            retry_max=retry_max,
+            retry_for=env.duration("SOULFLEET_RETRY_FOR", 6 * 3600.0, minimum=1.0),
+            claim_ttl=env.duration("SOULFLEET_CLAIM_TTL", 6.0, minimum=1.0),
+            breaker_window=env.duration("SOULFLEET_BREAKER_WINDOW", 30.0, minimum=1.0),
+            breaker_min_calls=env.integer("SOULFLEET_BREAKER_MIN_CALLS", 10, minimum=1),
+            breaker_failure_ratio=_ratio(env, "SOULFLEET_BREAKER_FAILURE_RATIO", 0.5),
+            breaker_probe_interval=env.duration(
+                "SOULFLEET_BREAKER_PROBE_INTERVAL", 10.0, minimum=0.1
+            ),
             lock_mode="shared"
             if env.choice("SOULFLEET_LOCK_MODE", "local", ("local", "shared")) == "shared"
             else "local",
@@ -186,6 +207,7 @@ class Settings:
             sync_interval=env.number("SOULFLEET_SYNC_INTERVAL", 10.0, minimum=0.1),
             reap_interval=env.number("SOULFLEET_REAP_INTERVAL", 15.0, minimum=0.1),
             reap_queued_after=env.number("SOULFLEET_REAP_QUEUED_AFTER", 600.0, minimum=1.0),
+            recover_interval=env.number("SOULFLEET_RECOVER_INTERVAL", 1.0, minimum=0.05),
             sweep_batch=env.integer("SOULFLEET_SWEEP_BATCH", 5000, minimum=1),
             heartbeat_jitter=_fraction(env, "SOULFLEET_HEARTBEAT_JITTER", 0.1),
             dream_window=env.number("SOULFLEET_DREAM_WINDOW", 3600.0),
@@ -218,6 +240,13 @@ def _fraction(env: EnvReader, name: str, default: float) -> float:
     value = env.number(name, default)
     if value > 0.5:
         raise SettingsError(name, f"must be between 0 and 0.5, got {value}")
+    return value
+
+
+def _ratio(env: EnvReader, name: str, default: float) -> float:
+    value = env.number(name, default)
+    if not 0 < value <= 1:
+        raise SettingsError(name, f"must be a fraction in (0, 1], got {value}")
     return value
 
 

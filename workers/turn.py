@@ -4,7 +4,19 @@
       -> compose the soul (frozen for the turn) and render the drained items as one message
       -> run the loop (model calls behind the fleet-wide gate; guard before every write)
       -> finish (Lua, fencing-checked: clear in-flight, publish a surfaced beat, queue one
-         follow-up if anything arrived) or fail (retry, or dead-letter after N attempts)
+         follow-up if anything arrived), or fail by kind, or defer (an open provider breaker)
+
+Failures by kind (:func:`workers.fleet.errors.classify`, read from the exception's class, never
+from its message): a transient one waits out a full-jitter exponential backoff in Redis and is
+released by beat (no worker thread sleeps), and dead-letters only after
+``SOULFLEET_RETRY_FOR`` of continuous failure; a permanent one dead-letters at once with the
+reason; an unclassified one is retried ``SOULFLEET_MAX_ATTEMPTS`` times. A turn refused by an
+open provider breaker (or failing transiently while it is open) is deferred: it spends no
+attempt and resumes when the breaker closes.
+
+A turn message is claimed on receipt (:meth:`TurnExecutor.receive`, from Celery's
+``task_received``) so a worker that dies before start costs seconds, not the broker's
+visibility timeout (:mod:`workers.fleet.recovery`).
 
 A worker that loses its lease stops before its next write (:class:`~workers.fleet.errors.LeaseLost`
 from the guard) and commits nothing; the lane's new holder re-runs the kept items. Errors in
@@ -14,6 +26,7 @@ lane.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,8 +36,10 @@ import structlog
 
 from workers import metrics
 from workers.fleet import Fleet
+from workers.fleet.breaker import counts_against_provider
+from workers.fleet.errors import ProviderPaused, classify
 from workers.fleet.gate import Gate, GatedModel
-from workers.fleet.lease import Renewer
+from workers.fleet.lease import ClaimHandle, Renewer
 from workers.fleet.outcomes import StartOutcome
 from workers.logs import bind_task, monotonic_wall_time
 from workers.persona.agent import AgentDef, from_dir
@@ -36,7 +51,6 @@ from workers.persona.loop import Budget, RunResult, run_loop
 from workers.persona.mcp_hub import McpHub
 from workers.persona.memory import memory_tool
 from workers.persona.messages import Message
-from workers.persona.models import Model
 from workers.persona.models.spec import provider_of, resolve_model
 from workers.persona.toolbox import ToolLimits, build_declared
 from workers.persona.tools import Tool
@@ -80,6 +94,8 @@ class TurnExecutor:
             gate.client, gate.keys, limit=0, slot_ttl=gate.slot_ttl, clock=gate.clock
         )
         self.worker_id = worker_id
+        self._claims: dict[tuple[str, str], ClaimHandle] = {}
+        self._claims_lock = threading.Lock()
         self.budget = Budget(
             max_model_calls=settings.turn_max_model_calls,
             max_tool_calls=settings.turn_max_tool_calls,
@@ -93,9 +109,39 @@ class TurnExecutor:
             max_result_bytes=settings.tool_result_max_bytes,
         )
 
+    def receive(self, lane: str, turn_id: str) -> bool:
+        """Claim the lane on message receipt; its renewer keeps the claim alive until start.
+
+        Never raises: a claim that could not be written only means a lost message is found
+        by the slower ``SOULFLEET_REAP_QUEUED_AFTER`` path instead."""
+        ttl = self.settings.claim_ttl
+        try:
+            claimed = self.fleet.lanes.receive(lane, turn_id, self.worker_id, ttl=ttl)
+        except Exception as exc:
+            _log.warning("turn.claim_failed", lane=lane, turn_id=turn_id, error=str(exc))
+            return False
+        if claimed:
+            handle = ClaimHandle(self.fleet.lanes, lane, turn_id, ttl)
+            with self._claims_lock:
+                self._claims[(lane, turn_id)] = handle
+            try:
+                self.renewer.register(handle)
+            except RuntimeError as exc:  # shutting down: the claim lapses, beat re-publishes
+                _log.warning("turn.claim_unrenewed", lane=lane, turn_id=turn_id, error=str(exc))
+        return claimed
+
+    def _drop_claim(self, lane: str, turn_id: str) -> None:
+        with self._claims_lock:
+            handle = self._claims.pop((lane, turn_id), None)
+        if handle is not None:
+            handle.close()
+
     def execute(self, lane: str, turn_id: str, *, task_id: str | None = None) -> TurnReport:
         bind_task(task_id=task_id, lane=lane, turn_id=turn_id)
-        started = self.fleet.lanes.start(lane, turn_id, self.worker_id)
+        try:
+            started = self.fleet.lanes.start(lane, turn_id, self.worker_id)
+        finally:
+            self._drop_claim(lane, turn_id)
         if started.status != "started":
             _log.info("turn.dropped", reason=started.status)
             if started.status == "dead":
@@ -146,7 +192,13 @@ class TurnExecutor:
         except TurnAborted:
             raise
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
-            return self._fail(lane, turn_id, started, f"{type(exc).__name__}: {exc}", began)
+            error = f"{type(exc).__name__}: {exc}"
+            return self._fail(lane, turn_id, started, error, began, cause=exc)
+
+        if model.breaker is not None and model.breaker.paused(model.provider):
+            # Known before the first write: park the turn without opening a transcript.
+            why = str(ProviderPaused(model.provider))
+            return self._defer(lane, turn_id, started, began, provider=model.provider, why=why)
 
         prompt = render_inbox(
             started.items,
@@ -176,9 +228,20 @@ class TurnExecutor:
         except TurnAborted:
             raise
         except Exception as exc:
-            return self._fail(lane, turn_id, started, f"{type(exc).__name__}: {exc}", began)
+            error = f"{type(exc).__name__}: {exc}"
+            return self._fail(
+                lane, turn_id, started, error, began, cause=exc, provider=model.provider
+            )
         if result.status == "error":
-            return self._fail(lane, turn_id, started, result.error or "model error", began)
+            return self._fail(
+                lane,
+                turn_id,
+                started,
+                result.error or "model error",
+                began,
+                cause=result.cause,
+                provider=model.provider,
+            )
         return self._commit(
             lane, turn_id, started, result, agent=agent, role=role, guard=guard, began=began
         )
@@ -236,18 +299,71 @@ class TurnExecutor:
         return TurnReport(lane, turn_id, result.status, result.text, finished.follow_up_turn_id)
 
     def _fail(
-        self, lane: str, turn_id: str, started: StartOutcome, error: str, began: float
+        self,
+        lane: str,
+        turn_id: str,
+        started: StartOutcome,
+        error: str,
+        began: float,
+        *,
+        cause: BaseException | None = None,
+        provider: str | None = None,
     ) -> TurnReport:
         ended_at = monotonic_wall_time()
-        failed = self.fleet.lanes.fail(lane, started.fence, error=error[:2000])
+        kind = classify(cause) if cause is not None else "unknown"
+        if provider is not None and cause is not None and self._breaker_holds(provider, cause):
+            return self._defer(lane, turn_id, started, began, provider=provider, why=error)
+        settings = self.settings
+        failed = self.fleet.lanes.fail(
+            lane,
+            started.fence,
+            error=error[:2000],
+            kind=kind,
+            backoff=(settings.retry_base, settings.retry_max),
+            retry_for=settings.retry_for,
+        )
         if failed.dead:
-            _log.error("turn.dead_lettered", attempts=started.attempt, error=error)
+            _log.error(
+                "turn.dead_lettered", attempts=started.attempt, failure=kind, reason=failed.reason
+            )
         elif failed.retry_turn_id and failed.kind:
             self.fleet.publisher.publish(lane, failed.retry_turn_id, failed.kind)
         self._end(
-            lane, turn_id, started, "error", began, ended_at=ended_at, error=error, dead=failed.dead
+            lane,
+            turn_id,
+            started,
+            "error",
+            began,
+            ended_at=ended_at,
+            error=error,
+            failure=kind,
+            dead=failed.dead,
+            retry_at=failed.retry_at,
         )
-        return TurnReport(lane, turn_id, "error", extra={"error": error, "dead": failed.dead})
+        extra = {"error": error, "dead": failed.dead, "failure": kind, "reason": failed.reason}
+        return TurnReport(lane, turn_id, "error", extra=extra)
+
+    def _defer(
+        self,
+        lane: str,
+        turn_id: str,
+        started: StartOutcome,
+        began: float,
+        *,
+        provider: str,
+        why: str,
+    ) -> TurnReport:
+        ended_at = monotonic_wall_time()
+        self.fleet.lanes.defer(lane, started.fence, provider=provider, why=why[:2000])
+        _log.info("turn.deferred", provider=provider, error=why[:300])
+        self._end(lane, turn_id, started, "deferred", began, ended_at=ended_at, error=why)
+        return TurnReport(lane, turn_id, "deferred", extra={"error": why})
+
+    def _breaker_holds(self, provider: str, cause: BaseException) -> bool:
+        """Whether this failure is the provider breaker's to wait out (defer, not fail)."""
+        if isinstance(cause, ProviderPaused):
+            return True
+        return counts_against_provider(cause) and self.fleet.breaker.is_open(provider)
 
     def _end(
         self,
@@ -291,7 +407,7 @@ class TurnExecutor:
         )
 
     def _declared(self, agent: AgentDef, role: str) -> tuple[Tool, ...]:
-        """The persona's persona.toml tools; a dreamer never gets them (CONTRACT §4)."""
+        """The persona's persona.toml tools; a dreamer never gets them (docs/persona.md §4)."""
         if role == "dreamer" or not agent.declared.entries:
             return ()
         box = build_declared(
@@ -311,13 +427,20 @@ class TurnExecutor:
             )
         return box.tools
 
-    def _model(self, agent: AgentDef) -> Model:
+    def _model(self, agent: AgentDef) -> GatedModel:
         model = resolve_model(agent.model, self.settings.model, base_dir=agent.home)
         provider = provider_of(model)
         # The gate protects a provider's rate limits; the offline scripted model has none, so it
         # skips the two Redis round trips a slot costs (the wrapper still times the call).
-        gate = self.open_gate if provider == "scripted" else self.gate
-        return GatedModel(model, gate, provider=provider, timeout=self.settings.turn_max_seconds)
+        if provider == "scripted":
+            return GatedModel(model, self.open_gate, provider=provider)
+        return GatedModel(
+            model,
+            self.gate,
+            provider=provider,
+            timeout=self.settings.turn_max_seconds,
+            breaker=self.fleet.breaker,
+        )
 
     def _log_dream(self, agent: AgentDef, turn_id: str, text: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.fleet.clock.time()))

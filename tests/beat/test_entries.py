@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
 import redis
@@ -90,3 +91,31 @@ def test_remove_and_redis_side_inventory(redis_client: redis.Redis, key_prefix: 
     assert entries.personas_in_redis() == {"bob", "cyd"}
     assert not entries.drifted(1)
     assert entries.drifted(3)
+
+
+def test_a_sync_never_puts_back_a_slot_a_sweep_ticked_meanwhile(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """reschedule.lua writes the sync's due only if the score is still the one the sync read:
+    a sweep that claimed and re-scored the member in between keeps its later slot (no slot is
+    ticked twice), while the new spec is written either way."""
+    keys = Keys(key_prefix)
+    script = redis_client.register_script(
+        resources.files("beat.lua").joinpath("reschedule.lua").read_text(encoding="utf-8")
+    )
+    member = "ava|heartbeat"
+    read_by_sync = 1_000
+    redis_client.zadd(keys.schedule, {member: 2_000})  # a sweep ticked 1000, moved on
+    changed = heartbeat("ava", 1.0).to_json()
+    kept = script(
+        keys=[keys.schedule, keys.schedule_spec], args=[member, read_by_sync, changed, 1_000]
+    )
+    assert kept == 0
+    assert redis_client.zscore(keys.schedule, member) == 2_000
+    assert redis_client.hget(keys.schedule_spec, member) == changed
+    written = script(keys=[keys.schedule, keys.schedule_spec], args=[member, 2_000, changed, 2_500])
+    assert written == 1
+    assert redis_client.zscore(keys.schedule, member) == 2_500
+    fresh = script(keys=[keys.schedule, keys.schedule_spec], args=["bo|heartbeat", "", changed, 7])
+    assert fresh == 1
+    assert redis_client.zscore(keys.schedule, "bo|heartbeat") == 7

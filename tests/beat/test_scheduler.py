@@ -13,7 +13,7 @@ from celery.schedules import schedule
 from prometheus_client import REGISTRY
 
 import beat.scheduler
-from beat.scheduler import REAP, SWEEP, SYNC, FleetScheduler
+from beat.scheduler import REAP, RECOVER, SWEEP, SYNC, FleetScheduler
 from tests.beat.conftest import Events
 from tests.support.beat import lane_ticks, write_persona
 from workers.app import make_app
@@ -71,15 +71,15 @@ def broker_depth(client: redis.Redis, settings: Settings, queue: str) -> int:
 def test_the_schedule_has_the_three_in_process_entries(
     app: Celery, env: Settings, collectors: list[LaneStateCollector], redis_client: redis.Redis
 ) -> None:
-    """Sweep, sync and reap are beat entries at the configured intervals."""
+    """Sweep, sync, reap and recover are beat entries at the configured intervals."""
     scheduler = FleetScheduler(app=app)
     intervals: dict[str, float] = {}
-    for name in (SWEEP, SYNC, REAP):
+    for name in (SWEEP, SYNC, REAP, RECOVER):
         every = scheduler.schedule[name].schedule
         assert isinstance(every, schedule)
         assert scheduler.schedule[name].task == name
         intervals[name] = every.seconds  # total seconds, fractions kept
-    assert intervals == {SWEEP: 0.5, SYNC: 7.0, REAP: 11.0}
+    assert intervals == {SWEEP: 0.5, SYNC: 7.0, REAP: 11.0, RECOVER: 1.0}
 
 
 def test_sync_runs_once_at_start(

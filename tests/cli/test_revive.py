@@ -59,3 +59,48 @@ def test_revive_of_an_unknown_persona_is_bad_input(invoke: Invoke) -> None:
     result = invoke("revive", "nobody")
     assert result.exit_code == 2
     assert "nobody" in result.output
+
+
+def _permanent(env: Mapping[str, str | None], persona: str, error: str) -> Fleet:
+    settings = Settings.from_env({k: v for k, v in env.items() if v is not None})
+    fleet = Fleet(settings, publisher=_Recorder())
+    turn_id = fleet.post(persona, "hello", wake=True).turn_id
+    assert turn_id is not None
+    started = fleet.lanes.start(persona, turn_id, "test-worker")
+    assert fleet.lanes.fail(persona, started.fence, error=error, kind="permanent").dead
+    return fleet
+
+
+def test_revive_reason_takes_back_only_the_lanes_whose_last_error_matches(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """`--reason "http 401"` (any case) revives the lanes a bad key killed, not the others."""
+    fleet = _permanent(env, "nora", "model call failed: authentication refused (HTTP 401)")
+    _permanent(env, "milo", "PersonaConfigError: persona.toml: key 'every' bad")
+    result = invoke("revive", "--reason", "http 401")
+    assert result.exit_code == 0, result.output
+    assert "revived nora: turn" in result.stdout
+    assert "revived 1 dead-lettered lane(s) whose last error contains 'http 401'" in result.stdout
+    assert fleet.lanes.status("nora")["state"] == "queued"
+    assert fleet.lanes.status("milo")["state"] == "dead"
+
+
+def test_revive_all_takes_back_every_dead_lane(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """`--all` revives every dead-lettered lane, whatever its reason; live lanes are untouched."""
+    fleet = _permanent(env, "nora", "HTTP 401")
+    _permanent(env, "milo", "persona.toml invalid")
+    result = invoke("revive", "--all")
+    assert result.exit_code == 0, result.output
+    assert "revived 2 dead-lettered lane(s)" in result.stdout
+    assert {fleet.lanes.status(n)["state"] for n in ("nora", "milo")} == {"queued"}
+    assert fleet.lanes.counts()["dead"] == 0
+
+
+def test_revive_needs_a_persona_or_all_but_not_both(invoke: Invoke) -> None:
+    """No target, or a persona with --all, is a usage error (exit 2) that says what to pass."""
+    assert invoke("revive").exit_code == 2
+    result = invoke("revive", "milo", "--all")
+    assert result.exit_code == 2
+    assert "not both" in result.output

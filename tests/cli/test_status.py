@@ -8,6 +8,9 @@ from pathlib import Path
 
 from tests.cli.conftest import Invoke
 from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for
+from workers.fleet import Fleet
+from workers.persona.inbox import InboxItem
+from workers.settings import Settings
 
 
 def test_status_one_persona_json(invoke: Invoke, env: Mapping[str, str | None]) -> None:
@@ -91,3 +94,56 @@ def test_status_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, s
     assert PASSWORD not in result.output
     assert ":***@127.0.0.1" in result.stderr
     assert "soulfleet up" in result.stderr
+
+
+def test_status_all_shows_an_open_provider_breaker(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """An open breaker gets its own fleet-wide line (OPEN, next probe, lanes deferred, last
+    error), and --json carries the same; closed breakers are summed up in one line."""
+    settings = Settings.from_env({k: v for k, v in env.items() if v is not None})
+    fleet = Fleet(settings, publisher=_NoPublisher())
+    fleet.breaker.record("anthropic", ok=True)
+    for _ in range(settings.breaker_min_calls):
+        fleet.breaker.record("openai", ok=False, error="ModelServerError: HTTP 500")
+    table = invoke("status").stdout
+    assert "breaker openai: OPEN since" in table
+    assert "0 lane(s) deferred" in table
+    assert "last error: ModelServerError: HTTP 500" in table
+    assert "breakers: closed (anthropic)" in table
+    payload = json.loads(invoke("status", "--json").stdout)
+    assert {b["provider"]: b["open"] for b in payload["breakers"]} == {
+        "anthropic": False,
+        "openai": True,
+    }
+
+
+class _NoPublisher:
+    def publish(self, lane: str, turn_id: str, kind: str) -> None:
+        raise AssertionError("nothing is published here")
+
+    def publish_many(self, turns: object) -> None:
+        raise AssertionError("nothing is published here")
+
+
+def test_status_row_says_when_a_waiting_lane_runs_again(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A lane waiting out a backoff reads `retry in Ns`; its JSON has retry_at and the kind."""
+    lanes = lanes_for(env)
+    turn_id = lanes.post("ava", _item(), wake=True).turn_id
+    assert turn_id is not None
+    started = lanes.start("ava", turn_id, "w")
+    lanes.fail(
+        "ava", started.fence, error="HTTP 503", kind="transient", backoff=(60, 60), jitter=0.5
+    )
+    row = invoke("status", "ava").stdout.splitlines()[1]
+    assert row.split()[:3] == ["ava", "retry", "in"]
+    payload = json.loads(invoke("status", "ava", "--json").stdout)
+    assert payload["state"] == "retry"
+    assert payload["last_error_kind"] == "transient"
+    assert payload["retry_at"] is not None
+
+
+def _item() -> InboxItem:
+    return InboxItem(text="hi", sender="external", channel="api", id="i1", at=1.0)

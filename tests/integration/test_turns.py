@@ -248,8 +248,9 @@ text = "HEARTBEAT_OK"
 
 
 def test_a_lane_that_always_fails_is_dead_lettered_with_its_reason(harness: Harness) -> None:
-    """A persona whose files cannot be composed fails N times, then is dead-lettered; its
-    status says why, posts are still kept, and other personas are unaffected."""
+    """A persona whose files cannot be composed is a permanent failure: dead-lettered after
+    its first turn (issue 10: no retry can fix a file), its status says why, posts are still
+    kept, and other personas are unaffected."""
     harness.configure(SOULFLEET_MAX_ATTEMPTS="3")
     broken = harness.persona("broken", rules=QUICK)
     (broken / "MEMORY.md").mkdir()  # a directory where a file should be
@@ -262,7 +263,8 @@ def test_a_lane_that_always_fails_is_dead_lettered_with_its_reason(harness: Harn
     )
     status = harness.fleet.status("broken")
     assert "MEMORY.md" in str(status["last_error"])
-    assert len(harness.events("turn.start", lane="broken")) == 3
+    assert str(status["last_error"]).startswith("permanent failure, not retried:")
+    assert len(harness.events("turn.start", lane="broken")) == 1
     assert status["inflight_items"] == 1, "the item is kept for after a revive"
 
     kept = harness.fleet.post("broken", "still accepted", wake=True)

@@ -77,8 +77,14 @@ def test_every_redis_key_in_the_runbook_is_one_the_code_builds() -> None:
         keys.schedule_spec,
         keys.registry,
         keys.last_sweep,
+        keys.retry,
+        keys.claimed,
+        keys.breakers,
     }
-    per_lane = (keys.lane(""), keys.inbox(""), keys.inflight(""), keys.lease(""), keys.reply(""))
+    per_lane = (
+        keys.lane(""), keys.inbox(""), keys.inflight(""), keys.lease(""), keys.reply(""),
+        keys.claim(""), keys.deferred(""), keys.breaker(""),
+    )  # fmt: skip
     broker = str(make_app(settings).conf.broker_transport_options["global_keyprefix"])
     mentioned = set(re.findall(r"\bsoulfleet:[A-Za-z0-9_:.<>*-]*[A-Za-z0-9_>*]", _runbook()))
     assert mentioned

@@ -189,15 +189,19 @@ def start_worker(
     concurrency: int = 8,
     pool: str = "threads",
     wait: bool = True,
+    app: str = "workers",
 ) -> FleetProcess:
-    """Start ``celery -A workers worker`` serving ``queues`` (kinds) and wait until it is ready."""
+    """Start ``celery -A workers worker`` serving ``queues`` (kinds) and wait until it is ready.
+
+    ``app`` names another app module (e.g. :mod:`tests.support.crash_app`, the real app plus
+    a fault)."""
     prefix = env["SOULFLEET_QUEUE_PREFIX"]
     argv = [
         sys.executable,
         "-m",
         "celery",
         "-A",
-        "workers",
+        app,
         "worker",
         "-n",
         f"{name}@%h",

@@ -1,8 +1,13 @@
-"""``soulfleet revive PERSONA [--dreamer]``: take a dead-lettered lane back into service.
+"""``soulfleet revive PERSONA [--dreamer]`` / ``revive --all [--reason TEXT]``: take
+dead-lettered lanes back into service.
 
-A lane is dead-lettered after SOULFLEET_MAX_ATTEMPTS failed or crashed turns in a row; its
-items are kept. Fix the cause first (``soulfleet status PERSONA`` shows the last error), then
-revive: the attempt count resets and one turn is queued, which runs the kept items first.
+A lane is dead-lettered by a permanent failure (at once: 401/403, an unknown model, invalid
+persona files), by transient failures that lasted ``SOULFLEET_RETRY_FOR``, or by
+``SOULFLEET_MAX_ATTEMPTS`` crashed or unclassified attempts in a row; its items are kept. Fix
+the cause first (``soulfleet status PERSONA`` shows the last error), then revive: the attempt
+count resets and one turn is queued, which runs the kept items first. After a fleet-wide
+incident, ``--all`` revives every dead lane, and ``--reason TEXT`` only those whose last error
+contains TEXT (case-insensitive), e.g. ``--reason "HTTP 401"`` once the key is fixed.
 """
 
 from __future__ import annotations
@@ -11,20 +16,47 @@ from pathlib import Path
 
 import click
 
-from workers.cli.errors import EXIT_FAILURE
+from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import cli_context, personas_option
 
 __all__ = ["revive"]
 
 
 @click.command()
-@click.argument("persona")
+@click.argument("persona", required=False)
 @click.option("--dreamer", is_flag=True, help="Revive the persona's dreamer lane instead.")
+@click.option("--all", "every", is_flag=True, help="Revive every dead-lettered lane.")
+@click.option(
+    "--reason",
+    metavar="TEXT",
+    help="Revive only dead lanes whose last error contains TEXT (implies --all).",
+)
 @personas_option
 @click.pass_context
-def revive(ctx: click.Context, *, persona: str, dreamer: bool, personas: Path | None) -> None:
+def revive(
+    ctx: click.Context,
+    *,
+    persona: str | None,
+    dreamer: bool,
+    every: bool,
+    reason: str | None,
+    personas: Path | None,
+) -> None:
     """Queue a dead-lettered lane of PERSONA again (its kept items run first)."""
     state = cli_context(ctx, personas)
+    if every or reason is not None:
+        if persona is not None or dreamer:
+            raise BadInputError("give PERSONA (and --dreamer) or --all/--reason, not both")
+        if reason is not None and not reason.strip():
+            raise BadInputError("--reason needs some text to match in the last error")
+        revived = state.fleet().revive_dead(reason=reason)
+        for outcome in revived:
+            click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued")
+        matching = f" whose last error contains {reason!r}" if reason is not None else ""
+        click.echo(f"revived {len(revived)} dead-lettered lane(s){matching}")
+        return
+    if persona is None:
+        raise BadInputError("name a PERSONA to revive, or pass --all or --reason TEXT")
     name = state.persona(persona)
     outcome = state.fleet().revive(name, dreamer=dreamer)
     if outcome.outcome != "queued":

@@ -1,8 +1,10 @@
 """``soulfleet status [PERSONA] [--json]``: what the fleet's lanes are doing.
 
 A table for people, ``--json`` for scripts (the same fields :meth:`workers.fleet.Fleet.status`
-returns). Without PERSONA: every persona under the root, plus the fleet-wide lane counts and
-when beat last swept (a beat that stopped sweeping means no heartbeats and no dreams).
+returns). Without PERSONA: every persona under the root, plus the fleet-wide lane counts (lanes
+waiting out a retry backoff or an open provider breaker included), one line per provider
+breaker, and when beat last swept (a beat that stopped sweeping means no heartbeats, no
+dreams and no retries).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +21,10 @@ import click
 from workers.cli.errors import BadInputError
 from workers.cli.group import cli_context, personas_option
 from workers.fleet import Fleet
+from workers.fleet.breaker import BreakerState
 from workers.fleet.scripts import redis_errors
 
-__all__ = ["ago", "beat_summary", "status"]
+__all__ = ["ago", "beat_summary", "breaker_lines", "status"]
 
 _COLUMNS = ("PERSONA", "STATE", "TICKS", "INBOX", "TRIES", "LAST TURN", "DREAMER", "LAST ERROR")
 
@@ -52,6 +56,34 @@ def beat_summary(fleet: Fleet) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def breaker_lines(states: Sequence[BreakerState], now: float | None = None) -> list[str]:
+    """One line per provider breaker: OPEN ones say since when, when the next probe is due,
+    how many lanes wait and why; closed ones are summed up in one line."""
+    now = time.time() if now is None else now
+    lines: list[str] = []
+    for state in states:
+        if not state.open:
+            continue
+        probe = "probing now" if state.probing else f"next probe {_until(state.probe_at, now)}"
+        error = " ".join(state.last_error.split())[:120] or "-"
+        lines.append(
+            f"breaker {state.provider}: OPEN since {ago(state.opened_at, now)}, {probe}, "
+            f"{state.deferred} lane(s) deferred (they resume by themselves); last error: {error}"
+        )
+    closed = [state.provider for state in states if not state.open]
+    if closed or not lines:
+        names = ", ".join(closed) if closed else "no provider calls recorded"
+        lines.append(f"breakers: closed ({names})")
+    return lines
+
+
+def _until(when: float | None, now: float) -> str:
+    if when is None:
+        return "-"
+    seconds = when - now
+    return "due" if seconds <= 0 else f"in {seconds:.0f}s"
+
+
 def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
     last = "-"
     if entry.get("last_turn"):
@@ -61,9 +93,15 @@ def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
     if isinstance(dreamer, Mapping):
         dreamer_state = f"{dreamer.get('state', 'idle')} {ago(dreamer.get('last_end'))}".strip()
     error = " ".join(str(entry.get("last_error") or "-").split())
+    state = str(entry.get("state", "idle"))
+    if state == "retry":
+        retry_at = entry.get("retry_at")
+        state = f"retry {_until(retry_at if isinstance(retry_at, float) else None, time.time())}"
+    elif state == "deferred":
+        state = f"deferred ({entry.get('provider') or '?'})"
     return (
         str(entry.get("persona", "")),
-        str(entry.get("state", "idle")),
+        state,
         str(entry.get("pending_ticks", 0)),
         str(entry.get("inbox_depth", 0)),
         str(entry.get("attempts", 0)),
@@ -105,16 +143,28 @@ def status(ctx: click.Context, persona: str | None, as_json: bool, personas: Pat
         )
     entries = [fleet.status(name) for name in fleet.registry.names()]
     counts = fleet.lanes.counts()
+    waiting = fleet.lanes.waiting()
+    breakers = fleet.breaker.states()
     beat = beat_summary(fleet)
     if as_json:
-        payload = {"root": str(root), "personas": entries, "counts": counts, "beat": beat}
+        payload = {
+            "root": str(root),
+            "personas": entries,
+            "counts": counts,
+            "waiting": waiting,
+            "breakers": [asdict(state) for state in breakers],
+            "beat": beat,
+        }
         click.echo(json.dumps(payload, ensure_ascii=False))
         return
     click.echo(_table([_row(entry) for entry in entries]) if entries else f"no personas in {root}")
     click.echo(
-        f"lanes: {counts['queued']} queued, {counts['running']} running, {counts['dead']} dead "
+        f"lanes: {counts['queued']} queued, {counts['running']} running, {counts['dead']} dead, "
+        f"{waiting['retry']} retrying, {waiting['deferred']} deferred "
         f"| personas: {len(entries)} in {root}"
     )
+    for line in breaker_lines(breakers):
+        click.echo(line)
     click.echo(
         "beat: never swept (is `celery -A workers beat` running?)"
         if beat is None

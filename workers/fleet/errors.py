@@ -12,17 +12,31 @@
         ├── RedisUnavailable           Redis did not answer (URL shown with its password hidden)
         ├── GateTimeout                no model-call slot within the wait; also a ModelError, so
         │                              the turn loop records it as a failed (retryable) call
+        ├── ProviderPaused             the provider's breaker is open: no call was made; also a
+        │                              ModelError, and the turn is deferred, spending no attempt
         └── LeaseLost                  the turn's fence is no longer current; also a TurnAborted,
                                        so the turn loop stops before its next write
 
 Every message says what happened and what to do next; none contains a password.
+
+Failure kinds (:func:`classify`): each class carries ``retryable`` (True transient, False
+permanent) as the persona core's errors do; Redis's own connection and timeout errors, and its
+``BUSY``/``LOADING``/``READONLY``/``OOM``/``TRYAGAIN``/``MASTERDOWN`` replies, are transient too.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from workers.persona.errors import ModelError, SoulfleetError, TurnAborted
+import redis
+
+from workers.persona.errors import (
+    FailureKind,
+    ModelError,
+    SoulfleetError,
+    TurnAborted,
+    failure_kind,
+)
 from workers.settings import redact_url
 
 __all__ = [
@@ -32,9 +46,28 @@ __all__ = [
     "ItemTooLarge",
     "LaneDeadLettered",
     "LeaseLost",
+    "ProviderPaused",
     "RedisUnavailable",
     "UnknownPersona",
+    "classify",
 ]
+
+#: Error replies of a Redis that is only busy, starting, failing over or full for a moment.
+_REDIS_BLIPS = ("BUSY", "LOADING", "READONLY", "OOM", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN")
+
+
+def classify(exc: BaseException) -> FailureKind:
+    """``transient``, ``permanent`` or ``unknown`` for any turn failure (see the module doc)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (redis.ConnectionError, redis.TimeoutError)):
+            return "transient"
+        if isinstance(current, redis.ResponseError) and str(current).startswith(_REDIS_BLIPS):
+            return "transient"
+        current = current.__cause__
+    return failure_kind(exc)
 
 
 class FleetError(SoulfleetError):
@@ -43,6 +76,8 @@ class FleetError(SoulfleetError):
 
 class InboxFull(FleetError):
     """The lane's inbox is at its bound; the post was refused and nothing was written."""
+
+    retryable = True
 
     def __init__(self, lane: str, limit: int) -> None:
         super().__init__(
@@ -57,6 +92,8 @@ class InboxFull(FleetError):
 class ItemTooLarge(FleetError):
     """One inbox item is larger than the configured byte limit; nothing was written."""
 
+    retryable = False
+
     def __init__(self, lane: str, size: int, limit: int) -> None:
         super().__init__(
             f"inbox item for lane {lane!r} is {size} bytes, over the {limit}-byte limit "
@@ -69,6 +106,8 @@ class ItemTooLarge(FleetError):
 
 class UnknownPersona(FleetError):
     """No persona directory of that name exists under the personas root."""
+
+    retryable = False
 
     def __init__(self, name: str, root: Path | str) -> None:
         super().__init__(
@@ -94,6 +133,8 @@ class LaneDeadLettered(FleetError):
 class RedisUnavailable(FleetError):
     """Redis did not answer. The URL in the message never shows a password."""
 
+    retryable = True
+
     def __init__(self, url: str, detail: str = "") -> None:
         safe = redact_url(url)
         reason = f" ({detail})" if detail else ""
@@ -117,6 +158,22 @@ class GateTimeout(FleetError, ModelError):
         )
         self.limit = limit
         self.waited = waited
+
+
+class ProviderPaused(FleetError, ModelError):
+    """The provider's breaker is open: the call was not made (nothing was spent)."""
+
+    retryable = True
+
+    def __init__(self, provider: str, detail: str = "") -> None:
+        reason = f" ({detail})" if detail else ""
+        super().__init__(
+            f"provider {provider!r} is paused: most recent calls to it failed, so its breaker is "
+            f"open{reason}; the turn waits and resumes by itself once a probe call succeeds "
+            "(`soulfleet status` shows the breaker)"
+        )
+        self.provider = provider
+        self.detail = detail
 
 
 class LeaseLost(FleetError, TurnAborted):

@@ -23,18 +23,22 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import redis
 import structlog
 
 from workers import metrics
-from workers.fleet.errors import GateTimeout
+from workers.fleet.errors import GateTimeout, ProviderPaused
 from workers.fleet.keys import Keys
 from workers.fleet.lease import Held, Renewer
 from workers.fleet.scripts import Scripts, redis_errors
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
+
+if TYPE_CHECKING:
+    from workers.fleet.breaker import Breaker
 
 __all__ = ["Gate", "GatedModel", "ModelCall", "Slot", "SlotHandle"]
 
@@ -213,6 +217,10 @@ class GatedModel:
     ``provider`` labels ``soulfleet_model_call_seconds`` (``provider_of(model)``); ``on_call``
     hears about every call after it ends (a recorder in tests, logs in production). A gate
     wait past ``timeout`` raises :class:`GateTimeout`, a retryable ``ModelError``.
+
+    With a ``breaker`` (:class:`workers.fleet.breaker.Breaker`), the provider's breaker is asked
+    before the gate: while it is open the call is not made and :class:`ProviderPaused` is
+    raised (the turn executor defers the turn); every call made is counted by it.
     """
 
     def __init__(
@@ -223,8 +231,10 @@ class GatedModel:
         provider: str = "other",
         timeout: float | None = None,
         on_call: Callable[[ModelCall], None] | None = None,
+        breaker: Breaker | None = None,
     ) -> None:
         self.model = model
+        self.breaker = breaker
         self.gate = gate
         self.provider = provider
         self.timeout = timeout
@@ -236,6 +246,25 @@ class GatedModel:
 
     def complete(
         self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> Completion:
+        breaker = self.breaker
+        if breaker is None:
+            return self._call(system, messages, tools)
+        verdict = breaker.allow(self.provider)
+        if verdict == "open":
+            raise ProviderPaused(self.provider)
+        try:
+            completion = self._call(system, messages, tools)
+        except Exception as exc:
+            # A probe reports whatever failed it (a gate timeout too): otherwise the next
+            # probe would wait out the probe ttl.
+            breaker.record_failure(self.provider, exc, probe=verdict == "probe")
+            raise
+        breaker.record(self.provider, ok=True)
+        return completion
+
+    def _call(
+        self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
     ) -> Completion:
         clock = self.gate.clock
         with self.gate.slot(self.timeout) as slot:

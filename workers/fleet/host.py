@@ -25,11 +25,14 @@ from typing import Any, Protocol
 import redis
 
 from workers.fleet.beats import Beat, Beats
+from workers.fleet.breaker import Breaker
 from workers.fleet.errors import LaneDeadLettered, RedisUnavailable
 from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
 from workers.fleet.outcomes import PostOutcome, Repair, TickOutcome
+from workers.fleet.recovery import Backoff, Recovery
 from workers.fleet.registry import PersonaRegistry
+from workers.fleet.servertime import ServerClock
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
 from workers.settings import Settings, redact_url
@@ -71,9 +74,11 @@ class Fleet:
         client: redis.Redis | None = None,
         publisher: Publisher,
         clock: Clock | None = None,
+        server_clock: bool = False,
     ) -> None:
+        """``server_clock``: take wall time from Redis (:class:`ServerClock`), as beat does;
+        else ``clock`` (default the host's)."""
         self.settings = settings
-        self.clock: Clock = clock or SystemClock()
         self.client: redis.Redis = client or redis.Redis.from_url(
             settings.redis_url,
             decode_responses=True,
@@ -81,6 +86,7 @@ class Fleet:
             socket_timeout=30,
             health_check_interval=30,
         )
+        self.clock: Clock = ServerClock(self.client) if server_clock else clock or SystemClock()
         self.keys = Keys(settings.key_prefix)
         self.registry = PersonaRegistry(settings.personas)
         self.publisher: Publisher = publisher
@@ -96,12 +102,31 @@ class Fleet:
             clock=self.clock,
         )
         self._beats = Beats(self.client, self.keys)
+        model = settings.model
+        self.breaker = Breaker(
+            self.client,
+            self.keys,
+            window=settings.breaker_window,
+            min_calls=settings.breaker_min_calls,
+            failure_ratio=settings.breaker_failure_ratio,
+            probe_interval=settings.breaker_probe_interval,
+            # One probe may take every try of one call; then its verdict is overdue.
+            probe_ttl=model.timeout * (model.retries + 1) + 5.0,
+            clock=self.clock,
+        )
+        self.backoff = Backoff(settings.retry_base, settings.retry_max)
+        self.recovery = Recovery(self.lanes, self.breaker, claim_ttl=settings.claim_ttl)
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, *, publisher: Publisher, clock: Clock | None = None
+        cls,
+        settings: Settings,
+        *,
+        publisher: Publisher,
+        clock: Clock | None = None,
+        server_clock: bool = False,
     ) -> Fleet:
-        return cls(settings, publisher=publisher, clock=clock)
+        return cls(settings, publisher=publisher, clock=clock, server_clock=server_clock)
 
     # -- inbound ------------------------------------------------------------------------
     def post(
@@ -214,6 +239,33 @@ class Fleet:
             self.publisher.publish(lane, outcome.turn_id, outcome.turn_kind)
         return outcome
 
+    def revive_dead(self, *, reason: str | None = None) -> list[TickOutcome]:
+        """Revive every dead-lettered lane, or only those whose last error contains ``reason``
+        (case-insensitive); returns what was queued (and published)."""
+        lanes: list[str] = self._call(lambda: self.client.zrange(self.keys.dead, 0, -1))
+        if reason is not None and lanes:
+            pipe = self.client.pipeline(transaction=False)
+            for lane in lanes:
+                pipe.hget(self.keys.lane(lane), "last_error")
+            errors = self._call(pipe.execute)
+            needle = reason.lower()
+            lanes = [
+                lane
+                for lane, error in zip(lanes, errors, strict=True)
+                if needle in str(error or "").lower()
+            ]
+        outcomes = [self.lanes.revive(lane) for lane in lanes]
+        queued = [o for o in outcomes if o.outcome == "queued" and o.turn_id and o.turn_kind]
+        self.publisher.publish_many([(o.lane, str(o.turn_id), str(o.turn_kind)) for o in queued])
+        return queued
+
+    def recover(self) -> list[Repair]:
+        """beat's fast pass: queue retries whose backoff is over, re-publish turns whose
+        claiming worker died, resume lanes a closed breaker deferred; publish them all."""
+        repairs = self.recovery.run()
+        self.publisher.publish_many([(r.lane, r.turn_id, r.kind) for r in repairs])
+        return repairs
+
     def reap(self) -> list[Repair]:
         """Re-queue stranded lanes (lost messages, dead workers) and publish their turns."""
         repairs = self.lanes.reap(queued_after=self.settings.reap_queued_after)
@@ -232,15 +284,20 @@ class Fleet:
         pipe.zcount(self.keys.queued, "-inf", stale_ms)
         pipe.get(self.keys.registry_lanes)
         pipe.info("memory")
-        queued, running, dead, stuck_running, stuck_queued, registered, memory = self._call(
+        pipe.zcard(self.keys.retry)
+        queued, running, dead, stuck_running, stuck_queued, registered, memory, retry = self._call(
             pipe.execute
         )
+        breakers = self.breaker.states()
+        deferred = sum(state.deferred for state in breakers)
         registered_lanes = int(registered or 0)
         return {
-            "idle": max(0, registered_lanes - queued - running - dead),
+            "idle": max(0, registered_lanes - queued - running - dead - retry - deferred),
             "queued": int(queued),
             "running": int(running),
             "dead": int(dead),
+            "retry": int(retry),
+            "deferred": deferred,
             "stuck_running": int(stuck_running),
             "stuck_queued": int(stuck_queued),
             "redis_memory_used": int(memory.get("used_memory", 0)),

@@ -12,10 +12,13 @@ key                   type    holds
 ``lane:<lane>``       hash    state (idle|queued|running|dead), turn_id, kind, tick_kind,
                               fence, ticks, inflight_ticks, attempts, lost (crashes in this
                               run of attempts), last_error, last_error_at, last_turn,
-                              last_status, last_text, last_end, queued_at, started_at, worker
+                              last_status, last_text, last_end, queued_at, started_at, worker,
+                              last_error_kind, failing_since, failures, retry_at, provider
 ``inbox:<lane>``      list    JSON inbox items waiting for the next turn (bounded)
 ``inflight:<lane>``   list    items drained by the running turn, kept until it finishes
 ``lease:<lane>``      string  ``<fence>:<worker>``, PX TTL; the running turn's lease
+``claim:<lane>``      string  ``<worker>|<turn id>``, PX TTL: a worker took the turn message
+                              and has not started it yet (receive.lua; start deletes it)
 ====================  ======  =============================================================
 
 Fleet-wide:
@@ -24,6 +27,12 @@ Fleet-wide:
 ``lanes:queued``              zset    lane -> ms when its turn was queued (reaper, metrics)
 ``lanes:running``             zset    lane -> ms when its lease expires (reaper, metrics)
 ``lanes:dead``                zset    lane -> ms when it was dead-lettered
+``lanes:retry``               zset    lane -> ms when its failed turn may run again (backoff)
+``lanes:claimed``             zset    lane -> ms when a worker claimed its turn message
+``deferred:<provider>``       zset    lane -> ms when its turn was parked by an open breaker
+``breaker:<provider>``        hash    the provider breaker: state (closed|open), window counts,
+                                      opened_at, probe_at, probe_until, last_error, totals
+``breakers``                  set     providers with a breaker record
 ``beats``                     stream  surfaced heartbeat replies (MAXLEN ~ SOULFLEET_BEATS_MAX)
 ``gate``                      zset    model-call slot holder -> ms when the slot expires
 ``reply:<item id>``           list    the final text of the turn that consumed a ``run`` item
@@ -71,6 +80,9 @@ class Keys:
     def lease(self, lane: str) -> str:
         return f"{self.prefix}lease:{lane}"
 
+    def claim(self, lane: str) -> str:
+        return f"{self.prefix}claim:{lane}"
+
     def lane_keys(self, lane: str) -> list[str]:
         """KEYS for every lane transition script, in the order the scripts expect."""
         return [
@@ -95,6 +107,24 @@ class Keys:
     @property
     def dead(self) -> str:
         return f"{self.prefix}lanes:dead"
+
+    @property
+    def retry(self) -> str:
+        return f"{self.prefix}lanes:retry"
+
+    @property
+    def claimed(self) -> str:
+        return f"{self.prefix}lanes:claimed"
+
+    def deferred(self, provider: str) -> str:
+        return f"{self.prefix}deferred:{provider}"
+
+    def breaker(self, provider: str) -> str:
+        return f"{self.prefix}breaker:{provider}"
+
+    @property
+    def breakers(self) -> str:
+        return f"{self.prefix}breakers"
 
     @property
     def beats(self) -> str:

@@ -28,6 +28,7 @@ Every method may raise :class:`~workers.fleet.errors.RedisUnavailable`.
 from __future__ import annotations
 
 import json
+import random
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, cast
@@ -49,6 +50,7 @@ from workers.fleet.outcomes import (
 )
 from workers.fleet.scripts import Scripts, redis_errors
 from workers.persona.clock import Clock, SystemClock
+from workers.persona.errors import FailureKind
 from workers.persona.inbox import InboxItem
 
 __all__ = [
@@ -217,6 +219,24 @@ class Lanes:
         return outcomes
 
     # -- a turn's life ----------------------------------------------------------------------
+    def receive(self, lane: str, turn_id: str, worker: str, *, ttl: float) -> bool:
+        """Claim the lane's queued turn for ``worker`` on message receipt (``receive.lua``);
+        False for a duplicate or stale message. The claim lives ``ttl`` unless renewed."""
+        keys = [self.keys.lane(lane), self.keys.claim(lane), self.keys.claimed]
+        args: list[str | int] = [lane, turn_id, worker, self._now_ms(), self._ms(ttl)]
+        with redis_errors(self.client):
+            return bool(self.scripts.receive(keys=keys, args=args))
+
+    def renew_claims(self, lanes: Sequence[str], *, ttl: float) -> list[bool]:
+        """Extend the receive claims of ``lanes`` (one round trip); False = already gone."""
+        if not lanes:
+            return []
+        with redis_errors(self.client):
+            pipe = self.client.pipeline(transaction=False)
+            for lane in lanes:
+                pipe.pexpire(self.keys.claim(lane), self._ms(ttl))
+            return [bool(ok) for ok in pipe.execute()]
+
     def start(self, lane: str, turn_id: str, worker: str) -> StartOutcome:
         """Begin turn ``turn_id``: take the lease and drain inbox + ticks into in-flight.
 
@@ -227,8 +247,9 @@ class Lanes:
         args: list[str | int] = [
             lane, turn_id, worker, self._now_ms(), self._ms(self.lease_ttl), self.max_attempts,
         ]  # fmt: skip
+        keys = [*self.keys.lane_keys(lane), self.keys.claim(lane), self.keys.claimed]
         with redis_errors(self.client):
-            reply = self.scripts.start(keys=self.keys.lane_keys(lane), args=args)
+            reply = self.scripts.start(keys=keys, args=args)
         status = str(reply[0])
         if status == "dead":
             return StartOutcome("dead", error=str(reply[1]))
@@ -310,23 +331,60 @@ class Lanes:
             return FinishOutcome(str(reply[1]), str(reply[3]), str(reply[4]), beat_id)
         return FinishOutcome(str(reply[1]), beat_id=beat_id)
 
-    def fail(self, lane: str, fence: int, *, error: str) -> FailOutcome:
-        """Record a failed turn; retry it (publish ``retry_turn_id``) or dead-letter the lane.
+    def fail(
+        self,
+        lane: str,
+        fence: int,
+        *,
+        error: str,
+        kind: FailureKind = "unknown",
+        backoff: tuple[float, float] = (0.0, 0.0),
+        retry_for: float = 6 * 3600.0,
+        jitter: float | None = None,
+    ) -> FailOutcome:
+        """Record a failed turn of ``kind``; dead-letter the lane (``fail.lua`` says when, by
+        kind), or retry it after a full-jitter exponential ``backoff`` of ``(base, cap)``
+        seconds: in ``lanes:retry`` (beat releases it), or queued now (publish
+        ``retry_turn_id``) when the delay comes out 0, as it always does with base 0.
 
         Raises :class:`LeaseLost` (changing nothing) if ``fence`` no longer holds the lane.
         """
         retry = _turn_id()
+        base, cap = backoff
+        draw = random.random() if jitter is None else jitter
         args: list[str | int] = [
-            lane, fence, self._now_ms(), error[:_ERROR_MAX], retry, self.max_attempts,
+            lane, fence, self._now_ms(), error[:_ERROR_MAX], retry, self.max_attempts, kind,
+            int(base * 1000), int(cap * 1000), repr(draw), self._ms(retry_for),
         ]  # fmt: skip
         with redis_errors(self.client):
-            reply = self.scripts.fail(keys=self.keys.lane_keys(lane), args=args)
+            reply = self.scripts.fail(keys=[*self.keys.lane_keys(lane), self.keys.retry], args=args)
         if reply[0] == "lost":
             raise LeaseLost(lane, fence, "fail refused: the fence is no longer current")
         if reply[0] == "dead":
-            _log.error("lane.dead_lettered", lane=lane, error=error[:200])
-            return FailOutcome(dead=True, retry_turn_id=None, kind=str(reply[2]))
+            _log.error("lane.dead_lettered", lane=lane, failure=kind, error=str(reply[3])[:300])
+            return FailOutcome(
+                dead=True, retry_turn_id=None, kind=str(reply[2]), reason=str(reply[3])
+            )
+        if reply[0] == "retry":
+            return FailOutcome(
+                dead=False, retry_turn_id=None, kind=str(reply[2]), retry_at=int(reply[4]) / 1000
+            )
         return FailOutcome(dead=False, retry_turn_id=str(reply[3]), kind=str(reply[2]))
+
+    def defer(self, lane: str, fence: int, *, provider: str, why: str) -> str:
+        """Park the started turn while ``provider``'s breaker is open (``defer.lua``): no
+        attempt spent; beat queues it again when the breaker closes. Returns its turn id.
+
+        Raises :class:`LeaseLost` (changing nothing) if ``fence`` no longer holds the lane.
+        """
+        turn_id = _turn_id()
+        keys = [*self.keys.lane_keys(lane), self.keys.deferred(provider), self.keys.breakers]
+        args: list[str | int] = [lane, fence, self._now_ms(), provider, turn_id, why[:_ERROR_MAX]]
+        with redis_errors(self.client):
+            reply = self.scripts.defer(keys=keys, args=args)
+        if reply[0] == "lost":
+            raise LeaseLost(lane, fence, "defer refused: the fence is no longer current")
+        return turn_id
 
     # -- operations -------------------------------------------------------------------------
     def status(self, lane: str) -> dict[str, object]:
@@ -364,6 +422,11 @@ class Lanes:
             "last_end": when("last_end"),
             "last_error": fields.get("last_error"),
             "last_error_at": when("last_error_at"),
+            "last_error_kind": fields.get("last_error_kind"),
+            "failing_since": when("failing_since"),
+            "failures": num("failures"),
+            "retry_at": when("retry_at"),
+            "provider": fields.get("provider"),
         }
 
     def revive(self, lane: str) -> TickOutcome:
@@ -426,3 +489,15 @@ class Lanes:
             pipe.zcard(self.keys.dead)
             queued, running, dead = pipe.execute()
         return {"queued": int(queued), "running": int(running), "dead": int(dead)}
+
+    def waiting(self) -> dict[str, int]:
+        """How many lanes wait out a backoff (``retry``) or an open provider breaker
+        (``deferred``)."""
+        with redis_errors(self.client):
+            providers = sorted(str(p) for p in self.client.smembers(self.keys.breakers))
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zcard(self.keys.retry)
+            for provider in providers:
+                pipe.zcard(self.keys.deferred(provider))
+            retry, *deferred = pipe.execute()
+        return {"retry": int(retry), "deferred": sum(int(n) for n in deferred)}

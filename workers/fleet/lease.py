@@ -33,7 +33,7 @@ from workers.fleet.errors import FleetError, LeaseLost
 if TYPE_CHECKING:
     from workers.fleet.lanes import Lanes
 
-__all__ = ["Held", "LeaseHandle", "Renewer"]
+__all__ = ["ClaimHandle", "Held", "LeaseHandle", "Renewer"]
 
 _log = structlog.get_logger("soulfleet.lease")
 
@@ -138,6 +138,40 @@ class LeaseHandle(Held):
             return True
         self.mark_lost("Redis says the fence no longer holds the lane")
         return False
+
+
+class ClaimHandle(Held):
+    """A worker's receive claim on a lane (``receive.lua``), kept alive until the turn starts.
+
+    Its lapse is how beat learns that the worker died holding the turn message
+    (:mod:`workers.fleet.recovery`); there is nothing to check before a write."""
+
+    def __init__(self, lanes: Lanes, lane: str, turn_id: str, ttl: float) -> None:
+        super().__init__(ttl)
+        self.lanes = lanes
+        self.lane = lane
+        self.turn_id = turn_id
+
+    def __repr__(self) -> str:
+        return f"ClaimHandle(lane={self.lane!r}, turn_id={self.turn_id!r})"
+
+    @property
+    def owner(self) -> object:
+        return self.lanes
+
+    @classmethod
+    def renew_group(cls, handles: Sequence[ClaimHandle]) -> list[bool]:
+        return handles[0].lanes.renew_claims([h.lane for h in handles], ttl=handles[0].ttl)
+
+    def check(self) -> None:
+        """A claim guards no write."""
+
+    def mark_lost(self, reason: str) -> None:
+        # Gone is the normal end of a claim (start deleted it, perhaps in another process of
+        # a prefork pool): stop renewing it, quietly.
+        self.lost_reason = reason
+        self.lost.set()
+        self.close()
 
 
 class Renewer:

@@ -73,11 +73,14 @@ class FinishOutcome:
 
 @dataclass(frozen=True, slots=True)
 class FailOutcome:
-    """A failed turn: dead-lettered, or queued again as ``retry_turn_id`` (publish it)."""
+    """A failed turn: dead-lettered (``reason``), queued again as ``retry_turn_id`` (publish
+    it), or waiting in ``lanes:retry`` until ``retry_at`` (epoch s; beat releases it)."""
 
     dead: bool
     retry_turn_id: str | None
     kind: str
+    retry_at: float | None = None
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +88,6 @@ class Repair:
     """A stranded lane the reaper re-queued; the caller publishes ``turn_id`` on ``kind``."""
 
     lane: str
-    reason: Literal["lease_expired", "queued_too_long"]
+    reason: Literal["lease_expired", "queued_too_long", "claim_lapsed", "retry_due", "resumed"]
     turn_id: str
     kind: str

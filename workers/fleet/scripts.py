@@ -37,6 +37,12 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "revive",
     "reap_running",
     "reap_queued",
+    "reap_claimed",
+    "receive",
+    "release",
+    "defer",
+    "breaker_allow",
+    "breaker_record",
     "gate_acquire",
     "gate_renew",
     "gate_release",
@@ -65,6 +71,12 @@ class Scripts:
     revive: Script
     reap_running: Script
     reap_queued: Script
+    reap_claimed: Script
+    receive: Script
+    release: Script
+    defer: Script
+    breaker_allow: Script
+    breaker_record: Script
     gate_acquire: Script
     gate_renew: Script
     gate_release: Script

@@ -20,6 +20,9 @@ from workers.persona.errors import SettingsError
 
 __all__ = ["EnvReader"]
 
+# Longest suffix first: "ms" must not be read as "s".
+_UNITS = (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0), ("d", 86400.0))
+
 
 class EnvReader:
     """Loud typed reads from one environment mapping."""
@@ -63,6 +66,28 @@ class EnvReader:
             raise SettingsError(name, f"must be a number, got {value!r}") from None
         if math.isnan(parsed) or parsed < minimum:
             raise SettingsError(name, f"must be a number >= {minimum}, got {value!r}")
+        return parsed
+
+    def duration(self, name: str, default: float, *, minimum: float = 0.0) -> float:
+        """Seconds, written as a number (``90``) or with one unit: ``500ms``, ``90s``, ``30m``,
+        ``6h``, ``2d``."""
+        value = self.raw(name)
+        if value is None:
+            return default
+        lowered = value.lower()
+        scale = 1.0
+        for unit, factor in _UNITS:
+            if lowered.endswith(unit):
+                lowered, scale = lowered[: -len(unit)].strip(), factor
+                break
+        try:
+            parsed = float(lowered) * scale
+        except ValueError:
+            raise SettingsError(
+                name, f"must be a duration such as 90, 90s, 30m or 6h; got {value!r}"
+            ) from None
+        if not math.isfinite(parsed) or parsed < minimum:
+            raise SettingsError(name, f"must be a duration >= {minimum:g}s, got {value!r}")
         return parsed
 
     def choice(self, name: str, default: str, choices: tuple[str, ...]) -> str:

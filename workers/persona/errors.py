@@ -23,11 +23,27 @@
 
 Tool misuse is never an exception: tools return an error ``ToolResult`` the model can act on.
 Messages never contain API keys or passwords.
+
+Failures by kind. Every class here says whether a failed turn it ends should be tried again
+(``retryable``), and :func:`failure_kind` turns any exception into one of three kinds, so the
+fleet decides "retry or dead-letter" from the class, never from an error message:
+
+- ``transient``: the world may well change by itself (connect errors, timeouts, 5xx, 429, a
+  malformed provider reply, a lock held too long, Redis blips). Retried with backoff for up to
+  ``SOULFLEET_RETRY_FOR`` of continuous failure.
+- ``permanent``: asking again cannot help until someone fixes something (401/403, an unknown
+  model or another refused request, an invalid persona file, a bad setting). Dead-lettered at
+  once, with the reason.
+- ``unknown``: anything not classified (a bug, an unexpected ``OSError``). Retried with backoff
+  but only ``SOULFLEET_MAX_ATTEMPTS`` times in a row, as every failure was before kinds existed.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 __all__ = [
+    "FailureKind",
     "LockTimeout",
     "ModelAuthError",
     "ModelError",
@@ -45,15 +61,42 @@ __all__ = [
     "SettingsError",
     "SoulfleetError",
     "TurnAborted",
+    "failure_kind",
 ]
+
+FailureKind = Literal["transient", "permanent", "unknown"]
 
 
 class SoulfleetError(Exception):
-    """Base of every soulfleet error."""
+    """Base of every soulfleet error. ``retryable``: True transient, False permanent, None
+    not classified (see :func:`failure_kind`)."""
+
+    retryable: ClassVar[bool | None] = None
+
+
+def failure_kind(exc: BaseException) -> FailureKind:
+    """The kind of a turn failure, read from the exception's class (and its causes).
+
+    A plain ``TimeoutError`` or ``ConnectionError`` is transient; the fleet adds Redis's own
+    exceptions in :func:`workers.fleet.errors.classify`.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        retryable = getattr(type(current), "retryable", None)
+        if isinstance(current, SoulfleetError) and retryable is not None:
+            return "transient" if retryable else "permanent"
+        if isinstance(current, (TimeoutError, ConnectionError)):
+            return "transient"
+        current = current.__cause__
+    return "unknown"
 
 
 class SettingsError(SoulfleetError):
     """An environment variable holds a value soulfleet cannot use."""
+
+    retryable = False
 
     def __init__(self, variable: str, problem: str) -> None:
         super().__init__(f"{variable} {problem}")
@@ -62,7 +105,9 @@ class SettingsError(SoulfleetError):
 
 
 class PersonaError(SoulfleetError):
-    """A persona directory cannot be used as it is."""
+    """A persona directory cannot be used as it is (permanent: someone must fix the files)."""
+
+    retryable = False
 
 
 class PersonaNotFound(PersonaError):
@@ -96,7 +141,11 @@ class PersonaConfigError(PersonaError):
 
 
 class LockTimeout(PersonaError):
-    """A persona file's lock was not acquired within the timeout (names the file and timeout)."""
+    """A persona file's lock was not acquired within the timeout (names the file and timeout).
+
+    Transient: the holder finishes, or its claim is broken, and the next try gets the lock."""
+
+    retryable = True
 
     def __init__(
         self, path: object, timeout: float, mode: str, holders: tuple[str, ...] = ()
@@ -112,7 +161,7 @@ class LockTimeout(PersonaError):
 class ModelError(SoulfleetError):
     """A model call failed. ``retryable`` says whether a later turn may well succeed."""
 
-    retryable: bool = False
+    retryable = False
 
 
 class ModelSpecError(ModelError):
@@ -152,8 +201,15 @@ class ModelUnreachable(ModelError):
 
 
 class ModelResponseError(ModelError):
-    """The provider's answer was not what its wire protocol promises."""
+    """The provider's answer was not what its wire protocol promises.
+
+    Transient: a provider in trouble answers a truncated or garbled 200 for a while, then
+    recovers; a client bug would show on every call and trip the provider breaker instead."""
+
+    retryable = True
 
 
 class TurnAborted(SoulfleetError):
     """A turn guard stopped the turn; the loop lets this propagate to the runtime."""
+
+    retryable = None

@@ -88,6 +88,9 @@ class RunResult:
     error: str | None = None
     model_calls: int = 0
     tool_calls: int = 0
+    #: the exception behind an ``error`` result, so the host can tell its kind
+    #: (:func:`workers.persona.errors.failure_kind`) without parsing ``error``
+    cause: BaseException | None = None
 
 
 class _Turn:
@@ -138,7 +141,12 @@ class _Turn:
         return None
 
     def result(
-        self, status: Status, *, limit: Limit | None = None, error: str | None = None
+        self,
+        status: Status,
+        *,
+        limit: Limit | None = None,
+        error: str | None = None,
+        cause: BaseException | None = None,
     ) -> RunResult:
         return RunResult(
             text=self.text,
@@ -149,6 +157,7 @@ class _Turn:
             error=error,
             model_calls=self.model_calls,
             tool_calls=self.tool_calls,
+            cause=cause,
         )
 
     def execute(self, call: ToolCall) -> ToolResult:
@@ -244,7 +253,9 @@ def run_loop(
             completion = model.complete(system=system, messages=tuple(turn.messages), tools=specs)
         except ModelError as exc:
             _log.warning("turn.model_error", model=model.spec, error=type(exc).__name__)
-            return turn.result("error", error=f"model call failed ({type(exc).__name__}): {exc}")
+            return turn.result(
+                "error", error=f"model call failed ({type(exc).__name__}): {exc}", cause=exc
+            )
         turn.model_calls += 1
         turn.usage = turn.usage + completion.usage
         turn.text = completion.text

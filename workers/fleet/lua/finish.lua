@@ -26,6 +26,7 @@ end
 local turn_id = f[3] or ''
 
 redis.call('DEL', inflight, lease)
+redis.call('HDEL', lane, 'failing_since', 'failures', 'retry_at')
 redis.call('HSET', lane, 'inflight_ticks', 0, 'attempts', 0, 'lost', 0,
            'last_turn', turn_id, 'last_status', ARGV[4], 'last_text', ARGV[6], 'last_end', now)
 redis.call('ZREM', running, name)

@@ -13,6 +13,7 @@ if state ~= 'dead' then
   return {'not_dead', state}
 end
 local kind = f[2] or 'interactive'
+redis.call('HDEL', lane, 'failing_since', 'failures', 'retry_at', 'provider')
 redis.call('HSET', lane, 'state', 'queued', 'attempts', 0, 'lost', 0, 'turn_id', ARGV[3],
            'kind', kind, 'queued_at', ARGV[2])
 redis.call('ZREM', dead, ARGV[1])

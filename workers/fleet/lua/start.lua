@@ -2,7 +2,8 @@
 -- attempt, take the lease with a new fence and drain the inbox and ticks into in-flight.
 --
 -- KEYS  [1] lane hash  [2] inbox list  [3] inflight list  [4] lease  [5] lanes:queued
---       [6] lanes:running  [7] lanes:dead                         (Keys.lane_keys(lane))
+--       [6] lanes:running  [7] lanes:dead  (Keys.lane_keys(lane))  [8] claim:<lane>
+--       [9] lanes:claimed
 -- ARGV  [1] lane name  [2] turn id (from the turn message)  [3] worker  [4] now (ms)
 --       [5] lease ttl (ms)  [6] max_attempts
 -- Reply {"dead", last_error} | {"stale"} | {"duplicate"}
@@ -12,7 +13,8 @@
 -- Guarantees: at most one live lease per lane; each start bumps the fence, so a worker whose
 -- lease lapsed can no longer finish; drained items stay in in-flight until finish, so a
 -- crashed turn's items are recovered by the next start; a lane whose turns keep crashing is
--- dead-lettered once attempts exceed max_attempts.
+-- dead-lettered once attempts exceed max_attempts; a started turn ends the receive claim
+-- (receive.lua): from here on the lease tells whether its worker lives.
 local lane, inbox, inflight, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queued, running, dead = KEYS[5], KEYS[6], KEYS[7]
 local name, turn_id, worker, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
@@ -48,6 +50,8 @@ if attempt > tonumber(ARGV[6]) then
   return {'dead', err}
 end
 
+redis.call('DEL', KEYS[8])
+redis.call('ZREM', KEYS[9], name)
 local fence = redis.call('HINCRBY', lane, 'fence', 1)
 redis.call('SET', lease, fence .. ':' .. worker, 'PX', ARGV[5])
 local recovered = redis.call('LLEN', inflight)

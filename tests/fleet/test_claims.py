@@ -1,0 +1,111 @@
+"""Receive claims on a real Redis: a turn message a worker took and never started is found by
+its lapsed claim and re-published (the same turn id), while a message that merely waits in the
+broker is never touched."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from tests.support.lanes import item, make_lanes
+from workers.fleet.breaker import Breaker
+from workers.fleet.keys import Keys
+from workers.fleet.lanes import Lanes
+from workers.fleet.lease import ClaimHandle, Renewer
+from workers.fleet.recovery import Recovery
+from workers.persona.clock import VirtualClock
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock(start=1_700_000_000.0)
+
+
+@pytest.fixture
+def lanes(redis_client: redis.Redis, key_prefix: str, clock: VirtualClock) -> Lanes:
+    return make_lanes(redis_client, key_prefix, clock=clock)
+
+
+@pytest.fixture
+def recovery(lanes: Lanes, redis_client: redis.Redis, key_prefix: str) -> Recovery:
+    breaker = Breaker(
+        redis_client,
+        Keys(key_prefix),
+        window=30,
+        min_calls=4,
+        failure_ratio=0.5,
+        probe_interval=10,
+        probe_ttl=60,
+        clock=lanes.clock,
+    )
+    return Recovery(lanes, breaker, claim_ttl=6)
+
+
+def _queued(lanes: Lanes, lane: str) -> str:
+    turn_id = lanes.post(lane, item("hi"), wake=True).turn_id
+    assert turn_id is not None
+    return turn_id
+
+
+def test_a_lapsed_claim_is_republished_with_the_same_turn_id(
+    lanes: Lanes, recovery: Recovery, clock: VirtualClock, redis_client: redis.Redis
+) -> None:
+    """Claimed then the worker died (its claim key lapsed): one recovery pass re-publishes the
+    lane's own turn, which a second worker starts; lanes whose message is still in the broker
+    (never claimed) are left alone however long they wait."""
+    lost = _queued(lanes, "lost")
+    _queued(lanes, "waiting")
+    assert lanes.receive("lost", lost, "w1", ttl=6)
+    clock.advance(7)
+    redis_client.delete(lanes.keys.claim("lost"))  # the PX TTL ran out: same state
+    repairs = recovery.reap_claims()
+    assert [(r.lane, r.reason, r.turn_id, r.kind) for r in repairs] == [
+        ("lost", "claim_lapsed", lost, "interactive")
+    ]
+    assert redis_client.zcard(lanes.keys.claimed) == 0
+    assert lanes.start("lost", lost, "w2").status == "started"
+    clock.advance(3600)
+    assert recovery.reap_claims() == []
+
+
+def test_a_live_claim_and_a_started_turn_are_left_alone(
+    lanes: Lanes, recovery: Recovery, clock: VirtualClock, redis_client: redis.Redis
+) -> None:
+    """A claim still renewed is alive; start deletes the claim and its index entry."""
+    alive = _queued(lanes, "alive")
+    started = _queued(lanes, "started")
+    assert lanes.receive("alive", alive, "w1", ttl=60)
+    assert lanes.receive("started", started, "w1", ttl=60)
+    assert lanes.start("started", started, "w1").status == "started"
+    assert redis_client.exists(lanes.keys.claim("started")) == 0
+    clock.advance(30)
+    assert recovery.reap_claims() == []
+    assert redis_client.zrange(lanes.keys.claimed, 0, -1) == ["alive"]
+
+
+def test_a_stale_or_duplicate_message_claims_nothing(lanes: Lanes) -> None:
+    """Only the lane's current queued turn can be claimed."""
+    turn_id = _queued(lanes, "ava")
+    assert not lanes.receive("ava", "not-the-turn", "w1", ttl=6)
+    assert lanes.start("ava", turn_id, "w1").status == "started"
+    assert not lanes.receive("ava", turn_id, "w2", ttl=6)
+
+
+def test_the_renewer_keeps_a_claim_alive_and_drops_it_quietly_once_gone(
+    lanes: Lanes, redis_client: redis.Redis
+) -> None:
+    """Renewal extends the claim key; after start deleted it, the handle unregisters itself."""
+    turn_id = _queued(lanes, "ava")
+    assert lanes.receive("ava", turn_id, "w1", ttl=2)
+    renewer = Renewer(ttl=30, interval=100)
+    handle = ClaimHandle(lanes, "ava", turn_id, ttl=20)
+    renewer.register(handle)
+    try:
+        renewer.renew_now()
+        assert redis_client.pttl(lanes.keys.claim("ava")) > 10_000
+        lanes.start("ava", turn_id, "w1")
+        renewer.renew_now()
+        assert handle.lost.is_set()
+        assert len(renewer) == 0
+    finally:
+        renewer.stop()

@@ -1,0 +1,231 @@
+"""Failures by kind on a real Redis: classification from the exception's class, backoff in
+``lanes:retry`` released by the recovery pass, dead-letter rules per kind (fail.lua)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import redis
+
+from tests.support.lanes import item, make_lanes
+from workers.fleet.breaker import Breaker
+from workers.fleet.errors import (
+    GateTimeout,
+    InboxFull,
+    ProviderPaused,
+    RedisUnavailable,
+    UnknownPersona,
+    classify,
+)
+from workers.fleet.keys import Keys
+from workers.fleet.lanes import Lanes
+from workers.fleet.recovery import Backoff, Recovery
+from workers.persona.clock import VirtualClock
+from workers.persona.errors import (
+    LockTimeout,
+    ModelAuthError,
+    ModelRateLimited,
+    ModelRequestError,
+    ModelResponseError,
+    ModelServerError,
+    ModelSpecError,
+    ModelTimeout,
+    ModelUnreachable,
+    PersonaConfigError,
+    PersonaFileError,
+    SettingsError,
+)
+
+HOUR = 3600.0
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock(start=1_700_000_000.0)
+
+
+@pytest.fixture
+def lanes(redis_client: redis.Redis, key_prefix: str, clock: VirtualClock) -> Lanes:
+    return make_lanes(redis_client, key_prefix, clock=clock, max_attempts=3)
+
+
+@pytest.fixture
+def recovery(lanes: Lanes, redis_client: redis.Redis, key_prefix: str) -> Recovery:
+    breaker = Breaker(
+        redis_client,
+        Keys(key_prefix),
+        window=30,
+        min_calls=4,
+        failure_ratio=0.5,
+        probe_interval=10,
+        probe_ttl=60,
+        clock=lanes.clock,
+    )
+    return Recovery(lanes, breaker, claim_ttl=6)
+
+
+def _start(lanes: Lanes, lane: str = "ava") -> int:
+    state = lanes.status(lane)
+    if state["state"] == "idle":
+        outcome = lanes.post(lane, item("hello"), wake=True)
+        turn_id = outcome.turn_id
+    else:
+        turn_id = str(state["turn_id"])
+    assert turn_id is not None
+    started = lanes.start(lane, turn_id, "w1")
+    assert started.status == "started", started
+    return started.fence
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (ModelServerError("openai: server error (HTTP 500)"), "transient"),
+        (ModelRateLimited("429"), "transient"),
+        (ModelTimeout("slow"), "transient"),
+        (ModelUnreachable("refused"), "transient"),
+        (ModelResponseError("not JSON"), "transient"),
+        (GateTimeout(4, 30.0), "transient"),
+        (ProviderPaused("openai"), "transient"),
+        (RedisUnavailable("redis://x", "down"), "transient"),
+        (redis.ConnectionError("reset"), "transient"),
+        (redis.ResponseError("LOADING Redis is loading the dataset"), "transient"),
+        (InboxFull("ava", 5), "transient"),
+        (LockTimeout("MEMORY.md", 10, "local"), "transient"),
+        (TimeoutError("os timeout"), "transient"),
+        (ModelAuthError("openai: authentication refused (HTTP 401)"), "permanent"),
+        (ModelSpecError("foo:bar names no model"), "permanent"),
+        (ModelRequestError("model not found (HTTP 404)"), "permanent"),
+        (PersonaConfigError("persona.toml", "every", "bad"), "permanent"),
+        (PersonaFileError("SOUL.md", "is a directory"), "permanent"),
+        (SettingsError("SOULFLEET_X", "bad"), "permanent"),
+        (UnknownPersona("ava", "/p"), "permanent"),
+        (ValueError("a bug"), "unknown"),
+        (redis.ResponseError("WRONGTYPE Operation against a key"), "unknown"),
+    ],
+)
+def test_every_failure_is_classified_by_its_class(exc: BaseException, kind: str) -> None:
+    """The kind comes from the exception's class (and Redis's blip replies), not its text."""
+    assert classify(exc) == kind
+
+
+def test_a_wrapped_redis_blip_is_transient() -> None:
+    """An error raised from a Redis connection error keeps its transient cause."""
+    outer = RuntimeError("while writing the transcript")
+    outer.__cause__ = redis.TimeoutError("read timed out")
+    assert classify(outer) == "transient"
+
+
+def test_backoff_is_full_jitter_under_an_exponential_cap() -> None:
+    """Each delay lies in [0, min(cap, base * 2**n)], and the spread covers the whole step."""
+    backoff = Backoff(base=2.0, cap=300.0)
+    rng = random.Random(5)
+    for failures, step in [(0, 2.0), (1, 4.0), (3, 16.0), (10, 300.0), (80, 300.0)]:
+        draws = [backoff.delay(failures, rng) for _ in range(500)]
+        assert all(0.0 <= d <= step for d in draws)
+        assert min(draws) < step * 0.1
+        assert max(draws) > step * 0.9
+
+
+def test_a_transient_failure_waits_in_redis_and_beat_releases_it_when_due(
+    lanes: Lanes, recovery: Recovery, clock: VirtualClock, redis_client: redis.Redis
+) -> None:
+    """The retry is a score in lanes:retry (no sleep anywhere); before it the lane stays put,
+    after it one release queues the same retry turn id; the attempt was given back."""
+    fence = _start(lanes)
+    failed = lanes.fail(
+        "ava", fence, error="HTTP 500", kind="transient", backoff=(2.0, 300.0), jitter=0.5
+    )
+    assert not failed.dead
+    assert failed.retry_turn_id is None
+    assert failed.retry_at == pytest.approx(clock.time() + 1.0)
+    status = lanes.status("ava")
+    assert (status["state"], status["attempts"], status["failures"]) == ("retry", 0, 1)
+    assert redis_client.zscore(lanes.keys.retry, "ava") == int(clock.time() * 1000) + 1000
+    lanes.post("ava", item("while waiting"), wake=True)  # kept, wakes nothing
+    assert lanes.status("ava")["state"] == "retry"
+    assert recovery.release_due() == []
+    clock.advance(1.0)
+    released = recovery.release_due()
+    assert [(r.lane, r.reason, r.turn_id) for r in released] == [
+        ("ava", "retry_due", status["turn_id"])
+    ]
+    assert lanes.status("ava")["state"] == "queued"
+    started = lanes.start("ava", str(status["turn_id"]), "w2")
+    assert started.status == "started"
+    assert started.recovered == 1
+    assert len(started.items) == 2
+
+
+def test_backoff_grows_with_consecutive_failures_and_success_resets_it(lanes: Lanes) -> None:
+    """With jitter 1 the waits are 2, 4, 8 s; a finished turn clears the failure count."""
+    waits = []
+    for _ in range(3):
+        fence = _start(lanes)
+        now = lanes.clock.time()
+        failed = lanes.fail(
+            "ava", fence, error="503", kind="transient", backoff=(2.0, 300.0), jitter=0.999999
+        )
+        assert failed.retry_at is not None
+        waits.append(round(failed.retry_at - now))
+        lanes.client.hset(lanes.keys.lane("ava"), "state", "queued")  # as a release would
+    assert waits == [2, 4, 8]
+    fence = _start(lanes)
+    lanes.finish("ava", fence, status="done", text="ok")
+    status = lanes.status("ava")
+    assert (status["failures"], status["failing_since"]) == (0, None)
+
+
+def test_transient_failures_dead_letter_only_after_retry_for(
+    lanes: Lanes, clock: VirtualClock
+) -> None:
+    """Far more failures than max_attempts stay retrying; once the lane has failed for
+    retry_for without a success it is dead, and the reason names the setting."""
+    for _ in range(10):  # max_attempts is 3
+        fence = _start(lanes)
+        failed = lanes.fail("ava", fence, error="HTTP 502", kind="transient", retry_for=6 * HOUR)
+        assert not failed.dead
+        clock.advance(HOUR / 2)
+    clock.advance(HOUR)
+    fence = _start(lanes)
+    failed = lanes.fail("ava", fence, error="HTTP 502", kind="transient", retry_for=6 * HOUR)
+    assert failed.dead
+    assert "SOULFLEET_RETRY_FOR" in failed.reason
+    assert "HTTP 502" in failed.reason
+    assert lanes.status("ava")["last_error"] == failed.reason
+
+
+def test_a_permanent_failure_dead_letters_at_once_with_its_reason(lanes: Lanes) -> None:
+    """401 is not retried: the first failure dead-letters and last_error says why."""
+    fence = _start(lanes)
+    error = "model call failed (ModelAuthError): openai: authentication refused (HTTP 401)"
+    failed = lanes.fail("ava", fence, error=error, kind="permanent", backoff=(2.0, 300.0))
+    assert failed.dead
+    status = lanes.status("ava")
+    assert status["state"] == "dead"
+    assert status["last_error"] == f"permanent failure, not retried: {error}"
+    assert status["last_error_kind"] == "permanent"
+
+
+def test_unknown_failures_keep_the_attempt_rule(lanes: Lanes) -> None:
+    """An unclassified failure is retried (with backoff) max_attempts times, then dead."""
+    outcomes = []
+    for _ in range(3):
+        fence = _start(lanes)
+        failed = lanes.fail("ava", fence, error="ValueError: bug", backoff=(0.0, 0.0))
+        outcomes.append(failed.dead)
+    assert outcomes == [False, False, True]
+    assert lanes.status("ava")["last_error"] == "ValueError: bug"
+
+
+def test_a_release_of_a_lane_that_moved_on_only_heals_the_index(
+    lanes: Lanes, recovery: Recovery, clock: VirtualClock, redis_client: redis.Redis
+) -> None:
+    """An operator's revive or any other move wins: the stale lanes:retry entry is dropped."""
+    fence = _start(lanes)
+    lanes.fail("ava", fence, error="x", kind="transient", backoff=(2.0, 2.0), jitter=0.5)
+    redis_client.hset(lanes.keys.lane("ava"), "state", "idle")
+    clock.advance(5)
+    assert recovery.release_due() == []
+    assert redis_client.zcard(lanes.keys.retry) == 0

@@ -1,0 +1,159 @@
+"""workers/turn.py, failures by kind: against a real HTTP provider (tests/support/providers.py)
+and a real Redis, in-process. A transient failure waits in Redis (nothing is published until
+beat's recovery pass), a permanent one dead-letters at once, and while the provider's breaker is
+open a turn is deferred before it writes anything and resumes once a probe succeeds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.support.providers import FakeProvider, error_reply
+from workers.fleet import Fleet
+from workers.fleet.gate import Gate
+from workers.fleet.lease import Renewer
+from workers.persona.clock import VirtualClock
+from workers.settings import Settings
+from workers.turn import TurnExecutor
+
+
+@dataclass
+class Recorder:
+    sent: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def publish(self, lane: str, turn_id: str, kind: str) -> None:
+        self.sent.append((lane, turn_id, kind))
+
+    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
+        self.sent.extend(turns)
+
+
+@dataclass
+class Rig:
+    fleet: Fleet
+    executor: TurnExecutor
+    published: Recorder
+    provider: FakeProvider
+    home: Path
+    clock: VirtualClock
+
+    def run_next(self) -> str:
+        lane, turn_id, _ = self.published.sent.pop()
+        return self.executor.execute(lane, turn_id).outcome
+
+    def transcripts(self) -> int:
+        return len(list(self.home.glob("transcripts/ava/*.jsonl")))
+
+
+@pytest.fixture
+def rig(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
+) -> Iterator[Rig]:
+    with FakeProvider("openai") as provider:
+        settings = Settings.from_env(
+            {
+                "REDIS_URL": redis_url,
+                "SOULFLEET_KEY_PREFIX": key_prefix,
+                "SOULFLEET_PERSONAS": str(tmp_path),
+                "OPENAI_BASE_URL": provider.base_url,
+                "OPENAI_API_KEY": "sk-test",
+                "SOULFLEET_MODEL_RETRIES": "0",
+                "SOULFLEET_RETRY_BASE": "10s",
+                "SOULFLEET_RETRY_MAX": "20s",
+                "SOULFLEET_BREAKER_MIN_CALLS": "2",
+                "SOULFLEET_BREAKER_PROBE_INTERVAL": "2s",
+            }
+        )
+        home = tmp_path / "ava"
+        home.mkdir()
+        (home / "persona.toml").write_text('model = "openai:gpt-test"\n')
+        published = Recorder()
+        clock = VirtualClock(start=1_700_000_000.0)
+        fleet = Fleet(settings, publisher=published, clock=clock)
+        renewer = Renewer(fleet.lanes)
+        gate = Gate(fleet.client, fleet.keys, limit=0, slot_ttl=30, renewer=renewer)
+        executor = TurnExecutor(settings, fleet, renewer, gate, worker_id="test-worker")
+        try:
+            yield Rig(fleet, executor, published, provider, home, clock)
+        finally:
+            renewer.stop()
+            fleet.client.close()
+
+
+def _release(rig: Rig) -> None:
+    assert rig.fleet.recover() == []  # the backoff is a score in Redis: not due yet
+    rig.clock.advance(11.0)  # past the first step (10 s), well inside the breaker window
+    assert rig.fleet.recover()
+
+
+def test_a_transient_failure_waits_in_redis_then_an_open_breaker_defers_turns(
+    rig: Rig,
+) -> None:
+    """500: the turn fails transient and waits in Redis (nothing published, no attempt spent).
+    The second 500 opens the breaker, so that turn is deferred instead of failing; a turn of
+    another lane is then deferred before any call or write. Once the provider answers, the
+    recovery pass hands one lane over for the probe, which closes the breaker; the next pass
+    resumes the other, and every kept item is answered."""
+    bo = rig.home.parent / "bo"
+    bo.mkdir()
+    (bo / "persona.toml").write_text('model = "openai:gpt-test"\n')
+    rig.provider.enqueue(*[error_reply("openai", 500, "overloaded")] * 2)
+    rig.fleet.post("ava", "one")
+    assert rig.run_next() == "error"
+    status = rig.fleet.status("ava")
+    assert (status["state"], status["attempts"], status["last_error_kind"]) == (
+        "retry",
+        0,
+        "transient",
+    )
+    assert rig.published.sent == []
+    _release(rig)
+    assert rig.run_next() == "deferred"
+    assert rig.fleet.breaker.is_open("openai")
+    rig.fleet.post("ava", "two")  # kept in the inbox while the lane waits
+
+    rig.fleet.post("bo", "three")
+    calls = len(rig.provider.requests)
+    assert rig.run_next() == "deferred"
+    assert len(rig.provider.requests) == calls
+    assert not list(bo.glob("transcripts/bo/*.jsonl"))
+    for lane in ("ava", "bo"):
+        status = rig.fleet.status(lane)
+        assert (status["state"], status["attempts"], status["provider"]) == (
+            "deferred",
+            0,
+            "openai",
+        )
+    assert rig.fleet.recover() == []  # no probe due yet
+    rig.clock.advance(2.0)
+    [probe] = rig.fleet.recover()
+    assert (probe.lane, probe.reason) == ("ava", "resumed")
+    assert rig.run_next() == "done"
+    assert not rig.fleet.breaker.is_open("openai")
+    answered = str(rig.provider.bodies[-1])
+    assert "one" in answered
+    assert "two" in answered
+    [resumed] = rig.fleet.recover()
+    assert resumed.lane == "bo"
+    assert rig.run_next() == "done"
+    for lane in ("ava", "bo"):
+        status = rig.fleet.status(lane)
+        assert (status["state"], status["failures"], status["inflight_items"]) == ("idle", 0, 0)
+
+
+def test_a_refused_key_dead_letters_at_once(rig: Rig) -> None:
+    """A 401 is permanent: one request, no retry, dead with a reason that says so."""
+    rig.provider.enqueue(error_reply("openai", 401, "bad key"))
+    rig.fleet.post("ava", "hello")
+    assert rig.run_next() == "error"
+    assert rig.published.sent == []
+    status = rig.fleet.status("ava")
+    assert status["state"] == "dead"
+    assert str(status["last_error"]).startswith("permanent failure, not retried:")
+    assert "HTTP 401" in str(status["last_error"])
+    assert len(rig.provider.requests) == 1
+    assert not rig.fleet.breaker.is_open("openai")
