@@ -41,6 +41,8 @@ from beat.sweep import Sweeper
 from beat.sync import RegistrySync
 from workers import metrics
 from workers.fleet import Fleet
+from workers.fleet.errors import EvictingRedis
+from workers.fleet.eviction import check_eviction_policy, refuse_to_start_on_eviction
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 
@@ -114,11 +116,25 @@ class FleetScheduler(Scheduler):
 
     def _run_sync(self) -> None:
         self._registry_sync().run()
+        # The policy was checked at start; a CONFIG SET since then must not go unnoticed. Beat
+        # keeps the clock running (stopping it would stop every persona) but says so loudly.
+        fleet = self.fleet
+        if self.settings.allow_eviction:
+            return  # said loudly at start; not again every sync
+        try:
+            check_eviction_policy(
+                fleet.client, allow=self.settings.allow_eviction, url=fleet.settings.redis_url,
+                process="beat",
+            )  # fmt: skip
+        except EvictingRedis as exc:
+            _log.error("redis.evicting_policy", process="beat", policy=exc.policy, error=str(exc))
 
     # -- celery.beat.Scheduler ------------------------------------------------------------
     def setup_schedule(self) -> None:
         super().setup_schedule()
         settings = self.settings
+        # Before the first sync writes anything: never schedule on an evicting Redis.
+        refuse_to_start_on_eviction(settings, "beat")
         self.update_from_dict(
             {
                 SWEEP: {"task": SWEEP, "schedule": timedelta(seconds=settings.sweep_interval)},

@@ -10,7 +10,9 @@ Why it is built this way:
   after now, so a missed interval is skipped, never replayed) and writes them back in one
   compare-and-set script (``lua/rescore.lua``) that never overwrites a concurrent sync.
 - Skips cost no model call: a heartbeat whose HEARTBEAT.md is absent or blank
-  (``no_heartbeat_file``; the answer is cached by the file's mtime and size), a heartbeat outside
+  (``no_heartbeat_file``; the answer is cached by the file's mtime and size), one whose
+  HEARTBEAT.md is a FIFO, a device or unreadable (``invalid_heartbeat_file``: never opened in a
+  way that could block), a heartbeat outside
   its persona's active hours (``quiet_hours``), an entry whose directory is gone but not yet
   synced away (``unknown_persona``), a dead-lettered lane (``dead_lettered``, reported by the
   tick script). Everything else goes to :meth:`workers.fleet.Fleet.tick_lanes` in ONE batched
@@ -35,6 +37,9 @@ from beat.sync import HEARTBEAT_FILE
 from workers import metrics
 from workers.fleet import Fleet
 from workers.fleet.keys import split_schedule_member
+from workers.persona.errors import PersonaError
+from workers.persona.files import read_prefix
+from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.schedules import ActiveHours
 
 __all__ = ["CLAIM_TIMEOUT", "MAX_BATCHES", "HeartbeatFiles", "SweepReport", "Sweeper"]
@@ -52,14 +57,21 @@ def _script(name: str) -> str:
 
 
 class HeartbeatFiles:
-    """Whether a persona's HEARTBEAT.md is absent or blank, re-read only when its stat changes."""
+    """Whether a persona's HEARTBEAT.md is absent or blank, re-read only when its stat changes.
+
+    Read through :func:`workers.persona.files.read_prefix` (the one door): a FIFO, a device or
+    a directory at that name is refused without blocking and counts as ``invalid`` (the registry
+    sync reports the persona and removes its entries); a huge file costs at most the bootstrap
+    cap. Nothing here may stop the sweep, so every error is an answer, never an exception.
+    """
 
     def __init__(self, max_entries: int = 200_000) -> None:
-        self._cache: dict[str, tuple[int, int, bool]] = {}
+        self._cache: dict[str, tuple[int, int, bool | str]] = {}
         self._max = max_entries
 
-    def blank(self, home: str) -> bool | None:
-        """True if absent or blank, False if it has content, None if ``home`` itself is gone."""
+    def blank(self, home: str) -> bool | str | None:
+        """True if absent or blank, False if it has content, None if ``home`` itself is gone,
+        ``"invalid"`` if something other than a readable regular file sits at the name."""
         path = os.path.join(home, HEARTBEAT_FILE)
         try:
             st = os.stat(path)
@@ -67,18 +79,23 @@ class HeartbeatFiles:
             return True if os.path.isdir(home) else None
         except NotADirectoryError:
             return None
+        except OSError:
+            return "invalid"
         cached = self._cache.get(path)
         if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
             return cached[2]
+        answer: bool | str
         try:
-            with open(path, "rb") as handle:
-                empty = handle.read().decode("utf-8", errors="replace").strip() == ""
-        except OSError:  # a directory named HEARTBEAT.md, unreadable: nothing to follow
-            empty = True
+            raw = read_prefix(path, MAX_FILE_BYTES)
+        except PersonaError as exc:
+            _log.warning("sweep.heartbeat_file_refused", path=path, error=str(exc))
+            answer = "invalid"
+        else:
+            answer = raw is None or raw.decode("utf-8", errors="replace").strip() == ""
         if len(self._cache) >= self._max:
             self._cache.clear()
-        self._cache[path] = (st.st_mtime_ns, st.st_size, empty)
-        return empty
+        self._cache[path] = (st.st_mtime_ns, st.st_size, answer)
+        return answer
 
 
 @dataclass(slots=True)
@@ -166,7 +183,8 @@ class Sweeper:
             if spec is not None:
                 try:
                     nexts += [member, to_ms(spec.next_due(at))]
-                except ValueError as exc:  # a zone this host lacks, a cron that stopped parsing
+                except (ValueError, ArithmeticError) as exc:  # a zone this host lacks, a cron
+                    # that stopped parsing, an every too large for the clock (an old entry)
                     _log.error("sweep.bad_spec", member=member, error=str(exc))
                     spec = hours = None
             if spec is None:
@@ -190,7 +208,7 @@ class Sweeper:
         try:
             spec = ScheduleSpec.from_json(raw)
             hours = spec.active_hours()
-        except ValueError as exc:
+        except (ValueError, ArithmeticError, TypeError, KeyError) as exc:
             _log.error("sweep.bad_spec", member=member, error=str(exc) if raw else "no spec")
             return None, None
         if len(self._specs) >= 200_000:
@@ -206,13 +224,11 @@ class Sweeper:
         if spec.kind != "heartbeat":
             return None if os.path.isdir(spec.home) else "unknown_persona"
         blank = self._files.blank(spec.home)
-        if blank is None:
-            return "unknown_persona"
+        if blank is None or blank == "invalid":
+            return "unknown_persona" if blank is None else "invalid_heartbeat_file"
         if item.hours is not None and not item.hours.contains(now):
             return "quiet_hours"
-        if blank:
-            return "no_heartbeat_file"
-        return None
+        return "no_heartbeat_file" if blank else None
 
     def _handle(self, claimed: Sequence[_Claimed], report: SweepReport) -> None:
         now = self._clock.time()

@@ -10,8 +10,10 @@ Why it is shaped like this:
   grid slot (a stable per-lane phase, :mod:`beat.schedule`); a CHANGED spec is re-scored from
   now; an unchanged spec is left alone. Specs are canonical JSON and the slot arithmetic is
   deterministic, so two beats syncing the same directory write the same values or nothing.
-- An invalid persona (persona.toml that does not parse, a cron expression that cannot fire) is
-  reported — log ``registry.invalid`` (persona, key, error), its ``Keys.registry`` record's
+- An invalid persona (persona.toml that does not parse, a cron expression that cannot fire, an
+  overflowing duration, a persona.toml or HEARTBEAT.md that is a FIFO, a device or too large;
+  whatever exception its files cause) is reported — log ``registry.invalid`` (persona, key,
+  error), its ``Keys.registry`` record's
   ``error``, the ``soulfleet_registry_invalid_personas`` gauge — and its schedule entries are
   REMOVED until the file is fixed. Keeping them would tick a persona whose turns can only fail
   (the worker reads the same file), and a lane that fails ``SOULFLEET_MAX_ATTEMPTS`` times is
@@ -43,7 +45,8 @@ from workers import metrics
 from workers.fleet.keys import Keys
 from workers.fleet.registry import PersonaRegistry
 from workers.persona.clock import Clock, SystemClock
-from workers.persona.errors import PersonaError, PersonaNotFound
+from workers.persona.errors import PersonaError, PersonaFileError, PersonaNotFound
+from workers.persona.files import regular_file_problem
 from workers.persona.manifest import MANIFEST_NAME, PersonaConfig, load_manifest
 from workers.persona.mcp_servers import check_uses
 from workers.settings import Settings
@@ -91,6 +94,8 @@ def _stat_print(path: str) -> str:
         st = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return "-"
+    except OSError as exc:  # unreadable (EACCES, ELOOP...): changes when it is fixed
+        return f"!{exc.errno}"
     # The inode too: editors that save by renaming a new file over the old one change it even
     # when the new file has the same size within the same coarse mtime tick.
     return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
@@ -225,6 +230,10 @@ class RegistrySync:
         report.parsed += 1
         home = Path(path)
         try:
+            heartbeat_problem = regular_file_problem(os.path.join(path, HEARTBEAT_FILE))
+            if heartbeat_problem is not None:
+                # Stat only: a FIFO or a device must be refused without ever being opened.
+                raise PersonaFileError(home / HEARTBEAT_FILE, heartbeat_problem)
             specs = specs_for(name, home, self._loader(home), self._settings)
         except PersonaNotFound:
             return None  # vanished between scan and parse: the next sync removes it
@@ -234,6 +243,9 @@ class RegistrySync:
         except (PersonaError, ValueError) as exc:
             key = str(getattr(exc, "key", None) or "")
             failed = PersonaRecord(fingerprint, manifest_print, (), str(exc), key)
+        except Exception as exc:  # whatever one persona's files do, the others are synced
+            problem = f"{home}: cannot be scheduled: {type(exc).__name__}: {exc}"
+            failed = PersonaRecord(fingerprint, manifest_print, (), problem[:2000], "")
         else:
             if known is not None and known.error:
                 _log.info("registry.valid_again", persona=name)

@@ -21,6 +21,8 @@ def test_defaults_need_no_environment() -> None:
     assert settings.worker_pool == "threads"
     assert settings.model.default_spec == ""
     assert settings.lease_renew_every == settings.lease_ttl / 3
+    assert (settings.reply_max_bytes, settings.beat_max_bytes) == (256 * 1024, 4096)
+    assert settings.allow_eviction is False
 
 
 def test_values_are_read_and_the_object_is_frozen() -> None:
@@ -68,6 +70,9 @@ def test_values_are_read_and_the_object_is_frozen() -> None:
         ("SOULFLEET_CLAIM_TTL", "0", "duration >= 1s"),
         ("SOULFLEET_BREAKER_FAILURE_RATIO", "1.5", "fraction in (0, 1]"),
         ("SOULFLEET_BREAKER_MIN_CALLS", "0", ">= 1"),
+        ("SOULFLEET_REPLY_MAX_BYTES", "100", ">= 1024"),
+        ("SOULFLEET_BEAT_MAX_BYTES", "big", "whole number"),
+        ("SOULFLEET_ALLOW_EVICTION", "maybe", "true or false"),
     ],
 )
 def test_a_bad_value_fails_loudly_naming_the_variable(variable: str, value: str, says: str) -> None:

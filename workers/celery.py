@@ -14,6 +14,7 @@ from celery.signals import (
     beat_init,
     setup_logging,
     task_received,
+    worker_init,
     worker_process_init,
     worker_process_shutdown,
     worker_ready,
@@ -22,6 +23,7 @@ from celery.signals import (
 
 from workers import runtime
 from workers.app import make_app
+from workers.fleet.eviction import refuse_to_start_on_eviction
 from workers.logs import configure_logging
 from workers.queues import TURN_TASK
 from workers.settings import Settings
@@ -42,6 +44,13 @@ def _setup_logging(**_: Any) -> None:
 @beat_init.connect
 def _beat_init(**_: Any) -> None:
     configure_logging(settings.log_format, settings.log_level)
+
+
+@worker_init.connect
+def _worker_init(**_: Any) -> None:
+    # Before the pool starts or a message is taken: never run turns on an evicting Redis.
+    configure_logging(settings.log_format, settings.log_level)
+    refuse_to_start_on_eviction(settings, "worker")
 
 
 @worker_process_init.connect

@@ -132,7 +132,8 @@ BREAKER_OPEN = Gauge(
     ["provider"],
 )
 REGISTRY_INVALID = Gauge(
-    "soulfleet_registry_invalid_personas", "Personas whose persona.toml is invalid."
+    "soulfleet_registry_invalid_personas",
+    "Personas beat's registry sync refused (bad persona.toml, non-regular or unreadable files).",
 )
 
 LANES = "soulfleet_lanes"

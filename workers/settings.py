@@ -77,6 +77,11 @@ class Settings:
     beats_max: int = 10_000
     transcript_max_conversations: int = 1000
     reply_ttl: float = 3600.0
+    reply_max_bytes: int = 256 * 1024
+    beat_max_bytes: int = 4096
+
+    # Redis guardrails.
+    allow_eviction: bool = False
 
     # Persona tools (MCP servers and Python tools declared in persona.toml).
     mcp_config: Path | None = None
@@ -195,6 +200,9 @@ class Settings:
             breaker_probe_interval=env.duration(
                 "SOULFLEET_BREAKER_PROBE_INTERVAL", 10.0, minimum=0.1
             ),
+            reply_max_bytes=env.integer("SOULFLEET_REPLY_MAX_BYTES", 256 * 1024, minimum=1024),
+            beat_max_bytes=env.integer("SOULFLEET_BEAT_MAX_BYTES", 4096, minimum=256),
+            allow_eviction=env.flag("SOULFLEET_ALLOW_EVICTION", False),
             lock_mode="shared"
             if env.choice("SOULFLEET_LOCK_MODE", "local", ("local", "shared")) == "shared"
             else "local",

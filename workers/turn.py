@@ -101,6 +101,7 @@ class TurnExecutor:
             max_tool_calls=settings.turn_max_tool_calls,
             max_tokens=settings.turn_max_tokens,
             max_seconds=settings.turn_max_seconds,
+            max_reply_bytes=settings.reply_max_bytes,
         )
         # One hub per worker process: every turn's MCP calls share its sessions.
         self.tool_hub = McpHub()
@@ -187,6 +188,9 @@ class TurnExecutor:
                 lock_mode=self.settings.lock_mode,
                 lock_timeout=self.settings.lock_timeout,
                 declared=self._declared(agent, role),
+                # One id for every attempt at this turn's work: a retry repeating a memory
+                # write is answered as before instead of applying it twice.
+                write_scope=self.fleet.lanes.work_id(lane),
             )
             model = self._model(agent)
         except TurnAborted:
@@ -200,15 +204,21 @@ class TurnExecutor:
             why = str(ProviderPaused(model.provider))
             return self._defer(lane, turn_id, started, began, provider=model.provider, why=why)
 
+        try:
+            writer = FileTranscripts(
+                agent.home, max_conversations=self.settings.transcript_max_conversations
+            ).open(lane, turn_id)
+        except Exception as exc:  # a transcripts/ leading out of the home fails this turn with
+            # its reason, instead of escaping the handler as a "lost worker"
+            error = f"{type(exc).__name__}: {exc}"
+            return self._fail(lane, turn_id, started, error, began, cause=exc)
+
         prompt = render_inbox(
             started.items,
             started.ticks,
             persona=name,
             tick_channel="dream" if role == "dreamer" else "heartbeat",
         )
-        writer = FileTranscripts(
-            agent.home, max_conversations=self.settings.transcript_max_conversations
-        ).open(lane, turn_id)
 
         def record(message: Message) -> None:
             guard()

@@ -6,9 +6,11 @@ nothing is faked except the model, which is the built-in scripted one.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import shutil
+import socket
 import time
 import urllib.request
 from collections import defaultdict
@@ -32,7 +34,6 @@ from tests.support.fleet import (
 )
 from workers import metrics
 from workers.fleet.keys import Keys
-from workers.local.redis_server import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -133,6 +134,18 @@ def test_directory_changes_apply_without_restart(
     )
     after = [e["due"] for e in ticks(beat, "ava") if e["due"] >= updated["first_due"]]
     assert off_grid(after, 3000) == [], after
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` DISTINCT free ports: every socket stays bound until all are chosen (asking
+    for one free port at a time can hand the same port out twice)."""
+    with contextlib.ExitStack() as stack:
+        sockets = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 def test_a_bad_persona_toml_is_reported_and_the_others_keep_beating(
@@ -266,7 +279,7 @@ def test_a_scrape_after_a_short_run_shows_every_metric(
         f'active_hours = {{ start = "{asleep}", end = "{awake}", timezone = "UTC" }}\n',
     )
     write_persona(persona_root, "bad", '[heartbeat]\nevery = "often"\n')
-    beat_port, worker_port = free_port(), free_port()
+    beat_port, worker_port = _free_ports(2)
     worker = start_worker({**env, "SOULFLEET_METRICS_PORT": str(worker_port)}, logs)
     processes.append(worker)
     processes.append(beat := start_beat({**env, "SOULFLEET_METRICS_PORT": str(beat_port)}, logs))

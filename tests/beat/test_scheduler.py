@@ -193,3 +193,30 @@ def test_lane_gauges_are_registered_once(
     assert len(collectors) == 1
     assert REGISTRY.get_sample_value("soulfleet_lanes", {"state": "idle"}) == 2.0
     assert REGISTRY.get_sample_value("soulfleet_dead_lettered_lanes") == 0.0
+
+
+def test_an_evicting_policy_set_while_beat_runs_is_reported_every_sync(
+    *,
+    app: Celery,
+    persona_root: Path,
+    collectors: list[LaneStateCollector],
+    redis_client: redis.Redis,
+    events: Events,
+) -> None:
+    """beat refused an evicting Redis at start; a CONFIG SET to allkeys-lru while it runs is
+    logged at error level (redis.evicting_policy, naming the policy) on every sync pass, and
+    the clock keeps running (stopping beat would stop every persona)."""
+    write_persona(persona_root, "ava", EVERY_1S)
+    scheduler = FleetScheduler(app=app)
+    assert events.named("redis.evicting_policy") == []
+    redis_client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        scheduler.apply_entry(scheduler.schedule[SYNC], producer=None)
+        scheduler.apply_entry(scheduler.schedule[SWEEP], producer=None)
+    finally:
+        redis_client.config_set("maxmemory-policy", "noeviction")
+    [logged] = events.named("redis.evicting_policy")
+    assert logged["log_level"] == "error"
+    assert logged["policy"] == "allkeys-lru"
+    assert "maxmemory-policy allkeys-lru" in logged["error"]
+    assert events.named("beat.task_failed") == []

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import threading
 from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -313,3 +315,32 @@ def test_a_claimed_entry_without_a_spec_is_dropped_and_restored_by_sync(
     assert redis_client.zscore(fleet.keys.schedule, "ava|heartbeat") is None
     sync_.run()
     assert redis_client.zscore(fleet.keys.schedule, "ava|heartbeat") is not None
+
+
+def test_a_fifo_or_device_heartbeat_file_is_skipped_without_blocking_the_sweep(
+    *,
+    fleet: Fleet,
+    persona_root: Path,
+    clock: VirtualClock,
+    publisher: RecordingPublisher,
+    redis_client: redis.Redis,
+) -> None:
+    """HEARTBEAT.md turned into a FIFO or a /dev/zero symlink AFTER the sync scheduled it: the
+    sweep never blocks on it or reads it endlessly; it skips those lanes as
+    invalid_heartbeat_file and ticks the healthy one in the same pass."""
+    for name in ("fifo", "zero", "ok"):
+        write_persona(persona_root, name, EVERY_1M)
+    sync(fleet)
+    (persona_root / "fifo" / "HEARTBEAT.md").unlink()
+    os.mkfifo(persona_root / "fifo" / "HEARTBEAT.md")
+    (persona_root / "zero" / "HEARTBEAT.md").unlink()
+    (persona_root / "zero" / "HEARTBEAT.md").symlink_to("/dev/zero")
+    before = skipped("heartbeat", "invalid_heartbeat_file")
+    clock.advance(61)
+    outcome: list[object] = []
+    thread = threading.Thread(target=lambda: outcome.append(Sweeper(fleet).run()), daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive(), "the sweep blocked on a HEARTBEAT.md"
+    assert skipped("heartbeat", "invalid_heartbeat_file") == before + 2
+    assert publisher.lanes() == ["ok"]

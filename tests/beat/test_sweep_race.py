@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from beat.sweep import Sweeper, SweepReport
+from beat.sweep import Sweeper
 from tests.support.beat import (
+    MAX_RACE_PASSES,
     RecordingTicks,
     fleet_for,
     hourly_specs,
@@ -58,9 +59,10 @@ def test_two_sweeper_threads_never_claim_one_member_twice(
         try:
             sweeper = Sweeper(fleet, batch=25)
             barrier.wait()
-            report = SweepReport(due=1)
-            while report.due:
-                report = sweeper.run()
+            for _ in range(MAX_RACE_PASSES):  # bounded: never-draining sweeps fail, not hang
+                if not sweeper.run().due:
+                    return
+            raise AssertionError(f"still due after {MAX_RACE_PASSES} sweep passes")
         except BaseException as exc:  # surfaced below: a thread's failure must fail the test
             errors.append(exc)
 
@@ -69,6 +71,7 @@ def test_two_sweeper_threads_never_claim_one_member_twice(
         thread.start()
     for thread in threads:
         thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads), "a sweeper thread never finished"
     assert errors == []
     claims = [[f"{lane}|{kind}" for lane, kind in r.pairs] for r in recorders]
     _assert_claimed_once(redis_client, settings, claims, 2000)

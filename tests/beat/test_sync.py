@@ -6,13 +6,14 @@ import dataclasses
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 import redis
 from prometheus_client import REGISTRY
 
 from beat.schedule import ScheduleSpec, to_ms
-from beat.sync import RegistrySync
+from beat.sync import RegistrySync, SyncReport
 from tests.beat.conftest import Events
 from tests.support.beat import write_persona
 from workers.fleet import Fleet
@@ -318,3 +319,70 @@ def test_invalid_tool_config_is_an_invalid_persona(
     assert logged["cyd"]["key"] == "tools.mcp[0].use"
     assert "known: time" in logged["cyd"]["error"]
     assert "tools.mcp[0].use" in registry_record(redis_client, fleet, "cyd")["error"]
+
+
+def _bad_personas(root: Path) -> dict[str, str]:
+    """Four personas whose files would hang, flood or overflow a careless reader, and the words
+    each one's recorded error must contain."""
+    fifo_toml = write_persona(root, "fifo-toml", None)
+    os.mkfifo(fifo_toml / "persona.toml")
+    fifo_heartbeat = write_persona(root, "fifo-heartbeat", EVERY_1M, heartbeat=None)
+    os.mkfifo(fifo_heartbeat / "HEARTBEAT.md")
+    zero = write_persona(root, "zero", None)
+    (zero / "persona.toml").symlink_to("/dev/zero")
+    write_persona(root, "huge-every", '[heartbeat]\nevery = "1' + "0" * 400 + 'd"\n')
+    return {
+        "fifo-toml": "FIFO",
+        "fifo-heartbeat": "FIFO",
+        "zero": "character device",
+        "huge-every": "longer than the longest duration",
+    }
+
+
+def test_fifo_device_and_overflowing_personas_are_invalid_and_the_others_synced(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis, events: Events
+) -> None:
+    """A FIFO persona.toml, a FIFO HEARTBEAT.md, a persona.toml symlinked to /dev/zero and a
+    400-digit duration: the sync returns (nothing is opened in a way that blocks), each of the
+    four is recorded invalid with its reason, and every healthy persona is scheduled."""
+    expected = _bad_personas(persona_root)
+    for n in range(20):
+        write_persona(persona_root, f"ok{n:02d}", EVERY_1M)
+    outcome: list[object] = []
+    worker = threading.Thread(target=lambda: outcome.append(make_sync(fleet).run()), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "the registry sync blocked on a persona file"
+    [report] = outcome
+    assert isinstance(report, SyncReport)
+    assert report.invalid == 4
+    assert set(schedule(redis_client, fleet)) == {f"ok{n:02d}|heartbeat" for n in range(20)}
+    for name, words in expected.items():
+        assert words in registry_record(redis_client, fleet, name)["error"], name
+    assert {e["persona"] for e in events.named("registry.invalid")} == set(expected)
+
+
+def test_any_exception_from_one_persona_is_recorded_and_the_sync_goes_on(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """Whatever a loader raises for one persona (here an OverflowError, the class the
+    400-digit duration used to raise), that persona is invalid with the reason; the rest sync."""
+    write_persona(persona_root, "ava", EVERY_1M)
+    write_persona(persona_root, "bob", EVERY_1M)
+
+    def loader(home: Path) -> PersonaConfig:
+        if home.name == "bob":
+            raise OverflowError("int too large to convert to float")
+        return load_manifest(home)
+
+    sync = RegistrySync(
+        client=fleet.client,
+        keys=fleet.keys,
+        registry=fleet.registry,
+        settings=fleet.settings,
+        clock=fleet.clock,
+        loader=loader,
+    )
+    assert sync.run().invalid == 1
+    assert set(schedule(redis_client, fleet)) == {"ava|heartbeat"}
+    assert "OverflowError" in registry_record(redis_client, fleet, "bob")["error"]

@@ -102,3 +102,16 @@ def test_post_invalid_settings_exit_2(
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1
     assert variable in result.stderr
+
+
+def test_post_is_untrusted_whatever_from_says_unless_trusted_is_given(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """--from ava/cli no longer makes an item trusted: the stored item says trusted=false;
+    --trusted stores trusted=true."""
+    assert invoke("post", "ava", "one", "--no-wake", "--from", "ava/cli").exit_code == 0
+    assert invoke("post", "ava", "two", "--no-wake", "--trusted").exit_code == 0
+    lanes = lanes_for(env)
+    raws = lanes.client.lrange(lanes.keys.inbox("ava"), 0, -1)
+    items = [InboxItem.from_json(str(raw)) for raw in raws]
+    assert [(i.text, i.trusted) for i in items] == [("one", False), ("two", True)]

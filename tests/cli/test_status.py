@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+import redis
+
+from beat.sync import RegistrySync
 from tests.cli.conftest import Invoke
-from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for
+from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for, settings_for
 from workers.fleet import Fleet
+from workers.fleet.keys import Keys
+from workers.fleet.registry import PersonaRegistry
 from workers.persona.inbox import InboxItem
 from workers.settings import Settings
 
@@ -147,3 +156,63 @@ def test_status_row_says_when_a_waiting_lane_runs_again(
 
 def _item() -> InboxItem:
     return InboxItem(text="hi", sender="external", channel="api", id="i1", at=1.0)
+
+
+def test_status_lists_invalid_personas_with_their_reasons(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """Personas beat's sync refused (here a FIFO persona.toml) are listed with the reason, in
+    the table, in --json and in a single persona's status; status itself never opens them."""
+    home = fleet_root / "ava"
+    (home / "persona.toml").unlink(missing_ok=True)
+    os.mkfifo(home / "persona.toml")
+    settings = settings_for(env)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    RegistrySync(
+        client=client,
+        keys=Keys(settings.key_prefix),
+        registry=PersonaRegistry(fleet_root),
+        settings=settings,
+    ).run()
+    payload = json.loads(invoke("status", "--json").stdout)
+    assert list(payload["invalid"]) == ["ava"]
+    assert "FIFO" in payload["invalid"]["ava"]
+    table = invoke("status").stdout
+    assert "invalid personas (1, not scheduled until fixed):" in table
+    assert "  ava: " in table
+    assert "FIFO" in table
+    one = invoke("status", "ava").stdout
+    assert "INVALID (not scheduled until fixed):" in one
+    assert "FIFO" in json.loads(invoke("status", "ava", "--json").stdout)["invalid"]
+
+
+_OTHER_HOST_WRITER = """
+import os, signal, socket, sys
+socket.gethostname = lambda: "otherhost"  # the claim records this host name
+from workers.persona.locks import lock_file_for, path_lock
+from pathlib import Path
+home = Path(sys.argv[1])
+with path_lock(lock_file_for(home, home / "MEMORY.md", "shared"), mode="shared", timeout=5):
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_status_names_a_shared_lock_claim_left_by_another_host(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """In shared lock mode, a claim a crashed writer on ANOTHER host left on ava's MEMORY.md
+    (never broken automatically from here) is named by status: persona, file, pid and host."""
+    (fleet_root / "ava" / "MEMORY.md").touch()
+    done = subprocess.run(
+        [sys.executable, "-c", _OTHER_HOST_WRITER, str(fleet_root / "ava")], check=False
+    )
+    assert done.returncode == -signal.SIGKILL
+    shared = {**env, "SOULFLEET_LOCK_MODE": "shared"}
+    table = invoke("status", environ=shared).stdout
+    assert "shared-mode lock claims (2; another host's stay until cleared):" in table  # held+intent
+    assert "  ava MEMORY.md: held claim by pid " in table
+    assert "on otherhost" in table
+    claims = json.loads(invoke("status", "ava", "--json", environ=shared).stdout)["lock_claims"]
+    assert {(c["persona"], c["file"]) for c in claims} == {("ava", "MEMORY.md")}
+    assert any(c["holder"].startswith("held claim by pid") for c in claims)
+    assert json.loads(invoke("status", "--json").stdout)["lock_claims"] == []  # local mode

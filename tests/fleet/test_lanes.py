@@ -356,6 +356,70 @@ def test_beats_stream_is_trimmed_near_beats_max(
     assert 10 <= redis_client.xlen(keys.beats) < 300
 
 
+def test_a_reply_reaches_its_caller_exactly_as_the_worker_encoded_it(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """finish.lua never decodes or re-encodes the reply (a large reply costs Redis one copy,
+    not a cjson round trip): the stored payload is the worker's JSON byte for byte, with the
+    turn id appended; cjson would have rewritten "/" as "\\/" and reordered the keys."""
+    asked = item("question", reply=True)
+    turn = lanes.post("ava", asked, wake=True).turn_id
+    assert turn is not None
+    started = lanes.start("ava", turn, "w1")
+    text = "a/b é " + "z" * 100_000
+    lanes.finish(
+        "ava", started.fence, status="done", text=text, reply_ids=[asked.id],
+        reply_extra={"usage": {"input_tokens": 3}, "limit": None},
+    )  # fmt: skip
+    [stored] = redis_client.lrange(keys.reply(asked.id), 0, -1)
+    expected = json.dumps(
+        {"usage": {"input_tokens": 3}, "limit": None, "text": text, "status": "done"},
+        separators=(",", ":"),
+    )
+    assert stored == expected[:-1] + f',"turn_id":"{turn}"}}'
+    assert json.loads(stored)["turn_id"] == turn
+
+
+def test_each_beat_is_cut_to_beat_max_bytes_so_the_stream_is_bounded_in_bytes(
+    redis_client: redis.Redis, key_prefix: str, keys: Keys
+) -> None:
+    """A beat's text over beat_max_bytes is cut (whole characters, with a notice pointing at
+    the transcript): the stream holds at most beats_max entries of at most beat_max_bytes."""
+    lanes = make_lanes(redis_client, key_prefix, beats_max=10, beat_max_bytes=512)
+    for n in range(50):
+        started = lanes.start("ava", _queued_turn(lanes), "w")
+        text = f"{n} " + "é" * 5000
+        lanes.finish("ava", started.fence, status="done", text=text, beat={"text": text})
+    entries = cast(list[tuple[str, dict[str, str]]], redis_client.xrange(keys.beats))
+    assert 10 <= len(entries) < 50
+    for _, fields in entries:
+        assert len(fields["text"].encode()) <= 512
+        assert "[beat cut at 512 bytes of 1000" in fields["text"]
+        assert fields["text"].endswith("; the transcript has it all]")
+    assert sum(len(f["text"].encode()) for _, f in entries) <= 512 * len(entries)
+
+
+def test_work_id_survives_failed_and_crashed_attempts_and_moves_on_with_a_commit(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """The work id a turn keys its memory writes with is the same for every attempt at the
+    same work (after a fail and retry, after a crash and re-start) and changes once it commits."""
+    started = lanes.start("ava", _queued_turn(lanes), "w1")
+    work = lanes.work_id("ava")
+    assert work == "ava:0"
+    retry = lanes.fail("ava", started.fence, error="boom").retry_turn_id
+    assert retry is not None
+    again = lanes.start("ava", retry, "w2")
+    assert lanes.work_id("ava") == work
+    _crash(redis_client, keys)
+    third = lanes.start("ava", retry, "w3")
+    assert third.status == "started"
+    assert lanes.work_id("ava") == work
+    lanes.finish("ava", third.fence, status="done", text="ok")
+    assert again.fence < third.fence
+    assert lanes.work_id("ava") == "ava:1"
+
+
 # -- fail / attempts / dead-letter ----------------------------------------------------------------
 def test_fail_retries_then_dead_letters_after_max_attempts_with_the_error_visible(
     lanes: Lanes, redis_client: redis.Redis, keys: Keys
@@ -475,6 +539,24 @@ def test_reap_requeues_a_running_lane_whose_lease_expired_and_fences_out_the_old
     assert lanes.start("ava", turn, "w2").status == "stale"
     fresh = lanes.start("ava", repair.turn_id, "w2")
     assert ([i.id for i in fresh.items], fresh.recovered) == ([a.id], 1)
+
+
+def test_one_lane_with_broken_keys_never_stops_the_repair_of_the_others(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys, clock: VirtualClock
+) -> None:
+    """A stranded lane whose hash is not a hash (a hand edit, a bug) fails ITS repair (logged
+    lane.reap_failed); the other stranded lanes of the same pass are repaired."""
+    for lane in ("ava", "bob"):
+        turn = lanes.post(lane, item("a"), wake=True).turn_id
+        assert turn is not None
+        lanes.start(lane, turn, "w1")
+        _crash(redis_client, keys, lane)
+    redis_client.delete(keys.lane("ava"))
+    redis_client.set(keys.lane("ava"), "not a hash")
+    clock.advance(31)
+    repairs = lanes.reap(queued_after=600)
+    assert [(r.lane, r.reason) for r in repairs] == [("bob", "lease_expired")]
+    assert lanes.status("bob")["state"] == "queued"
 
 
 def test_reap_leaves_a_live_lease_and_an_unexpired_one_alone(

@@ -151,3 +151,57 @@ def test_reader_never_sees_a_torn_file(tmp_path: Path) -> None:
         thread.join()
     assert reads > 0
     assert tree(tmp_path) == {"MEMORY.md"}
+
+
+def _finishes(fn: object, seconds: float = 10.0) -> list[object]:
+    """Run ``fn`` in a daemon thread; the outcome (value or exception) if it ends in time."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(fn())  # type: ignore[operator]
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "the read blocked"
+    return outcome
+
+
+def test_read_prefix_refuses_a_device_behind_a_symlink(tmp_path: Path) -> None:
+    """A symlink to /dev/zero (an endless file) is refused as a character device, unread."""
+    (tmp_path / "HEARTBEAT.md").symlink_to("/dev/zero")
+    with pytest.raises(PersonaFileError, match="character device"):
+        read_prefix(tmp_path / "HEARTBEAT.md", 10)
+
+
+def test_read_prefix_decides_on_the_opened_file_not_a_prior_stat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kind check is on the OPENED descriptor: even when a stat would say "regular file"
+    (a file swapped for a FIFO between stat and open), the FIFO is refused without blocking."""
+    os.mkfifo(tmp_path / "persona.toml")
+    real_stat = os.stat
+    regular = real_stat(__file__)
+
+    def lying_stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if str(path).endswith("persona.toml"):
+            return regular
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", lying_stat)
+    monkeypatch.setattr(Path, "stat", lambda self, **_: lying_stat(self))
+    outcome = _finishes(lambda: read_prefix(tmp_path / "persona.toml", 10))
+    assert isinstance(outcome[0], PersonaFileError)
+    assert "FIFO" in str(outcome[0])
+
+
+def test_read_prefix_without_follow_refuses_symlinks(tmp_path: Path) -> None:
+    """follow_symlinks=False (transcripts) refuses a symlink even to a regular file."""
+    (tmp_path / "real.jsonl").write_text("x")
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "real.jsonl")
+    assert read_prefix(tmp_path / "link.jsonl", 10) == b"x"
+    with pytest.raises(PersonaFileError, match="symlink"):
+        read_prefix(tmp_path / "link.jsonl", 10, follow_symlinks=False)

@@ -231,3 +231,32 @@ def test_inbox_text_strips_exactly_the_framing_render_inbox_adds() -> None:
     assert inbox_text(render_inbox(items, 4, persona="ava")) == "feed the cat\n  twice\n\nhello"
     assert inbox_text(render_inbox([], 9, persona="ava")) == ""
     assert inbox_text("  just a prompt  ") == "just a prompt"
+
+
+def test_the_hosts_say_overrides_the_sender_both_ways() -> None:
+    """trusted=False keeps an item claiming the persona's tree inside the UNTRUSTED block;
+    trusted=True puts any sender outside it; None (not said) falls back to the sender rule."""
+    claims = InboxItem("evil", "ava/x@evil.com", "email", "1", 1.0, trusted=False)
+    vouched = InboxItem("hi", "ops", "api", "2", 1.0, trusted=True)
+    unsaid = InboxItem("own", "ava/cli", "cli", "3", 1.0)
+    rendered = render_inbox([claims, vouched, unsaid], 0, persona="ava")
+    head, block = rendered.split("[UNTRUSTED ", 1)
+    assert "{from: ops, channel: api}" in head
+    assert "{from: ava/cli, channel: cli}" in head
+    assert "{from: ava/x@evil.com, channel: email}" in block
+    assert (claims.trusted_by("ava"), vouched.trusted_by("ava"), unsaid.trusted_by("ava")) == (
+        False,
+        True,
+        True,
+    )
+
+
+def test_trusted_travels_on_the_wire_and_is_checked() -> None:
+    """A stated trust is written as "trusted" and read back; an unstated one is not written
+    (older items read as None); a non-boolean is refused."""
+    item = InboxItem("t", "ops", "api", "1", 2.0, trusted=True)
+    assert json.loads(item.to_json())["trusted"] is True
+    assert InboxItem.from_json(item.to_json()) == item
+    assert "trusted" not in json.loads(InboxItem("t", "a", "c", "1", 2.0).to_json())
+    with pytest.raises(ValueError, match="'trusted'"):
+        InboxItem.from_json('{"id":"1","text":"t","from":"a","channel":"c","at":1,"trusted":1}')

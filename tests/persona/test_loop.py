@@ -317,3 +317,40 @@ def test_budget_rejects_negative_limits() -> None:
         Budget(max_tool_calls=-1)
     with pytest.raises(ValueError, match="max_seconds"):
         Budget(max_seconds=float("nan"))
+
+
+def test_an_oversize_reply_is_cut_at_the_cap_before_anyone_sees_it() -> None:
+    """A 20 MB answer reaches on_message (the transcript), the history and the result cut at
+    max_reply_bytes (whole characters only) plus a notice naming the size and the cap."""
+    seen: list[Message] = []
+    huge = "é" * (10 * 1024 * 1024)  # 20 MB of two-byte characters
+    result = loop(
+        ReplayModel(says(huge)), budget=Budget(max_reply_bytes=1001), on_message=seen.append
+    )
+    assert result.status == "done"
+    kept, notice = result.text.split("\n[truncated", 1)
+    assert kept == "é" * 500  # 1000 bytes: the 1001st byte would split a character
+    assert "20971520 bytes, over the 1001-byte reply cap" in notice
+    assert seen[-1].content == result.text
+    assert result.messages[-1].content == result.text
+
+
+def test_a_tool_call_with_oversize_arguments_is_not_run_and_the_model_is_told() -> None:
+    """Arguments over the cap: the tool never runs, the model gets an error result naming the
+    size and the cap, and the recorded call no longer carries the arguments."""
+    tool = RecordingTool()
+    model = ReplayModel(call(("echo", {"text": "x" * 5000})), says("sorry"))
+    result = loop(model, tools=(tool,), budget=Budget(max_reply_bytes=1000))
+    assert tool.seen == []
+    assert result.text == "sorry"
+    assistant, answer = result.messages[1], result.messages[2]
+    assert assistant.tool_calls[0].arguments == {}
+    assert "x" * 1000 not in str(assistant.to_dict())
+    assert answer.is_error
+    assert "5012 bytes, over the 1000-byte reply cap; nothing was run" in answer.content
+
+
+def test_a_reply_within_the_cap_is_untouched() -> None:
+    """At exactly the cap nothing is cut and no notice is added."""
+    result = loop(ReplayModel(says("y" * 1000)), budget=Budget(max_reply_bytes=1000))
+    assert result.text == "y" * 1000

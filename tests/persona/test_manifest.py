@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from datetime import time
 from pathlib import Path
 
@@ -10,7 +12,13 @@ import pytest
 from tests.support.persona import at
 from workers.persona.errors import PersonaConfigError, PersonaFileError, PersonaNotFound
 from workers.persona.home import DEFAULT_INDEX_CAP
-from workers.persona.manifest import MANIFEST_NAME, PersonaConfig, load_manifest, parse_manifest
+from workers.persona.manifest import (
+    MANIFEST_MAX_BYTES,
+    MANIFEST_NAME,
+    PersonaConfig,
+    load_manifest,
+    parse_manifest,
+)
 from workers.persona.schedules import ActiveHours, DreamSchedule, HeartbeatSchedule
 
 FULL = """\
@@ -282,3 +290,48 @@ def test_end_2400_means_until_midnight(tmp_path: Path) -> None:
     assert hours.contains(at(2024, 1, 15, 23, 59))
     assert not hours.contains(at(2024, 1, 16, 0, 0))
     assert not hours.contains(at(2024, 1, 15, 17, 59))
+
+
+def test_fifo_or_device_manifest_is_refused_without_blocking(tmp_path: Path) -> None:
+    """persona.toml as a FIFO (no writer: a plain read would block forever) or as a symlink to
+    /dev/zero (a read would never end) is a PersonaFileError naming the file, at once."""
+    fifo_home, zero_home = tmp_path / "fifo", tmp_path / "zero"
+    fifo_home.mkdir()
+    zero_home.mkdir()
+    os.mkfifo(fifo_home / "persona.toml")
+    (zero_home / "persona.toml").symlink_to("/dev/zero")
+    for home, kind in ((fifo_home, "FIFO"), (zero_home, "character device")):
+        outcome: list[BaseException] = []
+        thread = threading.Thread(
+            target=lambda h=home, out=outcome: _record(out, lambda: load_manifest(h)),
+            daemon=True,
+        )
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive(), f"load_manifest blocked on {home}"
+        assert isinstance(outcome[0], PersonaFileError)
+        assert "persona.toml" in str(outcome[0])
+        assert kind in str(outcome[0])
+
+
+def _record(outcome: list[BaseException], fn: object) -> None:
+    try:
+        fn()  # type: ignore[operator]
+    except BaseException as exc:
+        outcome.append(exc)
+
+
+def test_oversize_manifest_is_refused(tmp_path: Path) -> None:
+    """A persona.toml past MANIFEST_MAX_BYTES is refused before it is parsed."""
+    (tmp_path / "persona.toml").write_text("# pad\n" * (MANIFEST_MAX_BYTES // 6 + 10))
+    with pytest.raises(PersonaFileError, match="larger than"):
+        load_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("every", ["1" + "0" * 400 + "d", "3651d", "9" * 5000 + "s"])
+def test_overflowing_duration_is_a_config_error(tmp_path: Path, every: str) -> None:
+    """A duration too long to schedule (400 digits overflow a float; 5,000 digits are refused
+    by int()) is a PersonaConfigError naming heartbeat.every, never an OverflowError."""
+    (tmp_path / "persona.toml").write_text(f'[heartbeat]\nevery = "{every}"\n')
+    with pytest.raises(PersonaConfigError, match=r"'heartbeat\.every'.*longer than"):
+        load_manifest(tmp_path)

@@ -47,6 +47,7 @@ def make_lanes(
     beats_max: int = 100,
     reply_ttl: float = 60.0,
     item_max_bytes: int = 64 * 1024,
+    beat_max_bytes: int = 4096,
     clock: Clock | None = None,
 ) -> Lanes:
     """A Lanes on ``client`` with small, test-friendly limits."""
@@ -59,6 +60,7 @@ def make_lanes(
         beats_max=beats_max,
         reply_ttl=reply_ttl,
         item_max_bytes=item_max_bytes,
+        beat_max_bytes=beat_max_bytes,
         clock=clock,
     )
 

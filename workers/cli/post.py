@@ -1,7 +1,8 @@
 """``soulfleet post PERSONA TEXT``: deliver one inbox item through the host API.
 
 A thin wrapper over :meth:`workers.fleet.Fleet.post`, the same call any inbound channel makes:
-the item keeps its provenance (``--from``, ``--channel``) and, with ``--wake`` (the default),
+the item keeps its provenance (``--from``, ``--channel``; provenance only: the item is
+untrusted unless ``--trusted``) and, with ``--wake`` (the default),
 queues a turn if the persona is idle. A full inbox is refused loudly (exit 1), never dropped.
 """
 
@@ -22,6 +23,12 @@ __all__ = ["post"]
 @click.option("--wake/--no-wake", default=True, show_default=True, help="Queue a turn now.")
 @click.option("--from", "sender", default="cli", show_default=True, help="Sender name.")
 @click.option("--channel", default="cli", show_default=True, help="Channel the item came in on.")
+@click.option(
+    "--trusted",
+    is_flag=True,
+    help="Render the item as the persona's own side (outside the UNTRUSTED block). Only for "
+    "text you wrote yourself; --from never decides trust.",
+)
 @personas_option
 @click.pass_context
 def post(
@@ -32,12 +39,15 @@ def post(
     wake: bool,
     sender: str,
     channel: str,
+    trusted: bool,
     personas: Path | None,
 ) -> None:
     """Put TEXT in PERSONA's inbox (and wake it unless --no-wake)."""
     state = cli_context(ctx, personas)
     name = state.persona(persona)
-    outcome = state.fleet().post(name, text, sender=sender, channel=channel, wake=wake)
+    outcome = state.fleet().post(
+        name, text, sender=sender, channel=channel, wake=wake, trusted=trusted
+    )
     if outcome.outcome == "queued":
         what = f"turn {outcome.turn_id} queued"
     elif outcome.outcome == "dead":

@@ -23,8 +23,9 @@ from workers.cli.group import cli_context, personas_option
 from workers.fleet import Fleet
 from workers.fleet.breaker import BreakerState
 from workers.fleet.scripts import redis_errors
+from workers.persona.locks import shared_claims_under
 
-__all__ = ["ago", "beat_summary", "breaker_lines", "status"]
+__all__ = ["ago", "beat_summary", "breaker_lines", "invalid_personas", "lock_claims", "status"]
 
 _COLUMNS = ("PERSONA", "STATE", "TICKS", "INBOX", "TRIES", "LAST TURN", "DREAMER", "LAST ERROR")
 
@@ -84,6 +85,47 @@ def _until(when: float | None, now: float) -> str:
     return "due" if seconds <= 0 else f"in {seconds:.0f}s"
 
 
+def invalid_personas(fleet: Fleet, names: Sequence[str] | None = None) -> dict[str, str]:
+    """Persona -> why beat's registry sync refused it (unreadable, FIFO, bad TOML, overflowing
+    duration...): read from the records the sync keeps, so status never opens a persona file."""
+    with redis_errors(fleet.client):
+        if names is None:
+            raw = fleet.client.hgetall(fleet.keys.registry)
+        else:
+            values = fleet.client.hmget(fleet.keys.registry, list(names)) if names else []
+            raw = {name: value for name, value in zip(names, values, strict=True) if value}
+    invalid: dict[str, str] = {}
+    for name, record in sorted(raw.items()):
+        try:
+            error = json.loads(record).get("error")
+        except (ValueError, AttributeError):
+            continue
+        if error:
+            invalid[str(name)] = str(error)
+    return invalid
+
+
+def lock_claims(fleet: Fleet, names: Sequence[str]) -> list[dict[str, str]]:
+    """Claims on shared-mode memory locks (SOULFLEET_LOCK_MODE=shared only): what blocks a
+    persona's memory writes. This host's dead writers are cleared automatically, so a claim
+    listed for long is a live writer or a crashed one on ANOTHER host (clear it with
+    ``break_shared_lock`` once that host's process is known gone)."""
+    if fleet.settings.lock_mode != "shared":
+        return []
+    return [
+        {"persona": name, "file": data, "holder": holder}
+        for name in names
+        for data, holder in shared_claims_under(fleet.registry.home(name))
+    ]
+
+
+def _echo_claims(claims: Sequence[Mapping[str, str]]) -> None:
+    if claims:
+        click.echo(f"shared-mode lock claims ({len(claims)}; another host's stay until cleared):")
+        for claim in claims:
+            click.echo(f"  {claim['persona']} {claim['file']}: {claim['holder']}")
+
+
 def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
     last = "-"
     if entry.get("last_turn"):
@@ -130,10 +172,21 @@ def status(ctx: click.Context, persona: str | None, as_json: bool, personas: Pat
     state = cli_context(ctx, personas)
     if persona is not None:
         name = state.persona(persona)
-        entry = state.fleet().status(name)
+        fleet = state.fleet()
+        entry = fleet.status(name)
+        why = invalid_personas(fleet, [name]).get(name)
+        if why:
+            entry["invalid"] = why
+        claims = lock_claims(fleet, [name])
+        if claims:
+            entry["lock_claims"] = claims
         click.echo(json.dumps(entry, ensure_ascii=False) if as_json else _table([_row(entry)]))
         if not as_json and entry.get("last_text"):
             click.echo(f"last reply: {' '.join(str(entry['last_text']).split())[:200]}")
+        if not as_json and why:
+            click.echo(f"INVALID (not scheduled until fixed): {' '.join(why.split())}")
+        if not as_json:
+            _echo_claims(claims)
         return
     fleet = state.fleet()  # Redis first: with no fleet, the personas root is moot
     root = state.settings.personas
@@ -146,6 +199,8 @@ def status(ctx: click.Context, persona: str | None, as_json: bool, personas: Pat
     waiting = fleet.lanes.waiting()
     breakers = fleet.breaker.states()
     beat = beat_summary(fleet)
+    invalid = invalid_personas(fleet)
+    claims = lock_claims(fleet, [str(entry["persona"]) for entry in entries])
     if as_json:
         payload = {
             "root": str(root),
@@ -154,10 +209,17 @@ def status(ctx: click.Context, persona: str | None, as_json: bool, personas: Pat
             "waiting": waiting,
             "breakers": [asdict(state) for state in breakers],
             "beat": beat,
+            "invalid": invalid,
+            "lock_claims": claims,
         }
         click.echo(json.dumps(payload, ensure_ascii=False))
         return
     click.echo(_table([_row(entry) for entry in entries]) if entries else f"no personas in {root}")
+    if invalid:
+        click.echo(f"invalid personas ({len(invalid)}, not scheduled until fixed):")
+        for name, error in invalid.items():
+            click.echo(f"  {name}: {' '.join(error.split())}")
+    _echo_claims(claims)
     click.echo(
         f"lanes: {counts['queued']} queued, {counts['running']} running, {counts['dead']} dead, "
         f"{waiting['retry']} retrying, {waiting['deferred']} deferred "

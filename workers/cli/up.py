@@ -31,6 +31,8 @@ from workers.cli.launch import child_environ, child_specs, choose_personas, desc
 from workers.cli.watch import LogTail, Reporter
 from workers.fleet import Fleet
 from workers.fleet.beats import Beat, Beats
+from workers.fleet.errors import EvictingRedis
+from workers.fleet.eviction import check_eviction_policy
 from workers.local.datadir import AlreadyRunningError, DataDir, UpState, default_data_dir
 from workers.local.demo import WELCOME_PERSONA, welcome_text
 from workers.local.redis_server import RedisServer, RedisServerError, free_port
@@ -160,6 +162,12 @@ class _Up:
         self.publisher = CeleryPublisher(settings)
         self.fleet = Fleet(settings, publisher=self.publisher)
         self.fleet.ping()
+        try:  # the children would refuse one by one; say it once, before starting any
+            check_eviction_policy(
+                self.fleet.client, allow=settings.allow_eviction, url=redis_url, process="up"
+            )
+        except EvictingRedis as exc:
+            raise CliError(str(exc)) from None
         how = "demo personas" + (", copied on this first run" if choice.installed else "")
         echo(f"  personas  {choice.root} ({how if choice.demo else 'yours'})")
         lines, lanes = describe_personas(choice.root, settings)

@@ -10,6 +10,7 @@
         ├── UnknownPersona             no persona directory of that name under the root
         ├── LaneDeadLettered           the lane stopped after SOULFLEET_MAX_ATTEMPTS failures
         ├── RedisUnavailable           Redis did not answer (URL shown with its password hidden)
+        ├── EvictingRedis              Redis's maxmemory-policy may evict keys: refused at start
         ├── GateTimeout                no model-call slot within the wait; also a ModelError, so
         │                              the turn loop records it as a failed (retryable) call
         ├── ProviderPaused             the provider's breaker is open: no call was made; also a
@@ -40,6 +41,7 @@ from workers.persona.errors import (
 from workers.settings import redact_url
 
 __all__ = [
+    "EvictingRedis",
     "FleetError",
     "GateTimeout",
     "InboxFull",
@@ -144,6 +146,20 @@ class RedisUnavailable(FleetError):
         )
         self.url = safe
         self.detail = detail
+
+
+class EvictingRedis(FleetError):
+    """Redis runs a maxmemory-policy that may evict keys; soulfleet refuses to run on it."""
+
+    def __init__(self, url: str, policy: str) -> None:
+        super().__init__(
+            f"Redis at {redact_url(url)} has maxmemory-policy {policy}: under memory pressure it "
+            "would silently evict inbox items, lane hashes, fences and leases (lost or doubled "
+            "turns). Set maxmemory-policy noeviction (redis.conf, or CONFIG SET "
+            "maxmemory-policy noeviction), or set SOULFLEET_ALLOW_EVICTION=1 to run anyway"
+        )
+        self.url = redact_url(url)
+        self.policy = policy
 
 
 class GateTimeout(FleetError, ModelError):

@@ -98,6 +98,7 @@ class Fleet:
             lease_ttl=settings.lease_ttl,
             max_attempts=settings.max_attempts,
             beats_max=settings.beats_max,
+            beat_max_bytes=settings.beat_max_bytes,
             reply_ttl=settings.reply_ttl,
             clock=self.clock,
         )
@@ -138,8 +139,14 @@ class Fleet:
         channel: str = "api",
         wake: bool = True,
         reply: bool = False,
+        trusted: bool = False,
     ) -> PostOutcome:
         """Put ``text`` in the persona's inbox; with ``wake``, queue a turn if it is idle.
+
+        Trust is the HOST's statement, never read from ``sender`` (provenance only): the item
+        renders inside the persona's UNTRUSTED block unless ``trusted=True``. Pass it for what
+        the persona's own side sends (its operator, its own turns, its dreamer); never for text
+        that came from outside, whatever address it claims.
 
         Raises :class:`~workers.fleet.errors.UnknownPersona`,
         :class:`~workers.fleet.errors.InboxFull`
@@ -153,6 +160,7 @@ class Fleet:
             id=uuid.uuid4().hex,
             at=self.clock.time(),
             reply=reply,
+            trusted=trusted,
         )
         outcome = self.lanes.post(name, item, wake=wake)
         if outcome.turn_id is not None and outcome.turn_kind is not None:

@@ -75,6 +75,22 @@ _TICK_BATCH = 500
 _TICK_CALLS_PER_TRIP = 20
 
 
+def _cut(text: str, limit: int) -> str:
+    """``text`` within ``limit`` UTF-8 bytes (notice included): what keeps the beats stream
+    bounded in bytes (SOULFLEET_BEATS_MAX entries of at most SOULFLEET_BEAT_MAX_BYTES each)."""
+    data = text.encode("utf-8")
+    if len(data) <= limit:
+        return text
+    notice = f"… [beat cut at {limit} bytes of {len(data)}; the transcript has it all]"
+    room = max(0, limit - len(notice.encode("utf-8")))
+    return data[:room].decode("utf-8", errors="ignore") + notice
+
+
+def _open_object(document: Mapping[str, object]) -> str:
+    """``document`` as JSON without its closing brace, for finish.lua to append the turn id."""
+    return json.dumps(document, separators=(",", ":"))[:-1]  # the callers' are never empty
+
+
 def _turn_id() -> str:
     return uuid.uuid4().hex
 
@@ -85,7 +101,9 @@ def _item(raw: str) -> InboxItem:
     except ValueError as exc:
         # Never drop: hand the raw text to the turn as an untrusted item instead.
         _log.warning("lanes.item_unparseable", error=str(exc))
-        return InboxItem(text=raw, sender="unknown", channel="unparseable", id="", at=0.0)
+        return InboxItem(
+            text=raw, sender="unknown", channel="unparseable", id="", at=0.0, trusted=False
+        )
 
 
 class Lanes:
@@ -102,6 +120,7 @@ class Lanes:
         beats_max: int,
         reply_ttl: float,
         item_max_bytes: int = 64 * 1024,
+        beat_max_bytes: int = 4096,
         clock: Clock | None = None,
     ) -> None:
         if not client.connection_pool.connection_kwargs.get("decode_responses"):
@@ -111,6 +130,7 @@ class Lanes:
             ("max_attempts", max_attempts),
             ("beats_max", beats_max),
             ("item_max_bytes", item_max_bytes),
+            ("beat_max_bytes", beat_max_bytes),
         ):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -123,6 +143,7 @@ class Lanes:
         self.lease_ttl = lease_ttl
         self.max_attempts = max_attempts
         self.beats_max = beats_max
+        self.beat_max_bytes = beat_max_bytes
         self.reply_ttl = reply_ttl
         self.clock: Clock = clock or SystemClock()
         self.scripts = Scripts.register(client)
@@ -134,19 +155,32 @@ class Lanes:
     def _ms(self, seconds: float) -> int:
         return max(1, int(seconds * 1000))
 
-    def _run(self, calls: Sequence[tuple[Script, list[str], list[str | int]]]) -> list[Any]:
+    def _run(
+        self,
+        calls: Sequence[tuple[Script, list[str], list[str | int]]],
+        *,
+        isolated: bool = False,
+    ) -> list[Any]:
         """Run script calls in ONE round trip: directly if there is one, else pipelined
-        (a pipeline adds a SCRIPT EXISTS check, worth it only for several calls)."""
+        (a pipeline adds a SCRIPT EXISTS check, worth it only for several calls).
+
+        ``isolated``: a call that fails in Redis (a key of the wrong type...) comes back as
+        its exception in its place instead of failing the others (the reaper's repairs)."""
         if not calls:
             return []
         with redis_errors(self.client):
             if len(calls) == 1:
                 script, keys, args = calls[0]
-                return [script(keys=keys, args=args)]
+                try:
+                    return [script(keys=keys, args=args)]
+                except redis.ResponseError as exc:
+                    if not isolated:
+                        raise
+                    return [exc]
             pipe = self.client.pipeline(transaction=False)
             for script, keys, args in calls:
                 script(keys=keys, args=args, client=pipe)
-            return list(pipe.execute())
+            return list(pipe.execute(raise_on_error=not isolated))
 
     # -- inbound ----------------------------------------------------------------------------
     def post(self, lane: str, item: InboxItem, *, wake: bool) -> PostOutcome:
@@ -266,6 +300,17 @@ class Lanes:
             kind=str(kind),
         )
 
+    def work_id(self, lane: str) -> str:
+        """The id of the work the lane's current turn does: ``<lane>:<committed turns>``.
+
+        It stays the same across every failed or crashed attempt at that work (only a commit
+        moves it on), so the holder of the lane's fence can key side effects with it: a retried
+        attempt repeating its predecessor's memory write is recognised and not applied twice.
+        """
+        with redis_errors(self.client):
+            commits = self.client.hget(self.keys.lane(lane), "commits")
+        return f"{lane}:{int(commits or 0)}"
+
     def renew(self, lane: str, fence: int) -> bool:
         """Extend the lease if ``fence`` is still current; False means the lease is lost."""
         return self.renew_many([(lane, fence)])[0]
@@ -303,7 +348,8 @@ class Lanes:
         it no longer holds the lane.
 
         ``beat`` (e.g. ``{"persona": "ava", "text": reply}``) is added to the beats stream in
-        the same atomic step, with ``time`` defaulting to now and ``turn_id`` from the lane.
+        the same atomic step, with ``time`` defaulting to now and ``turn_id`` from the lane;
+        each of its values is cut to ``beat_max_bytes``, so the stream is bounded in bytes.
         Each ``reply_ids`` item gets ``{text, status, turn_id, **reply_extra}`` (e.g. usage,
         limit) on its reply list.
         """
@@ -312,13 +358,13 @@ class Lanes:
             fields = {"persona": lane, "time": repr(self.clock.time()), **beat}
             fields.pop("turn_id", None)
             for name, value in fields.items():
-                beat_args += [name, str(value)]
+                beat_args += [name, _cut(str(value), self.beat_max_bytes)]
         keys = [*self.keys.lane_keys(lane), self.keys.beats]
         keys += [self.keys.reply(item_id) for item_id in reply_ids]
         follow_up = _turn_id()
         args: list[str | int] = [
             lane, fence, self._now_ms(), status,
-            json.dumps({**(reply_extra or {}), "text": text, "status": status}),
+            _open_object({**(reply_extra or {}), "text": text, "status": status}),
             text[:LAST_TEXT_MAX], follow_up,
             self.beats_max, self._ms(self.reply_ttl), len(beat_args), *beat_args,
         ]  # fmt: skip
@@ -468,12 +514,16 @@ class Lanes:
             (self.scripts.reap_queued, self.keys.lane_keys(lane), [lane, now, after])
             for lane in queued
         ]
-        replies = self._run(calls)
+        # Isolated: one lane whose keys are broken must not stop the repair of every other.
+        replies = self._run(calls, isolated=True)
         repairs: list[Repair] = []
         reasons: list[Literal["lease_expired", "queued_too_long"]] = []
         reasons += ["lease_expired"] * len(running)
         reasons += ["queued_too_long"] * len(queued)
         for lane, reason, reply in zip([*running, *queued], reasons, replies, strict=True):
+            if isinstance(reply, Exception):
+                _log.error("lane.reap_failed", lane=lane, reason=reason, error=str(reply))
+                continue
             if reply[0] == "repaired":
                 repairs.append(Repair(lane, reason, str(reply[1]), str(reply[2])))
                 metrics.REAPER_REPAIRS.labels(reason=reason).inc()

@@ -78,26 +78,38 @@ class AgentDef:
         lock_mode: LockMode = "local",
         lock_timeout: float = 10.0,
         declared: Sequence[Tool] = (),
+        write_scope: str | None = None,
     ) -> tuple[Tool, ...]:
         """The tools a turn offers, in order.
 
         A persona: its extra tools, then its ``declared`` tools (built from persona.toml by the
         runtime, :func:`workers.persona.toolbox.build_declared`), then ``memory`` unless
         ``memory=False``. A dreamer: EXACTLY ``memory`` (notes on) and ``transcript_search``
-        over its store, whatever is passed.
+        over its store, whatever is passed. ``write_scope`` keys the memory tool's writes (a
+        fleet turn's work id): see :mod:`workers.persona.ledger`.
         """
         if self.kind == "dreamer":
             if self.store is None:
                 raise ValueError(f"dreamer {self.name!r} has no transcript store")
             return (
-                memory_tool(self.home, notes=True, lock_mode=lock_mode, lock_timeout=lock_timeout),
+                memory_tool(
+                    self.home,
+                    notes=True,
+                    lock_mode=lock_mode,
+                    lock_timeout=lock_timeout,
+                    write_scope=write_scope,
+                ),
                 transcript_search_tool(self.store),
             )
         tools = (*self.tools, *declared)
         if not self.memory:
             return tools
         memory = memory_tool(
-            self.home, notes=self.notes, lock_mode=lock_mode, lock_timeout=lock_timeout
+            self.home,
+            notes=self.notes,
+            lock_mode=lock_mode,
+            lock_timeout=lock_timeout,
+            write_scope=write_scope,
         )
         return (*tools, memory)
 

@@ -89,10 +89,19 @@ class HeartbeatDriver:
                 self._timer = self.clock.call_later(self.every, self._beat)
         return self
 
-    def post(self, text: str, sender: str, channel: str, *, wake: bool = False) -> InboxItem:
+    def post(
+        self,
+        text: str,
+        sender: str,
+        channel: str,
+        *,
+        wake: bool = False,
+        trusted: bool | None = None,
+    ) -> InboxItem:
         """Put an event in the inbox (provenance kept). It is seen by the next turn; pass
-        ``wake=True`` (or call :meth:`wake`) to start that turn now if the persona is idle."""
-        item = InboxItem.create(text, sender, channel, clock=self.clock)
+        ``wake=True`` (or call :meth:`wake`) to start that turn now if the persona is idle.
+        ``trusted`` is the caller's say (``None``: judged from the sender, see InboxItem)."""
+        item = InboxItem.create(text, sender, channel, trusted=trusted, clock=self.clock)
         with self._lock:
             self._inbox.append(item)
         if wake:

@@ -9,19 +9,24 @@ that safe, and every file the persona core writes goes through them:
   component) that lead outside. A symlink that stays inside the root is followed, and the
   returned path is its real target, so a write replaces the real file (not the link) and two
   names for one file share one lock.
-* **Bounded reads.** :func:`read_prefix` reads at most ``limit + 1`` bytes, so a runaway file can
-  never cost more memory than the cap it is checked against, and refuses anything that is not a
-  regular file (a directory, a FIFO that would block, a dangling link) with an error naming it.
+* **Bounded, non-blocking reads.** :func:`read_prefix` is the one door every persona file is read
+  through: it opens without blocking (``O_NONBLOCK``), checks the opened descriptor is a regular
+  file (a FIFO would block a reader forever, ``/dev/zero`` would never end) and reads at most
+  ``limit + 1`` bytes, so no file can hang a worker thread or the beat loop, or cost more memory
+  than the cap it is checked against.
 * **Atomic writes.** :func:`atomic_write_bytes` writes a temp file in the same directory, fsyncs
   it, ``os.replace``-s it over the target and fsyncs the directory: a reader sees the old bytes or
   the new bytes, never a mix, and a crash leaves the old file plus at most one hidden
-  ``.<name>.<hex>.tmp`` file (removed on every error path we get to run).
+  ``.<name>.<hex>.tmp`` file (removed on every error path we get to run; one a SIGKILL left is
+  removed by the next writer holding the path's lock, :func:`remove_stale_temps`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import re
 import secrets
 import stat
 from pathlib import Path, PurePath
@@ -33,8 +38,11 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "confined",
+    "file_kind",
     "fsync_directory",
     "read_prefix",
+    "regular_file_problem",
+    "remove_stale_temps",
 ]
 
 #: Temp files are ``.<target name>.<16 hex>.tmp`` in the target's own directory: hidden, and
@@ -42,6 +50,7 @@ __all__ = [
 TEMP_SUFFIX = ".tmp"
 
 _DEFAULT_MODE = 0o644
+_READ_CHUNK = 1 << 20
 
 
 def confined(root: str | os.PathLike[str], relative: str | os.PathLike[str]) -> Path:
@@ -70,34 +79,91 @@ def confined(root: str | os.PathLike[str], relative: str | os.PathLike[str]) -> 
     return real
 
 
-def read_prefix(path: str | os.PathLike[str], limit: int) -> bytes | None:
+def file_kind(mode: int) -> str:
+    """A file type in words, for errors that say why a path was refused."""
+    for test, words in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symlink"),
+    ):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def regular_file_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why ``path`` is not usable as a persona file, from ``stat`` alone (never opens it);
+    None when it is a regular file or absent. For checks that must not even open a file."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return f"is a symlink to a missing file ({os.readlink(path)})"
+        return None
+    except OSError as error:
+        return f"cannot be inspected: {error.strerror or error}"
+    if stat.S_ISREG(info.st_mode):
+        return None
+    return _not_regular(info.st_mode)
+
+
+def _not_regular(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "is a directory, not a file"
+    return f"is not a regular file (it is {file_kind(mode)}); persona files must be regular files"
+
+
+def read_prefix(
+    path: str | os.PathLike[str], limit: int, *, follow_symlinks: bool = True
+) -> bytes | None:
     """Up to ``limit + 1`` bytes of a regular file; ``None`` if nothing exists at ``path``.
 
-    Reading one byte past ``limit`` lets the caller tell "exactly at the cap" from "over it"
-    without ever reading a whole runaway file. Anything that exists but is not a readable regular
-    file raises :class:`PersonaFileError` naming the path.
+    THE one way the persona core and beat read a persona's files (persona.toml, bootstrap files,
+    DREAM.md, HEARTBEAT.md, notes, transcripts), because a person can put anything at those
+    names. The file is opened with ``O_NONBLOCK`` (a FIFO cannot block the open) and, unless
+    ``follow_symlinks``, ``O_NOFOLLOW``; the OPENED descriptor is then checked with ``fstat``
+    (no race with a swap after a ``stat``), so a FIFO, a device such as ``/dev/zero``, a socket
+    or a directory is refused with :class:`PersonaFileError` naming the path and what it is,
+    before one byte is read. Reading one byte past ``limit`` lets the caller tell "exactly at
+    the cap" from "over it" without ever reading a whole runaway file.
     """
     target = Path(path)
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if not follow_symlinks:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        info = target.stat()
+        fd = os.open(target, flags)
     except FileNotFoundError:
         if target.is_symlink():
             problem = f"is a symlink to a missing file ({os.readlink(target)})"
             raise PersonaFileError(target, problem) from None
         return None
     except OSError as error:
-        raise PersonaFileError(target, f"cannot be inspected: {error.strerror or error}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise PersonaFileError(target, "is a directory, not a file")
-    if not stat.S_ISREG(info.st_mode):
-        raise PersonaFileError(target, "is not a regular file")
+        if error.errno == errno.ELOOP and not follow_symlinks:
+            raise PersonaFileError(target, "is a symlink; it must be a regular file") from None
+        if error.errno == errno.ENXIO:  # a socket, or a device with nothing behind it
+            raise PersonaFileError(target, _not_regular(stat.S_IFSOCK)) from None
+        raise PersonaFileError(target, f"cannot be read: {error.strerror or error}") from None
     try:
-        with target.open("rb") as handle:
-            return handle.read(limit + 1)
-    except FileNotFoundError:
-        return None  # removed between stat and open: as good as absent
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise PersonaFileError(target, _not_regular(info.st_mode))
+        chunks: list[bytes] = []
+        wanted = limit + 1
+        while wanted > 0:
+            chunk = os.read(fd, min(wanted, _READ_CHUNK))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            wanted -= len(chunk)
+        return b"".join(chunks)
     except OSError as error:
         raise PersonaFileError(target, f"cannot be read: {error.strerror or error}") from None
+    finally:
+        os.close(fd)
 
 
 def fsync_directory(directory: str | os.PathLike[str]) -> None:
@@ -141,6 +207,31 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             temp.unlink()
         raise
     fsync_directory(directory)
+
+
+def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:
+    """Delete the temp files crashed writers of ``path`` left (``.<name>.<16 hex>.tmp``).
+
+    Call it ONLY while holding ``path``'s write lock: every writer of ``path`` writes under that
+    lock, so any temp file of ``path`` found then belongs to a writer that died mid-write (a
+    SIGKILL skips the cleanup :func:`atomic_write_bytes` does on every error path it can run).
+    Returns the names removed.
+    """
+    target = Path(path)
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.[0-9a-f]{{16}}{re.escape(TEMP_SUFFIX)}")
+    removed: list[str] = []
+    try:
+        with os.scandir(target.parent) as entries:
+            stale = [
+                e for e in entries if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)
+            ]
+    except OSError:
+        return removed
+    for entry in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry.path)
+            removed.append(entry.name)
+    return removed
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

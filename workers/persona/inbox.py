@@ -8,8 +8,9 @@ so a persona behaves the same in either), and it is built so the structure canno
   line with braces replaced, so a hostile sender cannot close the braces or start a new entry;
 - every line of an item's text is indented by two spaces, so no text can produce a
   column-0 ``- {...}`` entry or an ``[END UNTRUSTED ...]`` marker;
-- items from outside the persona's own tree sit inside an ``[UNTRUSTED <nonce>]`` block whose
-  nonce is a hash of those very items, so an item cannot know it in advance;
+- items the host did not mark trusted (``InboxItem.trusted``; without a say, those from outside
+  the persona's own tree) sit inside an ``[UNTRUSTED <nonce>]`` block whose nonce is a hash of
+  those very items, so an item cannot know it in advance;
 - timer ticks fold into one counted entry (``tick x12``): a beat never piles up.
 """
 
@@ -46,6 +47,12 @@ class InboxItem:
 
     ``reply`` marks an item whose sender waits for the turn's final text (the fleet's ``run``).
     On the wire (JSON, see :meth:`to_json`) the sender is the ``from`` field.
+
+    ``trusted`` is what the host that delivered the item says about it: ``True`` or ``False``
+    decide how it renders, and the sender string is then provenance only (a host that passes
+    ``sender="ava/x@evil.com"`` does not make an outside address trusted). ``None`` (not said:
+    the in-process driver's default, items stored before hosts said it) falls back to
+    :func:`is_trusted` on the sender, the contract's rule for code that posts directly.
     """
 
     text: str
@@ -54,6 +61,7 @@ class InboxItem:
     id: str
     at: float
     reply: bool = False
+    trusted: bool | None = None
 
     @classmethod
     def create(
@@ -63,27 +71,37 @@ class InboxItem:
         channel: str,
         *,
         reply: bool = False,
+        trusted: bool | None = None,
         clock: Clock | None = None,
     ) -> InboxItem:
         """A new item with a fresh uuid4 hex id, stamped with the clock's wall time."""
         now = (clock or SystemClock()).time()
         return cls(
-            text=text, sender=sender, channel=channel, id=uuid.uuid4().hex, at=now, reply=reply
+            text=text,
+            sender=sender,
+            channel=channel,
+            id=uuid.uuid4().hex,
+            at=now,
+            reply=reply,
+            trusted=trusted,
         )
 
     def to_json(self) -> str:
-        return json.dumps(
-            {
-                "id": self.id,
-                "text": self.text,
-                "from": self.sender,
-                "channel": self.channel,
-                "at": self.at,
-                "reply": self.reply,
-            },
-            ensure_ascii=False,
-            separators=(",", ":"),
-        )
+        data: dict[str, Any] = {
+            "id": self.id,
+            "text": self.text,
+            "from": self.sender,
+            "channel": self.channel,
+            "at": self.at,
+            "reply": self.reply,
+        }
+        if self.trusted is not None:
+            data["trusted"] = self.trusted
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+    def trusted_by(self, persona: str) -> bool:
+        """Whether this item renders as trusted for ``persona`` (see the class doc)."""
+        return is_trusted(self.sender, persona) if self.trusted is None else self.trusted
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> InboxItem:
@@ -103,6 +121,9 @@ class InboxItem:
         reply = data.get("reply", False)
         if not isinstance(reply, bool):
             raise ValueError("inbox item field 'reply' must be true or false")
+        trusted = data.get("trusted")
+        if trusted is not None and not isinstance(trusted, bool):
+            raise ValueError("inbox item field 'trusted' must be true or false")
         return cls(
             text=data["text"],
             sender=data["from"],
@@ -110,6 +131,7 @@ class InboxItem:
             id=data["id"],
             at=float(at),
             reply=reply,
+            trusted=trusted,
         )
 
 
@@ -157,8 +179,8 @@ def render_inbox(
     if ticks < 0:
         raise ValueError(f"ticks must be >= 0, got {ticks}")
     who = _label(persona)
-    trusted = [item for item in items if is_trusted(item.sender, persona)]
-    untrusted = [item for item in items if not is_trusted(item.sender, persona)]
+    trusted = [item for item in items if item.trusted_by(persona)]
+    untrusted = [item for item in items if not item.trusted_by(persona)]
     count = len(items) + (1 if ticks else 0)
     blocks: list[str] = []
     if ticks:

@@ -15,8 +15,11 @@ Why it is built this way:
   :class:`~filelock.StrictSoftFileLock`: exclusion by immutable claim files created with
   hard links, which works on NFS-like filesystems. Its price: slower (about 0.9 ms against
   0.1 ms per uncontended acquisition on a local disk), and a holder that
-  crashes mid-write leaves its claim behind, which blocks that one file until it is cleared with
-  :func:`break_shared_lock` (never by age: age-based expiry could let two live writers overlap).
+  crashes mid-write leaves its claim behind. A claim whose holder ran on THIS host and is dead
+  (pid gone, or reused by a later process) is broken automatically by the next writer that
+  finds the lock contended; a claim from another host stays (its processes cannot be seen from
+  here) until it is cleared with :func:`break_shared_lock`, and ``soulfleet status`` names it.
+  Never by age: age-based expiry could let two live writers overlap.
   The two modes use different lock files (``.lock`` vs ``.shared.lock``) and do not exclude
   each other: every worker on one persona filesystem must use the same mode.
 * **A per-path threading lock in front.** Threads of one worker queue on an in-process lock first
@@ -38,7 +41,11 @@ from pathlib import Path, PurePath
 from typing import Literal
 
 import structlog
-from filelock import BaseFileLock, StrictSoftFileLock, Timeout, UnixFileLock
+from filelock import BaseFileLock, StrictSoftFileClaim, StrictSoftFileLock, Timeout, UnixFileLock
+
+# filelock's own liveness test (pid alive AND the same process start time, pid namespaces
+# told apart in the host name): private API, so pyproject pins filelock below 5.
+from filelock._identity import host_name, owner_is_stale
 
 from workers.persona.errors import LockTimeout
 from workers.persona.files import confined
@@ -48,10 +55,13 @@ __all__ = [
     "LOCK_DIR",
     "LockMode",
     "LockTimeout",
+    "break_dead_local_claims",
     "break_shared_lock",
+    "ledger_file_for",
     "lock_file_for",
     "path_lock",
     "set_lock_wait_observer",
+    "shared_claims_under",
     "shared_lock_holders",
 ]
 
@@ -59,6 +69,8 @@ LockMode = Literal["local", "shared"]
 LOCK_DIR = ".locks"
 DEFAULT_LOCK_TIMEOUT = 10.0
 _SUFFIX: dict[LockMode, str] = {"local": ".lock", "shared": ".shared.lock"}
+#: A contended shared-mode acquisition looks for dead holders this often.
+_SHARED_SLICE = 0.5
 
 _log = structlog.get_logger("soulfleet.locks")
 
@@ -110,6 +122,15 @@ def lock_file_for(
     return confined(real_root, lock.relative_to(real_root))
 
 
+def ledger_file_for(root: str | os.PathLike[str], data: str | os.PathLike[str]) -> Path:
+    """The write ledger beside ``data``'s locks (``.locks/<relative>.applied``), confined."""
+    real_root = Path(root).resolve()
+    relative = Path(data).relative_to(real_root)
+    ledger = confined(real_root, PurePath(LOCK_DIR) / f"{relative}.applied")
+    ledger.parent.mkdir(parents=True, exist_ok=True)
+    return confined(real_root, ledger.relative_to(real_root))
+
+
 def _checked(mode: str) -> LockMode:
     if mode == "local":
         return "local"
@@ -157,9 +178,12 @@ def path_lock(
         raise LockTimeout(path, timeout, checked)
     try:
         lock = _file_lock(path, checked)
-        remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            lock.acquire(timeout=remaining, poll_interval=0.005)
+            if checked == "shared":
+                _acquire_shared(lock, path, deadline)
+            else:
+                remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+                lock.acquire(timeout=remaining, poll_interval=0.005)
         except Timeout:
             _observe(time.monotonic() - start)
             holders = shared_lock_holders(path) if checked == "shared" else ()
@@ -171,6 +195,85 @@ def path_lock(
             lock.release()
     finally:
         gate.release()
+
+
+def _acquire_shared(lock: BaseFileLock, path: Path, deadline: float | None) -> None:
+    """Acquire a strict soft lock, breaking claims left by DEAD processes of this host.
+
+    The uncontended case is one attempt. When it is contended, every wait slice first removes
+    claims whose holder ran on this host and is gone (its pid no longer runs, or now belongs to
+    a process started later): a crashed writer never blocks the file. A claim from another host
+    is never touched (we cannot see its processes); it stays until its owner releases it or an
+    operator clears it (``soulfleet status`` names it; :func:`break_shared_lock`).
+    """
+    try:
+        lock.acquire(timeout=0, poll_interval=0.005)
+        return
+    except Timeout:
+        pass
+    while True:
+        break_dead_local_claims(path)
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            raise Timeout(str(path))
+        step = _SHARED_SLICE if remaining is None else min(_SHARED_SLICE, remaining)
+        try:
+            lock.acquire(timeout=step, poll_interval=0.005)
+            return
+        except Timeout:
+            continue
+
+
+def _holder_is_dead(claim: StrictSoftFileClaim) -> bool:
+    # Only this host's processes can be checked; the start token tells a reused pid apart.
+    return claim.hostname == host_name() and owner_is_stale(claim.pid, claim.hostname, claim.start)
+
+
+def break_dead_local_claims(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
+    """Remove the claims on a shared-mode lock whose holder was a process on THIS host that
+    no longer runs; returns what was removed (each logged as ``lock.dead_claim_broken``)."""
+    path = Path(lock_file)
+    lock = StrictSoftFileLock(path)
+    try:
+        claims = lock.claims
+    except Exception as exc:  # an unreadable claim directory: nothing we can safely break
+        _log.warning("lock.claims_unreadable", lock_file=str(path), error=str(exc))
+        return ()
+    removed = []
+    for claim in claims:
+        if not _holder_is_dead(claim):
+            continue
+        description = f"{claim.state} claim by pid {claim.pid} on {claim.hostname}"
+        try:
+            lock.force_break(claim.name)
+        except (FileNotFoundError, ValueError):
+            continue  # withdrawn meanwhile
+        removed.append(description)
+        _log.warning(
+            "lock.dead_claim_broken",
+            lock_file=str(path),
+            claim=description,
+            reason="its process no longer runs on this host",
+        )
+    return tuple(removed)
+
+
+def shared_claims_under(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """Every claim on a shared-mode lock under ``<root>/.locks``: (data path, who holds it).
+
+    For ``soulfleet status``: a claim that stays is a writer at work, or one on another host
+    that crashed (this host's dead claims are broken automatically)."""
+    locks = Path(root) / LOCK_DIR
+    found: list[tuple[str, str]] = []
+    if not locks.is_dir():
+        return found
+    suffix = _SUFFIX["shared"]
+    for lock_file in sorted(locks.rglob(f"*{suffix}")):
+        if not lock_file.is_file():
+            continue
+        data = str(lock_file.relative_to(locks))[: -len(suffix)]
+        found.extend((data, holder) for holder in shared_lock_holders(lock_file))
+    return found
 
 
 def _claims(lock_file: Path) -> tuple[tuple[str, str], ...]:

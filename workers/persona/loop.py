@@ -27,6 +27,7 @@ from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import ModelError, TurnAborted
 from workers.persona.messages import Message, ToolCall, Usage
 from workers.persona.models import Model
+from workers.persona.reply_cap import cap_completion, oversize_result
 from workers.persona.tools import Tool, ToolResult, spec_of, tool_source
 
 __all__ = ["Budget", "Limit", "RunResult", "Status", "run_loop", "set_tool_call_observer"]
@@ -61,8 +62,13 @@ class Budget:
     max_tool_calls: int = 64
     max_tokens: int = 400_000
     max_seconds: float = 600.0
+    #: The most bytes one model reply may put anywhere (transcript, Redis, a tool): see
+    #: :mod:`workers.persona.reply_cap`.
+    max_reply_bytes: int = 256 * 1024
 
     def __post_init__(self) -> None:
+        if self.max_reply_bytes < 1:
+            raise ValueError("Budget.max_reply_bytes must be >= 1")
         for name in ("max_model_calls", "max_tool_calls", "max_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"Budget.{name} must be >= 0")
@@ -188,6 +194,9 @@ class _Turn:
             return ToolResult(
                 f"error: unknown tool {call.name!r}; available tools: {names}", True, "unknown_tool"
             )
+        oversize = oversize_result(call, self.budget.max_reply_bytes)
+        if oversize is not None:
+            return oversize
         if call.raw_arguments is not None:
             shown = call.raw_arguments[:_MAX_SHOWN_ARGS]
             return ToolResult(
@@ -257,6 +266,7 @@ def run_loop(
                 "error", error=f"model call failed ({type(exc).__name__}): {exc}", cause=exc
             )
         turn.model_calls += 1
+        completion = cap_completion(completion, budget.max_reply_bytes)
         turn.usage = turn.usage + completion.usage
         turn.text = completion.text
         turn.emit(completion.as_message())

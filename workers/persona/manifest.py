@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from workers.persona.errors import PersonaConfigError, PersonaFileError, PersonaNotFound
+from workers.persona.files import read_prefix
 from workers.persona.home import DEFAULT_INDEX_CAP
 from workers.persona.schedules import (
     ActiveHours,
@@ -52,6 +53,7 @@ from workers.persona.schedules import (
 from workers.persona.tool_config import ToolsConfig, parse_tools
 
 __all__ = [
+    "MANIFEST_MAX_BYTES",
     "MANIFEST_NAME",
     "ActiveHours",
     "DreamSchedule",
@@ -64,6 +66,8 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "persona.toml"
+#: A persona.toml is a few lines; anything past this is a mistake, refused before it is parsed.
+MANIFEST_MAX_BYTES = 256 * 1024
 
 _HHMM = re.compile(r"([01]\d|2[0-3]):([0-5]\d)")
 # A spec is "inherit" or "<provider>:<rest>"; which providers exist is models/spec.py's call.
@@ -282,14 +286,14 @@ def load_manifest(home: str | Path) -> PersonaConfig:
     if not home.is_dir():
         raise PersonaNotFound(home)
     path = home / MANIFEST_NAME
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    # Through the one door: a FIFO or /dev/zero named persona.toml is refused, never read.
+    raw = read_prefix(path, MANIFEST_MAX_BYTES)
+    if raw is None:
         return PersonaConfig()
-    except IsADirectoryError as exc:
-        raise PersonaFileError(path, "is a directory, expected a TOML file") from exc
-    except OSError as exc:
-        raise PersonaFileError(path, f"cannot be read: {exc.strerror or exc}") from exc
+    if len(raw) > MANIFEST_MAX_BYTES:
+        raise PersonaFileError(
+            path, f"is larger than {MANIFEST_MAX_BYTES} bytes, the most a persona.toml may hold"
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

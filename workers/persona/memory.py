@@ -15,6 +15,10 @@ Why it looks like this:
   :data:`MAX_ENTRY_BYTES`; no edit may grow a file past :data:`MAX_FILE_BYTES`, the bootstrap cap,
   so what the tool writes is always what the next soul shows. A file a person grew past that cap
   is left alone (the tool reads at most the cap, so it cannot rewrite the rest safely).
+* **Once per turn.** With a ``write_scope`` (a fleet turn's work id), each write is keyed and
+  recorded in a small ledger under the same lock (:mod:`workers.persona.ledger`): a retried
+  attempt of the turn that repeats a write gets the original answer, and nothing is applied
+  twice.
 * **Safe writes.** Each write holds the path's lock (:mod:`workers.persona.locks`) across the
   read-modify-write and replaces the file atomically (:mod:`workers.persona.files`); paths are
   confined to the persona directory, so a MEMORY.md or ``memory/`` that links outside is refused.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -32,9 +37,16 @@ from typing import Any
 import structlog
 
 from workers.persona.errors import LockTimeout, PersonaError
-from workers.persona.files import atomic_write_bytes, confined, read_prefix
+from workers.persona.files import atomic_write_bytes, confined, read_prefix, remove_stale_temps
 from workers.persona.home import MAX_FILE_BYTES, persona_home
-from workers.persona.locks import DEFAULT_LOCK_TIMEOUT, LockMode, lock_file_for, path_lock
+from workers.persona.ledger import WriteLedger, write_key
+from workers.persona.locks import (
+    DEFAULT_LOCK_TIMEOUT,
+    LockMode,
+    ledger_file_for,
+    lock_file_for,
+    path_lock,
+)
 from workers.persona.memory_spec import (
     NOTES_DIR,
     MemoryRequest,
@@ -67,6 +79,7 @@ class MemoryTool:
         notes: bool = False,
         lock_mode: LockMode = "local",
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+        write_scope: str | None = None,
     ) -> None:
         if lock_mode not in ("local", "shared"):
             raise ValueError(f"lock_mode must be 'local' or 'shared', got {lock_mode!r}")
@@ -76,6 +89,10 @@ class MemoryTool:
         self.notes = notes
         self.lock_mode: LockMode = lock_mode
         self.lock_timeout = lock_timeout
+        # The turn's work id (a fleet turn sets it): writes are then keyed and recorded in a
+        # ledger, so a retried attempt repeating them is answered as before, not applied twice.
+        self.write_scope = write_scope
+        self._applied: Counter[str] = Counter()
 
     @property
     def name(self) -> str:
@@ -148,13 +165,35 @@ class MemoryTool:
             # Nothing to find in a file that is not there: answer without creating a lock file.
             return ToolResult(_not_found(request), is_error=True)
         lock_file = lock_file_for(root, data_path, self.lock_mode)
+        parts = (request.action, request.target, request.text, request.with_ or "")
+        what = "\x00".join(parts)
         with path_lock(lock_file, mode=self.lock_mode, timeout=self.lock_timeout):
+            stale = remove_stale_temps(data_path)
+            if stale:
+                _log.warning("memory.stale_temps_removed", path=str(data_path), files=stale)
+            ledger, key = None, ""
+            if self.write_scope is not None:
+                ledger = WriteLedger(ledger_file_for(root, data_path))
+                key = write_key(self.write_scope, *parts, ordinal=self._applied[what] + 1)
+                before = ledger.answer(key)
+                if before is not None:
+                    self._applied[what] += 1
+                    _log.info("memory.write_replayed", action=request.action,
+                              target=request.target, scope=self.write_scope)  # fmt: skip
+                    return ToolResult(before)
             current = read_prefix(data_path, MAX_FILE_BYTES)
             outcome = _edit(request, current)
             if isinstance(outcome, str):
                 return ToolResult(outcome, is_error=True)
             new, message = outcome
             atomic_write_bytes(data_path, new)
+            if ledger is not None:
+                self._applied[what] += 1
+                try:
+                    ledger.record(key, message)
+                except (OSError, PersonaError) as exc:
+                    # The write itself succeeded: answer so. Only a retry could repeat it now.
+                    _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
         _log.info(
             "memory.write",
             action=request.action,
@@ -244,6 +283,17 @@ def memory_tool(
     *,
     lock_mode: LockMode = "local",
     lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
+    write_scope: str | None = None,
 ) -> MemoryTool:
-    """The ``memory`` tool over the persona directory at ``path`` (docs/persona.md §2)."""
-    return MemoryTool(path, notes=notes, lock_mode=lock_mode, lock_timeout=lock_timeout)
+    """The ``memory`` tool over the persona directory at ``path`` (docs/persona.md §2).
+
+    ``write_scope`` (the fleet passes the turn's work id) makes writes idempotent across
+    retried attempts of one turn: see :mod:`workers.persona.ledger`.
+    """
+    return MemoryTool(
+        path,
+        notes=notes,
+        lock_mode=lock_mode,
+        lock_timeout=lock_timeout,
+        write_scope=write_scope,
+    )

@@ -20,6 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from workers.persona.errors import PersonaConfigError
 
 __all__ = [
+    "MAX_DURATION_SECONDS",
     "ActiveHours",
     "DreamSchedule",
     "HeartbeatSchedule",
@@ -29,6 +30,13 @@ __all__ = [
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(\d+)([smhd])")
+#: Ten years: longer is a typo, and a float built from a 400-digit count would overflow.
+MAX_DURATION_SECONDS = 3650 * 86400
+_MAX_DIGITS = 12
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else f"{text[:20]}…({len(text)} characters)"
 
 
 def parse_duration(text: object, *, key: str, source: object = None) -> float:
@@ -36,14 +44,25 @@ def parse_duration(text: object, *, key: str, source: object = None) -> float:
     if not isinstance(text, str):
         raise PersonaConfigError(source, key, f'must be a duration string like "30m", got {text!r}')
     match = _DURATION.fullmatch(text)
-    if match is None or int(match.group(1)) == 0:
+    digits = match.group(1).lstrip("0") if match is not None else ""
+    if match is None or not digits:
         raise PersonaConfigError(
             source,
             key,
             f'must be "<n>s", "<n>m", "<n>h" or "<n>d" with n a positive whole number, '
-            f"got {text!r}",
+            f"got {_shown(text)!r}",
         )
-    return int(match.group(1)) * _UNITS[match.group(2)]
+    # Compare digit counts first: int() of a 5,000-digit string is refused by Python itself.
+    too_long = len(digits) > _MAX_DIGITS
+    seconds = 0 if too_long else int(digits) * int(_UNITS[match.group(2)])
+    if too_long or seconds > MAX_DURATION_SECONDS:
+        raise PersonaConfigError(
+            source,
+            key,
+            f"is {_shown(text)!r}, longer than the longest duration soulfleet schedules "
+            f"({MAX_DURATION_SECONDS // 86400}d, about ten years)",
+        )
+    return float(seconds)
 
 
 def valid_timezone(name: object) -> bool:

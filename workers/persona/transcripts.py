@@ -37,6 +37,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,10 +47,11 @@ import structlog
 
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import PersonaFileError, PersonaNotFound
-from workers.persona.files import confined, fsync_directory
+from workers.persona.files import confined, file_kind, fsync_directory, read_prefix
 from workers.persona.messages import Message
 
 __all__ = [
+    "MAX_TRANSCRIPT_BYTES",
     "TRANSCRIPTS_DIR",
     "ConversationInfo",
     "ConversationWriter",
@@ -64,6 +66,9 @@ _SUFFIX = ".jsonl"
 _STAMP_DIGITS = 15
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _FORMAT_VERSION = 1
+#: The most of one conversation file a reader takes in. A turn is bounded by its budget and
+#: each reply by SOULFLEET_REPLY_MAX_BYTES, so only a hand-grown file gets near it.
+MAX_TRANSCRIPT_BYTES = 64 * 1024 * 1024
 
 log = structlog.get_logger("soulfleet.transcripts")
 
@@ -165,13 +170,16 @@ class ConversationWriter:
         Returns None so it can be handed straight to the turn loop as ``on_message``.
         """
         line = _line({"at": self._clock.time(), "message": message.to_dict()})
-        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
-            fd = os.open(self._path, flags)
+            fd = os.open(self._path, flags | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             self._create(line)
             return
         try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise PersonaFileError(self._path, f"is {file_kind(mode)}, not a transcript file")
             if not self._checked_tail:
                 self._terminate_torn_tail(fd)
             _write_all(fd, line)
@@ -369,14 +377,16 @@ class FileTranscripts:
 
     def _read(self, conversation_id: str, path: str) -> Iterator[TranscriptRecord]:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            return  # pruned since it was listed
-        except OSError as exc:
-            log.warning("transcript.unreadable", path=str(path), error=exc.strerror or str(exc))
+            raw = read_prefix(path, MAX_TRANSCRIPT_BYTES, follow_symlinks=False)
+        except PersonaFileError as exc:
+            log.warning("transcript.unreadable", path=str(path), error=exc.problem)
             return
-        with os.fdopen(fd, "rb") as handle:
-            raw = handle.read()
+        if raw is None:
+            return  # pruned since it was listed
+        if len(raw) > MAX_TRANSCRIPT_BYTES:
+            # Keep the whole lines within the cap; the cut one would only parse as torn.
+            raw = raw[: raw.rfind(b"\n", 0, MAX_TRANSCRIPT_BYTES) + 1]
+            log.warning("transcript.truncated", path=str(path), cap_bytes=MAX_TRANSCRIPT_BYTES)
         for number, chunk in enumerate(raw.split(b"\n"), start=1):
             if not chunk.strip():
                 continue

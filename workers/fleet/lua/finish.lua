@@ -4,7 +4,8 @@
 -- KEYS  [1] lane hash  [2] inbox list  [3] inflight list  [4] lease  [5] lanes:queued
 --       [6] lanes:running  [7] lanes:dead  (Keys.lane_keys(lane))  [8] beats stream
 --       [9..] reply:<item id> lists, one per drained item that waits for a reply
--- ARGV  [1] lane name  [2] fence  [3] now (ms)  [4] status  [5] reply JSON {text, status, ...}
+-- ARGV  [1] lane name  [2] fence  [3] now (ms)  [4] status
+--       [5] reply JSON {text, status, ...} WITHOUT its closing "}" (turn_id is appended here)
 --       [6] last_text (<= 2000 chars)  [7] follow-up turn id (used only if one is queued)
 --       [8] beats_max  [9] reply ttl (ms)  [10] n = number of beat ARGVs (0: no beat)
 --       [11..10+n] beat field, value pairs (turn_id is added here, from the lane)
@@ -27,6 +28,9 @@ local turn_id = f[3] or ''
 
 redis.call('DEL', inflight, lease)
 redis.call('HDEL', lane, 'failing_since', 'failures', 'retry_at')
+-- Counts committed turns: the work a turn does keeps one id (lane:commits) across every
+-- failed or crashed attempt at it, which keys its memory writes (Lanes.work_id).
+redis.call('HINCRBY', lane, 'commits', 1)
 redis.call('HSET', lane, 'inflight_ticks', 0, 'attempts', 0, 'lost', 0,
            'last_turn', turn_id, 'last_status', ARGV[4], 'last_text', ARGV[6], 'last_end', now)
 redis.call('ZREM', running, name)
@@ -44,9 +48,9 @@ if n > 0 then
 end
 
 if #KEYS > 8 then
-  local document = cjson.decode(ARGV[5])
-  document['turn_id'] = turn_id
-  local payload = cjson.encode(document)
+  -- ARGV[5] is a JSON object missing its closing brace: the turn id is appended as a string,
+  -- so a large reply is copied once and never decoded or re-encoded inside Redis.
+  local payload = ARGV[5] .. ',"turn_id":"' .. turn_id .. '"}'
   for i = 9, #KEYS do
     redis.call('RPUSH', KEYS[i], payload)
     redis.call('PEXPIRE', KEYS[i], ARGV[9])

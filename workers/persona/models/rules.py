@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workers.persona.errors import ModelSpecError
+from workers.persona.errors import ModelSpecError, PersonaFileError
+from workers.persona.files import read_prefix
 
 __all__ = [
     "PLACEHOLDER",
@@ -44,6 +45,9 @@ PLACEHOLDERS: Mapping[str, str] = {
     "last_tool_result": "the text of the latest tool result",
     "tool_results": "how many tool results there are since the last user message",
 }
+
+#: A rules file is read whole through the bounded reader; this is far past any real script.
+MAX_RULES_BYTES = 4 * 1024 * 1024
 
 _WHEN_KEYS = frozenset(
     {
@@ -241,10 +245,15 @@ def load_rules(path: str | Path) -> tuple[Rule, ...]:
     """Read and validate a ``.toml`` or ``.json`` rules file; any problem is a ModelSpecError."""
     file = Path(path)
     try:
-        raw = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ModelSpecError(f"scripted rules file not found: {file}") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        data = read_prefix(file, MAX_RULES_BYTES)
+        if data is None:
+            raise ModelSpecError(f"scripted rules file not found: {file}")
+        if len(data) > MAX_RULES_BYTES:
+            raise ModelSpecError(f"scripted rules file {file} is over {MAX_RULES_BYTES} bytes")
+        raw = data.decode("utf-8")
+    except PersonaFileError as exc:
+        raise ModelSpecError(f"scripted rules file {exc}") from None
+    except UnicodeDecodeError as exc:
         raise ModelSpecError(f"scripted rules file {file} unreadable: {exc}") from None
     return parse_rules(decode(raw, file.suffix.lower(), str(file)), source=str(file))
 

@@ -1,0 +1,126 @@
+"""Memory writes keyed by a turn's work id: a retried attempt never applies a write twice."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import workers.persona.ledger
+from tests.support.persona import make_persona
+from workers.persona.ledger import MAX_ENTRIES
+from workers.persona.memory import memory_tool
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return make_persona(tmp_path / "ava", {"MEMORY.md": "# Memory\n"})
+
+
+def _run(home: Path, scope: str | None, *calls: dict[str, str]) -> list[str]:
+    """One attempt of a turn: a fresh tool (as a retried turn builds), the calls in order."""
+    tool = memory_tool(home, write_scope=scope)
+    outputs = []
+    for arguments in calls:
+        result = tool.execute(arguments)
+        outputs.append(("ERROR " if result.is_error else "") + result.output)
+    return outputs
+
+
+ADD = {"action": "add", "text": "The sky is green."}
+
+
+def test_a_write_repeated_by_three_retries_is_applied_once_and_answered_as_before(
+    home: Path,
+) -> None:
+    """The same add from four attempts of one turn (same work id): the entry is in MEMORY.md
+    once, and every retry gets the very answer the first attempt got."""
+    first = _run(home, "ava:7", ADD)
+    for _ in range(3):
+        assert _run(home, "ava:7", ADD) == first
+    assert (home / "MEMORY.md").read_text().count("The sky is green.") == 1
+    assert (home / ".locks" / "MEMORY.md.applied").is_file()
+
+
+def test_the_next_turn_and_unkeyed_writes_still_apply(home: Path) -> None:
+    """Another work id (the next turn) applies the same text again, as does a tool without a
+    scope (the one-shot run, the in-process driver): only retries are deduplicated."""
+    _run(home, "ava:7", ADD)
+    _run(home, "ava:8", ADD)
+    _run(home, None, ADD)
+    assert (home / "MEMORY.md").read_text().count("The sky is green.") == 3
+
+
+def test_identical_writes_within_one_attempt_are_counted_not_merged(home: Path) -> None:
+    """A turn that adds the same entry twice gets it twice; its retry replays both, adds none."""
+    _run(home, "ava:1", ADD, ADD)
+    _run(home, "ava:1", ADD, ADD)
+    assert (home / "MEMORY.md").read_text().count("The sky is green.") == 2
+
+
+def test_a_retried_remove_is_answered_as_before_not_not_found(home: Path) -> None:
+    """The first attempt removed the text; the retry's identical remove is not a 'not found'
+    error but the original success answer, and nothing else is removed."""
+    _run(home, None, ADD, ADD)
+    remove = {"action": "remove", "text": "The sky is green."}
+    first = _run(home, "ava:2", remove)
+    assert not first[0].startswith("ERROR")
+    assert _run(home, "ava:2", remove) == first
+    assert (home / "MEMORY.md").read_text().count("The sky is green.") == 1
+
+
+def test_a_refused_write_is_not_recorded(home: Path) -> None:
+    """A write that failed (text not found) leaves no key: once the text exists, the retry's
+    identical write is applied."""
+    replace = {"action": "replace", "text": "old", "with": "new"}
+    assert _run(home, "ava:3", replace)[0].startswith("ERROR")
+    _run(home, None, {"action": "add", "text": "old"})
+    assert not _run(home, "ava:3", replace)[0].startswith("ERROR")
+    assert "- new" in (home / "MEMORY.md").read_text()
+
+
+def test_the_ledger_stays_bounded(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many keyed writes, the ledger keeps only the newest MAX_ENTRIES (shrunk to 8
+    here so the test makes 20 writes, not 550)."""
+    assert MAX_ENTRIES >= 256  # a turn's writes (SOULFLEET_TURN_MAX_TOOL_CALLS, 64) all fit
+    monkeypatch.setattr(workers.persona.ledger, "MAX_ENTRIES", 8)
+    tool = memory_tool(home, write_scope="ava:9")
+    for n in range(20):
+        assert not tool.execute({"action": "add", "text": f"fact {n}"}).is_error
+    lines = (home / ".locks" / "MEMORY.md.applied").read_text().splitlines()
+    assert len(lines) == 8
+    assert _run(home, "ava:9", {"action": "add", "text": "fact 19"})[0].startswith("Added")
+    assert (home / "MEMORY.md").read_text().count("fact 19") == 1
+
+
+_CRASHING_WRITER = """
+import os, signal, sys
+from workers.persona.memory import memory_tool
+os.replace = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # die between temp and rename
+memory_tool(sys.argv[1]).execute({"action": "add", "text": "half written"})
+"""
+
+
+def test_temp_files_of_writers_killed_mid_write_are_removed_by_the_next_writer(
+    home: Path,
+) -> None:
+    """Writers SIGKILLed after writing their temp file: each next writer (holding the lock, so
+    no live writer can own one) removes its predecessor's, so they never accumulate, and a
+    successful write leaves none. A temp file of ANOTHER file (USER.md) is left alone."""
+    other = home / ".USER.md.0123456789abcdef.tmp"
+    other.write_text("someone else's")
+    seen: set[str] = set()
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", _CRASHING_WRITER, str(home)], check=False)
+        assert done.returncode == -signal.SIGKILL
+        stale = {p.name for p in home.glob(".MEMORY.md.*.tmp")}
+        assert len(stale) == 1
+        assert not stale & seen  # the previous crash's temp file is gone
+        seen |= stale
+    assert not memory_tool(home).execute({"action": "add", "text": "fine"}).is_error
+    assert list(home.glob(".MEMORY.md.*.tmp")) == []
+    assert other.exists()
+    assert "half written" not in (home / "MEMORY.md").read_text()

@@ -1,0 +1,95 @@
+"""The eviction guard: refuse to run a fleet on a Redis that may silently drop its keys.
+
+Why only ``noeviction`` passes: under memory pressure any other ``maxmemory-policy`` deletes
+keys without telling anyone. ``allkeys-*`` may take acknowledged inbox items and lane hashes
+(with their fences: a lane whose fence vanished can run two turns at once). ``volatile-*``
+looks safer, since it only evicts keys with a TTL, but the keys soulfleet gives a TTL are
+exactly the ones that must not vanish early: a turn's lease (an evicted lease is a second turn
+of the same lane), a model-gate slot (the fleet-wide call limit is exceeded) and the replies a
+``run`` caller is waiting for. With ``noeviction`` a full Redis refuses writes instead: loud,
+alerted on (``SoulfleetRedisMemoryHigh``), and nothing acknowledged is lost.
+
+Workers, beat and ``soulfleet up`` call :func:`check_eviction_policy` at start and refuse to run
+on anything else. ``SOULFLEET_ALLOW_EVICTION=1`` overrides it for someone who knows better (a
+Redis that never reaches its maxmemory); every start then logs an error-level line saying so.
+The policy is read from ``INFO memory`` (``maxmemory_policy``), which managed Redis services
+that rename or disable ``CONFIG`` still answer.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import redis
+import structlog
+
+from workers.fleet.errors import EvictingRedis, RedisUnavailable
+from workers.settings import Settings, redact_url
+
+__all__ = [
+    "EXIT_EVICTING",
+    "SAFE_POLICY",
+    "check_eviction_policy",
+    "eviction_policy",
+    "refuse_to_start_on_eviction",
+]
+
+#: EX_CONFIG from sysexits.h: the configuration (here, Redis's) is wrong, not the program.
+EXIT_EVICTING = 78
+
+SAFE_POLICY = "noeviction"
+
+_log = structlog.get_logger("soulfleet.redis")
+
+
+def eviction_policy(client: redis.Redis) -> str:
+    """The server's ``maxmemory-policy`` (``""`` if the server does not report one)."""
+    info = client.info("memory")
+    return str(info.get("maxmemory_policy", ""))
+
+
+def check_eviction_policy(client: redis.Redis, *, allow: bool, url: str, process: str) -> str:
+    """Return the policy if it is safe (or allowed); raise :class:`EvictingRedis` if not.
+
+    ``process`` ("worker", "beat", "up") goes into the log line; ``url`` is shown without its
+    password. A Redis that cannot be reached raises :class:`RedisUnavailable`.
+    """
+    try:
+        policy = eviction_policy(client)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise RedisUnavailable(redact_url(url), str(exc)) from exc
+    if policy in (SAFE_POLICY, ""):
+        return policy
+    if allow:
+        _log.error(
+            "redis.eviction_allowed",
+            process=process,
+            policy=policy,
+            url=redact_url(url),
+            error=f"Redis maxmemory-policy is {policy}: keys may be evicted (leases, inbox "
+            "items, fences) and turns lost or doubled; running anyway because "
+            "SOULFLEET_ALLOW_EVICTION is set",
+        )
+        return policy
+    raise EvictingRedis(redact_url(url), policy)
+
+
+def refuse_to_start_on_eviction(settings: Settings, process: str) -> None:
+    """The start-up gate of workers and beat: exit (status 78, EX_CONFIG) with a message naming
+    ``maxmemory-policy`` when Redis may evict. An unreachable Redis is only logged
+    (``redis.policy_unchecked``): the process then waits for it like for any outage."""
+    client = redis.Redis.from_url(
+        settings.redis_url, decode_responses=True, socket_connect_timeout=5, socket_timeout=10
+    )
+    try:
+        check_eviction_policy(
+            client, allow=settings.allow_eviction, url=settings.redis_url, process=process
+        )
+    except EvictingRedis as exc:
+        _log.error("redis.evicting_policy", process=process, policy=exc.policy, error=str(exc))
+        print(f"soulfleet {process}: refusing to start: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_EVICTING) from None
+    except RedisUnavailable as exc:
+        _log.warning("redis.policy_unchecked", process=process, error=str(exc))
+    finally:
+        client.close()

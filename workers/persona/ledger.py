@@ -1,0 +1,80 @@
+"""The write ledger: which keyed memory writes were already applied, and what they answered.
+
+Why it exists: a fleet turn that wrote memory and then failed (a model error, a killed worker,
+a lost lease) is retried, and the retry replays the same conversation, so the model repeats the
+same write. Without a record, ``add`` would put the entry in MEMORY.md twice. A write made with
+an idempotency key (:meth:`key`: the turn's work id, the write itself, and how many identical
+writes came before it in this attempt) is recorded here in the same critical section as the
+write, so a retried identical write is answered exactly as before and not applied again.
+
+Where and how big: one small file per data path, beside its lock under ``<persona>/.locks/``
+(``.locks/MEMORY.md.applied``), JSON lines of ``{"key", "message"}``, keeping the newest
+:data:`MAX_ENTRIES` (a turn makes at most ``SOULFLEET_TURN_MAX_TOOL_CALLS`` writes; a retry
+comes within minutes), so it never grows. Read through the bounded reader and replaced
+atomically like every persona file. The data file is written first and the ledger after it: a
+crash between the two can repeat one write (the old behaviour) but never lose one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import structlog
+
+from workers.persona.files import atomic_write_bytes, read_prefix, remove_stale_temps
+
+__all__ = ["LEDGER_SUFFIX", "MAX_ENTRIES", "WriteLedger", "write_key"]
+
+LEDGER_SUFFIX = ".applied"
+MAX_ENTRIES = 512
+_MAX_BYTES = 512 * 1024
+
+_log = structlog.get_logger("soulfleet.memory")
+
+
+def write_key(scope: str, *parts: str, ordinal: int) -> str:
+    """The idempotency key of one write: its scope (the turn's work id), what it does
+    (action, target, text...) and how many identical writes preceded it in this attempt."""
+    material = json.dumps([scope, *parts, ordinal], ensure_ascii=False)
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()[:32]
+
+
+class WriteLedger:
+    """The ledger file of one data path. Use it only while holding that path's write lock."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._entries: list[tuple[str, str]] | None = None
+
+    def _load(self) -> list[tuple[str, str]]:
+        if self._entries is None:
+            entries: list[tuple[str, str]] = []
+            raw = read_prefix(self.path, _MAX_BYTES) or b""
+            for line in raw[:_MAX_BYTES].splitlines():
+                try:
+                    record = json.loads(line)
+                    entries.append((str(record["key"]), str(record["message"])))
+                except (ValueError, KeyError, TypeError):
+                    continue  # a torn or hand-edited line: forgetting one key is the safe side
+            self._entries = entries
+        return self._entries
+
+    def answer(self, key: str) -> str | None:
+        """What the write with ``key`` answered when it was applied, or None if it never was."""
+        for known, message in reversed(self._load()):
+            if known == key:
+                return message
+        return None
+
+    def record(self, key: str, message: str) -> None:
+        """Remember that ``key`` was applied and answered ``message`` (newest MAX_ENTRIES kept)."""
+        entries = [*self._load(), (key, message)][-MAX_ENTRIES:]
+        self._entries = entries
+        data = "".join(
+            json.dumps({"key": k, "message": m}, ensure_ascii=False) + "\n" for k, m in entries
+        )
+        remove_stale_temps(self.path)
+        atomic_write_bytes(self.path, data.encode("utf-8"))
+        _log.debug("memory.ledger_recorded", path=str(self.path), entries=len(entries))
