@@ -19,6 +19,7 @@ import structlog
 from workers import metrics
 from workers.fleet import Fleet
 from workers.fleet.outcomes import Repair
+from workers.persona.models.spec import PAID_PROVIDERS
 
 __all__ = ["RecoverReport", "Recoverer"]
 
@@ -45,6 +46,11 @@ class Recoverer:
     def __init__(self, fleet: Fleet, *, max_rounds: int = MAX_ROUNDS) -> None:
         self._fleet = fleet
         self._max_rounds = max_rounds
+        # A labelled gauge exports nothing until a label is set: without these zeros the
+        # breaker alert would read an absent series, and a fleet that never had an outage
+        # would look the same to the dashboard as a beat that never reports.
+        for provider in PAID_PROVIDERS:
+            metrics.BREAKER_OPEN.labels(provider=provider).set(0)
 
     def run(self) -> RecoverReport:
         started = time.perf_counter()

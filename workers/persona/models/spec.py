@@ -30,12 +30,14 @@ from workers.persona.models.anthropic import AnthropicModel
 from workers.persona.models.config import ModelConfig
 from workers.persona.models.openai import OpenAIModel
 
-__all__ = ["ACCEPTED_FORMS", "BUILTIN", "INHERIT", "provider_of", "resolve_model"]
+__all__ = ["ACCEPTED_FORMS", "BUILTIN", "INHERIT", "PAID_PROVIDERS", "provider_of", "resolve_model"]
 
 INHERIT = "inherit"
 BUILTIN = "builtin"
 ACCEPTED_FORMS = "'openai:<model>', 'anthropic:<model>', 'scripted:<path>' or 'inherit'"
-_PROVIDERS = ("openai", "anthropic", "scripted")
+#: Providers that are called over the network and billed (the breaker and spend watch these).
+PAID_PROVIDERS = ("openai", "anthropic")
+_PROVIDERS = (*PAID_PROVIDERS, "scripted")
 _CACHE_MAX = 64
 
 _cache: dict[tuple[object, ...], OpenAIModel | AnthropicModel] = {}
