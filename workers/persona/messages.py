@@ -94,10 +94,19 @@ class Message:
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token usage, summed over a turn with ``+``."""
+    """Token usage, summed over a turn with ``+``.
+
+    ``input_tokens`` counts every prompt token, cached or not (a budget counts them all).
+    ``cached_input_tokens`` is the part a provider served from its prompt cache (OpenAI
+    ``prompt_tokens_details.cached_tokens``, Anthropic ``cache_read_input_tokens``);
+    ``cache_write_input_tokens`` the part written to the cache on this call (Anthropic
+    ``cache_creation_input_tokens``; OpenAI reports no such figure).
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_input_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -105,7 +114,10 @@ class Usage:
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
-            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+            self.cache_write_input_tokens + other.cache_write_input_tokens,
         )
 
     def to_dict(self) -> dict[str, int]:
@@ -113,6 +125,8 @@ class Usage:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "total_tokens": self.total_tokens,
+            "cached_input_tokens": self.cached_input_tokens,
+            "cache_write_input_tokens": self.cache_write_input_tokens,
         }
 
 

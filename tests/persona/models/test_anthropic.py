@@ -94,7 +94,10 @@ def test_tool_round_trip(anthropic_server: FakeProvider, clock: RecordingClock) 
     assert "authorization" not in headers
     assert sent[0].body["model"] == "claude-test"
     assert sent[0].body["max_tokens"] == 654
-    assert sent[0].body["system"] == "You are Ava."
+    # The system prompt is one text block carrying a prompt-cache breakpoint (issue 11).
+    assert sent[0].body["system"] == [
+        {"type": "text", "text": "You are Ava.", "cache_control": {"type": "ephemeral"}}
+    ]
     assert sent[0].body["tools"] == [
         {
             "name": "weather",
@@ -119,6 +122,7 @@ def test_tool_round_trip(anthropic_server: FakeProvider, clock: RecordingClock) 
                     "tool_use_id": "toolu_1",
                     "content": "snow, -3C",
                     "is_error": False,
+                    "cache_control": {"type": "ephemeral"},  # the end of the conversation
                 }
             ],
         },
@@ -169,7 +173,7 @@ def test_several_tool_calls_merge_results(
             "content": "input must be an object",
             "is_error": True,
         },
-        {"type": "text", "text": "and tomorrow?"},
+        {"type": "text", "text": "and tomorrow?", "cache_control": {"type": "ephemeral"}},
     ]
 
 
@@ -193,7 +197,7 @@ def test_text_blocks_joined_and_thinking_ignored(
         system="", messages=[Message("user", "hi")], tools=[]
     )
     assert completion.text == "One.\n\nTwo."
-    assert completion.usage == Usage(103, 4)
+    assert completion.usage == Usage(103, 4, cached_input_tokens=100)
 
 
 def test_missing_key_sends_nothing(anthropic_server: FakeProvider, clock: RecordingClock) -> None:

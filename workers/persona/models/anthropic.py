@@ -14,6 +14,13 @@ Wire mapping: the system prompt is the top-level ``system`` string; assistant to
 requires user and assistant turns to alternate, so consecutive same-role messages (typically
 several tool results, or tool results followed by new user input) are merged into one message,
 tool results first, as the API also requires. Without ``ANTHROPIC_API_KEY`` no request is sent.
+
+Prompt caching: the system prompt and the last content block of the conversation carry
+``cache_control`` breakpoints (two of the four the API allows). A session sends the same soul
+and the same history prefix on every call (see :mod:`workers.persona.session`), so each call
+reads the cache up to the previous call's breakpoint and writes one more. The usage the API
+reports for that (``cache_read_input_tokens``, ``cache_creation_input_tokens``) is parsed into
+:class:`~workers.persona.messages.Usage`.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from workers.persona.models.http import excerpt
 __all__ = ["ANTHROPIC_VERSION", "AnthropicModel"]
 
 ANTHROPIC_VERSION = "2023-06-01"
+_EPHEMERAL = {"type": "ephemeral"}
 
 
 class AnthropicModel(HTTPModel):
@@ -64,7 +72,7 @@ class AnthropicModel(HTTPModel):
             "messages": _wire_messages(messages),
         }
         if system:
-            body["system"] = system
+            body["system"] = [{"type": "text", "text": system, "cache_control": _EPHEMERAL}]
         if tools:
             body["tools"] = [
                 {
@@ -109,6 +117,10 @@ def _wire_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
             wire[-1]["content"] = merged
         else:
             wire.append({"role": role, "content": blocks})
+    if wire:
+        # The end of the conversation so far: the next call extends exactly this prefix.
+        last = wire[-1]["content"]
+        last[-1] = {**last[-1], "cache_control": _EPHEMERAL}
     return wire
 
 
@@ -160,8 +172,11 @@ def _usage(raw: object) -> Usage:
     if not isinstance(raw, dict):
         return Usage()
     # Cached prompt tokens are reported apart from input_tokens; a budget counts them all.
-    prompt = sum(
-        token_count(raw.get(name))
-        for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    read = token_count(raw.get("cache_read_input_tokens"))
+    written = token_count(raw.get("cache_creation_input_tokens"))
+    return Usage(
+        input_tokens=token_count(raw.get("input_tokens")) + read + written,
+        output_tokens=token_count(raw.get("output_tokens")),
+        cached_input_tokens=read,
+        cache_write_input_tokens=written,
     )
-    return Usage(input_tokens=prompt, output_tokens=token_count(raw.get("output_tokens")))

@@ -15,6 +15,12 @@ A 401 then says which variable to set. Against ``api.openai.com`` the output cap
 ``max_completion_tokens`` (newer OpenAI models refuse ``max_tokens``); every other server gets
 ``max_tokens``, the field the compatible servers all understand.
 
+Prompt caching is automatic on OpenAI's side and keys on the exact prompt prefix, so the body
+puts the parts that never change first (model, output cap, tools) and the growing conversation
+last: a session's soul and history are then a byte-stable prefix of every later request. The
+cached share the server reports (``usage.prompt_tokens_details.cached_tokens``) is parsed into
+:class:`~workers.persona.messages.Usage` ``cached_input_tokens``.
+
 Tool results carry no error flag in this protocol, so an error result whose text does not
 already say so is sent with an ``ERROR: `` prefix the model can see.
 """
@@ -56,14 +62,12 @@ class OpenAIModel(HTTPModel):
     def complete(
         self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
     ) -> Completion:
-        body: dict[str, Any] = {
-            "model": self._model,
-            "messages": _wire_messages(system, messages),
-            self._max_tokens_field: self._max_tokens,
-        }
+        body: dict[str, Any] = {"model": self._model, self._max_tokens_field: self._max_tokens}
         if tools:
             # Some compatible servers reject an empty list, so the key is left out instead.
             body["tools"] = [_wire_tool(tool) for tool in tools]
+        # Last, so everything before it is a byte-stable prefix of the next request.
+        body["messages"] = _wire_messages(system, messages)
         return self._post("/chat/completions", body, _parse)
 
 
@@ -184,7 +188,10 @@ def _call(raw: object, index: int) -> ToolCall:
 def _usage(raw: object) -> Usage:
     if not isinstance(raw, dict):
         return Usage()
+    details = raw.get("prompt_tokens_details")
+    cached = token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
     return Usage(
         input_tokens=token_count(raw.get("prompt_tokens")),
         output_tokens=token_count(raw.get("completion_tokens")),
+        cached_input_tokens=cached,
     )
