@@ -5,8 +5,9 @@ which model, which tools, which schedules), and the runtimes (one-shot ``run``, 
 in-process driver, the fleet) all read the same value. Two things are deliberately NOT frozen
 into it:
 
-* the soul: :meth:`AgentDef.soul` composes from disk when called, once per turn, so a person
-  editing SOUL.md (or the persona editing MEMORY.md) is picked up by the next turn without
+* the soul: :meth:`AgentDef.soul` composes from disk when called, once per session (the
+  session then keeps that snapshot frozen, see :mod:`workers.persona.session`), so a person
+  editing SOUL.md (or the persona editing MEMORY.md) is picked up by the next session without
   rebuilding anything;
 * the memory tool: :meth:`AgentDef.toolset` builds it per call, so the lock mode and timeout come
   from the runtime that will execute the writes, not from whoever built the definition.
@@ -31,6 +32,7 @@ from workers.persona.manifest import load_manifest
 from workers.persona.memory import memory_tool
 from workers.persona.schedules import DreamSchedule, HeartbeatSchedule
 from workers.persona.search import transcript_search_tool
+from workers.persona.session import SessionConfig
 from workers.persona.tool_config import ToolsConfig
 from workers.persona.tools import Tool
 from workers.persona.transcripts import TranscriptStore
@@ -65,9 +67,11 @@ class AgentDef:
     instructions: str | None = None
     store: TranscriptStore | None = None
     declared: ToolsConfig = field(default_factory=ToolsConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
 
     def soul(self) -> tuple[str, list[str]]:
-        """``(soul, found)`` composed from disk NOW; call once at the start of each turn."""
+        """``(soul, found)`` composed from disk NOW; called once at the start of each session
+        (and of each one-shot run or dream pass): the session then keeps it frozen."""
         if self.kind == "dreamer":
             return dream_soul(self.home, self.instructions)
         return compose_soul(self.home, memory_index_cap=self.memory_index_cap, notes=self.notes)
@@ -205,4 +209,5 @@ def from_dir(
         heartbeat=config.heartbeat if isinstance(heartbeat, _Unset) else heartbeat,
         dream=config.dream if isinstance(dream, _Unset) else dream,
         declared=config.tools,
+        session=config.session,
     )

@@ -8,6 +8,11 @@ and is drained by exactly ONE following turn, so a beat slower than its turn nev
 A heartbeat turn's reply containing ``HEARTBEAT_OK`` is silent; a substantive one goes to
 ``on_beat`` (a turn woken only by posted events is not a beat: its result is ``last_result``).
 
+Turns continue the persona's session (:mod:`workers.persona.session_plan`): the conversation
+and the soul frozen at the session's start are replayed on every turn; a silent beat leaves
+nothing in the session, a surfaced one is appended so a reply to it has context. Dream passes
+run each in a fresh session of their own.
+
 Every timer goes through an injectable :class:`~workers.persona.clock.Clock`. Turns run in the
 thread that triggers them (the timer callback, or the caller of ``wake``): with a
 :class:`~workers.persona.clock.VirtualClock` a test drives beats deterministically with
@@ -175,7 +180,13 @@ class HeartbeatDriver:
         prompt = render_inbox(items, ticks, persona=self.agent.name, tick_channel=channel)
         try:
             result = run_agent(
-                self.agent, prompt, model=self.model, budget=self.budget, clock=self.clock
+                self.agent,
+                prompt,
+                model=self.model,
+                budget=self.budget,
+                clock=self.clock,
+                session=True,
+                beat=bool(ticks) and not items,
             )
         except Exception as exc:
             # A persona whose directory vanished, or a transcript that cannot be written: keep

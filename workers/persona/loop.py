@@ -236,9 +236,12 @@ def run_loop(
     on_message: Callable[[Message], None] | None = None,
     guard: Callable[[], None] | None = None,
     persona: str | None = None,
+    history: Sequence[Message] = (),
 ) -> RunResult:
     """Run one turn: ``prompt`` in, model and tools in turn until the model answers plainly.
 
+    ``history`` (a session's committed messages) is sent before the turn's own messages on
+    every model call; it is not part of the result's ``messages``, which hold this turn only.
     ``tools`` are offered in the given order. ``on_message`` sees every message as it is made
     (the transcript writer); ``guard`` runs before every tool call and every ``on_message`` and
     may raise TurnAborted, which propagates. ``persona`` names the agent in ``tool.call`` logs.
@@ -252,6 +255,7 @@ def run_loop(
         persona=persona,
     )
     specs = [spec_of(tool) for tool in turn.tools.values()]
+    before = tuple(history)
     turn.emit(Message(role="user", content=prompt))
     while True:
         limit = turn.model_limit()
@@ -259,7 +263,9 @@ def run_loop(
             _log.info("turn.incomplete", limit=limit, model_calls=turn.model_calls)
             return turn.result("incomplete", limit=limit)
         try:
-            completion = model.complete(system=system, messages=tuple(turn.messages), tools=specs)
+            completion = model.complete(
+                system=system, messages=(*before, *turn.messages), tools=specs
+            )
         except ModelError as exc:
             _log.warning("turn.model_error", model=model.spec, error=type(exc).__name__)
             return turn.result(

@@ -22,6 +22,13 @@ The schema (README "persona.toml" documents it for people)::
     window = "1h"
     instructions = "..."
     [[tools.mcp]] / [[tools.python]]   # see workers.persona.tool_config
+    [session]
+    idle_reset = "4h"            # "0s": every turn is its own session
+    daily_reset = "04:00"        # optional
+    timezone = "UTC"             # for daily_reset
+    max_tokens = 60000           # compact above this estimate
+    keep_tail = 30000            # default max_tokens / 2
+    flush_to_memory = false
 
 Cron strings are only shape-checked here (five whitespace-separated fields): their semantics
 belong to ``beat/cron.py``, and the core must never import ``beat``. The values a schedule is
@@ -50,6 +57,12 @@ from workers.persona.schedules import (
     parse_duration,
     valid_timezone,
 )
+from workers.persona.session import (
+    DEFAULT_IDLE_RESET,
+    DEFAULT_MAX_TOKENS,
+    SessionConfig,
+    parse_reset_duration,
+)
 from workers.persona.tool_config import ToolsConfig, parse_tools
 
 __all__ = [
@@ -59,6 +72,7 @@ __all__ = [
     "DreamSchedule",
     "HeartbeatSchedule",
     "PersonaConfig",
+    "SessionConfig",
     "load_manifest",
     "parse_duration",
     "parse_manifest",
@@ -90,6 +104,7 @@ class PersonaConfig:
     heartbeat: HeartbeatSchedule | None = None
     dream: DreamSchedule | None = None
     tools: ToolsConfig = field(default_factory=ToolsConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
 
 
 class _Table:
@@ -215,6 +230,45 @@ def _dream(table: _Table) -> DreamSchedule:
     )
 
 
+def _session(table: _Table) -> SessionConfig:
+    table.check_keys(
+        ("idle_reset", "daily_reset", "timezone", "max_tokens", "keep_tail", "flush_to_memory")
+    )
+    idle = DEFAULT_IDLE_RESET
+    if "idle_reset" in table.data:
+        parsed = parse_reset_duration(table.data["idle_reset"])
+        if parsed is None:
+            raise table.fail(
+                "idle_reset",
+                'must be "<n>s", "<n>m", "<n>h" or "<n>d" with n a whole number ("0s": every '
+                f"turn is its own session), got {table.data['idle_reset']!r}",
+            )
+        idle = parsed
+    daily = (
+        None
+        if "daily_reset" not in table.data
+        else _clock_time(table, "daily_reset", allow_24=False)
+    )
+    max_tokens = table.positive_int("max_tokens", DEFAULT_MAX_TOKENS)
+    keep_tail = None
+    if "keep_tail" in table.data:
+        keep_tail = table.positive_int("keep_tail", 1)
+        if keep_tail >= max_tokens:
+            raise table.fail(
+                "keep_tail",
+                f"must be less than session.max_tokens ({max_tokens}), got {keep_tail}: the tail "
+                "kept verbatim has to leave something to summarize",
+            )
+    return SessionConfig(
+        idle_reset=idle,
+        daily_reset=daily,
+        timezone=table.timezone("timezone"),
+        max_tokens=max_tokens,
+        keep_tail=keep_tail,
+        flush_to_memory=table.boolean("flush_to_memory", False),
+    )
+
+
 def _index_cap(root: _Table) -> tuple[int, int] | None:
     value = root.data.get("memory_index_cap", False)
     if isinstance(value, bool):
@@ -259,10 +313,21 @@ def parse_manifest(text: str, *, home: Path | None = None, source: object = None
         raise _error(None, f"is not valid TOML: {exc}", source) from exc
     root = _Table(data, "", source)
     root.check_keys(
-        ("does", "model", "memory", "notes", "memory_index_cap", "heartbeat", "dream", "tools")
+        (
+            "does",
+            "model",
+            "memory",
+            "notes",
+            "memory_index_cap",
+            "heartbeat",
+            "dream",
+            "tools",
+            "session",
+        )
     )
     heartbeat = root.table("heartbeat")
     dream = root.table("dream")
+    session = root.table("session")
     return PersonaConfig(
         does=root.string("does", "") or "",
         model=_model(root, home),
@@ -272,6 +337,7 @@ def parse_manifest(text: str, *, home: Path | None = None, source: object = None
         heartbeat=None if heartbeat is None else _heartbeat(heartbeat),
         dream=None if dream is None else _dream(dream),
         tools=parse_tools(data.get("tools"), text=text, source=source),
+        session=SessionConfig() if session is None else _session(session),
     )
 
 

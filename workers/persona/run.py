@@ -5,11 +5,15 @@ docs/persona.md).
 tool another agent can call. Both rebuild the agent from its directory on every call, so an edit
 to persona.toml or a bootstrap file applies to the next call, and neither ever dreams.
 
-:func:`run_agent` is the one turn recipe every runtime shares (``run``, the in-process
-heartbeat driver, and the fleet's turn executor can too): compose the soul ONCE (a frozen
-snapshot for the whole turn, so a memory write during the turn shows up in the next one), build
-the tools, open a fresh conversation in the lane's durable transcript, run the loop with the
-transcript writer as ``on_message``.
+:func:`run_agent` is the in-process turn recipe (``run`` and the heartbeat driver): plan the
+turn against the lane's session (:mod:`workers.persona.session_plan`: continue it with its
+frozen soul and history, or start a new one and compose the soul now), build the tools, record
+the turn in the session's durable transcript, run the loop with the transcript writer as
+``on_message``, and commit the new session state unless the turn failed.
+
+Sessions (``session=``): ``False`` (the default) is a one-shot run in a session of its own,
+never stored; ``True`` continues the lane's session kept in the persona's home under the
+persona's ``[session]`` rules; ``"new"`` ends that session first and starts a new one.
 
 Model choice, first that applies: the explicit ``model`` argument (a spec string or a Model);
 the persona's ``model`` in persona.toml unless ``"inherit"``; ``SOULFLEET_MODEL``; the built-in
@@ -19,15 +23,15 @@ scripted model. ``"inherit"`` (or an empty string) at any level defers to the ne
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import SoulfleetError, TurnAborted
+from workers.persona.heartbeat import is_silent
 from workers.persona.locks import LockMode
 from workers.persona.loop import Budget, RunResult, run_loop
 from workers.persona.mcp_hub import McpHub
@@ -35,15 +39,19 @@ from workers.persona.mcp_servers import FleetServer
 from workers.persona.models import Model
 from workers.persona.models.config import ModelConfig
 from workers.persona.models.spec import INHERIT, resolve_model
+from workers.persona.session_files import FilePointer, SessionFiles, library_tag
+from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
 from workers.persona.toolbox import build_declared
 from workers.persona.tools import Tool, ToolResult
 from workers.persona.transcripts import FileTranscripts
 
-__all__ = ["PersonaTool", "as_tool", "model_for", "run", "run_agent"]
+__all__ = ["PersonaTool", "SessionMode", "as_tool", "model_for", "run", "run_agent"]
 
 _log = structlog.get_logger("soulfleet.run")
 
 ModelChoice = str | Model | None
+#: False: one-shot; True: continue the lane's session; "new": start a new session.
+SessionMode = bool | Literal["new"]
 
 
 def model_for(
@@ -73,44 +81,94 @@ def run_agent(
     lock_timeout: float = 10.0,
     max_conversations: int = 1000,
     declared: Sequence[Tool] = (),
+    session: SessionMode = False,
+    beat: bool = False,
 ) -> RunResult:
-    """One turn of ``agent`` on ``prompt``, recorded as a new conversation in its lane.
+    """One turn of ``agent`` on ``prompt`` (module doc).
 
     ``declared`` are the persona's persona.toml tools, already built (:func:`run` builds them).
+    ``beat``: the turn was woken by heartbeat ticks only, so a ``HEARTBEAT_OK`` reply leaves
+    nothing in the session.
     """
+    if session not in (False, True, "new"):
+        raise ValueError(f"session must be False, True or 'new', got {session!r}")
     used_clock: Clock = clock if clock is not None else SystemClock()
-    soul, found = agent.soul()
     tools = agent.toolset(lock_mode=lock_mode, lock_timeout=lock_timeout, declared=declared)
-    conversation = uuid.uuid4().hex
+    pointer: FilePointer | None = None
+    if session and agent.kind != "dreamer":
+        files = SessionFiles(agent.home, agent.name)
+        pointer = FilePointer(files, lock_mode=lock_mode, lock_timeout=lock_timeout)
+        if session == "new":
+            pointer.reset()
+        at = pointer.read()
+        plan = plan_turn(
+            lane=agent.name,
+            pointer=at,
+            base=files.read(at.state),
+            compose=agent.soul,
+            config=agent.session,
+            now=used_clock.time(),
+            incoming=prompt,
+            model=model,
+        )
+    else:
+        plan = ephemeral_plan(agent.name, agent.soul, now=used_clock.time())
     store = FileTranscripts(agent.home, max_conversations=max_conversations, clock=used_clock)
-    writer = store.open(lane=agent.name, conversation_id=conversation)
+    writer = store.open(lane=agent.name, conversation_id=plan.session_id)
     started = used_clock.monotonic()
     _log.debug(
-        "turn.start", lane=agent.name, conversation=conversation, sections=found, model=model.spec
+        "turn.start",
+        lane=agent.name,
+        session=plan.session_id,
+        session_reason=plan.reason,
+        history=len(plan.history),
+        sections=list(plan.sections),
+        model=model.spec,
     )
-    result = run_loop(
-        system=soul,
-        prompt=prompt,
-        tools=tools,
-        model=model,
-        budget=budget if budget is not None else Budget(),
-        clock=used_clock,
-        on_message=writer.append,
-        guard=guard,
-        persona=agent.name,
+    result = plan.charge(
+        run_loop(
+            system=plan.soul,
+            prompt=prompt,
+            tools=tools,
+            model=model,
+            budget=budget if budget is not None else Budget(),
+            clock=used_clock,
+            on_message=writer.append,
+            guard=guard,
+            persona=agent.name,
+            history=plan.history,
+        )
     )
+    if pointer is not None and result.status != "error":
+        _commit(plan, pointer, result, now=used_clock.time(), beat=beat)
     _log.debug(
         "turn.end",
         lane=agent.name,
-        conversation=conversation,
+        session=plan.session_id,
         status=result.status,
         limit=result.limit,
         model_calls=result.model_calls,
         tool_calls=result.tool_calls,
-        tokens=result.usage.total_tokens,
+        usage=result.usage.to_dict(),
         seconds=round(used_clock.monotonic() - started, 6),
     )
     return result
+
+
+def _commit(
+    plan: SessionPlan, pointer: FilePointer, result: RunResult, *, now: float, beat: bool
+) -> None:
+    state = plan.conclude(result.messages, now=now, silent_beat=beat and is_silent(result.text))
+    if state is None:
+        return
+    files = pointer.files
+    name = files.write(state, library_tag())
+    if pointer.commit(plan.pointer, name):
+        files.collect({name, plan.pointer.state or ""}, tag_prefix="l")
+    else:
+        # Another process committed or reset meanwhile: its state wins, ours is dropped.
+        _log.warning("session.commit_conflict", lane=plan.lane, session=plan.session_id)
+        files.discard(name)
 
 
 def run(
@@ -121,8 +179,13 @@ def run(
     *,
     clock: Clock | None = None,
     mcp_servers: Mapping[str, FleetServer] | None = None,
+    session: SessionMode = False,
 ) -> RunResult:
     """Run the persona at ``path`` once on ``prompt`` (synchronous; never dreams).
+
+    ``session``: False (default) runs it one-shot; True continues the persona's session kept in
+    its home (``<dir>/sessions/<name>/``), so the model sees the conversation so far; "new"
+    starts a new session first.
 
     The persona's declared tools (persona.toml ``[tools]``) are built for this run: its MCP
     servers are started, and stopped when the run ends. ``mcp_servers`` are the fleet servers a
@@ -135,7 +198,7 @@ def run(
     agent = from_dir(path)
     chosen = model_for(agent, model)
     if not agent.declared.entries:
-        return run_agent(agent, prompt, model=chosen, budget=budget, clock=clock)
+        return run_agent(agent, prompt, model=chosen, budget=budget, clock=clock, session=session)
     hub = McpHub()
     try:
         box = build_declared(
@@ -153,7 +216,13 @@ def run(
                 error=reason,
             )
         return run_agent(
-            agent, prompt, model=chosen, budget=budget, clock=clock, declared=box.tools
+            agent,
+            prompt,
+            model=chosen,
+            budget=budget,
+            clock=clock,
+            declared=box.tools,
+            session=session,
         )
     finally:
         hub.close()

@@ -30,9 +30,7 @@ def test_anthropic_marks_system_and_end_of_conversation(
     model = test_anthropic.make(anthropic_server.base_url, clock)
     model.complete(system="You are Ava.", messages=_conversation(3), tools=[])
     body = anthropic_server.bodies[0]
-    assert body["system"] == [
-        {"type": "text", "text": "You are Ava.", "cache_control": _EPHEMERAL}
-    ]
+    assert body["system"] == [{"type": "text", "text": "You are Ava.", "cache_control": _EPHEMERAL}]
     blocks = [block for message in body["messages"] for block in message["content"]]
     marked = [block for block in blocks if "cache_control" in block]
     assert marked == [{"type": "text", "text": "and now?", "cache_control": _EPHEMERAL}]
@@ -68,7 +66,9 @@ def test_anthropic_cache_usage_is_parsed(
     }
 
 
-def test_openai_cached_tokens_are_parsed(openai_server: FakeProvider, clock: RecordingClock) -> None:
+def test_openai_cached_tokens_are_parsed(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
     """usage.prompt_tokens_details.cached_tokens -> cached_input_tokens (no write figure)."""
     answer = openai_completion("hi", prompt_tokens=1200, completion_tokens=3)
     answer["usage"]["prompt_tokens_details"] = {"cached_tokens": 1024}

@@ -1,0 +1,170 @@
+"""Compaction (SPEC §7F): keep a long session under budget by summarizing its older part.
+
+A pure ``messages -> messages`` step with one model call. When the session's estimate
+(:func:`~workers.persona.session.estimate_tokens`: ``ceil(chars/4)`` per message, the soul
+included, plus the incoming message) exceeds ``max_tokens``, the history becomes::
+
+    [summary (user message), flush reminder (user message, opt-in), ...tail verbatim]
+
+and the soul, sent as the system prompt, is never touched. At or below the threshold nothing
+happens at all: the caller keeps its history object, byte-identical.
+
+Where the tail starts (the two invariants, dialect-neutral as SPEC §7F words them):
+
+* it starts at a user message that carries no tool result, so no tool result is orphaned from
+  the assistant message holding its call. Under ``openai`` every user message is such a
+  boundary (tool results are ``tool`` messages). Under ``anthropic`` a user message right after
+  tool results is sent merged with them into one user message of ``tool_result`` blocks, so it
+  is a tool-group member, not a boundary;
+* it is the shortest such tail holding at least ``keep_tail`` tokens (issue 11: "keeping at
+  least keep_tail tokens verbatim"); when even the longest valid tail is shorter, the longest
+  is kept; with no valid boundary at all everything is summarized (an empty tail cannot orphan
+  anything). A split that would summarize nothing is no compaction: the history is kept.
+
+The summary is written by the persona's own model (its ``Model``, so in the fleet the call
+goes through the turn gate like any other) and its usage is reported for the turn's totals.
+Messages are user/assistant/tool only, so the summary is framed as a user message with a
+fixed prefix: every provider accepts that, and the next compaction folds it in like any text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from workers.persona.errors import ModelError
+from workers.persona.messages import Message, Usage
+from workers.persona.models import Model
+from workers.persona.session import Dialect, SessionConfig, estimate_tokens, message_chars
+
+__all__ = [
+    "FLUSH_REMINDER",
+    "SUMMARY_INSTRUCTIONS",
+    "SUMMARY_PREFIX",
+    "Compaction",
+    "boundaries",
+    "compact",
+    "render_transcript",
+    "split_point",
+]
+
+_log = structlog.get_logger("soulfleet.compaction")
+
+SUMMARY_PREFIX = "[Summary of the earlier part of this conversation, written when it was compacted]"
+
+SUMMARY_INSTRUCTIONS = (
+    "You compress the earlier part of a conversation into a summary that will replace it. "
+    "The persona who had the conversation reads your summary in its place and must be able to "
+    "carry on as if it remembered. Keep every fact about the people involved, names, numbers, "
+    "dates, decisions, promises, open questions and anything someone asked to be remembered; "
+    "keep what tools were used for and what they found. Drop greetings and repetition. Write "
+    "plain prose or short bullet points in the third person, without preamble."
+)
+
+FLUSH_REMINDER = (
+    "[Reminder: the earlier part of this conversation was just summarized to save space. If it "
+    "held durable facts worth keeping beyond this session (about the user, commitments, "
+    "preferences), save them now with the memory tool; the summary above is all that remains.]"
+)
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """The compacted history and what producing it cost."""
+
+    history: tuple[Message, ...]
+    usage: Usage
+    summarized: int
+    kept: int
+    tokens_before: int
+    tokens_after: int
+
+
+def boundaries(messages: Sequence[Message], dialect: Dialect) -> list[int]:
+    """Indexes where a kept tail may start, in order (see the module doc)."""
+    found = []
+    for index, message in enumerate(messages):
+        if message.role != "user":
+            continue
+        if dialect == "anthropic" and index > 0 and messages[index - 1].role == "tool":
+            continue  # merged into the preceding tool_result message on the wire
+        found.append(index)
+    return found
+
+
+def split_point(messages: Sequence[Message], keep_tail: int, dialect: Dialect) -> int | None:
+    """Where the kept tail starts (``len(messages)``: empty tail); None: nothing to summarize."""
+    valid = boundaries(messages, dialect)
+    if not valid:
+        return len(messages) if messages else None
+    suffix = [0] * (len(messages) + 1)
+    for index in range(len(messages) - 1, -1, -1):
+        suffix[index] = suffix[index + 1] + estimate_tokens([messages[index]])
+    chosen = valid[0]
+    for index in reversed(valid):
+        if suffix[index] >= keep_tail:
+            chosen = index
+            break
+    return None if chosen == 0 else chosen
+
+
+def render_transcript(messages: Sequence[Message]) -> str:
+    """The older messages as plain text for the summarizer (tool traffic kept, but marked)."""
+    lines: list[str] = []
+    for message in messages:
+        if message.role == "tool":
+            flag = " (error)" if message.is_error else ""
+            lines.append(f"[tool {message.name or ''} result{flag}]: {message.content}")
+            continue
+        if message.content:
+            lines.append(f"{message.role}: {message.content}")
+        for call in message.tool_calls:
+            arguments = call.raw_arguments or json.dumps(dict(call.arguments), ensure_ascii=False)
+            lines.append(f"[assistant called tool {call.name} with {arguments}]")
+    return "\n\n".join(lines)
+
+
+def compact(
+    history: Sequence[Message],
+    *,
+    system: str,
+    incoming: str,
+    config: SessionConfig,
+    model: Model,
+    dialect: Dialect,
+) -> Compaction | None:
+    """Compact ``history`` if ``system + history + incoming`` is over ``config.max_tokens``.
+
+    None means "leave the history as it is": at or below the threshold, nothing to summarize,
+    or the summary call failed (logged; the turn goes on uncompacted rather than failing).
+    """
+    before = estimate_tokens(history, system) + estimate_tokens([Message("user", incoming)])
+    if before <= config.max_tokens:
+        return None
+    split = split_point(history, config.tail_tokens, dialect)
+    if split is None:
+        _log.info("session.compaction_skipped", reason="no_valid_split", tokens=before)
+        return None
+    older, tail = history[:split], tuple(history[split:])
+    request = Message("user", render_transcript(older))
+    try:
+        completion = model.complete(system=SUMMARY_INSTRUCTIONS, messages=[request], tools=[])
+    except ModelError as exc:
+        _log.warning("session.compaction_failed", error=f"{type(exc).__name__}: {exc}")
+        return None
+    summary = Message("user", f"{SUMMARY_PREFIX}\n\n{completion.text.strip()}")
+    reminder = (Message("user", FLUSH_REMINDER),) if config.flush_to_memory else ()
+    compacted = (summary, *reminder, *tail)
+    after = estimate_tokens(compacted, system)
+    _log.info(
+        "session.compacted",
+        summarized=len(older),
+        kept=len(tail),
+        tokens_before=before,
+        tokens_after=after,
+        summary_chars=message_chars(summary),
+    )
+    return Compaction(compacted, completion.usage, len(older), len(tail), before, after)

@@ -1,0 +1,188 @@
+"""Session states on disk, under ``<home>/sessions/<lane>/``, and the library's pointer file.
+
+Layout::
+
+    <home>/sessions/<lane>/<session id>.<tag>.json    one complete committed state each
+    <home>/sessions/<lane>/CURRENT                     the library's pointer {state, epoch}
+
+Why a whole state per file, never edited in place: a turn writes the state it WOULD commit to
+a file whose name nobody else uses (the tag is the fleet's fencing token, ``f<fence>``, or a
+random ``l<hex>`` for the in-process library), and only then is it made current by moving a
+pointer. A turn that crashes, fails or is fenced out before that leaves an orphan file that no
+reader ever looks at, so the session holds only committed turns and a retry starts from the
+same state (issue 11 rule 6). Compaction keeps a state bounded (``max_tokens``), so rewriting
+it per turn is bounded too. Old files are collected after a commit (:meth:`collect`).
+
+The pointer is where the two runtimes differ. The fleet keeps it in the lane's Redis hash and
+moves it inside ``finish.lua``, the same fenced step that commits the turn. The library keeps
+it in ``CURRENT`` (:class:`FilePointer`), moved under a file lock with compare-and-set, so two
+processes running one persona at once lose a turn's session write rather than interleave.
+The two are separate sessions of one lane (their GC leaves each other's files alone).
+
+Safety: lane names are the transcripts' slugs; the directory is confined to the home (a
+symlink leading out is refused) and every write is atomic (temp file, fsync, rename).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import uuid
+from pathlib import Path
+
+import structlog
+
+from workers.persona.errors import PersonaFileError
+from workers.persona.files import atomic_write_bytes, confined
+from workers.persona.locks import LockMode, lock_file_for, path_lock
+from workers.persona.session import Pointer, SessionState
+from workers.persona.transcripts import valid_transcript_name
+
+__all__ = [
+    "POINTER_NAME",
+    "SESSIONS_DIR",
+    "FilePointer",
+    "SessionFiles",
+    "current_session",
+    "library_tag",
+]
+
+SESSIONS_DIR = "sessions"
+POINTER_NAME = "CURRENT"
+_STATE = re.compile(r"([A-Za-z0-9_][A-Za-z0-9._-]*)\.([fl][0-9a-z]+)\.json")
+
+_log = structlog.get_logger("soulfleet.session")
+
+
+def library_tag() -> str:
+    return f"l{uuid.uuid4().hex[:16]}"
+
+
+class SessionFiles:
+    """The state files of one lane of one persona home."""
+
+    def __init__(self, home: str | os.PathLike[str], lane: str) -> None:
+        if not valid_transcript_name(lane):
+            raise ValueError(f"invalid lane name {lane!r}")
+        self.home = Path(home).resolve()
+        self.lane = lane
+
+    @property
+    def directory(self) -> Path:
+        """The lane's directory, confined to the home (created on first write)."""
+        return confined(self.home, f"{SESSIONS_DIR}/{self.lane}")
+
+    def write(self, state: SessionState, tag: str) -> str:
+        """Store ``state`` durably under a name only this writer uses; returns that name."""
+        name = f"{state.id}.{tag}.json"
+        if _STATE.fullmatch(name) is None:
+            raise ValueError(f"invalid session state name {name!r}")
+        directory = self.directory
+        directory.mkdir(parents=True, exist_ok=True)
+        target = confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{name}")
+        atomic_write_bytes(target, state.to_json())
+        return name
+
+    def read(self, name: str | None) -> SessionState | None:
+        """The state stored as ``name``; None (with a warning) when it is missing or unreadable,
+        which a turn treats as "no session": it starts a new one instead of failing forever."""
+        if not name:
+            return None
+        if _STATE.fullmatch(name) is None:
+            _log.warning("session.bad_pointer", lane=self.lane, state=name)
+            return None
+        try:
+            path = confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{name}")
+            raw = path.read_bytes()
+            return SessionState.from_json(raw)
+        except FileNotFoundError:
+            _log.warning("session.state_missing", lane=self.lane, state=name)
+        except (OSError, PersonaFileError, ValueError) as exc:
+            _log.warning("session.state_unreadable", lane=self.lane, state=name, error=str(exc))
+        return None
+
+    def discard(self, name: str) -> None:
+        """Delete one state file that was never made current (a lost commit)."""
+        if _STATE.fullmatch(name) is None:
+            return
+        with contextlib.suppress(FileNotFoundError, PersonaFileError):
+            os.unlink(confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{name}"))
+
+    def collect(self, keep: set[str], *, tag_prefix: str) -> int:
+        """Delete this runtime's (``tag_prefix``: "f" fleet, "l" library) state files except
+        ``keep``; returns how many went. Never touches the other runtime's files."""
+        removed = 0
+        try:
+            directory = self.directory
+            entries = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError, PersonaFileError):
+            return 0
+        for entry in entries:
+            match = _STATE.fullmatch(entry.name)
+            if match is None or entry.name in keep or not match.group(2).startswith(tag_prefix):
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
+                removed += 1
+        return removed
+
+
+class FilePointer:
+    """The library's pointer: ``CURRENT`` holds ``{"state": name, "epoch": n}``."""
+
+    def __init__(
+        self, files: SessionFiles, *, lock_mode: LockMode = "local", lock_timeout: float = 10.0
+    ) -> None:
+        self.files = files
+        self.lock_mode: LockMode = lock_mode
+        self.lock_timeout = lock_timeout
+
+    def _path(self) -> Path:
+        return confined(self.files.home, f"{SESSIONS_DIR}/{self.files.lane}/{POINTER_NAME}")
+
+    def read(self) -> Pointer:
+        try:
+            data = json.loads(self._path().read_bytes())
+            state = data.get("state")
+            return Pointer(state if isinstance(state, str) and state else None, int(data["epoch"]))
+        except FileNotFoundError:
+            return Pointer()
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            _log.warning("session.pointer_unreadable", lane=self.files.lane, error=str(exc))
+            return Pointer()
+
+    def _write(self, pointer: Pointer) -> None:
+        self.files.directory.mkdir(parents=True, exist_ok=True)
+        data = {"state": pointer.state, "epoch": pointer.epoch}
+        atomic_write_bytes(self._path(), (json.dumps(data) + "\n").encode())
+
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        self.files.directory.mkdir(parents=True, exist_ok=True)
+        lock = lock_file_for(self.files.home, self._path(), self.lock_mode)
+        return path_lock(lock, mode=self.lock_mode, timeout=self.lock_timeout)
+
+    def commit(self, base: Pointer, state: str) -> bool:
+        """Make ``state`` current if the pointer is still ``base`` (nobody committed or reset
+        since the turn read it); False, changing nothing, otherwise."""
+        with self._locked():
+            if self.read() != base:
+                return False
+            self._write(Pointer(state, base.epoch))
+            return True
+
+    def reset(self) -> int:
+        """End the current session: the next turn starts a new one. Returns the new epoch."""
+        with self._locked():
+            current = self.read()
+            self._write(Pointer(current.state, current.epoch + 1))
+            return current.epoch + 1
+
+
+def current_session(home: str | os.PathLike[str], lane: str) -> SessionState | None:
+    """The library's current session of ``lane`` (None: none yet, or it was reset)."""
+    files = SessionFiles(home, lane)
+    pointer = FilePointer(files).read()
+    state = files.read(pointer.state)
+    return state if state is not None and state.epoch == pointer.epoch else None

@@ -1,0 +1,193 @@
+"""How a turn uses its lane's session: plan at the start, conclude at the end (issue 11).
+
+The one recipe every runtime shares (the library's ``run``, the in-process heartbeat driver
+and the fleet's turn executor); only where the pointer lives differs (see
+:mod:`workers.persona.session_files`).
+
+:func:`plan_turn`, before the first model call:
+
+* the committed state still going on (same reset epoch, not idle, no daily reset passed):
+  continue it, its frozen soul and its history, compacted first if over budget;
+* otherwise a new session: the soul is composed NOW and frozen; no history. Its id is derived
+  from the ended session's id (:func:`~workers.persona.session.next_session_id`), so a retry
+  of the turn, and silent beats before the session's first real turn, share one transcript.
+
+:meth:`SessionPlan.conclude`, after the loop, decides what the session becomes:
+
+* a silent heartbeat turn (ticks only, reply contains ``HEARTBEAT_OK``) adds nothing: no
+  messages, no new session, not even a fresher idle clock (it is in the transcript for audit,
+  and counted in the beats metric). The one exception is a lane with no session at all: it
+  gets an empty one, so the next beats have a transcript to share instead of one file each;
+* anything else is appended: the (possibly compacted) history plus the turn's messages;
+* one-shot runs and dream passes are ephemeral: a fresh session each, never stored.
+
+The caller commits the returned state only if the turn did not fail (``status != "error"``),
+and only through its fenced/compare-and-set pointer move.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import structlog
+
+from workers.persona.compaction import Compaction, compact
+from workers.persona.loop import RunResult
+from workers.persona.messages import Message
+from workers.persona.models import Model
+from workers.persona.models.spec import provider_of
+from workers.persona.session import (
+    Dialect,
+    Pointer,
+    SessionConfig,
+    SessionState,
+    new_session_id,
+    next_session_id,
+)
+
+__all__ = ["SessionPlan", "dialect_of", "ephemeral_plan", "plan_turn"]
+
+_log = structlog.get_logger("soulfleet.session")
+
+Compose = Callable[[], tuple[str, list[str]]]
+
+
+def dialect_of(model: Model) -> Dialect:
+    """The wire dialect compaction must respect for ``model``."""
+    return "anthropic" if provider_of(model) == "anthropic" else "openai"
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """What one turn runs with, and where its messages go."""
+
+    lane: str
+    session_id: str
+    soul: str
+    sections: tuple[str, ...]
+    history: tuple[Message, ...]
+    pointer: Pointer
+    base: SessionState | None
+    started_at: float
+    new: bool
+    reason: str  # continued | first | idle | daily | reset | missing | ephemeral
+    compaction: Compaction | None = None
+    persist: bool = True
+
+    def charge(self, result: RunResult) -> RunResult:
+        """``result`` with the compaction's model call counted in its usage and calls."""
+        if self.compaction is None:
+            return result
+        return replace(
+            result,
+            usage=self.compaction.usage + result.usage,
+            model_calls=result.model_calls + 1,
+        )
+
+    def conclude(
+        self, messages: Sequence[Message], *, now: float, silent_beat: bool
+    ) -> SessionState | None:
+        """The state to commit after a turn that did not fail, or None: commit nothing."""
+        if not self.persist:
+            return None
+        if silent_beat and self.base is not None:
+            return None
+        if self.new or self.base is None:
+            state = SessionState(
+                id=self.session_id,
+                lane=self.lane,
+                epoch=self.pointer.epoch,
+                started_at=self.started_at,
+                last_turn_at=self.started_at,
+                soul=self.soul,
+                sections=self.sections,
+            )
+        else:
+            state = self.base
+        if silent_beat:
+            return state
+        if self.compaction is not None:
+            state = replace(state, compactions=state.compactions + 1)
+        return state.appended(messages, now=now, history=self.history)
+
+
+def ephemeral_plan(lane: str, compose: Compose, *, now: float) -> SessionPlan:
+    """A one-off session: fresh soul, no history, never stored (one-shot runs, dream passes)."""
+    soul, found = compose()
+    return SessionPlan(
+        lane=lane,
+        session_id=new_session_id(),
+        soul=soul,
+        sections=tuple(found),
+        history=(),
+        pointer=Pointer(),
+        base=None,
+        started_at=now,
+        new=True,
+        reason="ephemeral",
+        persist=False,
+    )
+
+
+def plan_turn(
+    *,
+    lane: str,
+    pointer: Pointer,
+    base: SessionState | None,
+    compose: Compose,
+    config: SessionConfig,
+    now: float,
+    incoming: str,
+    model: Model,
+) -> SessionPlan:
+    """Continue ``base`` or start a new session (module doc); compaction happens here."""
+    reason: str | None
+    if base is None:
+        reason = "first" if pointer.state is None else "missing"
+    elif base.epoch != pointer.epoch:
+        reason = "reset"
+    else:
+        reason = config.expired(base, now)
+    if reason is not None:
+        soul, found = compose()
+        if base is not None and config.idle_reset > 0:
+            session_id = next_session_id(base.id)
+        else:
+            # "0s" keeps today's one conversation per turn; no base: nothing to derive from.
+            session_id = new_session_id()
+        _log.info("session.new", lane=lane, session=session_id, reason=reason)
+        return SessionPlan(
+            lane=lane,
+            session_id=session_id,
+            soul=soul,
+            sections=tuple(found),
+            history=(),
+            pointer=pointer,
+            base=base,
+            started_at=now,
+            new=True,
+            reason=reason,
+        )
+    assert base is not None
+    compaction = compact(
+        base.messages,
+        system=base.soul,
+        incoming=incoming,
+        config=config,
+        model=model,
+        dialect=dialect_of(model),
+    )
+    return SessionPlan(
+        lane=lane,
+        session_id=base.id,
+        soul=base.soul,
+        sections=base.sections,
+        history=base.messages if compaction is None else compaction.history,
+        pointer=pointer,
+        base=base,
+        started_at=base.started_at,
+        new=False,
+        reason="continued",
+        compaction=compaction,
+    )
