@@ -21,6 +21,8 @@ from prometheus_client.registry import Collector
 __all__ = [
     "BEATS",
     "BREAKER_OPEN",
+    "CACHED_INPUT_TOKENS",
+    "CACHE_WRITE_INPUT_TOKENS",
     "COUNT_KEYS",
     "DEAD_LETTERED",
     "INBOX_REJECTS",
@@ -71,6 +73,16 @@ BEATS = Counter(
     "soulfleet_beats_total",
     "Heartbeat turn replies: surfaced (substantive) or silent (HEARTBEAT_OK).",
     ["outcome"],
+)
+CACHED_INPUT_TOKENS = Counter(
+    "soulfleet_cached_input_tokens_total",
+    "Prompt tokens providers served from their prompt cache (OpenAI cached_tokens, Anthropic "
+    "cache_read_input_tokens), summed over committed turns.",
+)
+CACHE_WRITE_INPUT_TOKENS = Counter(
+    "soulfleet_cache_write_input_tokens_total",
+    "Prompt tokens written to a provider's prompt cache (Anthropic "
+    "cache_creation_input_tokens), summed over committed turns.",
 )
 TURN_SECONDS = Histogram(
     "soulfleet_turn_seconds", "Wall time of a turn.", ["kind"], buckets=_LATENCY_BUCKETS

@@ -1,10 +1,14 @@
 """One fleet turn, start to commit: the core the thin Celery task calls.
 
     start (Lua: reject duplicate/stale, lease + fence, drain inbox into in-flight)
-      -> compose the soul (frozen for the turn) and render the drained items as one message
+      -> plan the session (continue the lane's session: its frozen soul and history, compacted
+         if over budget; or start a new one and compose the soul now)
+      -> render the drained items as one message
       -> run the loop (model calls behind the fleet-wide gate; guard before every write)
-      -> finish (Lua, fencing-checked: clear in-flight, publish a surfaced beat, queue one
-         follow-up if anything arrived), or fail by kind, or defer (an open provider breaker)
+      -> write the new session state to its own file, ``<session>.f<fence>.json``
+      -> finish (Lua, fencing-checked: clear in-flight, publish a surfaced beat, make the
+         session state current, queue one follow-up if anything arrived), or fail by kind, or
+         defer (an open provider breaker)
 
 Failures by kind (:func:`workers.fleet.errors.classify`, read from the exception's class, never
 from its message): a transient one waits out a full-jitter exponential backoff in Redis and is
@@ -22,6 +26,19 @@ A worker that loses its lease stops before its next write (:class:`~workers.flee
 from the guard) and commits nothing; the lane's new holder re-runs the kept items. Errors in
 one persona's files or model end that persona's turn with a recorded error and touch no other
 lane.
+
+Why the session write is a file named by the fence plus a pointer moved by ``finish.lua``
+(rather than checking the lease and then replacing one session file): a check followed by a
+write is a window, and a worker paused in it (GC, a stalled NFS write, SIGSTOP) would
+overwrite the session after its lane had moved on. Here no two turns ever write the same file
+(each start bumps the fence), and the only step that makes a state current is the same atomic,
+fencing-checked script that commits the turn. So a turn that fails, crashes (SIGKILL anywhere,
+even between writing its file and finishing) or loses its lease leaves an orphan file that
+nothing points to: the session holds only committed turns, and the retry starts from exactly
+the state the failed attempt started from. The pointer compares the state the turn started
+from too, so a ``reset_session`` during a turn wins over the turn's write. Orphans are removed
+after the next commit. The price is rewriting the session state per turn, bounded by
+compaction (``max_tokens``).
 """
 
 from __future__ import annotations
@@ -39,6 +56,7 @@ from workers.fleet import Fleet
 from workers.fleet.breaker import counts_against_provider
 from workers.fleet.errors import ProviderPaused, classify
 from workers.fleet.gate import Gate, GatedModel
+from workers.fleet.lanes import SessionCommit
 from workers.fleet.lease import ClaimHandle, Renewer
 from workers.fleet.outcomes import StartOutcome
 from workers.logs import bind_task, monotonic_wall_time
@@ -52,6 +70,9 @@ from workers.persona.mcp_hub import McpHub
 from workers.persona.memory import memory_tool
 from workers.persona.messages import Message
 from workers.persona.models.spec import provider_of, resolve_model
+from workers.persona.session import Pointer
+from workers.persona.session_files import SessionFiles
+from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
 from workers.persona.toolbox import ToolLimits, build_declared
 from workers.persona.tools import Tool
 from workers.persona.transcripts import FileTranscripts
@@ -183,7 +204,6 @@ class TurnExecutor:
         name, role = self.fleet.registry.parse_lane(lane)
         try:
             agent = self._agent(name, role)
-            soul, _found = agent.soul()
             tools = agent.toolset(
                 lock_mode=self.settings.lock_mode,
                 lock_timeout=self.settings.lock_timeout,
@@ -204,21 +224,25 @@ class TurnExecutor:
             why = str(ProviderPaused(model.provider))
             return self._defer(lane, turn_id, started, began, provider=model.provider, why=why)
 
-        try:
-            writer = FileTranscripts(
-                agent.home, max_conversations=self.settings.transcript_max_conversations
-            ).open(lane, turn_id)
-        except Exception as exc:  # a transcripts/ leading out of the home fails this turn with
-            # its reason, instead of escaping the handler as a "lost worker"
-            error = f"{type(exc).__name__}: {exc}"
-            return self._fail(lane, turn_id, started, error, began, cause=exc)
-
         prompt = render_inbox(
             started.items,
             started.ticks,
             persona=name,
             tick_channel="dream" if role == "dreamer" else "heartbeat",
         )
+        try:
+            plan = self._plan(lane, agent, role, prompt, model)
+            writer = FileTranscripts(
+                agent.home, max_conversations=self.settings.transcript_max_conversations
+            ).open(lane, plan.session_id)
+        except TurnAborted:
+            raise
+        except Exception as exc:  # an unreadable session, or a transcripts/ leading out of
+            # the home, fails this turn with its reason instead of escaping as a "lost worker"
+            error = f"{type(exc).__name__}: {exc}"
+            return self._fail(
+                lane, turn_id, started, error, began, cause=exc, provider=model.provider
+            )
 
         def record(message: Message) -> None:
             guard()
@@ -226,7 +250,7 @@ class TurnExecutor:
 
         try:
             result = run_loop(
-                system=soul,
+                system=plan.soul,
                 prompt=prompt,
                 tools=tools,
                 model=model,
@@ -234,6 +258,7 @@ class TurnExecutor:
                 on_message=record,
                 guard=guard,
                 persona=agent.name,
+                history=plan.history,
             )
         except TurnAborted:
             raise
@@ -242,6 +267,7 @@ class TurnExecutor:
             return self._fail(
                 lane, turn_id, started, error, began, cause=exc, provider=model.provider
             )
+        result = plan.charge(result)
         if result.status == "error":
             return self._fail(
                 lane,
@@ -253,7 +279,34 @@ class TurnExecutor:
                 provider=model.provider,
             )
         return self._commit(
-            lane, turn_id, started, result, agent=agent, role=role, guard=guard, began=began
+            lane,
+            turn_id,
+            started,
+            result,
+            agent=agent,
+            role=role,
+            guard=guard,
+            began=began,
+            plan=plan,
+        )
+
+    def _plan(
+        self, lane: str, agent: AgentDef, role: str, prompt: str, model: GatedModel
+    ) -> SessionPlan:
+        now = self.fleet.clock.time()
+        if role == "dreamer":
+            # Every dream pass is a session of its own: fresh soul, no history, never stored.
+            return ephemeral_plan(lane, agent.soul, now=now)
+        pointer = self.fleet.lanes.session_pointer(lane)
+        return plan_turn(
+            lane=lane,
+            pointer=pointer,
+            base=SessionFiles(agent.home, lane).read(pointer.state),
+            compose=agent.soul,
+            config=agent.session,
+            now=now,
+            incoming=prompt,
+            model=model,
         )
 
     def _commit(
@@ -267,6 +320,7 @@ class TurnExecutor:
         role: str,
         guard: Callable[[], None],
         began: float,
+        plan: SessionPlan,
     ) -> TurnReport:
         silent = is_silent(result.text)
         beat: dict[str, str] | None = None
@@ -279,6 +333,14 @@ class TurnExecutor:
             # keeps the promise that what a dream did lands in memory/log.md.
             guard()
             self._log_dream(agent, turn_id, result.text)
+        silent_beat = started.ticks > 0 and not started.items and silent
+        state = plan.conclude(result.messages, now=self.fleet.clock.time(), silent_beat=silent_beat)
+        files = SessionFiles(agent.home, lane)
+        session: SessionCommit | None = None
+        if state is not None:
+            guard()
+            # Named by the fence: no other turn ever writes this file (module doc).
+            session = SessionCommit(plan.pointer, files.write(state, f"f{started.fence}"))
         guard()
         # Taken before the commit: once finish returns, a follow-up may already be running on
         # another worker, and "this turn ended before the next began" must hold in the logs.
@@ -291,9 +353,14 @@ class TurnExecutor:
             beat=beat,
             reply_ids=[item.id for item in started.items if item.reply],
             reply_extra={"usage": result.usage.to_dict(), "limit": result.limit},
+            session=session,
         )
         if finished.follow_up_turn_id and finished.follow_up_kind:
             self.fleet.publisher.publish(lane, finished.follow_up_turn_id, finished.follow_up_kind)
+        if session is not None:
+            self._collect(files, session, finished.session, plan.pointer)
+        metrics.CACHED_INPUT_TOKENS.inc(result.usage.cached_input_tokens)
+        metrics.CACHE_WRITE_INPUT_TOKENS.inc(result.usage.cache_write_input_tokens)
         self._end(
             lane,
             turn_id,
@@ -304,9 +371,27 @@ class TurnExecutor:
             limit=result.limit,
             silent=silent,
             tokens=result.usage.total_tokens,
+            **result.usage.to_dict(),
+            model_calls=result.model_calls,
+            session=plan.session_id,
+            session_reason=plan.reason,
+            session_write=finished.session,
+            compacted=plan.compaction is not None or None,
             follow_up=finished.follow_up_turn_id,
         )
         return TurnReport(lane, turn_id, result.status, result.text, finished.follow_up_turn_id)
+
+    def _collect(
+        self, files: SessionFiles, session: SessionCommit, outcome: str, base: Pointer
+    ) -> None:
+        try:
+            if outcome == "committed":
+                files.collect({session.state, base.state or ""}, tag_prefix="f")
+            else:
+                _log.warning("session.reset_during_turn", state=session.state)
+                files.discard(session.state)
+        except OSError as exc:  # housekeeping only: the commit already happened
+            _log.warning("session.collect_failed", error=str(exc))
 
     def _fail(
         self,

@@ -6,12 +6,13 @@
     soulfleet init DIR
     soulfleet soul DIR [--json]
     soulfleet tools PERSONA [--json]
-    soulfleet run PERSONA PROMPT [--local] [--model SPEC] [--json]
+    soulfleet run PERSONA PROMPT [--new-session] [--local] [--model SPEC] [--json]
     soulfleet post PERSONA TEXT [--wake/--no-wake] [--from NAME] [--channel C]
     soulfleet status [PERSONA] [--json]
     soulfleet beats [--follow] [--json]
     soulfleet dream PERSONA | --all
     soulfleet revive PERSONA [--dreamer]
+    soulfleet session show PERSONA [--json] | session reset PERSONA
 
 One module per command, each thin: parse, call the core (:class:`workers.fleet.Fleet`, the
 persona core), report. Which fleet a command reaches is :mod:`workers.cli.context`; how it fails
@@ -31,6 +32,7 @@ from workers.cli.init import init
 from workers.cli.post import post
 from workers.cli.revive import revive
 from workers.cli.run import run
+from workers.cli.session import session
 from workers.cli.soul import soul
 from workers.cli.status import status
 from workers.cli.tools import tools
@@ -58,7 +60,7 @@ def cli(ctx: click.Context) -> None:
     ctx.call_on_close(state.close)
 
 
-for _command in (up, init, soul, tools, run, post, status, beats, dream, revive):
+for _command in (up, init, soul, tools, run, post, status, beats, dream, revive, session):
     cli.add_command(_command)
 
 

@@ -6,6 +6,9 @@ in-process with ``--local`` (:func:`workers.persona.run.run`: no Redis, no worke
 then be any directory). ``--model`` picks the model for a local run only: a fleet turn uses the
 persona's own model, since the worker, not the CLI, makes the model call.
 
+The turn continues the persona's session, so it sees the conversation so far (``--local``
+keeps its own session in the persona's directory); ``--new-session`` starts a new one first.
+
 Exit status: 0 when the turn finished (status ``done``), 1 when it ended ``incomplete`` (a
 budget limit) or ``error``, or did not answer within ``--timeout``.
 """
@@ -32,6 +35,11 @@ __all__ = ["run"]
 @click.argument("prompt")
 @click.option("--local", is_flag=True, help="Run in this process (no Redis, no workers).")
 @click.option("--model", "model_spec", metavar="SPEC", help="Model for a --local run.")
+@click.option(
+    "--new-session",
+    is_flag=True,
+    help="Start a new session (fresh soul, no history) instead of continuing the current one.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print text, status, usage, limit as JSON.")
 @click.option(
     "--timeout",
@@ -49,14 +57,17 @@ def run(
     prompt: str,
     local: bool,
     model_spec: str | None,
+    new_session: bool,
     as_json: bool,
     timeout: float,
     personas: Path | None,
 ) -> None:
-    """Run PERSONA once on PROMPT and print its answer."""
+    """Run PERSONA on PROMPT (continuing its session) and print its answer."""
     state = cli_context(ctx, personas)
     if local:
-        report = _local(persona, prompt, model_spec, state.settings, _budget(state))
+        report = _local(
+            persona, prompt, model_spec, state.settings, _budget(state), new=new_session
+        )
     else:
         if model_spec is not None:
             raise BadInputError(
@@ -64,7 +75,7 @@ def run(
                 "(persona.toml `model`, else SOULFLEET_MODEL)"
             )
         name = state.persona(persona)
-        reply = state.fleet().run(name, prompt, timeout=timeout)
+        reply = state.fleet().run(name, prompt, new_session=new_session, timeout=timeout)
         report = {
             "persona": name,
             "text": reply.text,
@@ -100,11 +111,20 @@ def _local(
     model_spec: str | None,
     settings: Settings,
     budget: Budget,
+    *,
+    new: bool,
 ) -> dict[str, Any]:
     from workers.persona.run import run as run_persona  # noqa: PLC0415 - only for --local
 
     home = persona_dir(persona, settings.personas)
-    result = run_persona(home, prompt, model_spec, budget, mcp_servers=settings.mcp_servers)
+    result = run_persona(
+        home,
+        prompt,
+        model_spec,
+        budget,
+        mcp_servers=settings.mcp_servers,
+        session="new" if new else True,
+    )
     return {
         "persona": home.resolve().name,
         "text": result.text,

@@ -7,6 +7,8 @@ docs/persona.md §3 leaves delivering external events to the host; :class:`Fleet
     fleet.tick("ava", kind="heartbeat")
     fleet.status("ava")
     fleet.beats(count=100)
+    fleet.run("ava", "what is my name?")        # continues ava's session
+    fleet.session("ava"); fleet.reset_session("ava")
 
 State lives in Redis lanes (:mod:`workers.fleet.lanes`); a Celery message is only a wake-up that
 names ``(lane, turn_id)``. Publishing happens here, after the lane script has decided a turn is
@@ -35,6 +37,8 @@ from workers.fleet.registry import PersonaRegistry
 from workers.fleet.servertime import ServerClock
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
+from workers.persona.manifest import load_manifest
+from workers.persona.session_files import SessionFiles
 from workers.settings import Settings, redact_url
 
 __all__ = ["Fleet", "Publisher", "RunReply"]
@@ -140,6 +144,7 @@ class Fleet:
         wake: bool = True,
         reply: bool = False,
         trusted: bool = False,
+        new_session: bool = False,
     ) -> PostOutcome:
         """Put ``text`` in the persona's inbox; with ``wake``, queue a turn if it is idle.
 
@@ -148,11 +153,16 @@ class Fleet:
         the persona's own side sends (its operator, its own turns, its dreamer); never for text
         that came from outside, whatever address it claims.
 
+        ``new_session`` ends the persona's session first (:meth:`reset_session`), so the turn
+        that reads ``text`` starts a new one.
+
         Raises :class:`~workers.fleet.errors.UnknownPersona`,
         :class:`~workers.fleet.errors.InboxFull`
         (nothing is dropped: the sender keeps the item) or ``ItemTooLarge``.
         """
         name = self.registry.resolve(persona)
+        if new_session:
+            self.lanes.reset_session(name)
         item = InboxItem(
             text=text,
             sender=sender,
@@ -189,9 +199,23 @@ class Fleet:
         )
         return outcomes
 
-    def run(self, persona: str, prompt: str, *, timeout: float = 300.0) -> RunReply:
-        """Post ``prompt`` as an interactive item and wait for the turn that answers it."""
-        outcome = self.post(persona, prompt, sender="cli", channel="run", wake=True, reply=True)
+    def run(
+        self, persona: str, prompt: str, *, new_session: bool = False, timeout: float = 300.0
+    ) -> RunReply:
+        """Post ``prompt`` as an interactive item and wait for the turn that answers it.
+
+        The turn continues the persona's session (it sees the conversation so far);
+        ``new_session`` starts a new one first.
+        """
+        outcome = self.post(
+            persona,
+            prompt,
+            sender="cli",
+            channel="run",
+            wake=True,
+            reply=True,
+            new_session=new_session,
+        )
         deadline = time.monotonic() + timeout
         name = outcome.lane
         while True:
@@ -232,6 +256,39 @@ class Fleet:
         if dreamer.get("last_turn") or dreamer.get("state") not in (None, "idle"):
             status["dreamer"] = {"lane": dreamer_lane, **dreamer}
         return status
+
+    def reset_session(self, persona: str) -> int:
+        """End the persona's session: its next turn composes a fresh soul and starts with no
+        history (a turn running now finishes, but adds nothing). Returns the reset epoch."""
+        name = self.registry.resolve(persona)
+        return self.lanes.reset_session(name)
+
+    def session(self, persona: str) -> dict[str, Any]:
+        """The persona's current session: ``id`` (None when there is none, or it was reset),
+        ``started_at``, ``last_turn_at``, ``turns``, ``messages``, ``estimated_tokens``,
+        ``compactions``, ``soul_bytes``, and ``ends``: None while it goes on, else why the next
+        turn starts a new one (``"idle"``, ``"daily"``, ``"reset"``)."""
+        name = self.registry.resolve(persona)
+        home = self.registry.home(name)
+        pointer = self.lanes.session_pointer(name)
+        state = SessionFiles(home, name).read(pointer.state)
+        report: dict[str, Any] = {"persona": name, "lane": name, "epoch": pointer.epoch}
+        if state is None:
+            return {
+                **report,
+                "id": None,
+                "started_at": None,
+                "last_turn_at": None,
+                "turns": 0,
+                "messages": 0,
+                "estimated_tokens": 0,
+                "compactions": 0,
+                "ends": None,
+            }
+        ends = "reset" if state.epoch != pointer.epoch else None
+        if ends is None:
+            ends = load_manifest(home).session.expired(state, self.clock.time())
+        return {**report, **state.summary(), "ends": ends}
 
     def beats(self, count: int = 100) -> list[Beat]:
         """Recent surfaced beats, newest last."""

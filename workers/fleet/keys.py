@@ -13,7 +13,9 @@ key                   type    holds
                               fence, ticks, inflight_ticks, attempts, lost (crashes in this
                               run of attempts), last_error, last_error_at, last_turn,
                               last_status, last_text, last_end, queued_at, started_at, worker,
-                              last_error_kind, failing_since, failures, retry_at, provider
+                              last_error_kind, failing_since, failures, retry_at, provider,
+                              session (the current session state file's name), session_epoch
+                              (bumped by a session reset)
 ``inbox:<lane>``      list    JSON inbox items waiting for the next turn (bounded)
 ``inflight:<lane>``   list    items drained by the running turn, kept until it finishes
 ``lease:<lane>``      string  ``<fence>:<worker>``, PX TTL; the running turn's lease

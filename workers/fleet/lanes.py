@@ -31,6 +31,7 @@ import json
 import random
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import redis
@@ -52,6 +53,7 @@ from workers.fleet.scripts import Scripts, redis_errors
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import FailureKind
 from workers.persona.inbox import InboxItem
+from workers.persona.session import Pointer
 
 __all__ = [
     "LAST_TEXT_MAX",
@@ -61,6 +63,7 @@ __all__ = [
     "Lanes",
     "PostOutcome",
     "Repair",
+    "SessionCommit",
     "StartOutcome",
     "TickOutcome",
 ]
@@ -89,6 +92,15 @@ def _cut(text: str, limit: int) -> str:
 def _open_object(document: Mapping[str, object]) -> str:
     """``document`` as JSON without its closing brace, for finish.lua to append the turn id."""
     return json.dumps(document, separators=(",", ":"))[:-1]  # the callers' are never empty
+
+
+@dataclass(frozen=True, slots=True)
+class SessionCommit:
+    """A turn's session write, for :meth:`Lanes.finish`: make ``state`` current if the lane's
+    pointer is still ``base``."""
+
+    base: Pointer
+    state: str
 
 
 def _turn_id() -> str:
@@ -343,6 +355,7 @@ class Lanes:
         beat: Mapping[str, object] | None = None,
         reply_ids: Sequence[str] = (),
         reply_extra: Mapping[str, object] | None = None,
+        session: SessionCommit | None = None,
     ) -> FinishOutcome:
         """Commit the turn holding ``fence``; raise :class:`LeaseLost` (changing nothing) if
         it no longer holds the lane.
@@ -351,7 +364,9 @@ class Lanes:
         the same atomic step, with ``time`` defaulting to now and ``turn_id`` from the lane;
         each of its values is cut to ``beat_max_bytes``, so the stream is bounded in bytes.
         Each ``reply_ids`` item gets ``{text, status, turn_id, **reply_extra}`` (e.g. usage,
-        limit) on its reply list.
+        limit) on its reply list. ``session`` makes the turn's session state current in the same
+        step, if the lane's pointer is still the one the turn started from (a reset during the
+        turn wins: outcome ``session="conflict"``).
         """
         beat_args: list[str] = []
         if beat is not None:
@@ -368,14 +383,30 @@ class Lanes:
             text[:LAST_TEXT_MAX], follow_up,
             self.beats_max, self._ms(self.reply_ttl), len(beat_args), *beat_args,
         ]  # fmt: skip
+        if session is not None:
+            args += [session.base.state or "", session.base.epoch, session.state]
         with redis_errors(self.client):
             reply = self.scripts.finish(keys=keys, args=args)
         if reply[0] == "lost":
             raise LeaseLost(lane, fence, "finish refused: the fence is no longer current")
         beat_id = str(reply[2]) or None
+        outcome = str(reply[3])
         if reply[0] == "queued":
-            return FinishOutcome(str(reply[1]), str(reply[3]), str(reply[4]), beat_id)
-        return FinishOutcome(str(reply[1]), beat_id=beat_id)
+            return FinishOutcome(str(reply[1]), str(reply[4]), str(reply[5]), beat_id, outcome)
+        return FinishOutcome(str(reply[1]), beat_id=beat_id, session=outcome)
+
+    # -- sessions ---------------------------------------------------------------------------
+    def session_pointer(self, lane: str) -> Pointer:
+        """Which session state is current for the lane, and its reset epoch."""
+        with redis_errors(self.client):
+            state, epoch = self.client.hmget(self.keys.lane(lane), ["session", "session_epoch"])
+        return Pointer(str(state) if state else None, int(epoch or 0))
+
+    def reset_session(self, lane: str) -> int:
+        """End the lane's session: its next turn starts a new one (a turn running now still
+        finishes, but its session write is dropped). Returns the new epoch."""
+        with redis_errors(self.client):
+            return int(self.client.hincrby(self.keys.lane(lane), "session_epoch", 1))
 
     def fail(
         self,

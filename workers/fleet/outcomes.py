@@ -69,6 +69,9 @@ class FinishOutcome:
     follow_up_turn_id: str | None = None
     follow_up_kind: str | None = None
     beat_id: str | None = None
+    #: "unchanged", "committed" (the new session state is current) or "conflict" (a session
+    #: reset happened during the turn, so its state was dropped)
+    session: str = "unchanged"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,13 +9,17 @@
 --       [6] last_text (<= 2000 chars)  [7] follow-up turn id (used only if one is queued)
 --       [8] beats_max  [9] reply ttl (ms)  [10] n = number of beat ARGVs (0: no beat)
 --       [11..10+n] beat field, value pairs (turn_id is added here, from the lane)
+--       [11+n] session base (the state name the turn started from, "" for none)
+--       [12+n] session epoch the turn saw  [13+n] new session state name ("": leave it)
 -- Reply {"lost"}: the fence is not current; NOTHING changed
---     | {"idle", turn_id, beat_id}
---     | {"queued", turn_id, beat_id, follow-up turn id, follow-up kind}
+--     | {"idle", turn_id, beat_id, session}
+--     | {"queued", turn_id, beat_id, session, follow-up turn id, follow-up kind}
 --       beat_id is "" when no beat was given; follow-up kind is "interactive" when items wait,
---       else the waiting ticks' kind ("dream" or "heartbeat").
--- Guarantees: one atomic step, so a beat is published and a reply pushed iff the turn
--- commits; the beats stream stays bounded (MAXLEN ~ beats_max).
+--       else the waiting ticks' kind ("dream" or "heartbeat"); session is "unchanged",
+--       "committed", or "conflict" (a reset happened during the turn: the state is dropped).
+-- Guarantees: one atomic step, so a beat is published, a reply pushed and the session state
+-- made current iff the turn commits (a crashed or fenced-out turn's state file is never
+-- pointed to); the beats stream stays bounded (MAXLEN ~ beats_max).
 local lane, inbox, inflight, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queued, running, beats = KEYS[5], KEYS[6], KEYS[8]
 local name, fence, now = ARGV[1], ARGV[2], ARGV[3]
@@ -47,6 +51,18 @@ if n > 0 then
   beat_id = redis.call('XADD', beats, 'MAXLEN', '~', ARGV[8], '*', unpack(fields))
 end
 
+local session = 'unchanged'
+local s = 11 + n
+if (ARGV[s + 2] or '') ~= '' then
+  local current = redis.call('HMGET', lane, 'session', 'session_epoch')
+  if (current[1] or '') == ARGV[s] and (current[2] or '0') == ARGV[s + 1] then
+    redis.call('HSET', lane, 'session', ARGV[s + 2])
+    session = 'committed'
+  else
+    session = 'conflict'
+  end
+end
+
 if #KEYS > 8 then
   -- ARGV[5] is a JSON object missing its closing brace: the turn id is appended as a string,
   -- so a large reply is copied once and never decoded or re-encoded inside Redis.
@@ -68,8 +84,8 @@ if waiting > 0 or ticks > 0 then
   redis.call('HSET', lane, 'state', 'queued', 'turn_id', ARGV[7], 'kind', kind,
              'queued_at', now)
   redis.call('ZADD', queued, now, name)
-  return {'queued', turn_id, beat_id, ARGV[7], kind}
+  return {'queued', turn_id, beat_id, session, ARGV[7], kind}
 end
 redis.call('HSET', lane, 'state', 'idle')
 redis.call('HDEL', lane, 'turn_id', 'kind', 'queued_at')
-return {'idle', turn_id, beat_id}
+return {'idle', turn_id, beat_id, session}
