@@ -5,8 +5,9 @@ A :class:`FakeProvider` is a :class:`http.server.ThreadingHTTPServer` on 127.0.0
 default: the OS picks a free one) served from a background thread. Tests program it with a queue
 of canned :class:`Reply` objects (status, headers, JSON or raw bytes, delay, or a dropped
 connection) and read back every request it received (:class:`Recorded`: path, headers, parsed
-body). With the queue empty it answers a plain text completion after ``delay`` seconds, which
-is what a benchmark wants::
+body). With the queue empty it answers with ``respond(body)`` when one is set (a model that
+reads the request, e.g. answers from the conversation history it was sent), else a plain text
+completion after ``delay`` seconds, which is what a benchmark wants::
 
     python -m tests.support.providers openai --port 8765 --delay 2 --text HEARTBEAT_OK
     OPENAI_BASE_URL=http://127.0.0.1:8765/v1 SOULFLEET_MODEL=openai:fake soulfleet ...
@@ -24,7 +25,7 @@ import json
 import socket
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -220,10 +221,13 @@ class FakeProvider:
         port: int = 0,
         delay: float = 0.0,
         text: str = "ok",
+        respond: Callable[[Any], Reply | Mapping[str, Any]] | None = None,
     ) -> None:
         self.kind: ProviderKind = kind
         self.delay = delay
         self.text = text
+        #: answers a request body when no canned reply is queued (None: the plain ``text``)
+        self.respond = respond
         self._address = (host, port)
         self._lock = threading.Lock()
         self._replies: collections.deque[Reply] = collections.deque()
@@ -322,6 +326,12 @@ class FakeProvider:
         )
         return Reply(body=payload, delay=self.delay)
 
+    def _generated(self, body: Any) -> Reply:
+        if self.respond is None:
+            return self._default(body)
+        made = self.respond(body)
+        return made if isinstance(made, Reply) else Reply(body=made, delay=self.delay)
+
     def _route_ok(self, path: str) -> bool:
         path = path.split("?", 1)[0]
         if self.kind == "openai":
@@ -363,7 +373,7 @@ class FakeProvider:
         if not self._route_ok(handler.path) or handler.command != "POST":
             reply = error_reply(self.kind, 404, f"no route {handler.command} {handler.path}")
         else:
-            reply = queued if queued is not None else self._default(body)
+            reply = queued if queued is not None else self._generated(body)
         if reply.delay > 0 and self._stopping.wait(reply.delay):
             handler.close_connection = True
             return
