@@ -11,6 +11,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -131,17 +132,14 @@ def test_fifty_silent_heartbeats_add_nothing_to_the_session(
     harness.worker()
     harness.fleet.run("nora", "my name is Bob", timeout=60)
     before = harness.fleet.session("nora")
+
+    def beat_done(count: int) -> bool:
+        ended = len(harness.events("turn.end", lane="nora")) >= count
+        return ended and harness.fleet.status("nora")["state"] == "idle"
+
     for n in range(50):
         assert harness.fleet.tick("nora").outcome == "queued"
-        wait_until(
-            lambda n=n: (
-                len(harness.events("turn.end", lane="nora")) >= n + 2
-                and harness.fleet.status("nora")["state"] == "idle"
-            ),
-            timeout=60,
-            interval=0.05,
-            what=f"beat {n + 1}",
-        )
+        wait_until(partial(beat_done, n + 2), timeout=60, interval=0.05, what=f"beat {n + 1}")
     after = harness.fleet.session("nora")
     assert after["messages"] == before["messages"] == 2
     assert after["turns"] == before["turns"] == 1

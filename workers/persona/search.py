@@ -1,5 +1,8 @@
 """``transcript_search``: the dreamer's window onto what was said (docs/persona.md §4).
 
+A conversation is a session (:mod:`workers.persona.session`): its transcript holds every turn
+the session ran, so a hit comes with the conversation it belongs to, not a lone turn.
+
 It searches the TEXT of user and assistant messages only. Tool results, tool-call arguments,
 heartbeat prompts and silent ``HEARTBEAT_OK`` replies are left out on purpose: they are the
 system and tool noise a dream pass must never promote into memory, so the tool does not even
@@ -35,12 +38,13 @@ SNIPPET_CHARS = 200
 _LEAD_CHARS = 60  # how much context comes before the first hit
 
 _DESCRIPTION = (
-    "Search this persona's past conversations (durable transcripts). Matches the text of user "
+    "Search this persona's past conversations (durable transcripts, one per session: a "
+    "session is one continuous conversation). Matches the text of user "
     "and assistant messages only: tool results, heartbeat prompts and HEARTBEAT_OK replies are "
     "never searched. Case-insensitive; a message matches if it contains any word of the query; "
     "'since' keeps only messages from that time on. "
     "Results are ranked: the whole query as a phrase first, then more matching words, then "
-    "newer first. Each result gives the conversation id, lane, time (UTC, ISO 8601), who spoke "
+    "newer first. Each result gives the conversation (session) id, lane, time (UTC, ISO 8601), who spoke "
     f"and a snippet of about {SNIPPET_CHARS} characters around the first hit."
 )
 
