@@ -66,11 +66,7 @@ class AnthropicModel(HTTPModel):
                 "anthropic: no API key configured; set ANTHROPIC_API_KEY "
                 "(the Messages API refuses unauthenticated requests)"
             )
-        body: dict[str, Any] = {
-            "model": self._model,
-            "max_tokens": self._max_tokens,
-            "messages": _wire_messages(messages),
-        }
+        body: dict[str, Any] = {"model": self._model, "max_tokens": self._max_tokens}
         if system:
             body["system"] = [{"type": "text", "text": system, "cache_control": _EPHEMERAL}]
         if tools:
@@ -82,6 +78,9 @@ class AnthropicModel(HTTPModel):
                 }
                 for tool in tools
             ]
+        # Last, like the cache's own order (tools, system, messages): what came before is a
+        # byte-stable prefix of the next request.
+        body["messages"] = _wire_messages(messages)
         return self._post("/v1/messages", body, _parse)
 
 
