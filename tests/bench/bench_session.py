@@ -30,7 +30,13 @@ import structlog
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.support.providers import FakeProvider, Reply, anthropic_message, openai_completion
+from tests.support.providers import (
+    FakeProvider,
+    ProviderKind,
+    Reply,
+    anthropic_message,
+    openai_completion,
+)
 from workers.local.demo import install_demo
 from workers.persona.clock import VirtualClock
 from workers.persona.run import run
@@ -72,7 +78,7 @@ def _answer(kind: str, turn: list[int]) -> Any:
     return respond
 
 
-def conversation(kind: str, root: Path, *, session: bool) -> list[tuple[int, float]]:
+def conversation(kind: ProviderKind, root: Path, *, session: bool) -> list[tuple[int, float]]:
     """(request bytes, unchanged-prefix share) for each of TURNS turns."""
     demo = root / f"demo-{kind}-{session}"
     install_demo(demo)
@@ -104,7 +110,8 @@ def main() -> None:
         os.environ.pop(variable, None)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        for kind in ("openai", "anthropic"):
+        kinds: tuple[ProviderKind, ...] = ("openai", "anthropic")
+        for kind in kinds:
             figures = conversation(kind, root, session=True)
             print(f"\n{kind}: {TURNS}-turn session (bytes sent, unchanged prefix of previous)")
             for n, (size, share) in enumerate(figures, start=1):

@@ -44,8 +44,8 @@ _DESCRIPTION = (
     "never searched. Case-insensitive; a message matches if it contains any word of the query; "
     "'since' keeps only messages from that time on. "
     "Results are ranked: the whole query as a phrase first, then more matching words, then "
-    "newer first. Each result gives the conversation (session) id, lane, time (UTC, ISO 8601), who spoke "
-    f"and a snippet of about {SNIPPET_CHARS} characters around the first hit."
+    "newer first. Each result gives the conversation (session) id, lane, time (UTC, ISO 8601), "
+    f"who spoke and a snippet of about {SNIPPET_CHARS} characters around the first hit."
 )
 
 _SCHEMA: Mapping[str, Any] = {
