@@ -1,0 +1,53 @@
+"""`soulfleet session show|reset` against the suite's real Redis and the demo personas, and
+`soulfleet run --local [--new-session]` continuing a session in the persona's directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.cli.conftest import Invoke
+from workers.persona.session_files import current_session
+
+
+def test_show_without_a_session(invoke: Invoke) -> None:
+    """A persona that never ran: `show --json` reports no session, plainly."""
+    result = invoke("session", "show", "nora", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["id"] is None
+    assert (report["turns"], report["messages"], report["compactions"]) == (0, 0, 0)
+    plain = invoke("session", "show", "nora")
+    assert "no session yet" in plain.stdout
+
+
+def test_reset_bumps_the_epoch_and_show_says_so(invoke: Invoke) -> None:
+    """`session reset` ends the session (exit 0, one line); `show` reports the new epoch."""
+    result = invoke("session", "reset", "nora")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "reset nora: its next turn starts a new session"
+    report = json.loads(invoke("session", "show", "nora", "--json").stdout)
+    assert report["epoch"] == 1
+
+
+def test_unknown_persona_is_bad_input(invoke: Invoke) -> None:
+    """An unknown persona: exit 2 with one line, as for every command."""
+    result = invoke("session", "show", "nobody")
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+
+
+def test_local_runs_continue_a_session_until_new_session(invoke: Invoke, fleet_root: Path) -> None:
+    """`run --local` continues the persona's session in its directory; --new-session starts
+    another one."""
+    home = fleet_root / "milo"
+    for text in ("hello", "hello again"):
+        assert invoke("run", "milo", text, "--local").exit_code == 0
+    first = current_session(home, "milo")
+    assert first is not None
+    assert first.turns == 2
+    assert invoke("run", "milo", "fresh", "--local", "--new-session").exit_code == 0
+    second = current_session(home, "milo")
+    assert second is not None
+    assert second.id != first.id
+    assert second.turns == 1

@@ -1,0 +1,165 @@
+"""workers/turn.py with sessions, in-process on a real Redis and a real local OpenAI-compatible
+server: cache usage lands on the reply, turn.end and the metric; compaction is a real model call
+through the turn gate, counted in the turn's usage; dream passes are fresh sessions each.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from prometheus_client import REGISTRY
+
+from tests.support.providers import FakeProvider, Reply, openai_completion
+from workers.fleet import Fleet
+from workers.fleet.gate import Gate
+from workers.fleet.lease import Renewer
+from workers.persona.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
+from workers.persona.session_files import SESSIONS_DIR
+from workers.settings import Settings
+from workers.turn import TurnExecutor
+
+
+@dataclass
+class Recorder:
+    sent: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def publish(self, lane: str, turn_id: str, kind: str) -> None:
+        self.sent.append((lane, turn_id, kind))
+
+    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
+        self.sent.extend(turns)
+
+
+@dataclass
+class Rig:
+    fleet: Fleet
+    executor: TurnExecutor
+    published: Recorder
+    root: Path
+    provider: FakeProvider
+
+    def persona(self, name: str, toml: str = "", **files: str) -> Path:
+        home = self.root / name
+        home.mkdir()
+        (home / "SOUL.md").write_text(f"You are {name}.")
+        (home / "persona.toml").write_text(f'model = "openai:fake"\n{toml}')
+        for filename, text in files.items():
+            (home / filename).write_text(text)
+        return home
+
+    def ask(self, persona: str, text: str) -> dict[str, Any]:
+        """Post ``text`` for a reply, run the turn in-process, return the reply document."""
+        posted = self.fleet.post(persona, text, wake=True, reply=True)
+        lane, turn_id, _ = self.published.sent.pop()
+        self.executor.execute(lane, turn_id)
+        raw = self.fleet.client.lpop(self.fleet.keys.reply(posted.item_id))
+        assert isinstance(raw, str)
+        reply: dict[str, Any] = json.loads(raw)
+        return reply
+
+
+def cached_answer(body: Any) -> Reply:
+    if body["messages"][0]["content"] == SUMMARY_INSTRUCTIONS:
+        answer = openai_completion("Sam talked about tea.", prompt_tokens=5000)
+    else:
+        answer = openai_completion("ok " * 30, prompt_tokens=1200)
+        answer["usage"]["prompt_tokens_details"] = {"cached_tokens": 1024}
+    return Reply(body=answer)
+
+
+@pytest.fixture
+def rig(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
+) -> Iterator[Rig]:
+    with FakeProvider("openai", respond=cached_answer) as provider:
+        settings = Settings.from_env(
+            {
+                "REDIS_URL": redis_url,
+                "SOULFLEET_KEY_PREFIX": key_prefix,
+                "SOULFLEET_PERSONAS": str(tmp_path),
+                "SOULFLEET_MAX_CONCURRENT_MODEL_CALLS": "1",
+                "OPENAI_BASE_URL": provider.base_url,
+            }
+        )
+        published = Recorder()
+        fleet = Fleet(settings, publisher=published)
+        renewer = Renewer(fleet.lanes)
+        gate = Gate(fleet.client, fleet.keys, limit=1, slot_ttl=30, renewer=renewer)
+        executor = TurnExecutor(settings, fleet, renewer, gate, worker_id="test-worker")
+        try:
+            yield Rig(fleet, executor, published, tmp_path, provider)
+        finally:
+            renewer.stop()
+            fleet.client.close()
+
+
+def _metric(name: str) -> float:
+    return REGISTRY.get_sample_value(name) or 0.0
+
+
+def test_cache_usage_reaches_the_reply_and_the_metric(rig: Rig) -> None:
+    """The provider's cached_tokens are on the turn's reply usage and in
+    soulfleet_cached_input_tokens_total (no persona label)."""
+    rig.persona("ava")
+    before = _metric("soulfleet_cached_input_tokens_total")
+    reply = rig.ask("ava", "hello")
+    assert reply["usage"]["cached_input_tokens"] == 1024
+    assert reply["usage"]["cache_write_input_tokens"] == 0
+    assert _metric("soulfleet_cached_input_tokens_total") - before == 1024
+
+
+def test_compaction_is_a_gated_model_call_counted_in_usage(rig: Rig) -> None:
+    """Over max_tokens, the turn's first request is the summary, made by the persona's own
+    model through the gate; its tokens are in the turn's usage; the next request carries
+    [system (unchanged), summary, tail, new message]."""
+    rig.persona("ava", "[session]\nmax_tokens = 300\nkeep_tail = 60\n")
+    gated_before = _metric("soulfleet_turn_gate_wait_seconds_count")
+    for n in range(4):
+        rig.ask("ava", f"turn {n}: " + "I like tea. " * 20)
+    summaries = [
+        b for b in rig.provider.bodies if b["messages"][0]["content"] == SUMMARY_INSTRUCTIONS
+    ]
+    assert summaries, "the session went over max_tokens and was never compacted"
+    assert rig.provider.max_in_flight == 1
+    session = rig.fleet.session("ava")
+    assert session["compactions"] == len(summaries)
+    persona_bodies = [b for b in rig.provider.bodies if b not in summaries]
+    assert len({b["messages"][0]["content"] for b in persona_bodies}) == 1
+    index = rig.provider.bodies.index(summaries[-1])
+    after = rig.provider.bodies[index + 1]["messages"]
+    assert after[1]["content"].startswith(SUMMARY_PREFIX)
+    # every request, the summaries included, waited for a turn-gate slot first
+    gated = _metric("soulfleet_turn_gate_wait_seconds_count") - gated_before
+    assert gated == len(rig.provider.bodies)
+
+
+def test_the_summary_tokens_are_in_the_turn_usage(rig: Rig) -> None:
+    """The turn that compacts reports the summary call's 5000 prompt tokens on top of its own."""
+    rig.persona("ava", "[session]\nmax_tokens = 300\nkeep_tail = 60\n")
+    usages = [rig.ask("ava", f"turn {n}: " + "I like tea. " * 20)["usage"] for n in range(4)]
+    assert any(u["input_tokens"] == 5000 + 1200 for u in usages)
+    assert all(u["input_tokens"] in (1200, 6200) for u in usages)
+
+
+def test_every_dream_pass_is_a_fresh_session(rig: Rig) -> None:
+    """Dream passes store no session and each composes its soul afresh (a DREAM.md edit
+    between passes shows up in the second), with no history from the first."""
+    home = rig.persona("ava", '[dream]\nevery = "1h"\n', **{"DREAM.md": "Keep tea facts."})
+    for text in ("Keep tea facts.", "Keep coffee facts."):
+        (home / "DREAM.md").write_text(text)
+        rig.fleet.dream("ava")
+        lane, turn_id, _ = rig.published.sent.pop()
+        assert lane == "ava-dreamer"
+        rig.executor.execute(lane, turn_id)
+    first, second = rig.provider.bodies[-2:]
+    assert "Keep tea facts." in first["messages"][0]["content"]
+    assert "Keep coffee facts." in second["messages"][0]["content"]
+    assert [m["role"] for m in second["messages"]] == ["system", "user"]
+    assert not (home / SESSIONS_DIR / "ava-dreamer").exists()
+    assert rig.fleet.lanes.session_pointer("ava-dreamer").state is None
