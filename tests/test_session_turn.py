@@ -19,6 +19,7 @@ from tests.support.providers import FakeProvider, Reply, openai_completion
 from workers.fleet import Fleet
 from workers.fleet.gate import Gate
 from workers.fleet.lease import Renewer
+from workers.persona.clock import VirtualClock
 from workers.persona.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from workers.persona.session_files import SESSIONS_DIR
 from workers.settings import Settings
@@ -74,8 +75,13 @@ def cached_answer(body: Any) -> Reply:
 
 
 @pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock(1_700_000_000.0)
+
+
+@pytest.fixture
 def rig(
-    redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
+    redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path, clock: VirtualClock
 ) -> Iterator[Rig]:
     with FakeProvider("openai", respond=cached_answer) as provider:
         settings = Settings.from_env(
@@ -88,7 +94,7 @@ def rig(
             }
         )
         published = Recorder()
-        fleet = Fleet(settings, publisher=published)
+        fleet = Fleet(settings, publisher=published, clock=clock)
         renewer = Renewer(fleet.lanes)
         gate = Gate(fleet.client, fleet.keys, limit=1, slot_ttl=30, renewer=renewer)
         executor = TurnExecutor(settings, fleet, renewer, gate, worker_id="test-worker")
@@ -163,3 +169,33 @@ def test_every_dream_pass_is_a_fresh_session(rig: Rig) -> None:
     assert [m["role"] for m in second["messages"]] == ["system", "user"]
     assert not (home / SESSIONS_DIR / "ava-dreamer").exists()
     assert rig.fleet.lanes.session_pointer("ava-dreamer").state is None
+
+
+def test_idle_and_daily_reset_on_the_fleet_clock(rig: Rig, clock: VirtualClock) -> None:
+    """Fleet turns on a virtual clock: within idle_reset the session goes on; after it, and
+    after a daily_reset time, the next turn starts a new session with no history."""
+    home = rig.persona("ava", '[session]\nidle_reset = "1h"\ndaily_reset = "04:00"\n')
+    rig.ask("ava", "one")
+    clock.advance(3000)
+    rig.ask("ava", "two")
+    first = rig.fleet.session("ava")
+    assert first["turns"] == 2
+    assert rig.fleet.session("ava")["ends"] is None
+    clock.advance(3600)
+    assert rig.fleet.session("ava")["ends"] == "idle"
+    rig.ask("ava", "three")
+    assert [m["role"] for m in rig.provider.bodies[-1]["messages"]] == ["system", "user"]
+    second = rig.fleet.session("ava")
+    assert second["id"] != first["id"]
+    # persona.toml applies from the next turn: idle long enough to reach the daily reset.
+    (home / "persona.toml").write_text(
+        'model = "openai:fake"\n[session]\nidle_reset = "12h"\ndaily_reset = "04:00"\n'
+    )
+    # 1_700_000_000 + 6600 s is 00:03:20 UTC; 03:59:20 is 3h56m later, still the same session.
+    clock.advance(3 * 3600 + 56 * 60)
+    rig.ask("ava", "four")
+    assert rig.fleet.session("ava")["turns"] == 2
+    clock.advance(120)
+    assert rig.fleet.session("ava")["ends"] == "daily"
+    rig.ask("ava", "five")
+    assert rig.fleet.session("ava")["turns"] == 1
