@@ -21,6 +21,7 @@ from workers.persona.errors import ModelServerError, PersonaConfigError
 from workers.persona.manifest import load_manifest
 from workers.persona.messages import Completion, Usage
 from workers.persona.run import run
+from workers.persona.search import transcript_search_tool
 from workers.persona.session_files import current_session
 from workers.persona.transcripts import FileTranscripts
 
@@ -263,3 +264,17 @@ def test_session_defaults(home: Path) -> None:
     assert (config.idle_reset, config.daily_reset, config.max_tokens) == (14400, None, 60000)
     assert config.tail_tokens == 30000
     assert config.flush_to_memory is False
+
+
+def test_transcript_search_finds_a_sessions_turns_as_one_conversation(home: Path) -> None:
+    """The dreamer's transcript_search searches sessions: hits from two turns of one session
+    name the same conversation, the session's id."""
+    model = ReplayModel(recall)
+    run(home, "my name is Bob and I like tea", model, session=True)
+    run(home, "tea again, please", model, session=True)
+    state = current_session(home, "ava")
+    assert state is not None
+    tool = transcript_search_tool(FileTranscripts(home, lanes=["ava"]))
+    found = tool.execute({"query": "tea"}).output.splitlines()[1:]
+    assert len(found) == 4  # both user messages and both (echoing) replies
+    assert all(f"conversation={state.id} " in line for line in found)
