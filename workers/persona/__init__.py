@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from workers.persona.loop import Budget, RunResult
     from workers.persona.memory import memory_tool, valid_note_slug
     from workers.persona.run import as_tool, run
+    from workers.persona.session import SessionConfig, SessionState
+    from workers.persona.session_files import current_session
     from workers.persona.tools import Tool, ToolResult
     from workers.persona.transcripts import FileTranscripts, TranscriptStore
 
@@ -35,11 +37,14 @@ __all__ = [
     "HeartbeatDriver",
     "InboxItem",
     "RunResult",
+    "SessionConfig",
+    "SessionState",
     "Tool",
     "ToolResult",
     "TranscriptStore",
     "as_tool",
     "compose_soul",
+    "current_session",
     "dreamer",
     "from_dir",
     "is_silent",
@@ -71,6 +76,9 @@ _WHERE = {
     "valid_note_slug": "memory",
     "as_tool": "run",
     "run": "run",
+    "SessionConfig": "session",
+    "SessionState": "session",
+    "current_session": "session_files",
     "Tool": "tools",
     "ToolResult": "tools",
     "FileTranscripts": "transcripts",

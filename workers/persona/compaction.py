@@ -148,6 +148,14 @@ def compact(
     if split is None:
         _log.info("session.compaction_skipped", reason="no_valid_split", tokens=before)
         return None
+    if estimate_tokens((), system) + config.tail_tokens >= config.max_tokens:
+        # The soul plus the kept tail already fill the budget: every turn will compact again.
+        _log.warning(
+            "session.budget_too_small",
+            soul_tokens=estimate_tokens((), system),
+            keep_tail=config.tail_tokens,
+            max_tokens=config.max_tokens,
+        )
     older, tail = history[:split], tuple(history[split:])
     request = Message("user", render_transcript(older))
     try:
