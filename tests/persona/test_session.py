@@ -22,6 +22,7 @@ from workers.persona.manifest import load_manifest
 from workers.persona.messages import Completion, Usage
 from workers.persona.run import run
 from workers.persona.search import transcript_search_tool
+from workers.persona.session import next_session_id
 from workers.persona.session_files import current_session
 from workers.persona.transcripts import FileTranscripts
 
@@ -278,3 +279,29 @@ def test_transcript_search_finds_a_sessions_turns_as_one_conversation(home: Path
     found = tool.execute({"query": "tea"}).output.splitlines()[1:]
     assert len(found) == 4  # both user messages and both (echoing) replies
     assert all(f"conversation={state.id} " in line for line in found)
+
+
+def test_silent_beats_after_a_session_ended_share_one_transcript(tmp_path: Path) -> None:
+    """Beats every 2h on a 1h idle_reset find the session over each time: silent ones start no
+    session and all land in ONE transcript (the next session's), which the next user turn then
+    continues; so 20 silent beats cannot push a conversation out of retention."""
+    home = make_persona(tmp_path, manifest='[session]\nidle_reset = "1h"\n')
+    clock = VirtualClock(START)
+    model = ReplayModel(recall)
+    driver = start_agent(home, every=7200, clock=clock, model=model)
+    driver.post("my name is Bob", "sam", "chat", wake=True)
+    first = current_session(home, "ava")
+    assert first is not None
+    clock.advance(20 * 7200)
+    assert driver.turns == 21
+    assert current_session(home, "ava") == first
+    assert len(FileTranscripts(home).conversations()) == 2
+    driver.post("what is my name?", "sam", "chat", wake=True)
+    driver.stop()
+    second = current_session(home, "ava")
+    assert second is not None
+    assert second.id == next_session_id(first.id)
+    assert second.turns == 1
+    assert driver.last_result is not None
+    assert driver.last_result.text == "I don't know"
+    assert len(FileTranscripts(home).conversations()) == 2
