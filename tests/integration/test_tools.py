@@ -55,7 +55,8 @@ def test_a_persona_uses_a_pypi_mcp_server_through_a_real_worker(harness: Harness
     assert '"timezone": "UTC"' in reply.text
     assert datetime.now(UTC).strftime("%Y-%m-%d") in reply.text
 
-    records = FileTranscripts(home).messages(reply.turn_id)
+    # A transcript is a session's (issue 11): this turn is the first of the clock's session.
+    records = FileTranscripts(home).messages(harness.fleet.session("clock")["id"])
     calls = [call for r in records for call in r.message.tool_calls]
     assert [(c.name, dict(c.arguments)) for c in calls] == [
         ("time__get_current_time", {"timezone": "UTC"})
@@ -195,7 +196,9 @@ def test_a_misbehaving_server_never_fails_or_hangs_a_turn(harness: Harness) -> N
     assert reply.status == "done"
     assert reply.text.startswith('after 3 results: {"result": "pid=')
     results = [
-        r.message for r in FileTranscripts(home).messages(reply.turn_id) if r.message.role == "tool"
+        r.message
+        for r in FileTranscripts(home).messages(harness.fleet.session("shaky")["id"])
+        if r.message.role == "tool"
     ]
     assert [(m.name, m.is_error) for m in results] == [
         ("t__sleep", True),
