@@ -23,7 +23,7 @@ def test_app_configuration_answers_the_known_traps() -> None:
     assert conf.broker_transport_options["visibility_timeout"] == settings.visibility_timeout
     assert settings.visibility_timeout > 2 * settings.turn_max_seconds
     assert conf.worker_pool == "threads"
-    assert conf.worker_concurrency == 32
+    assert conf.worker_concurrency == 200
     assert conf.worker_send_task_events is True
     assert conf.beat_scheduler == "beat.scheduler:FleetScheduler"
     assert [q.name for q in conf.task_queues] == ["fx.interactive", "fx.heartbeat", "fx.dream"]
