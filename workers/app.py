@@ -18,7 +18,9 @@ trap of Celery's Redis transport (see the README's architecture section):
 - Broker connection pools sized to the pool's concurrency (:func:`broker_pools`): kombu's Redis
   transport allows 10 connections by default and *raises* when an 11th ack or publish needs
   one, which stalled a gevent worker at ``-c 1000`` with ~200 lanes left running.
-- Task events on, so Flower shows the fleet.
+- Task events only when ``SOULFLEET_TASK_EVENTS`` is on (compose and ``up --flower`` turn it on,
+  because Flower needs them): otherwise every turn would pay a PUBLISH for each of its sent,
+  received, started and succeeded events, about an eighth of a worker's CPU per turn.
 """
 
 from __future__ import annotations
@@ -84,8 +86,8 @@ def make_app(settings: Settings) -> Celery:
         task_default_routing_key=queue_name(settings.queue_prefix, "interactive"),
         worker_pool=settings.worker_pool,
         worker_concurrency=settings.worker_concurrency,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
         enable_utc=True,
