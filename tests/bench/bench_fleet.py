@@ -43,9 +43,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -302,6 +303,120 @@ def bench_turns(
     )
 
 
+class _Monitor:
+    """Every command Redis executes while it runs (``MONITOR``), on a thread of its own."""
+
+    def __init__(self, url: str) -> None:
+        self._client = redis.Redis.from_url(url)
+        self.commands: list[tuple[float, str, str]] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with self._client.monitor() as monitor:  # type: ignore[no-untyped-call]
+            self._ready.set()
+            in_multi = False
+            while not self._stop:
+                command = monitor.next_command()
+                if command.get("client_type") == "lua":
+                    continue  # run inside a script: no round trip of its own
+                name = str(command["command"]).split(" ", 1)[0].upper()
+                # A MULTI ... EXEC block goes out as one pipelined round trip.
+                if name == "MULTI":
+                    in_multi = True
+                elif name == "EXEC":
+                    in_multi = False
+                    name = "MULTI/EXEC"
+                if not in_multi:
+                    port = str(command.get("client_port", ""))
+                    self.commands.append((time.time(), port, name))
+
+    def __enter__(self) -> _Monitor:
+        self._ready = threading.Event()
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop = True
+        with contextlib.suppress(redis.RedisError):
+            redis.Redis.from_url(self._url()).ping()  # wakes the monitor for its last read
+        self._thread.join(timeout=5)
+        self._client.close()
+
+    def _url(self) -> str:
+        kwargs = self._client.connection_pool.connection_kwargs
+        return f"redis://{kwargs.get('host', '127.0.0.1')}:{kwargs.get('port', 6379)}"
+
+    def between(self, start: float, end: float, ports: set[str]) -> list[str]:
+        """Commands seen in [start, end] from connections with one of these local ports."""
+        return [
+            name for at, port, name in list(self.commands) if start <= at <= end and port in ports
+        ]
+
+
+def _local_ports(pid: int) -> set[str]:
+    """Local TCP ports of ``pid``'s sockets (Linux ``/proc``): which Redis clients are its."""
+    inodes: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    ports: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[9] in inodes:
+                    ports.add(str(int(fields[1].rsplit(":", 1)[1], 16)))
+    return ports
+
+
+def round_trips(
+    env: Mapping[str, str], logs: Path, name: str, *, app: str, go: Callable[[], object]
+) -> tuple[float, dict[str, int]]:
+    """Redis commands one task or turn costs, counted with MONITOR on an otherwise idle worker.
+
+    Only the worker process's own connections count (their local ports, from ``/proc``), so
+    the publishing side is left out; its idle traffic (the BRPOP loop) over an equal window
+    before ``go`` is subtracted. The count runs until the worker logged that the task
+    finished, plus a short tail (the ack).
+    """
+    settings = Settings.from_env(env)
+
+    def finished() -> bool:
+        return any(
+            e.get("event") == "turn.end" or "succeeded in" in str(e.get("event", ""))
+            for e in worker.events()
+        )
+
+    with _worker(name, app, env, logs) as worker, _Monitor(settings.redis_url) as monitor:
+        deadline = time.monotonic() + 60
+        go()  # warm-up: the first task opens the worker's connections and loads its scripts
+        while not finished():
+            worker.check(deadline, "the warm-up task")
+            time.sleep(_POLL)
+        time.sleep(2.0)
+        worker.events()
+        began = time.time()
+        go()
+        while not finished():
+            worker.check(deadline, "one task")
+            time.sleep(_POLL)
+        time.sleep(0.3)
+        ended = time.time()
+        ports = _local_ports(worker.popen.pid)
+        window = ended - began
+        idle = monitor.between(began - window - 0.5, began - 0.5, ports)
+        busy = monitor.between(began, ended, ports)
+    counts: dict[str, int] = {}
+    for command in busy:
+        counts[command] = counts.get(command, 0) + 1
+    return len(busy) - len(idle), counts
+
+
 def _per_op(start: float | None, end: float | None, count: int) -> float | None:
     if start is None or end is None or count <= 0:
         return None
@@ -462,6 +577,43 @@ def _repeat(run: _Run, args: argparse.Namespace, settings: Settings, n: int) -> 
                        provider.max_in_flight, args.latency)  # fmt: skip
 
 
+def _trips(run: _Run) -> str:
+    """One no-op task and one fleet turn, each on an idle worker, counted with MONITOR."""
+    _say("Redis commands for one no-op task and one fleet turn (MONITOR) ...")
+    env = run.env("trips-noop", run.scratch / "no-personas")
+    settings = Settings.from_env(env)
+    app = make_noop_app(settings)
+    try:
+        noop, noop_by = round_trips(
+            env, run.logs, "trips-noop", app="tests.bench.noop_app",
+            go=lambda: app.send_task(NOOP_TASK, ignore_result=True),
+        )  # fmt: skip
+    finally:
+        app.close()
+    root = run.scratch / "trips"
+    names = _write_personas(root, 1, scripted=True)
+    env = run.env("trips-turn", root)
+    settings = Settings.from_env(env)
+    publisher = CeleryPublisher(settings)
+    fleet = Fleet(settings, publisher=publisher)
+    try:
+        turn, turn_by = round_trips(env, run.logs, "trips-turn", app="workers",
+                                    go=lambda: fleet.post(names[0], "bench", sender="bench",
+                                                          channel="bench", wake=True))  # fmt: skip
+    finally:
+        fleet.client.close()
+        publisher.app.close()
+
+    def detail(counts: Mapping[str, int]) -> str:
+        return ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda x: -x[1]))
+
+    return (
+        "  Redis round trips per task (MONITOR after a warm-up task; the worker's connections "
+        "only, idle polling subtracted, script commands and MULTI blocks counted once): "
+        f"bare no-op {noop:.0f} ({detail(noop_by)}); fleet turn {turn:.0f} ({detail(turn_by)})"
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = _arguments(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
@@ -474,6 +626,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             run = _Run(url, f"sfbench:{uuid.uuid4().hex[:10]}:", scratch, extra)
             settings = Settings.from_env(run.env("setup", scratch / "no-personas"))
             try:
+                trips = _trips(run)
                 repeats = [_repeat(run, args, settings, n) for n in range(args.repeat)]
             finally:
                 leftover = _clean(url, run.prefix)
@@ -492,6 +645,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"worker starts; {args.repeat} repeats"
     )
     print(_table(repeats, setup))
+    print(trips)
 
 
 if __name__ == "__main__":
