@@ -11,17 +11,18 @@
 --
 -- KEYS  [1] schedule (zset member -> due ms)  [2] schedule:spec epoch (a counter)
 -- ARGV  [1] now (ms)  [2] claim until (ms)  [3] limit
--- Reply a flat array: the spec epoch ("0" if never bumped), then member, due score (ms) pairs
+-- Reply {spec epoch ("0" if never bumped), claimed}: claimed is one string, a line per member,
+--       "<member>\t<due score ms>", joined by "\n" ("" when nothing is due). One bulk string
+--       instead of two replies per member: the client parses every reply element in Python.
 local schedule, epoch_key = KEYS[1], KEYS[2]
 local now, claim_until, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local due = redis.call('ZRANGEBYSCORE', schedule, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
-local out = {redis.call('GET', epoch_key) or '0'}
+local lines = {}
 local args = {}
 for i = 1, #due, 2 do
   args[#args + 1] = claim_until
   args[#args + 1] = due[i]
-  out[#out + 1] = due[i]
-  out[#out + 1] = due[i + 1]
+  lines[#lines + 1] = due[i] .. '\t' .. due[i + 1]
   if #args >= 1000 then
     redis.call('ZADD', schedule, 'XX', unpack(args))
     args = {}
@@ -30,4 +31,4 @@ end
 if #args > 0 then
   redis.call('ZADD', schedule, 'XX', unpack(args))
 end
-return out
+return {redis.call('GET', epoch_key) or '0', table.concat(lines, '\n')}
