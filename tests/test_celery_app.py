@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.fleet import REPO
 from workers.app import make_app
 from workers.settings import Settings
 
@@ -50,3 +58,18 @@ def test_broker_pools_cover_the_concurrency() -> None:
     conf = make_app(settings).conf
     assert conf.broker_transport_options["max_connections"] > 700
     assert conf.broker_pool_limit > 700
+
+
+@pytest.mark.integration
+def test_a_worker_above_its_pools_limit_is_refused_at_start(tmp_path: Path) -> None:
+    """`celery -A workers worker -P threads -c 1001` (the command line overriding the
+    settings) exits at once with a non-zero status and the reason, before taking any work."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SOULFLEET_", "CELERY_"))}
+    env.update(REDIS_URL="redis://127.0.0.1:1/0", SOULFLEET_PERSONAS=str(tmp_path))
+    argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-P", "threads",
+            "-c", "1001", "--without-mingle", "--without-gossip"]  # fmt: skip
+    done = subprocess.run(argv, env=env, cwd=str(REPO), capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode != 0
+    assert "refused to start" in done.stderr
+    assert "threads pool at concurrency 1001 is above its limit of 1000" in done.stderr
