@@ -626,6 +626,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             run = _Run(url, f"sfbench:{uuid.uuid4().hex[:10]}:", scratch, extra)
             settings = Settings.from_env(run.env("setup", scratch / "no-personas"))
             try:
+                run.logs.mkdir(parents=True, exist_ok=True)
                 trips = _trips(run)
                 repeats = [_repeat(run, args, settings, n) for n in range(args.repeat)]
             finally:
