@@ -33,6 +33,7 @@ terminates a torn last line so the next record starts on a line of its own.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -275,22 +276,58 @@ class ConversationWriter:
             log.warning("transcript.torn_tail_terminated", path=str(self._path))
 
 
+class _Listing:
+    """One lane directory's ``*.jsonl`` files: by name, by conversation id, and oldest first."""
+
+    def __init__(self, lane: str, paths: dict[str, str]) -> None:
+        self.lane = lane
+        self.paths = paths
+        self.ids: dict[str, str] = {}
+        self.order: list[str] = sorted(name for name in paths if self._index(name))
+
+    def _index(self, name: str) -> bool:
+        info = _parse_file_name(self.lane, name)
+        if info is None:
+            return False
+        self.ids[info.id] = name
+        return True
+
+    def add(self, name: str, path: str) -> None:
+        self.paths[name] = path
+        if self._index(name):
+            # A new conversation is normally the newest: appending keeps the order sorted.
+            if self.order and name < self.order[-1]:
+                bisect.insort(self.order, name)
+            else:
+                self.order.append(name)
+
+    def remove(self, name: str) -> None:
+        self.paths.pop(name, None)
+        info = _parse_file_name(self.lane, name)
+        if info is not None and self.ids.get(info.id) == name:
+            del self.ids[info.id]
+            index = bisect.bisect_left(self.order, name)
+            if index < len(self.order) and self.order[index] == name:
+                del self.order[index]
+
+
 class _Listings:
     """Lane directory listings shared by every store of the process, keyed by directory mtime.
 
     A lane holds up to ``max_conversations`` files and every turn needs its listing twice (to
     resume a conversation, to prune the oldest): listing and parsing 1,000 names made a lane's
-    1,000th turn cost twice its first. A listing is reused while the directory's
-    ``(st_mtime_ns, st_ino)`` is what it was when we listed it or last changed it ourselves, so
-    any other writer's change (another process, a person) is seen on the next turn. The one
-    blind spot: directory times are as coarse as the kernel's clock tick (1-4 ms), so a foreign
-    change in the same tick as one of ours goes unseen until the directory changes again. Only
-    the lane's one running turn writes there, so the worst case is a file pruned a turn late.
+    1,000th turn cost twice its first. A listing (indexed by id, kept oldest first) is reused
+    while the directory's ``(st_mtime_ns, st_ino)`` is what it was when we listed it or last
+    changed it ourselves, so any other writer's change (another process, a person) is seen on
+    the next turn. The one blind spot: directory times are as coarse as the kernel's clock tick
+    (1-4 ms), so a foreign change in the same tick as one of ours goes unseen until the
+    directory changes again. Only the lane's one running turn writes there, so the worst case
+    is a file pruned a turn late.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._cache: dict[str, tuple[tuple[int, int], dict[str, str]]] = {}
+        self._cache: dict[str, tuple[tuple[int, int], _Listing]] = {}
 
     @staticmethod
     def _version(directory: str) -> tuple[int, int] | None:
@@ -300,16 +337,17 @@ class _Listings:
             return None
         return (st.st_mtime_ns, st.st_ino)
 
-    def files(self, directory: str) -> list[tuple[str, str]]:
+    def listing(self, directory: str, lane: str) -> _Listing | None:
+        """The lane's listing (shared: read it under :meth:`locked`), None if it has no dir."""
         version = self._version(directory)
         if version is None:
             with self._lock:
                 self._cache.pop(directory, None)
-            return []
+            return None
         with self._lock:
             cached = self._cache.get(directory)
             if cached is not None and cached[0] == version:
-                return list(cached[1].items())
+                return cached[1]
         try:
             with os.scandir(directory) as entries:
                 found = {
@@ -318,14 +356,19 @@ class _Listings:
                     if e.name.endswith(_SUFFIX) and e.is_file(follow_symlinks=False)
                 }
         except (FileNotFoundError, NotADirectoryError):
-            return []
+            return None
+        listing = _Listing(lane, found)
         with self._lock:
             if len(self._cache) >= _LISTINGS_MAX and directory not in self._cache:
                 self._cache.pop(next(iter(self._cache)))
-            self._cache[directory] = (version, found)
-        return list(found.items())
+            self._cache[directory] = (version, listing)
+        return listing
 
-    def _changed(self, directory: str, change: Callable[[dict[str, str]], object]) -> None:
+    @property
+    def lock(self) -> threading.Lock:
+        return self._lock
+
+    def _changed(self, directory: str, change: Callable[[_Listing], object]) -> None:
         with self._lock:
             cached = self._cache.get(directory)
             if cached is None:
@@ -338,10 +381,10 @@ class _Listings:
                 self._cache[directory] = (version, cached[1])
 
     def added(self, directory: str, name: str, path: str) -> None:
-        self._changed(directory, lambda files: files.__setitem__(name, path))
+        self._changed(directory, lambda listing: listing.add(name, path))
 
     def removed(self, directory: str, name: str) -> None:
-        self._changed(directory, lambda files: files.pop(name, None))
+        self._changed(directory, lambda listing: listing.remove(name))
 
 
 _LISTINGS_MAX = 4096
@@ -409,9 +452,7 @@ class FileTranscripts:
                 raise ValueError(
                     f"conversation id {conversation_id!r} is already used in lane {info.lane!r}"
                 )
-            return ConversationWriter(
-                self, info, Path(existing), self._clock, sync_each=sync_each
-            )
+            return ConversationWriter(self, info, Path(existing), self._clock, sync_each=sync_each)
         started = round(self._clock.time() * 1000) / 1000
         info = ConversationInfo(id=conversation_id, lane=lane, started_at=started)
         path = lane_dir / _file_name(info)
@@ -473,41 +514,56 @@ class FileTranscripts:
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def _files(self, lane: str) -> list[tuple[str, str]]:
-        """(name, path) of the lane's regular ``*.jsonl`` files; [] for a missing/refused lane."""
+    def _listing(self, lane: str) -> _Listing | None:
         try:
             lane_dir = self._confined(lane)
         except PersonaFileError as exc:
             log.warning("transcript.lane_refused", lane=lane, error=str(exc))
+            return None
+        return _LISTINGS.listing(str(lane_dir), lane)
+
+    def _files(self, lane: str) -> list[tuple[str, str]]:
+        """(name, path) of the lane's regular ``*.jsonl`` files; [] for a missing/refused lane."""
+        listing = self._listing(lane)
+        if listing is None:
             return []
-        return _LISTINGS.files(str(lane_dir))
+        with _LISTINGS.lock:
+            return list(listing.paths.items())
 
     def _find(self, conversation_id: str) -> tuple[ConversationInfo, str] | None:
-        tail = f"-{conversation_id}{_SUFFIX}"
         for lane in self._lane_names():
-            for name, path in self._files(lane):
-                if name.endswith(tail):
-                    info = _parse_file_name(lane, name)
-                    if info is not None and info.id == conversation_id:
-                        self._paths[conversation_id] = path
-                        return info, path
+            listing = self._listing(lane)
+            if listing is None:
+                continue
+            with _LISTINGS.lock:
+                name = listing.ids.get(conversation_id)
+                path = listing.paths.get(name) if name is not None else None
+            if name is not None and path is not None:
+                info = _parse_file_name(lane, name)
+                if info is not None:
+                    self._paths[conversation_id] = path
+                    return info, path
         return None
 
     def _prune(self, lane: str, *, keep_room_for: str) -> None:
         """Delete the lane's oldest files so that one more still fits within the bound."""
-        files = []
-        for name, path in self._files(lane):
-            info = _parse_file_name(lane, name)
-            if info is not None and info.id != keep_room_for:
-                files.append((name, info.id, path))
-        files.sort()
-        excess = len(files) - (self._max - 1)
-        for name, conversation_id, path in files[: max(0, excess)]:
+        listing = self._listing(lane)
+        if listing is None:
+            return
+        with _LISTINGS.lock:
+            keep = listing.ids.get(keep_room_for)
+            count = len(listing.order) - (1 if keep is not None else 0)
+            excess = count - (self._max - 1)
+            oldest = [name for name in listing.order[: max(0, excess) + 1] if name != keep]
+            victims = [(name, listing.paths[name]) for name in oldest[: max(0, excess)]]
+        for name, path in victims:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
             _LISTINGS.removed(os.path.dirname(path), name)
-            self._paths.pop(conversation_id, None)
-            log.debug("transcript.pruned", lane=lane, conversation=conversation_id, bound=self._max)
+            info = _parse_file_name(lane, name)
+            if info is not None:
+                self._paths.pop(info.id, None)
+                log.debug("transcript.pruned", lane=lane, conversation=info.id, bound=self._max)
 
     def _read(self, conversation_id: str, path: str) -> Iterator[TranscriptRecord]:
         try:
