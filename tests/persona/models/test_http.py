@@ -291,9 +291,9 @@ def test_connections_are_reused_per_thread(clock: RecordingClock) -> None:
 
 
 def test_many_concurrent_calls_are_not_capped(clock: RecordingClock) -> None:
-    """A client used by 150 threads at once (more than httpx's default pool of 100) has all
-    150 calls in flight together, each answered once, with no error."""
-    with FakeProvider("openai", delay=1.0) as server:
+    """A client used by 150 threads at once gets more than httpx's default pool of 100 calls
+    in flight together (all 150 on an idle machine), each answered once, with no error."""
+    with FakeProvider("openai", delay=5.0) as server:
         http = transport(server, clock, retries=0)
         barrier = threading.Barrier(150)
         errors: list[BaseException] = []
@@ -313,7 +313,9 @@ def test_many_concurrent_calls_are_not_capped(clock: RecordingClock) -> None:
         http.close()
         assert errors == []
         assert len(server.requests) == 150
-        assert server.max_in_flight == 150
+        # A loaded machine may still be starting the last threads when the first answers
+        # come back 5 s later; the old cap (100) can never be exceeded.
+        assert server.max_in_flight > 100
 
 
 def test_closed_client_refuses_calls(openai_server: FakeProvider, clock: RecordingClock) -> None:
