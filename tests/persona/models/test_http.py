@@ -294,7 +294,14 @@ def test_many_concurrent_calls_are_not_capped(clock: RecordingClock) -> None:
     """A client used by 150 threads at once gets more than httpx's default pool of 100 calls
     in flight together (all 150 on an idle machine), each answered once, with no error."""
     with FakeProvider("openai", delay=5.0) as server:
-        http = transport(server, clock, retries=0)
+        http = ProviderHTTP(
+            provider="testprov",
+            base_url=server.base_url,
+            headers={},
+            key_env="TEST_API_KEY",
+            policy=RetryPolicy(timeout=60.0, retries=0),
+            clock=clock,
+        )
         barrier = threading.Barrier(150)
         errors: list[BaseException] = []
 
