@@ -206,9 +206,11 @@ def bench_sweep(url: str, root: Path, size: int, repeat: int = 3) -> SweepFigure
         fleet.client.close()
 
 
-def bench_publish(url: str, root: Path, size: int) -> tuple[float, float]:
-    """(sweep seconds, publishing seconds) for ``size`` idle lanes falling due at once, their
-    turns published for real through Celery (:class:`CeleryPublisher`) to the broker."""
+def bench_publish(url: str, root: Path, size: int) -> tuple[float, float, float]:
+    """(sweep seconds, publishing seconds, bare send_task seconds) for ``size`` idle lanes
+    falling due at once, their turns published for real through Celery
+    (:class:`CeleryPublisher`) to the broker; the anchor publishes as many turn messages with
+    plain ``send_task``, one at a time, right after."""
     prefix = f"sfbench:{uuid.uuid4().hex[:8]}:"
     settings = Settings.from_env(
         {"REDIS_URL": url, "SOULFLEET_KEY_PREFIX": prefix, "SOULFLEET_QUEUE_PREFIX": prefix[:-1],
@@ -230,11 +232,20 @@ def bench_publish(url: str, root: Path, size: int) -> tuple[float, float]:
         queued = fleet.client.llen(f"{prefix}broker:{prefix[:-1]}.dream")
         if queued != size:
             raise RuntimeError(f"{queued} turn messages queued for {size} lanes")
-        return seconds, publisher.seconds
+        return seconds, publisher.seconds, _bare_send_task(publisher.inner, size)
     finally:
         publisher.inner.close()
         _clean(fleet.client, prefix)
         fleet.client.close()
+
+
+def _bare_send_task(publisher: CeleryPublisher, size: int) -> float:
+    app = publisher.app
+    started = time.perf_counter()
+    for i in range(size):
+        app.send_task("soulfleet.turn", args=[f"bare{i}", f"t{i}"], queue="bench.bare",
+                      ignore_result=True)  # fmt: skip
+    return time.perf_counter() - started
 
 
 class _TimedPublisher:
@@ -348,10 +359,11 @@ def main() -> None:
             "all due <= 1 s); median (min-max) of 3"
         )
         size = SIZES[-1]
-        sweep, publishing = bench_publish(url, root, size)
+        sweep, publishing, bare = bench_publish(url, root, size)
         print(
             f"{size:,} dream lanes falling due at once (a nightly cron), turns published through "
-            f"Celery: sweep {sweep:.2f} s, of it publishing {publishing:.2f} s (goal <= 10 s)"
+            f"Celery: sweep {sweep:.2f} s, of it publishing {publishing:.2f} s (goal <= 10 s); "
+            f"bare send_task x {size:,} right after: {bare:.2f} s, ratio {publishing / bare:.2f}"
         )
         print()
         per_tick = bench_log_cost(url, root)
