@@ -258,8 +258,12 @@ def bench_turns(
     *,
     warmup: int,
     seconds: float,
+    profile: float = 0.0,
 ) -> Result:
-    """One turn for each of ``names``, all queued before a fresh ``celery -A workers`` starts."""
+    """One turn for each of ``names``, all queued before a fresh ``celery -A workers`` starts.
+
+    With ``profile`` seconds, py-spy samples the worker (GIL holder only: CPU, not waits) once
+    it is past the warm-up, and the top functions are printed (py-spy must be on PATH)."""
     settings = Settings.from_env(env)
     publisher = CeleryPublisher(settings)
     fleet = Fleet(settings, publisher=publisher)
@@ -271,6 +275,7 @@ def bench_turns(
             deadline = time.monotonic() + 60 + seconds
             ends: list[dict[str, Any]] = []
             cpu_first: float | None = None
+            spy: subprocess.Popen[bytes] | None = None
             while len(ends) < total:
                 fresh = worker.events()
                 for event in fresh:
@@ -281,10 +286,16 @@ def bench_turns(
                     ends.append(event)
                 if cpu_first is None and len(ends) >= warmup:
                     cpu_first, ended_first = worker.cpu_seconds(), len(ends)
+                    if profile > 0:
+                        spy = _spy(worker.popen.pid, profile, logs / f"{worker_name}.spy")
                 if not fresh:
                     worker.check(deadline, f"{total} turns ({len(ends)} done)")
                     time.sleep(_POLL)
             cpu_end = worker.cpu_seconds()
+            if profile > 0 and spy is not None:
+                spy.wait(timeout=profile + 30)
+                _say(f"{label}: top functions (py-spy --gil, inclusive share of samples):\n"
+                     + _top(logs / f"{worker_name}.spy"))  # fmt: skip
     finally:
         fleet.client.close()
         publisher.app.close()
@@ -301,6 +312,54 @@ def bench_turns(
         p50_ms=p50,
         cpu_ms=_per_op(cpu_first, cpu_end, total - ended_first),
     )
+
+
+def _spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy recording ``pid`` for ``seconds`` (raw collapsed stacks), or None without py-spy."""
+    binary = shutil.which("py-spy")
+    if binary is None:
+        _say("--profile: py-spy is not on PATH (pip install py-spy); no profile")
+        return None
+    argv = [binary, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "50", "--gil",
+            "--nonblocking", "--format", "raw", "-o", str(out)]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# Frames every sample passes through (thread pool, Celery's tracer, the worker's start-up).
+_SCAFFOLD = frozenset({
+    "_worker", "_WorkItem.run", "apply_target", "fast_trace_task",
+    "build_tracer.<locals>.trace_task", "_install_stack_protection.<locals>.__protected_call__",
+    "Command.__call__", "Command.main",
+    "Command.invoke", "Group.invoke", "Context.invoke", "WorkController.start", "asynloop",
+    "pass_context.<locals>.new_func", "Evloop.start", "worker", "Consumer.start", "main",
+    "handle_preload_options.<locals>.caller", "Hub.create_loop", "<module>", "Blueprint.start",
+    "StartStopStep.start", "_run_code", "_run_module_as_main", "Thread.run", "Thread._bootstrap",
+    "Thread._bootstrap_inner", "turn",
+})  # fmt: skip
+
+
+def _top(path: Path, count: int = 25) -> str:
+    """The functions in the most samples (inclusive), from py-spy's raw output."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return "  (no profile written)"
+    shares: dict[str, int] = {}
+    total = 0
+    for line in text.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        total += int(n)
+        for frame in set(stack.split(";")):
+            name = frame.split(" (", 1)[0]
+            where = frame.rsplit("/", 1)[-1].split(":", 1)[0] if "(" in frame else ""
+            key = f"{name} ({where})"
+            shares[key] = shares.get(key, 0) + int(n)
+    ranked = sorted(shares.items(), key=lambda kv: -kv[1])
+    lines = [f"  {n * 100 / max(1, total):5.1f}% {k}" for k, n in ranked
+             if k.split(" (", 1)[0] not in _SCAFFOLD][:count]  # fmt: skip
+    return "\n".join(lines)
 
 
 class _Monitor:
@@ -506,6 +565,8 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add("--seconds", type=float, default=120.0, help="give up on a phase after this (default 120)")
     add("--keep", action="store_true", help="keep the scratch directory (worker logs, personas)")
+    add("--profile", type=float, default=0.0,
+        help="py-spy the scripted-model worker for this many seconds (first repeat)")  # fmt: skip
     args = parser.parse_args(argv)
     for name in ("turns", "slow_turns", "concurrency", "repeat"):
         value = getattr(args, name)
@@ -557,7 +618,8 @@ def _repeat(run: _Run, args: argparse.Namespace, settings: Settings, n: int) -> 
     names = _write_personas(root, args.turns, scripted=True)
     _say(f"[{n}] fleet, {args.turns} turns, scripted model 0 ms ...")
     fast = bench_turns("fleet turn, scripted model 0 ms", f"fast{n}", run.env(f"fast{n}", root),
-                       run.logs, names, warmup=warmup, seconds=args.seconds)  # fmt: skip
+                       run.logs, names, warmup=warmup, seconds=args.seconds,
+                       profile=args.profile if n == 0 else 0.0)  # fmt: skip
 
     turns = args.slow_turns or 6 * settings.worker_concurrency
     root = run.scratch / f"http{n}"
