@@ -88,9 +88,9 @@ class HeartbeatFiles:
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            answer: bool | None = True if os.path.isdir(home) else None
-            self._keep(home, (now or 0.0, -1, -1, answer), now)
-            return answer
+            absent: bool | None = True if os.path.isdir(home) else None
+            self._keep(home, (now or 0.0, -1, -1, absent), now)
+            return absent
         except NotADirectoryError:
             self._keep(home, (now or 0.0, -1, -1, None), now)
             return None
