@@ -98,7 +98,8 @@ class ScheduleEntries:
             pipe.zrem(self._keys.schedule, *members)
             pipe.hdel(self._keys.schedule_spec, *members)
             pipe.hdel(self._keys.registry, *chunk)
-            removed, _, _ = pipe.execute()
+            pipe.incr(self._keys.schedule_epoch)
+            removed, _, _, _ = pipe.execute()
             changes.removed += int(removed)
             for name in chunk:
                 _log.info("registry.removed", persona=name)
@@ -139,6 +140,7 @@ class ScheduleEntries:
         replies = read.execute()
 
         write = self._client.pipeline(transaction=True)
+        specs_written = False
         for index, name in enumerate(names):
             stored, *scores = replies[3 * index : 3 * index + 3]
             entries = personas[name]
@@ -149,6 +151,7 @@ class ScheduleEntries:
                     if existing is not None or score is not None:
                         write.zrem(self._keys.schedule, member)
                         write.hdel(self._keys.schedule_spec, member)
+                        specs_written = True
                         changes.removed += 1
                         lane = split_schedule_member(member)[0]
                         _log.info("schedule.removed", lane=lane, persona=name)
@@ -163,6 +166,7 @@ class ScheduleEntries:
                     args=[member, read_score, raw, due],
                     client=write,
                 )
+                specs_written = True
                 if existing is None:
                     changes.added += 1
                 else:
@@ -183,4 +187,7 @@ class ScheduleEntries:
             write.hset(
                 self._keys.registry, name, json.dumps(record, sort_keys=True, separators=(",", ":"))
             )
+        if specs_written:
+            # Sweeps keep specs by member and re-read them only when this moves.
+            write.incr(self._keys.schedule_epoch)
         write.execute()

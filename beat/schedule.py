@@ -27,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import time
 from pathlib import Path
 from typing import Any, Literal
@@ -39,7 +39,15 @@ from workers.persona.manifest import PersonaConfig
 from workers.persona.schedules import ActiveHours
 from workers.settings import Settings
 
-__all__ = ["SPEC_VERSION", "ScheduleKind", "ScheduleSpec", "lane_fraction", "specs_for", "to_ms"]
+__all__ = [
+    "SPEC_VERSION",
+    "ScheduleKind",
+    "ScheduleSpec",
+    "jitter_fraction",
+    "lane_fraction",
+    "specs_for",
+    "to_ms",
+]
 
 SPEC_VERSION = 1
 ScheduleKind = Literal["heartbeat", "dream"]
@@ -49,6 +57,21 @@ def lane_fraction(lane: str, salt: str = "") -> float:
     """A stable number in ``[0, 1)`` for ``lane`` (the same in every process, unlike hash())."""
     digest = hashlib.blake2b(f"{salt}|{lane}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") / 2.0**64
+
+
+def jitter_fraction(seed: float, slot: int) -> float:
+    """Slot ``slot``'s jitter in ``[0, 1)`` for a lane whose sequence starts at ``seed``.
+
+    A golden-ratio (Weyl) sequence: every slot gets a different value, the values of one lane
+    spread evenly over [0, 1), and lanes with different seeds differ; deterministic in every
+    process, and one multiply instead of a hash per lane and slot on the sweep's hot path.
+    """
+    return (seed + (slot % _WEYL_PERIOD) * _GOLDEN) % 1.0
+
+
+_GOLDEN = 0.6180339887498949
+# Keeps slot * golden small enough that its fraction keeps full precision.
+_WEYL_PERIOD = 1 << 24
 
 
 def to_ms(seconds: float) -> int:
@@ -75,12 +98,18 @@ class ScheduleSpec:
     active_start: str | None = None
     active_end: str | None = None
     active_timezone: str | None = None
+    #: lane_fraction(lane), hashed once per spec: a sweep computes thousands of next due times.
+    _phase: float = field(init=False, repr=False, compare=False, default=0.0)
+    #: where the lane's jitter sequence starts (another hash, also once per spec).
+    _jitter_seed: float = field(init=False, repr=False, compare=False, default=0.0)
 
     def __post_init__(self) -> None:
         if (self.every is None) == (self.cron is None):
             raise ValueError(f"schedule for {self.lane!r} needs exactly one of every or cron")
         if self.every is not None and not self.every > 0:
             raise ValueError(f"schedule for {self.lane!r}: every must be > 0, got {self.every}")
+        object.__setattr__(self, "_phase", lane_fraction(self.lane))
+        object.__setattr__(self, "_jitter_seed", lane_fraction(self.lane, salt="jitter"))
 
     @property
     def member(self) -> str:
@@ -92,15 +121,15 @@ class ScheduleSpec:
         if self.every is not None:
             return self._next_slot(self.every, now)
         assert self.cron is not None
-        offset = lane_fraction(self.lane) * self.window
+        offset = self._phase * self.window
         return parse_cron(self.cron).next_fire(now - offset, zone(self.timezone)) + offset
 
     def _next_slot(self, every: float, now: float) -> float:
-        phase = lane_fraction(self.lane) * every
+        phase = self._phase * every
         slot = math.floor((now - phase) / every) + 1
         due = phase + slot * every
         if self.jitter > 0:
-            due += lane_fraction(self.lane, salt=str(slot)) * self.jitter * every
+            due += jitter_fraction(self._jitter_seed, slot) * self.jitter * every
         return due
 
     def active_hours(self) -> ActiveHours | None:

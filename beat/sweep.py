@@ -10,9 +10,9 @@ Why it is built this way:
   after now, so a missed interval is skipped, never replayed) and writes them back in one
   compare-and-set script (``lua/rescore.lua``) that never overwrites a concurrent sync.
 - Skips cost no model call: a heartbeat whose HEARTBEAT.md is absent or blank
-  (``no_heartbeat_file``; the answer is cached by the file's mtime and size), one whose
-  HEARTBEAT.md is a FIFO, a device or unreadable (``invalid_heartbeat_file``: never opened in a
-  way that could block), a heartbeat outside
+  (``no_heartbeat_file``; looked at once per ``SOULFLEET_SYNC_INTERVAL`` at most, and re-read
+  only when its mtime or size moved), one whose HEARTBEAT.md is a FIFO, a device or unreadable
+  (``invalid_heartbeat_file``: never opened in a way that could block), a heartbeat outside
   its persona's active hours (``quiet_hours``), an entry whose directory is gone but not yet
   synced away (``unknown_persona``), a dead-lettered lane (``dead_lettered``, reported by the
   tick script). Everything else goes to :meth:`workers.fleet.Fleet.tick_lanes` in ONE batched
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -50,6 +51,7 @@ _log = structlog.get_logger("soulfleet.beat")
 CLAIM_TIMEOUT = 60.0
 #: Claim batches per sweep at most, so one pass always ends (the next pass takes the rest).
 MAX_BATCHES = 100
+_FIELDS = re.compile("[\t\n]")
 
 
 def _script(name: str) -> str:
@@ -57,7 +59,12 @@ def _script(name: str) -> str:
 
 
 class HeartbeatFiles:
-    """Whether a persona's HEARTBEAT.md is absent or blank, re-read only when its stat changes.
+    """Whether a persona's HEARTBEAT.md is absent or blank, and whether its home exists.
+
+    Each answer is kept for ``max_age`` seconds (the registry sync interval: an edit takes
+    effect within it) before the file is looked at again, so a sweep of 100,000 due heartbeats
+    makes no ``stat`` call for a home it checked recently; after that, the file is re-read
+    only when its mtime or size changed.
 
     Read through :func:`workers.persona.files.read_prefix` (the one door): a FIFO, a device or
     a directory at that name is refused without blocking and counts as ``invalid`` (the registry
@@ -65,25 +72,34 @@ class HeartbeatFiles:
     cap. Nothing here may stop the sweep, so every error is an answer, never an exception.
     """
 
-    def __init__(self, max_entries: int = 200_000) -> None:
-        self._cache: dict[str, tuple[int, int, bool | str]] = {}
+    def __init__(self, max_entries: int = 2_000_000, max_age: float = 10.0) -> None:
+        self._cache: dict[str, tuple[float, int, int, bool | str | None]] = {}
+        self._homes: dict[str, tuple[float, bool]] = {}
         self._max = max_entries
+        self._max_age = max_age
 
-    def blank(self, home: str) -> bool | str | None:
+    def blank(self, home: str, now: float | None = None) -> bool | str | None:
         """True if absent or blank, False if it has content, None if ``home`` itself is gone,
         ``"invalid"`` if something other than a readable regular file sits at the name."""
+        cached = self._cache.get(home)
+        if cached is not None and now is not None and now - cached[0] < self._max_age:
+            return cached[3]
         path = os.path.join(home, HEARTBEAT_FILE)
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            return True if os.path.isdir(home) else None
+            absent: bool | None = True if os.path.isdir(home) else None
+            self._keep(home, (now or 0.0, -1, -1, absent), now)
+            return absent
         except NotADirectoryError:
+            self._keep(home, (now or 0.0, -1, -1, None), now)
             return None
         except OSError:
+            self._keep(home, (now or 0.0, -1, -1, "invalid"), now)
             return "invalid"
-        cached = self._cache.get(path)
-        if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
-            return cached[2]
+        if cached is not None and cached[1:3] == (st.st_mtime_ns, st.st_size):
+            self._keep(home, (now or 0.0, *cached[1:]), now)
+            return cached[3]
         answer: bool | str
         try:
             raw = read_prefix(path, MAX_FILE_BYTES)
@@ -92,10 +108,28 @@ class HeartbeatFiles:
             answer = "invalid"
         else:
             answer = raw is None or raw.decode("utf-8", errors="replace").strip() == ""
-        if len(self._cache) >= self._max:
-            self._cache.clear()
-        self._cache[path] = (st.st_mtime_ns, st.st_size, answer)
+        self._keep(home, (now or 0.0, st.st_mtime_ns, st.st_size, answer), now)
         return answer
+
+    def home_exists(self, home: str, now: float) -> bool:
+        """Whether ``home`` is a directory (a dream's check), looked at once per ``max_age``."""
+        cached = self._homes.get(home)
+        if cached is not None and now - cached[0] < self._max_age:
+            return cached[1]
+        exists = os.path.isdir(home)
+        if len(self._homes) >= self._max:
+            self._homes.clear()
+        self._homes[home] = (now, exists)
+        return exists
+
+    def _keep(
+        self, home: str, entry: tuple[float, int, int, bool | str | None], now: float | None
+    ) -> None:
+        if now is None:
+            entry = (float("-inf"), *entry[1:])  # no clock given: never trusted without a stat
+        if len(self._cache) >= self._max and home not in self._cache:
+            self._cache.clear()
+        self._cache[home] = entry
 
 
 @dataclass(slots=True)
@@ -141,7 +175,10 @@ class Sweeper:
         self._claim = self._client.register_script(_script("claim.lua"))
         self._rescore = self._client.register_script(_script("rescore.lua"))
         self._specs: dict[str, tuple[ScheduleSpec, ActiveHours | None]] = {}
-        self._files = HeartbeatFiles()
+        # member -> (lane, kind, spec, hours) while the spec epoch stands (see claim.lua)
+        self._known: dict[str, tuple[str, str, ScheduleSpec, ActiveHours | None]] = {}
+        self._epoch: str | None = None
+        self._files = HeartbeatFiles(max_age=fleet.settings.sync_interval)
         self._passes = 0
         self._last_logged = float("-inf")
 
@@ -169,36 +206,68 @@ class Sweeper:
     def _claim_batch(self, now_ms: int) -> list[_Claimed]:
         claim_ms = now_ms + int(self._claim_timeout * 1000)
         raw: list[str] = self._claim(
-            keys=[self._keys.schedule, self._keys.schedule_spec],
+            keys=[self._keys.schedule, self._keys.schedule_epoch],
             args=[now_ms, claim_ms, self._batch],
         )
+        self._check_epoch(str(raw[0]))
+        if not raw[1]:
+            return []
+        fields = _FIELDS.split(str(raw[1]))
+        members: list[str] = fields[0::2]
+        known = self._known
+        missing = [member for member in members if member not in known]
+        if missing:
+            self._learn(missing)
         claimed: list[_Claimed] = []
         broken: list[str] = []
-        nexts: list[str | int] = [claim_ms]
+        nexts: list[str] = []
         at = self._clock.time()
-        for i in range(0, len(raw), 3):
-            member, due, spec_json = raw[i], int(float(raw[i + 1])), raw[i + 2]
-            lane, kind = split_schedule_member(member)
-            spec, hours = self._spec(member, spec_json)
-            if spec is not None:
-                try:
-                    nexts += [member, to_ms(spec.next_due(at))]
-                except (ValueError, ArithmeticError) as exc:  # a zone this host lacks, a cron
-                    # that stopped parsing, an every too large for the clock (an old entry)
-                    _log.error("sweep.bad_spec", member=member, error=str(exc))
-                    spec = hours = None
-            if spec is None:
+        for member, score in zip(members, fields[1::2], strict=True):
+            entry = known.get(member)
+            if entry is None:
+                lane, kind = split_schedule_member(member)
                 broken.append(member)
-            claimed.append(_Claimed(member, lane, kind, due, spec, hours))
-        if len(nexts) > 1:
-            self._rescore(keys=[self._keys.schedule], args=nexts)
+                claimed.append(_Claimed(member, lane, kind, int(float(score)), None, None))
+                continue
+            lane, kind, spec, hours = entry
+            try:
+                nexts.append(f"{member}\t{to_ms(spec.next_due(at))}")
+            except (ValueError, ArithmeticError) as exc:  # a zone this host lacks, a cron
+                # that stopped parsing, an every too large for the clock (an old entry)
+                _log.error("sweep.bad_spec", member=member, error=str(exc))
+                broken.append(member)
+                known.pop(member, None)
+                claimed.append(_Claimed(member, lane, kind, int(float(score)), None, None))
+                continue
+            claimed.append(_Claimed(member, lane, kind, int(float(score)), spec, hours))
+        if nexts:
+            # One argument, not two per member: redis-py encodes each argument in Python.
+            self._rescore(keys=[self._keys.schedule], args=[claim_ms, "\n".join(nexts)])
         if broken:
             # The next registry sync sees the counts drift and rewrites these from the files.
             pipe = self._client.pipeline(transaction=True)
             pipe.zrem(self._keys.schedule, *broken)
             pipe.hdel(self._keys.schedule_spec, *broken)
+            pipe.incr(self._keys.schedule_epoch)
             pipe.execute()
         return claimed
+
+    def _check_epoch(self, epoch: str) -> None:
+        """Forget the specs kept by member when a writer bumped the epoch (every writer of
+        ``schedule:spec`` does: the registry sync, this sweep's removal of broken members)."""
+        if epoch != self._epoch:
+            self._known.clear()
+            self._epoch = epoch
+
+    def _learn(self, members: Sequence[str]) -> None:
+        """Read and parse the specs of ``members`` (one HMGET per claim batch)."""
+        raws = self._client.hmget(self._keys.schedule_spec, list(members))
+        for member, spec_json in zip(members, raws, strict=True):
+            text = spec_json.decode() if isinstance(spec_json, bytes) else spec_json
+            spec, hours = self._spec(member, text or "")
+            if spec is not None:
+                lane, kind = split_schedule_member(member)
+                self._known[member] = (lane, kind, spec, hours)
 
     def _spec(self, member: str, raw: str) -> tuple[ScheduleSpec | None, ActiveHours | None]:
         """The parsed spec and active hours, cached by the stored JSON (specs rarely change)."""
@@ -222,8 +291,8 @@ class Sweeper:
         if spec is None:
             return "unknown_persona"
         if spec.kind != "heartbeat":
-            return None if os.path.isdir(spec.home) else "unknown_persona"
-        blank = self._files.blank(spec.home)
+            return None if self._files.home_exists(spec.home, now) else "unknown_persona"
+        blank = self._files.blank(spec.home, now)
         if blank is None or blank == "invalid":
             return "unknown_persona" if blank is None else "invalid_heartbeat_file"
         if item.hours is not None and not item.hours.contains(now):
@@ -231,6 +300,8 @@ class Sweeper:
         return "no_heartbeat_file" if blank else None
 
     def _handle(self, claimed: Sequence[_Claimed], report: SweepReport) -> None:
+        # Looked up once per batch, not per lane: below INFO it is a no-op either way.
+        info = _log.info
         now = self._clock.time()
         at = int(now * 1000)
         skipped: Counter[tuple[str, str]] = Counter()
@@ -241,21 +312,19 @@ class Sweeper:
                 ticking.append(item)
                 continue
             skipped[(item.kind, reason)] += 1
-            _log.info(
-                "tick.skipped", lane=item.lane, kind=item.kind, reason=reason, due=item.due, at=at
-            )
+            info("tick.skipped", lane=item.lane, kind=item.kind, reason=reason, due=item.due, at=at)
         outcomes = self._fleet.tick_lanes([(item.lane, item.kind) for item in ticking])
         handled: Counter[tuple[str, str]] = Counter()
         for item, outcome in zip(ticking, outcomes, strict=True):
             if outcome.outcome == "queued":
                 handled[(item.kind, "emitted")] += 1
-                _log.info("tick.emitted", lane=item.lane, kind=item.kind, due=item.due, at=at)
+                info("tick.emitted", lane=item.lane, kind=item.kind, due=item.due, at=at)
             elif outcome.outcome == "coalesced":
                 handled[(item.kind, "coalesced")] += 1
-                _log.info("tick.coalesced", lane=item.lane, kind=item.kind, due=item.due, at=at)
+                info("tick.coalesced", lane=item.lane, kind=item.kind, due=item.due, at=at)
             else:
                 skipped[(item.kind, "dead_lettered")] += 1
-                _log.info(
+                info(
                     "tick.skipped",
                     lane=item.lane,
                     kind=item.kind,

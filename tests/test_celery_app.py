@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.fleet import REPO
 from workers.app import make_app
 from workers.settings import Settings
 
 
 def test_app_configuration_answers_the_known_traps() -> None:
     """acks_late + reject_on_worker_lost, prefetch 1, JSON only, results ignored, broker keys
-    namespaced, a visibility timeout above the longest turn, thread pool, task events on,
-    and the fleet's own beat scheduler."""
+    namespaced, a visibility timeout above the longest turn, thread pool of 200, task events
+    off unless asked for, and the fleet's own beat scheduler."""
     settings = Settings.from_env({"SOULFLEET_KEY_PREFIX": "fx:", "SOULFLEET_QUEUE_PREFIX": "fx"})
     conf = make_app(settings).conf
     assert conf.task_acks_late is True
@@ -23,8 +31,9 @@ def test_app_configuration_answers_the_known_traps() -> None:
     assert conf.broker_transport_options["visibility_timeout"] == settings.visibility_timeout
     assert settings.visibility_timeout > 2 * settings.turn_max_seconds
     assert conf.worker_pool == "threads"
-    assert conf.worker_concurrency == 32
-    assert conf.worker_send_task_events is True
+    assert conf.worker_concurrency == 200
+    assert conf.worker_send_task_events is False
+    assert conf.task_send_sent_event is False
     assert conf.beat_scheduler == "beat.scheduler:FleetScheduler"
     assert [q.name for q in conf.task_queues] == ["fx.interactive", "fx.heartbeat", "fx.dream"]
 
@@ -33,3 +42,34 @@ def test_a_non_redis_broker_gets_no_redis_transport_options() -> None:
     """RabbitMQ works too: no Redis-only options are passed to its transport."""
     settings = Settings.from_env({"CELERY_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"})
     assert make_app(settings).conf.broker_transport_options == {}
+
+
+def test_task_events_are_opt_in_for_flower() -> None:
+    """SOULFLEET_TASK_EVENTS=1 turns Celery's task events (and sent events) on, for Flower."""
+    conf = make_app(Settings.from_env({"SOULFLEET_TASK_EVENTS": "1"})).conf
+    assert conf.worker_send_task_events is True
+    assert conf.task_send_sent_event is True
+
+
+def test_broker_pools_cover_the_concurrency() -> None:
+    """Every pool slot can ack and publish at once: the Redis transport's max_connections and
+    the producer pool are both above the worker's concurrency."""
+    settings = Settings.from_env({"SOULFLEET_WORKER_CONCURRENCY": "700"})
+    conf = make_app(settings).conf
+    assert conf.broker_transport_options["max_connections"] > 700
+    assert conf.broker_pool_limit > 700
+
+
+@pytest.mark.integration
+def test_a_worker_above_its_pools_limit_is_refused_at_start(tmp_path: Path) -> None:
+    """`celery -A workers worker -P threads -c 1001` (the command line overriding the
+    settings) exits at once with a non-zero status and the reason, before taking any work."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SOULFLEET_", "CELERY_"))}
+    env.update(REDIS_URL="redis://127.0.0.1:1/0", SOULFLEET_PERSONAS=str(tmp_path))
+    argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-P", "threads",
+            "-c", "1001", "--without-mingle", "--without-gossip"]  # fmt: skip
+    done = subprocess.run(argv, env=env, cwd=str(REPO), capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode != 0
+    assert "refused to start" in done.stderr
+    assert "threads pool at concurrency 1001 is above its limit of 1000" in done.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,31 @@ def test_retry_and_breaker_durations_read_units() -> None:
     defaults = Settings.from_env({})
     assert (defaults.retry_for, defaults.retry_max, defaults.retry_base) == (21600.0, 300.0, 2.0)
     assert (defaults.claim_ttl, defaults.recover_interval) == (6.0, 1.0)
+
+
+def test_io_concurrency_by_default() -> None:
+    """A worker runs 200 turns at once by default, and the fleet-wide turn gate's default
+    does not bind a single default host below that."""
+    settings = Settings.from_env({})
+    assert settings.worker_pool == "threads"
+    assert settings.worker_concurrency >= 200
+    assert settings.max_concurrent_model_calls >= settings.worker_concurrency
+    assert settings.task_events is False
+
+
+@pytest.mark.parametrize(
+    ("pool", "concurrency"), [("threads", "1001"), ("gevent", "5000"), ("prefork", "100000")]
+)
+def test_concurrency_above_a_pools_limit_is_refused(pool: str, concurrency: str) -> None:
+    """A pool asked for more than it was shown to drain safely fails at start, naming why."""
+    env = {"SOULFLEET_WORKER_POOL": pool, "SOULFLEET_WORKER_CONCURRENCY": concurrency}
+    with pytest.raises(SettingsError, match=r"SOULFLEET_WORKER_CONCURRENCY.*above its limit"):
+        Settings.from_env(env)
+
+
+def test_prefork_and_solo_default_to_what_they_can_run() -> None:
+    """Without SOULFLEET_WORKER_CONCURRENCY, prefork gets its per-core limit (not 200
+    processes) and solo its one turn at a time; both start without an error."""
+    prefork = Settings.from_env({"SOULFLEET_WORKER_POOL": "prefork"})
+    assert 1 <= prefork.worker_concurrency <= 2 * (os.cpu_count() or 1)
+    assert Settings.from_env({"SOULFLEET_WORKER_POOL": "solo"}).worker_concurrency == 1

@@ -13,9 +13,14 @@ trap of Celery's Redis transport (see the README's architecture section):
 - ``worker_cancel_long_running_tasks_on_connection_loss``: a worker that lost the broker stops
   its turns instead of finishing work whose message will be redelivered elsewhere.
 - JSON only, results ignored: turns report through Redis lanes, never through a result backend.
-- Thread pool by default: turns wait on model calls (I/O), so 32 threads serve 32 turns where a
-  prefork pool of 2 would serve 2.
-- Task events on, so Flower shows the fleet.
+- Thread pool by default: turns wait on model calls (I/O), so 200 threads serve 200 turns where
+  a prefork pool of 2 would serve 2.
+- Broker connection pools sized to the pool's concurrency (:func:`broker_pools`): kombu's Redis
+  transport allows 10 connections by default and *raises* when an 11th ack or publish needs
+  one, which stalled a gevent worker at ``-c 1000`` with ~200 lanes left running.
+- Task events only when ``SOULFLEET_TASK_EVENTS`` is on (compose and ``up --flower`` turn it on,
+  because Flower needs them): otherwise every turn would pay a PUBLISH for each of its sent,
+  received, started and succeeded events, about an eighth of a worker's CPU per turn.
 """
 
 from __future__ import annotations
@@ -27,16 +32,40 @@ from celery import Celery
 from workers.queues import declare_queues, queue_name
 from workers.settings import Settings
 
-__all__ = ["make_app"]
+__all__ = ["broker_pools", "make_app"]
+
+#: Broker connections beyond one per pool slot: the consumer's own, the lease renewer, a beat.
+_SPARE_CONNECTIONS = 16
+
+
+def _is_redis(url: str) -> bool:
+    return url.startswith(("redis://", "rediss://", "unix://"))
+
+
+def broker_pools(broker_url: str, concurrency: int) -> dict[str, Any]:
+    """Celery settings that let ``concurrency`` pool slots ack and publish at the same time.
+
+    Every slot may ack its message (acks_late) and publish a follow-up at once: the Redis
+    transport's ``max_connections`` and Celery's ``broker_pool_limit`` (producers) must both
+    cover them, or kombu raises ``MaxConnectionsError`` mid-ack and the turn's lane stays
+    ``running`` until the reaper finds it. Connections are opened on demand, not up front.
+    """
+    size = concurrency + _SPARE_CONNECTIONS
+    pools: dict[str, Any] = {"broker_pool_limit": size}
+    if _is_redis(broker_url):
+        pools["max_connections"] = size
+    return pools
 
 
 def make_app(settings: Settings) -> Celery:
     celery_app = Celery("soulfleet", broker=settings.broker_url, include=["workers.tasks"])
+    pools = broker_pools(settings.broker_url, settings.worker_concurrency)
     transport_options: dict[str, Any] = {}
-    if settings.broker_url.startswith(("redis://", "rediss://", "unix://")):
+    if _is_redis(settings.broker_url):
         transport_options = {
             "visibility_timeout": settings.visibility_timeout,
             "global_keyprefix": f"{settings.key_prefix}broker:",
+            "max_connections": pools["max_connections"],
         }
     celery_app.conf.update(
         task_serializer="json",
@@ -48,6 +77,7 @@ def make_app(settings: Settings) -> Celery:
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
         broker_transport_options=transport_options,
+        broker_pool_limit=pools["broker_pool_limit"],
         worker_cancel_long_running_tasks_on_connection_loss=True,
         broker_connection_retry_on_startup=True,
         task_queues=declare_queues(settings.queue_prefix),
@@ -56,8 +86,8 @@ def make_app(settings: Settings) -> Celery:
         task_default_routing_key=queue_name(settings.queue_prefix, "interactive"),
         worker_pool=settings.worker_pool,
         worker_concurrency=settings.worker_concurrency,
-        worker_send_task_events=True,
-        task_send_sent_event=True,
+        worker_send_task_events=settings.task_events,
+        task_send_sent_event=settings.task_events,
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
         enable_utc=True,

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import structlog
 from celery.signals import (
     beat_init,
+    celeryd_init,
     setup_logging,
     task_received,
     worker_init,
@@ -22,13 +24,16 @@ from celery.signals import (
 )
 
 from workers import runtime
-from workers.app import make_app
+from workers.app import broker_pools, make_app
 from workers.fleet.eviction import refuse_to_start_on_eviction
 from workers.logs import configure_logging
+from workers.pools import effective_concurrency, refusal
 from workers.queues import TURN_TASK
 from workers.settings import Settings
 
 __all__ = ["app", "make_app", "settings"]
+
+_log = structlog.get_logger("soulfleet.worker")
 
 settings = Settings.from_env()
 app = make_app(settings)
@@ -39,6 +44,37 @@ runtime.configure(settings, app)
 def _setup_logging(**_: Any) -> None:
     # Connecting this signal stops Celery from installing its own handlers over ours.
     configure_logging(settings.log_format, settings.log_level)
+
+
+def pool_name(pool: Any) -> str | None:
+    """``threads``, ``gevent``, ``prefork`` or ``solo`` for a Celery pool class or instance."""
+    if pool is None:
+        return None
+    cls = pool if isinstance(pool, type) else type(pool)
+    module = cls.__module__.rsplit(".", 1)[-1]
+    return {"thread": "threads"}.get(module, module)
+
+
+@celeryd_init.connect
+def _celeryd_init(conf: Any = None, options: Any = None, **_: Any) -> None:
+    # -P/-c on the command line override the settings: check and size for what was asked,
+    # before the worker opens a single broker connection.
+    options = options or {}
+    pool = pool_name(options.get("pool_cls")) or settings.worker_pool
+    concurrency = int(options.get("concurrency") or settings.worker_concurrency)
+    refused = refusal(pool, concurrency)
+    if refused is not None:
+        # Celery logs and swallows an Exception raised by a signal handler; SystemExit stops it.
+        _log.error("worker.refused", pool=pool, concurrency=concurrency, reason=refused)
+        raise SystemExit(f"soulfleet worker refused to start: {refused}")
+    if conf is not None:
+        pools = broker_pools(settings.broker_url, effective_concurrency(pool, concurrency))
+        conf.broker_pool_limit = pools["broker_pool_limit"]
+        if "max_connections" in pools:
+            conf.broker_transport_options = {
+                **conf.broker_transport_options,
+                "max_connections": pools["max_connections"],
+            }
 
 
 @beat_init.connect
@@ -74,11 +110,8 @@ def _task_received(request: Any = None, **_: Any) -> None:
 def _worker_ready(sender: Any = None, **_: Any) -> None:
     # -P/-c on the command line override the settings: report what the pool really is.
     pool = getattr(sender, "pool", None)
-    module = type(pool).__module__.rsplit(".", 1)[-1] if pool is not None else None
     runtime.start_worker_services(
-        settings,
-        pool={"thread": "threads"}.get(module or "", module),
-        concurrency=getattr(pool, "limit", None),
+        settings, pool=pool_name(pool), concurrency=getattr(pool, "limit", None)
     )
 
 

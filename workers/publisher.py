@@ -11,9 +11,13 @@ one hands it a :class:`~workers.fleet.host.Publisher`. This module is the Celery
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any, cast
 
+import redis
 from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
@@ -24,7 +28,10 @@ from workers.persona.clock import Clock
 from workers.queues import TURN_TASK, queue_name
 from workers.settings import Settings
 
-__all__ = ["CeleryPublisher", "connect"]
+__all__ = ["PUBLISH_BATCH", "CeleryPublisher", "connect"]
+
+#: Messages per pipelined round trip when publishing many turns at once.
+PUBLISH_BATCH = 1000
 
 
 class CeleryPublisher:
@@ -57,17 +64,29 @@ class CeleryPublisher:
             return
         app = self.app
         try:
-            # One pooled producer for the whole batch: a sweep may queue thousands of turns.
-            with app.producer_or_acquire() as producer:
+            # One pooled producer for the whole batch: a sweep may queue thousands of turns,
+            # and kombu's publish batch (5.7+) sends them as pipelined LPUSH round trips of
+            # PUBLISH_BATCH messages instead of one round trip each.
+            with app.producer_or_acquire() as producer, _batch(producer, len(turns)):
+                declared: set[str] = set()
                 for lane, turn_id, kind in turns:
+                    queue = queue_name(self._prefix, kind)
+                    # Declaring (binding) a queue once per batch is enough; per message it
+                    # was a quarter of the publishing cost. Retries: a failed batch raises,
+                    # and the reaper re-publishes its lanes (they are already queued).
+                    extra: dict[str, Any] = {"declare": [], "retry": False}
+                    if queue not in declared:
+                        declared.add(queue)
+                        extra = {}
                     app.send_task(
                         TURN_TASK,
                         args=[lane, turn_id],
-                        queue=queue_name(self._prefix, kind),
+                        queue=queue,
                         producer=producer,
                         ignore_result=True,
+                        **extra,
                     )
-        except BrokerError as exc:
+        except (BrokerError, redis.RedisError) as exc:
             # The lane is already queued: the reaper re-publishes it once the broker is back.
             raise RedisUnavailable(self._settings.broker_url, str(exc)) from exc
 
@@ -77,6 +96,14 @@ class CeleryPublisher:
             if self._app is not None and self._owns_app:
                 self._app.close()
                 self._app = None
+
+
+def _batch(producer: Any, count: int) -> AbstractContextManager[object]:
+    """kombu's publish batch for more than one message, when this kombu has one."""
+    batch = getattr(producer, "batch", None)
+    if count < 2 or batch is None:
+        return contextlib.nullcontext()
+    return cast("AbstractContextManager[object]", batch(max_size=PUBLISH_BATCH))
 
 
 def connect(settings: Settings | None = None, *, clock: Clock | None = None) -> Fleet:

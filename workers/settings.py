@@ -24,6 +24,7 @@ from workers.persona.env import EnvReader
 from workers.persona.errors import SettingsError
 from workers.persona.mcp_servers import FleetServer, load_mcp_servers
 from workers.persona.models.config import ModelConfig
+from workers.pools import POOLS, pool_limit, refusal
 
 __all__ = ["LockMode", "LogFormat", "Settings", "SettingsError", "redact_url"]
 
@@ -31,6 +32,12 @@ LockMode = Literal["local", "shared"]
 LogFormat = Literal["console", "json"]
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+#: Turns one worker runs at once. A turn mostly waits on a model (2-30 s), so the unit of
+#: capacity is a waiting thread, not a core: 200 threads keep 100 turns/s going at 2 s a call.
+DEFAULT_CONCURRENCY = 200
+#: The fleet-wide turn gate's default: five default workers' worth, so it never binds a single
+#: host below its concurrency; set it to what your provider account allows.
+DEFAULT_MODEL_CALLS = 1000
 
 
 def redact_url(url: str) -> str:
@@ -72,7 +79,7 @@ class Settings:
     turn_max_tool_calls: int = 64
     turn_max_tokens: int = 400_000
     visibility_timeout: float = 7200.0
-    max_concurrent_model_calls: int = 64
+    max_concurrent_model_calls: int = DEFAULT_MODEL_CALLS
     gate_slot_ttl: float = 30.0
     beats_max: int = 10_000
     transcript_max_conversations: int = 1000
@@ -105,7 +112,7 @@ class Settings:
 
     # Worker pool.
     worker_pool: str = "threads"
-    worker_concurrency: int = 32
+    worker_concurrency: int = DEFAULT_CONCURRENCY
 
     # beat.
     sweep_interval: float = 1.0
@@ -118,6 +125,9 @@ class Settings:
     dream_window: float = 3600.0
 
     # Observability.
+    #: Celery task events (what Flower shows); off by default: they cost a Redis PUBLISH per
+    #: sent, received, started and succeeded task.
+    task_events: bool = False
     log_format: LogFormat = "console"
     log_level: str = "INFO"
     metrics_port: int = 0
@@ -158,6 +168,16 @@ class Settings:
         if metrics_port > 65535:
             raise SettingsError("SOULFLEET_METRICS_PORT", f"must be a TCP port, got {metrics_port}")
 
+        pool = env.choice("SOULFLEET_WORKER_POOL", "threads", POOLS)
+        concurrency = env.integer(
+            "SOULFLEET_WORKER_CONCURRENCY",
+            min(DEFAULT_CONCURRENCY, pool_limit(pool)),
+            minimum=1,
+        )
+        refused = refusal(pool, concurrency)
+        if refused is not None:
+            raise SettingsError("SOULFLEET_WORKER_CONCURRENCY", refused)
+
         return cls(
             redis_url=redis_url,
             redis_url_explicit=redis_raw is not None,
@@ -176,7 +196,7 @@ class Settings:
             turn_max_tokens=env.integer("SOULFLEET_TURN_MAX_TOKENS", 400_000, minimum=1),
             visibility_timeout=visibility_timeout,
             max_concurrent_model_calls=env.integer(
-                "SOULFLEET_MAX_CONCURRENT_MODEL_CALLS", 64, minimum=0
+                "SOULFLEET_MAX_CONCURRENT_MODEL_CALLS", DEFAULT_MODEL_CALLS, minimum=0
             ),
             gate_slot_ttl=env.number("SOULFLEET_GATE_SLOT_TTL", 30.0, minimum=1.0),
             beats_max=env.integer("SOULFLEET_BEATS_MAX", 10_000, minimum=1),
@@ -207,10 +227,8 @@ class Settings:
             if env.choice("SOULFLEET_LOCK_MODE", "local", ("local", "shared")) == "shared"
             else "local",
             lock_timeout=env.number("SOULFLEET_LOCK_TIMEOUT", 10.0, minimum=0.0),
-            worker_pool=env.choice(
-                "SOULFLEET_WORKER_POOL", "threads", ("threads", "gevent", "prefork", "solo")
-            ),
-            worker_concurrency=env.integer("SOULFLEET_WORKER_CONCURRENCY", 32, minimum=1),
+            worker_pool=pool,
+            worker_concurrency=concurrency,
             sweep_interval=env.number("SOULFLEET_SWEEP_INTERVAL", 1.0, minimum=0.05),
             sync_interval=env.number("SOULFLEET_SYNC_INTERVAL", 10.0, minimum=0.1),
             reap_interval=env.number("SOULFLEET_REAP_INTERVAL", 15.0, minimum=0.1),
@@ -219,6 +237,7 @@ class Settings:
             sweep_batch=env.integer("SOULFLEET_SWEEP_BATCH", 5000, minimum=1),
             heartbeat_jitter=_fraction(env, "SOULFLEET_HEARTBEAT_JITTER", 0.1),
             dream_window=env.number("SOULFLEET_DREAM_WINDOW", 3600.0),
+            task_events=env.flag("SOULFLEET_TASK_EVENTS", False),
             log_format="json"
             if env.choice("SOULFLEET_LOG_FORMAT", "console", ("console", "json")) == "json"
             else "console",

@@ -232,9 +232,14 @@ class TurnExecutor:
         )
         try:
             plan = self._plan(lane, agent, role, prompt, model)
+            # Scoped to the turn's lane and synced once, before the turn ends: a killed worker
+            # loses none of it (written at once), a machine crash at most the lines of a turn
+            # that had not committed, whose items then run again.
             writer = FileTranscripts(
-                agent.home, max_conversations=self.settings.transcript_max_conversations
-            ).open(lane, plan.session_id)
+                agent.home,
+                lanes=[lane],
+                max_conversations=self.settings.transcript_max_conversations,
+            ).open(lane, plan.session_id, sync_each=False)
         except TurnAborted:
             raise
         except Exception as exc:  # an unreadable session, or a transcripts/ leading out of
@@ -260,6 +265,7 @@ class TurnExecutor:
                 persona=agent.name,
                 history=plan.history,
             )
+            writer.sync()
         except TurnAborted:
             raise
         except Exception as exc:
@@ -267,6 +273,8 @@ class TurnExecutor:
             return self._fail(
                 lane, turn_id, started, error, began, cause=exc, provider=model.provider
             )
+        finally:
+            writer.close()
         result = plan.charge(result)
         if result.status == "error":
             return self._fail(

@@ -1,23 +1,34 @@
--- claim.lua: atomically claim up to LIMIT due schedule members and return them with their specs.
+-- claim.lua: atomically claim up to LIMIT due schedule members and return them with their scores.
 --
 -- A claimed member is re-scored to now + claim timeout before the script returns, so a second
 -- beat running the same script sees it as not due: two beats can never claim one due member
 -- twice. The claimer then writes each member's real next due time (rescore.lua); if it dies
 -- before that, the member becomes due again when the claim times out (one late tick, no loss).
 --
--- KEYS  [1] schedule (zset member -> due ms)  [2] schedule:spec (hash member -> JSON spec)
+-- Specs are not returned: the sweep keeps them by member and re-reads them (HMGET) only when
+-- the spec epoch moved, which every writer of schedule:spec bumps. Shipping every member's
+-- spec JSON on every sweep was most of a 100,000-lane sweep's reply.
+--
+-- KEYS  [1] schedule (zset member -> due ms)  [2] schedule:spec epoch (a counter)
 -- ARGV  [1] now (ms)  [2] claim until (ms)  [3] limit
--- Reply a flat array, 3 entries per claimed member: member, due score (ms), spec JSON ("" if
---       the spec is missing: the caller drops such a member)
-local schedule, specs = KEYS[1], KEYS[2]
+-- Reply {spec epoch ("0" if never bumped), claimed}: claimed is one string, a line per member,
+--       "<member>\t<due score ms>", joined by "\n" ("" when nothing is due). One bulk string
+--       instead of two replies per member: the client parses every reply element in Python.
+local schedule, epoch_key = KEYS[1], KEYS[2]
 local now, claim_until, limit = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local due = redis.call('ZRANGEBYSCORE', schedule, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
-local out = {}
+local lines = {}
+local args = {}
 for i = 1, #due, 2 do
-  local member = due[i]
-  redis.call('ZADD', schedule, 'XX', claim_until, member)
-  out[#out + 1] = member
-  out[#out + 1] = due[i + 1]
-  out[#out + 1] = redis.call('HGET', specs, member) or ''
+  args[#args + 1] = claim_until
+  args[#args + 1] = due[i]
+  lines[#lines + 1] = due[i] .. '\t' .. due[i + 1]
+  if #args >= 1000 then
+    redis.call('ZADD', schedule, 'XX', unpack(args))
+    args = {}
+  end
 end
-return out
+if #args > 0 then
+  redis.call('ZADD', schedule, 'XX', unpack(args))
+end
+return {redis.call('GET', epoch_key) or '0', table.concat(lines, '\n')}

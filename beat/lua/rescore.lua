@@ -6,14 +6,15 @@
 -- value is stale and is dropped; theirs stands.
 --
 -- KEYS  [1] schedule
--- ARGV  [1] the claim score (ms) this sweep wrote, then pairs: member, next due (ms)
+-- ARGV  [1] the claim score (ms) this sweep wrote
+--       [2] one line per member: "<member>\t<next due ms>", lines joined by "\n" (one argument
+--           instead of two per member: the client encodes every argument on its own)
 -- Reply how many members were re-scored
 local schedule, claimed = KEYS[1], tonumber(ARGV[1])
 local written = 0
-for i = 2, #ARGV, 2 do
-  local member = ARGV[i]
+for member, due in string.gmatch(ARGV[2], '([^\t\n]+)\t(%d+)') do
   if tonumber(redis.call('ZSCORE', schedule, member)) == claimed then
-    redis.call('ZADD', schedule, 'XX', ARGV[i + 1], member)
+    redis.call('ZADD', schedule, 'XX', due, member)
     written = written + 1
   end
 end

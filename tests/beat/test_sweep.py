@@ -344,3 +344,37 @@ def test_a_fifo_or_device_heartbeat_file_is_skipped_without_blocking_the_sweep(
     assert not thread.is_alive(), "the sweep blocked on a HEARTBEAT.md"
     assert skipped("heartbeat", "invalid_heartbeat_file") == before + 2
     assert publisher.lanes() == ["ok"]
+
+
+def test_a_changed_spec_reaches_a_running_sweeper(
+    *,
+    fleet: Fleet,
+    persona_root: Path,
+    clock: VirtualClock,
+    publisher: RecordingPublisher,
+    redis_client: redis.Redis,
+) -> None:
+    """A sweeper keeps specs by member between passes, yet a spec the registry sync changed
+    (here: active hours added) is what its next pass uses, and so is any spec written with a
+    bump of the spec epoch (the contract for every writer of schedule:spec)."""
+    write_persona(persona_root, "owl", EVERY_1M)
+    sync(fleet)
+    sweeper = Sweeper(fleet)
+    berlin(clock, 1, 12)
+    assert sweeper.run().emitted == 1
+    write_persona(persona_root, "owl", NIGHT_OWL)
+    sync(fleet)
+    quiet_before = skipped("heartbeat", "quiet_hours")
+    berlin(clock, 1, 12, 5)
+    assert sweeper.run().skipped == 1
+    assert skipped("heartbeat", "quiet_hours") == quiet_before + 1
+    redis_client.hset(
+        fleet.keys.schedule_spec,
+        "owl|heartbeat",
+        json.dumps({"v": 1, "lane": "owl", "kind": "heartbeat", "persona": "owl",
+                    "home": str(persona_root / "owl"), "every": 60.0}, sort_keys=True),
+    )  # fmt: skip
+    redis_client.incr(fleet.keys.schedule_epoch)
+    berlin(clock, 1, 12, 7)
+    assert sweeper.run().coalesced == 1
+    assert lane_ticks(redis_client, fleet.keys, ["owl"]) == {"owl": 2}

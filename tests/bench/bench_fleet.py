@@ -1,31 +1,30 @@
 """Benchmark the fleet end to end against bare Celery, and PRINT one side-by-side table.
 
-Run:  .venv/bin/python -m tests.bench.bench_fleet [--tasks N] [--turns N] [--slow-turns N]
-      [--personas N] [--latency S] [--concurrency N] [--seconds S] [--keep]
+Run:  .venv/bin/python -m tests.bench.bench_fleet [--turns N] [--slow-turns N] [--latency S]
+      [--warmup N] [--repeat R] [--concurrency N] [--seconds S] [--keep]
 
-Three figures from one run, each on a fresh real worker process with the same configuration
-(:func:`workers.app.make_app`; pool and concurrency from :class:`Settings`, threads x 32 by
-default) and each with its own throwaway key and queue prefix:
+Each repeat measures three figures, each on a fresh real worker process started as the README
+says (``celery -A ... worker -P <pool> -c <concurrency> -Q <the three queues>``, pool and
+concurrency from :class:`Settings`, so the defaults unless ``--concurrency``), each with its own
+throwaway key and queue prefix, and ALL with the same method: the queue is filled with N
+messages before the worker starts, and the clock runs from the ``--warmup``-th completion to
+the last, so neither publishing nor the worker's start-up and warm-up is counted:
 
 1. bare Celery: ``celery -A tests.bench.noop_app worker`` draining N no-op tasks (one Redis
-   INCR each, which is how completions are counted) — the ceiling Celery itself sets. The queue
-   is filled before the worker starts and the clock runs from the first executed task to the
-   last: published live, the figure would measure this process's publishing, not the worker;
-2. fleet turns with the scripted model answering at once: ``celery -A workers worker`` and
-   personas whose ``persona.toml`` says ``model = "scripted:rules.toml"``;
+   INCR each, which is how completions are counted): the ceiling Celery itself sets;
+2. fleet turns with the scripted model answering at once: N personas whose ``persona.toml``
+   says ``model = "scripted:rules.toml"``, one item posted to each (``Fleet.post``, so one turn
+   message each) before ``celery -A workers worker`` starts;
 3. fleet turns against a real local HTTP server speaking the OpenAI protocol that answers after
-   ``--latency`` seconds (:class:`~tests.support.providers.FakeProvider`), at the default turn
-   gate: the figure should approach min(concurrency, gate) / latency.
+   ``--latency`` seconds (:class:`~tests.support.providers.FakeProvider`), at the default
+   settings (no tuning): the figure should approach min(concurrency, gate) / latency. The
+   provider counts the TCP connections it accepted: printed per 1,000 turns.
 
-A turn is measured end to end: ``Fleet.post`` (lane script + Celery publish), ``start.lua``, soul
-composition, the loop, fsynced transcript writes, ``finish.lua``. Each persona has at most one
-item outstanding: its next item is posted when its current turn is seen starting (``turn.start``
-in the worker's JSON log), so the finish script queues exactly one follow-up per item and the
-worker never starves, while no turn ever coalesces two items (the count would be off). Rates are
-N over (last ``turn.end`` timestamp minus the first post); "p50 ms" is the median turn duration
-the worker logged; "cpu ms" is the worker process's CPU per task or turn (``/proc``), which
-shows how close one thread-pool process is to its one-core (GIL) ceiling. The benchmark process
-runs on the same cores, so its own CPU per turn is printed too.
+A turn is measured end to end: ``start.lua``, soul composition, the loop, transcript writes,
+``finish.lua``. Rates are completions per second after warm-up; "p50 ms" is the median turn
+duration the worker logged; "cpu ms" is the worker process's CPU per task or turn after
+warm-up (``/proc``). Ratios (fleet / bare Celery, HTTP rate / ideal, p50 / latency) are taken
+within each repeat, side by side, and printed as median (min-max) over the repeats.
 
 Uses ``REDIS_URL`` if it answers, else starts its own redis-server; every key of the run is
 deleted at the end and every process it started is stopped (process groups, try/finally).
@@ -44,10 +43,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -64,6 +64,7 @@ from tests.support.providers import FakeProvider
 from tests.support.redis import live_redis, reachable
 from workers.fleet import Fleet
 from workers.publisher import CeleryPublisher
+from workers.queues import KINDS, queue_name
 from workers.settings import Settings
 
 __all__ = ["BenchError", "Result", "bench_noop", "bench_turns", "main"]
@@ -106,6 +107,7 @@ class _Worker:
         argv = [
             sys.executable, "-m", "celery", "-A", app, "worker",
             "-n", f"{name}@%h",
+            "-Q", ",".join(queue_name(settings.queue_prefix, kind) for kind in KINDS),
             "-P", settings.worker_pool, "-c", str(settings.worker_concurrency),
             "--without-mingle", "--without-gossip", "--loglevel", "INFO",
         ]  # fmt: skip
@@ -190,12 +192,12 @@ def _worker(
         worker.stop()
 
 
-def bench_noop(env: Mapping[str, str], logs: Path, *, tasks: int, seconds: float) -> Result:
+def bench_noop(
+    env: Mapping[str, str], logs: Path, *, tasks: int, warmup: int, seconds: float
+) -> Result:
     """Fill the queue with ``tasks`` no-op tasks, start a no-op worker, time how fast it drains.
 
-    The queue is filled first because this process publishes slower than the worker runs no-ops
-    on two cores: published concurrently, the figure would measure the publisher. The clock runs
-    from the first executed task to the last, so start-up is not counted either.
+    The clock runs from the ``warmup``-th executed task to the last.
     """
     settings = Settings.from_env(env)
     app = make_noop_app(settings)
@@ -203,18 +205,16 @@ def bench_noop(env: Mapping[str, str], logs: Path, *, tasks: int, seconds: float
     key = done_key(settings)
     try:
         client.delete(key)
-        began = time.perf_counter()
         with app.producer_or_acquire() as producer:
             for _ in range(tasks):
                 app.send_task(NOOP_TASK, producer=producer, ignore_result=True)
-        published = tasks / (time.perf_counter() - began)
         with _worker("noop", "tests.bench.noop_app", env, logs, wait=False) as worker:
             deadline = time.monotonic() + 60 + seconds  # start-up, then the run
             first: tuple[float, int, float | None] | None = None
             while True:
                 done = int(client.get(key) or 0)
                 now = time.perf_counter()
-                if done and first is None:
+                if done >= warmup and first is None:
                     first = (now, done, worker.cpu_seconds())
                 if done >= tasks:
                     break
@@ -226,7 +226,7 @@ def bench_noop(env: Mapping[str, str], logs: Path, *, tasks: int, seconds: float
         app.close()
     assert first is not None
     if now <= first[0] or first[1] >= tasks:
-        raise BenchError(f"all {tasks} no-op tasks ran between two polls: raise --tasks")
+        raise BenchError(f"all {tasks} no-op tasks ran between two polls: raise --turns")
     return Result(
         "bare Celery no-op task",
         tasks,
@@ -234,15 +234,11 @@ def bench_noop(env: Mapping[str, str], logs: Path, *, tasks: int, seconds: float
         settings.worker_pool,
         settings.worker_concurrency,
         cpu_ms=_per_op(first[2], cpu_end, tasks - first[1]),
-        notes=(
-            f"no-op: queue pre-filled (publishing alone: {published:,.0f} tasks/s), "
-            "timed from the first executed task to the last",
-        ),
     )
 
 
 def _write_personas(root: Path, count: int, *, scripted: bool) -> list[str]:
-    names = [f"p{i:04d}" for i in range(count)]
+    names = [f"p{i:05d}" for i in range(count)]
     for name in names:
         home = root / name
         home.mkdir(parents=True)
@@ -253,34 +249,6 @@ def _write_personas(root: Path, count: int, *, scripted: bool) -> list[str]:
     return names
 
 
-def _drive(
-    fleet: Fleet, worker: _Worker, plan: dict[str, int], deadline: float
-) -> tuple[float, list[dict[str, Any]]]:
-    """Post each persona's items one at a time (the next when its turn starts); the turn ends."""
-    remaining = dict(plan)
-    total = sum(plan.values())
-    began = time.time()
-    for name in plan:
-        fleet.post(name, "bench", sender="bench", channel="bench", wake=True)
-        remaining[name] -= 1
-    ends: list[dict[str, Any]] = []
-    while len(ends) < total:
-        fresh = worker.events()
-        for event in fresh:
-            name = str(event.get("lane", ""))
-            if event.get("event") == "turn.start" and remaining.get(name, 0) > 0:
-                fleet.post(name, "bench", sender="bench", channel="bench", wake=True)
-                remaining[name] -= 1
-            elif event.get("event") == "turn.end":
-                if event.get("status") != "done" or event.get("items") != 1:
-                    raise worker.error(f"turn did not end as benchmarked: {event}")
-                ends.append(event)
-        if not fresh:
-            worker.check(deadline, f"{total} turns ({len(ends)} done)")
-            time.sleep(_POLL)
-    return began, ends
-
-
 def bench_turns(
     label: str,
     worker_name: str,
@@ -288,41 +256,224 @@ def bench_turns(
     logs: Path,
     names: Sequence[str],
     *,
-    turns: int,
+    warmup: int,
     seconds: float,
+    profile: float = 0.0,
 ) -> Result:
-    """``turns`` fleet turns spread over ``names`` on a fresh ``celery -A workers`` worker."""
+    """One turn for each of ``names``, all queued before a fresh ``celery -A workers`` starts.
+
+    With ``profile`` seconds, py-spy samples the worker (GIL holder only: CPU, not waits) once
+    it is past the warm-up, and the top functions are printed (py-spy must be on PATH)."""
     settings = Settings.from_env(env)
-    personas = list(names)[: max(1, min(len(names), turns))]
-    plan = {
-        name: turns // len(personas) + (1 if i < turns % len(personas) else 0)
-        for i, name in enumerate(personas)
-    }
     publisher = CeleryPublisher(settings)
     fleet = Fleet(settings, publisher=publisher)
+    total = len(names)
     try:
-        with _worker(worker_name, "workers", env, logs) as worker:
-            cpu_start, own_start = worker.cpu_seconds(), time.process_time()
-            began, ends = _drive(fleet, worker, plan, time.monotonic() + seconds)
-            cpu_end, own = worker.cpu_seconds(), time.process_time() - own_start
+        for name in names:
+            fleet.post(name, "bench", sender="bench", channel="bench", wake=True)
+        with _worker(worker_name, "workers", env, logs, wait=False) as worker:
+            deadline = time.monotonic() + 60 + seconds
+            ends: list[dict[str, Any]] = []
+            cpu_first: float | None = None
+            spy: subprocess.Popen[bytes] | None = None
+            while len(ends) < total:
+                fresh = worker.events()
+                for event in fresh:
+                    if event.get("event") != "turn.end":
+                        continue
+                    if event.get("status") != "done" or event.get("items") != 1:
+                        raise worker.error(f"turn did not end as benchmarked: {event}")
+                    ends.append(event)
+                if cpu_first is None and len(ends) >= warmup:
+                    cpu_first, ended_first = worker.cpu_seconds(), len(ends)
+                    if profile > 0:
+                        spy = _spy(worker.popen.pid, profile, logs / f"{worker_name}.spy")
+                if not fresh:
+                    worker.check(deadline, f"{total} turns ({len(ends)} done)")
+                    time.sleep(_POLL)
+            cpu_end = worker.cpu_seconds()
+            if profile > 0 and spy is not None:
+                spy.wait(timeout=profile + 30)
+                _say(f"{label}: top functions (py-spy --gil, inclusive share of samples):\n"
+                     + _top(logs / f"{worker_name}.spy"))  # fmt: skip
     finally:
         fleet.client.close()
         publisher.app.close()
-    elapsed = max(float(e["at"]) for e in ends) - began
-    p50 = statistics.median(float(e["seconds"]) for e in ends) * 1000
+    at = sorted(float(e["at"]) for e in ends)
+    if at[-1] <= at[warmup]:
+        raise BenchError(f"{label}: every turn ended at once: raise --turns")
+    p50 = statistics.median(float(e["seconds"]) for e in ends[warmup:]) * 1000
     return Result(
         label,
-        turns,
-        turns / elapsed,
+        total,
+        (total - 1 - warmup) / (at[-1] - at[warmup]),
         settings.worker_pool,
         settings.worker_concurrency,
         p50_ms=p50,
-        cpu_ms=_per_op(cpu_start, cpu_end, turns),
-        notes=(
-            f"{label}: this process (posting, reading the worker log, any HTTP model) used "
-            f"{own * 1000 / turns:,.2f} ms CPU per turn on the same cores",
-        ),
+        cpu_ms=_per_op(cpu_first, cpu_end, total - ended_first),
     )
+
+
+def _spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy recording ``pid`` for ``seconds`` (raw collapsed stacks), or None without py-spy."""
+    binary = shutil.which("py-spy")
+    if binary is None:
+        _say("--profile: py-spy is not on PATH (pip install py-spy); no profile")
+        return None
+    argv = [binary, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "50", "--gil",
+            "--nonblocking", "--format", "raw", "-o", str(out)]  # fmt: skip
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# Frames every sample passes through (thread pool, Celery's tracer, the worker's start-up).
+_SCAFFOLD = frozenset({
+    "_worker", "_WorkItem.run", "apply_target", "fast_trace_task",
+    "build_tracer.<locals>.trace_task", "_install_stack_protection.<locals>.__protected_call__",
+    "Command.__call__", "Command.main",
+    "Command.invoke", "Group.invoke", "Context.invoke", "WorkController.start", "asynloop",
+    "pass_context.<locals>.new_func", "Evloop.start", "worker", "Consumer.start", "main",
+    "handle_preload_options.<locals>.caller", "Hub.create_loop", "<module>", "Blueprint.start",
+    "StartStopStep.start", "_run_code", "_run_module_as_main", "Thread.run", "Thread._bootstrap",
+    "Thread._bootstrap_inner", "turn",
+})  # fmt: skip
+
+
+def _top(path: Path, count: int = 25) -> str:
+    """The functions in the most samples (inclusive), from py-spy's raw output."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return "  (no profile written)"
+    shares: dict[str, int] = {}
+    total = 0
+    for line in text.splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        total += int(n)
+        for frame in set(stack.split(";")):
+            name = frame.split(" (", 1)[0]
+            where = frame.rsplit("/", 1)[-1].split(":", 1)[0] if "(" in frame else ""
+            key = f"{name} ({where})"
+            shares[key] = shares.get(key, 0) + int(n)
+    ranked = sorted(shares.items(), key=lambda kv: -kv[1])
+    lines = [f"  {n * 100 / max(1, total):5.1f}% {k}" for k, n in ranked
+             if k.split(" (", 1)[0] not in _SCAFFOLD][:count]  # fmt: skip
+    return "\n".join(lines)
+
+
+class _Monitor:
+    """Every command Redis executes while it runs (``MONITOR``), on a thread of its own."""
+
+    def __init__(self, url: str) -> None:
+        self._client = redis.Redis.from_url(url)
+        self.commands: list[tuple[float, str, str]] = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with self._client.monitor() as monitor:  # type: ignore[no-untyped-call]
+            self._ready.set()
+            in_multi = False
+            while not self._stop:
+                command = monitor.next_command()
+                if command.get("client_type") == "lua":
+                    continue  # run inside a script: no round trip of its own
+                name = str(command["command"]).split(" ", 1)[0].upper()
+                # A MULTI ... EXEC block goes out as one pipelined round trip.
+                if name == "MULTI":
+                    in_multi = True
+                elif name == "EXEC":
+                    in_multi = False
+                    name = "MULTI/EXEC"
+                if not in_multi:
+                    port = str(command.get("client_port", ""))
+                    self.commands.append((time.time(), port, name))
+
+    def __enter__(self) -> _Monitor:
+        self._ready = threading.Event()
+        self._thread.start()
+        self._ready.wait(5)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop = True
+        with contextlib.suppress(redis.RedisError):
+            redis.Redis.from_url(self._url()).ping()  # wakes the monitor for its last read
+        self._thread.join(timeout=5)
+        self._client.close()
+
+    def _url(self) -> str:
+        kwargs = self._client.connection_pool.connection_kwargs
+        return f"redis://{kwargs.get('host', '127.0.0.1')}:{kwargs.get('port', 6379)}"
+
+    def between(self, start: float, end: float, ports: set[str]) -> list[str]:
+        """Commands seen in [start, end] from connections with one of these local ports."""
+        return [
+            name for at, port, name in list(self.commands) if start <= at <= end and port in ports
+        ]
+
+
+def _local_ports(pid: int) -> set[str]:
+    """Local TCP ports of ``pid``'s sockets (Linux ``/proc``): which Redis clients are its."""
+    inodes: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+    ports: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and fields[9] in inodes:
+                    ports.add(str(int(fields[1].rsplit(":", 1)[1], 16)))
+    return ports
+
+
+def round_trips(
+    env: Mapping[str, str], logs: Path, name: str, *, app: str, go: Callable[[], object]
+) -> tuple[float, dict[str, int]]:
+    """Redis commands one task or turn costs, counted with MONITOR on an otherwise idle worker.
+
+    Only the worker process's own connections count (their local ports, from ``/proc``), so
+    the publishing side is left out; its idle traffic (the BRPOP loop) over an equal window
+    before ``go`` is subtracted. The count runs until the worker logged that the task
+    finished, plus a short tail (the ack).
+    """
+    settings = Settings.from_env(env)
+
+    def finished() -> bool:
+        return any(
+            e.get("event") == "turn.end" or "succeeded in" in str(e.get("event", ""))
+            for e in worker.events()
+        )
+
+    with _worker(name, app, env, logs) as worker, _Monitor(settings.redis_url) as monitor:
+        deadline = time.monotonic() + 60
+        go()  # warm-up: the first task opens the worker's connections and loads its scripts
+        while not finished():
+            worker.check(deadline, "the warm-up task")
+            time.sleep(_POLL)
+        time.sleep(2.0)
+        worker.events()
+        began = time.time()
+        go()
+        while not finished():
+            worker.check(deadline, "one task")
+            time.sleep(_POLL)
+        time.sleep(0.3)
+        ended = time.time()
+        ports = _local_ports(worker.popen.pid)
+        window = ended - began
+        idle = monitor.between(began - window - 0.5, began - 0.5, ports)
+        busy = monitor.between(began, ended, ports)
+    counts: dict[str, int] = {}
+    for command in busy:
+        counts[command] = counts.get(command, 0) + 1
+    return len(busy) - len(idle), counts
 
 
 def _per_op(start: float | None, end: float | None, count: int) -> float | None:
@@ -343,25 +494,54 @@ def _clean(url: str, prefix: str) -> int:
         client.close()
 
 
-def _table(results: Sequence[Result], setup: str) -> str:
-    header = (
-        f"{'':<34} {'per s':>8} {'ms/op':>7} {'p50 ms':>8} {'cpu ms':>7} {'N':>6} "
-        f"{'pool':>7} {'conc':>4}"
-    )
+def _spread(values: Sequence[float], fmt: str = ",.1f") -> str:
+    """``median (min-max)`` of ``values``."""
+    mid = statistics.median(values)
+    if len(values) == 1:
+        return format(mid, fmt)
+    return f"{mid:{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
+@dataclass
+class _Repeat:
+    """One repeat's three rows and what the HTTP model server saw."""
+
+    noop: Result
+    fast: Result
+    slow: Result
+    ideal: float
+    connections: int
+    max_in_flight: int
+    latency: float
+
+
+def _table(repeats: Sequence[_Repeat], setup: str) -> str:
+    header = f"{'':<34} {'per s':>24} {'p50 ms':>22} {'cpu ms':>18}"
     lines = [setup, header, "-" * len(header)]
-    for r in results:
-        p50 = "-" if r.p50_ms is None else f"{r.p50_ms:,.1f}"
-        cpu = "-" if r.cpu_ms is None else f"{r.cpu_ms:,.2f}"
+    for attr in ("noop", "fast", "slow"):
+        rows: list[Result] = [getattr(r, attr) for r in repeats]
+        p50 = "-" if rows[0].p50_ms is None else _spread([r.p50_ms or 0.0 for r in rows])
+        cpus = [r.cpu_ms for r in rows if r.cpu_ms is not None]
+        cpu = _spread(cpus, ",.2f") if cpus else "-"
         lines.append(
-            f"{r.label:<34} {r.rate:>8,.1f} {1000 / r.rate:>7,.2f} {p50:>8} {cpu:>7} "
-            f"{r.count:>6} {r.pool:>7} {r.concurrency:>4}"
+            f"{rows[0].label:<34} {_spread([r.rate for r in rows]):>24} {p50:>22} {cpu:>18}"
         )
-    lines.append(
-        "per s: turns completed per second from the first post to the last turn.end (no-op: see "
-        "below); ms/op: 1000 / per s; p50 ms: median turn duration in the worker; cpu ms: "
-        "worker process CPU (user+sys) per task or turn"
-    )
-    lines.extend(f"  {note}" for r in results for note in r.notes)
+    slow = repeats[0].slow
+    ratio = _spread([r.fast.rate / r.noop.rate for r in repeats], ".2f")
+    ideal = _spread([r.slow.rate / r.ideal for r in repeats], ".2f")
+    p50 = _spread([(r.slow.p50_ms or 0.0) / 1000 / r.latency for r in repeats], ".2f")
+    per_1000 = _spread([r.connections * 1000 / r.slow.count for r in repeats], ",.0f")
+    lines += [
+        "ratios, taken within each repeat (median (min-max)):",
+        f"  fleet turn (scripted 0 ms) / bare Celery no-op drain rate: {ratio}   (goal >= 0.5)",
+        f"  fleet turn (HTTP {repeats[0].latency:g} s) / ideal {repeats[0].ideal:,.1f} turns/s "
+        f"(min(concurrency {slow.concurrency}, gate) / latency): {ideal}   (goal >= 0.9)",
+        f"  p50 turn / model latency: {p50}   (goal <= 1.1)",
+        f"  model connections opened per 1,000 turns: {per_1000}; most calls in flight at once: "
+        f"{max(r.max_in_flight for r in repeats)}",
+        "per s: completions per second from the warm-up-th to the last; p50 ms: median turn "
+        "duration in the worker; cpu ms: worker process CPU (user+sys) per task or turn",
+    ]
     return "\n".join(lines)
 
 
@@ -372,21 +552,28 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add = parser.add_argument
-    add("--tasks", type=int, default=5000, help="no-op tasks (default 5000)")
-    add("--turns", type=int, default=1000, help="fleet turns at 0 ms (default 1000)")
+    add("--turns", type=int, default=2000, help="no-op tasks and scripted turns (default 2000)")
     add("--slow-turns", type=int, default=None, help="turns at --latency (default 6 x concurrency)")
-    add("--personas", type=int, default=200, help="personas per fleet phase (default 200)")
     add("--latency", type=float, default=2.0, help="HTTP model latency in seconds (default 2)")
-    add("--concurrency", type=int, default=None, help="SOULFLEET_WORKER_CONCURRENCY (default 32)")
-    add("--seconds", type=float, default=90.0, help="give up on a phase after this (default 90)")
+    add("--warmup", type=int, default=None, help="completions not timed (default turns / 10)")
+    add("--repeat", type=int, default=3, help="repeats of the three phases (default 3)")
+    add(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="SOULFLEET_WORKER_CONCURRENCY (default: unset)",
+    )
+    add("--seconds", type=float, default=120.0, help="give up on a phase after this (default 120)")
     add("--keep", action="store_true", help="keep the scratch directory (worker logs, personas)")
+    add("--profile", type=float, default=0.0,
+        help="py-spy the scripted-model worker for this many seconds (first repeat)")  # fmt: skip
     args = parser.parse_args(argv)
-    for name in ("tasks", "turns", "personas", "slow_turns", "concurrency"):
+    for name in ("turns", "slow_turns", "concurrency", "repeat"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.latency < 0:
-        parser.error("--latency must be >= 0")
+    if args.latency <= 0:
+        parser.error("--latency must be > 0")
     return args
 
 
@@ -420,39 +607,73 @@ def _say(message: str) -> None:
     print(f"bench_fleet: {message}", file=sys.stderr, flush=True)
 
 
-def _phases(run: _Run, args: argparse.Namespace, settings: Settings) -> list[Result]:
+def _repeat(run: _Run, args: argparse.Namespace, settings: Settings, n: int) -> _Repeat:
     run.logs.mkdir(parents=True, exist_ok=True)
-    _say(f"bare Celery, {args.tasks} no-op tasks ...")
-    noop_env = run.env("noop", run.scratch / "no-personas")
-    results = [bench_noop(noop_env, run.logs, tasks=args.tasks, seconds=args.seconds)]
+    warmup = args.warmup if args.warmup is not None else args.turns // 10
+    _say(f"[{n}] bare Celery, {args.turns} no-op tasks ...")
+    noop_env = run.env(f"noop{n}", run.scratch / "no-personas")
+    noop = bench_noop(noop_env, run.logs, tasks=args.turns, warmup=warmup, seconds=args.seconds)
 
-    root = run.scratch / "scripted"
-    names = _write_personas(root, args.personas, scripted=True)
-    _say(f"fleet, {args.turns} turns, scripted model 0 ms ...")
-    results.append(
-        bench_turns("fleet turn, scripted model 0 ms", "fast", run.env("fast", root), run.logs,
-                    names, turns=args.turns, seconds=args.seconds)
-    )  # fmt: skip
+    root = run.scratch / f"scripted{n}"
+    names = _write_personas(root, args.turns, scripted=True)
+    _say(f"[{n}] fleet, {args.turns} turns, scripted model 0 ms ...")
+    fast = bench_turns("fleet turn, scripted model 0 ms", f"fast{n}", run.env(f"fast{n}", root),
+                       run.logs, names, warmup=warmup, seconds=args.seconds,
+                       profile=args.profile if n == 0 else 0.0)  # fmt: skip
 
-    root = run.scratch / "http"
-    names = _write_personas(root, args.personas, scripted=False)
     turns = args.slow_turns or 6 * settings.worker_concurrency
-    _say(f"fleet, {turns} turns, HTTP model {args.latency:g} s ...")
+    root = run.scratch / f"http{n}"
+    names = _write_personas(root, turns, scripted=False)
+    _say(f"[{n}] fleet, {turns} turns, HTTP model {args.latency:g} s ...")
     with FakeProvider("openai", delay=args.latency, text="ok") as provider:
         env = run.env(
-            "slow", root, {"SOULFLEET_MODEL": "openai:fake", "OPENAI_BASE_URL": provider.base_url}
+            f"slow{n}",
+            root,
+            {"SOULFLEET_MODEL": "openai:fake", "OPENAI_BASE_URL": provider.base_url},
         )
-        row = bench_turns(f"fleet turn, HTTP model {args.latency:g} s", "slow", env, run.logs,
-                          names, turns=turns, seconds=args.seconds)  # fmt: skip
+        slow = bench_turns(f"fleet turn, HTTP model {args.latency:g} s", f"slow{n}", env,
+                           run.logs, names, warmup=turns // 10, seconds=args.seconds)  # fmt: skip
         gate = Settings.from_env(env).max_concurrent_model_calls
         slots = min(settings.worker_concurrency, gate) if gate else settings.worker_concurrency
-        ideal = f"{slots / args.latency:,.1f}" if args.latency else "-"
-        served = (
-            f"HTTP model: {len(provider.requests)} requests, at most {provider.max_in_flight} at "
-            f"once; ideal {ideal} turns/s = min(concurrency, gate {gate}) / latency"
-        )
-        results.append(replace(row, notes=(*row.notes, served)))
-    return results
+        return _Repeat(noop, fast, slow, slots / args.latency, provider.connections_opened,
+                       provider.max_in_flight, args.latency)  # fmt: skip
+
+
+def _trips(run: _Run) -> str:
+    """One no-op task and one fleet turn, each on an idle worker, counted with MONITOR."""
+    _say("Redis commands for one no-op task and one fleet turn (MONITOR) ...")
+    env = run.env("trips-noop", run.scratch / "no-personas")
+    settings = Settings.from_env(env)
+    app = make_noop_app(settings)
+    try:
+        noop, noop_by = round_trips(
+            env, run.logs, "trips-noop", app="tests.bench.noop_app",
+            go=lambda: app.send_task(NOOP_TASK, ignore_result=True),
+        )  # fmt: skip
+    finally:
+        app.close()
+    root = run.scratch / "trips"
+    names = _write_personas(root, 1, scripted=True)
+    env = run.env("trips-turn", root)
+    settings = Settings.from_env(env)
+    publisher = CeleryPublisher(settings)
+    fleet = Fleet(settings, publisher=publisher)
+    try:
+        turn, turn_by = round_trips(env, run.logs, "trips-turn", app="workers",
+                                    go=lambda: fleet.post(names[0], "bench", sender="bench",
+                                                          channel="bench", wake=True))  # fmt: skip
+    finally:
+        fleet.client.close()
+        publisher.app.close()
+
+    def detail(counts: Mapping[str, int]) -> str:
+        return ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda x: -x[1]))
+
+    return (
+        "  Redis round trips per task (MONITOR after a warm-up task; the worker's connections "
+        "only, idle polling subtracted, script commands and MULTI blocks counted once): "
+        f"bare no-op {noop:.0f} ({detail(noop_by)}); fleet turn {turn:.0f} ({detail(turn_by)})"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -467,7 +688,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             run = _Run(url, f"sfbench:{uuid.uuid4().hex[:10]}:", scratch, extra)
             settings = Settings.from_env(run.env("setup", scratch / "no-personas"))
             try:
-                results = _phases(run, args, settings)
+                run.logs.mkdir(parents=True, exist_ok=True)
+                trips = _trips(run)
+                repeats = [_repeat(run, args, settings, n) for n in range(args.repeat)]
             finally:
                 leftover = _clean(url, run.prefix)
                 if leftover:
@@ -481,9 +704,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"bench_fleet: Redis {source}, Celery {celery.__version__}, Python "
         f"{sys.version.split()[0]}, {os.cpu_count()} cores; pool {settings.worker_pool}, "
         f"concurrency {settings.worker_concurrency}, prefetch 1, acks_late, turn gate "
-        f"{settings.max_concurrent_model_calls}; {args.personas} personas"
+        f"{settings.max_concurrent_model_calls}; {args.turns} messages queued before each "
+        f"worker starts; {args.repeat} repeats"
     )
-    print(_table(results, setup))
+    print(_table(repeats, setup))
+    print(trips)
 
 
 if __name__ == "__main__":

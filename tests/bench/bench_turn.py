@@ -32,8 +32,10 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 from tests.support.turns import make_persona
 from workers.persona.agent import from_dir
 from workers.persona.loop import Budget, RunResult, run_loop
+from workers.persona.messages import Message
 from workers.persona.models.scripted import ScriptedModel
 from workers.persona.run import run_agent
+from workers.persona.transcripts import FileTranscripts
 
 __all__ = ["bench", "main"]
 
@@ -70,6 +72,34 @@ def bench(turn: Callable[[], RunResult], turns: int, warmup: int) -> tuple[float
     return turns / elapsed, statistics.median(durations) * 1000
 
 
+def fleet_transcript(home: Path, lane: str, turn_id: str, messages: int = 4) -> None:
+    """What a fleet turn does with its transcript (workers/turn.py): one writer scoped to the
+    lane, messages written at once, one sync before the commit."""
+    writer = FileTranscripts(home, lanes=[lane]).open(lane, turn_id, sync_each=False)
+    try:
+        for n in range(messages):
+            writer.append(Message(role="user", content=f"message {n}"))
+        writer.sync()
+    finally:
+        writer.close()
+
+
+def bench_transcripts(home: Path, turns: int, stored: int = 1000) -> tuple[float, float]:
+    """Median ms of a fleet turn's transcript work on a fresh lane and on a lane already
+    holding ``stored`` conversations (the default bound, so every new one also prunes one),
+    taken alternately so both see the same machine."""
+    fresh: list[float] = []
+    full: list[float] = []
+    for i in range(stored):
+        fleet_transcript(home, "full", f"old{i:05d}", messages=1)
+    for i in range(turns):
+        for lane, into in ((f"fresh{i:05d}", fresh), ("full", full)):
+            start = time.perf_counter()
+            fleet_transcript(home, lane, f"t{lane}{i:05d}")
+            into.append(time.perf_counter() - start)
+    return statistics.median(fresh) * 1000, statistics.median(full) * 1000
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--turns", type=int, default=300)
@@ -91,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
             args.turns,
             args.warmup,
         )
+        (Path(tmp) / "ts").mkdir()
+        first, thousandth = bench_transcripts(Path(tmp) / "ts", args.turns)
     print(
         f"turn benchmark: scripted model, 7 bootstrap files, 1 memory {args.action} per turn, "
         f"{args.turns} turns"
@@ -102,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  bare loop (no soul, no transcript):           {bare[0]:8.1f} turns/s  "
         f"{bare[1]:7.3f} ms/turn (median)"
+    )
+    print(
+        f"  fleet transcript of a turn (4 messages, one sync): lane's first turn {first:.3f} ms, "
+        f"with 1,000 stored {thousandth:.3f} ms: ratio {thousandth / first:.2f} (goal ~1)"
     )
     return 0
 

@@ -95,3 +95,14 @@ def test_describe_personas_lists_models_schedules_and_lanes(tmp_path: Path) -> N
     assert "dream every 20s" in lines[3]
     assert all(BUILTIN_MODEL_LABEL in line for line in (lines[0], lines[2], lines[3]))
     assert lanes == 2 + 1 + 1 + 2
+
+
+def test_flower_turns_task_events_on(tmp_path: Path) -> None:
+    """Flower shows only what task events tell it: with --flower every child gets
+    SOULFLEET_TASK_EVENTS=1; without it the children keep the default (events off)."""
+    settings = Settings.from_env({})
+    with_flower = child_specs(settings, {}, logs=tmp_path, cwd=tmp_path, workers=1, flower=True)
+    assert {s.env.get("SOULFLEET_TASK_EVENTS") for s in with_flower} == {"1"}
+    assert Settings.from_env(with_flower[1].env).task_events is True
+    plain = child_specs(settings, {}, logs=tmp_path, cwd=tmp_path, workers=1, flower=False)
+    assert {s.env.get("SOULFLEET_TASK_EVENTS") for s in plain} == {None}

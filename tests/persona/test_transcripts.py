@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,85 @@ def test_stray_files_in_lane_directories_are_ignored(tmp_path: Path) -> None:
     (lane / "x-t2.jsonl").write_text("{}")
     (lane / "sub").mkdir()
     assert [c.id for c in FileTranscripts(tmp_path).conversations()] == ["t1"]
+
+
+def test_deferred_sync_writes_at_once_and_syncs_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In deferred mode (the fleet's, one fsync per turn) every append is in the file at once,
+    readable by another store before any sync; sync() then costs one fsync of the file and one
+    of the lane directory for the whole conversation, and the file reads back whole."""
+    import os  # noqa: PLC0415
+
+    synced: list[int] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        synced.append(fd)
+        real_fsync(fd)
+
+    store = FileTranscripts(tmp_path, clock=VirtualClock(T0))
+    writer = store.open("ava", "turn1", sync_each=False)
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    for text in ("one", "two", "three"):
+        writer.append(Message(role="user", content=text))
+    assert synced == []
+    reader = FileTranscripts(tmp_path)
+    assert [r.message.content for r in reader.messages("turn1")] == ["one", "two", "three"]
+    writer.sync()
+    assert len(synced) == 2
+    writer.sync()
+    assert len(synced) == 2
+    writer.close()
+    assert [r.message.content for r in FileTranscripts(tmp_path).messages("turn1")] == [
+        "one",
+        "two",
+        "three",
+    ]
+
+
+def test_killed_deferred_writer_loses_nothing_it_appended(tmp_path: Path) -> None:
+    """A process SIGKILLed after appending in deferred mode, before any sync, lost nothing: the
+    bytes were written to the file, only the fsync was pending."""
+    code = (
+        "import os, sys\n"
+        "from workers.persona.messages import Message\n"
+        "from workers.persona.transcripts import FileTranscripts\n"
+        "w = FileTranscripts(sys.argv[1]).open('ava', 'killed', sync_each=False)\n"
+        "for n in range(5):\n"
+        "    w.append(Message(role='user', content=f'm{n}'))\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=False, timeout=60)
+    assert done.returncode == -signal.SIGKILL
+    got = [r.message.content for r in FileTranscripts(tmp_path).messages("killed")]
+    assert got == [f"m{n}" for n in range(5)]
+
+
+def test_listing_cache_sees_changes_made_by_others(tmp_path: Path) -> None:
+    """A lane's listing is reused between turns, yet a file another process adds or removes
+    is seen by the next open: pruning counts it and a resume finds it."""
+    clock = VirtualClock(T0)
+    store = FileTranscripts(tmp_path, max_conversations=3, clock=clock)
+    conversation(store, "ava", "t1", "x")
+    clock.advance(1)
+    conversation(store, "ava", "t2", "x")
+    lane = tmp_path / "transcripts" / "ava"
+    # Another writer adds a conversation behind this process's back (an older one), a clock
+    # tick after our own last change (directory times are as coarse as the kernel's tick).
+    time.sleep(0.05)
+    (lane / f"{round((T0 - 5) * 1000):015d}-outside.jsonl").write_text(
+        '{"transcript": 1, "conversation": "outside", "lane": "ava", "started_at": 1}\n'
+        '{"at": 1, "message": {"role": "user", "content": "hi"}}\n'
+    )
+    clock.advance(1)
+    conversation(FileTranscripts(tmp_path, max_conversations=3, clock=clock), "ava", "t3", "x")
+    ids = [c.id for c in FileTranscripts(tmp_path).conversations()]
+    assert ids == ["t1", "t2", "t3"]  # "outside" was the oldest: pruned to keep 3
+    time.sleep(0.05)
+    (lane / next(p.name for p in lane.iterdir() if "-t1." in p.name)).unlink()
+    clock.advance(1)
+    fresh = FileTranscripts(tmp_path, max_conversations=3, clock=clock)
+    fresh.open("ava", "t2").append(Message(role="user", content="resumed"))
+    assert [r.message.content for r in fresh.messages("t2")] == ["x", "resumed"]
+    assert [c.id for c in FileTranscripts(tmp_path).conversations()] == ["t2", "t3"]

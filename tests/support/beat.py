@@ -122,6 +122,7 @@ def register(client: redis.Redis, keys: Keys, specs: Sequence[ScheduleSpec], due
         chunk = specs[start : start + 5000]
         pipe.hset(keys.schedule_spec, mapping={spec.member: spec.to_json() for spec in chunk})
         pipe.zadd(keys.schedule, {spec.member: to_ms(due) for spec in chunk})
+        pipe.incr(keys.schedule_epoch)
         pipe.execute()
 
 

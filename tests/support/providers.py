@@ -176,6 +176,10 @@ def error_reply(
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's listen backlog is 5: a worker opening 200 connections at once overflowed
+    # it, and the kernel's dropped handshakes turned into connect stalls of 1-30 s and resets
+    # that no real provider would cause.
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], provider: FakeProvider) -> None:
         super().__init__(address, _Handler)
@@ -239,6 +243,8 @@ class FakeProvider:
         self._in_flight = 0
         #: the most requests this server was answering at one moment (the turn gate's witness)
         self.max_in_flight = 0
+        #: TCP connections accepted so far (a client that reuses its connections opens few)
+        self.connections_opened = 0
 
     # lifecycle
 
@@ -312,6 +318,7 @@ class FakeProvider:
     def _opened(self, connection: socket.socket) -> None:
         with self._lock:
             self._connections.add(connection)
+            self.connections_opened += 1
 
     def _closed(self, connection: socket.socket) -> None:
         with self._lock:

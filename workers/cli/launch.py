@@ -97,6 +97,9 @@ def child_specs(
     flower: bool,
     flower_port: int = 5555,
 ) -> list[ChildSpec]:
+    if flower:
+        # Flower shows only what task events tell it; they are off by default (they cost turns).
+        env = {**env, "SOULFLEET_TASK_EVENTS": "1"}
     celery = [sys.executable, "-m", "celery", "-A", "workers"]
     queues = ",".join(queue_name(settings.queue_prefix, kind) for kind in KINDS)
     base = settings.metrics_port

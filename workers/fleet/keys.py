@@ -148,6 +148,11 @@ class Keys:
         return f"{self.prefix}schedule:spec"
 
     @property
+    def schedule_epoch(self) -> str:
+        """Bumped by every write to :attr:`schedule_spec`: sweeps re-read specs when it moves."""
+        return f"{self.prefix}schedule:epoch"
+
+    @property
     def registry(self) -> str:
         return f"{self.prefix}registry"
 

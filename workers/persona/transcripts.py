@@ -33,12 +33,14 @@ terminates a torn last line so the next record starts on a line of its own.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
 import re
 import stat
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -148,13 +150,25 @@ class ConversationWriter:
     """Appends one conversation's messages; each append is flushed and fsynced before return."""
 
     def __init__(
-        self, store: FileTranscripts, info: ConversationInfo, path: Path, clock: Clock
+        self,
+        store: FileTranscripts,
+        info: ConversationInfo,
+        path: Path,
+        clock: Clock,
+        *,
+        sync_each: bool = True,
     ) -> None:
         self._store = store
         self._info = info
         self._path = path
         self._clock = clock
         self._checked_tail = False
+        self._sync_each = sync_each
+        # Deferred mode (sync_each=False): the file stays open between appends and what was
+        # written is fsynced by sync(); the new file's directory entry too.
+        self._fd: int | None = None
+        self._dirty = False
+        self._new_entry = False
 
     @property
     def info(self) -> ConversationInfo:
@@ -170,6 +184,10 @@ class ConversationWriter:
         Returns None so it can be handed straight to the turn loop as ``on_message``.
         """
         line = _line({"at": self._clock.time(), "message": message.to_dict()})
+        if self._fd is not None:
+            _write_all(self._fd, line)
+            self._dirty = True
+            return
         flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
             fd = os.open(self._path, flags | getattr(os, "O_CLOEXEC", 0))
@@ -183,8 +201,34 @@ class ConversationWriter:
             if not self._checked_tail:
                 self._terminate_torn_tail(fd)
             _write_all(fd, line)
-            os.fsync(fd)
-        finally:
+            if self._sync_each:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        if self._sync_each:
+            os.close(fd)
+        else:
+            self._fd, self._dirty = fd, True
+
+    def sync(self) -> None:
+        """Make every append so far durable (deferred mode; a no-op when nothing is pending).
+
+        Appends are written to the file at once either way, so a killed process loses nothing
+        it appended; what sync adds is surviving a machine crash. One fsync per turn instead of
+        one per message.
+        """
+        if self._fd is not None and self._dirty:
+            os.fsync(self._fd)
+            self._dirty = False
+        if self._new_entry:
+            fsync_directory(self._path.parent)
+            self._new_entry = False
+
+    def close(self) -> None:
+        """Release the file (deferred mode). Does not sync: call :meth:`sync` first for that."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
             os.close(fd)
 
     def _create(self, first: bytes) -> None:
@@ -199,14 +243,21 @@ class ConversationWriter:
         )
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
         fd = os.open(self._path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._store._created(self._path)
+        self._checked_tail = True
         try:
             _write_all(fd, header + first)
-            os.fsync(fd)
-        finally:
+            if self._sync_each:
+                os.fsync(fd)
+        except BaseException:
             os.close(fd)
+            raise
+        if not self._sync_each:
+            self._fd, self._dirty, self._new_entry = fd, True, True
+            return
+        os.close(fd)
         # The new directory entry must survive a crash too, not just the bytes.
         fsync_directory(self._path.parent)
-        self._checked_tail = True
 
     def _terminate_torn_tail(self, fd: int) -> None:
         # A crash mid-write may have left a last line without its newline; appending straight
@@ -223,6 +274,121 @@ class ConversationWriter:
         if last != b"\n":
             _write_all(fd, b"\n")
             log.warning("transcript.torn_tail_terminated", path=str(self._path))
+
+
+class _Listing:
+    """One lane directory's ``*.jsonl`` files: by name, by conversation id, and oldest first."""
+
+    def __init__(self, lane: str, paths: dict[str, str]) -> None:
+        self.lane = lane
+        self.paths = paths
+        self.ids: dict[str, str] = {}
+        self.order: list[str] = sorted(name for name in paths if self._index(name))
+
+    def _index(self, name: str) -> bool:
+        info = _parse_file_name(self.lane, name)
+        if info is None:
+            return False
+        self.ids[info.id] = name
+        return True
+
+    def add(self, name: str, path: str) -> None:
+        self.paths[name] = path
+        if self._index(name):
+            # A new conversation is normally the newest: appending keeps the order sorted.
+            if self.order and name < self.order[-1]:
+                bisect.insort(self.order, name)
+            else:
+                self.order.append(name)
+
+    def remove(self, name: str) -> None:
+        self.paths.pop(name, None)
+        info = _parse_file_name(self.lane, name)
+        if info is not None and self.ids.get(info.id) == name:
+            del self.ids[info.id]
+            index = bisect.bisect_left(self.order, name)
+            if index < len(self.order) and self.order[index] == name:
+                del self.order[index]
+
+
+class _Listings:
+    """Lane directory listings shared by every store of the process, keyed by directory mtime.
+
+    A lane holds up to ``max_conversations`` files and every turn needs its listing twice (to
+    resume a conversation, to prune the oldest): listing and parsing 1,000 names made a lane's
+    1,000th turn cost twice its first. A listing (indexed by id, kept oldest first) is reused
+    while the directory's ``(st_mtime_ns, st_ino)`` is what it was when we listed it or last
+    changed it ourselves, so any other writer's change (another process, a person) is seen on
+    the next turn. The one blind spot: directory times are as coarse as the kernel's clock tick
+    (1-4 ms), so a foreign change in the same tick as one of ours goes unseen until the
+    directory changes again. Only the lane's one running turn writes there, so the worst case
+    is a file pruned a turn late.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[tuple[int, int], _Listing]] = {}
+
+    @staticmethod
+    def _version(directory: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return (st.st_mtime_ns, st.st_ino)
+
+    def listing(self, directory: str, lane: str) -> _Listing | None:
+        """The lane's listing (shared: read it under :meth:`locked`), None if it has no dir."""
+        version = self._version(directory)
+        if version is None:
+            with self._lock:
+                self._cache.pop(directory, None)
+            return None
+        with self._lock:
+            cached = self._cache.get(directory)
+            if cached is not None and cached[0] == version:
+                return cached[1]
+        try:
+            with os.scandir(directory) as entries:
+                found = {
+                    e.name: e.path
+                    for e in entries
+                    if e.name.endswith(_SUFFIX) and e.is_file(follow_symlinks=False)
+                }
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        listing = _Listing(lane, found)
+        with self._lock:
+            if len(self._cache) >= _LISTINGS_MAX and directory not in self._cache:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[directory] = (version, listing)
+        return listing
+
+    @property
+    def lock(self) -> threading.Lock:
+        return self._lock
+
+    def _changed(self, directory: str, change: Callable[[_Listing], object]) -> None:
+        with self._lock:
+            cached = self._cache.get(directory)
+            if cached is None:
+                return
+            change(cached[1])
+            version = self._version(directory)
+            if version is None:
+                self._cache.pop(directory, None)
+            else:
+                self._cache[directory] = (version, cached[1])
+
+    def added(self, directory: str, name: str, path: str) -> None:
+        self._changed(directory, lambda listing: listing.add(name, path))
+
+    def removed(self, directory: str, name: str) -> None:
+        self._changed(directory, lambda listing: listing.remove(name))
+
+
+_LISTINGS_MAX = 4096
+_LISTINGS = _Listings()
 
 
 class FileTranscripts:
@@ -252,6 +418,7 @@ class FileTranscripts:
         self._clock: Clock = clock or SystemClock()
         # id -> file, filled by listings; verified before use, so pruning can never fool it.
         self._paths: dict[str, str] = {}
+        self._dirs: dict[str, Path] = {}
 
     @property
     def root(self) -> Path:
@@ -261,8 +428,13 @@ class FileTranscripts:
     def max_conversations(self) -> int:
         return self._max
 
-    def open(self, lane: str, conversation_id: str) -> ConversationWriter:
+    def open(
+        self, lane: str, conversation_id: str, *, sync_each: bool = True
+    ) -> ConversationWriter:
         """A writer for ``conversation_id`` in ``lane``; resumes it if its file already exists.
+
+        ``sync_each=False`` defers fsync to :meth:`ConversationWriter.sync` (the fleet syncs
+        once per turn, before the turn commits) and keeps the file open until ``close``.
 
         Raises ValueError for an invalid lane or id, a lane outside this store's scope, or an id
         already used by another lane (ids name conversations store-wide); PersonaFileError when
@@ -280,12 +452,12 @@ class FileTranscripts:
                 raise ValueError(
                     f"conversation id {conversation_id!r} is already used in lane {info.lane!r}"
                 )
-            return ConversationWriter(self, info, Path(existing), self._clock)
+            return ConversationWriter(self, info, Path(existing), self._clock, sync_each=sync_each)
         started = round(self._clock.time() * 1000) / 1000
         info = ConversationInfo(id=conversation_id, lane=lane, started_at=started)
         path = lane_dir / _file_name(info)
         self._paths[conversation_id] = str(path)
-        return ConversationWriter(self, info, path, self._clock)
+        return ConversationWriter(self, info, path, self._clock, sync_each=sync_each)
 
     def conversations(self) -> list[ConversationInfo]:
         """Every conversation in scope, oldest first (ties: lane, then id)."""
@@ -317,9 +489,19 @@ class FileTranscripts:
     def _lane_dir(self, lane: str) -> Path:
         # Confine BEFORE creating anything: a symlinked transcripts/ or lane directory leading
         # out of the home would otherwise make even the mkdir land outside it.
-        lane_dir = confined(self._home, f"{TRANSCRIPTS_DIR}/{lane}")
+        lane_dir = self._confined(lane)
         lane_dir.mkdir(parents=True, exist_ok=True)
         return lane_dir
+
+    def _confined(self, lane: str) -> Path:
+        found = self._dirs.get(lane)
+        if found is None:
+            found = self._dirs[lane] = confined(self._home, f"{TRANSCRIPTS_DIR}/{lane}")
+        return found
+
+    def _created(self, path: Path) -> None:
+        """Our own new file: add it to the cached listing instead of listing the lane again."""
+        _LISTINGS.added(str(path.parent), path.name, str(path))
 
     def _lane_names(self) -> list[str]:
         if self._lanes is not None:
@@ -332,48 +514,56 @@ class FileTranscripts:
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def _files(self, lane: str) -> list[tuple[str, str]]:
-        """(name, path) of the lane's regular ``*.jsonl`` files; [] for a missing/refused lane."""
+    def _listing(self, lane: str) -> _Listing | None:
         try:
-            lane_dir = confined(self._home, f"{TRANSCRIPTS_DIR}/{lane}")
+            lane_dir = self._confined(lane)
         except PersonaFileError as exc:
             log.warning("transcript.lane_refused", lane=lane, error=str(exc))
+            return None
+        return _LISTINGS.listing(str(lane_dir), lane)
+
+    def _files(self, lane: str) -> list[tuple[str, str]]:
+        """(name, path) of the lane's regular ``*.jsonl`` files; [] for a missing/refused lane."""
+        listing = self._listing(lane)
+        if listing is None:
             return []
-        try:
-            with os.scandir(lane_dir) as entries:
-                return [
-                    (e.name, e.path)
-                    for e in entries
-                    if e.name.endswith(_SUFFIX) and e.is_file(follow_symlinks=False)
-                ]
-        except (FileNotFoundError, NotADirectoryError):
-            return []
+        with _LISTINGS.lock:
+            return list(listing.paths.items())
 
     def _find(self, conversation_id: str) -> tuple[ConversationInfo, str] | None:
-        tail = f"-{conversation_id}{_SUFFIX}"
         for lane in self._lane_names():
-            for name, path in self._files(lane):
-                if name.endswith(tail):
-                    info = _parse_file_name(lane, name)
-                    if info is not None and info.id == conversation_id:
-                        self._paths[conversation_id] = path
-                        return info, path
+            listing = self._listing(lane)
+            if listing is None:
+                continue
+            with _LISTINGS.lock:
+                name = listing.ids.get(conversation_id)
+                path = listing.paths.get(name) if name is not None else None
+            if name is not None and path is not None:
+                info = _parse_file_name(lane, name)
+                if info is not None:
+                    self._paths[conversation_id] = path
+                    return info, path
         return None
 
     def _prune(self, lane: str, *, keep_room_for: str) -> None:
         """Delete the lane's oldest files so that one more still fits within the bound."""
-        files = []
-        for name, path in self._files(lane):
-            info = _parse_file_name(lane, name)
-            if info is not None and info.id != keep_room_for:
-                files.append((name, info.id, path))
-        files.sort()
-        excess = len(files) - (self._max - 1)
-        for _, conversation_id, path in files[: max(0, excess)]:
+        listing = self._listing(lane)
+        if listing is None:
+            return
+        with _LISTINGS.lock:
+            keep = listing.ids.get(keep_room_for)
+            count = len(listing.order) - (1 if keep is not None else 0)
+            excess = count - (self._max - 1)
+            oldest = [name for name in listing.order[: max(0, excess) + 1] if name != keep]
+            victims = [(name, listing.paths[name]) for name in oldest[: max(0, excess)]]
+        for name, path in victims:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-            self._paths.pop(conversation_id, None)
-            log.debug("transcript.pruned", lane=lane, conversation=conversation_id, bound=self._max)
+            _LISTINGS.removed(os.path.dirname(path), name)
+            info = _parse_file_name(lane, name)
+            if info is not None:
+                self._paths.pop(info.id, None)
+                log.debug("transcript.pruned", lane=lane, conversation=info.id, bound=self._max)
 
     def _read(self, conversation_id: str, path: str) -> Iterator[TranscriptRecord]:
         try:

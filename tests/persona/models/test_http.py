@@ -260,3 +260,76 @@ def test_stopped_server_is_unreachable_even_when_pooled(clock: RecordingClock) -
     finally:
         server.stop()
         model.close()
+
+
+def test_connections_are_reused_per_thread(clock: RecordingClock) -> None:
+    """Calls from the same threads reuse their keep-alive connections: 8 threads making 5 calls
+    each open at most 8 connections, not one per call, and every thread's calls overlap."""
+    with FakeProvider("openai", delay=0.2) as server:
+        http = transport(server, clock)
+        barrier = threading.Barrier(8)
+        errors: list[BaseException] = []
+
+        def calls() -> None:
+            try:
+                barrier.wait(timeout=10)
+                for _ in range(5):
+                    http.post_json("/chat/completions", {"model": "m", "messages": []})
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=calls) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        http.close()
+        assert errors == []
+        assert len(server.requests) == 40
+        assert server.connections_opened <= 8
+        assert server.max_in_flight == 8
+
+
+def test_many_concurrent_calls_are_not_capped(clock: RecordingClock) -> None:
+    """A client used by 150 threads at once gets more than httpx's default pool of 100 calls
+    in flight together (all 150 on an idle machine), each answered once, with no error."""
+    with FakeProvider("openai", delay=5.0) as server:
+        http = ProviderHTTP(
+            provider="testprov",
+            base_url=server.base_url,
+            headers={},
+            key_env="TEST_API_KEY",
+            policy=RetryPolicy(timeout=60.0, retries=0),
+            clock=clock,
+        )
+        barrier = threading.Barrier(150)
+        errors: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                barrier.wait(timeout=30)
+                http.post_json("/chat/completions", {"model": "m", "messages": []})
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=call) for _ in range(150)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        http.close()
+        assert errors == []
+        assert len(server.requests) == 150
+        # A loaded machine may still be starting the last threads when the first answers
+        # come back 5 s later; the old cap (100) can never be exceeded.
+        assert server.max_in_flight > 100
+
+
+def test_closed_client_refuses_calls(openai_server: FakeProvider, clock: RecordingClock) -> None:
+    """After close(), a thread that already had a connection cannot make another call."""
+    http = transport(openai_server, clock)
+    http.post_json("/chat/completions", {"model": "m", "messages": []})
+    http.close()
+    assert http.closed
+    with pytest.raises(RuntimeError, match="closed"):
+        http.post_json("/chat/completions", {"model": "m", "messages": []})

@@ -26,6 +26,9 @@ import json
 import math
 import random
 import re
+import ssl
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
@@ -50,7 +53,9 @@ from workers.persona.errors import (
 
 __all__ = [
     "EXCERPT_CHARS",
+    "KEEPALIVE_SECONDS",
     "RETRY_STATUSES",
+    "THREAD_LIMITS",
     "ProviderHTTP",
     "RetryPolicy",
     "check_base_url",
@@ -61,6 +66,13 @@ __all__ = [
 ]
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504, 529})
+#: Seconds an idle connection is kept: below the usual provider/load-balancer idle cut-off (60 s
+#: and up), so the client retires a connection before the server hangs up on it.
+KEEPALIVE_SECONDS = 30.0
+#: One connection per calling thread, kept alive between its calls (see :class:`ProviderHTTP`).
+THREAD_LIMITS = httpx.Limits(
+    max_connections=1, max_keepalive_connections=1, keepalive_expiry=KEEPALIVE_SECONDS
+)
 EXCERPT_CHARS = 200
 _REDACTED = "***"
 
@@ -201,9 +213,18 @@ class _Failure:
 class ProviderHTTP:
     """POSTs JSON to one provider under the shared policy; returns the decoded JSON object.
 
-    Holds one :class:`httpx.Client` (a connection pool) for the life of the model. httpx clients
-    are safe to share between threads, and the fleet runs turns on threads, so one model
-    instance serves every concurrent turn of a worker.
+    One model instance serves every concurrent turn of a worker (the fleet runs turns on pool
+    threads), and each calling thread gets its own :class:`httpx.Client` holding one keep-alive
+    connection (:data:`THREAD_LIMITS`), built on its first call and sharing one TLS context. So
+    a worker keeps at most as many connections to a provider as it has pool threads, and a turn
+    reuses its thread's connection instead of opening one. Why not one shared pool sized to the
+    concurrency: httpcore's pool re-examines every connection (a ``poll`` each) on every
+    request and response, which at 200 connections cost ~10 ms CPU per call and held a 2 s
+    model to a third of the ideal rate on two cores; and at httpx's default limits (20 kept
+    alive) it closed nearly every connection after use, which is both a new TCP/TLS handshake
+    per turn and the path of a race that closes a socket under a thread still reading it
+    ("Bad file descriptor", or a read that waits out the whole timeout on a connection the
+    server never got a request on). A thread's private pool has no such sharing.
     """
 
     def __init__(
@@ -225,19 +246,46 @@ class ProviderHTTP:
         self._secrets = tuple(s for s in secrets if s)
         self._clock: Clock = clock or SystemClock()
         self._rng = rng or random.Random()
-        self._client = httpx.Client(
-            headers=dict(headers),
-            timeout=httpx.Timeout(self.policy.timeout),
-            # A redirected POST is rarely what a provider meant; report it instead (see below).
-            follow_redirects=False,
-        )
+        self._headers = dict(headers)
+        self._tls: ssl.SSLContext | None = None
+        self._local = threading.local()
+        # Weak: a client whose thread ended goes with it; close() reaches the live ones.
+        self._clients: weakref.WeakSet[httpx.Client] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _client(self) -> httpx.Client:
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is not None and not client.is_closed:
+            return client
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.provider}: the model client has been closed")
+            if self._tls is None:
+                self._tls = httpx.create_ssl_context()  # loading the CA bundle once, not per thread
+            client = httpx.Client(
+                headers=self._headers,
+                timeout=httpx.Timeout(self.policy.timeout),
+                limits=THREAD_LIMITS,
+                verify=self._tls,
+                # A redirected POST is rarely what a provider meant; report it instead (below).
+                follow_redirects=False,
+            )
+            self._clients.add(client)
+        self._local.client = client
+        return client
 
     @property
     def closed(self) -> bool:
-        return self._client.is_closed
+        return self._closed
 
     def close(self) -> None:
-        self._client.close()
+        """Close every thread's connection; the client cannot be used afterwards."""
+        with self._lock:
+            self._closed = True
+            clients = list(self._clients)
+        for client in clients:
+            client.close()
 
     def error(self, kind: type[ModelError], detail: str) -> ModelError:
         """An error of ``kind`` whose message names the provider and holds no secret."""
@@ -282,7 +330,7 @@ class ProviderHTTP:
         # The httpx exception is rendered to text here, scrubbed by error(); it is never chained
         # (its request object carries our auth headers).
         try:
-            response = self._client.post(
+            response = self._client().post(
                 url, content=content, headers={"content-type": "application/json"}
             )
         except httpx.TimeoutException as exc:

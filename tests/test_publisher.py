@@ -1,0 +1,55 @@
+"""workers/publisher.py: turns published through Celery land on their kind's queue, many at once."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import redis
+
+from workers.publisher import PUBLISH_BATCH, CeleryPublisher
+from workers.queues import TURN_TASK, queue_name
+from workers.settings import Settings
+
+
+def _settings(redis_url: str, key_prefix: str, tmp_path: Path) -> Settings:
+    return Settings.from_env(
+        {
+            "REDIS_URL": redis_url,
+            "SOULFLEET_KEY_PREFIX": key_prefix,
+            "SOULFLEET_QUEUE_PREFIX": key_prefix.rstrip(":"),
+            "SOULFLEET_PERSONAS": str(tmp_path),
+        }
+    )
+
+
+def _queued(client: redis.Redis, settings: Settings, kind: str) -> list[tuple[str, list[str]]]:
+    """(task name, args) of every message on ``kind``'s queue, oldest first."""
+    key = f"{settings.key_prefix}broker:{queue_name(settings.queue_prefix, kind)}"
+    found = []
+    for raw in reversed(client.lrange(key, 0, -1)):
+        message = json.loads(raw)
+        body = json.loads(base64.b64decode(message["body"]))
+        found.append((message["headers"]["task"], body[0]))
+    return found
+
+
+def test_many_turns_are_published_in_order_on_their_queues(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """More turns than one pipelined batch holds, of two kinds, all arrive: each on its kind's
+    queue, in the order given, as the turn task with (lane, turn id); a single turn too."""
+    settings = _settings(redis_url, key_prefix, tmp_path)
+    publisher = CeleryPublisher(settings)
+    count = PUBLISH_BATCH * 2 + 7
+    turns = [(f"lane{i}", f"turn{i}", "heartbeat" if i % 3 else "dream") for i in range(count)]
+    try:
+        publisher.publish_many(turns)
+        publisher.publish("solo", "t-solo", "interactive")
+    finally:
+        publisher.close()
+    for kind in ("heartbeat", "dream"):
+        expected = [(TURN_TASK, [lane, turn]) for lane, turn, k in turns if k == kind]
+        assert _queued(redis_client, settings, kind) == expected
+    assert _queued(redis_client, settings, "interactive") == [(TURN_TASK, ["solo", "t-solo"])]
