@@ -13,6 +13,7 @@ This module imports nothing heavy: the persona core, the CLI and Celery's app mo
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ LockMode = Literal["local", "shared"]
 LogFormat = Literal["console", "json"]
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+# The spec shape only: which providers exist is workers.persona.models.spec's call, and that
+# module imports the HTTP clients, which settings must not.
+_MODEL_SPEC = re.compile(r"(?:openai|anthropic|scripted):\S.*", re.DOTALL)
 
 
 def redact_url(url: str) -> str:
@@ -61,6 +65,15 @@ class Settings:
     key_prefix: str = "soulfleet:"
     queue_prefix: str = "soulfleet"
     model: ModelConfig = field(default_factory=ModelConfig)
+    #: per-kind fleet defaults ("" = the persona's own model); see workers.persona.spend.
+    heartbeat_model: str = ""
+    dream_model: str = ""
+
+    # Spend.
+    #: fleet-wide daily token budget per persona (None: no budget unless persona.toml sets one)
+    daily_tokens: int | None = None
+    #: days of per-persona token usage kept in Redis
+    usage_days: int = 35
 
     # Lanes and turns.
     inbox_max: int = 1000
@@ -158,6 +171,11 @@ class Settings:
         if metrics_port > 65535:
             raise SettingsError("SOULFLEET_METRICS_PORT", f"must be a TCP port, got {metrics_port}")
 
+        daily_tokens = (
+            None
+            if env.raw("SOULFLEET_DAILY_TOKENS") is None
+            else env.integer("SOULFLEET_DAILY_TOKENS", 0, minimum=0)
+        )
         return cls(
             redis_url=redis_url,
             redis_url_explicit=redis_raw is not None,
@@ -166,6 +184,10 @@ class Settings:
             key_prefix=prefix,
             queue_prefix=env.text("SOULFLEET_QUEUE_PREFIX", "soulfleet"),
             model=model,
+            heartbeat_model=_model_spec(env, "SOULFLEET_HEARTBEAT_MODEL"),
+            dream_model=_model_spec(env, "SOULFLEET_DREAM_MODEL"),
+            daily_tokens=daily_tokens,
+            usage_days=env.integer("SOULFLEET_USAGE_DAYS", 35, minimum=1),
             inbox_max=env.integer("SOULFLEET_INBOX_MAX", 1000, minimum=1),
             item_max_bytes=env.integer("SOULFLEET_ITEM_MAX_BYTES", 64 * 1024, minimum=1),
             lease_ttl=lease_ttl,
@@ -242,6 +264,20 @@ class Settings:
     def lease_renew_every(self) -> float:
         """Renew three times per TTL so one slow round trip never loses a live lease."""
         return self.lease_ttl / 3
+
+
+def _model_spec(env: EnvReader, name: str) -> str:
+    """A per-kind model default: empty or "inherit" (the persona's model) or a spec."""
+    value = env.text(name, "").strip()
+    if value.lower() in ("", "inherit"):
+        return ""
+    if _MODEL_SPEC.fullmatch(value) is None:
+        raise SettingsError(
+            name,
+            "must be empty, 'inherit' or a model spec such as 'openai:<model>', "
+            f"'anthropic:<model>' or 'scripted:<path>', got {value!r}",
+        )
+    return value
 
 
 def _fraction(env: EnvReader, name: str, default: float) -> float:

@@ -35,6 +35,7 @@ from workers.fleet.outcomes import PostOutcome, Repair, TickOutcome
 from workers.fleet.recovery import Backoff, Recovery
 from workers.fleet.registry import PersonaRegistry
 from workers.fleet.servertime import ServerClock
+from workers.fleet.usage import UsageLedger, persona_budget
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
 from workers.persona.manifest import load_manifest
@@ -121,6 +122,9 @@ class Fleet:
         )
         self.backoff = Backoff(settings.retry_base, settings.retry_max)
         self.recovery = Recovery(self.lanes, self.breaker, claim_ttl=settings.claim_ttl)
+        self.ledger = UsageLedger(
+            self.client, self.keys, days=settings.usage_days, clock=self.clock
+        )
 
     @classmethod
     def from_settings(
@@ -289,6 +293,20 @@ class Fleet:
         if ends is None:
             ends = load_manifest(home).session.expired(state, self.clock.time())
         return {**report, **state.summary(), "ends": ends}
+
+    def usage(self, persona: str | None = None, days: int = 1) -> list[dict[str, Any]]:
+        """Tokens (input, output, cached input) and model calls per persona per day and per
+        model, newest day first. A persona's days are its budget's time zone's; the fleet-wide
+        listing (``persona=None``: every persona that used a model) names days in UTC."""
+        if days < 1:
+            raise ValueError(f"days must be >= 1, got {days}")
+        if persona is None:
+            rows = self.ledger.usage(None, self.ledger.days_back(days))
+        else:
+            name = self.registry.resolve(persona)
+            timezone = persona_budget(self.registry.home(name), self.settings).timezone
+            rows = self.ledger.usage([name], self.ledger.days_back(days, timezone))
+        return [row.to_dict() for row in rows]
 
     def beats(self, count: int = 100) -> list[Beat]:
         """Recent surfaced beats, newest last."""

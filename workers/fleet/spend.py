@@ -1,0 +1,100 @@
+"""The last check before a turn pays: is there a budget left, and anything new to dream about?
+
+beat's sweep skips most unaffordable or pointless ticks before they become turns; this guard
+catches the rest at turn start, before the model is called: turns queued before the budget ran
+out, follow-ups finish queued, a dream follow-up after a pass that already read everything.
+The rules themselves are the core's (:mod:`workers.persona.spend`); this module only reads the
+Redis numbers they need (today's tokens from the :class:`~workers.fleet.usage.UsageLedger`,
+the dreamer lane's last pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+from zoneinfo import ZoneInfo
+
+from workers.fleet.scripts import redis_errors
+from workers.fleet.usage import UsageLedger
+from workers.persona.agent import AgentDef
+from workers.persona.spend import DailyBudget, budget_refuses, effective_budget, nothing_new
+
+__all__ = ["LAST_PASS", "Refusal", "SpendGuard", "next_reset"]
+
+#: Lane-hash field: ms when the dreamer lane's newest pass that called its model ended.
+LAST_PASS = "last_pass"  # noqa: S105 (a field name, not a password)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a turn ends without a model call. ``skipped``: background work nobody waits for;
+    ``refused``: a conversation turned away (its senders get ``detail`` as the reply)."""
+
+    reason: Literal["budget", "nothing_new"]
+    status: Literal["skipped", "refused"]
+    detail: str
+
+
+def next_reset(budget: DailyBudget, now: float) -> str:
+    """When the budget's day ends, as an ISO time in its zone (for people reading a refusal)."""
+    zone = ZoneInfo(budget.timezone)
+    local = datetime.fromtimestamp(now, zone)
+    midnight = (local + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return midnight.isoformat(timespec="minutes")
+
+
+class SpendGuard:
+    """Decides, at turn start, whether a turn may call its model. Thread-safe."""
+
+    def __init__(self, ledger: UsageLedger, *, fleet_daily_tokens: int | None) -> None:
+        self.ledger = ledger
+        self.client = ledger.client
+        self.keys = ledger.keys
+        self.fleet_daily_tokens = fleet_daily_tokens
+
+    def budget(self, persona: AgentDef) -> DailyBudget:
+        return effective_budget(persona.budget, self.fleet_daily_tokens)
+
+    def day(self, persona: AgentDef) -> str:
+        """The persona's usage day now (its budget's time zone)."""
+        return self.ledger.today(self.budget(persona).timezone)
+
+    def check(self, persona: AgentDef, kind: str, *, lane: str) -> Refusal | None:
+        """A refusal for a turn of ``kind`` on ``lane``, or None when it may call the model."""
+        budget = self.budget(persona)
+        if budget.daily_tokens is not None:
+            spent = self.ledger.spent(persona.name, self.ledger.today(budget.timezone))
+            if budget_refuses(budget, kind, spent):
+                reset = next_reset(budget, self.ledger.clock.time())
+                detail = (
+                    f"daily token budget used up ({spent} of {budget.daily_tokens} tokens "
+                    f"today, on_exceed={budget.on_exceed}); it resets at {reset}"
+                )
+                status: Literal["skipped", "refused"] = (
+                    "skipped" if kind in ("heartbeat", "dream") else "refused"
+                )
+                return Refusal("budget", status, detail)
+        if kind == "dream":
+            last_pass = self.last_pass(lane)
+            if nothing_new(persona.home, persona.name, last_pass):
+                return Refusal(
+                    "nothing_new",
+                    "skipped",
+                    "nothing was written to the persona's transcripts or notes since its last "
+                    "dream pass",
+                )
+        return None
+
+    def last_pass(self, lane: str) -> float | None:
+        """When the dreamer lane's newest pass that called its model ended (None: never)."""
+        with redis_errors(self.client):
+            raw = self.client.hget(self.keys.lane(lane), LAST_PASS)
+        return int(str(raw)) / 1000 if raw else None
+
+    def passed(self, lane: str, when: float) -> None:
+        """Record that a dream pass ended at ``when``. After the commit, on purpose: a crash in
+        between only means the next pass runs although nothing new came (never the reverse).
+        Skipped passes do not move it, so what they did not read still counts as new."""
+        with redis_errors(self.client):
+            self.client.hset(self.keys.lane(lane), LAST_PASS, int(when * 1000))
