@@ -9,13 +9,15 @@ Why it is built this way:
   computes each member's real next due time (:mod:`beat.schedule`: the next grid slot strictly
   after now, so a missed interval is skipped, never replayed) and writes them back in one
   compare-and-set script (``lua/rescore.lua``) that never overwrites a concurrent sync.
-- Skips cost no model call: a heartbeat whose HEARTBEAT.md is absent or blank
-  (``no_heartbeat_file``; the answer is cached by the file's mtime and size), one whose
-  HEARTBEAT.md is a FIFO, a device or unreadable (``invalid_heartbeat_file``: never opened in a
-  way that could block), a heartbeat outside
-  its persona's active hours (``quiet_hours``), an entry whose directory is gone but not yet
-  synced away (``unknown_persona``), a dead-lettered lane (``dead_lettered``, reported by the
-  tick script). Everything else goes to :meth:`workers.fleet.Fleet.tick_lanes` in ONE batched
+- Skips cost no model call: a heartbeat whose HEARTBEAT.md is absent (``no_heartbeat_file``)
+  or asks for nothing (``blank_heartbeat``: only white space, comments, headings, empty list
+  items; the answer is cached by the file's mtime and size), a heartbeat outside its persona's
+  active hours (``quiet_hours``), an entry whose directory is gone but not yet synced away
+  (``unknown_persona``), a dead-lettered lane (``dead_lettered``, reported by the tick script),
+  and the spend rules (:mod:`workers.persona.spend`), read in one pipelined round trip per
+  batch: a persona whose daily token budget is used up (``budget``), an idle persona between
+  its stretched beats (``idle``), a dream with nothing written since its last pass
+  (``nothing_new``). Everything else goes to :meth:`workers.fleet.Fleet.tick_lanes` in ONE batched
   call per claim batch, which folds the tick into the lane (coalescing) and publishes a turn
   only for lanes that were idle.
 """
@@ -29,6 +31,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
+from typing import Literal
 
 import structlog
 
@@ -37,10 +40,9 @@ from beat.sync import HEARTBEAT_FILE
 from workers import metrics
 from workers.fleet import Fleet
 from workers.fleet.keys import split_schedule_member
-from workers.persona.errors import PersonaError
-from workers.persona.files import read_prefix
-from workers.persona.home import MAX_FILE_BYTES
+from workers.fleet.spend import LAST_PASS
 from workers.persona.schedules import ActiveHours
+from workers.persona.spend import heartbeat_blank, nothing_new, usage_day
 
 __all__ = ["CLAIM_TIMEOUT", "MAX_BATCHES", "HeartbeatFiles", "SweepReport", "Sweeper"]
 
@@ -57,45 +59,39 @@ def _script(name: str) -> str:
 
 
 class HeartbeatFiles:
-    """Whether a persona's HEARTBEAT.md is absent or blank, re-read only when its stat changes.
-
-    Read through :func:`workers.persona.files.read_prefix` (the one door): a FIFO, a device or
-    a directory at that name is refused without blocking and counts as ``invalid`` (the registry
-    sync reports the persona and removes its entries); a huge file costs at most the bootstrap
-    cap. Nothing here may stop the sweep, so every error is an answer, never an exception.
-    """
+    """Whether a persona's HEARTBEAT.md asks for anything, re-read only when its stat changes."""
 
     def __init__(self, max_entries: int = 200_000) -> None:
-        self._cache: dict[str, tuple[int, int, bool | str]] = {}
+        self._cache: dict[str, tuple[int, int, bool]] = {}
         self._max = max_entries
 
-    def blank(self, home: str) -> bool | str | None:
-        """True if absent or blank, False if it has content, None if ``home`` itself is gone,
-        ``"invalid"`` if something other than a readable regular file sits at the name."""
+    def state(self, home: str) -> Literal["absent", "blank", "ok"] | None:
+        """``absent`` (no file), ``blank`` (nothing actionable: :func:`heartbeat_blank`),
+        ``ok``, or None if ``home`` itself is gone."""
         path = os.path.join(home, HEARTBEAT_FILE)
         try:
             st = os.stat(path)
         except FileNotFoundError:
-            return True if os.path.isdir(home) else None
+            return "absent" if os.path.isdir(home) else None
         except NotADirectoryError:
             return None
-        except OSError:
-            return "invalid"
         cached = self._cache.get(path)
         if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
-            return cached[2]
-        answer: bool | str
+            return "blank" if cached[2] else "ok"
         try:
-            raw = read_prefix(path, MAX_FILE_BYTES)
-        except PersonaError as exc:
-            _log.warning("sweep.heartbeat_file_refused", path=path, error=str(exc))
-            answer = "invalid"
-        else:
-            answer = raw is None or raw.decode("utf-8", errors="replace").strip() == ""
+            with open(path, "rb") as handle:
+                empty = heartbeat_blank(handle.read().decode("utf-8", errors="replace"))
+        except OSError:  # a directory named HEARTBEAT.md, unreadable: nothing to follow
+            empty = True
         if len(self._cache) >= self._max:
             self._cache.clear()
-        self._cache[path] = (st.st_mtime_ns, st.st_size, answer)
-        return answer
+        self._cache[path] = (st.st_mtime_ns, st.st_size, empty)
+        return "blank" if empty else "ok"
+
+    def blank(self, home: str) -> bool | None:
+        """True if absent or blank, False if it has content, None if ``home`` itself is gone."""
+        state = self.state(home)
+        return None if state is None else state != "ok"
 
 
 @dataclass(slots=True)
@@ -183,8 +179,7 @@ class Sweeper:
             if spec is not None:
                 try:
                     nexts += [member, to_ms(spec.next_due(at))]
-                except (ValueError, ArithmeticError) as exc:  # a zone this host lacks, a cron
-                    # that stopped parsing, an every too large for the clock (an old entry)
+                except ValueError as exc:  # a zone this host lacks, a cron that stopped parsing
                     _log.error("sweep.bad_spec", member=member, error=str(exc))
                     spec = hours = None
             if spec is None:
@@ -208,7 +203,7 @@ class Sweeper:
         try:
             spec = ScheduleSpec.from_json(raw)
             hours = spec.active_hours()
-        except (ValueError, ArithmeticError, TypeError, KeyError) as exc:
+        except ValueError as exc:
             _log.error("sweep.bad_spec", member=member, error=str(exc) if raw else "no spec")
             return None, None
         if len(self._specs) >= 200_000:
@@ -218,28 +213,94 @@ class Sweeper:
 
     # -- skip or tick ---------------------------------------------------------------------
     def _skip_reason(self, item: _Claimed, now: float) -> str | None:
+        """What the files and the spec alone say (no Redis)."""
         spec = item.spec
         if spec is None:
             return "unknown_persona"
         if spec.kind != "heartbeat":
             return None if os.path.isdir(spec.home) else "unknown_persona"
-        blank = self._files.blank(spec.home)
-        if blank is None or blank == "invalid":
-            return "unknown_persona" if blank is None else "invalid_heartbeat_file"
+        state = self._files.state(spec.home)
+        if state is None:
+            return "unknown_persona"
         if item.hours is not None and not item.hours.contains(now):
             return "quiet_hours"
-        return "no_heartbeat_file" if blank else None
+        return {"absent": "no_heartbeat_file", "blank": "blank_heartbeat"}.get(state)
+
+    def _spend_reasons(self, items: Sequence[_Claimed], now: float) -> list[str | None]:
+        """The skips that need Redis (one pipelined round trip for the batch): a used-up
+        budget, an idle persona between its stretched beats, a dream with nothing new."""
+        pipe = self._client.pipeline(transaction=False)
+        reads: list[list[int]] = []
+        count = 0
+        now_ms = int(now * 1000)
+        for item in items:
+            spec = item.spec
+            assert spec is not None
+            mine: list[int] = []
+            if spec.budget is not None:
+                day = usage_day(now, spec.budget_timezone)
+                pipe.hget(self._keys.usage(day, spec.persona), "tokens")
+                mine.append(count)
+                count += 1
+            if spec.kind == "heartbeat" and spec.idle_after is not None:
+                # A persona nobody ever posted to counts as posted to when beat first saw it.
+                pipe.hsetnx(self._keys.lane(item.lane), "last_post", now_ms)
+                pipe.hget(self._keys.lane(item.lane), "last_post")
+                mine.append(count + 1)
+                count += 2
+            if spec.kind == "dream":
+                pipe.hget(self._keys.lane(item.lane), LAST_PASS)
+                mine.append(count)
+                count += 1
+            reads.append(mine)
+        values = pipe.execute() if count else []
+        reasons: list[str | None] = []
+        for item, mine in zip(items, reads, strict=True):
+            spec = item.spec
+            assert spec is not None
+            got = iter(values[index] for index in mine)
+            reason: str | None = None
+            if spec.budget is not None and int(next(got) or 0) >= spec.budget:
+                reason = "budget"
+            if spec.kind == "heartbeat" and spec.idle_after is not None:
+                last_post = int(next(got) or now_ms) / 1000
+                idle = now - last_post >= spec.idle_after
+                if reason is None and idle and not spec.opens_idle_window(item.due / 1000):
+                    reason = "idle"
+            if spec.kind == "dream":
+                raw = next(got)
+                last_pass = int(raw) / 1000 if raw else None
+                if reason is None and nothing_new(spec.home, spec.persona, last_pass):
+                    reason = "nothing_new"
+            reasons.append(reason)
+        return reasons
+
+    def _sort(
+        self, claimed: Sequence[_Claimed], now: float
+    ) -> tuple[list[_Claimed], list[tuple[_Claimed, str]]]:
+        """The items to tick, and the skipped ones with their reasons."""
+        passing: list[_Claimed] = []
+        reasons: list[tuple[_Claimed, str]] = []
+        for item in claimed:
+            reason = self._skip_reason(item, now)
+            if reason is None:
+                passing.append(item)
+            else:
+                reasons.append((item, reason))
+        ticking: list[_Claimed] = []
+        for item, spend in zip(passing, self._spend_reasons(passing, now), strict=True):
+            if spend is None:
+                ticking.append(item)
+            else:
+                reasons.append((item, spend))
+        return ticking, reasons
 
     def _handle(self, claimed: Sequence[_Claimed], report: SweepReport) -> None:
         now = self._clock.time()
         at = int(now * 1000)
         skipped: Counter[tuple[str, str]] = Counter()
-        ticking: list[_Claimed] = []
-        for item in claimed:
-            reason = self._skip_reason(item, now)
-            if reason is None:
-                ticking.append(item)
-                continue
+        ticking, reasons = self._sort(claimed, now)
+        for item, reason in reasons:
             skipped[(item.kind, reason)] += 1
             _log.info(
                 "tick.skipped", lane=item.lane, kind=item.kind, reason=reason, due=item.due, at=at

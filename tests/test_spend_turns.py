@@ -231,7 +231,7 @@ def test_usage_keys_expire_after_the_retention(rig: Rig, redis_client: redis.Red
     )
     days = rig.fleet.settings.usage_days
     for key in (rig.fleet.keys.usage("2026-03-10", "ava"), rig.fleet.keys.usage_top("2026-03-10")):
-        ttl = int(redis_client.pttl(key))  # type: ignore[arg-type]
+        ttl = int(redis_client.pttl(key))
         assert days * 86400_000 < ttl <= (days + 1) * 86400_000
 
 

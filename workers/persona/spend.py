@@ -56,12 +56,15 @@ def heartbeat_blank(text: str) -> bool:
     """True when ``text`` asks for nothing: only white space, HTML comments (an unclosed one
     runs to the end), headings (``#`` lines, setext underlines) or empty list items
     (``-``, ``*``, ``1.``, ``- [ ]``)."""
-    for raw in _COMMENT.sub("\n", text).splitlines():
-        line = raw.strip()
+    lines = [line.strip() for line in _COMMENT.sub("\n", text).splitlines()]
+    for index, line in enumerate(lines):
         if not line:
             continue
         if _HEADING.fullmatch(line) or _SETEXT.fullmatch(line) or _EMPTY_ITEM.fullmatch(line):
             continue
+        underline = lines[index + 1] if index + 1 < len(lines) else ""
+        if underline and _SETEXT.fullmatch(underline):
+            continue  # a setext heading's title line
         return False
     return True
 
