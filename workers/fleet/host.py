@@ -35,7 +35,7 @@ from workers.fleet.outcomes import PostOutcome, Repair, TickOutcome
 from workers.fleet.recovery import Backoff, Recovery
 from workers.fleet.registry import PersonaRegistry
 from workers.fleet.servertime import ServerClock
-from workers.fleet.usage import UsageLedger, persona_budget
+from workers.fleet.usage import UsageLedger, persona_budget, persona_models
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
 from workers.persona.manifest import load_manifest
@@ -255,6 +255,11 @@ class Fleet:
         """The persona lane's state, plus its dreamer lane's when it has one."""
         name = self.registry.resolve(persona)
         status: dict[str, Any] = {"persona": name, **self.lanes.status(name)}
+        home = self.registry.home(name)
+        budget = persona_budget(home, self.settings)
+        status["tokens_today"] = self.ledger.spent(name, self.ledger.today(budget.timezone))
+        status["daily_tokens"] = budget.daily_tokens
+        status["models"] = persona_models(home, self.settings)
         dreamer_lane = self.registry.lane_of(name, "dreamer")
         dreamer = self.lanes.status(dreamer_lane)
         if dreamer.get("last_turn") or dreamer.get("state") not in (None, "idle"):

@@ -36,7 +36,7 @@ from workers.persona.errors import PersonaError
 from workers.persona.manifest import load_manifest
 from workers.persona.messages import Completion, Message, ToolSpec, Usage
 from workers.persona.models import Model
-from workers.persona.spend import DailyBudget, effective_budget, usage_day
+from workers.persona.spend import DailyBudget, effective_budget, model_for_kind, usage_day
 from workers.settings import Settings
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "UsageLedger",
     "model_label",
     "persona_budget",
+    "persona_models",
 ]
 
 #: How long a counted call's marker lives: far longer than any client retry of its write.
@@ -134,6 +135,29 @@ def persona_budget(home: Path, settings: Settings) -> DailyBudget:
     except PersonaError:
         return effective_budget(None, settings.daily_tokens)
     return effective_budget(config.budget, settings.daily_tokens)
+
+
+def persona_models(home: Path, settings: Settings) -> dict[str, str]:
+    """The model spec each kind of turn of the persona uses ({} if persona.toml is invalid);
+    ``inherit`` is shown as what it inherits."""
+    try:
+        config = load_manifest(home)
+    except PersonaError:
+        return {}
+    fallback = settings.model.default_spec or "scripted:builtin"
+    models = {}
+    for kind, label in (("interactive", "conversation"), ("heartbeat", "heartbeat"),
+                        ("dream", "dream")):  # fmt: skip
+        spec = model_for_kind(
+            kind,
+            persona_model=config.model,
+            heartbeat_model=config.heartbeat.model if config.heartbeat else None,
+            dream_model=config.dream.model if config.dream else None,
+            fleet_heartbeat_model=settings.heartbeat_model,
+            fleet_dream_model=settings.dream_model,
+        )
+        models[label] = fallback if spec == "inherit" else spec
+    return models
 
 
 class UsageLedger:
