@@ -66,7 +66,8 @@ def test_usage_for_one_persona_shows_each_model_and_past_days(
     assert [(row["day"], row["tokens"]) for row in payload] == [(today, 112), (yesterday, 8)]
     assert payload[0]["models"]["openai:big"]["tokens"] == 101
     text = invoke("usage", "ava").stdout
-    assert "openai:small" in text and "openai:big" in text
+    assert "openai:small" in text
+    assert "openai:big" in text
 
 
 def test_usage_with_nothing_counted_says_so(invoke: Invoke) -> None:
