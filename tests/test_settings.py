@@ -73,6 +73,11 @@ def test_values_are_read_and_the_object_is_frozen() -> None:
         ("SOULFLEET_REPLY_MAX_BYTES", "100", ">= 1024"),
         ("SOULFLEET_BEAT_MAX_BYTES", "big", "whole number"),
         ("SOULFLEET_ALLOW_EVICTION", "maybe", "true or false"),
+        ("SOULFLEET_HEARTBEAT_MODEL", "gpt-4o-mini", "model spec such as 'openai:<model>'"),
+        ("SOULFLEET_DREAM_MODEL", "claude:x", "model spec"),
+        ("SOULFLEET_DAILY_TOKENS", "-5", ">= 0"),
+        ("SOULFLEET_DAILY_TOKENS", "lots", "whole number"),
+        ("SOULFLEET_USAGE_DAYS", "0", ">= 1"),
     ],
 )
 def test_a_bad_value_fails_loudly_naming_the_variable(variable: str, value: str, says: str) -> None:
@@ -129,3 +134,19 @@ def test_retry_and_breaker_durations_read_units() -> None:
     defaults = Settings.from_env({})
     assert (defaults.retry_for, defaults.retry_max, defaults.retry_base) == (21600.0, 300.0, 2.0)
     assert (defaults.claim_ttl, defaults.recover_interval) == (6.0, 1.0)
+
+
+def test_spend_settings() -> None:
+    """Per-kind model defaults ("inherit" = none), the fleet budget (unset = none) and the
+    usage retention are read once."""
+    assert Settings().daily_tokens is None
+    settings = Settings.from_env(
+        {
+            "SOULFLEET_HEARTBEAT_MODEL": "openai:small",
+            "SOULFLEET_DREAM_MODEL": "inherit",
+            "SOULFLEET_DAILY_TOKENS": "200000",
+            "SOULFLEET_USAGE_DAYS": "7",
+        }
+    )
+    assert (settings.heartbeat_model, settings.dream_model) == ("openai:small", "")
+    assert (settings.daily_tokens, settings.usage_days) == (200000, 7)
