@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import redis
 
 from tests.cli.conftest import Invoke
-from tests.support.cli import settings_for
+from tests.support.cli import PASSWORD, settings_for
 from workers.fleet.keys import Keys
 from workers.fleet.usage import UsageLedger
 from workers.persona.messages import Usage
@@ -75,3 +75,11 @@ def test_usage_with_nothing_counted_says_so(invoke: Invoke) -> None:
     result = invoke("usage")
     assert result.exit_code == 0
     assert result.stdout.strip() == "no model calls counted in that time"
+
+
+def test_usage_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, str | None]) -> None:
+    """A dead Redis: exit 1, one line naming it without its password."""
+    result = invoke("usage", environ=dead_redis_env)
+    assert result.exit_code == 1
+    assert PASSWORD not in result.output
+    assert result.stderr.startswith("soulfleet: error: Redis at redis://:***@127.0.0.1:")
