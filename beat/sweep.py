@@ -230,49 +230,60 @@ class Sweeper:
         """The skips that need Redis (one pipelined round trip for the batch): a used-up
         budget, an idle persona between its stretched beats, a dream with nothing new."""
         pipe = self._client.pipeline(transaction=False)
-        reads: list[list[int]] = []
+        reads: list[tuple[int, int, int]] = []  # pipeline index per read, -1: not read
+        days: dict[str, str] = {}
         count = 0
-        now_ms = int(now * 1000)
+
+        def read(wanted: bool, key: str, field: str) -> int:
+            nonlocal count
+            if not wanted:
+                return -1
+            pipe.hget(key, field)
+            count += 1
+            return count - 1
+
         for item in items:
             spec = item.spec
             assert spec is not None
-            mine: list[int] = []
-            if spec.budget is not None:
-                day = usage_day(now, spec.budget_timezone)
-                pipe.hget(self._keys.usage(day, spec.persona), "tokens")
-                mine.append(count)
-                count += 1
-            if spec.kind == "heartbeat" and spec.idle_after is not None:
-                # A persona nobody ever posted to counts as posted to when beat first saw it.
-                pipe.hsetnx(self._keys.lane(item.lane), "last_post", now_ms)
-                pipe.hget(self._keys.lane(item.lane), "last_post")
-                mine.append(count + 1)
-                count += 2
-            if spec.kind == "dream":
-                pipe.hget(self._keys.lane(item.lane), LAST_PASS)
-                mine.append(count)
-                count += 1
-            reads.append(mine)
+            day = days.get(spec.budget_timezone)
+            if day is None:
+                day = days[spec.budget_timezone] = usage_day(now, spec.budget_timezone)
+            idle = spec.kind == "heartbeat" and spec.idle_after is not None
+            reads.append(
+                (
+                    read(spec.budget is not None, self._keys.usage(day, spec.persona), "tokens"),
+                    read(idle, self._keys.lane(item.lane), "last_post"),
+                    read(spec.kind == "dream", self._keys.lane(item.lane), LAST_PASS),
+                )
+            )
         values = pipe.execute() if count else []
         reasons: list[str | None] = []
-        for item, mine in zip(items, reads, strict=True):
+        unseen: list[str] = []
+        for item, (tokens, posted, passed) in zip(items, reads, strict=True):
             spec = item.spec
             assert spec is not None
-            got = iter(values[index] for index in mine)
             reason: str | None = None
-            if spec.budget is not None and int(next(got) or 0) >= spec.budget:
+            if tokens >= 0 and spec.budget is not None and int(values[tokens] or 0) >= spec.budget:
                 reason = "budget"
-            if spec.kind == "heartbeat" and spec.idle_after is not None:
-                last_post = int(next(got) or now_ms) / 1000
+            if posted >= 0 and spec.idle_after is not None:
+                if values[posted] is None:
+                    unseen.append(item.lane)
+                last_post = int(values[posted] or now * 1000) / 1000
                 idle = now - last_post >= spec.idle_after
                 if reason is None and idle and not spec.opens_idle_window(item.due / 1000):
                     reason = "idle"
-            if spec.kind == "dream":
-                raw = next(got)
+            if passed >= 0:
+                raw = values[passed]
                 last_pass = int(raw) / 1000 if raw else None
                 if reason is None and nothing_new(spec.home, spec.persona, last_pass):
                     reason = "nothing_new"
             reasons.append(reason)
+        if unseen:
+            # A persona nobody ever posted to counts as posted to when beat first saw it.
+            pipe = self._client.pipeline(transaction=False)
+            for lane in unseen:
+                pipe.hsetnx(self._keys.lane(lane), "last_post", int(now * 1000))
+            pipe.execute()
         return reasons
 
     def _sort(

@@ -118,9 +118,13 @@ def _homes(root: Path) -> list[Path]:
     return homes
 
 
-def bench_sweep(url: str, root: Path, size: int) -> tuple[float, float, float, float, float]:
+def bench_sweep(
+    url: str, root: Path, size: int, *, spend: bool = False
+) -> tuple[float, float, float, float, float]:
     """Sweep seconds with nothing due, 1% due, all due (first pass: every lane idle and its
-    spec not yet cached; again: steady state, every tick coalesces), and tick path ticks/s."""
+    spec not yet cached; again: steady state, every tick coalesces), and tick path ticks/s.
+    ``spend``: every lane has a daily budget and idle_after/idle_every, so each due lane also
+    costs the spend reads (budget tokens, last post) in the batch's extra round trip."""
     prefix = f"sfbench:{uuid.uuid4().hex[:8]}:"
     fleet = _fleet(url, prefix, root)
     homes = _homes(root / "homes")
@@ -132,6 +136,9 @@ def bench_sweep(url: str, root: Path, size: int) -> tuple[float, float, float, f
             home=str(homes[i % HOMES]),
             every=3600.0,
             jitter=0.1,
+            budget=200_000 if spend else None,
+            idle_after=259_200.0 if spend else None,
+            idle_every=21_600.0 if spend else None,
         )
         for i in range(size)
     ]
@@ -238,6 +245,14 @@ def main() -> None:
         print("-" * 84)
         for size in SIZES:
             idle, some, everything, again, rate = bench_sweep(url, root, size)
+            print(
+                f"{size:>8,} | {idle * 1000:>6.2f} ms | {some * 1000:>6.1f} ms | "
+                f"{everything * 1000:>11.0f} ms | {again * 1000:>11.0f} ms | "
+                f"{rate:>8,.0f} t/s"
+            )
+        print("with a daily budget and idle_after/idle_every on every lane (spend reads):")
+        for size in SIZES:
+            idle, some, everything, again, rate = bench_sweep(url, root, size, spend=True)
             print(
                 f"{size:>8,} | {idle * 1000:>6.2f} ms | {some * 1000:>6.1f} ms | "
                 f"{everything * 1000:>11.0f} ms | {again * 1000:>11.0f} ms | "
