@@ -286,8 +286,7 @@ def test_a_scrape_after_a_short_run_shows_every_metric(
     wait_until(lambda: len(turn_ends(worker, "ava")) >= 3, timeout=60, what="three ava turns")
     wait_until(
         lambda: (
-            {"blank_heartbeat", "quiet_hours"}
-            <= {e["reason"] for e in beat.events("tick.skipped")}
+            {"blank_heartbeat", "quiet_hours"} <= {e["reason"] for e in beat.events("tick.skipped")}
         ),
         timeout=30,
         what="both kinds of skip",
