@@ -73,7 +73,7 @@ class Settings:
     #: fleet-wide daily token budget per persona (None: no budget unless persona.toml sets one)
     daily_tokens: int | None = None
     #: days of per-persona token usage kept in Redis
-    usage_days: int = 35
+    usage_days: int = 8
 
     # Lanes and turns.
     inbox_max: int = 1000
@@ -187,7 +187,7 @@ class Settings:
             heartbeat_model=_model_spec(env, "SOULFLEET_HEARTBEAT_MODEL"),
             dream_model=_model_spec(env, "SOULFLEET_DREAM_MODEL"),
             daily_tokens=daily_tokens,
-            usage_days=env.integer("SOULFLEET_USAGE_DAYS", 35, minimum=1),
+            usage_days=env.integer("SOULFLEET_USAGE_DAYS", 8, minimum=1),
             inbox_max=env.integer("SOULFLEET_INBOX_MAX", 1000, minimum=1),
             item_max_bytes=env.integer("SOULFLEET_ITEM_MAX_BYTES", 64 * 1024, minimum=1),
             lease_ttl=lease_ttl,

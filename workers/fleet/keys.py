@@ -50,7 +50,7 @@ Fleet-wide:
                                       ``calls@<kind>``, ``tokens@<kind>`` per turn kind.
                                       Expires after SOULFLEET_USAGE_DAYS
 ``usage:top:<day>``           zset    persona -> tokens that day (top-K spenders)
-``usage:call:<call id>``      string  marks a counted model call (PX 1 h: retries count once)
+``usage:call:<call id>``      string  marks a counted model call (PX 10 min: retries count once)
 ============================  ======  ======================================================
 """
 

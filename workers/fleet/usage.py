@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 #: How long a counted call's marker lives: far longer than any client retry of its write.
-CALL_MARKER_TTL = 3600.0
+CALL_MARKER_TTL = 600.0
 _TOTALS = ("input", "output", "cached", "cache_write", "calls")
 
 
