@@ -25,7 +25,7 @@ import pytest
 
 from beat.schedule import ScheduleSpec
 from tests.integration.conftest import Harness
-from tests.support.fleet import wait_until
+from tests.support.fleet import soak_seconds, wait_until
 from tests.support.providers import FakeProvider
 from workers.fleet.keys import schedule_member
 from workers.persona.messages import Usage
@@ -33,8 +33,9 @@ from workers.persona.spend import usage_day
 
 pytestmark = pytest.mark.integration
 
-#: How long beat runs. Heartbeats every 5 s and dreams every 6 s give each lane 4-6 due slots.
-RUN_SECONDS = 24.0
+#: How long beat runs (SOULFLEET_TEST_SOAK for a longer soak; at least 16 s, so each lane has
+#: a few due slots): heartbeats every 5 s and dreams every 6 s give each lane 4-6 in 24 s.
+RUN_SECONDS = max(16.0, soak_seconds(24.0))
 _NAME = re.compile(r"You (?:are|dream for) ([\w-]+)\.")
 
 BEAT = '[heartbeat]\nevery = "5s"\nmodel = "openai:beat"\n'
