@@ -9,40 +9,31 @@ Why it is built this way:
   computes each member's real next due time (:mod:`beat.schedule`: the next grid slot strictly
   after now, so a missed interval is skipped, never replayed) and writes them back in one
   compare-and-set script (``lua/rescore.lua``) that never overwrites a concurrent sync.
-- Skips cost no model call: a heartbeat whose HEARTBEAT.md is absent (``no_heartbeat_file``)
-  or asks for nothing (``blank_heartbeat``: only white space, comments, headings, empty list
-  items; the answer is cached by the file's mtime and size), a heartbeat outside its persona's
-  active hours (``quiet_hours``), an entry whose directory is gone but not yet synced away
-  (``unknown_persona``), a dead-lettered lane (``dead_lettered``, reported by the tick script),
-  and the spend rules (:mod:`workers.persona.spend`), read in one pipelined round trip per
-  batch: a persona whose daily token budget is used up (``budget``), an idle persona between
-  its stretched beats (``idle``), a dream with nothing written since its last pass
-  (``nothing_new``). Everything else goes to :meth:`workers.fleet.Fleet.tick_lanes` in ONE batched
-  call per claim batch, which folds the tick into the lane (coalescing) and publishes a turn
-  only for lanes that were idle.
+- Skips cost no model call (:mod:`beat.skips` decides them and says why: missing or blank
+  HEARTBEAT.md, quiet hours, a gone directory, a used-up budget, an idle persona between its
+  stretched beats, a dream with nothing new); a dead-lettered lane is reported by the tick
+  script. Everything else goes to :meth:`workers.fleet.Fleet.tick_lanes` in ONE batched call
+  per claim batch, which folds the tick into the lane (coalescing) and publishes a turn only
+  for lanes that were idle.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
-from typing import Literal
 
 import structlog
 
 from beat.schedule import ScheduleSpec, to_ms
-from beat.sync import HEARTBEAT_FILE
+from beat.skips import Claimed, HeartbeatFiles, Skips
 from workers import metrics
 from workers.fleet import Fleet
 from workers.fleet.keys import split_schedule_member
-from workers.fleet.spend import LAST_PASS
 from workers.persona.schedules import ActiveHours
-from workers.persona.spend import heartbeat_blank, nothing_new, usage_day
 
 __all__ = ["CLAIM_TIMEOUT", "MAX_BATCHES", "HeartbeatFiles", "SweepReport", "Sweeper"]
 
@@ -58,42 +49,6 @@ def _script(name: str) -> str:
     return resources.files("beat.lua").joinpath(name).read_text(encoding="utf-8")
 
 
-class HeartbeatFiles:
-    """Whether a persona's HEARTBEAT.md asks for anything, re-read only when its stat changes."""
-
-    def __init__(self, max_entries: int = 200_000) -> None:
-        self._cache: dict[str, tuple[int, int, bool]] = {}
-        self._max = max_entries
-
-    def state(self, home: str) -> Literal["absent", "blank", "ok"] | None:
-        """``absent`` (no file), ``blank`` (nothing actionable: :func:`heartbeat_blank`),
-        ``ok``, or None if ``home`` itself is gone."""
-        path = os.path.join(home, HEARTBEAT_FILE)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            return "absent" if os.path.isdir(home) else None
-        except NotADirectoryError:
-            return None
-        cached = self._cache.get(path)
-        if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
-            return "blank" if cached[2] else "ok"
-        try:
-            with open(path, "rb") as handle:
-                empty = heartbeat_blank(handle.read().decode("utf-8", errors="replace"))
-        except OSError:  # a directory named HEARTBEAT.md, unreadable: nothing to follow
-            empty = True
-        if len(self._cache) >= self._max:
-            self._cache.clear()
-        self._cache[path] = (st.st_mtime_ns, st.st_size, empty)
-        return "blank" if empty else "ok"
-
-    def blank(self, home: str) -> bool | None:
-        """True if absent or blank, False if it has content, None if ``home`` itself is gone."""
-        state = self.state(home)
-        return None if state is None else state != "ok"
-
-
 @dataclass(slots=True)
 class SweepReport:
     """Counts from one sweep pass (also logged as ``sweep.done``)."""
@@ -104,16 +59,6 @@ class SweepReport:
     skipped: int = 0
     batches: int = 0
     seconds: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Claimed:
-    member: str
-    lane: str
-    kind: str
-    due: int
-    spec: ScheduleSpec | None
-    hours: ActiveHours | None
 
 
 class Sweeper:
@@ -137,7 +82,7 @@ class Sweeper:
         self._claim = self._client.register_script(_script("claim.lua"))
         self._rescore = self._client.register_script(_script("rescore.lua"))
         self._specs: dict[str, tuple[ScheduleSpec, ActiveHours | None]] = {}
-        self._files = HeartbeatFiles()
+        self._skips = Skips(self._client, self._keys)
         self._passes = 0
         self._last_logged = float("-inf")
 
@@ -162,13 +107,13 @@ class Sweeper:
         return report
 
     # -- claim and re-score ---------------------------------------------------------------
-    def _claim_batch(self, now_ms: int) -> list[_Claimed]:
+    def _claim_batch(self, now_ms: int) -> list[Claimed]:
         claim_ms = now_ms + int(self._claim_timeout * 1000)
         raw: list[str] = self._claim(
             keys=[self._keys.schedule, self._keys.schedule_spec],
             args=[now_ms, claim_ms, self._batch],
         )
-        claimed: list[_Claimed] = []
+        claimed: list[Claimed] = []
         broken: list[str] = []
         nexts: list[str | int] = [claim_ms]
         at = self._clock.time()
@@ -184,7 +129,7 @@ class Sweeper:
                     spec = hours = None
             if spec is None:
                 broken.append(member)
-            claimed.append(_Claimed(member, lane, kind, due, spec, hours))
+            claimed.append(Claimed(member, lane, kind, due, spec, hours))
         if len(nexts) > 1:
             self._rescore(keys=[self._keys.schedule], args=nexts)
         if broken:
@@ -212,105 +157,11 @@ class Sweeper:
         return spec, hours
 
     # -- skip or tick ---------------------------------------------------------------------
-    def _skip_reason(self, item: _Claimed, now: float) -> str | None:
-        """What the files and the spec alone say (no Redis)."""
-        spec = item.spec
-        if spec is None:
-            return "unknown_persona"
-        if spec.kind != "heartbeat":
-            return None if os.path.isdir(spec.home) else "unknown_persona"
-        state = self._files.state(spec.home)
-        if state is None:
-            return "unknown_persona"
-        if item.hours is not None and not item.hours.contains(now):
-            return "quiet_hours"
-        return {"absent": "no_heartbeat_file", "blank": "blank_heartbeat"}.get(state)
-
-    def _spend_reasons(self, items: Sequence[_Claimed], now: float) -> list[str | None]:
-        """The skips that need Redis (one pipelined round trip for the batch): a used-up
-        budget, an idle persona between its stretched beats, a dream with nothing new."""
-        pipe = self._client.pipeline(transaction=False)
-        reads: list[tuple[int, int, int]] = []  # pipeline index per read, -1: not read
-        days: dict[str, str] = {}
-        count = 0
-
-        def read(wanted: bool, key: str, field: str) -> int:
-            nonlocal count
-            if not wanted:
-                return -1
-            pipe.hget(key, field)
-            count += 1
-            return count - 1
-
-        for item in items:
-            spec = item.spec
-            assert spec is not None
-            day = days.get(spec.budget_timezone)
-            if day is None:
-                day = days[spec.budget_timezone] = usage_day(now, spec.budget_timezone)
-            idle = spec.kind == "heartbeat" and spec.idle_after is not None
-            reads.append(
-                (
-                    read(spec.budget is not None, self._keys.usage(day, spec.persona), "tokens"),
-                    read(idle, self._keys.lane(item.lane), "last_post"),
-                    read(spec.kind == "dream", self._keys.lane(item.lane), LAST_PASS),
-                )
-            )
-        values = pipe.execute() if count else []
-        reasons: list[str | None] = []
-        unseen: list[str] = []
-        for item, (tokens, posted, passed) in zip(items, reads, strict=True):
-            spec = item.spec
-            assert spec is not None
-            reason: str | None = None
-            if tokens >= 0 and spec.budget is not None and int(values[tokens] or 0) >= spec.budget:
-                reason = "budget"
-            if posted >= 0 and spec.idle_after is not None:
-                if values[posted] is None:
-                    unseen.append(item.lane)
-                last_post = int(values[posted] or now * 1000) / 1000
-                idle = now - last_post >= spec.idle_after
-                if reason is None and idle and not spec.opens_idle_window(item.due / 1000):
-                    reason = "idle"
-            if passed >= 0:
-                raw = values[passed]
-                last_pass = int(raw) / 1000 if raw else None
-                if reason is None and nothing_new(spec.home, spec.persona, last_pass):
-                    reason = "nothing_new"
-            reasons.append(reason)
-        if unseen:
-            # A persona nobody ever posted to counts as posted to when beat first saw it.
-            pipe = self._client.pipeline(transaction=False)
-            for lane in unseen:
-                pipe.hsetnx(self._keys.lane(lane), "last_post", int(now * 1000))
-            pipe.execute()
-        return reasons
-
-    def _sort(
-        self, claimed: Sequence[_Claimed], now: float
-    ) -> tuple[list[_Claimed], list[tuple[_Claimed, str]]]:
-        """The items to tick, and the skipped ones with their reasons."""
-        passing: list[_Claimed] = []
-        reasons: list[tuple[_Claimed, str]] = []
-        for item in claimed:
-            reason = self._skip_reason(item, now)
-            if reason is None:
-                passing.append(item)
-            else:
-                reasons.append((item, reason))
-        ticking: list[_Claimed] = []
-        for item, spend in zip(passing, self._spend_reasons(passing, now), strict=True):
-            if spend is None:
-                ticking.append(item)
-            else:
-                reasons.append((item, spend))
-        return ticking, reasons
-
-    def _handle(self, claimed: Sequence[_Claimed], report: SweepReport) -> None:
+    def _handle(self, claimed: Sequence[Claimed], report: SweepReport) -> None:
         now = self._clock.time()
         at = int(now * 1000)
         skipped: Counter[tuple[str, str]] = Counter()
-        ticking, reasons = self._sort(claimed, now)
+        ticking, reasons = self._skips.sort(claimed, now)
         for item, reason in reasons:
             skipped[(item.kind, reason)] += 1
             _log.info(

@@ -1,0 +1,185 @@
+"""Why a due tick is skipped without a model call: the rules beat applies before ticking.
+
+Reasons, in the order they are checked (each logged as ``tick.skipped`` and counted in
+``soulfleet_ticks_skipped_total``):
+
+- from the files and the stored spec alone: ``unknown_persona`` (its directory is gone),
+  ``quiet_hours`` (outside ``active_hours``), ``no_heartbeat_file``, ``blank_heartbeat``
+  (a HEARTBEAT.md that asks for nothing: :func:`workers.persona.spend.heartbeat_blank`; the
+  answer is cached by the file's mtime and size);
+- from Redis, in one pipelined round trip per batch: ``budget`` (today's tokens at or over the
+  persona's daily budget), ``idle`` (no inbound post for ``idle_after``: only the first slot
+  of each ``idle_every`` window ticks), ``nothing_new`` (a dream with nothing written to the
+  persona's transcripts or notes since its last pass).
+
+``dead_lettered`` is the tick script's answer, reported by the sweep.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import redis
+
+from beat.schedule import ScheduleSpec
+from beat.sync import HEARTBEAT_FILE
+from workers.fleet.keys import Keys
+from workers.fleet.spend import LAST_PASS
+from workers.persona.schedules import ActiveHours
+from workers.persona.spend import heartbeat_blank, nothing_new, usage_day
+
+__all__ = ["Claimed", "HeartbeatFiles", "Skips"]
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """One claimed schedule entry: its lane, kind, due ms and parsed spec (None: broken)."""
+
+    member: str
+    lane: str
+    kind: str
+    due: int
+    spec: ScheduleSpec | None
+    hours: ActiveHours | None
+
+
+class HeartbeatFiles:
+    """Whether a persona's HEARTBEAT.md asks for anything, re-read only when its stat changes."""
+
+    def __init__(self, max_entries: int = 200_000) -> None:
+        self._cache: dict[str, tuple[int, int, bool]] = {}
+        self._max = max_entries
+
+    def state(self, home: str) -> Literal["absent", "blank", "ok"] | None:
+        """``absent`` (no file), ``blank`` (nothing actionable: :func:`heartbeat_blank`),
+        ``ok``, or None if ``home`` itself is gone."""
+        path = os.path.join(home, HEARTBEAT_FILE)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return "absent" if os.path.isdir(home) else None
+        except NotADirectoryError:
+            return None
+        cached = self._cache.get(path)
+        if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
+            return "blank" if cached[2] else "ok"
+        try:
+            with open(path, "rb") as handle:
+                empty = heartbeat_blank(handle.read().decode("utf-8", errors="replace"))
+        except OSError:  # a directory named HEARTBEAT.md, unreadable: nothing to follow
+            empty = True
+        if len(self._cache) >= self._max:
+            self._cache.clear()
+        self._cache[path] = (st.st_mtime_ns, st.st_size, empty)
+        return "blank" if empty else "ok"
+
+    def blank(self, home: str) -> bool | None:
+        """True if absent or blank, False if it has content, None if ``home`` itself is gone."""
+        state = self.state(home)
+        return None if state is None else state != "ok"
+
+
+class Skips:
+    """Decides which claimed entries are skipped, and why. One per sweeper."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self.files = HeartbeatFiles()
+
+    def static_reason(self, item: Claimed, now: float) -> str | None:
+        """What the files and the spec alone say (no Redis)."""
+        spec = item.spec
+        if spec is None:
+            return "unknown_persona"
+        if spec.kind != "heartbeat":
+            return None if os.path.isdir(spec.home) else "unknown_persona"
+        state = self.files.state(spec.home)
+        if state is None:
+            return "unknown_persona"
+        if item.hours is not None and not item.hours.contains(now):
+            return "quiet_hours"
+        return {"absent": "no_heartbeat_file", "blank": "blank_heartbeat"}.get(state)
+
+    def spend_reasons(self, items: Sequence[Claimed], now: float) -> list[str | None]:
+        """The skips that need Redis (one pipelined round trip for the batch): a used-up
+        budget, an idle persona between its stretched beats, a dream with nothing new."""
+        pipe = self.client.pipeline(transaction=False)
+        reads: list[tuple[int, int, int]] = []  # pipeline index per read, -1: not read
+        days: dict[str, str] = {}
+        count = 0
+
+        def read(wanted: bool, key: str, field: str) -> int:
+            nonlocal count
+            if not wanted:
+                return -1
+            pipe.hget(key, field)
+            count += 1
+            return count - 1
+
+        for item in items:
+            spec = item.spec
+            assert spec is not None
+            day = days.get(spec.budget_timezone)
+            if day is None:
+                day = days[spec.budget_timezone] = usage_day(now, spec.budget_timezone)
+            idle = spec.kind == "heartbeat" and spec.idle_after is not None
+            reads.append(
+                (
+                    read(spec.budget is not None, self.keys.usage(day, spec.persona), "tokens"),
+                    read(idle, self.keys.lane(item.lane), "last_post"),
+                    read(spec.kind == "dream", self.keys.lane(item.lane), LAST_PASS),
+                )
+            )
+        values = pipe.execute() if count else []
+        reasons: list[str | None] = []
+        unseen: list[str] = []
+        for item, (tokens, posted, passed) in zip(items, reads, strict=True):
+            spec = item.spec
+            assert spec is not None
+            reason: str | None = None
+            if tokens >= 0 and spec.budget is not None and int(values[tokens] or 0) >= spec.budget:
+                reason = "budget"
+            if posted >= 0 and spec.idle_after is not None:
+                if values[posted] is None:
+                    unseen.append(item.lane)
+                last_post = int(values[posted] or now * 1000) / 1000
+                idle = now - last_post >= spec.idle_after
+                if reason is None and idle and not spec.opens_idle_window(item.due / 1000):
+                    reason = "idle"
+            if passed >= 0:
+                raw = values[passed]
+                last_pass = int(raw) / 1000 if raw else None
+                if reason is None and nothing_new(spec.home, spec.persona, last_pass):
+                    reason = "nothing_new"
+            reasons.append(reason)
+        if unseen:
+            # A persona nobody ever posted to counts as posted to when beat first saw it.
+            pipe = self.client.pipeline(transaction=False)
+            for lane in unseen:
+                pipe.hsetnx(self.keys.lane(lane), "last_post", int(now * 1000))
+            pipe.execute()
+        return reasons
+
+    def sort(
+        self, claimed: Sequence[Claimed], now: float
+    ) -> tuple[list[Claimed], list[tuple[Claimed, str]]]:
+        """The items to tick, and the skipped ones with their reasons."""
+        passing: list[Claimed] = []
+        reasons: list[tuple[Claimed, str]] = []
+        for item in claimed:
+            reason = self.static_reason(item, now)
+            if reason is None:
+                passing.append(item)
+            else:
+                reasons.append((item, reason))
+        ticking: list[Claimed] = []
+        for item, spend in zip(passing, self.spend_reasons(passing, now), strict=True):
+            if spend is None:
+                ticking.append(item)
+            else:
+                reasons.append((item, spend))
+        return ticking, reasons
