@@ -59,7 +59,7 @@ from workers.fleet.gate import Gate, GatedModel
 from workers.fleet.lanes import SessionCommit
 from workers.fleet.lease import ClaimHandle, Renewer
 from workers.fleet.outcomes import StartOutcome
-from workers.fleet.spend import Refusal, SpendGuard
+from workers.fleet.spend import Refusal, SpendGuard, kind_model
 from workers.fleet.usage import MeteredModel
 from workers.logs import bind_task, monotonic_wall_time
 from workers.persona.agent import AgentDef, from_dir
@@ -75,7 +75,6 @@ from workers.persona.models.spec import provider_of, resolve_model
 from workers.persona.session import Pointer
 from workers.persona.session_files import SessionFiles
 from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
-from workers.persona.spend import model_for_kind
 from workers.persona.toolbox import ToolLimits, build_declared
 from workers.persona.tools import Tool
 from workers.persona.transcripts import FileTranscripts
@@ -319,7 +318,7 @@ class TurnExecutor:
             persona = from_dir(self.fleet.registry.home(name))
             # Resolved here so the logs name the model really called ("inherit" names none).
             spec = resolve_model(
-                self._spec(persona, kind), self.settings.model, base_dir=persona.home
+                kind_model(persona, kind, self.settings), self.settings.model, base_dir=persona.home
             ).spec
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
             self._started(started, kind, None)
@@ -529,17 +528,6 @@ class TurnExecutor:
             attempt=started.attempt,
             worker=self.worker_id,
             at=monotonic_wall_time(),
-        )
-
-    def _spec(self, persona: AgentDef, kind: str) -> str:
-        """The model spec this turn pays for: by turn kind (workers.persona.spend)."""
-        return model_for_kind(
-            kind,
-            persona_model=persona.model,
-            heartbeat_model=persona.heartbeat.model if persona.heartbeat else None,
-            dream_model=persona.dream.model if persona.dream else None,
-            fleet_heartbeat_model=self.settings.heartbeat_model,
-            fleet_dream_model=self.settings.dream_model,
         )
 
     def _agent(self, persona: AgentDef, role: str, spec: str) -> AgentDef:

@@ -35,7 +35,8 @@ from workers.fleet.outcomes import PostOutcome, Repair, TickOutcome
 from workers.fleet.recovery import Backoff, Recovery
 from workers.fleet.registry import PersonaRegistry
 from workers.fleet.servertime import ServerClock
-from workers.fleet.usage import UsageLedger, persona_budget, persona_models
+from workers.fleet.spend import persona_budget, persona_models
+from workers.fleet.usage import UsageLedger
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
 from workers.persona.manifest import load_manifest

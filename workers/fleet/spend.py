@@ -1,4 +1,5 @@
-"""The last check before a turn pays: is there a budget left, and anything new to dream about?
+"""The last check before a turn pays (is there a budget left, anything new to dream about?), and
+what a persona's spend settings resolve to (its model per kind of turn, its effective budget).
 
 beat's sweep skips most unaffordable or pointless ticks before they become turns; this guard
 catches the rest at turn start, before the model is called: turns queued before the budget ran
@@ -12,15 +13,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo
 
 from workers.fleet.scripts import redis_errors
 from workers.fleet.usage import UsageLedger
 from workers.persona.agent import AgentDef
-from workers.persona.spend import DailyBudget, budget_refuses, effective_budget, nothing_new
+from workers.persona.errors import PersonaError
+from workers.persona.manifest import PersonaConfig, load_manifest
+from workers.persona.spend import (
+    DailyBudget,
+    budget_refuses,
+    effective_budget,
+    model_for_kind,
+    nothing_new,
+)
+from workers.settings import Settings
 
-__all__ = ["LAST_PASS", "Refusal", "SpendGuard", "next_reset"]
+__all__ = [
+    "LAST_PASS",
+    "Refusal",
+    "SpendGuard",
+    "kind_model",
+    "next_reset",
+    "persona_budget",
+    "persona_models",
+]
 
 #: Lane-hash field: ms when the dreamer lane's newest pass that called its model ended.
 LAST_PASS = "last_pass"  # noqa: S105 (a field name, not a password)
@@ -42,6 +61,45 @@ def next_reset(budget: DailyBudget, now: float) -> str:
     local = datetime.fromtimestamp(now, zone)
     midnight = (local + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
     return midnight.isoformat(timespec="minutes")
+
+
+def persona_budget(home: Path, settings: Settings) -> DailyBudget:
+    """The persona's effective budget, read from its persona.toml; an unreadable or invalid
+    file means the fleet default (the registry reports the file's problem elsewhere)."""
+    try:
+        config = load_manifest(home)
+    except PersonaError:
+        return effective_budget(None, settings.daily_tokens)
+    return effective_budget(config.budget, settings.daily_tokens)
+
+
+def persona_models(home: Path, settings: Settings) -> dict[str, str]:
+    """The model spec each kind of turn of the persona uses ({} if persona.toml is invalid);
+    ``inherit`` is shown as what it inherits."""
+    try:
+        config = load_manifest(home)
+    except PersonaError:
+        return {}
+    fallback = settings.model.default_spec or "scripted:builtin"
+    models = {}
+    for kind, label in (("interactive", "conversation"), ("heartbeat", "heartbeat"),
+                        ("dream", "dream")):  # fmt: skip
+        spec = kind_model(config, kind, settings)
+        models[label] = fallback if spec == "inherit" else spec
+    return models
+
+
+def kind_model(persona: AgentDef | PersonaConfig, kind: str, settings: Settings) -> str:
+    """The model spec a turn of ``kind`` pays for (:func:`model_for_kind` with the fleet's
+    per-kind defaults); may be ``inherit`` (the fleet's SOULFLEET_MODEL)."""
+    return model_for_kind(
+        kind,
+        persona_model=persona.model,
+        heartbeat_model=persona.heartbeat.model if persona.heartbeat else None,
+        dream_model=persona.dream.model if persona.dream else None,
+        fleet_heartbeat_model=settings.heartbeat_model,
+        fleet_dream_model=settings.dream_model,
+    )
 
 
 class SpendGuard:

@@ -23,7 +23,6 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -32,12 +31,9 @@ from workers import metrics
 from workers.fleet.keys import Keys
 from workers.fleet.scripts import Scripts, redis_errors
 from workers.persona.clock import Clock, SystemClock
-from workers.persona.errors import PersonaError
-from workers.persona.manifest import load_manifest
 from workers.persona.messages import Completion, Message, ToolSpec, Usage
 from workers.persona.models import Model
-from workers.persona.spend import DailyBudget, effective_budget, model_for_kind, usage_day
-from workers.settings import Settings
+from workers.persona.spend import usage_day
 
 __all__ = [
     "CALL_MARKER_TTL",
@@ -46,8 +42,6 @@ __all__ = [
     "ModelUsage",
     "UsageLedger",
     "model_label",
-    "persona_budget",
-    "persona_models",
 ]
 
 #: How long a counted call's marker lives: far longer than any client retry of its write.
@@ -125,39 +119,6 @@ class DayUsage:
                 kinds.setdefault(kind, {})[name] = int(value)
         models = {model: ModelUsage(**values) for model, values in per_model.items()}
         return cls(persona, day, models=models, kinds=kinds, **totals)
-
-
-def persona_budget(home: Path, settings: Settings) -> DailyBudget:
-    """The persona's effective budget, read from its persona.toml; an unreadable or invalid
-    file means the fleet default (the registry reports the file's problem elsewhere)."""
-    try:
-        config = load_manifest(home)
-    except PersonaError:
-        return effective_budget(None, settings.daily_tokens)
-    return effective_budget(config.budget, settings.daily_tokens)
-
-
-def persona_models(home: Path, settings: Settings) -> dict[str, str]:
-    """The model spec each kind of turn of the persona uses ({} if persona.toml is invalid);
-    ``inherit`` is shown as what it inherits."""
-    try:
-        config = load_manifest(home)
-    except PersonaError:
-        return {}
-    fallback = settings.model.default_spec or "scripted:builtin"
-    models = {}
-    for kind, label in (("interactive", "conversation"), ("heartbeat", "heartbeat"),
-                        ("dream", "dream")):  # fmt: skip
-        spec = model_for_kind(
-            kind,
-            persona_model=config.model,
-            heartbeat_model=config.heartbeat.model if config.heartbeat else None,
-            dream_model=config.dream.model if config.dream else None,
-            fleet_heartbeat_model=settings.heartbeat_model,
-            fleet_dream_model=settings.dream_model,
-        )
-        models[label] = fallback if spec == "inherit" else spec
-    return models
 
 
 class UsageLedger:
