@@ -83,3 +83,15 @@ def test_usage_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, st
     assert result.exit_code == 1
     assert PASSWORD not in result.output
     assert result.stderr.startswith("soulfleet: error: Redis at redis://:***@127.0.0.1:")
+
+
+def test_status_shows_today_s_tokens(invoke: Invoke, env: Mapping[str, str | None]) -> None:
+    """`status NAME --json` carries today's tokens (and the budget: none here); the table shows
+    them in the TOKENS TODAY column."""
+    _spend(_ledger(env), "ava", "openai:small", 40, usage_day(time.time()))
+    payload = json.loads(invoke("status", "ava", "--json").stdout)
+    assert (payload["tokens_today"], payload["daily_tokens"]) == (41, None)
+    assert "models" in payload
+    header, row = invoke("status").stdout.splitlines()[:2]
+    column = header.index("TOKENS TODAY")
+    assert row[column:].split()[0] == "41"

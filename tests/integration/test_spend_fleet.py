@@ -131,22 +131,7 @@ def test_a_200_persona_fleet_pays_only_for_the_calls_the_rules_allow(
             harness.persona(name, toml=group.toml, files=files)
     assert len(group_of) == 200
     fleet, client, keys = harness.fleet, harness.fleet.client, harness.fleet.keys
-    now = time.time()
-    today = usage_day(now)
-    for name, group in group_of.items():
-        if group.seed_last_pass:  # a pass newer than every file this persona has
-            client.hset(keys.lane(f"{name}-dreamer"), "last_pass", int(now * 1000) + 1000)
-        if group.idle:  # the newest inbound post was two hours ago
-            client.hset(keys.lane(name), "last_post", int((now - 7200) * 1000))
-        if group.over_budget:
-            fleet.ledger.record(
-                persona=name,
-                day=today,
-                call_id=f"seed-{name}",
-                model="openai:talk",
-                kind="interactive",
-                usage=Usage(150, 0),
-            )
+    _seed(fleet, group_of, time.time())
     seeded = {name: 150 if group.over_budget else 0 for name, group in group_of.items()}
     time.sleep(1.1)  # the seeded last_pass is in the past; files written from now on are new
     workers = [harness.worker("w1", concurrency=8), harness.worker("w2", concurrency=8)]
@@ -184,6 +169,8 @@ def test_a_200_persona_fleet_pays_only_for_the_calls_the_rules_allow(
     for name, group in group_of.items():
         where = f"{name} ({group.prefix})"
         assert seen.calls[name] == seen.ran[name], f"{where}: server calls != model turns run"
+        if seen.calls[name]:  # turn.start names the model the server saw
+            assert {f"openai:{m}" for m in seen.models[name]} == seen.logged[name], where
         spec = ScheduleSpec.from_json(
             str(client.hget(keys.schedule_spec, schedule_member(name, "heartbeat")) or "{}")
         ) if group.idle else None  # fmt: skip
@@ -209,6 +196,25 @@ def test_a_200_persona_fleet_pays_only_for_the_calls_the_rules_allow(
     }
 
 
+def _seed(fleet: Any, group_of: dict[str, Group], now: float) -> None:
+    """Redis state the groups start from: past dream passes, old posts, spent budgets."""
+    client, keys = fleet.client, fleet.keys
+    for name, group in group_of.items():
+        if group.seed_last_pass:  # a pass newer than every file this persona has
+            client.hset(keys.lane(f"{name}-dreamer"), "last_pass", int(now * 1000) + 1000)
+        if group.idle:  # the newest inbound post was two hours ago
+            client.hset(keys.lane(name), "last_post", int((now - 7200) * 1000))
+        if group.over_budget:
+            fleet.ledger.record(
+                persona=name,
+                day=usage_day(now),
+                call_id=f"seed-{name}",
+                model="openai:talk",
+                kind="interactive",
+                usage=Usage(150, 0),
+            )
+
+
 def _events(workers: list[Any], event: str) -> list[dict[str, Any]]:
     return [record for worker in workers for record in worker.events(event)]
 
@@ -224,6 +230,7 @@ class Observed:
     refused: Counter[str]  # worker turn.skipped
     emitted: dict[str, list[int]]  # due ms of each emitted tick
     surfaced: dict[str, str]
+    logged: dict[str, set[str]]  # the models turn.start named, per persona
 
     @classmethod
     def collect(cls, workers: list[Any], beat: Any, server: FakeProvider, fleet: Any) -> Observed:
@@ -241,6 +248,9 @@ class Observed:
         emitted: dict[str, list[int]] = defaultdict(list)
         for event in beat.events("tick.emitted"):
             emitted[event["lane"]].append(int(event["due"]))
+        logged: dict[str, set[str]] = defaultdict(set)
+        for event in _events(workers, "turn.start"):
+            logged[event["lane"].removesuffix("-dreamer")].add(str(event["model"]))
         return cls(
             calls=Counter(persona_of(body) for body in server.bodies),
             ran=ran,
@@ -249,6 +259,7 @@ class Observed:
             refused=Counter(e["lane"] for e in _events(workers, "turn.skipped")),
             emitted=emitted,
             surfaced={b.persona: b.text for b in fleet.beats(count=10_000)},
+            logged=logged,
         )
 
     def reasons(self, name: str) -> set[str]:
