@@ -8,6 +8,7 @@ holds the tokens the server reported" are checked end to end, not against a stub
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -330,3 +331,23 @@ def _touch_after(path: Path, when: float) -> None:
     targets = [path, *path.iterdir()] if path.is_dir() else [path]
     for target in targets:
         os.utime(target, (when - 1, when - 1))
+
+
+def test_a_run_to_a_stopped_persona_is_answered_with_the_reason(rig: Rig) -> None:
+    """Fleet.run to a persona whose budget stops every turn returns status refused, reason
+    budget, and the refusal as its text; no model call is made."""
+    rig.persona("ava", '[budget]\ndaily_tokens = 0\non_exceed = "stop"\n')
+
+    def worker() -> None:
+        deadline = time.monotonic() + 30
+        while not rig.published.sent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        rig.run_all()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    reply = rig.fleet.run("ava", "hello", timeout=30)
+    thread.join()
+    assert (reply.status, reply.reason) == ("refused", "budget")
+    assert reply.text.startswith("daily token budget used up (0 of 0 tokens today")
+    assert rig.server.requests == []

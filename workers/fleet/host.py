@@ -68,6 +68,8 @@ class RunReply:
     turn_id: str
     usage: dict[str, int] | None = None
     limit: str | None = None
+    #: why a turn ended without a model call (``budget``), with status skipped or refused
+    reason: str | None = None
 
 
 class Fleet:
@@ -246,6 +248,7 @@ class Fleet:
                     if isinstance(usage, dict)
                     else None,
                     limit=None if data.get("limit") is None else str(data["limit"]),
+                    reason=None if data.get("reason") is None else str(data["reason"]),
                 )
             status = self.lanes.status(name)
             if status.get("state") == "dead":
