@@ -14,12 +14,13 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from functools import partial
+from typing import Any
 
 import pytest
 
 from tests.integration.conftest import Harness
 from tests.support.fleet import FleetProcess, wait_until
-from tests.support.providers import FakeProvider, error_reply
+from tests.support.providers import FakeProvider, error_reply, openai_completion
 
 pytestmark = pytest.mark.integration
 
@@ -31,9 +32,25 @@ def _tokens(body: dict[str, object]) -> tuple[int, int]:
     return 5 + len(str(body["messages"])) % 53, 2 + len(str(body["messages"])) % 7
 
 
+def _answer(body: dict[str, Any]) -> str | dict[str, Any]:
+    """Two calls a turn: first a tool call (to a tool that does not exist: the loop answers it
+    with an error result), then the silent reply. A worker killed between the two has been
+    billed for the first call of a turn that never commits."""
+    if body["messages"][-1]["role"] != "user":
+        return "HEARTBEAT_OK"
+    tokens_in, tokens_out = _tokens(body)
+    return openai_completion(
+        None,
+        [("call_1", "look_around", {})],
+        model=str(body["model"]),
+        prompt_tokens=tokens_in,
+        completion_tokens=tokens_out,
+    )
+
+
 @pytest.fixture
 def server() -> Iterator[FakeProvider]:
-    with FakeProvider("openai", delay=0.3, text="HEARTBEAT_OK", tokens=_tokens) as provider:
+    with FakeProvider("openai", delay=0.3, answer=_answer, tokens=_tokens) as provider:
         yield provider
 
 
@@ -91,11 +108,14 @@ def test_usage_equals_the_bill_across_sigkilled_workers_and_retries(
     print(
         f"\ncalls received {len(server.requests)}, billed {len(server.served)}, "
         f"500s {errors}, held at a kill {unbilled_at_kill}, never answered {unbilled}, "
-        f"retried turns {recovered}"
+        f"retried turns {recovered}, killed after a billed first call "
+        f"{sum(1 for b in server.dropped if b['messages'][-1]['role'] == 'tool')}"
     )
     assert errors >= 1, "some turns failed on a 500 and were retried"
     assert recovered >= 1, "some turns ran again after a crash or a failure"
     assert unbilled >= 1, "some calls died with a killed worker before being answered"
+    paid_then_killed = [b for b in server.dropped if b["messages"][-1]["role"] == "tool"]
+    assert paid_then_killed, "some killed turns had a first call billed and never committed"
 
     billed: dict[str, Counter[str]] = defaultdict(Counter)
     for served in server.served:

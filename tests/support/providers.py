@@ -233,7 +233,7 @@ class FakeProvider:
         delay: float = 0.0,
         text: str = "ok",
         respond: Callable[[Any], Reply | Mapping[str, Any]] | None = None,
-        answer: Callable[[Any], str] | None = None,
+        answer: Callable[[Any], str | Mapping[str, Any]] | None = None,
         tokens: Callable[[Any], tuple[int, int]] | None = None,
     ) -> None:
         self.kind: ProviderKind = kind
@@ -241,12 +241,14 @@ class FakeProvider:
         self.text = text
         #: answers a request body when no canned reply is queued (None: the plain ``text``)
         self.respond = respond
-        #: with the queue empty: the answer text for a request body (default ``text``) and
-        #: its (input, output) usage (default the builders' numbers)
+        #: with the queue empty: the answer for a request body (default ``text``; a mapping is
+        #: the whole JSON answer) and its (input, output) usage (default the builders' numbers)
         self.answer = answer
         self.tokens = tokens
         #: every 200 answer delivered to a live client, in order (the "bill")
         self.served: list[Served] = []
+        #: request bodies whose client was gone (killed) when the answer was due: not billed
+        self.dropped: list[Any] = []
         self._open = threading.Event()
         self._open.set()
         self._address = (host, port)
@@ -349,6 +351,8 @@ class FakeProvider:
     def _default(self, body: Any) -> Reply:
         model = body.get("model", "fake") if isinstance(body, dict) else "fake"
         text = self.answer(body) if self.answer is not None else self.text
+        if not isinstance(text, str):
+            return Reply(body=dict(text), delay=self.delay)
         if self.kind == "openai":
             tokens_in, tokens_out = self.tokens(body) if self.tokens else (11, 7)
             payload = openai_completion(
@@ -416,7 +420,12 @@ class FakeProvider:
             if self._stopping.is_set():
                 handler.close_connection = True
                 return
-        if reply.disconnect or _peer_gone(handler.connection):
+        if not reply.disconnect and _peer_gone(handler.connection):
+            with self._lock:
+                self.dropped.append(body)
+            handler.close_connection = True
+            return
+        if reply.disconnect:
             handler.close_connection = True
             return
         payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
