@@ -6,7 +6,8 @@ Reasons, in the order they are checked (each logged as ``tick.skipped`` and coun
 - from the files and the stored spec alone: ``unknown_persona`` (its directory is gone),
   ``quiet_hours`` (outside ``active_hours``), ``no_heartbeat_file``, ``blank_heartbeat``
   (a HEARTBEAT.md that asks for nothing: :func:`workers.persona.spend.heartbeat_blank`; the
-  answer is cached by the file's mtime and size);
+  answer is cached by the file's mtime and size), ``invalid_heartbeat_file`` (a FIFO, a device
+  or an unreadable file at that name: never opened in a way that could block);
 - from Redis, in one pipelined round trip per batch: ``budget`` (today's tokens at or over the
   persona's daily budget), ``idle`` (no inbound post for ``idle_after``: only the first slot
   of each ``idle_every`` window ticks), ``nothing_new`` (a dream with nothing written to the
@@ -23,15 +24,23 @@ from dataclasses import dataclass
 from typing import Literal
 
 import redis
+import structlog
 
 from beat.schedule import ScheduleSpec
 from beat.sync import HEARTBEAT_FILE
 from workers.fleet.keys import Keys
 from workers.fleet.spend import LAST_PASS
+from workers.persona.errors import PersonaError
+from workers.persona.files import read_prefix
+from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.schedules import ActiveHours
 from workers.persona.spend import heartbeat_blank, nothing_new, usage_day
 
-__all__ = ["Claimed", "HeartbeatFiles", "Skips"]
+__all__ = ["Claimed", "FileState", "HeartbeatFiles", "Skips"]
+
+_log = structlog.get_logger("soulfleet.beat")
+
+FileState = Literal["absent", "blank", "ok", "invalid"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,15 +56,22 @@ class Claimed:
 
 
 class HeartbeatFiles:
-    """Whether a persona's HEARTBEAT.md asks for anything, re-read only when its stat changes."""
+    """Whether a persona's HEARTBEAT.md asks for anything, re-read only when its stat changes.
+
+    Read through :func:`workers.persona.files.read_prefix` (the one door): a FIFO, a device or
+    a directory at that name is refused without blocking and counts as ``invalid`` (the registry
+    sync reports the persona and removes its entries); a huge file costs at most the bootstrap
+    cap. Nothing here may stop the sweep, so every error is an answer, never an exception.
+    """
 
     def __init__(self, max_entries: int = 200_000) -> None:
-        self._cache: dict[str, tuple[int, int, bool]] = {}
+        self._cache: dict[str, tuple[int, int, FileState]] = {}
         self._max = max_entries
 
-    def state(self, home: str) -> Literal["absent", "blank", "ok"] | None:
+    def state(self, home: str) -> FileState | None:
         """``absent`` (no file), ``blank`` (nothing actionable: :func:`heartbeat_blank`),
-        ``ok``, or None if ``home`` itself is gone."""
+        ``ok``, ``invalid`` (something other than a readable regular file sits at the name),
+        or None if ``home`` itself is gone."""
         path = os.path.join(home, HEARTBEAT_FILE)
         try:
             st = os.stat(path)
@@ -63,23 +79,32 @@ class HeartbeatFiles:
             return "absent" if os.path.isdir(home) else None
         except NotADirectoryError:
             return None
+        except OSError:
+            return "invalid"
         cached = self._cache.get(path)
         if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
-            return "blank" if cached[2] else "ok"
+            return cached[2]
+        answer: FileState
         try:
-            with open(path, "rb") as handle:
-                empty = heartbeat_blank(handle.read().decode("utf-8", errors="replace"))
-        except OSError:  # a directory named HEARTBEAT.md, unreadable: nothing to follow
-            empty = True
+            raw = read_prefix(path, MAX_FILE_BYTES)
+        except PersonaError as exc:
+            _log.warning("sweep.heartbeat_file_refused", path=path, error=str(exc))
+            answer = "invalid"
+        else:
+            text = "" if raw is None else raw.decode("utf-8", errors="replace")
+            answer = "blank" if heartbeat_blank(text) else "ok"
         if len(self._cache) >= self._max:
             self._cache.clear()
-        self._cache[path] = (st.st_mtime_ns, st.st_size, empty)
-        return "blank" if empty else "ok"
+        self._cache[path] = (st.st_mtime_ns, st.st_size, answer)
+        return answer
 
-    def blank(self, home: str) -> bool | None:
-        """True if absent or blank, False if it has content, None if ``home`` itself is gone."""
+    def blank(self, home: str) -> bool | str | None:
+        """True if absent or blank, False if it has content, None if ``home`` itself is gone,
+        ``"invalid"`` if something other than a readable regular file sits at the name."""
         state = self.state(home)
-        return None if state is None else state != "ok"
+        if state is None or state == "invalid":
+            return state
+        return state != "ok"
 
 
 class Skips:
@@ -98,8 +123,8 @@ class Skips:
         if spec.kind != "heartbeat":
             return None if os.path.isdir(spec.home) else "unknown_persona"
         state = self.files.state(spec.home)
-        if state is None:
-            return "unknown_persona"
+        if state is None or state == "invalid":
+            return "unknown_persona" if state is None else "invalid_heartbeat_file"
         if item.hours is not None and not item.hours.contains(now):
             return "quiet_hours"
         return {"absent": "no_heartbeat_file", "blank": "blank_heartbeat"}.get(state)

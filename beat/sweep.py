@@ -10,11 +10,11 @@ Why it is built this way:
   after now, so a missed interval is skipped, never replayed) and writes them back in one
   compare-and-set script (``lua/rescore.lua``) that never overwrites a concurrent sync.
 - Skips cost no model call (:mod:`beat.skips` decides them and says why: missing or blank
-  HEARTBEAT.md, quiet hours, a gone directory, a used-up budget, an idle persona between its
-  stretched beats, a dream with nothing new); a dead-lettered lane is reported by the tick
-  script. Everything else goes to :meth:`workers.fleet.Fleet.tick_lanes` in ONE batched call
-  per claim batch, which folds the tick into the lane (coalescing) and publishes a turn only
-  for lanes that were idle.
+  HEARTBEAT.md, one that is a FIFO, a device or unreadable, quiet hours, a gone directory, a
+  used-up budget, an idle persona between its stretched beats, a dream with nothing new); a
+  dead-lettered lane is reported by the tick script. Everything else goes to
+  :meth:`workers.fleet.Fleet.tick_lanes` in ONE batched call per claim batch, which folds the
+  tick into the lane (coalescing) and publishes a turn only for lanes that were idle.
 """
 
 from __future__ import annotations
@@ -124,7 +124,8 @@ class Sweeper:
             if spec is not None:
                 try:
                     nexts += [member, to_ms(spec.next_due(at))]
-                except ValueError as exc:  # a zone this host lacks, a cron that stopped parsing
+                except (ValueError, ArithmeticError) as exc:  # a zone this host lacks, a cron
+                    # that stopped parsing, an every too large for the clock (an old entry)
                     _log.error("sweep.bad_spec", member=member, error=str(exc))
                     spec = hours = None
             if spec is None:
@@ -148,7 +149,7 @@ class Sweeper:
         try:
             spec = ScheduleSpec.from_json(raw)
             hours = spec.active_hours()
-        except ValueError as exc:
+        except (ValueError, ArithmeticError, TypeError, KeyError) as exc:
             _log.error("sweep.bad_spec", member=member, error=str(exc) if raw else "no spec")
             return None, None
         if len(self._specs) >= 200_000:
