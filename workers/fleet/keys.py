@@ -15,8 +15,9 @@ key                   type    holds
                               last_status, last_text, last_end, queued_at, started_at, worker,
                               last_error_kind, failing_since, failures, retry_at, provider,
                               session (the current session state file's name), session_epoch
-                              (bumped by a session reset), last_post (ms of the newest inbound post), last_pass
-                              (dreamer lanes: ms the newest pass that ran its model ended)
+                              (bumped by a session reset), last_post (ms of the newest inbound
+                              post), last_pass (dreamer lanes: ms the newest pass that ran its
+                              model ended)
 ``inbox:<lane>``      list    JSON inbox items waiting for the next turn (bounded)
 ``inflight:<lane>``   list    items drained by the running turn, kept until it finishes
 ``lease:<lane>``      string  ``<fence>:<worker>``, PX TTL; the running turn's lease
