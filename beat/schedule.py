@@ -37,6 +37,7 @@ from workers.fleet.keys import schedule_member
 from workers.fleet.registry import PersonaRegistry
 from workers.persona.manifest import PersonaConfig
 from workers.persona.schedules import ActiveHours
+from workers.persona.spend import effective_budget
 from workers.settings import Settings
 
 __all__ = [
@@ -98,6 +99,12 @@ class ScheduleSpec:
     active_start: str | None = None
     active_end: str | None = None
     active_timezone: str | None = None
+    #: the persona's daily token budget (None: none) and the zone its day is counted in.
+    budget: int | None = None
+    budget_timezone: str = "UTC"
+    #: heartbeat only: seconds without an inbound post before beats stretch to idle_every.
+    idle_after: float | None = None
+    idle_every: float | None = None
     #: lane_fraction(lane), hashed once per spec: a sweep computes thousands of next due times.
     _phase: float = field(init=False, repr=False, compare=False, default=0.0)
     #: where the lane's jitter sequence starts (another hash, also once per spec).
@@ -132,6 +139,18 @@ class ScheduleSpec:
             due += jitter_fraction(self._jitter_seed, slot) * self.jitter * every
         return due
 
+    def opens_idle_window(self, due: float) -> bool:
+        """For an idle persona: whether the slot due at ``due`` is the first of its
+        ``idle_every`` window (grid arithmetic, so every beat agrees without shared state and
+        an idle persona beats about once per ``idle_every``)."""
+        if self.every is None or self.idle_every is None:
+            return True
+        phase = lane_fraction(self.lane) * self.every
+        slot = math.floor((due - phase) / self.every)  # jitter < every/2: still this slot
+        here = math.floor(slot * self.every / self.idle_every)
+        before = math.floor((slot - 1) * self.every / self.idle_every)
+        return here != before
+
     def active_hours(self) -> ActiveHours | None:
         if self.active_start is None or self.active_end is None:
             return None
@@ -159,6 +178,10 @@ class ScheduleSpec:
             data["jitter"] = self.jitter
         if self.active_start is not None:
             data["active"] = [self.active_start, self.active_end, self.active_timezone]
+        if self.budget is not None:
+            data["budget"] = [self.budget, self.budget_timezone]
+        if self.idle_after is not None:
+            data["idle"] = [self.idle_after, self.idle_every]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -167,6 +190,8 @@ class ScheduleSpec:
         try:
             data = json.loads(raw)
             active = data.get("active") or [None, None, None]
+            budget = data.get("budget") or [None, "UTC"]
+            idle = data.get("idle") or [None, None]
             kind = data["kind"]
             if kind not in ("heartbeat", "dream"):
                 raise ValueError(f"unknown schedule kind {kind!r}")
@@ -183,6 +208,10 @@ class ScheduleSpec:
                 active_start=active[0],
                 active_end=active[1],
                 active_timezone=active[2],
+                budget=None if budget[0] is None else int(budget[0]),
+                budget_timezone=str(budget[1]),
+                idle_after=None if idle[0] is None else float(idle[0]),
+                idle_every=None if idle[1] is None else float(idle[1]),
             )
         except (KeyError, TypeError, AttributeError, IndexError) as exc:
             raise ValueError(f"not a schedule spec: {exc}") from exc
@@ -193,6 +222,7 @@ def specs_for(
 ) -> tuple[ScheduleSpec, ...]:
     """The entries persona.toml asks for; :class:`CronError` for a cron that cannot fire."""
     specs: list[ScheduleSpec] = []
+    budget = effective_budget(config.budget, settings.daily_tokens)
     heartbeat = config.heartbeat
     if heartbeat is not None:
         hours = heartbeat.active_hours
@@ -207,6 +237,10 @@ def specs_for(
                 active_start=None if hours is None else hours.start.isoformat("minutes"),
                 active_end=None if hours is None else hours.end.isoformat("minutes"),
                 active_timezone=None if hours is None else hours.timezone,
+                budget=budget.daily_tokens,
+                budget_timezone=budget.timezone,
+                idle_after=heartbeat.idle_after,
+                idle_every=heartbeat.idle_every,
             )
         )
     dream = config.dream
@@ -223,6 +257,8 @@ def specs_for(
                 cron=dream.cron,
                 timezone=dream.timezone,
                 window=settings.dream_window if dream.window is None else dream.window,
+                budget=budget.daily_tokens,
+                budget_timezone=budget.timezone,
             )
         )
     return tuple(specs)

@@ -9,21 +9,17 @@ Why it is built this way:
   computes each member's real next due time (:mod:`beat.schedule`: the next grid slot strictly
   after now, so a missed interval is skipped, never replayed) and writes them back in one
   compare-and-set script (``lua/rescore.lua``) that never overwrites a concurrent sync.
-- Skips cost no model call: a heartbeat whose HEARTBEAT.md is absent or blank
-  (``no_heartbeat_file``; looked at once per ``SOULFLEET_SYNC_INTERVAL`` at most, and re-read
-  only when its mtime or size moved), one whose HEARTBEAT.md is a FIFO, a device or unreadable
-  (``invalid_heartbeat_file``: never opened in a way that could block), a heartbeat outside
-  its persona's active hours (``quiet_hours``), an entry whose directory is gone but not yet
-  synced away (``unknown_persona``), a dead-lettered lane (``dead_lettered``, reported by the
-  tick script). Everything else goes to :meth:`workers.fleet.Fleet.tick_lanes` in ONE batched
-  call per claim batch, which folds the tick into the lane (coalescing) and publishes a turn
-  only for lanes that were idle.
+- Skips cost no model call (:mod:`beat.skips` decides them and says why: missing or blank
+  HEARTBEAT.md, one that is a FIFO, a device or unreadable, quiet hours, a gone directory, a
+  used-up budget, an idle persona between its stretched beats, a dream with nothing new); a
+  dead-lettered lane is reported by the tick script. Everything else goes to
+  :meth:`workers.fleet.Fleet.tick_lanes` in ONE batched call per claim batch, which folds the
+  tick into the lane (coalescing) and publishes a turn only for lanes that were idle.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from collections import Counter
@@ -34,13 +30,10 @@ from importlib import resources
 import structlog
 
 from beat.schedule import ScheduleSpec, to_ms
-from beat.sync import HEARTBEAT_FILE
+from beat.skips import Claimed, HeartbeatFiles, Skips
 from workers import metrics
 from workers.fleet import Fleet
 from workers.fleet.keys import split_schedule_member
-from workers.persona.errors import PersonaError
-from workers.persona.files import read_prefix
-from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.schedules import ActiveHours
 
 __all__ = ["CLAIM_TIMEOUT", "MAX_BATCHES", "HeartbeatFiles", "SweepReport", "Sweeper"]
@@ -58,80 +51,6 @@ def _script(name: str) -> str:
     return resources.files("beat.lua").joinpath(name).read_text(encoding="utf-8")
 
 
-class HeartbeatFiles:
-    """Whether a persona's HEARTBEAT.md is absent or blank, and whether its home exists.
-
-    Each answer is kept for ``max_age`` seconds (the registry sync interval: an edit takes
-    effect within it) before the file is looked at again, so a sweep of 100,000 due heartbeats
-    makes no ``stat`` call for a home it checked recently; after that, the file is re-read
-    only when its mtime or size changed.
-
-    Read through :func:`workers.persona.files.read_prefix` (the one door): a FIFO, a device or
-    a directory at that name is refused without blocking and counts as ``invalid`` (the registry
-    sync reports the persona and removes its entries); a huge file costs at most the bootstrap
-    cap. Nothing here may stop the sweep, so every error is an answer, never an exception.
-    """
-
-    def __init__(self, max_entries: int = 2_000_000, max_age: float = 10.0) -> None:
-        self._cache: dict[str, tuple[float, int, int, bool | str | None]] = {}
-        self._homes: dict[str, tuple[float, bool]] = {}
-        self._max = max_entries
-        self._max_age = max_age
-
-    def blank(self, home: str, now: float | None = None) -> bool | str | None:
-        """True if absent or blank, False if it has content, None if ``home`` itself is gone,
-        ``"invalid"`` if something other than a readable regular file sits at the name."""
-        cached = self._cache.get(home)
-        if cached is not None and now is not None and now - cached[0] < self._max_age:
-            return cached[3]
-        path = os.path.join(home, HEARTBEAT_FILE)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            absent: bool | None = True if os.path.isdir(home) else None
-            self._keep(home, (now or 0.0, -1, -1, absent), now)
-            return absent
-        except NotADirectoryError:
-            self._keep(home, (now or 0.0, -1, -1, None), now)
-            return None
-        except OSError:
-            self._keep(home, (now or 0.0, -1, -1, "invalid"), now)
-            return "invalid"
-        if cached is not None and cached[1:3] == (st.st_mtime_ns, st.st_size):
-            self._keep(home, (now or 0.0, *cached[1:]), now)
-            return cached[3]
-        answer: bool | str
-        try:
-            raw = read_prefix(path, MAX_FILE_BYTES)
-        except PersonaError as exc:
-            _log.warning("sweep.heartbeat_file_refused", path=path, error=str(exc))
-            answer = "invalid"
-        else:
-            answer = raw is None or raw.decode("utf-8", errors="replace").strip() == ""
-        self._keep(home, (now or 0.0, st.st_mtime_ns, st.st_size, answer), now)
-        return answer
-
-    def home_exists(self, home: str, now: float) -> bool:
-        """Whether ``home`` is a directory (a dream's check), looked at once per ``max_age``."""
-        cached = self._homes.get(home)
-        if cached is not None and now - cached[0] < self._max_age:
-            return cached[1]
-        exists = os.path.isdir(home)
-        if len(self._homes) >= self._max:
-            self._homes.clear()
-        self._homes[home] = (now, exists)
-        return exists
-
-    def _keep(
-        self, home: str, entry: tuple[float, int, int, bool | str | None], now: float | None
-    ) -> None:
-        if now is None:
-            entry = (float("-inf"), *entry[1:])  # no clock given: never trusted without a stat
-        if len(self._cache) >= self._max and home not in self._cache:
-            self._cache.clear()
-        self._cache[home] = entry
-
-
 @dataclass(slots=True)
 class SweepReport:
     """Counts from one sweep pass (also logged as ``sweep.done``)."""
@@ -142,16 +61,6 @@ class SweepReport:
     skipped: int = 0
     batches: int = 0
     seconds: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Claimed:
-    member: str
-    lane: str
-    kind: str
-    due: int
-    spec: ScheduleSpec | None
-    hours: ActiveHours | None
 
 
 class Sweeper:
@@ -178,7 +87,7 @@ class Sweeper:
         # member -> (lane, kind, spec, hours) while the spec epoch stands (see claim.lua)
         self._known: dict[str, tuple[str, str, ScheduleSpec, ActiveHours | None]] = {}
         self._epoch: str | None = None
-        self._files = HeartbeatFiles(max_age=fleet.settings.sync_interval)
+        self._skips = Skips(self._client, self._keys, max_age=fleet.settings.sync_interval)
         self._passes = 0
         self._last_logged = float("-inf")
 
@@ -203,7 +112,7 @@ class Sweeper:
         return report
 
     # -- claim and re-score ---------------------------------------------------------------
-    def _claim_batch(self, now_ms: int) -> list[_Claimed]:
+    def _claim_batch(self, now_ms: int) -> list[Claimed]:
         claim_ms = now_ms + int(self._claim_timeout * 1000)
         raw: list[str] = self._claim(
             keys=[self._keys.schedule, self._keys.schedule_epoch],
@@ -218,7 +127,7 @@ class Sweeper:
         missing = [member for member in members if member not in known]
         if missing:
             self._learn(missing)
-        claimed: list[_Claimed] = []
+        claimed: list[Claimed] = []
         broken: list[str] = []
         nexts: list[str] = []
         at = self._clock.time()
@@ -227,7 +136,7 @@ class Sweeper:
             if entry is None:
                 lane, kind = split_schedule_member(member)
                 broken.append(member)
-                claimed.append(_Claimed(member, lane, kind, int(float(score)), None, None))
+                claimed.append(Claimed(member, lane, kind, int(float(score)), None, None))
                 continue
             lane, kind, spec, hours = entry
             try:
@@ -237,9 +146,9 @@ class Sweeper:
                 _log.error("sweep.bad_spec", member=member, error=str(exc))
                 broken.append(member)
                 known.pop(member, None)
-                claimed.append(_Claimed(member, lane, kind, int(float(score)), None, None))
+                claimed.append(Claimed(member, lane, kind, int(float(score)), None, None))
                 continue
-            claimed.append(_Claimed(member, lane, kind, int(float(score)), spec, hours))
+            claimed.append(Claimed(member, lane, kind, int(float(score)), spec, hours))
         if nexts:
             # One argument, not two per member: redis-py encodes each argument in Python.
             self._rescore(keys=[self._keys.schedule], args=[claim_ms, "\n".join(nexts)])
@@ -286,31 +195,14 @@ class Sweeper:
         return spec, hours
 
     # -- skip or tick ---------------------------------------------------------------------
-    def _skip_reason(self, item: _Claimed, now: float) -> str | None:
-        spec = item.spec
-        if spec is None:
-            return "unknown_persona"
-        if spec.kind != "heartbeat":
-            return None if self._files.home_exists(spec.home, now) else "unknown_persona"
-        blank = self._files.blank(spec.home, now)
-        if blank is None or blank == "invalid":
-            return "unknown_persona" if blank is None else "invalid_heartbeat_file"
-        if item.hours is not None and not item.hours.contains(now):
-            return "quiet_hours"
-        return "no_heartbeat_file" if blank else None
-
-    def _handle(self, claimed: Sequence[_Claimed], report: SweepReport) -> None:
+    def _handle(self, claimed: Sequence[Claimed], report: SweepReport) -> None:
         # Looked up once per batch, not per lane: below INFO it is a no-op either way.
         info = _log.info
         now = self._clock.time()
         at = int(now * 1000)
         skipped: Counter[tuple[str, str]] = Counter()
-        ticking: list[_Claimed] = []
-        for item in claimed:
-            reason = self._skip_reason(item, now)
-            if reason is None:
-                ticking.append(item)
-                continue
+        ticking, reasons = self._skips.sort(claimed, now)
+        for item, reason in reasons:
             skipped[(item.kind, reason)] += 1
             info("tick.skipped", lane=item.lane, kind=item.kind, reason=reason, due=item.due, at=at)
         outcomes = self._fleet.tick_lanes([(item.lane, item.kind) for item in ticking])

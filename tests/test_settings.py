@@ -74,6 +74,11 @@ def test_values_are_read_and_the_object_is_frozen() -> None:
         ("SOULFLEET_REPLY_MAX_BYTES", "100", ">= 1024"),
         ("SOULFLEET_BEAT_MAX_BYTES", "big", "whole number"),
         ("SOULFLEET_ALLOW_EVICTION", "maybe", "true or false"),
+        ("SOULFLEET_HEARTBEAT_MODEL", "gpt-4o-mini", "model spec such as 'openai:<model>'"),
+        ("SOULFLEET_DREAM_MODEL", "claude:x", "model spec"),
+        ("SOULFLEET_DAILY_TOKENS", "-5", ">= 0"),
+        ("SOULFLEET_DAILY_TOKENS", "lots", "whole number"),
+        ("SOULFLEET_USAGE_DAYS", "0", ">= 1"),
     ],
 )
 def test_a_bad_value_fails_loudly_naming_the_variable(variable: str, value: str, says: str) -> None:
@@ -158,3 +163,19 @@ def test_prefork_and_solo_default_to_what_they_can_run() -> None:
     prefork = Settings.from_env({"SOULFLEET_WORKER_POOL": "prefork"})
     assert 1 <= prefork.worker_concurrency <= 2 * (os.cpu_count() or 1)
     assert Settings.from_env({"SOULFLEET_WORKER_POOL": "solo"}).worker_concurrency == 1
+
+
+def test_spend_settings() -> None:
+    """Per-kind model defaults ("inherit" = none), the fleet budget (unset = none) and the
+    usage retention are read once."""
+    assert Settings().daily_tokens is None
+    settings = Settings.from_env(
+        {
+            "SOULFLEET_HEARTBEAT_MODEL": "openai:small",
+            "SOULFLEET_DREAM_MODEL": "inherit",
+            "SOULFLEET_DAILY_TOKENS": "200000",
+            "SOULFLEET_USAGE_DAYS": "7",
+        }
+    )
+    assert (settings.heartbeat_model, settings.dream_model) == ("openai:small", "")
+    assert (settings.daily_tokens, settings.usage_days) == (200000, 7)

@@ -31,7 +31,9 @@ __all__ = [
     "LAST_SWEEP",
     "LEASE_LOSSES",
     "MEMORY_LOCK_WAIT",
+    "MODEL_CALLS",
     "MODEL_CALL_SECONDS",
+    "MODEL_TOKENS",
     "REAPER_REPAIRS",
     "REDIS_MEMORY_MAX",
     "REDIS_MEMORY_USED",
@@ -43,6 +45,7 @@ __all__ = [
     "TOOL_CALLS",
     "TOOL_CALL_SECONDS",
     "TURNS",
+    "TURNS_SKIPPED",
     "TURN_GATE_WAIT",
     "TURN_SECONDS",
     "LaneStateCollector",
@@ -92,6 +95,22 @@ MODEL_CALL_SECONDS = Histogram(
     "Wall time of one model call (inside the turn gate).",
     ["provider"],
     buckets=_LATENCY_BUCKETS,
+)
+MODEL_TOKENS = Counter(
+    "soulfleet_model_tokens_total",
+    "Tokens model providers reported, by provider, model, turn kind and type "
+    "(input = every prompt token, cached_input = the part read from a prompt cache, output).",
+    ["provider", "model", "kind", "type"],
+)
+MODEL_CALLS = Counter(
+    "soulfleet_model_calls_total",
+    "Model calls that returned an answer (paid calls), by provider, model and turn kind.",
+    ["provider", "model", "kind"],
+)
+TURNS_SKIPPED = Counter(
+    "soulfleet_turns_skipped_total",
+    "Turns a worker ended without a model call, by kind and reason (budget, nothing_new).",
+    ["kind", "reason"],
 )
 TURN_GATE_WAIT = Histogram(
     "soulfleet_turn_gate_wait_seconds",

@@ -13,6 +13,7 @@ This module imports nothing heavy: the persona core, the CLI and Celery's app mo
 from __future__ import annotations
 
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ DEFAULT_CONCURRENCY = 200
 #: The fleet-wide turn gate's default: five default workers' worth, so it never binds a single
 #: host below its concurrency; set it to what your provider account allows.
 DEFAULT_MODEL_CALLS = 1000
+# The spec shape only: which providers exist is workers.persona.models.spec's call, and that
+# module imports the HTTP clients, which settings must not.
+_MODEL_SPEC = re.compile(r"(?:openai|anthropic|scripted):\S.*", re.DOTALL)
 
 
 def redact_url(url: str) -> str:
@@ -68,6 +72,15 @@ class Settings:
     key_prefix: str = "soulfleet:"
     queue_prefix: str = "soulfleet"
     model: ModelConfig = field(default_factory=ModelConfig)
+    #: per-kind fleet defaults ("" = the persona's own model); see workers.persona.spend.
+    heartbeat_model: str = ""
+    dream_model: str = ""
+
+    # Spend.
+    #: fleet-wide daily token budget per persona (None: no budget unless persona.toml sets one)
+    daily_tokens: int | None = None
+    #: days of per-persona token usage kept in Redis
+    usage_days: int = 8
 
     # Lanes and turns.
     inbox_max: int = 1000
@@ -178,6 +191,11 @@ class Settings:
         if refused is not None:
             raise SettingsError("SOULFLEET_WORKER_CONCURRENCY", refused)
 
+        daily_tokens = (
+            None
+            if env.raw("SOULFLEET_DAILY_TOKENS") is None
+            else env.integer("SOULFLEET_DAILY_TOKENS", 0, minimum=0)
+        )
         return cls(
             redis_url=redis_url,
             redis_url_explicit=redis_raw is not None,
@@ -186,6 +204,10 @@ class Settings:
             key_prefix=prefix,
             queue_prefix=env.text("SOULFLEET_QUEUE_PREFIX", "soulfleet"),
             model=model,
+            heartbeat_model=_model_spec(env, "SOULFLEET_HEARTBEAT_MODEL"),
+            dream_model=_model_spec(env, "SOULFLEET_DREAM_MODEL"),
+            daily_tokens=daily_tokens,
+            usage_days=env.integer("SOULFLEET_USAGE_DAYS", 8, minimum=1),
             inbox_max=env.integer("SOULFLEET_INBOX_MAX", 1000, minimum=1),
             item_max_bytes=env.integer("SOULFLEET_ITEM_MAX_BYTES", 64 * 1024, minimum=1),
             lease_ttl=lease_ttl,
@@ -261,6 +283,20 @@ class Settings:
     def lease_renew_every(self) -> float:
         """Renew three times per TTL so one slow round trip never loses a live lease."""
         return self.lease_ttl / 3
+
+
+def _model_spec(env: EnvReader, name: str) -> str:
+    """A per-kind model default: empty or "inherit" (the persona's model) or a spec."""
+    value = env.text(name, "").strip()
+    if value.lower() in ("", "inherit"):
+        return ""
+    if _MODEL_SPEC.fullmatch(value) is None:
+        raise SettingsError(
+            name,
+            "must be empty, 'inherit' or a model spec such as 'openai:<model>', "
+            f"'anthropic:<model>' or 'scripted:<path>', got {value!r}",
+        )
+    return value
 
 
 def _fraction(env: EnvReader, name: str, default: float) -> float:

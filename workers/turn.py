@@ -46,7 +46,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -59,6 +59,8 @@ from workers.fleet.gate import Gate, GatedModel
 from workers.fleet.lanes import SessionCommit
 from workers.fleet.lease import ClaimHandle, Renewer
 from workers.fleet.outcomes import StartOutcome
+from workers.fleet.spend import Refusal, SpendGuard, kind_model
+from workers.fleet.usage import MeteredModel
 from workers.logs import bind_task, monotonic_wall_time
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.dreamer import dreamer
@@ -117,6 +119,7 @@ class TurnExecutor:
         self.worker_id = worker_id
         self._claims: dict[tuple[str, str], ClaimHandle] = {}
         self._claims_lock = threading.Lock()
+        self.guard = SpendGuard(fleet.ledger, fleet_daily_tokens=settings.daily_tokens)
         self.budget = Budget(
             max_model_calls=settings.turn_max_model_calls,
             max_tool_calls=settings.turn_max_tool_calls,
@@ -172,17 +175,6 @@ class TurnExecutor:
         bind_task(task_id=task_id, lane=lane, turn_id=turn_id, fence=started.fence)
         handle = self.renewer.register_lease(lane, started.fence)
         began = time.monotonic()
-        _log.info(
-            "turn.start",
-            fence=started.fence,
-            kind=started.kind,
-            ticks=started.ticks,
-            items=len(started.items),
-            recovered=started.recovered,
-            attempt=started.attempt,
-            worker=self.worker_id,
-            at=monotonic_wall_time(),
-        )
         try:
             return self._run(lane, turn_id, started, handle.check, began)
         except TurnAborted as exc:
@@ -202,8 +194,13 @@ class TurnExecutor:
         began: float,
     ) -> TurnReport:
         name, role = self.fleet.registry.parse_lane(lane)
+        kind = "dream" if role == "dreamer" else started.kind
+        prepared = self._prepare(lane, turn_id, started, began, name=name, kind=kind)
+        if isinstance(prepared, TurnReport):
+            return prepared
+        persona, spec = prepared
         try:
-            agent = self._agent(name, role)
+            agent = self._agent(persona, role, spec)
             tools = agent.toolset(
                 lock_mode=self.settings.lock_mode,
                 lock_timeout=self.settings.lock_timeout,
@@ -212,12 +209,12 @@ class TurnExecutor:
                 # write is answered as before instead of applying it twice.
                 write_scope=self.fleet.lanes.work_id(lane),
             )
-            model = self._model(agent)
+            model = self._model(agent, kind, f"{lane}:{turn_id}:{started.fence}", persona)
         except TurnAborted:
             raise
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
             error = f"{type(exc).__name__}: {exc}"
-            return self._fail(lane, turn_id, started, error, began, cause=exc)
+            return self._fail(lane, turn_id, started, error, began, cause=exc, model=spec)
 
         if model.breaker is not None and model.breaker.paused(model.provider):
             # Known before the first write: park the turn without opening a transcript.
@@ -246,13 +243,14 @@ class TurnExecutor:
             # the home, fails this turn with its reason instead of escaping as a "lost worker"
             error = f"{type(exc).__name__}: {exc}"
             return self._fail(
-                lane, turn_id, started, error, began, cause=exc, provider=model.provider
+                lane, turn_id, started, error, began, cause=exc, provider=model.provider, model=spec
             )
 
         def record(message: Message) -> None:
             guard()
             writer.append(message)
 
+        failure: tuple[str, BaseException | None] | None = None
         try:
             result = run_loop(
                 system=plan.soul,
@@ -266,25 +264,26 @@ class TurnExecutor:
                 history=plan.history,
             )
             writer.sync()
+            result = plan.charge(result)
+            if result.status == "error":
+                failure = (result.error or "model error", result.cause)
         except TurnAborted:
             raise
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            return self._fail(
-                lane, turn_id, started, error, began, cause=exc, provider=model.provider
-            )
+            failure = (f"{type(exc).__name__}: {exc}", exc)
         finally:
             writer.close()
-        result = plan.charge(result)
-        if result.status == "error":
+        if failure is not None:
+            error, cause = failure
             return self._fail(
                 lane,
                 turn_id,
                 started,
-                result.error or "model error",
+                error,
                 began,
-                cause=result.cause,
+                cause=cause,
                 provider=model.provider,
+                model=spec,
             )
         return self._commit(
             lane,
@@ -316,6 +315,28 @@ class TurnExecutor:
             incoming=prompt,
             model=model,
         )
+
+    def _prepare(
+        self, lane: str, turn_id: str, started: StartOutcome, began: float, *, name: str, kind: str
+    ) -> tuple[AgentDef, str] | TurnReport:
+        """The persona and the model spec this turn pays for; or how the turn ended without
+        a model call (a persona that cannot be read fails; one over budget, or a dream with
+        nothing new, is refused by the spend guard)."""
+        try:
+            persona = from_dir(self.fleet.registry.home(name))
+            # Resolved here so the logs name the model really called ("inherit" names none).
+            spec = resolve_model(
+                kind_model(persona, kind, self.settings), self.settings.model, base_dir=persona.home
+            ).spec
+        except Exception as exc:  # a persona that cannot be composed fails only its own turn
+            self._started(started, kind, None)
+            error = f"{type(exc).__name__}: {exc}"
+            return self._fail(lane, turn_id, started, error, began, cause=exc)
+        self._started(started, kind, spec)
+        refusal = self.guard.check(persona, kind, lane=lane)
+        if refusal is not None:
+            return self._refuse(lane, turn_id, started, refusal, began, kind=kind, model=spec)
+        return persona, spec
 
     def _commit(
         self,
@@ -363,6 +384,8 @@ class TurnExecutor:
             reply_extra={"usage": result.usage.to_dict(), "limit": result.limit},
             session=session,
         )
+        if role == "dreamer":
+            self.guard.passed(lane, self.fleet.clock.time())
         if finished.follow_up_turn_id and finished.follow_up_kind:
             self.fleet.publisher.publish(lane, finished.follow_up_turn_id, finished.follow_up_kind)
         if session is not None:
@@ -385,6 +408,7 @@ class TurnExecutor:
             session_reason=plan.reason,
             session_write=finished.session,
             compacted=plan.compaction is not None or None,
+            model=agent.model,
             follow_up=finished.follow_up_turn_id,
         )
         return TurnReport(lane, turn_id, result.status, result.text, finished.follow_up_turn_id)
@@ -411,6 +435,7 @@ class TurnExecutor:
         *,
         cause: BaseException | None = None,
         provider: str | None = None,
+        model: str | None = None,
     ) -> TurnReport:
         ended_at = monotonic_wall_time()
         kind = classify(cause) if cause is not None else "unknown"
@@ -442,6 +467,7 @@ class TurnExecutor:
             failure=kind,
             dead=failed.dead,
             retry_at=failed.retry_at,
+            model=model,
         )
         extra = {"error": error, "dead": failed.dead, "failure": kind, "reason": failed.reason}
         return TurnReport(lane, turn_id, "error", extra=extra)
@@ -497,16 +523,29 @@ class TurnExecutor:
             **{k: v for k, v in fields.items() if v is not None},
         )
 
-    def _agent(self, name: str, role: str) -> AgentDef:
-        home = self.fleet.registry.home(name)
-        persona = from_dir(home)
+    def _started(self, started: StartOutcome, kind: str, spec: str | None) -> None:
+        _log.info(
+            "turn.start",
+            fence=started.fence,
+            kind=started.kind,
+            model_kind=kind,
+            model=spec,
+            ticks=started.ticks,
+            items=len(started.items),
+            recovered=started.recovered,
+            attempt=started.attempt,
+            worker=self.worker_id,
+            at=monotonic_wall_time(),
+        )
+
+    def _agent(self, persona: AgentDef, role: str, spec: str) -> AgentDef:
         if role != "dreamer":
-            return persona
+            return replace(persona, model=spec)
         return dreamer(
-            home,
-            store=FileTranscripts(home, lanes=[name]),
+            persona.home,
+            store=FileTranscripts(persona.home, lanes=[persona.name]),
             instructions=persona.dream.instructions if persona.dream else None,
-            model=persona.model,
+            model=spec,
         )
 
     def _declared(self, agent: AgentDef, role: str) -> tuple[Tool, ...]:
@@ -530,9 +569,20 @@ class TurnExecutor:
             )
         return box.tools
 
-    def _model(self, agent: AgentDef) -> GatedModel:
-        model = resolve_model(agent.model, self.settings.model, base_dir=agent.home)
-        provider = provider_of(model)
+    def _model(self, agent: AgentDef, kind: str, call_prefix: str, persona: AgentDef) -> GatedModel:
+        resolved = resolve_model(agent.model, self.settings.model, base_dir=agent.home)
+        provider = provider_of(resolved)
+        # Every answered call is counted as it returns: a turn that later fails or dies was
+        # still billed for it (workers/fleet/usage.py).
+        model = MeteredModel(
+            resolved,
+            self.fleet.ledger,
+            persona=persona.name,
+            day=self.guard.day(persona),
+            call_prefix=call_prefix,
+            kind=kind,
+            provider=provider,
+        )
         # The gate protects a provider's rate limits; the offline scripted model has none, so it
         # skips the two Redis round trips a slot costs (the wrapper still times the call).
         if provider == "scripted":
@@ -544,6 +594,53 @@ class TurnExecutor:
             timeout=self.settings.turn_max_seconds,
             breaker=self.fleet.breaker,
         )
+
+    def _refuse(
+        self,
+        lane: str,
+        turn_id: str,
+        started: StartOutcome,
+        refusal: Refusal,
+        began: float,
+        *,
+        kind: str,
+        model: str,
+    ) -> TurnReport:
+        """End the turn without a model call: background work is skipped, a conversation
+        refused (whoever waits for a reply gets the reason as its text)."""
+        metrics.TURNS_SKIPPED.labels(kind=kind, reason=refusal.reason).inc()
+        _log.info(
+            "turn.skipped",
+            reason=refusal.reason,
+            status=refusal.status,
+            detail=refusal.detail,
+            kind=kind,
+            item_ids=[item.id for item in started.items],
+        )
+        ended_at = monotonic_wall_time()
+        text = refusal.detail if refusal.status == "refused" else ""
+        finished = self.fleet.lanes.finish(
+            lane,
+            started.fence,
+            status=refusal.status,
+            text=text,
+            reply_ids=[item.id for item in started.items if item.reply],
+            reply_extra={"reason": refusal.reason},
+        )
+        if finished.follow_up_turn_id and finished.follow_up_kind:
+            self.fleet.publisher.publish(lane, finished.follow_up_turn_id, finished.follow_up_kind)
+        self._end(
+            lane,
+            turn_id,
+            started,
+            refusal.status,
+            began,
+            ended_at=ended_at,
+            reason=refusal.reason,
+            model=model,
+            follow_up=finished.follow_up_turn_id,
+        )
+        return TurnReport(lane, turn_id, refusal.status, text, finished.follow_up_turn_id)
 
     def _log_dream(self, agent: AgentDef, turn_id: str, text: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.fleet.clock.time()))

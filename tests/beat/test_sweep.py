@@ -173,15 +173,18 @@ def test_blank_or_absent_heartbeat_file_skips_until_it_has_content(
     publisher: RecordingPublisher,
     redis_client: redis.Redis,
 ) -> None:
-    """No HEARTBEAT.md, or only white space in it: skipped as no_heartbeat_file, no tick."""
+    """No HEARTBEAT.md: skipped as no_heartbeat_file; only white space in it: skipped as
+    blank_heartbeat; no tick either way."""
     write_persona(persona_root, "blank", EVERY_1M, heartbeat=" \n\t\n")
     write_persona(persona_root, "absent", EVERY_1M, heartbeat=None)
     sync(fleet)
     before = skipped("heartbeat", "no_heartbeat_file")
+    blank_before = skipped("heartbeat", "blank_heartbeat")
     sweeper = Sweeper(fleet)
     clock.advance(61)
     assert sweeper.run().skipped == 2
-    assert skipped("heartbeat", "no_heartbeat_file") == before + 2
+    assert skipped("heartbeat", "no_heartbeat_file") == before + 1
+    assert skipped("heartbeat", "blank_heartbeat") == blank_before + 1
     assert lane_ticks(redis_client, fleet.keys, ["blank", "absent"]) == {"blank": 0, "absent": 0}
     assert publisher.sent == []
     write_persona(persona_root, "blank", EVERY_1M, heartbeat="Water the plants.\n")

@@ -32,7 +32,7 @@ def test_unknown_option_is_a_usage_error(invoke: Invoke) -> None:
 @pytest.mark.parametrize(
     "args",
     [("post", "ava", "hi"), ("status",), ("beats",), ("dream", "ava"), ("run", "ava", "hi"),
-     ("run", "ava", "hi", "--local"), ("up", "--personas", "."), ("soul", "ava")],
+     ("run", "ava", "hi", "--local"), ("up", "--personas", "."), ("soul", "ava"), ("usage",)],
 )  # fmt: skip
 def test_invalid_settings_name_the_variable(
     invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path, args: tuple[str, ...]

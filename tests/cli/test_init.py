@@ -9,10 +9,12 @@ from tests.cli.conftest import Invoke
 from workers.cli.init import SCAFFOLD_FILES
 from workers.persona.home import BOOTSTRAP_ORDER, compose_soul
 from workers.persona.manifest import PersonaConfig, load_manifest, parse_manifest
+from workers.persona.spend import heartbeat_blank
 from workers.persona.tool_config import McpDecl
 
 _KEYS = ("does", "model", "memory", "notes", "memory_index_cap", "every", "active_hours",
-         "cron", "timezone", "window", "instructions")  # fmt: skip
+         "cron", "timezone", "window", "instructions", "idle_after", "idle_every",
+         "daily_tokens", "on_exceed")  # fmt: skip
 
 
 def test_init_writes_every_bootstrap_file_with_a_role_comment(
@@ -47,6 +49,20 @@ def test_init_persona_toml_is_valid_and_documents_every_key(invoke: Invoke, tmp_
     for key in _KEYS:
         at = next(i for i, line in enumerate(lines) if line.lstrip("# ").startswith(f"{key} ="))
         assert lines[at - 1].startswith("#"), f"{key} has no comment above it"
+
+
+def test_init_heartbeat_costs_nothing_until_a_task_is_written(
+    invoke: Invoke, tmp_path: Path
+) -> None:
+    """The scaffolded HEARTBEAT.md is blank by the spend rule (beats skipped as blank_heartbeat,
+    no model call), and explains how to change that; one written task makes it actionable."""
+    home = tmp_path / "kai"
+    assert invoke("init", str(home)).exit_code == 0
+    path = home / "HEARTBEAT.md"
+    text = path.read_text(encoding="utf-8")
+    assert heartbeat_blank(text)
+    assert "blank_heartbeat" in text
+    assert not heartbeat_blank(text + "- remind me to stretch\n")
 
 
 def test_init_refuses_to_overwrite_and_writes_nothing(invoke: Invoke, tmp_path: Path) -> None:

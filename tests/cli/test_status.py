@@ -44,11 +44,15 @@ def test_status_one_persona_table(invoke: Invoke, env: Mapping[str, str | None])
     commit_turn(lanes_for(env), "milo", "Found three sources")
     result = invoke("status", "milo")
     assert result.exit_code == 0, result.output
-    header, row, last = result.stdout.splitlines()
+    header, row, last, models = result.stdout.splitlines()
     assert header.split()[:3] == ["PERSONA", "STATE", "TICKS"]
+    assert "TOKENS TODAY" in header
     assert row.split()[:2] == ["milo", "idle"]
     assert "done" in row
     assert last == "last reply: Found three sources"
+    assert models.startswith("models: conversation ")
+    assert ", heartbeat " in models
+    assert ", dream " in models
 
 
 def test_status_shows_a_dead_lettered_lane_and_why(

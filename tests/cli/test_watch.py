@@ -55,6 +55,18 @@ def test_reporter_memory_and_dream_lines() -> None:
     assert (reporter.tally.memory_writes, reporter.tally.dream_passes) == (2, 1)
 
 
+def test_reporter_spend_skips_are_not_errors() -> None:
+    """A turn a worker ended before its model call (budget, nothing_new) is a skip line, not an
+    error."""
+    reporter, lines = _reporter()
+    skipped = {"event": "turn.end", "lane": "ava", "status": "skipped", "reason": "budget"}
+    reporter.event(skipped)
+    reporter.event({**skipped, "status": "refused"})
+    assert reporter.tally.errors == 0
+    assert [line.split()[1] for line in lines] == ["skip", "skip"]
+    assert lines[0].endswith("skip    ava: turn skipped (budget), no model call")
+
+
 def test_reporter_beats_errors_and_status_line() -> None:
     """Beats are printed and counted; failed turns and other errors once each; status sums up."""
     reporter, lines = _reporter()

@@ -20,6 +20,7 @@ from workers.persona.manifest import (
     parse_manifest,
 )
 from workers.persona.schedules import ActiveHours, DreamSchedule, HeartbeatSchedule
+from workers.persona.spend import DailyBudget
 
 FULL = """\
 does = "Keeps Ava's calendar and remembers her preferences"
@@ -335,3 +336,71 @@ def test_overflowing_duration_is_a_config_error(tmp_path: Path, every: str) -> N
     (tmp_path / "persona.toml").write_text(f'[heartbeat]\nevery = "{every}"\n')
     with pytest.raises(PersonaConfigError, match=r"'heartbeat\.every'.*longer than"):
         load_manifest(tmp_path)
+
+
+SPEND = """\
+model = "openai:big"
+[heartbeat]
+every = "30m"
+model = "openai:small"
+idle_after = "3d"
+idle_every = "6h"
+[dream]
+every = "24h"
+model = "scripted:dream.toml"
+[budget]
+daily_tokens = 200000
+on_exceed = "stop"
+timezone = "Europe/Berlin"
+"""
+
+
+def test_spend_keys_parse(tmp_path: Path) -> None:
+    """heartbeat.model, dream.model (a relative scripted path anchored at the home),
+    heartbeat.idle_after/idle_every and [budget] are read into the config."""
+    config = parse_manifest(SPEND, home=tmp_path)
+    assert config.heartbeat is not None
+    assert config.dream is not None
+    assert config.heartbeat.model == "openai:small"
+    assert (config.heartbeat.idle_after, config.heartbeat.idle_every) == (3 * 86400, 6 * 3600)
+    assert config.dream.model == f"scripted:{tmp_path / 'dream.toml'}"
+    assert config.budget == DailyBudget(200000, "stop", "Europe/Berlin")
+
+
+def test_kind_models_inherit_and_budget_defaults() -> None:
+    """heartbeat.model = "inherit" means unset (fleet default, then the persona's model);
+    [budget] alone means skip_background in UTC with the fleet's daily_tokens."""
+    config = parse_manifest('[heartbeat]\nevery = "1h"\nmodel = "inherit"\n[budget]\n')
+    assert config.heartbeat is not None
+    assert config.heartbeat.model is None
+    assert config.budget == DailyBudget(None, "skip_background", "UTC")
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "says"),
+    [
+        ('[heartbeat]\nevery = "1h"\nmodel = "gpt-4o"\n', "heartbeat.model", "spec"),
+        ('[dream]\nevery = "1h"\nmodel = 3\n', "dream.model", "string"),
+        ('[heartbeat]\nevery = "1h"\nidle_after = "3d"\n', "heartbeat.idle_every", "required"),
+        (
+            '[heartbeat]\nevery = "1h"\nidle_after = "3d"\nidle_every = "10m"\n',
+            "heartbeat.idle_every",
+            "shorter",
+        ),
+        ("[budget]\ndaily_tokens = -1\n", "budget.daily_tokens", ">= 0"),
+        ('[budget]\ndaily_tokens = "lots"\n', "budget.daily_tokens", "whole number"),
+        ('[budget]\non_exceed = "panic"\n', "budget.on_exceed", "skip_background"),
+        ('[budget]\ntimezone = "Mars/Base"\n', "budget.timezone", "IANA"),
+        ("[budget]\nmonthly = 5\n", "budget.monthly", "not a known key"),
+    ],
+)
+def test_bad_spend_keys_name_the_dotted_key_and_the_file(
+    tmp_path: Path, text: str, key: str, says: str
+) -> None:
+    """Every bad spend value is an error naming its dotted key and the file."""
+    path = write(tmp_path, text)
+    with pytest.raises(PersonaConfigError) as caught:
+        load_manifest(tmp_path)
+    assert caught.value.key == key
+    assert says in str(caught.value)
+    assert str(path) in str(caught.value)

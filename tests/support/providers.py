@@ -39,6 +39,7 @@ __all__ = [
     "Recorded",
     "RecordingClock",
     "Reply",
+    "Served",
     "anthropic_error",
     "anthropic_message",
     "error_reply",
@@ -71,6 +72,16 @@ class Recorded:
     headers: Mapping[str, str]
     body: Any  # the parsed JSON body, or None if it was not JSON
     raw: bytes
+
+
+@dataclass(frozen=True)
+class Served:
+    """A 200 answer the server wrote to a client that was still there: what it billed."""
+
+    body: Any  # the request's parsed JSON body
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
 
 
 class RecordingClock(SystemClock):
@@ -226,12 +237,24 @@ class FakeProvider:
         delay: float = 0.0,
         text: str = "ok",
         respond: Callable[[Any], Reply | Mapping[str, Any]] | None = None,
+        answer: Callable[[Any], str | Mapping[str, Any]] | None = None,
+        tokens: Callable[[Any], tuple[int, int]] | None = None,
     ) -> None:
         self.kind: ProviderKind = kind
         self.delay = delay
         self.text = text
         #: answers a request body when no canned reply is queued (None: the plain ``text``)
         self.respond = respond
+        #: with the queue empty: the answer for a request body (default ``text``; a mapping is
+        #: the whole JSON answer) and its (input, output) usage (default the builders' numbers)
+        self.answer = answer
+        self.tokens = tokens
+        #: every 200 answer delivered to a live client, in order (the "bill")
+        self.served: list[Served] = []
+        #: request bodies whose client was gone (killed) when the answer was due: not billed
+        self.dropped: list[Any] = []
+        self._open = threading.Event()
+        self._open.set()
         self._address = (host, port)
         self._lock = threading.Lock()
         self._replies: collections.deque[Reply] = collections.deque()
@@ -313,6 +336,14 @@ class FakeProvider:
     def bodies(self) -> list[Any]:
         return [request.body for request in self.requests]
 
+    def pause(self) -> None:
+        """Hold every answer not yet being written until :meth:`resume` (requests still
+        arrive and are recorded). A client that died meanwhile gets nothing and is not billed."""
+        self._open.clear()
+
+    def resume(self) -> None:
+        self._open.set()
+
     # serving
 
     def _opened(self, connection: socket.socket) -> None:
@@ -326,11 +357,19 @@ class FakeProvider:
 
     def _default(self, body: Any) -> Reply:
         model = body.get("model", "fake") if isinstance(body, dict) else "fake"
-        payload = (
-            openai_completion(self.text, model=model)
-            if self.kind == "openai"
-            else anthropic_message(self.text, model=model)
-        )
+        text = self.answer(body) if self.answer is not None else self.text
+        if not isinstance(text, str):
+            return Reply(body=dict(text), delay=self.delay)
+        if self.kind == "openai":
+            tokens_in, tokens_out = self.tokens(body) if self.tokens else (11, 7)
+            payload = openai_completion(
+                text, model=model, prompt_tokens=tokens_in, completion_tokens=tokens_out
+            )
+        else:
+            tokens_in, tokens_out = self.tokens(body) if self.tokens else (13, 5)
+            payload = anthropic_message(
+                text, model=model, input_tokens=tokens_in, output_tokens=tokens_out
+            )
         return Reply(body=payload, delay=self.delay)
 
     def _generated(self, body: Any) -> Reply:
@@ -384,6 +423,15 @@ class FakeProvider:
         if reply.delay > 0 and self._stopping.wait(reply.delay):
             handler.close_connection = True
             return
+        while not self._open.wait(0.05):
+            if self._stopping.is_set():
+                handler.close_connection = True
+                return
+        if not reply.disconnect and _peer_gone(handler.connection):
+            with self._lock:
+                self.dropped.append(body)
+            handler.close_connection = True
+            return
         if reply.disconnect:
             handler.close_connection = True
             return
@@ -401,6 +449,46 @@ class FakeProvider:
         except OSError:
             # The client gave up (timed out) before we answered: expected in timeout tests.
             handler.close_connection = True
+            return
+        if reply.status == 200:
+            self._bill(body, reply.body)
+
+    def _bill(self, request: Any, answer: Any) -> None:
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        if not isinstance(usage, dict):
+            return
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens", 0) if isinstance(details, dict) else 0
+        if self.kind == "openai":
+            tokens_in, tokens_out = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        else:
+            tokens_in = sum(
+                usage.get(name, 0)
+                for name in (
+                    "input_tokens",
+                    "cache_creation_input_tokens",
+                    "cache_read_input_tokens",
+                )
+            )
+            tokens_out = usage.get("output_tokens", 0)
+            cached = usage.get("cache_read_input_tokens", 0)
+        with self._lock:
+            self.served.append(Served(request, int(tokens_in), int(tokens_out), int(cached)))
+
+
+def _peer_gone(connection: socket.socket) -> bool:
+    """Whether the client closed its end (a killed process): an answer would reach no one."""
+    timeout = connection.gettimeout()
+    try:
+        connection.settimeout(0.0)
+        return connection.recv(1, socket.MSG_PEEK) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+    finally:
+        with contextlib.suppress(OSError):
+            connection.settimeout(timeout)
 
 
 def serve(kind: ProviderKind, *, host: str, port: int, delay: float, text: str) -> FakeProvider:

@@ -13,6 +13,7 @@
     soulfleet dream PERSONA | --all
     soulfleet revive PERSONA [--dreamer]
     soulfleet session show PERSONA [--json] | session reset PERSONA
+    soulfleet usage [NAME] [--top N] [--days N] [--json]
 
 One module per command, each thin: parse, call the core (:class:`workers.fleet.Fleet`, the
 persona core), report. Which fleet a command reaches is :mod:`workers.cli.context`; how it fails
@@ -37,6 +38,7 @@ from workers.cli.soul import soul
 from workers.cli.status import status
 from workers.cli.tools import tools
 from workers.cli.up import up
+from workers.cli.usage import usage
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
 
@@ -60,7 +62,7 @@ def cli(ctx: click.Context) -> None:
     ctx.call_on_close(state.close)
 
 
-for _command in (up, init, soul, tools, run, post, status, beats, dream, revive, session):
+for _command in (up, init, soul, tools, run, post, status, beats, dream, revive, session, usage):
     cli.add_command(_command)
 
 

@@ -10,7 +10,8 @@ The turn continues the persona's session, so it sees the conversation so far (``
 keeps its own session in the persona's directory); ``--new-session`` starts a new one first.
 
 Exit status: 0 when the turn finished (status ``done``), 1 when it ended ``incomplete`` (a
-budget limit) or ``error``, or did not answer within ``--timeout``.
+budget limit), ``error`` or ``refused`` (the persona's daily token budget is used up and it
+stops every turn), or did not answer within ``--timeout``.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def run(
             "status": reply.status,
             "usage": reply.usage,
             "limit": reply.limit,
+            "reason": reply.reason,
             "turn_id": reply.turn_id,
         }
     if as_json:
@@ -89,7 +91,7 @@ def run(
     else:
         click.echo(report["text"])
     if report["status"] != "done":
-        why = report.get("limit") or report.get("error") or report["status"]
+        why = report.get("limit") or report.get("error") or report.get("reason") or report["status"]
         if not as_json:
             click.echo(f"soulfleet: turn ended {report['status']}: {why}", err=True)
         ctx.exit(EXIT_FAILURE)

@@ -27,7 +27,10 @@ from workers.persona.locks import shared_claims_under
 
 __all__ = ["ago", "beat_summary", "breaker_lines", "invalid_personas", "lock_claims", "status"]
 
-_COLUMNS = ("PERSONA", "STATE", "TICKS", "INBOX", "TRIES", "LAST TURN", "DREAMER", "LAST ERROR")
+_COLUMNS = (
+    "PERSONA", "STATE", "TICKS", "INBOX", "TRIES", "TOKENS TODAY", "LAST TURN", "DREAMER",
+    "LAST ERROR",
+)  # fmt: skip
 
 
 def ago(when: object, now: float | None = None) -> str:
@@ -141,12 +144,16 @@ def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
         state = f"retry {_until(retry_at if isinstance(retry_at, float) else None, time.time())}"
     elif state == "deferred":
         state = f"deferred ({entry.get('provider') or '?'})"
+    tokens = str(entry.get("tokens_today", 0))
+    if entry.get("daily_tokens") is not None:
+        tokens += f"/{entry['daily_tokens']}"
     return (
         str(entry.get("persona", "")),
         state,
         str(entry.get("pending_ticks", 0)),
         str(entry.get("inbox_depth", 0)),
         str(entry.get("attempts", 0)),
+        tokens,
         last,
         dreamer_state,
         error if len(error) <= 60 else error[:57] + "...",
@@ -187,6 +194,9 @@ def status(ctx: click.Context, persona: str | None, as_json: bool, personas: Pat
             click.echo(f"INVALID (not scheduled until fixed): {' '.join(why.split())}")
         if not as_json:
             _echo_claims(claims)
+        if not as_json and entry.get("models"):
+            shown = ", ".join(f"{kind} {spec}" for kind, spec in entry["models"].items())
+            click.echo(f"models: {shown}")
         return
     fleet = state.fleet()  # Redis first: with no fleet, the personas root is moot
     root = state.settings.personas

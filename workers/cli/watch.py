@@ -175,6 +175,10 @@ class Reporter:
     def _turn_end(self, event: Mapping[str, Any], lane: str, persona: str) -> None:
         self.tally.turns += 1
         status = event.get("status")
+        if status in ("skipped", "refused"):
+            # No model call by the spend rules (budget, nothing_new): not an error.
+            self.line("skip", f"{lane}: turn {status} ({event.get('reason', '?')}), no model call")
+            return
         if status not in ("done", "incomplete"):
             self.tally.errors += 1
             self.line("error", f"{lane}: turn {status}: {_short(event.get('error', ''))}")

@@ -35,6 +35,8 @@ from workers.fleet.outcomes import PostOutcome, Repair, TickOutcome
 from workers.fleet.recovery import Backoff, Recovery
 from workers.fleet.registry import PersonaRegistry
 from workers.fleet.servertime import ServerClock
+from workers.fleet.spend import persona_budget, persona_models
+from workers.fleet.usage import UsageLedger
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
 from workers.persona.manifest import load_manifest
@@ -66,6 +68,8 @@ class RunReply:
     turn_id: str
     usage: dict[str, int] | None = None
     limit: str | None = None
+    #: why a turn ended without a model call (``budget``), with status skipped or refused
+    reason: str | None = None
 
 
 class Fleet:
@@ -121,6 +125,9 @@ class Fleet:
         )
         self.backoff = Backoff(settings.retry_base, settings.retry_max)
         self.recovery = Recovery(self.lanes, self.breaker, claim_ttl=settings.claim_ttl)
+        self.ledger = UsageLedger(
+            self.client, self.keys, days=settings.usage_days, clock=self.clock
+        )
 
     @classmethod
     def from_settings(
@@ -241,6 +248,7 @@ class Fleet:
                     if isinstance(usage, dict)
                     else None,
                     limit=None if data.get("limit") is None else str(data["limit"]),
+                    reason=None if data.get("reason") is None else str(data["reason"]),
                 )
             status = self.lanes.status(name)
             if status.get("state") == "dead":
@@ -251,6 +259,11 @@ class Fleet:
         """The persona lane's state, plus its dreamer lane's when it has one."""
         name = self.registry.resolve(persona)
         status: dict[str, Any] = {"persona": name, **self.lanes.status(name)}
+        home = self.registry.home(name)
+        budget = persona_budget(home, self.settings)
+        status["tokens_today"] = self.ledger.spent(name, self.ledger.today(budget.timezone))
+        status["daily_tokens"] = budget.daily_tokens
+        status["models"] = persona_models(home, self.settings)
         dreamer_lane = self.registry.lane_of(name, "dreamer")
         dreamer = self.lanes.status(dreamer_lane)
         if dreamer.get("last_turn") or dreamer.get("state") not in (None, "idle"):
@@ -289,6 +302,20 @@ class Fleet:
         if ends is None:
             ends = load_manifest(home).session.expired(state, self.clock.time())
         return {**report, **state.summary(), "ends": ends}
+
+    def usage(self, persona: str | None = None, days: int = 1) -> list[dict[str, Any]]:
+        """Tokens (input, output, cached input) and model calls per persona per day and per
+        model, newest day first. A persona's days are its budget's time zone's; the fleet-wide
+        listing (``persona=None``: every persona that used a model) names days in UTC."""
+        if days < 1:
+            raise ValueError(f"days must be >= 1, got {days}")
+        if persona is None:
+            rows = self.ledger.usage(None, self.ledger.days_back(days))
+        else:
+            name = self.registry.resolve(persona)
+            timezone = persona_budget(self.registry.home(name), self.settings).timezone
+            rows = self.ledger.usage([name], self.ledger.days_back(days, timezone))
+        return [row.to_dict() for row in rows]
 
     def beats(self, count: int = 100) -> list[Beat]:
         """Recent surfaced beats, newest last."""

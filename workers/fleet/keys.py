@@ -15,7 +15,9 @@ key                   type    holds
                               last_status, last_text, last_end, queued_at, started_at, worker,
                               last_error_kind, failing_since, failures, retry_at, provider,
                               session (the current session state file's name), session_epoch
-                              (bumped by a session reset)
+                              (bumped by a session reset), last_post (ms of the newest inbound
+                              post), last_pass (dreamer lanes: ms the newest pass that ran its
+                              model ended)
 ``inbox:<lane>``      list    JSON inbox items waiting for the next turn (bounded)
 ``inflight:<lane>``   list    items drained by the running turn, kept until it finishes
 ``lease:<lane>``      string  ``<fence>:<worker>``, PX TTL; the running turn's lease
@@ -43,6 +45,13 @@ Fleet-wide:
 ``registry``                  hash    persona -> JSON {path, fingerprint, error}
 ``registry:lanes``            string  how many lanes the newest registry sync registered
 ``beat:last_sweep``           string  JSON summary of the newest sweep (liveness)
+``usage:<day>:<persona>``     hash    one persona's model use on one day (its budget's
+                                      time zone): tokens, input, output, cached,
+                                      cache_write, calls; ``<field>|<model>`` per model;
+                                      ``calls@<kind>``, ``tokens@<kind>`` per turn kind.
+                                      Expires after SOULFLEET_USAGE_DAYS
+``usage:top:<day>``           zset    persona -> tokens that day (top-K spenders)
+``usage:call:<call id>``      string  marks a counted model call (PX 10 min: retries count once)
 ============================  ======  ======================================================
 """
 
@@ -163,6 +172,15 @@ class Keys:
     @property
     def last_sweep(self) -> str:
         return f"{self.prefix}beat:last_sweep"
+
+    def usage(self, day: str, persona: str) -> str:
+        return f"{self.prefix}usage:{day}:{persona}"
+
+    def usage_top(self, day: str) -> str:
+        return f"{self.prefix}usage:top:{day}"
+
+    def usage_call(self, call_id: str) -> str:
+        return f"{self.prefix}usage:call:{call_id}"
 
     def pattern(self) -> str:
         """A SCAN pattern matching every key of this fleet (tests use it to clean up)."""

@@ -46,6 +46,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "gate_acquire",
     "gate_renew",
     "gate_release",
+    "usage",
 )
 
 
@@ -80,6 +81,7 @@ class Scripts:
     gate_acquire: Script
     gate_renew: Script
     gate_release: Script
+    usage: Script
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:

@@ -33,6 +33,7 @@ from workers.persona.memory import memory_tool
 from workers.persona.schedules import DreamSchedule, HeartbeatSchedule
 from workers.persona.search import transcript_search_tool
 from workers.persona.session import SessionConfig
+from workers.persona.spend import DailyBudget
 from workers.persona.tool_config import ToolsConfig
 from workers.persona.tools import Tool
 from workers.persona.transcripts import TranscriptStore
@@ -68,6 +69,8 @@ class AgentDef:
     store: TranscriptStore | None = None
     declared: ToolsConfig = field(default_factory=ToolsConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
+    #: ``[budget]`` from persona.toml (None: the fleet's SOULFLEET_DAILY_TOKENS, if any).
+    budget: DailyBudget | None = None
 
     def soul(self) -> tuple[str, list[str]]:
         """``(soul, found)`` composed from disk NOW; called once at the start of each session
@@ -210,4 +213,5 @@ def from_dir(
         dream=config.dream if isinstance(dream, _Unset) else dream,
         declared=config.tools,
         session=config.session,
+        budget=config.budget,
     )

@@ -16,11 +16,19 @@ The schema (README "persona.toml" documents it for people)::
     [heartbeat]
     every = "30m"
     active_hours = { start = "08:00", end = "22:00", timezone = "Europe/Berlin" }
+    model = "openai:<small model>"   # heartbeat turns; default SOULFLEET_HEARTBEAT_MODEL, model
+    idle_after = "3d"            # no inbound post for this long ...
+    idle_every = "6h"            # ... and the heartbeat stretches to this until the next post
     [dream]
     every = "24h"                # or cron = "0 3 * * *"
     timezone = "UTC"
     window = "1h"
     instructions = "..."
+    model = "anthropic:<m>"      # dream passes; default SOULFLEET_DREAM_MODEL, then model
+    [budget]
+    daily_tokens = 200000        # input + output tokens per day (default SOULFLEET_DAILY_TOKENS)
+    on_exceed = "skip_background"   # or "stop": refuse every turn
+    timezone = "UTC"             # the day the budget counts in
     [[tools.mcp]] / [[tools.python]]   # see workers.persona.tool_config
     [session]
     idle_reset = "4h"            # "0s": every turn is its own session
@@ -63,6 +71,7 @@ from workers.persona.session import (
     SessionConfig,
     parse_reset_duration,
 )
+from workers.persona.spend import ON_EXCEED, DailyBudget
 from workers.persona.tool_config import ToolsConfig, parse_tools
 
 __all__ = [
@@ -105,6 +114,7 @@ class PersonaConfig:
     dream: DreamSchedule | None = None
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
+    budget: DailyBudget | None = None
 
 
 class _Table:
@@ -136,6 +146,12 @@ class _Table:
         value = self.data.get(name, default)
         if not isinstance(value, bool):
             raise self.fail(name, f"must be true or false, got {value!r}")
+        return value
+
+    def natural(self, name: str) -> int:
+        value = self.data.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(name, f"must be a whole number >= 0, got {value!r}")
         return value
 
     def positive_int(self, name: str, default: int) -> int:
@@ -189,14 +205,26 @@ def _active_hours(table: _Table) -> ActiveHours:
     )
 
 
-def _heartbeat(table: _Table) -> HeartbeatSchedule:
-    table.check_keys(("every", "active_hours"))
+def _heartbeat(table: _Table, home: Path | None) -> HeartbeatSchedule:
+    table.check_keys(("every", "active_hours", "model", "idle_after", "idle_every"))
     every = table.duration("every")
     if every is None:
         raise table.fail("every", 'is required in [heartbeat] (e.g. every = "30m")')
     hours = table.table("active_hours")
     active_hours = None if hours is None else _active_hours(hours)
-    return HeartbeatSchedule(every=every, active_hours=active_hours)
+    idle_after, idle_every = table.duration("idle_after"), table.duration("idle_every")
+    if (idle_after is None) != (idle_every is None):
+        missing = "idle_every" if idle_every is None else "idle_after"
+        raise table.fail(missing, "is required with the other idle key (idle_after, idle_every)")
+    if idle_every is not None and idle_every < every:
+        raise table.fail("idle_every", "must not be shorter than heartbeat.every")
+    return HeartbeatSchedule(
+        every=every,
+        active_hours=active_hours,
+        model=_kind_model(table, home),
+        idle_after=idle_after,
+        idle_every=idle_every,
+    )
 
 
 def _cron(table: _Table) -> str | None:
@@ -213,8 +241,8 @@ def _cron(table: _Table) -> str | None:
     return " ".join(fields)
 
 
-def _dream(table: _Table) -> DreamSchedule:
-    table.check_keys(("every", "cron", "timezone", "window", "instructions"))
+def _dream(table: _Table, home: Path | None) -> DreamSchedule:
+    table.check_keys(("every", "cron", "timezone", "window", "instructions", "model"))
     every = table.duration("every")
     cron = _cron(table)
     if every is not None and cron is not None:
@@ -227,6 +255,27 @@ def _dream(table: _Table) -> DreamSchedule:
         timezone=table.timezone("timezone"),
         window=table.duration("window"),
         instructions=table.string("instructions"),
+        model=_kind_model(table, home),
+    )
+
+
+def _kind_model(table: _Table, home: Path | None) -> str | None:
+    """``heartbeat.model`` / ``dream.model``; "inherit" there means "not set": fall back to the
+    fleet's per-kind default, then the persona's model."""
+    value = _model_key(table, "model", home)
+    return None if value == "inherit" else value
+
+
+def _budget(table: _Table) -> DailyBudget:
+    table.check_keys(("daily_tokens", "on_exceed", "timezone"))
+    on_exceed = table.string("on_exceed", "skip_background")
+    if on_exceed not in ON_EXCEED:
+        choices = " or ".join(f'"{choice}"' for choice in ON_EXCEED)
+        raise table.fail("on_exceed", f"must be {choices}, got {on_exceed!r}")
+    return DailyBudget(
+        daily_tokens=table.natural("daily_tokens") if "daily_tokens" in table.data else None,
+        on_exceed=on_exceed,
+        timezone=table.timezone("timezone"),
     )
 
 
@@ -287,11 +336,17 @@ def _index_cap(root: _Table) -> tuple[int, int] | None:
 
 
 def _model(root: _Table, home: Path | None) -> str:
-    value = root.string("model", "inherit")
-    assert value is not None
+    value = _model_key(root, "model", home)
+    return "inherit" if value is None else value
+
+
+def _model_key(table: _Table, name: str, home: Path | None) -> str | None:
+    value = table.string(name)
+    if value is None:
+        return None
     if value != "inherit" and _MODEL_SPEC.fullmatch(value) is None:
-        raise root.fail(
-            "model",
+        raise table.fail(
+            name,
             f'must be "inherit" or a spec such as "openai:<model>", "anthropic:<model>" or '
             f'"scripted:<path>", got {value!r}',
         )
@@ -312,21 +367,11 @@ def parse_manifest(text: str, *, home: Path | None = None, source: object = None
     except tomllib.TOMLDecodeError as exc:
         raise _error(None, f"is not valid TOML: {exc}", source) from exc
     root = _Table(data, "", source)
-    root.check_keys(
-        (
-            "does",
-            "model",
-            "memory",
-            "notes",
-            "memory_index_cap",
-            "heartbeat",
-            "dream",
-            "tools",
-            "session",
-        )
-    )
+    known = ("does", "model", "memory", "notes", "memory_index_cap", "heartbeat", "dream")
+    root.check_keys((*known, "budget", "tools", "session"))
     heartbeat = root.table("heartbeat")
     dream = root.table("dream")
+    budget = root.table("budget")
     session = root.table("session")
     return PersonaConfig(
         does=root.string("does", "") or "",
@@ -334,8 +379,9 @@ def parse_manifest(text: str, *, home: Path | None = None, source: object = None
         memory=root.boolean("memory", True),
         notes=root.boolean("notes", False),
         memory_index_cap=_index_cap(root),
-        heartbeat=None if heartbeat is None else _heartbeat(heartbeat),
-        dream=None if dream is None else _dream(dream),
+        heartbeat=None if heartbeat is None else _heartbeat(heartbeat, home),
+        dream=None if dream is None else _dream(dream, home),
+        budget=None if budget is None else _budget(budget),
         tools=parse_tools(data.get("tools"), text=text, source=source),
         session=SessionConfig() if session is None else _session(session),
     )

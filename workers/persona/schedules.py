@@ -105,10 +105,19 @@ class ActiveHours:
 
 @dataclass(frozen=True)
 class HeartbeatSchedule:
-    """``[heartbeat]``: beat every ``every`` seconds, only inside ``active_hours`` if set."""
+    """``[heartbeat]``: beat every ``every`` seconds, only inside ``active_hours`` if set.
+
+    ``model`` (a model spec) answers heartbeat turns; None means the fleet's heartbeat default,
+    then the persona's model. With ``idle_after`` and ``idle_every`` (seconds, both or
+    neither), a persona no inbound post has reached for ``idle_after`` beats only every
+    ``idle_every`` until the next post.
+    """
 
     every: float
     active_hours: ActiveHours | None = None
+    model: str | None = None
+    idle_after: float | None = None
+    idle_every: float | None = None
 
 
 @dataclass(frozen=True)
@@ -125,3 +134,5 @@ class DreamSchedule:
     timezone: str = "UTC"
     window: float | None = None
     instructions: str | None = None
+    #: the model spec dream passes use; None: the fleet's dream default, then the persona's.
+    model: str | None = None

@@ -327,3 +327,17 @@ def test_request_body_is_json_with_unicode(
     request = openai_server.requests[0]
     assert request.headers["content-type"] == "application/json"
     assert json.loads(request.raw.decode("utf-8"))["messages"][1]["content"] == "héllo ✓"
+
+
+def test_cached_prompt_tokens_are_reported_apart(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """usage.prompt_tokens_details.cached_tokens becomes cached_input_tokens; input_tokens
+    stays the whole prompt (cached tokens are billed input too)."""
+    body = openai_completion("hi", prompt_tokens=120, completion_tokens=3)
+    body["usage"]["prompt_tokens_details"] = {"cached_tokens": 100}
+    openai_server.enqueue(body)
+    completion = make(openai_server.base_url, clock).complete(
+        system="", messages=[Message("user", "hi")], tools=[]
+    )
+    assert completion.usage == Usage(120, 3, cached_input_tokens=100)

@@ -9,6 +9,7 @@
 --   "dead"     the lane is dead-lettered: the item is kept (never dropped), no turn queued
 --   "queued"   the lane was idle and wake was asked: a new interactive turn is queued
 --   "pending"  the item waits for the lane's queued or running turn, or for a later wake
+-- Also sets the lane's last_post (now) for every accepted item.
 -- Guarantees: the bound check and the push are one atomic step, so concurrent posters can
 -- never overshoot inbox_max; an accepted item is never dropped.
 local lane, inbox, queued = KEYS[1], KEYS[2], KEYS[5]
@@ -18,6 +19,8 @@ if depth >= tonumber(ARGV[4]) then
   return {'full', depth}
 end
 depth = redis.call('RPUSH', inbox, ARGV[2])
+-- When the last inbound post arrived: an idle persona's heartbeat stretches (heartbeat.idle_*).
+redis.call('HSET', lane, 'last_post', ARGV[5])
 
 local state = redis.call('HGET', lane, 'state') or 'idle'
 if state == 'dead' then

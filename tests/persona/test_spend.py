@@ -1,0 +1,112 @@
+"""workers/persona/spend.py: which model a turn pays for, budgets, the usage day, dream news."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from workers.persona.spend import (
+    DailyBudget,
+    budget_refuses,
+    effective_budget,
+    model_for_kind,
+    newest_write,
+    nothing_new,
+    usage_day,
+)
+
+
+@pytest.mark.parametrize(
+    ("kind", "beat", "dream", "fleet_beat", "fleet_dream", "expected"),
+    [
+        ("interactive", "openai:b", "openai:d", "openai:fb", "openai:fd", "openai:p"),
+        ("heartbeat", "openai:b", None, "openai:fb", "", "openai:b"),
+        ("heartbeat", None, None, "openai:fb", "", "openai:fb"),
+        ("heartbeat", None, None, "", "", "openai:p"),
+        ("dream", None, "openai:d", "", "openai:fd", "openai:d"),
+        ("dream", None, None, "", "openai:fd", "openai:fd"),
+        ("dream", None, None, "openai:fb", "", "openai:p"),
+    ],
+)
+def test_model_for_kind_precedence(
+    *,
+    kind: str,
+    beat: str | None,
+    dream: str | None,
+    fleet_beat: str,
+    fleet_dream: str,
+    expected: str,
+) -> None:
+    """The persona's per-kind key, then the fleet's per-kind default, then the persona's model;
+    a conversation always uses the persona's model."""
+    assert (
+        model_for_kind(
+            kind,
+            persona_model="openai:p",
+            heartbeat_model=beat,
+            dream_model=dream,
+            fleet_heartbeat_model=fleet_beat,
+            fleet_dream_model=fleet_dream,
+        )
+        == expected
+    )
+
+
+def test_budget_refusals_by_on_exceed_and_kind() -> None:
+    """Under budget nothing is refused; at it, skip_background refuses heartbeats and dreams
+    only, stop refuses everything; no limit refuses nothing."""
+    background = DailyBudget(100)
+    stop = DailyBudget(100, "stop")
+    assert not budget_refuses(background, "heartbeat", 99)
+    assert budget_refuses(background, "heartbeat", 100)
+    assert budget_refuses(background, "dream", 150)
+    assert not budget_refuses(background, "interactive", 150)
+    assert budget_refuses(stop, "interactive", 100)
+    assert not budget_refuses(DailyBudget(None), "heartbeat", 10**9)
+    assert not budget_refuses(None, "heartbeat", 10**9)
+
+
+def test_effective_budget_takes_the_fleet_default_for_missing_tokens() -> None:
+    """SOULFLEET_DAILY_TOKENS fills a missing daily_tokens; the persona's own number wins."""
+    assert effective_budget(None, 500) == DailyBudget(500)
+    assert effective_budget(DailyBudget(None, "stop", "Asia/Tokyo"), 500) == DailyBudget(
+        500, "stop", "Asia/Tokyo"
+    )
+    assert effective_budget(DailyBudget(7), 500) == DailyBudget(7)
+    assert effective_budget(None, None) == DailyBudget(None)
+
+
+def test_the_usage_day_is_the_budget_time_zone_s() -> None:
+    """23:30 UTC is already the next day in Tokyo."""
+    when = datetime(2026, 3, 10, 23, 30, tzinfo=UTC).timestamp()
+    assert usage_day(when) == "2026-03-10"
+    assert usage_day(when, "Asia/Tokyo") == "2026-03-11"
+
+
+def test_dream_news_reads_transcripts_and_notes(tmp_path: Path) -> None:
+    """The newest write among the persona's transcripts, memory notes, MEMORY.md and USER.md
+    decides; the dreamer's own transcripts and other files do not count; a persona that never
+    dreamed always has news."""
+    (tmp_path / "transcripts" / "ava").mkdir(parents=True)
+    (tmp_path / "transcripts" / "ava-dreamer").mkdir()
+    (tmp_path / "memory").mkdir()
+    files = {
+        "transcripts/ava/1.jsonl": 100,
+        "memory/people.md": 200,
+        "MEMORY.md": 300,
+        "transcripts/ava-dreamer/2.jsonl": 900,
+        "SOUL.md": 950,
+    }
+    for name, when in files.items():
+        path = tmp_path / name
+        path.write_text("x")
+        os.utime(path, (when, when))
+    for directory in ("transcripts/ava", "transcripts/ava-dreamer", "memory", "transcripts"):
+        os.utime(tmp_path / directory, (50, 50))
+    assert newest_write(tmp_path, "ava") == 300
+    assert nothing_new(tmp_path, "ava", 300)
+    assert not nothing_new(tmp_path, "ava", 299)
+    assert not nothing_new(tmp_path, "ava", None)

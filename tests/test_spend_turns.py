@@ -1,0 +1,353 @@
+"""Spend at turn time: the model a turn pays for, what it is charged, and the turns refused.
+
+The executor runs in-process against a real Redis and a real local HTTP server speaking the
+OpenAI wire protocol (tests/support/providers.py), so "the server saw model X" and "Redis
+holds the tokens the server reported" are checked end to end, not against a stub.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.support.providers import FakeProvider
+from workers.fleet import Fleet
+from workers.fleet.gate import Gate
+from workers.fleet.lease import Renewer
+from workers.persona.clock import VirtualClock
+from workers.persona.messages import Usage
+from workers.settings import Settings
+from workers.turn import TurnExecutor
+
+# The next 12:00 UTC: the day boundary is 12 h away, and the virtual clock runs ahead of the
+# file system's, so files written during a test look older than any pass (tests date a new
+# write explicitly with _touch_after).
+NOON = (time.time() // 86400 + 1) * 86400 + 12 * 3600
+TOMORROW = datetime.fromtimestamp(NOON + 86400, UTC).strftime("%Y-%m-%d")
+
+
+@dataclass
+class Recorder:
+    sent: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def publish(self, lane: str, turn_id: str, kind: str) -> None:
+        self.sent.append((lane, turn_id, kind))
+
+    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
+        self.sent.extend(turns)
+
+
+@dataclass
+class Rig:
+    fleet: Fleet
+    executor: TurnExecutor
+    published: Recorder
+    root: Path
+    server: FakeProvider
+    clock: VirtualClock
+
+    def persona(self, name: str, toml: str = "", **files: str) -> Path:
+        home = self.root / name
+        home.mkdir()
+        (home / "SOUL.md").write_text(f"You are {name}.\n")
+        (home / "persona.toml").write_text(f'model = "openai:talk"\n{toml}')
+        for filename, text in files.items():
+            (home / filename.replace("_", ".")).write_text(text)
+        return home
+
+    def run_all(self) -> list[str]:
+        """Run every published turn (and the follow-ups they publish); their outcomes."""
+        outcomes = []
+        while self.published.sent:
+            lane, turn_id, _ = self.published.sent.pop(0)
+            outcomes.append(self.executor.execute(lane, turn_id).outcome)
+        return outcomes
+
+    def models_seen(self) -> list[str]:
+        return [body["model"] for body in self.server.bodies]
+
+
+def make_rig(
+    redis_url: str, key_prefix: str, root: Path, server: FakeProvider, **env: str
+) -> tuple[Rig, Renewer]:
+    settings = Settings.from_env(
+        {
+            "REDIS_URL": redis_url,
+            "SOULFLEET_KEY_PREFIX": key_prefix,
+            "SOULFLEET_PERSONAS": str(root),
+            "OPENAI_BASE_URL": server.base_url,
+            "OPENAI_API_KEY": "sk-test",
+            "SOULFLEET_MODEL_RETRIES": "0",
+            **env,
+        }
+    )
+    published = Recorder()
+    clock = VirtualClock(NOON)
+    fleet = Fleet(settings, publisher=published, clock=clock)
+    renewer = Renewer(fleet.lanes)
+    gate = Gate(fleet.client, fleet.keys, limit=0, slot_ttl=30, renewer=renewer)
+    executor = TurnExecutor(settings, fleet, renewer, gate, worker_id="test-worker")
+    return Rig(fleet, executor, published, root, server, clock), renewer
+
+
+@pytest.fixture
+def server() -> Iterator[FakeProvider]:
+    with FakeProvider("openai", text="HEARTBEAT_OK") as provider:
+        yield provider
+
+
+@pytest.fixture
+def rig(
+    redis_url: str,
+    key_prefix: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    server: FakeProvider,
+) -> Iterator[Rig]:
+    made, renewer = make_rig(redis_url, key_prefix, tmp_path, server)
+    try:
+        yield made
+    finally:
+        renewer.stop()
+        made.fleet.client.close()
+
+
+KINDS_TOML = """
+[heartbeat]
+every = "30m"
+model = "openai:beat"
+[dream]
+every = "24h"
+model = "openai:dream"
+"""
+
+
+def test_each_kind_of_turn_goes_to_its_own_model(rig: Rig) -> None:
+    """A conversation goes to `model`, a heartbeat to `heartbeat.model`, a dream to
+    `dream.model`: the server sees the three names in that order."""
+    rig.persona("ava", KINDS_TOML, HEARTBEAT_md="- check the plants\n")
+    rig.fleet.post("ava", "hello")
+    rig.run_all()
+    rig.fleet.tick("ava")
+    rig.run_all()
+    rig.fleet.dream("ava")
+    rig.run_all()
+    assert rig.models_seen() == ["talk", "beat", "dream"]
+
+
+def test_fleet_defaults_apply_where_the_persona_names_no_model_for_the_kind(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path, server: FakeProvider
+) -> None:
+    """SOULFLEET_HEARTBEAT_MODEL / SOULFLEET_DREAM_MODEL are used when persona.toml has no
+    heartbeat.model / dream.model; a conversation still uses the persona's model."""
+    rig, renewer = make_rig(
+        redis_url,
+        key_prefix,
+        tmp_path,
+        server,
+        SOULFLEET_HEARTBEAT_MODEL="openai:cheap-beat",
+        SOULFLEET_DREAM_MODEL="openai:cheap-dream",
+    )
+    try:
+        rig.persona("ava", '[heartbeat]\nevery = "1h"\n[dream]\nevery = "1d"\n')
+        rig.persona("bob", KINDS_TOML)
+        for name in ("ava", "bob"):
+            rig.fleet.tick(name)
+            rig.run_all()
+            rig.fleet.dream(name)
+            rig.run_all()
+        rig.fleet.post("ava", "hi")
+        rig.run_all()
+        assert rig.models_seen() == ["cheap-beat", "cheap-dream", "beat", "dream", "talk"]
+    finally:
+        renewer.stop()
+        rig.fleet.client.close()
+
+
+def test_usage_in_redis_is_what_the_server_reported_per_model_and_kind(rig: Rig) -> None:
+    """Each answered call adds the provider's numbers to the persona's day: input, output,
+    cached input and calls, per model and per turn kind; the top-K ranks the persona."""
+    rig.persona("ava", KINDS_TOML, HEARTBEAT_md="- check the plants\n")
+    body = {
+        "id": "x",
+        "object": "chat.completion",
+        "model": "talk",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+        "usage": {
+            "prompt_tokens": 100,
+            "completion_tokens": 5,
+            "prompt_tokens_details": {"cached_tokens": 60},
+        },
+    }
+    rig.server.enqueue(body)
+    rig.fleet.post("ava", "hello")
+    rig.run_all()
+    rig.fleet.tick("ava")  # the server's default answer: 11 in / 7 out
+    rig.run_all()
+    [day] = rig.fleet.usage("ava")
+    assert (day["tokens"], day["input"], day["output"], day["cached"], day["calls"]) == (
+        123,
+        111,
+        12,
+        60,
+        2,
+    )
+    assert day["models"]["openai:talk"] == {
+        "tokens": 105,
+        "input": 100,
+        "output": 5,
+        "cached": 60,
+        "calls": 1,
+    }
+    assert day["kinds"] == {
+        "interactive": {"calls": 1, "tokens": 105},
+        "heartbeat": {"calls": 1, "tokens": 18},
+    }
+    assert rig.fleet.ledger.top(day["day"], 5) == [("ava", 123)]
+
+
+def test_a_retried_usage_write_counts_once(rig: Rig) -> None:
+    """The same call id written twice (a client retrying after a lost reply) is counted once."""
+    ledger = rig.fleet.ledger
+    usage = Usage(10, 2)
+    args = {"persona": "ava", "day": "2026-03-10", "model": "openai:m", "kind": "heartbeat"}
+    assert ledger.record(call_id="ava:t1:1:1", usage=usage, **args) == 12
+    assert ledger.record(call_id="ava:t1:1:1", usage=usage, **args) == -1
+    assert ledger.record(call_id="ava:t1:1:2", usage=usage, **args) == 24
+    assert ledger.spent("ava", "2026-03-10") == 24
+
+
+def test_usage_keys_expire_after_the_retention(rig: Rig, redis_client: redis.Redis) -> None:
+    """A day's usage hash and top-K zset carry a TTL of SOULFLEET_USAGE_DAYS (+1 day)."""
+    rig.fleet.ledger.record(
+        persona="ava", day="2026-03-10", call_id="c", model="m", kind="dream", usage=Usage(1, 1)
+    )
+    days = rig.fleet.settings.usage_days
+    for key in (rig.fleet.keys.usage("2026-03-10", "ava"), rig.fleet.keys.usage_top("2026-03-10")):
+        ttl = int(redis_client.pttl(key))
+        assert days * 86400_000 < ttl <= (days + 1) * 86400_000
+
+
+BUDGET_TOML = """
+[heartbeat]
+every = "30m"
+[budget]
+daily_tokens = 30
+"""
+
+
+def test_over_budget_skips_background_turns_but_not_conversations(rig: Rig) -> None:
+    """skip_background: once today's tokens reach daily_tokens, heartbeat turns end without a
+    model call (status skipped) while conversations still run; the next day it beats again."""
+    rig.persona("ava", BUDGET_TOML, HEARTBEAT_md="- water the plants\n")
+    for _ in range(2):  # 2 x 18 tokens = 36 >= 30
+        rig.fleet.post("ava", "hello")
+        assert rig.run_all() == ["done"]
+    calls = len(rig.server.requests)
+    rig.fleet.tick("ava")
+    assert rig.run_all() == ["skipped"]
+    assert len(rig.server.requests) == calls
+    rig.fleet.post("ava", "still there?")
+    assert rig.run_all() == ["done"]
+    assert len(rig.server.requests) == calls + 1
+    rig.clock.advance(12 * 3600)  # past midnight UTC: a new day, a fresh budget
+    rig.fleet.tick("ava")
+    assert rig.run_all() == ["done"]
+    assert len(rig.server.requests) == calls + 2
+
+
+def test_stop_refuses_a_conversation_and_tells_the_sender_why(rig: Rig) -> None:
+    """on_exceed = "stop": an over-budget persona refuses even a conversation; the reply to
+    the sender says the budget is used up and when it resets; no model call is made."""
+    rig.persona("ava", '[budget]\ndaily_tokens = 10\non_exceed = "stop"\n')
+    rig.fleet.post("ava", "hello")
+    assert rig.run_all() == ["done"]
+    calls = len(rig.server.requests)
+    outcome = rig.fleet.post("ava", "again", reply=True)
+    assert rig.run_all() == ["refused"]
+    assert len(rig.server.requests) == calls
+    reply = rig.fleet.client.lrange(rig.fleet.keys.reply(outcome.item_id), 0, -1)
+    assert len(reply) == 1
+    assert "daily token budget used up (18 of 10 tokens" in str(reply[0])
+    assert f"{TOMORROW}T00:00+00:00" in str(reply[0])
+
+
+def test_fleet_daily_tokens_is_the_default_budget(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path, server: FakeProvider
+) -> None:
+    """SOULFLEET_DAILY_TOKENS budgets every persona without a [budget] of its own."""
+    rig, renewer = make_rig(redis_url, key_prefix, tmp_path, server, SOULFLEET_DAILY_TOKENS="5")
+    try:
+        rig.persona("ava", '[heartbeat]\nevery = "1h"\n', HEARTBEAT_md="- stretch\n")
+        rig.fleet.tick("ava")
+        assert rig.run_all() == ["done"]
+        rig.fleet.tick("ava")
+        assert rig.run_all() == ["skipped"]
+        assert len(rig.server.requests) == 1
+    finally:
+        renewer.stop()
+        rig.fleet.client.close()
+
+
+def test_a_dream_with_nothing_new_since_its_last_pass_is_skipped(rig: Rig) -> None:
+    """The first pass runs; a second with nothing written since is skipped (nothing_new); a
+    conversation or a note written after the pass makes the next one run."""
+    home = rig.persona("ava", '[dream]\nevery = "1h"\n')
+    rig.fleet.dream("ava")
+    assert rig.run_all() == ["done"]
+    time.sleep(0.01)
+    rig.clock.advance(3600)
+    rig.fleet.dream("ava")
+    assert rig.run_all() == ["skipped"]
+    rig.clock.advance(3600)
+    rig.fleet.post("ava", "I moved to Oslo")  # a conversation: a new transcript
+    rig.run_all()
+    _touch_after(home / "transcripts" / "ava", rig.clock.time())
+    rig.fleet.dream("ava")
+    assert rig.run_all() == ["done"]
+    rig.clock.advance(3600)
+    rig.fleet.dream("ava")
+    assert rig.run_all() == ["skipped"]
+    rig.clock.advance(3600)
+    (home / "memory").mkdir(exist_ok=True)
+    (home / "memory" / "people.md").write_text("- Tom likes tea\n")
+    _touch_after(home / "memory" / "people.md", rig.clock.time())
+    rig.fleet.dream("ava")
+    assert rig.run_all() == ["done"]
+    assert rig.models_seen().count("talk") == 4  # three passes and one conversation
+
+
+def _touch_after(path: Path, when: float) -> None:
+    """The virtual clock runs ahead of the file system's: date the write just before ``when``
+    (after the previous pass, before the one about to run)."""
+    targets = [path, *path.iterdir()] if path.is_dir() else [path]
+    for target in targets:
+        os.utime(target, (when - 1, when - 1))
+
+
+def test_a_run_to_a_stopped_persona_is_answered_with_the_reason(rig: Rig) -> None:
+    """Fleet.run to a persona whose budget stops every turn returns status refused, reason
+    budget, and the refusal as its text; no model call is made."""
+    rig.persona("ava", '[budget]\ndaily_tokens = 0\non_exceed = "stop"\n')
+
+    def worker() -> None:
+        deadline = time.monotonic() + 30
+        while not rig.published.sent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        rig.run_all()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    reply = rig.fleet.run("ava", "hello", timeout=30)
+    thread.join()
+    assert (reply.status, reply.reason) == ("refused", "budget")
+    assert reply.text.startswith("daily token budget used up (0 of 0 tokens today")
+    assert rig.server.requests == []

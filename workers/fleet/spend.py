@@ -1,0 +1,158 @@
+"""The last check before a turn pays (is there a budget left, anything new to dream about?), and
+what a persona's spend settings resolve to (its model per kind of turn, its effective budget).
+
+beat's sweep skips most unaffordable or pointless ticks before they become turns; this guard
+catches the rest at turn start, before the model is called: turns queued before the budget ran
+out, follow-ups finish queued, a dream follow-up after a pass that already read everything.
+The rules themselves are the core's (:mod:`workers.persona.spend`); this module only reads the
+Redis numbers they need (today's tokens from the :class:`~workers.fleet.usage.UsageLedger`,
+the dreamer lane's last pass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Literal
+from zoneinfo import ZoneInfo
+
+from workers.fleet.scripts import redis_errors
+from workers.fleet.usage import UsageLedger
+from workers.persona.agent import AgentDef
+from workers.persona.errors import PersonaError
+from workers.persona.manifest import PersonaConfig, load_manifest
+from workers.persona.spend import (
+    DailyBudget,
+    budget_refuses,
+    effective_budget,
+    model_for_kind,
+    nothing_new,
+)
+from workers.settings import Settings
+
+__all__ = [
+    "LAST_PASS",
+    "Refusal",
+    "SpendGuard",
+    "kind_model",
+    "next_reset",
+    "persona_budget",
+    "persona_models",
+]
+
+#: Lane-hash field: ms when the dreamer lane's newest pass that called its model ended.
+LAST_PASS = "last_pass"  # noqa: S105 (a field name, not a password)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a turn ends without a model call. ``skipped``: background work nobody waits for;
+    ``refused``: a conversation turned away (its senders get ``detail`` as the reply)."""
+
+    reason: Literal["budget", "nothing_new"]
+    status: Literal["skipped", "refused"]
+    detail: str
+
+
+def next_reset(budget: DailyBudget, now: float) -> str:
+    """When the budget's day ends, as an ISO time in its zone (for people reading a refusal)."""
+    zone = ZoneInfo(budget.timezone)
+    local = datetime.fromtimestamp(now, zone)
+    midnight = (local + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return midnight.isoformat(timespec="minutes")
+
+
+def persona_budget(home: Path, settings: Settings) -> DailyBudget:
+    """The persona's effective budget, read from its persona.toml; an unreadable or invalid
+    file means the fleet default (the registry reports the file's problem elsewhere)."""
+    try:
+        config = load_manifest(home)
+    except PersonaError:
+        return effective_budget(None, settings.daily_tokens)
+    return effective_budget(config.budget, settings.daily_tokens)
+
+
+def persona_models(home: Path, settings: Settings) -> dict[str, str]:
+    """The model spec each kind of turn of the persona uses ({} if persona.toml is invalid);
+    ``inherit`` is shown as what it inherits."""
+    try:
+        config = load_manifest(home)
+    except PersonaError:
+        return {}
+    fallback = settings.model.default_spec or "scripted:builtin"
+    models = {}
+    for kind, label in (("interactive", "conversation"), ("heartbeat", "heartbeat"),
+                        ("dream", "dream")):  # fmt: skip
+        spec = kind_model(config, kind, settings)
+        models[label] = fallback if spec == "inherit" else spec
+    return models
+
+
+def kind_model(persona: AgentDef | PersonaConfig, kind: str, settings: Settings) -> str:
+    """The model spec a turn of ``kind`` pays for (:func:`model_for_kind` with the fleet's
+    per-kind defaults); may be ``inherit`` (the fleet's SOULFLEET_MODEL)."""
+    return model_for_kind(
+        kind,
+        persona_model=persona.model,
+        heartbeat_model=persona.heartbeat.model if persona.heartbeat else None,
+        dream_model=persona.dream.model if persona.dream else None,
+        fleet_heartbeat_model=settings.heartbeat_model,
+        fleet_dream_model=settings.dream_model,
+    )
+
+
+class SpendGuard:
+    """Decides, at turn start, whether a turn may call its model. Thread-safe."""
+
+    def __init__(self, ledger: UsageLedger, *, fleet_daily_tokens: int | None) -> None:
+        self.ledger = ledger
+        self.client = ledger.client
+        self.keys = ledger.keys
+        self.fleet_daily_tokens = fleet_daily_tokens
+
+    def budget(self, persona: AgentDef) -> DailyBudget:
+        return effective_budget(persona.budget, self.fleet_daily_tokens)
+
+    def day(self, persona: AgentDef) -> str:
+        """The persona's usage day now (its budget's time zone)."""
+        return self.ledger.today(self.budget(persona).timezone)
+
+    def check(self, persona: AgentDef, kind: str, *, lane: str) -> Refusal | None:
+        """A refusal for a turn of ``kind`` on ``lane``, or None when it may call the model."""
+        budget = self.budget(persona)
+        if budget.daily_tokens is not None:
+            spent = self.ledger.spent(persona.name, self.ledger.today(budget.timezone))
+            if budget_refuses(budget, kind, spent):
+                reset = next_reset(budget, self.ledger.clock.time())
+                detail = (
+                    f"daily token budget used up ({spent} of {budget.daily_tokens} tokens "
+                    f"today, on_exceed={budget.on_exceed}); it resets at {reset}"
+                )
+                status: Literal["skipped", "refused"] = (
+                    "skipped" if kind in ("heartbeat", "dream") else "refused"
+                )
+                return Refusal("budget", status, detail)
+        if kind == "dream":
+            last_pass = self.last_pass(lane)
+            if nothing_new(persona.home, persona.name, last_pass):
+                return Refusal(
+                    "nothing_new",
+                    "skipped",
+                    "nothing was written to the persona's transcripts or notes since its last "
+                    "dream pass",
+                )
+        return None
+
+    def last_pass(self, lane: str) -> float | None:
+        """When the dreamer lane's newest pass that called its model ended (None: never)."""
+        with redis_errors(self.client):
+            raw = self.client.hget(self.keys.lane(lane), LAST_PASS)
+        return int(str(raw)) / 1000 if raw else None
+
+    def passed(self, lane: str, when: float) -> None:
+        """Record that a dream pass ended at ``when``. After the commit, on purpose: a crash in
+        between only means the next pass runs although nothing new came (never the reverse).
+        Skipped passes do not move it, so what they did not read still counts as new."""
+        with redis_errors(self.client):
+            self.client.hset(self.keys.lane(lane), LAST_PASS, int(when * 1000))

@@ -1,0 +1,183 @@
+"""Spend: the rules that decide which model a turn pays for, and whether it pays at all.
+
+Pure values and functions (no Redis, no Celery), shared by beat's sweep, the turn executor
+and the CLI, so "would this call be skipped, and why" has one answer everywhere:
+
+- :func:`model_for_kind`: a heartbeat goes to ``heartbeat.model``, a dream to ``dream.model``,
+  a conversation to ``model``; each falls back to the fleet's per-kind default and then to the
+  persona's own model, so a fleet can put every heartbeat on a cheap model with one variable.
+- :func:`heartbeat_blank`: a HEARTBEAT.md that holds only white space, HTML comments,
+  headings or empty list items asks for nothing, so its beat is skipped (``blank_heartbeat``)
+  instead of paying a model to answer ``HEARTBEAT_OK``.
+- :class:`DailyBudget` and :func:`usage_day`: a persona's daily token budget and the day its
+  usage is counted in (its budget time zone, UTC unless it says otherwise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+from zoneinfo import ZoneInfo
+
+__all__ = [
+    "BACKGROUND_KINDS",
+    "DREAM_SOURCES",
+    "ON_EXCEED",
+    "DailyBudget",
+    "OnExceed",
+    "TurnKind",
+    "budget_refuses",
+    "effective_budget",
+    "heartbeat_blank",
+    "model_for_kind",
+    "newest_write",
+    "nothing_new",
+    "usage_day",
+]
+
+TurnKind = Literal["interactive", "heartbeat", "dream"]
+OnExceed = Literal["skip_background", "stop"]
+ON_EXCEED: tuple[OnExceed, ...] = ("skip_background", "stop")
+#: Turns nobody is waiting for: the ones a budget skips first.
+BACKGROUND_KINDS = frozenset({"heartbeat", "dream"})
+
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
+_HEADING = re.compile(r"#{1,6}(?:\s.*)?")
+_SETEXT = re.compile(r"=+|-+")
+_EMPTY_ITEM = re.compile(r"(?:[-*+]|\d+[.)])(?:\s+\[[ xX]?\])?")
+
+
+def heartbeat_blank(text: str) -> bool:
+    """True when ``text`` asks for nothing: only white space, HTML comments (an unclosed one
+    runs to the end), headings (``#`` lines, setext underlines) or empty list items
+    (``-``, ``*``, ``1.``, ``- [ ]``)."""
+    lines = [line.strip() for line in _COMMENT.sub("\n", text).splitlines()]
+    for index, line in enumerate(lines):
+        if not line:
+            continue
+        if _HEADING.fullmatch(line) or _SETEXT.fullmatch(line) or _EMPTY_ITEM.fullmatch(line):
+            continue
+        underline = lines[index + 1] if index + 1 < len(lines) else ""
+        if underline and _SETEXT.fullmatch(underline):
+            continue  # a setext heading's title line
+        return False
+    return True
+
+
+def model_for_kind(
+    kind: str,
+    *,
+    persona_model: str,
+    heartbeat_model: str | None,
+    dream_model: str | None,
+    fleet_heartbeat_model: str = "",
+    fleet_dream_model: str = "",
+) -> str:
+    """The model spec a turn of ``kind`` uses.
+
+    ``dream`` -> dream.model, else SOULFLEET_DREAM_MODEL, else the persona's model;
+    ``heartbeat`` -> heartbeat.model, else SOULFLEET_HEARTBEAT_MODEL, else the persona's model;
+    anything else (a conversation) -> the persona's model. The persona's model may itself be
+    ``inherit`` (SOULFLEET_MODEL), resolved later by the model spec parser.
+    """
+    if kind == "dream":
+        return dream_model or fleet_dream_model or persona_model
+    if kind == "heartbeat":
+        return heartbeat_model or fleet_heartbeat_model or persona_model
+    return persona_model
+
+
+@dataclass(frozen=True, slots=True)
+class DailyBudget:
+    """``[budget]``: at most ``daily_tokens`` (input + output, as the provider reported them)
+    per day in ``timezone``; past it, ``skip_background`` skips heartbeats and dreams while
+    conversations still run, ``stop`` refuses every turn. Resets at the day boundary."""
+
+    daily_tokens: int | None = None
+    on_exceed: OnExceed = "skip_background"
+    timezone: str = "UTC"
+
+    def __post_init__(self) -> None:
+        if self.daily_tokens is not None and self.daily_tokens < 0:
+            raise ValueError(f"daily_tokens must be >= 0, got {self.daily_tokens}")
+        if self.on_exceed not in ON_EXCEED:
+            raise ValueError(f"on_exceed must be one of {ON_EXCEED}, got {self.on_exceed!r}")
+
+    def refuses(self, kind: str, spent: int) -> bool:
+        """Whether a turn of ``kind`` may not call the model after ``spent`` tokens today."""
+        return budget_refuses(self, kind, spent)
+
+    def day(self, when: float) -> str:
+        return usage_day(when, self.timezone)
+
+
+def budget_refuses(budget: DailyBudget | None, kind: str, spent: int) -> bool:
+    """True when ``budget`` is used up and its ``on_exceed`` covers turns of ``kind``."""
+    if budget is None or budget.daily_tokens is None or spent < budget.daily_tokens:
+        return False
+    return budget.on_exceed == "stop" or kind in BACKGROUND_KINDS
+
+
+def effective_budget(budget: DailyBudget | None, fleet_daily_tokens: int | None) -> DailyBudget:
+    """The persona's ``[budget]`` with ``daily_tokens`` defaulted to SOULFLEET_DAILY_TOKENS
+    (``daily_tokens`` None: no limit; the time zone still names the persona's usage day)."""
+    if budget is None:
+        return DailyBudget(daily_tokens=fleet_daily_tokens)
+    if budget.daily_tokens is None and fleet_daily_tokens is not None:
+        return DailyBudget(fleet_daily_tokens, budget.on_exceed, budget.timezone)
+    return budget
+
+
+def usage_day(when: float, timezone: str = "UTC") -> str:
+    """The ``YYYY-MM-DD`` day the instant ``when`` (epoch seconds) falls on in ``timezone``."""
+    zone = UTC if timezone == "UTC" else ZoneInfo(timezone)
+    return datetime.fromtimestamp(when, zone).strftime("%Y-%m-%d")
+
+
+#: What a dream pass reads: a write to any of these since the last pass is something new.
+#: Paths relative to the persona home; ``{persona}`` is the persona's name. A directory counts
+#: the files directly in it. A new source of a persona's experience is one more line here.
+DREAM_SOURCES: tuple[str, ...] = (
+    "transcripts/{persona}",  # the persona's own conversations and beats
+    "memory",  # notes (memory/<slug>.md)
+    "MEMORY.md",
+    "USER.md",
+)
+
+
+def newest_write(home: str | os.PathLike[str], persona: str) -> float:
+    """The newest modification time (epoch seconds) among :data:`DREAM_SOURCES`; 0.0: none."""
+    newest = 0.0
+    for source in DREAM_SOURCES:
+        path = os.path.join(home, source.format(persona=persona))
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            newest = max(newest, st.st_mtime)
+            continue
+        newest = max(newest, st.st_mtime)  # a file created or removed in it
+        try:
+            with os.scandir(path) as entries:
+                for entry in entries:
+                    with contextlib.suppress(OSError):
+                        if entry.is_file(follow_symlinks=False):
+                            newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+        except OSError:
+            continue
+    return newest
+
+
+def nothing_new(home: str | os.PathLike[str], persona: str, last_pass: float | None) -> bool:
+    """True when nothing in :data:`DREAM_SOURCES` was written after ``last_pass`` (epoch
+    seconds): a dream pass would only re-read what it already folded. A persona that never
+    dreamed (None) always has something new: its first pass runs."""
+    if last_pass is None:
+        return False
+    return newest_write(home, persona) <= last_pass
