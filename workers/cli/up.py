@@ -7,14 +7,18 @@ find this fleet, then start the workers, beat and (``--flower``) Flower as super
 and post the demo's welcome through the host API. Then it watches: surfaced beats from the
 beats stream, events from the children's JSON logs, a status line every few seconds.
 
-Stop order, on SIGINT or SIGTERM: beat, workers (warm shutdown with a deadline), Flower, and
+Stop order, on SIGINT, SIGTERM, SIGHUP (its terminal closed) or a write to its output that
+fails (``soulfleet up | head``): beat, workers (warm shutdown with a deadline), Flower, and
 Redis LAST, once nothing writes to it; then the state file and the lock. Exit 0. A child that
 dies on its own is reported with the tail of its log, the rest are stopped the same way, and
-``up`` exits 1. A second Ctrl-C during shutdown kills what is left at once.
+``up`` exits 1. A second signal during shutdown kills what is left at once. If ``up`` itself is
+SIGKILLed, the kernel kills its children (:mod:`workers.local.lifeline`), and any survivor
+keeps the data folder locked.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import signal
@@ -26,6 +30,7 @@ from types import FrameType
 
 import click
 
+from workers.cli.console import Console, safe_write
 from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
 from workers.cli.launch import child_environ, child_specs, choose_personas, describe_personas
 from workers.cli.watch import LogTail, Reporter
@@ -33,7 +38,7 @@ from workers.fleet import Fleet
 from workers.fleet.beats import Beat, Beats
 from workers.fleet.errors import EvictingRedis
 from workers.fleet.eviction import check_eviction_policy
-from workers.local.datadir import AlreadyRunningError, DataDir, UpState, default_data_dir
+from workers.local.datadir import AlreadyRunningError, DataDir, UpLock, UpState, default_data_dir
 from workers.local.demo import WELCOME_PERSONA, welcome_text
 from workers.local.redis_server import RedisServer, RedisServerError, free_port
 from workers.local.supervisor import Supervisor
@@ -59,9 +64,15 @@ class _Stop:
             self.force = True
         self.requested.set()
         # os.write, not click.echo: a handler that writes to a buffered stream the main thread
-        # is writing to raises "reentrant call".
+        # is writing to raises "reentrant call". After SIGHUP the terminal is gone: no matter.
         what = "killing what is left" if self.force else "stopping the fleet (again to force)"
-        os.write(2, f"\n{signal.Signals(signum).name}: {what}...\n".encode())
+        safe_write(2, f"\n{signal.Signals(signum).name}: {what}...\n")
+
+    def output_closed(self, name: str) -> None:
+        """A write to the terminal failed: nobody can watch or Ctrl-C this fleet any more."""
+        if not self.requested.is_set():
+            safe_write(2, f"soulfleet up: {name} closed: stopping the fleet...\n")
+        self.requested.set()
 
 
 def _follow_beats(fleet: Fleet, out: queue.Queue[Beat | Exception], stop: threading.Event) -> None:
@@ -103,9 +114,10 @@ def up(personas: Path | None, worker_count: int, flower: bool, data: Path | None
     except AlreadyRunningError as exc:
         raise CliError(str(exc)) from None
     stop = _Stop()
-    previous = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, stop.handle) for sig in handled}
     try:
-        code = _Up(data_dir, personas, worker_count, flower, stop).run()
+        code = _Up(data_dir, personas, worker_count, flower, stop=stop, lock=lock).run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -117,15 +129,18 @@ def up(personas: Path | None, worker_count: int, flower: bool, data: Path | None
 class _Up:
     """One `up` run: what it started, so whatever happens, it is all stopped in order."""
 
-    def __init__(self, data: DataDir, personas: Path | None, workers: int, flower: bool,
-                 stop: _Stop) -> None:  # fmt: skip
+    def __init__(self, data: DataDir, personas: Path | None, workers: int, flower: bool, *,
+                 stop: _Stop, lock: UpLock) -> None:  # fmt: skip
         self.data, self.personas_option, self.workers, self.flower = data, personas, workers, flower
         self.stop = stop
+        self.lock = lock
         self.redis: RedisServer | None = None
-        self.supervisor = Supervisor()
+        # Every child inherits the lock: a survivor keeps a second `up` off this folder.
+        self.supervisor = Supervisor(keep_fds=(lock.fd,))
         self.fleet: Fleet | None = None
         self.publisher: CeleryPublisher | None = None
-        self.reporter = Reporter(click.echo)
+        self.console = Console(on_closed=stop.output_closed)
+        self.reporter = Reporter(self.console.out)
 
     def run(self) -> int:
         try:
@@ -144,14 +159,19 @@ class _Up:
             )
         env["SOULFLEET_PERSONAS"] = str(choice.root)
         settings = Settings.from_env(env)  # invalid settings fail before anything starts
-        echo = click.echo
+        echo = self.console.out
         echo(f"soulfleet up: data in {self.data.root}")
         if settings.redis_url_explicit:
             redis_url = settings.redis_url
             echo(f"  redis     {redact_url(redis_url)} (REDIS_URL)")
         else:
             try:
-                self.redis = RedisServer(self.data.redis, persistent=True).start()
+                self.redis = RedisServer(
+                    self.data.redis,
+                    persistent=True,
+                    keep_fds=(self.lock.fd,),
+                    parent_death_signal=signal.SIGTERM,  # flush the AOF, then exit
+                ).start()
             except RedisServerError as exc:
                 raise CliError(f"embedded Redis did not start: {exc}") from exc
             redis_url = self.redis.url
@@ -173,11 +193,13 @@ class _Up:
         lines, lanes = describe_personas(choice.root, settings)
         for line in lines or ["(no persona directories here yet: `soulfleet init DIR` makes one)"]:
             echo(f"    {line}")
-        self.data.write_state(UpState(
+        state = UpState(
             pid=os.getpid(), redis_url=redact_url(redis_url), personas=str(choice.root),
             key_prefix=settings.key_prefix, queue_prefix=settings.queue_prefix,
             data=str(self.data.root), started_at=time.time(), embedded_redis=self.redis is not None,
-        ))  # fmt: skip
+            children=self._child_pids(),
+        )  # fmt: skip
+        self.data.write_state(state)
         flower_port = free_port() if self.flower else 0
         specs = child_specs(settings, child_environ(env, redis_url=redis_url, personas=choice.root),
                             logs=self.data.logs, cwd=self.data.root, workers=self.workers,
@@ -187,6 +209,7 @@ class _Up:
             if self.stop.requested.is_set():
                 return 0
             self.supervisor.start(spec)
+        self.data.write_state(dataclasses.replace(state, children=self._child_pids()))
         echo(f"  children  {len(specs)} processes: {', '.join(s.name for s in specs)}; "
              f"logs in {self.data.logs}")  # fmt: skip
         if self.flower:
@@ -220,7 +243,7 @@ class _Up:
                         f"{crashed.name} exited unexpectedly "
                         f"(code {crashed.popen.returncode}); last log lines:",
                     )
-                    click.echo(crashed.log_tail(), err=True)
+                    self.console.err(crashed.log_tail())
                     return EXIT_FAILURE
                 if time.monotonic() >= next_status:
                     next_status += STATUS_EVERY
@@ -232,6 +255,10 @@ class _Up:
             for tail in tails:  # what the children said while we were stopping the loop
                 self.reporter.events(tail.read())
             follower.join(timeout=3)
+
+    def _child_pids(self) -> tuple[int, ...]:
+        redis = self.redis.process.pid if self.redis and self.redis.process else None
+        return tuple(pid for pid in (redis, *self.supervisor.pids()) if pid is not None)
 
     def _redis_running(self) -> bool:
         process = self.redis.process if self.redis is not None else None
@@ -258,19 +285,19 @@ class _Up:
         if self.supervisor.children:
             flower = any(child.name == "flower" for child in self.supervisor.children)
             order = "beat, then workers (warm shutdown)" + (", then flower" if flower else "")
-            click.echo(f"stopping: {order}...", err=True)
+            self.console.err(f"stopping: {order}...")
             stopped = self.supervisor.stop_all(
                 force=self.stop.force, should_force=lambda: self.stop.force
             )
             for name, code in stopped:
-                click.echo(f"  {name} stopped (exit {code})", err=True)
+                self.console.err(f"  {name} stopped (exit {code})")
         if self.publisher is not None:
             self.publisher.close()
         if self.fleet is not None:
             self.fleet.client.close()
         if self.redis is not None:
             self.redis.stop()
-            click.echo("  redis stopped (AOF flushed)", err=True)
+            self.console.err("  redis stopped (AOF flushed)")
         self.data.clear_state(os.getpid())
         if started:
-            click.echo("soulfleet up: stopped.", err=True)
+            self.console.err("soulfleet up: stopped.")
