@@ -46,7 +46,7 @@ Exit status: 0 ok, 1 runtime failure (Redis unreachable, inbox full, failed turn
 or settings).
 PERSONA is a name under the personas root or a path to a persona directory.
 Without REDIS_URL, commands reach the `soulfleet up` running on the default data
-directory, else redis://127.0.0.1:6379/0."""
+directory; with neither, they say no fleet is running (exit 2)."""
 
 
 @click.group(

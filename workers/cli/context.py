@@ -6,7 +6,9 @@ Resolution, first that applies (the README's "Which fleet" section says the same
 - else a ``soulfleet up`` running on the DEFAULT data directory: its embedded Redis, key and
   queue prefixes and personas root, read from its ``up.json`` — so ``soulfleet post ava hi``
   next to a running ``up`` just works;
-- else the default ``redis://127.0.0.1:6379/0``.
+- else NO fleet: the command exits 2 with "no fleet is running: start one with `soulfleet up`,
+  or set REDIS_URL". It never guesses an address: a Redis that happens to listen on
+  127.0.0.1:6379 is someone else's as often as not, and writing into it would "succeed".
 
 The personas root is ``--personas`` if given, else ``SOULFLEET_PERSONAS``, else the running
 ``up``'s, else ``./personas``.
@@ -24,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from workers.cli.errors import BadInputError
 from workers.fleet import Fleet
 from workers.fleet.errors import UnknownPersona
 from workers.fleet.registry import PersonaRegistry, valid_persona_name
@@ -31,7 +34,23 @@ from workers.local.datadir import DataDir, UpState, default_data_dir
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 
-__all__ = ["CliContext", "fleet_environ", "persona_dir"]
+__all__ = ["NO_FLEET", "CliContext", "fleet_environ", "no_fleet_error", "persona_dir"]
+
+NO_FLEET = "no fleet is running: start one with `soulfleet up`, or set REDIS_URL"
+
+
+def no_fleet_error(environ: Mapping[str, str] | None = None) -> BadInputError:
+    """Why there is no fleet to talk to, and what to do (exit 2)."""
+    env = os.environ if environ is None else environ
+    data = DataDir(default_data_dir(env))
+    state = data.running_state()
+    if state is not None and not state.embedded_redis:
+        # That `up` runs on the user's own Redis; its URL is recorded without the password.
+        return BadInputError(
+            f"the soulfleet up running on {data.root} (pid {state.pid}) uses its own Redis "
+            f"({state.redis_url}): set REDIS_URL to the same URL to reach it"
+        )
+    return BadInputError(NO_FLEET)
 
 
 def fleet_environ(
@@ -97,8 +116,13 @@ class CliContext:
         return PersonaRegistry(self.settings.personas)
 
     def fleet(self) -> Fleet:
-        """The fleet, after a ping: an unreachable Redis fails here with its (redacted) URL."""
+        """The fleet, after a ping: an unreachable Redis fails here with its (redacted) URL.
+
+        Without REDIS_URL and without a running `up` there is no fleet (exit 2).
+        """
         if self._fleet is None:
+            if not self.settings.redis_url_explicit:
+                raise no_fleet_error(self.environ)
             self._publisher = CeleryPublisher(self.settings)
             fleet = Fleet(self.settings, publisher=self._publisher)
             fleet.ping()
