@@ -37,6 +37,7 @@ from workers.cli.soul import soul
 from workers.cli.status import status
 from workers.cli.tools import tools
 from workers.cli.up import up
+from workers.settings import Settings
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
 
@@ -58,6 +59,9 @@ def cli(ctx: click.Context) -> None:
     """soulfleet: file-defined persona agents, run as a fleet on Celery + Redis."""
     state = ctx.ensure_object(CliContext)
     ctx.call_on_close(state.close)
+    # Errors at the door: every setting is checked before any command does anything (exit 2
+    # naming the variable), including commands that would not otherwise read it.
+    Settings.from_env(state.environ)
 
 
 for _command in (up, init, soul, tools, run, post, status, beats, dream, revive, session):

@@ -26,11 +26,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
+
 from workers.cli.errors import BadInputError
 from workers.fleet import Fleet
 from workers.fleet.errors import UnknownPersona
 from workers.fleet.registry import PersonaRegistry, valid_persona_name
 from workers.local.datadir import DataDir, UpState, default_data_dir
+from workers.persona.checkup import check_persona
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 
@@ -144,6 +147,15 @@ class CliContext:
                     "`soulfleet run --local` for a directory anywhere)",
                 ) from None
             raise
+
+    def checked(self, arg: str) -> str:
+        """:meth:`persona`, then the persona's check-up: invalid files fail HERE (exit 2, the
+        reason named) before anything is queued; warnings (an empty soul) go to stderr."""
+        name = self.persona(arg)
+        checkup = check_persona(self.registry.home(name), self.settings.model)
+        for warning in checkup.warnings:
+            click.echo(f"soulfleet: warning: {warning}", err=True)
+        return name
 
     def close(self) -> None:
         if self._publisher is not None:

@@ -81,7 +81,7 @@ def dream(
         raise BadInputError("give either PERSONA or --all (not both, not neither)")
     state = cli_context(ctx, personas)
     if persona is not None:
-        name = state.persona(persona)
+        name = state.checked(persona)
         outcome = state.fleet().dream(name)
         if outcome.outcome == "queued":
             click.echo(

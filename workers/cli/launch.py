@@ -26,8 +26,8 @@ from pathlib import Path
 from workers.fleet.registry import PersonaRegistry
 from workers.local.demo import install_demo
 from workers.local.supervisor import ChildSpec
-from workers.persona.agent import from_dir
-from workers.persona.errors import PersonaError
+from workers.persona.checkup import check_persona
+from workers.persona.errors import ModelSpecError, PersonaError
 from workers.queues import KINDS, queue_name
 from workers.settings import Settings
 
@@ -186,11 +186,12 @@ def describe_personas(root: Path, settings: Settings) -> tuple[list[str], int]:
     lanes = 0
     for name in names:
         try:
-            agent = from_dir(registry.home(name))
-        except PersonaError as exc:
+            checkup = check_persona(registry.home(name), settings.model)
+        except (PersonaError, ModelSpecError, ValueError) as exc:
             lines.append(f"{name:<{width}}  INVALID: {' '.join(str(exc).split())}")
             lanes += 1
             continue
+        agent = checkup.agent
         lanes += 2 if agent.dream else 1
         parts = [f"model {model_label(agent.model, settings)}"]
         if agent.heartbeat:
@@ -203,5 +204,7 @@ def describe_personas(root: Path, settings: Settings) -> tuple[list[str], int]:
                 else f"cron {dream.cron!r} {dream.timezone}"
             )
             parts.append(f"dream {when}")
+        if checkup.warnings:
+            parts.append("WARNING: no bootstrap files, so an empty soul")
         lines.append(f"{name:<{width}}  " + "; ".join(parts))
     return lines, lanes

@@ -24,6 +24,7 @@ import click
 from workers.cli.context import CliContext, persona_dir
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import cli_context, personas_option
+from workers.persona.checkup import check_persona
 from workers.persona.loop import Budget
 from workers.settings import Settings
 
@@ -74,7 +75,7 @@ def run(
                 "--model only applies with --local: a fleet turn uses the persona's model "
                 "(persona.toml `model`, else SOULFLEET_MODEL)"
             )
-        name = state.persona(persona)
+        name = state.checked(persona)
         reply = state.fleet().run(name, prompt, new_session=new_session, timeout=timeout)
         report = {
             "persona": name,
@@ -117,6 +118,10 @@ def _local(
     from workers.persona.run import run as run_persona  # noqa: PLC0415 - only for --local
 
     home = persona_dir(persona, settings.personas)
+    # The same check-up as a fleet command: an invalid file (a cron that can never fire) exits
+    # 2 naming the key, and an empty directory is a warning, not a silent empty soul.
+    for warning in check_persona(home, settings.model, model=model_spec).warnings:
+        click.echo(f"soulfleet: warning: {warning}", err=True)
     result = run_persona(
         home,
         prompt,

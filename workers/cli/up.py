@@ -32,7 +32,14 @@ import click
 
 from workers.cli.console import Console, safe_write
 from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
-from workers.cli.launch import child_environ, child_specs, choose_personas, describe_personas
+from workers.cli.health import fixed_since, invalid_personas
+from workers.cli.launch import (
+    PersonasChoice,
+    child_environ,
+    child_specs,
+    choose_personas,
+    describe_personas,
+)
 from workers.cli.watch import LogTail, Reporter
 from workers.fleet import Fleet
 from workers.fleet.beats import Beat, Beats
@@ -161,22 +168,7 @@ class _Up:
         settings = Settings.from_env(env)  # invalid settings fail before anything starts
         echo = self.console.out
         echo(f"soulfleet up: data in {self.data.root}")
-        if settings.redis_url_explicit:
-            redis_url = settings.redis_url
-            echo(f"  redis     {redact_url(redis_url)} (REDIS_URL)")
-        else:
-            try:
-                self.redis = RedisServer(
-                    self.data.redis,
-                    persistent=True,
-                    keep_fds=(self.lock.fd,),
-                    parent_death_signal=signal.SIGTERM,  # flush the AOF, then exit
-                ).start()
-            except RedisServerError as exc:
-                raise CliError(f"embedded Redis did not start: {exc}") from exc
-            redis_url = self.redis.url
-            echo(f"  redis     embedded {self.redis.binary} at {redis_url} "
-                 f"(AOF on, noeviction; data in {self.data.redis})")  # fmt: skip
+        redis_url = self._redis_url(settings)
         env["REDIS_URL"] = redis_url
         settings = Settings.from_env(env)
         self.publisher = CeleryPublisher(settings)
@@ -188,11 +180,7 @@ class _Up:
             )
         except EvictingRedis as exc:
             raise CliError(str(exc)) from None
-        how = "demo personas" + (", copied on this first run" if choice.installed else "")
-        echo(f"  personas  {choice.root} ({how if choice.demo else 'yours'})")
-        lines, lanes = describe_personas(choice.root, settings)
-        for line in lines or ["(no persona directories here yet: `soulfleet init DIR` makes one)"]:
-            echo(f"    {line}")
+        lanes = self._describe(choice, settings)
         state = UpState(
             pid=os.getpid(), redis_url=redact_url(redis_url), personas=str(choice.root),
             key_prefix=settings.key_prefix, queue_prefix=settings.queue_prefix,
@@ -220,6 +208,41 @@ class _Up:
             self.fleet.post(WELCOME_PERSONA, text, sender="soulfleet-up", channel="cli")
             self.reporter.line("posted", f"{WELCOME_PERSONA} <- {text!r} (Fleet.post)")
         return self._watch(tails, lanes)
+
+    def _redis_url(self, settings: Settings) -> str:
+        """REDIS_URL when set, else an embedded Redis started now (it dies with `up`)."""
+        echo = self.console.out
+        if settings.redis_url_explicit:
+            echo(f"  redis     {redact_url(settings.redis_url)} (REDIS_URL)")
+            return settings.redis_url
+        try:
+            self.redis = RedisServer(
+                self.data.redis,
+                persistent=True,
+                keep_fds=(self.lock.fd,),
+                parent_death_signal=signal.SIGTERM,  # flush the AOF, then exit
+            ).start()
+        except RedisServerError as exc:
+            raise CliError(f"embedded Redis did not start: {exc}") from exc
+        echo(f"  redis     embedded {self.redis.binary} at {self.redis.url} "
+             f"(AOF on, noeviction; data in {self.data.redis})")  # fmt: skip
+        return self.redis.url
+
+    def _describe(self, choice: PersonasChoice, settings: Settings) -> int:
+        """Print the personas (and dead lanes a fix made runnable); return the lane count."""
+        assert self.fleet is not None
+        echo = self.console.out
+        how = "demo personas" + (", copied on this first run" if choice.installed else "")
+        echo(f"  personas  {choice.root} ({how if choice.demo else 'yours'})")
+        lines, lanes = describe_personas(choice.root, settings)
+        for line in lines or ["(no persona directories here yet: `soulfleet init DIR` makes one)"]:
+            echo(f"    {line}")
+        fixed = fixed_since(self.fleet, settings.model, invalid=invalid_personas(self.fleet))
+        if fixed:
+            echo(f"  dead      {len(fixed)} lane(s) dead-lettered by a configuration error that is "
+                 f"fixed now ({', '.join(lane for lane, _ in fixed)}): `soulfleet revive --all` "
+                 "takes them back")  # fmt: skip
+        return lanes
 
     def _watch(self, tails: list[LogTail], lanes: int) -> int:
         assert self.fleet is not None

@@ -151,6 +151,13 @@ class Reporter:
                 f"persona {event.get('persona')} is invalid ({event.get('key') or 'file'}): "
                 f"{_short(event.get('error', ''))}",
             )
+        elif name == "registry.valid_again":
+            persona_name = event.get("persona")
+            self.line(
+                "fixed",
+                f"persona {persona_name} is valid again; a lane of it that was dead-lettered "
+                f"stays dead until `soulfleet revive {persona_name}`",
+            )
         elif event.get("level") in ("error", "critical"):
             self._other_error(source, str(name))
 
