@@ -9,13 +9,16 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-import redis
 
-from beat.sync import RegistrySync
 from tests.cli.conftest import Invoke
-from tests.support.cli import commit_turn, dead_letter, lanes_for, run_soulfleet, settings_for
+from tests.support.cli import (
+    commit_turn,
+    dead_letter,
+    lanes_for,
+    run_soulfleet,
+    sync_registry,
+)
 from tests.support.cli import subprocess_env as full_env
-from workers.fleet import Fleet
 from workers.fleet.lanes import Lanes
 
 BAD_SETTINGS = [
@@ -123,29 +126,13 @@ def test_an_empty_persona_directory_is_a_warning(
     assert "empty soul" in local.stderr
 
 
-def _sync(env: Mapping[str, str | None]) -> None:
-    """One registry sync, exactly as beat runs it, on the test's Redis and personas."""
-    settings = settings_for(env)
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-    fleet = Fleet(settings, client=client, publisher=_NoPublisher())
-    RegistrySync(client=client, keys=fleet.keys, registry=fleet.registry, settings=settings).run()
-
-
-class _NoPublisher:
-    def publish(self, lane: str, turn_id: str, kind: str) -> None:
-        raise AssertionError("nothing is published here")
-
-    def publish_many(self, turns: object) -> None:
-        raise AssertionError("nothing is published here")
-
-
 def test_status_shows_invalid_personas_with_beats_reason(
     invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
 ) -> None:
     """After beat's registry sync recorded nora invalid, status shows her `invalid` with the
     reason, in the table, the count line and --json."""
     _break(fleet_root / "nora", "[heartbeat]\nevery = 5\n")
-    _sync(env)
+    sync_registry(env)
     table = invoke("status")
     assert table.exit_code == 0, table.output
     row = next(line for line in table.stdout.splitlines() if line.startswith("nora"))

@@ -143,10 +143,49 @@ class CliContext:
                 raise UnknownPersona(
                     arg,
                     f"{registry.root} (that directory exists, but fleet commands only reach "
-                    "personas under the fleet's root: pass --personas, or use "
-                    "`soulfleet run --local` for a directory anywhere)",
+                    "personas under the fleet's root: start a fleet on its parent "
+                    "(`soulfleet up --personas DIR`), or use `soulfleet run --local` for a "
+                    "directory anywhere)",
                 ) from None
             raise
+
+    def fleet_root(self) -> Path | None:
+        """The personas root the fleet's workers serve, as far as anyone recorded it: beat's
+        newest registry sync, else the adopted `up`'s root; None when unknown."""
+        fleet = self.fleet()
+        recorded = fleet.client.get(fleet.keys.registry_root)
+        if recorded:
+            return Path(str(recorded))
+        if self.adopted is not None:
+            return Path(self.adopted.personas).expanduser().resolve()
+        return None
+
+    def honour_personas(self, command: str) -> None:
+        """``--personas`` on a command that sends work: honoured only when it IS the fleet's root.
+
+        The CLI reads persona names under ``--personas``, but the workers read theirs under the
+        fleet's own SOULFLEET_PERSONAS: a post to a persona the workers cannot see is accepted
+        here and dead-letters there (UnknownPersona). So a different or unknown root is
+        refused with what to do instead.
+        """
+        if self.personas is None:
+            return
+        wanted = self.personas.expanduser().resolve()
+        served = self.fleet_root()
+        if served == wanted:
+            return
+        where = (
+            f"the fleet's workers read personas from {served}"
+            if served is not None
+            else "this fleet has not recorded which personas root its workers read (beat has "
+            "not synced yet)"
+        )
+        raise BadInputError(
+            f"{command} --personas {self.personas}: {where}, and a turn for a persona they "
+            f"cannot see would only fail. Drop --personas to use the fleet's own personas, "
+            f"start a fleet on that root (`soulfleet up --personas {self.personas}`), or use "
+            "`soulfleet run --local` for a directory anywhere"
+        )
 
     def checked(self, arg: str) -> str:
         """:meth:`persona`, then the persona's check-up: invalid files fail HERE (exit 2, the

@@ -80,6 +80,7 @@ def dream(
     if (persona is None) == (not all_personas):
         raise BadInputError("give either PERSONA or --all (not both, not neither)")
     state = cli_context(ctx, personas)
+    state.honour_personas("dream")
     if persona is not None:
         name = state.checked(persona)
         outcome = state.fleet().dream(name)

@@ -44,6 +44,7 @@ def post(
 ) -> None:
     """Put TEXT in PERSONA's inbox (and wake it unless --no-wake)."""
     state = cli_context(ctx, personas)
+    state.honour_personas("post")
     name = state.checked(persona)
     outcome = state.fleet().post(
         name, text, sender=sender, channel=channel, wake=wake, trusted=trusted

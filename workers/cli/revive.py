@@ -44,6 +44,7 @@ def revive(
 ) -> None:
     """Queue a dead-lettered lane of PERSONA again (its kept items run first)."""
     state = cli_context(ctx, personas)
+    state.honour_personas("revive")
     if every or reason is not None:
         if persona is not None or dreamer:
             raise BadInputError("give PERSONA (and --dreamer) or --all/--reason, not both")

@@ -75,6 +75,7 @@ def run(
                 "--model only applies with --local: a fleet turn uses the persona's model "
                 "(persona.toml `model`, else SOULFLEET_MODEL)"
             )
+        state.honour_personas("run")
         name = state.checked(persona)
         reply = state.fleet().run(name, prompt, new_session=new_session, timeout=timeout)
         report = {
