@@ -35,7 +35,11 @@ PUBLISH_BATCH = 1000
 
 
 class CeleryPublisher:
-    """Publishes ``soulfleet.turn(lane, turn_id)`` to the queue of the turn's kind.
+    """Publishes ``soulfleet.turn(lane, turn_id, kind=...)`` to the queue of the turn's kind.
+
+    The lane (the persona, or ``<persona>-dreamer``) and the kind travel in the message's args
+    and kwargs, so Flower's task list says whose turn each row is and what kind, while the task
+    NAME stays one for the whole fleet (a metric label must not grow with the fleet).
 
     It uses a Celery app built from the same settings as the fleet (or the worker's own app),
     so a host process publishes to the broker and key prefix its settings name, whatever the
@@ -81,6 +85,7 @@ class CeleryPublisher:
                     app.send_task(
                         TURN_TASK,
                         args=[lane, turn_id],
+                        kwargs={"kind": kind},
                         queue=queue,
                         producer=producer,
                         ignore_result=True,

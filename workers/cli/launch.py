@@ -17,6 +17,8 @@ Children run ``sys.executable -m celery``: the interpreter ``up`` runs in, whate
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import sys
 from collections.abc import Mapping
@@ -38,6 +40,7 @@ __all__ = [
     "child_specs",
     "choose_personas",
     "describe_personas",
+    "flower_auth",
     "model_label",
 ]
 
@@ -96,6 +99,7 @@ def child_specs(
     workers: int,
     flower: bool,
     flower_port: int = 5555,
+    flower_auth: str | None = None,
 ) -> list[ChildSpec]:
     if flower:
         # Flower shows only what task events tell it; they are off by default (they cost turns).
@@ -147,7 +151,10 @@ def child_specs(
             ChildSpec(
                 name="flower",
                 argv=[*celery, "flower", "--address=127.0.0.1", f"--port={flower_port}"],
-                env=_metrics_env(env, 0, 0),
+                env={
+                    **_metrics_env(env, 0, 0),
+                    **({"FLOWER_BASIC_AUTH": flower_auth} if flower_auth else {}),
+                },
                 log_path=logs / "flower.log",
                 cwd=cwd,
                 stage=2,
@@ -155,6 +162,32 @@ def child_specs(
             )
         )
     return specs
+
+
+FLOWER_USER = "soulfleet"
+
+
+def flower_auth(environ: Mapping[str, str], secret_file: Path) -> tuple[str, str]:
+    """Flower's basic auth and how to tell the user where it is (never the password itself).
+
+    ``FLOWER_BASIC_AUTH`` (``user:password``) when set; else a password generated once per data
+    folder, kept in ``secret_file`` (mode 0600): Flower's API refuses requests without auth,
+    and a local dashboard should not be open to every process on the machine either.
+    """
+    configured = (environ.get("FLOWER_BASIC_AUTH") or "").strip()
+    if configured:
+        return configured, "basic auth from FLOWER_BASIC_AUTH"
+    try:
+        stored = secret_file.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        stored = ""
+    if ":" not in stored:
+        stored = f"{FLOWER_USER}:{secrets.token_urlsafe(18)}"
+        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(stored + "\n")
+    user = stored.split(":", 1)[0]
+    return stored, f"user {user}, password in {secret_file}"
 
 
 def model_label(spec: str, settings: Settings) -> str:

@@ -39,6 +39,7 @@ from workers.cli.launch import (
     child_specs,
     choose_personas,
     describe_personas,
+    flower_auth,
 )
 from workers.cli.watch import LogTail, Reporter
 from workers.fleet import Fleet
@@ -189,9 +190,11 @@ class _Up:
         )  # fmt: skip
         self.data.write_state(state)
         flower_port = free_port() if self.flower else 0
+        auth, auth_note = flower_auth(env, self.data.flower_auth) if self.flower else ("", "")
         specs = child_specs(settings, child_environ(env, redis_url=redis_url, personas=choice.root),
                             logs=self.data.logs, cwd=self.data.root, workers=self.workers,
-                            flower=self.flower, flower_port=flower_port)  # fmt: skip
+                            flower=self.flower, flower_port=flower_port,
+                            flower_auth=auth or None)  # fmt: skip
         tails = [LogTail.at_end(spec.log_path, spec.name) for spec in specs]
         for spec in specs:
             if self.stop.requested.is_set():
@@ -201,7 +204,7 @@ class _Up:
         echo(f"  children  {len(specs)} processes: {', '.join(s.name for s in specs)}; "
              f"logs in {self.data.logs}")  # fmt: skip
         if self.flower:
-            echo(f"  flower    http://127.0.0.1:{flower_port}/")
+            echo(f"  flower    http://127.0.0.1:{flower_port}/ ({auth_note})")
         echo("Ctrl-C stops everything.")
         if choice.demo and (choice.root / WELCOME_PERSONA).is_dir():
             text = welcome_text()

@@ -9,6 +9,7 @@ delete a local fleet in one place and the installed package is never written to:
         personas/           the demo personas, copied from the package on the first run
         redis/              the embedded Redis: appendonly files and redis.log
         logs/               one JSON-lines log per child process (worker-1.log, beat.log …)
+        flower-auth         `up --flower`'s basic-auth user:password (mode 0600)
 
 Why a lock AND a state file: the lock is the truth about "is one running", while the state
 file tells other commands WHERE that fleet is, so ``soulfleet post ava hi`` next to a running
@@ -178,6 +179,10 @@ class DataDir:
     @property
     def logs(self) -> Path:
         return self.root / "logs"
+
+    @property
+    def flower_auth(self) -> Path:
+        return self.root / "flower-auth"
 
     def create(self) -> None:
         for path in (self.root, self.logs, self.redis):
