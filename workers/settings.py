@@ -18,12 +18,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from workers.persona.env import EnvReader
 from workers.persona.errors import SettingsError
 from workers.persona.mcp_servers import FleetServer, load_mcp_servers
 from workers.persona.models.config import ModelConfig
+from workers.persona.urls import ambiguous_credentials, mask_credentials, split_credentials
 from workers.pools import POOLS, pool_limit, refusal
 
 __all__ = ["LockMode", "LogFormat", "Settings", "SettingsError", "redact_url"]
@@ -41,19 +41,12 @@ DEFAULT_MODEL_CALLS = 1000
 
 
 def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***`` (safe for logs and errors)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    """Return ``url`` with its password replaced by ``***`` (safe for logs and errors).
+
+    The credentials are masked as a unit whatever characters they hold
+    (:mod:`workers.persona.urls`), never by what a standard URL parser calls the password.
+    """
+    return mask_credentials(url)
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -141,6 +134,12 @@ class Settings:
         redis_url = redis_raw or DEFAULT_REDIS_URL
         _check_redis_url("REDIS_URL", redis_url)
         broker_url = env.text("CELERY_BROKER_URL", redis_url)
+        if ambiguous_credentials(broker_url):
+            raise SettingsError(
+                "CELERY_BROKER_URL",
+                f"has a password with a raw '/', '?' or '#' ({redact_url(broker_url)}): "
+                "percent-encode it (/ -> %2F, ? -> %3F, # -> %23)",
+            )
         prefix = env.text("SOULFLEET_KEY_PREFIX", "soulfleet:")
         if any(ch.isspace() for ch in prefix):
             raise SettingsError("SOULFLEET_KEY_PREFIX", "must not contain white space")
@@ -278,8 +277,15 @@ def _ratio(env: EnvReader, name: str, default: float) -> float:
 
 
 def _check_redis_url(name: str, url: str) -> None:
-    scheme = urlsplit(url).scheme
+    scheme = split_credentials(url).scheme
     if scheme not in ("redis", "rediss", "unix"):
         raise SettingsError(
             name, f"must be a redis://, rediss:// or unix:// URL, got {redact_url(url)!r}"
+        )
+    if ambiguous_credentials(url):
+        raise SettingsError(
+            name,
+            f"has a password with a raw '/', '?' or '#' ({redact_url(url)}), which every URL "
+            "parser reads as the end of the host: percent-encode the password (/ -> %2F, "
+            "? -> %3F, # -> %23, @ -> %40, : -> %3A, % -> %25)",
         )
