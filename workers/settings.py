@@ -12,7 +12,9 @@ This module imports nothing heavy: the persona core, the CLI and Celery's app mo
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,6 +40,7 @@ DEFAULT_CONCURRENCY = 200
 #: The fleet-wide turn gate's default: five default workers' worth, so it never binds a single
 #: host below its concurrency; set it to what your provider account allows.
 DEFAULT_MODEL_CALLS = 1000
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})")
 
 
 def redact_url(url: str) -> str:
@@ -124,6 +127,8 @@ class Settings:
     log_format: LogFormat = "console"
     log_level: str = "INFO"
     metrics_port: int = 0
+    #: Address /metrics binds: loopback unless said otherwise (a container says 0.0.0.0).
+    metrics_host: str = "127.0.0.1"
     hostname: str = field(default_factory=socket.gethostname)
 
     @classmethod
@@ -244,6 +249,7 @@ class Settings:
                 "SOULFLEET_LOG_LEVEL", "info", ("debug", "info", "warning", "error")
             ).upper(),
             metrics_port=metrics_port,
+            metrics_host=_host(env, "SOULFLEET_METRICS_HOST", "127.0.0.1"),
             hostname=env.text("SOULFLEET_HOSTNAME", socket.gethostname()),
         )
 
@@ -273,6 +279,18 @@ def _ratio(env: EnvReader, name: str, default: float) -> float:
     value = env.number(name, default)
     if not 0 < value <= 1:
         raise SettingsError(name, f"must be a fraction in (0, 1], got {value}")
+    return value
+
+
+def _host(env: EnvReader, name: str, default: str) -> str:
+    value = env.text(name, default)
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        if not _HOSTNAME.fullmatch(value):
+            raise SettingsError(
+                name, f"must be an IP address or host name, got {value!r}"
+            ) from None
     return value
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "choose_personas",
     "describe_personas",
     "flower_auth",
+    "metrics_line",
     "model_label",
 ]
 
@@ -162,6 +163,18 @@ def child_specs(
             )
         )
     return specs
+
+
+def metrics_line(specs: list[ChildSpec], host: str) -> str:
+    """Where each child serves /metrics, or how to turn metrics on."""
+    served = [
+        f"{spec.name} http://{host}:{spec.env['SOULFLEET_METRICS_PORT']}/metrics"
+        for spec in specs
+        if spec.env.get("SOULFLEET_METRICS_PORT", "0") not in ("", "0")
+    ]
+    if not served:
+        return "off (SOULFLEET_METRICS_PORT=9100 serves /metrics on 9100 and up, one per process)"
+    return ", ".join(served)
 
 
 FLOWER_USER = "soulfleet"

@@ -40,6 +40,7 @@ from workers.cli.launch import (
     choose_personas,
     describe_personas,
     flower_auth,
+    metrics_line,
 )
 from workers.cli.watch import LogTail, Reporter
 from workers.fleet import Fleet
@@ -205,6 +206,7 @@ class _Up:
              f"logs in {self.data.logs}")  # fmt: skip
         if self.flower:
             echo(f"  flower    http://127.0.0.1:{flower_port}/ ({auth_note})")
+        echo(f"  metrics   {metrics_line(specs, settings.metrics_host)}")
         echo("Ctrl-C stops everything.")
         if choice.demo and (choice.root / WELCOME_PERSONA).is_dir():
             text = welcome_text()
@@ -273,7 +275,7 @@ class _Up:
                     return EXIT_FAILURE
                 if time.monotonic() >= next_status:
                     next_status += STATUS_EVERY
-                    self.reporter.status(self.fleet.lanes.counts(), lanes)
+                    self._status(lanes)
                 self.stop.requested.wait(_TICK)
             return 0
         finally:
@@ -281,6 +283,20 @@ class _Up:
             for tail in tails:  # what the children said while we were stopping the loop
                 self.reporter.events(tail.read())
             follower.join(timeout=3)
+
+    def _status(self, lanes_at_start: int) -> None:
+        """Live counts: idle lanes and personas from beat's registry (personas added or removed
+        while `up` runs count); before beat's first sync, the lanes counted at start."""
+        assert self.fleet is not None
+        fleet = self.fleet
+        counts: dict[str, int] = dict(fleet.lane_counts())
+        if fleet.client.get(fleet.keys.registry_lanes) is None:
+            counts.pop("idle", None)
+            self.reporter.status(counts, lanes_at_start)
+            return
+        invalid = len(invalid_personas(fleet))
+        personas = int(fleet.client.hlen(fleet.keys.registry))
+        self.reporter.status(counts, lanes_at_start, personas=personas, invalid=invalid)
 
     def _child_pids(self) -> tuple[int, ...]:
         redis = self.redis.process.pid if self.redis and self.redis.process else None
