@@ -95,6 +95,20 @@ class CeleryPublisher:
             # The lane is already queued: the reaper re-publishes it once the broker is back.
             raise RedisUnavailable(self._settings.broker_url, str(exc)) from exc
 
+    def consumers(self, kind: str, *, timeout: float = 1.0) -> list[str]:
+        """Workers that answer a remote-control ping and consume the queue of ``kind``.
+
+        Empty when none does (or none answered within ``timeout``): a turn queued there waits
+        for a worker that is not coming.
+        """
+        queue = queue_name(self._prefix, kind)
+        replies = self.app.control.inspect(timeout=timeout).active_queues() or {}
+        return sorted(
+            worker
+            for worker, queues in replies.items()
+            if any(isinstance(q, dict) and q.get("name") == queue for q in queues or ())
+        )
+
     def close(self) -> None:
         """Release the broker connections of an app this publisher built itself."""
         with self._lock:

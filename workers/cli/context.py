@@ -115,6 +115,11 @@ class CliContext:
         return self._settings.redis_url if self._settings is not None else None
 
     @property
+    def publisher(self) -> CeleryPublisher | None:
+        """The publisher of :meth:`fleet` (None before the fleet was reached)."""
+        return self._publisher
+
+    @property
     def registry(self) -> PersonaRegistry:
         return PersonaRegistry(self.settings.personas)
 
