@@ -110,6 +110,20 @@ def test_flower_turns_task_events_on(tmp_path: Path) -> None:
     assert {s.env.get("SOULFLEET_TASK_EVENTS") for s in plain} == {None}
 
 
+def test_describe_personas_warns_of_an_empty_soul_and_a_bad_model(tmp_path: Path) -> None:
+    """An empty persona directory is listed with a warning; a model spec naming no model is
+    INVALID at start, as a turn would find it."""
+    root = tmp_path / "personas"
+    (root / "blank").mkdir(parents=True)
+    (root / "odd").mkdir()
+    (root / "odd" / "persona.toml").write_text('model = "foo:bar"\n', encoding="utf-8")
+    lines, _ = describe_personas(root, Settings.from_env({}))
+    assert "WARNING: no bootstrap files, so an empty soul" in lines[0]
+    assert lines[1].startswith("odd")
+    assert "INVALID" in lines[1]
+    assert "foo:bar" in lines[1]
+
+
 def test_flower_gets_basic_auth_generated_once_and_never_printed(tmp_path: Path) -> None:
     """`up --flower` without FLOWER_BASIC_AUTH: a password is generated into a 0600 file and
     reused; the note names the file, never the password; Flower's child env carries the auth;
