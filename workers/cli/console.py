@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
 
 import click
 
-__all__ = ["Console", "safe_write"]
+__all__ = ["Console", "StopRequest", "safe_write"]
 
 
 def safe_write(fd: int, text: str) -> bool:
@@ -72,3 +76,28 @@ class Console:
         _silence(fd)
         if self.on_closed is not None:
             self.on_closed(name)
+
+
+@dataclass
+class StopRequest:
+    """Set by SIGINT, SIGTERM or SIGHUP, or a closed output: the first asks for a clean stop,
+    a second signal for a forced one."""
+
+    requested: threading.Event = field(default_factory=threading.Event)
+    force: bool = False
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        del frame
+        if self.requested.is_set():
+            self.force = True
+        self.requested.set()
+        # os.write, not click.echo: a handler that writes to a buffered stream the main thread
+        # is writing to raises "reentrant call". After SIGHUP the terminal is gone: no matter.
+        what = "killing what is left" if self.force else "stopping the fleet (again to force)"
+        safe_write(2, f"\n{signal.Signals(signum).name}: {what}...\n")
+
+    def output_closed(self, name: str) -> None:
+        """A write to the terminal failed: nobody can watch or Ctrl-C this fleet any more."""
+        if not self.requested.is_set():
+            safe_write(2, f"soulfleet up: {name} closed: stopping the fleet...\n")
+        self.requested.set()

@@ -24,13 +24,11 @@ import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 import click
 
-from workers.cli.console import Console, safe_write
+from workers.cli.console import Console, StopRequest
 from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
 from workers.cli.health import fixed_since, invalid_personas
 from workers.cli.launch import (
@@ -58,30 +56,6 @@ __all__ = ["up"]
 
 STATUS_EVERY = 10.0
 _TICK = 0.25
-
-
-@dataclass
-class _Stop:
-    """Set by SIGINT/SIGTERM: the first asks for a clean stop, the second for a forced one."""
-
-    requested: threading.Event = field(default_factory=threading.Event)
-    force: bool = False
-
-    def handle(self, signum: int, frame: FrameType | None) -> None:
-        del frame
-        if self.requested.is_set():
-            self.force = True
-        self.requested.set()
-        # os.write, not click.echo: a handler that writes to a buffered stream the main thread
-        # is writing to raises "reentrant call". After SIGHUP the terminal is gone: no matter.
-        what = "killing what is left" if self.force else "stopping the fleet (again to force)"
-        safe_write(2, f"\n{signal.Signals(signum).name}: {what}...\n")
-
-    def output_closed(self, name: str) -> None:
-        """A write to the terminal failed: nobody can watch or Ctrl-C this fleet any more."""
-        if not self.requested.is_set():
-            safe_write(2, f"soulfleet up: {name} closed: stopping the fleet...\n")
-        self.requested.set()
 
 
 def _follow_beats(fleet: Fleet, out: queue.Queue[Beat | Exception], stop: threading.Event) -> None:
@@ -122,7 +96,7 @@ def up(personas: Path | None, worker_count: int, flower: bool, data: Path | None
         lock = data_dir.lock()
     except AlreadyRunningError as exc:
         raise CliError(str(exc)) from None
-    stop = _Stop()
+    stop = StopRequest()
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, stop.handle) for sig in handled}
     try:
@@ -139,7 +113,7 @@ class _Up:
     """One `up` run: what it started, so whatever happens, it is all stopped in order."""
 
     def __init__(self, data: DataDir, personas: Path | None, workers: int, flower: bool, *,
-                 stop: _Stop, lock: UpLock) -> None:  # fmt: skip
+                 stop: StopRequest, lock: UpLock) -> None:  # fmt: skip
         self.data, self.personas_option, self.workers, self.flower = data, personas, workers, flower
         self.stop = stop
         self.lock = lock
