@@ -108,3 +108,12 @@ def test_log_tail_at_end_skips_what_a_previous_run_wrote(tmp_path: Path) -> None
     _append(path, {"event": "new"})
     assert [e["event"] for e in tail.read()] == ["new"]
     assert LogTail.at_end(tmp_path / "missing.log", "x").read() == []
+
+
+def test_a_persona_valid_again_is_announced_with_how_to_revive() -> None:
+    """beat's registry.valid_again: one `fixed` line naming the revive command."""
+    reporter, lines = _reporter()
+    reporter.event({"event": "registry.valid_again", "persona": "nora", "_source": "beat"})
+    assert lines[0].split()[1] == "fixed"
+    assert "persona nora is valid again" in lines[0]
+    assert "`soulfleet revive nora`" in lines[0]

@@ -53,7 +53,10 @@ def no_fleet_error(environ: Mapping[str, str] | None = None) -> BadInputError:
             f"the soulfleet up running on {data.root} (pid {state.pid}) uses its own Redis "
             f"({state.redis_url}): set REDIS_URL to the same URL to reach it"
         )
-    return BadInputError(NO_FLEET)
+    return BadInputError(
+        f"{NO_FLEET} (no `soulfleet up` runs on {data.root}; for an `up --data DIR`, set "
+        "XDG_DATA_HOME to match or REDIS_URL)"
+    )
 
 
 def fleet_environ(
