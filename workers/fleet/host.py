@@ -228,7 +228,7 @@ class Fleet:
         deadline = started + timeout
         name = outcome.lane
         while True:
-            if on_wait is not None and time.monotonic() > started:
+            if on_wait is not None:
                 on_wait(time.monotonic() - started)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
