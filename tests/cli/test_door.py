@@ -63,6 +63,15 @@ def test_every_process_refuses_a_bad_setting_naming_it(
     assert not (tmp_path / "data" / "redis").exists()
 
 
+def _table_names(stdout: str) -> list[str]:
+    """The PERSONA column of status's table (the lines above its `lanes:` summary)."""
+    lines = stdout.splitlines()
+    if not lines or not lines[0].startswith("PERSONA"):
+        return []
+    end = next(i for i, line in enumerate(lines) if line.startswith("lanes:"))
+    return [line.split()[0] for line in lines[1:end]]
+
+
 def _break(persona: Path, text: str) -> None:
     (persona / "persona.toml").write_text(text, encoding="utf-8")
 
@@ -144,7 +153,7 @@ def test_status_shows_invalid_personas_with_beats_reason(
     assert "heartbeat.every" in nora["invalid"]
     assert payload["invalid"] == 1
     only = invoke("status", "--state", "invalid")
-    assert [line.split()[0] for line in only.stdout.splitlines()[1:-2]] == ["nora"]
+    assert _table_names(only.stdout) == ["nora"]
 
 
 def test_status_says_when_a_fix_made_dead_lanes_runnable(
@@ -171,8 +180,7 @@ def test_status_state_filter_and_a_revived_lane_clears_its_error(
     lanes = lanes_for(env)
     dead_letter(lanes, "milo", error="boom at night")
     dead = invoke("status", "--state", "dead")
-    names = [line.split()[0] for line in dead.stdout.splitlines()[1:-2]]
-    assert names == ["milo"], dead.stdout
+    assert _table_names(dead.stdout) == ["milo"], dead.stdout
     assert "boom at night" in dead.stdout
     revived = lanes.revive("milo")
     assert revived.turn_id is not None
