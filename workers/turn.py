@@ -104,7 +104,7 @@ class TurnFailed(Exception):
     @classmethod
     def from_report(cls, report: TurnReport) -> TurnFailed:
         error = str(report.extra.get("error") or "turn failed")
-        then = "lane dead-lettered" if report.extra.get("dead") else "retry queued"
+        then = "lane dead-lettered" if report.extra.get("dead") else "the lane retries it"
         return cls(f"{report.lane}: {error} ({then})")
 
 

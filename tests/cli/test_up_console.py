@@ -20,7 +20,7 @@ import pytest
 
 from tests.cli.test_up_lifetime import _env, _reaping
 from tests.support.cli import copy_demo, run_soulfleet, soulfleet_argv, subprocess_env
-from tests.support.fleet import wait_until
+from tests.support.fleet import read_events, wait_until
 from workers.local.redis_server import free_port
 from workers.publisher import connect
 from workers.settings import Settings
@@ -46,6 +46,11 @@ def _listening(port: int) -> set[str]:
     return found
 
 
+def _failures(data: Path) -> list[dict[str, object]]:
+    return [e for e in read_events(data / "logs" / "worker-1.log", "turn.end")
+            if e.get("lane") == "milo" and e.get("status") == "error"]  # fmt: skip
+
+
 def test_up_console_errors_once_live_counts_metrics_and_a_revive(tmp_path: Path) -> None:
     """See the module docstring: one real `up`, every console promise of issue 14 item 7."""
     root = copy_demo(tmp_path / "personas")
@@ -56,7 +61,6 @@ def test_up_console_errors_once_live_counts_metrics_and_a_revive(tmp_path: Path)
         **_env(tmp_path),
         "SOULFLEET_METRICS_PORT": str(base),
         "SOULFLEET_SYNC_INTERVAL": "1",
-        "SOULFLEET_MAX_ATTEMPTS": "3",
     }
     with output.open("wb") as sink:
         process = subprocess.Popen(
@@ -89,23 +93,36 @@ def test_up_console_errors_once_live_counts_metrics_and_a_revive(tmp_path: Path)
         fleet.post("milo", "hello", sender="host", channel="api")
         wait_until(lambda: fleet.lanes.status("milo")["state"] == "dead", timeout=DEADLINE,
                    what="milo dead-lettered")  # fmt: skip
+        status_env = {**_env(tmp_path), "SOULFLEET_PERSONAS": str(root)}
+        # Revived while still broken: the same error again (a permanent one dead-letters at once).
+        assert run_soulfleet("revive", "milo", env=status_env).returncode == 0
+        wait_until(lambda: fleet.lanes.status("milo")["state"] == "dead"
+                   and len(_failures(data)) >= 2, timeout=DEADLINE,
+                   what="milo dead-lettered again")  # fmt: skip
         (root / "zed").mkdir()
         (root / "zed" / "SOUL.md").write_text("You are zed.\n")
 
         def counted() -> bool:
+            errors = [line for line in text().splitlines() if "milo: turn error" in line]
+            tag = re.search(r"\[(E\d+)\]", errors[0]) if errors else None
             lines = [line for line in text().splitlines() if " status " in line]
-            return bool(lines) and "personas 4" in lines[-1] and "E1 x3" in lines[-1]
+            return (
+                bool(lines and tag)
+                and "personas 4" in lines[-1]
+                and (
+                    f"{tag.group(1)} x2" in lines[-1]  # type: ignore[union-attr]
+                )
+            )
 
-        wait_until(counted, timeout=DEADLINE, interval=0.5, what="a status line counting E1 x3")
+        wait_until(counted, timeout=DEADLINE, interval=0.5, what="a status line counting x2")
         errors = [line for line in text().splitlines() if "milo: turn error" in line]
         assert len(errors) == 1, errors
-        assert "[E1]" in errors[0]
         assert "PersonaFileError" in errors[0]
-        assert "E2 x" not in text()  # one dead-lettering, however many processes logged it
+        dead_lines = [line for line in text().splitlines() if "lane milo dead-lettered" in line]
+        assert len(dead_lines) == 1, dead_lines
 
         (root / "milo" / "SOUL.md").rmdir()
         (root / "milo" / "SOUL.md").write_text("You are milo.\n")
-        status_env = {**_env(tmp_path), "SOULFLEET_PERSONAS": str(root)}
         shown = run_soulfleet("status", env=status_env)
         assert shown.returncode == 0, shown.stderr
         assert "fixed since: 1 dead-lettered lane(s)" in shown.stdout, shown.stdout

@@ -164,7 +164,7 @@ class Reporter:
         elif name == "turn.end":
             self._turn_end(event, lane, persona)
         elif name in ("turn.dead_lettered", "lane.dead_lettered"):
-            error = _short(event.get("error", ""))
+            error = _short(event.get("error") or event.get("reason") or "")
             # The lane (lanes.py) and the turn both log one dead-lettering: count it once.
             turn = (lane, str(event.get("turn_id") or ""))
             if turn[1] and turn in self._dead_turns:
