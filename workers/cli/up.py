@@ -40,9 +40,9 @@ from workers.cli.launch import (
     flower_auth,
     metrics_line,
 )
-from workers.cli.watch import LogTail, Reporter
+from workers.cli.watch import LogTail, Reporter, follow_beats, live_status
 from workers.fleet import Fleet
-from workers.fleet.beats import Beat, Beats
+from workers.fleet.beats import Beat
 from workers.fleet.errors import EvictingRedis
 from workers.fleet.eviction import check_eviction_policy
 from workers.local.datadir import AlreadyRunningError, DataDir, UpLock, UpState, default_data_dir
@@ -56,15 +56,6 @@ __all__ = ["up"]
 
 STATUS_EVERY = 10.0
 _TICK = 0.25
-
-
-def _follow_beats(fleet: Fleet, out: queue.Queue[Beat | Exception], stop: threading.Event) -> None:
-    feed = Beats(fleet.client, fleet.keys)
-    try:
-        for beat in feed.follow("$", block_ms=1000, stop=stop):
-            out.put(beat)
-    except Exception as exc:  # reported by the main loop; up keeps supervising
-        out.put(exc)
 
 
 @click.command()
@@ -227,7 +218,7 @@ class _Up:
         assert self.fleet is not None
         beats: queue.Queue[Beat | Exception] = queue.Queue()
         stop_beats = threading.Event()
-        follower = threading.Thread(target=_follow_beats, args=(self.fleet, beats, stop_beats),
+        follower = threading.Thread(target=follow_beats, args=(self.fleet, beats, stop_beats),
                                     name="beats-follow", daemon=True)  # fmt: skip
         follower.start()
         next_status = time.monotonic() + STATUS_EVERY
@@ -249,7 +240,7 @@ class _Up:
                     return EXIT_FAILURE
                 if time.monotonic() >= next_status:
                     next_status += STATUS_EVERY
-                    self._status(lanes)
+                    live_status(self.reporter, self.fleet, lanes)
                 self.stop.requested.wait(_TICK)
             return 0
         finally:
@@ -257,20 +248,6 @@ class _Up:
             for tail in tails:  # what the children said while we were stopping the loop
                 self.reporter.events(tail.read())
             follower.join(timeout=3)
-
-    def _status(self, lanes_at_start: int) -> None:
-        """Live counts: idle lanes and personas from beat's registry (personas added or removed
-        while `up` runs count); before beat's first sync, the lanes counted at start."""
-        assert self.fleet is not None
-        fleet = self.fleet
-        counts: dict[str, int] = dict(fleet.lane_counts())
-        if fleet.client.get(fleet.keys.registry_lanes) is None:
-            counts.pop("idle", None)
-            self.reporter.status(counts, lanes_at_start)
-            return
-        invalid = len(invalid_personas(fleet))
-        personas = int(fleet.client.hlen(fleet.keys.registry))
-        self.reporter.status(counts, lanes_at_start, personas=personas, invalid=invalid)
 
     def _child_pids(self) -> tuple[int, ...]:
         redis = self.redis.process.pid if self.redis and self.redis.process else None

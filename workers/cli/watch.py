@@ -26,16 +26,20 @@ honest record of what the workers did.
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.fleet.beats import Beat
+from workers.cli.health import invalid_personas
+from workers.fleet import Fleet
+from workers.fleet.beats import Beat, Beats
 from workers.fleet.registry import DREAMER_SUFFIX
 
-__all__ = ["LogTail", "Reporter", "Tally"]
+__all__ = ["LogTail", "Reporter", "Tally", "follow_beats", "live_status"]
 
 Echo = Callable[[str], None]
 
@@ -248,3 +252,26 @@ class Reporter:
             f" | turns {t.turns} | memory writes {t.memory_writes}, dream passes {t.dream_passes}"
             f"{errors}",
         )
+
+
+def follow_beats(fleet: Fleet, out: queue.Queue[Beat | Exception], stop: threading.Event) -> None:
+    """Thread body: surfaced beats from the stream into ``out`` (an error ends it, reported)."""
+    feed = Beats(fleet.client, fleet.keys)
+    try:
+        for beat in feed.follow("$", block_ms=1000, stop=stop):
+            out.put(beat)
+    except Exception as exc:  # reported by the main loop; up keeps supervising
+        out.put(exc)
+
+
+def live_status(reporter: Reporter, fleet: Fleet, lanes_at_start: int) -> None:
+    """The status line from live counts: idle lanes and personas from beat's registry (personas
+    added or removed while `up` runs count); before beat's first sync, the lanes at start."""
+    counts: dict[str, int] = dict(fleet.lane_counts())
+    if fleet.client.get(fleet.keys.registry_lanes) is None:
+        counts.pop("idle", None)
+        reporter.status(counts, lanes_at_start)
+        return
+    invalid = len(invalid_personas(fleet))
+    personas = int(fleet.client.hlen(fleet.keys.registry))
+    reporter.status(counts, lanes_at_start, personas=personas, invalid=invalid)
