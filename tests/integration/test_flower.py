@@ -78,6 +78,9 @@ def test_failed_turns_are_failures_in_flower_with_persona_kind_and_error(
     harness.fleet.post("nora", "hello", sender="test", channel="api")
     wait_until(lambda: harness.fleet.lanes.status("nora")["state"] == "dead", timeout=90,
                what="nora's lane to be dead-lettered")  # fmt: skip
+    # The lane is dead a moment before the worker logs that turn's end.
+    wait_until(lambda: harness.events("turn.end", lane="nora", status="error", dead=True),
+               timeout=30, what="the dead-lettering turn's end in the worker log")  # fmt: skip
     failed_turns = harness.events("turn.end", lane="nora", status="error")
 
     def rows() -> list[dict[str, Any]]:
