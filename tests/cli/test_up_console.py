@@ -127,8 +127,19 @@ def test_up_console_errors_once_live_counts_metrics_and_a_revive(tmp_path: Path)
         assert shown.returncode == 0, shown.stderr
         assert "fixed since: 1 dead-lettered lane(s)" in shown.stdout, shown.stdout
         assert run_soulfleet("revive", "milo", env=status_env).returncode == 0
-        wait_until(lambda: fleet.lanes.status("milo")["last_status"] == "done",
-                   timeout=DEADLINE, what="milo's revived turn")  # fmt: skip
+
+        def revived() -> bool:  # a turn finished after the last failure (not an earlier beat)
+            lane = fleet.lanes.status("milo")
+            ended, failed = lane["last_end"], lane["last_error_at"]
+            return (
+                lane["state"] == "idle"
+                and lane["last_status"] == "done"
+                and isinstance(ended, float)
+                and isinstance(failed, float)
+                and ended > failed
+            )
+
+        wait_until(revived, timeout=DEADLINE, what="milo's revived turn")
         row = next(
             line
             for line in run_soulfleet("status", env=status_env).stdout.splitlines()
