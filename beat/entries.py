@@ -122,7 +122,11 @@ class ScheduleEntries:
         return names
 
     def set_registered_lanes(self, lanes: int) -> None:
-        self._client.set(self._keys.registry_lanes, lanes)
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(self._keys.registry_lanes, lanes)
+        # The CLI compares `--personas` with the root the fleet really serves.
+        pipe.set(self._keys.registry_root, str(self._root.expanduser().resolve()))
+        pipe.execute()
 
     def _apply(
         self,

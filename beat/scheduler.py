@@ -205,6 +205,8 @@ class FleetScheduler(Scheduler):
         collector = metrics.LaneStateCollector(self.fleet.lane_counts)
         _collectors.append(collector)
         try:
-            metrics.serve_metrics(self.settings.metrics_port, collector=collector)
+            metrics.serve_metrics(
+                self.settings.metrics_port, host=self.settings.metrics_host, collector=collector
+            )
         except Exception as exc:  # metrics are an aid; beat runs without them
             _log.exception("beat.metrics_failed", error=str(exc))

@@ -8,6 +8,7 @@ this app and these settings passed in rather than importing them back.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import structlog
@@ -29,13 +30,24 @@ from workers.fleet.eviction import refuse_to_start_on_eviction
 from workers.logs import configure_logging
 from workers.pools import effective_concurrency, refusal
 from workers.queues import TURN_TASK
-from workers.settings import Settings
+from workers.settings import Settings, SettingsError
 
 __all__ = ["app", "make_app", "settings"]
 
 _log = structlog.get_logger("soulfleet.worker")
 
-settings = Settings.from_env()
+
+def _settings_or_exit() -> Settings:
+    """Settings, or a one-line error naming the variable and exit 2 (no traceback: a typo in the
+    environment is bad input, and a worker must never start on it and fail every turn)."""
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        sys.stderr.write(f"soulfleet: error: {exc}\n")
+        raise SystemExit(2) from None
+
+
+settings = _settings_or_exit()
 app = make_app(settings)
 runtime.configure(settings, app)
 

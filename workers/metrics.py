@@ -237,16 +237,22 @@ class LaneStateCollector(Collector):
         )
 
 
-def serve_metrics(port: int, *, collector: Collector | None = None) -> bool:
-    """Serve ``/metrics`` on ``port`` (0 = off). A taken port is logged, never fatal."""
+def serve_metrics(
+    port: int, *, host: str = "127.0.0.1", collector: Collector | None = None
+) -> bool:
+    """Serve ``/metrics`` on ``host:port`` (0 = off). A taken port is logged, never fatal.
+
+    Loopback by default (``SOULFLEET_METRICS_HOST``): metrics are not secret, but a port open
+    to the network is a choice the operator makes, not a default.
+    """
     if collector is not None:
         REGISTRY.register(collector)
     if port <= 0:
         return False
     try:
-        start_http_server(port)
+        start_http_server(port, addr=host)
     except OSError as exc:
-        _log.error("metrics.port_unavailable", port=port, error=str(exc))
+        _log.error("metrics.port_unavailable", host=host, port=port, error=str(exc))
         return False
-    _log.info("metrics.serving", port=port)
+    _log.info("metrics.serving", host=host, port=port)
     return True

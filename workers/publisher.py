@@ -35,7 +35,11 @@ PUBLISH_BATCH = 1000
 
 
 class CeleryPublisher:
-    """Publishes ``soulfleet.turn(lane, turn_id)`` to the queue of the turn's kind.
+    """Publishes ``soulfleet.turn(lane, turn_id, kind=...)`` to the queue of the turn's kind.
+
+    The lane (the persona, or ``<persona>-dreamer``) and the kind travel in the message's args
+    and kwargs, so Flower's task list says whose turn each row is and what kind, while the task
+    NAME stays one for the whole fleet (a metric label must not grow with the fleet).
 
     It uses a Celery app built from the same settings as the fleet (or the worker's own app),
     so a host process publishes to the broker and key prefix its settings name, whatever the
@@ -81,6 +85,7 @@ class CeleryPublisher:
                     app.send_task(
                         TURN_TASK,
                         args=[lane, turn_id],
+                        kwargs={"kind": kind},
                         queue=queue,
                         producer=producer,
                         ignore_result=True,
@@ -89,6 +94,20 @@ class CeleryPublisher:
         except (BrokerError, redis.RedisError) as exc:
             # The lane is already queued: the reaper re-publishes it once the broker is back.
             raise RedisUnavailable(self._settings.broker_url, str(exc)) from exc
+
+    def consumers(self, kind: str, *, timeout: float = 1.0) -> list[str]:
+        """Workers that answer a remote-control ping and consume the queue of ``kind``.
+
+        Empty when none does (or none answered within ``timeout``): a turn queued there waits
+        for a worker that is not coming.
+        """
+        queue = queue_name(self._prefix, kind)
+        replies = self.app.control.inspect(timeout=timeout).active_queues() or {}
+        return sorted(
+            worker
+            for worker, queues in replies.items()
+            if any(isinstance(q, dict) and q.get("name") == queue for q in queues or ())
+        )
 
     def close(self) -> None:
         """Release the broker connections of an app this publisher built itself."""

@@ -94,7 +94,7 @@ def start_worker_services(
     """Metrics endpoint, the memory-lock and tool-call observers; then warm the executor."""
     set_lock_wait_observer(metrics.MEMORY_LOCK_WAIT.observe)
     set_tool_call_observer(metrics.observe_tool_call)
-    metrics.serve_metrics(settings.metrics_port)
+    metrics.serve_metrics(settings.metrics_port, host=settings.metrics_host)
     executor()
     _log.info(
         "worker.ready",

@@ -12,6 +12,7 @@ This module imports nothing heavy: the persona core, the CLI and Celery's app mo
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -19,12 +20,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit, urlunsplit
 
 from workers.persona.env import EnvReader
 from workers.persona.errors import SettingsError
 from workers.persona.mcp_servers import FleetServer, load_mcp_servers
 from workers.persona.models.config import ModelConfig
+from workers.persona.urls import ambiguous_credentials, mask_credentials, split_credentials
 from workers.pools import POOLS, pool_limit, refusal
 
 __all__ = ["LockMode", "LogFormat", "Settings", "SettingsError", "redact_url"]
@@ -42,22 +43,16 @@ DEFAULT_MODEL_CALLS = 1000
 # The spec shape only: which providers exist is workers.persona.models.spec's call, and that
 # module imports the HTTP clients, which settings must not.
 _MODEL_SPEC = re.compile(r"(?:openai|anthropic|scripted):\S.*", re.DOTALL)
+_HOSTNAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})")
 
 
 def redact_url(url: str) -> str:
-    """Return ``url`` with any password replaced by ``***`` (safe for logs and errors)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    netloc = f"{user}:***@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    """Return ``url`` with its password replaced by ``***`` (safe for logs and errors).
+
+    The credentials are masked as a unit whatever characters they hold
+    (:mod:`workers.persona.urls`), never by what a standard URL parser calls the password.
+    """
+    return mask_credentials(url)
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -144,6 +139,8 @@ class Settings:
     log_format: LogFormat = "console"
     log_level: str = "INFO"
     metrics_port: int = 0
+    #: Address /metrics binds: loopback unless said otherwise (a container says 0.0.0.0).
+    metrics_host: str = "127.0.0.1"
     hostname: str = field(default_factory=socket.gethostname)
 
     @classmethod
@@ -154,6 +151,12 @@ class Settings:
         redis_url = redis_raw or DEFAULT_REDIS_URL
         _check_redis_url("REDIS_URL", redis_url)
         broker_url = env.text("CELERY_BROKER_URL", redis_url)
+        if ambiguous_credentials(broker_url):
+            raise SettingsError(
+                "CELERY_BROKER_URL",
+                f"has a password with a raw '/', '?' or '#' ({redact_url(broker_url)}): "
+                "percent-encode it (/ -> %2F, ? -> %3F, # -> %23)",
+            )
         prefix = env.text("SOULFLEET_KEY_PREFIX", "soulfleet:")
         if any(ch.isspace() for ch in prefix):
             raise SettingsError("SOULFLEET_KEY_PREFIX", "must not contain white space")
@@ -267,6 +270,7 @@ class Settings:
                 "SOULFLEET_LOG_LEVEL", "info", ("debug", "info", "warning", "error")
             ).upper(),
             metrics_port=metrics_port,
+            metrics_host=_host(env, "SOULFLEET_METRICS_HOST", "127.0.0.1"),
             hostname=env.text("SOULFLEET_HOSTNAME", socket.gethostname()),
         )
 
@@ -313,9 +317,28 @@ def _ratio(env: EnvReader, name: str, default: float) -> float:
     return value
 
 
+def _host(env: EnvReader, name: str, default: str) -> str:
+    value = env.text(name, default)
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        if not _HOSTNAME.fullmatch(value):
+            raise SettingsError(
+                name, f"must be an IP address or host name, got {value!r}"
+            ) from None
+    return value
+
+
 def _check_redis_url(name: str, url: str) -> None:
-    scheme = urlsplit(url).scheme
+    scheme = split_credentials(url).scheme
     if scheme not in ("redis", "rediss", "unix"):
         raise SettingsError(
             name, f"must be a redis://, rediss:// or unix:// URL, got {redact_url(url)!r}"
+        )
+    if ambiguous_credentials(url):
+        raise SettingsError(
+            name,
+            f"has a password with a raw '/', '?' or '#' ({redact_url(url)}), which every URL "
+            "parser reads as the end of the host: percent-encode the password (/ -> %2F, "
+            "? -> %3F, # -> %23, @ -> %40, : -> %3A, % -> %25)",
         )

@@ -80,7 +80,7 @@ from workers.persona.tools import Tool
 from workers.persona.transcripts import FileTranscripts
 from workers.settings import Settings
 
-__all__ = ["TurnExecutor", "TurnReport"]
+__all__ = ["TurnExecutor", "TurnFailed", "TurnReport"]
 
 _log = structlog.get_logger("soulfleet.turn")
 
@@ -95,6 +95,19 @@ class TurnReport:
     text: str = ""
     follow_up: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TurnFailed(Exception):
+    """A turn that failed, raised by the Celery task AFTER the lane recorded the failure.
+
+    The message is ``<lane>: <ErrorType>: <message> (<what happens next>)``.
+    """
+
+    @classmethod
+    def from_report(cls, report: TurnReport) -> TurnFailed:
+        error = str(report.extra.get("error") or "turn failed")
+        then = "lane dead-lettered" if report.extra.get("dead") else "the lane retries it"
+        return cls(f"{report.lane}: {error} ({then})")
 
 
 class TurnExecutor:

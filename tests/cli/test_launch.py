@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import stat
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from workers.cli.launch import (
     child_specs,
     choose_personas,
     describe_personas,
+    flower_auth,
     model_label,
 )
 from workers.local.demo import DEMO_PERSONAS
@@ -106,3 +108,38 @@ def test_flower_turns_task_events_on(tmp_path: Path) -> None:
     assert Settings.from_env(with_flower[1].env).task_events is True
     plain = child_specs(settings, {}, logs=tmp_path, cwd=tmp_path, workers=1, flower=False)
     assert {s.env.get("SOULFLEET_TASK_EVENTS") for s in plain} == {None}
+
+
+def test_describe_personas_warns_of_an_empty_soul_and_a_bad_model(tmp_path: Path) -> None:
+    """An empty persona directory is listed with a warning; a model spec naming no model is
+    INVALID at start, as a turn would find it."""
+    root = tmp_path / "personas"
+    (root / "blank").mkdir(parents=True)
+    (root / "odd").mkdir()
+    (root / "odd" / "persona.toml").write_text('model = "foo:bar"\n', encoding="utf-8")
+    lines, _ = describe_personas(root, Settings.from_env({}))
+    assert "WARNING: no bootstrap files, so an empty soul" in lines[0]
+    assert lines[1].startswith("odd")
+    assert "INVALID" in lines[1]
+    assert "foo:bar" in lines[1]
+
+
+def test_flower_gets_basic_auth_generated_once_and_never_printed(tmp_path: Path) -> None:
+    """`up --flower` without FLOWER_BASIC_AUTH: a password is generated into a 0600 file and
+    reused; the note names the file, never the password; Flower's child env carries the auth;
+    FLOWER_BASIC_AUTH, when set, wins."""
+    secret = tmp_path / "flower-auth"
+    auth, note = flower_auth({}, secret)
+    user, password = auth.split(":", 1)
+    assert user == "soulfleet"
+    assert len(password) >= 20
+    assert password not in note
+    assert str(secret) in note
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert flower_auth({}, secret) == (auth, note)
+    assert flower_auth({"FLOWER_BASIC_AUTH": "me:pw"}, secret)[0] == "me:pw"
+    specs = child_specs(Settings(), {}, logs=tmp_path, cwd=tmp_path, workers=1, flower=True,
+                        flower_auth=auth)  # fmt: skip
+    flower = next(spec for spec in specs if spec.name == "flower")
+    assert flower.env["FLOWER_BASIC_AUTH"] == auth
+    assert all("FLOWER_BASIC_AUTH" not in spec.env for spec in specs if spec.name != "flower")

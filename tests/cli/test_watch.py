@@ -82,7 +82,33 @@ def test_reporter_beats_errors_and_status_line() -> None:
     assert "worker-1: Task raised unexpected" in lines[2]
     assert lines[3].endswith(
         "status  lanes 3 idle, 1 queued, 1 running, 0 dead | beats 1 surfaced, 0 silent"
-        " | turns 1 | memory writes 0, dream passes 0"
+        " | turns 1 | memory writes 0, dream passes 0 | errors E2 x2"
+    )
+
+
+def test_each_distinct_error_is_printed_once_and_counted() -> None:
+    """Five failed attempts of one turn error are one numbered line; the status line carries
+    the count; a different error gets its own number; a dead-letter is its own error."""
+    reporter, lines = _reporter()
+    failed = {
+        "event": "turn.end",
+        "lane": "nora",
+        "status": "error",
+        "error": "PersonaConfigError: x",
+    }
+    reporter.events([failed] * 5)
+    reporter.event({**failed, "lane": "milo"})
+    reporter.event(
+        {"event": "turn.dead_lettered", "lane": "nora", "error": "PersonaConfigError: x"}
+    )
+    reporter.status({"queued": 0, "running": 0, "dead": 1, "idle": 6}, 0, personas=4, invalid=1)
+    errors = [line for line in lines if line.split()[1] == "error"]
+    assert [line.split()[2] for line in errors] == ["[E1]", "[E2]", "[E3]"]
+    assert "nora: turn error: PersonaConfigError: x" in errors[0]
+    assert "lane nora dead-lettered" in errors[2]
+    assert lines[-1].split(maxsplit=2)[2] == (
+        "personas 4 (1 invalid) | lanes 6 idle, 0 queued, 0 running, 1 dead"
+        " | beats 0 surfaced, 0 silent | turns 6 | memory writes 0, dream passes 0 | errors E1 x5"
     )
 
 
@@ -94,3 +120,12 @@ def test_log_tail_at_end_skips_what_a_previous_run_wrote(tmp_path: Path) -> None
     _append(path, {"event": "new"})
     assert [e["event"] for e in tail.read()] == ["new"]
     assert LogTail.at_end(tmp_path / "missing.log", "x").read() == []
+
+
+def test_a_persona_valid_again_is_announced_with_how_to_revive() -> None:
+    """beat's registry.valid_again: one `fixed` line naming the revive command."""
+    reporter, lines = _reporter()
+    reporter.event({"event": "registry.valid_again", "persona": "nora", "_source": "beat"})
+    assert lines[0].split()[1] == "fixed"
+    assert "persona nora is valid again" in lines[0]
+    assert "`soulfleet revive nora`" in lines[0]

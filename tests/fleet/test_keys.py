@@ -10,7 +10,7 @@ def test_every_key_carries_the_prefix() -> None:
     keys = Keys("fleet-a:")
     built = [
         *keys.lane_keys("ava"), keys.beats, keys.gate, keys.reply("i1"), keys.schedule,
-        keys.schedule_spec, keys.registry, keys.registry_lanes, keys.last_sweep,
+        keys.schedule_spec, keys.registry, keys.registry_lanes, keys.registry_root, keys.last_sweep,
     ]  # fmt: skip
     assert all(key.startswith("fleet-a:") for key in built)
     assert len(set(built)) == len(built)

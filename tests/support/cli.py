@@ -30,6 +30,7 @@ __all__ = [
     "settings_for",
     "soulfleet_argv",
     "subprocess_env",
+    "sync_registry",
 ]
 
 PASSWORD = "s3cret-pa55"
@@ -125,6 +126,30 @@ def lanes_for(environ: Mapping[str, str | None]) -> Lanes:
         beats_max=settings.beats_max,
         reply_ttl=settings.reply_ttl,
     )
+
+
+class _NoPublisher:
+    def publish(self, lane: str, turn_id: str, kind: str) -> None:
+        raise AssertionError("a registry sync publishes nothing")
+
+    def publish_many(self, turns: object) -> None:
+        raise AssertionError("a registry sync publishes nothing")
+
+
+def sync_registry(environ: Mapping[str, str | None]) -> None:
+    """One registry sync, exactly as beat runs it, on the test's Redis, prefix and personas."""
+    from beat.sync import RegistrySync  # noqa: PLC0415 - beat only for the tests that sync
+    from workers.fleet import Fleet  # noqa: PLC0415
+
+    settings = settings_for(environ)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    try:
+        fleet = Fleet(settings, client=client, publisher=_NoPublisher())
+        RegistrySync(
+            client=client, keys=fleet.keys, registry=fleet.registry, settings=settings
+        ).run()
+    finally:
+        client.close()
 
 
 def commit_turn(lanes: Lanes, lane: str, text: str, *, kind: str = "heartbeat") -> str:

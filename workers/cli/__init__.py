@@ -39,6 +39,7 @@ from workers.cli.status import status
 from workers.cli.tools import tools
 from workers.cli.up import up
 from workers.cli.usage import usage
+from workers.settings import Settings
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "cli", "main"]
 
@@ -48,7 +49,7 @@ Exit status: 0 ok, 1 runtime failure (Redis unreachable, inbox full, failed turn
 or settings).
 PERSONA is a name under the personas root or a path to a persona directory.
 Without REDIS_URL, commands reach the `soulfleet up` running on the default data
-directory, else redis://127.0.0.1:6379/0."""
+directory; with neither, they say no fleet is running (exit 2)."""
 
 
 @click.group(
@@ -60,6 +61,9 @@ def cli(ctx: click.Context) -> None:
     """soulfleet: file-defined persona agents, run as a fleet on Celery + Redis."""
     state = ctx.ensure_object(CliContext)
     ctx.call_on_close(state.close)
+    # Errors at the door: every setting is checked before any command does anything (exit 2
+    # naming the variable), including commands that would not otherwise read it.
+    Settings.from_env(state.environ)
 
 
 for _command in (up, init, soul, tools, run, post, status, beats, dream, revive, session, usage):

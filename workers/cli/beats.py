@@ -17,6 +17,7 @@ from types import FrameType
 
 import click
 
+from workers.cli.errors import BadInputError
 from workers.cli.group import cli_context, personas_option
 from workers.fleet.beats import Beat, Beats
 
@@ -68,6 +69,11 @@ def beats(
     ctx: click.Context, follow: bool, as_json: bool, count: int, personas: Path | None
 ) -> None:
     """Print recent surfaced beats; with --follow, keep printing new ones."""
+    if personas is not None:
+        raise BadInputError(
+            "beats --personas: the beats feed is the whole fleet's, whatever the personas root; "
+            "drop --personas (filter by persona with `soulfleet beats --json | jq`)"
+        )
     fleet = cli_context(ctx, personas).fleet()
     recent = fleet.beats(count=count)
     for beat in recent:

@@ -6,7 +6,9 @@ Resolution, first that applies (the README's "Which fleet" section says the same
 - else a ``soulfleet up`` running on the DEFAULT data directory: its embedded Redis, key and
   queue prefixes and personas root, read from its ``up.json`` — so ``soulfleet post ava hi``
   next to a running ``up`` just works;
-- else the default ``redis://127.0.0.1:6379/0``.
+- else NO fleet: the command exits 2 with "no fleet is running: start one with `soulfleet up`,
+  or set REDIS_URL". It never guesses an address: a Redis that happens to listen on
+  127.0.0.1:6379 is someone else's as often as not, and writing into it would "succeed".
 
 The personas root is ``--personas`` if given, else ``SOULFLEET_PERSONAS``, else the running
 ``up``'s, else ``./personas``.
@@ -24,14 +26,37 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
+
+from workers.cli.errors import BadInputError
 from workers.fleet import Fleet
 from workers.fleet.errors import UnknownPersona
 from workers.fleet.registry import PersonaRegistry, valid_persona_name
 from workers.local.datadir import DataDir, UpState, default_data_dir
+from workers.persona.checkup import check_persona
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 
-__all__ = ["CliContext", "fleet_environ", "persona_dir"]
+__all__ = ["NO_FLEET", "CliContext", "fleet_environ", "no_fleet_error", "persona_dir"]
+
+NO_FLEET = "no fleet is running: start one with `soulfleet up`, or set REDIS_URL"
+
+
+def no_fleet_error(environ: Mapping[str, str] | None = None) -> BadInputError:
+    """Why there is no fleet to talk to, and what to do (exit 2)."""
+    env = os.environ if environ is None else environ
+    data = DataDir(default_data_dir(env))
+    state = data.running_state()
+    if state is not None and not state.embedded_redis:
+        # That `up` runs on the user's own Redis; its URL is recorded without the password.
+        return BadInputError(
+            f"the soulfleet up running on {data.root} (pid {state.pid}) uses its own Redis "
+            f"({state.redis_url}): set REDIS_URL to the same URL to reach it"
+        )
+    return BadInputError(
+        f"{NO_FLEET} (no `soulfleet up` runs on {data.root}; for an `up --data DIR`, set "
+        "XDG_DATA_HOME to match or REDIS_URL)"
+    )
 
 
 def fleet_environ(
@@ -93,12 +118,22 @@ class CliContext:
         return self._settings.redis_url if self._settings is not None else None
 
     @property
+    def publisher(self) -> CeleryPublisher | None:
+        """The publisher of :meth:`fleet` (None before the fleet was reached)."""
+        return self._publisher
+
+    @property
     def registry(self) -> PersonaRegistry:
         return PersonaRegistry(self.settings.personas)
 
     def fleet(self) -> Fleet:
-        """The fleet, after a ping: an unreachable Redis fails here with its (redacted) URL."""
+        """The fleet, after a ping: an unreachable Redis fails here with its (redacted) URL.
+
+        Without REDIS_URL and without a running `up` there is no fleet (exit 2).
+        """
         if self._fleet is None:
+            if not self.settings.redis_url_explicit:
+                raise no_fleet_error(self.environ)
             self._publisher = CeleryPublisher(self.settings)
             fleet = Fleet(self.settings, publisher=self._publisher)
             fleet.ping()
@@ -116,10 +151,58 @@ class CliContext:
                 raise UnknownPersona(
                     arg,
                     f"{registry.root} (that directory exists, but fleet commands only reach "
-                    "personas under the fleet's root: pass --personas, or use "
-                    "`soulfleet run --local` for a directory anywhere)",
+                    "personas under the fleet's root: start a fleet on its parent "
+                    "(`soulfleet up --personas DIR`), or use `soulfleet run --local` for a "
+                    "directory anywhere)",
                 ) from None
             raise
+
+    def fleet_root(self) -> Path | None:
+        """The personas root the fleet's workers serve, as far as anyone recorded it: beat's
+        newest registry sync, else the adopted `up`'s root; None when unknown."""
+        fleet = self.fleet()
+        recorded = fleet.client.get(fleet.keys.registry_root)
+        if recorded:
+            return Path(str(recorded))
+        if self.adopted is not None:
+            return Path(self.adopted.personas).expanduser().resolve()
+        return None
+
+    def honour_personas(self, command: str) -> None:
+        """``--personas`` on a command that sends work: honoured only when it IS the fleet's root.
+
+        The CLI reads persona names under ``--personas``, but the workers read theirs under the
+        fleet's own SOULFLEET_PERSONAS: a post to a persona the workers cannot see is accepted
+        here and dead-letters there (UnknownPersona). So a different or unknown root is
+        refused with what to do instead.
+        """
+        if self.personas is None:
+            return
+        wanted = self.personas.expanduser().resolve()
+        served = self.fleet_root()
+        if served == wanted:
+            return
+        where = (
+            f"the fleet's workers read personas from {served}"
+            if served is not None
+            else "this fleet has not recorded which personas root its workers read (beat has "
+            "not synced yet)"
+        )
+        raise BadInputError(
+            f"{command} --personas {self.personas}: {where}, and a turn for a persona they "
+            f"cannot see would only fail. Drop --personas to use the fleet's own personas, "
+            f"start a fleet on that root (`soulfleet up --personas {self.personas}`), or use "
+            "`soulfleet run --local` for a directory anywhere"
+        )
+
+    def checked(self, arg: str) -> str:
+        """:meth:`persona`, then the persona's check-up: invalid files fail HERE (exit 2, the
+        reason named) before anything is queued; warnings (an empty soul) go to stderr."""
+        name = self.persona(arg)
+        checkup = check_persona(self.registry.home(name), self.settings.model)
+        for warning in checkup.warnings:
+            click.echo(f"soulfleet: warning: {warning}", err=True)
+        return name
 
     def close(self) -> None:
         if self._publisher is not None:

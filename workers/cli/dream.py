@@ -12,6 +12,7 @@ happened within ``--timeout``. Exit status 1 if any failed or is still running.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Mapping
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import click
 
+from workers.cli.context import CliContext
 from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
 from workers.cli.group import cli_context, personas_option
 from workers.fleet import Fleet
@@ -67,34 +69,49 @@ def watch_batch(
     "--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
     help="--all: seconds to wait for the batch.",
 )  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @personas_option
 @click.pass_context
 def dream(
     ctx: click.Context,
+    *,
     persona: str | None,
     all_personas: bool,
     timeout: float,
+    as_json: bool,
     personas: Path | None,
 ) -> None:
     """Run a dream pass for PERSONA now, or for every persona with --all."""
     if (persona is None) == (not all_personas):
         raise BadInputError("give either PERSONA or --all (not both, not neither)")
     state = cli_context(ctx, personas)
+    state.honour_personas("dream")
     if persona is not None:
-        name = state.persona(persona)
-        outcome = state.fleet().dream(name)
-        if outcome.outcome == "queued":
-            click.echo(
-                f"dream pass queued for {name} (lane {outcome.lane}, turn {outcome.turn_id})"
-            )
-        elif outcome.outcome == "coalesced":
-            click.echo(f"{name}: a dream pass is already queued or running; this tick joins it")
-        else:
-            raise CliError(
-                f"lane {outcome.lane} is dead-lettered: `soulfleet status {name}` says why"
-            )
-        return
+        _dream_one(ctx, state, persona, as_json=as_json)
+    else:
+        _dream_all(ctx, state, timeout=timeout, as_json=as_json)
 
+
+def _dream_one(ctx: click.Context, state: CliContext, persona: str, *, as_json: bool) -> None:
+    name = state.checked(persona)
+    outcome = state.fleet().dream(name)
+    if as_json:
+        click.echo(json.dumps({
+            "persona": name, "lane": outcome.lane, "outcome": outcome.outcome,
+            "turn_id": outcome.turn_id,
+        }))  # fmt: skip
+        if outcome.outcome == "dead_lettered":
+            ctx.exit(EXIT_FAILURE)
+        return
+    if outcome.outcome == "queued":
+        click.echo(f"dream pass queued for {name} (lane {outcome.lane}, turn {outcome.turn_id})")
+    elif outcome.outcome == "coalesced":
+        click.echo(f"{name}: a dream pass is already queued or running; this tick joins it")
+    else:
+        raise CliError(f"lane {outcome.lane} is dead-lettered: `soulfleet status {name}` says why")
+
+
+def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json: bool) -> None:
     fleet = state.fleet()
     names = fleet.registry.names()
     if not names:
@@ -107,10 +124,13 @@ def dream(
     click.echo(f"dreaming: {len(watched)} dreamers woken ({len(dead)} dead-lettered)", err=True)
     done, failed, running = watch_batch(fleet, watched, timeout=timeout)
     failed = sorted([*failed, *dead])
-    click.echo(f"done: {len(done)}  failed: {len(failed)}  still running: {len(running)}")
-    for label, group in (("failed", failed), ("still running", running)):
-        if group:
-            click.echo(f"{label}: {', '.join(group)}")
+    if as_json:
+        click.echo(json.dumps({"done": sorted(done), "failed": failed, "still_running": running}))
+    else:
+        click.echo(f"done: {len(done)}  failed: {len(failed)}  still running: {len(running)}")
+        for label, group in (("failed", failed), ("still running", running)):
+            if group:
+                click.echo(f"{label}: {', '.join(group)}")
     if failed or running:
         ctx.exit(EXIT_FAILURE)
 

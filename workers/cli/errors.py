@@ -21,7 +21,6 @@ else (a real bug) keeps its traceback, because hiding one helps nobody.
 from __future__ import annotations
 
 from typing import IO, Any
-from urllib.parse import urlsplit
 
 import click
 import redis
@@ -34,6 +33,7 @@ from workers.persona.errors import (
     SettingsError,
     SoulfleetError,
 )
+from workers.persona.urls import scrub
 from workers.settings import redact_url
 
 __all__ = [
@@ -90,17 +90,11 @@ def translate(exc: BaseException, *, redis_url: str | None = None) -> CliError |
     defence (a library may quote the URL it was given).
     """
     error = _translate(exc, redis_url)
-    password = _password(redis_url) if redis_url else None
-    if error is not None and password and password in error.message:
-        return type(error)(error.message.replace(password, "***"))
+    if error is not None and redis_url:
+        scrubbed = scrub(error.message, redis_url)
+        if scrubbed != error.message:
+            return type(error)(scrubbed)
     return error
-
-
-def _password(url: str) -> str | None:
-    try:
-        return urlsplit(url).password
-    except ValueError:
-        return None
 
 
 def _translate(exc: BaseException, redis_url: str | None) -> CliError | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,11 +26,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class SoulfleetGroup(click.Group):
-    """A click group whose commands fail with one clear line instead of a traceback."""
+    """A click group whose commands fail with one clear line instead of a traceback.
+
+    A reader that leaves early (``soulfleet beats --json | head -1``) is a normal way to use a
+    command's output, not a failure: the command stops quietly with exit 0, as ``cat`` does,
+    instead of click's "Broken pipe" and exit 1.
+    """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except BrokenPipeError:
+            _quiet_stdout()
+            raise click.exceptions.Exit(0) from None
         except (click.exceptions.Exit, click.Abort, click.ClickException):
             raise
         except Exception as exc:
@@ -38,6 +47,16 @@ class SoulfleetGroup(click.Group):
             if error is None:
                 raise
             raise error from exc
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush has nowhere to fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no real file descriptor (an embedding program's stream)
+        pass
 
 
 def quiet_logging(level: str | None = None) -> None:

@@ -10,6 +10,7 @@ files, because a persona home is someone's work.
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 from pathlib import Path
 
@@ -54,9 +55,17 @@ def scaffold(directory: Path) -> list[Path]:
 
 @click.command()
 @click.argument("directory", type=click.Path(path_type=Path))
-def init(directory: Path) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print what was created as JSON.")
+def init(directory: Path, as_json: bool) -> None:
     """Scaffold a persona home in DIRECTORY (bootstrap files, persona.toml, DREAM.md)."""
     written = scaffold(directory)
+    if as_json:
+        click.echo(json.dumps({
+            "persona": directory.resolve().name, "directory": str(directory),
+            "files": [path.name for path in written],
+            "fleet_name": valid_persona_name(directory.resolve().name),
+        }))  # fmt: skip
+        return
     click.echo(f"created persona {directory.resolve().name!r} in {directory}:")
     for path in written:
         click.echo(f"  {path.name}")

@@ -17,6 +17,8 @@ Children run ``sys.executable -m celery``: the interpreter ``up`` runs in, whate
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import sys
 from collections.abc import Mapping
@@ -26,8 +28,8 @@ from pathlib import Path
 from workers.fleet.registry import PersonaRegistry
 from workers.local.demo import install_demo
 from workers.local.supervisor import ChildSpec
-from workers.persona.agent import from_dir
-from workers.persona.errors import PersonaError
+from workers.persona.checkup import check_persona
+from workers.persona.errors import ModelSpecError, PersonaError
 from workers.queues import KINDS, queue_name
 from workers.settings import Settings
 
@@ -38,6 +40,8 @@ __all__ = [
     "child_specs",
     "choose_personas",
     "describe_personas",
+    "flower_auth",
+    "metrics_line",
     "model_label",
 ]
 
@@ -96,6 +100,7 @@ def child_specs(
     workers: int,
     flower: bool,
     flower_port: int = 5555,
+    flower_auth: str | None = None,
 ) -> list[ChildSpec]:
     if flower:
         # Flower shows only what task events tell it; they are off by default (they cost turns).
@@ -147,7 +152,10 @@ def child_specs(
             ChildSpec(
                 name="flower",
                 argv=[*celery, "flower", "--address=127.0.0.1", f"--port={flower_port}"],
-                env=_metrics_env(env, 0, 0),
+                env={
+                    **_metrics_env(env, 0, 0),
+                    **({"FLOWER_BASIC_AUTH": flower_auth} if flower_auth else {}),
+                },
                 log_path=logs / "flower.log",
                 cwd=cwd,
                 stage=2,
@@ -155,6 +163,44 @@ def child_specs(
             )
         )
     return specs
+
+
+def metrics_line(specs: list[ChildSpec], host: str) -> str:
+    """Where each child serves /metrics, or how to turn metrics on."""
+    served = [
+        f"{spec.name} http://{host}:{spec.env['SOULFLEET_METRICS_PORT']}/metrics"
+        for spec in specs
+        if spec.env.get("SOULFLEET_METRICS_PORT", "0") not in ("", "0")
+    ]
+    if not served:
+        return "off (SOULFLEET_METRICS_PORT=9100 serves /metrics on 9100 and up, one per process)"
+    return ", ".join(served)
+
+
+FLOWER_USER = "soulfleet"
+
+
+def flower_auth(environ: Mapping[str, str], secret_file: Path) -> tuple[str, str]:
+    """Flower's basic auth and how to tell the user where it is (never the password itself).
+
+    ``FLOWER_BASIC_AUTH`` (``user:password``) when set; else a password generated once per data
+    folder, kept in ``secret_file`` (mode 0600): Flower's API refuses requests without auth,
+    and a local dashboard should not be open to every process on the machine either.
+    """
+    configured = (environ.get("FLOWER_BASIC_AUTH") or "").strip()
+    if configured:
+        return configured, "basic auth from FLOWER_BASIC_AUTH"
+    try:
+        stored = secret_file.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        stored = ""
+    if ":" not in stored:
+        stored = f"{FLOWER_USER}:{secrets.token_urlsafe(18)}"
+        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(stored + "\n")
+    user = stored.split(":", 1)[0]
+    return stored, f"user {user}, password in {secret_file}"
 
 
 def model_label(spec: str, settings: Settings) -> str:
@@ -186,11 +232,12 @@ def describe_personas(root: Path, settings: Settings) -> tuple[list[str], int]:
     lanes = 0
     for name in names:
         try:
-            agent = from_dir(registry.home(name))
-        except PersonaError as exc:
+            checkup = check_persona(registry.home(name), settings.model)
+        except (PersonaError, ModelSpecError, ValueError) as exc:
             lines.append(f"{name:<{width}}  INVALID: {' '.join(str(exc).split())}")
             lanes += 1
             continue
+        agent = checkup.agent
         lanes += 2 if agent.dream else 1
         parts = [f"model {model_label(agent.model, settings)}"]
         if agent.heartbeat:
@@ -203,5 +250,7 @@ def describe_personas(root: Path, settings: Settings) -> tuple[list[str], int]:
                 else f"cron {dream.cron!r} {dream.timezone}"
             )
             parts.append(f"dream {when}")
+        if checkup.warnings:
+            parts.append("WARNING: no bootstrap files, so an empty soul")
         lines.append(f"{name:<{width}}  " + "; ".join(parts))
     return lines, lanes

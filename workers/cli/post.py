@@ -8,6 +8,7 @@ queues a turn if the persona is idle. A full inbox is refused loudly (exit 1), n
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -29,6 +30,7 @@ __all__ = ["post"]
     help="Render the item as the persona's own side (outside the UNTRUSTED block). Only for "
     "text you wrote yourself; --from never decides trust.",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @personas_option
 @click.pass_context
 def post(
@@ -40,14 +42,22 @@ def post(
     sender: str,
     channel: str,
     trusted: bool,
+    as_json: bool,
     personas: Path | None,
 ) -> None:
     """Put TEXT in PERSONA's inbox (and wake it unless --no-wake)."""
     state = cli_context(ctx, personas)
-    name = state.persona(persona)
+    state.honour_personas("post")
+    name = state.checked(persona)
     outcome = state.fleet().post(
         name, text, sender=sender, channel=channel, wake=wake, trusted=trusted
     )
+    if as_json:
+        click.echo(json.dumps({
+            "persona": name, "lane": outcome.lane, "item_id": outcome.item_id,
+            "outcome": outcome.outcome, "turn_id": outcome.turn_id, "depth": outcome.depth,
+        }))  # fmt: skip
+        return
     if outcome.outcome == "queued":
         what = f"turn {outcome.turn_id} queued"
     elif outcome.outcome == "dead":

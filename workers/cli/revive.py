@@ -12,10 +12,12 @@ contains TEXT (case-insensitive), e.g. ``--reason "HTTP 401"`` once the key is f
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
+from workers.cli.context import CliContext
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import cli_context, personas_option
 
@@ -31,6 +33,7 @@ __all__ = ["revive"]
     metavar="TEXT",
     help="Revive only dead lanes whose last error contains TEXT (implies --all).",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @personas_option
 @click.pass_context
 def revive(
@@ -40,26 +43,43 @@ def revive(
     dreamer: bool,
     every: bool,
     reason: str | None,
+    as_json: bool,
     personas: Path | None,
 ) -> None:
     """Queue a dead-lettered lane of PERSONA again (its kept items run first)."""
     state = cli_context(ctx, personas)
+    state.honour_personas("revive")
     if every or reason is not None:
         if persona is not None or dreamer:
             raise BadInputError("give PERSONA (and --dreamer) or --all/--reason, not both")
-        if reason is not None and not reason.strip():
-            raise BadInputError("--reason needs some text to match in the last error")
-        revived = state.fleet().revive_dead(reason=reason)
-        for outcome in revived:
-            click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued")
-        matching = f" whose last error contains {reason!r}" if reason is not None else ""
-        click.echo(f"revived {len(revived)} dead-lettered lane(s){matching}")
+        _revive_all(state, reason, as_json=as_json)
         return
     if persona is None:
         raise BadInputError("name a PERSONA to revive, or pass --all or --reason TEXT")
     name = state.persona(persona)
     outcome = state.fleet().revive(name, dreamer=dreamer)
-    if outcome.outcome != "queued":
+    queued = outcome.outcome == "queued"
+    if as_json:
+        click.echo(
+            json.dumps({"lane": outcome.lane, "revived": queued, "turn_id": outcome.turn_id})
+        )
+    elif queued:
+        click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued")
+    else:
         click.echo(f"soulfleet: error: lane {outcome.lane} is not dead-lettered", err=True)
+    if not queued:
         ctx.exit(EXIT_FAILURE)
-    click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued")
+
+
+def _revive_all(state: CliContext, reason: str | None, *, as_json: bool) -> None:
+    if reason is not None and not reason.strip():
+        raise BadInputError("--reason needs some text to match in the last error")
+    revived = state.fleet().revive_dead(reason=reason)
+    if as_json:
+        lanes = [{"lane": outcome.lane, "turn_id": outcome.turn_id} for outcome in revived]
+        click.echo(json.dumps({"revived": lanes, "reason": reason}))
+        return
+    for outcome in revived:
+        click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued")
+    matching = f" whose last error contains {reason!r}" if reason is not None else ""
+    click.echo(f"revived {len(revived)} dead-lettered lane(s){matching}")

@@ -17,6 +17,7 @@ stops every turn), or did not answer within ``--timeout``.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,15 @@ import click
 from workers.cli.context import CliContext, persona_dir
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import cli_context, personas_option
+from workers.persona.checkup import check_persona
 from workers.persona.loop import Budget
+from workers.queues import queue_name
 from workers.settings import Settings
 
-__all__ = ["run"]
+__all__ = ["NO_WORKER_HINT_AFTER", "run"]
+
+#: Seconds a `run` waits before checking that some worker consumes the interactive queue.
+NO_WORKER_HINT_AFTER = 4.0
 
 
 @click.command()
@@ -75,8 +81,15 @@ def run(
                 "--model only applies with --local: a fleet turn uses the persona's model "
                 "(persona.toml `model`, else SOULFLEET_MODEL)"
             )
-        name = state.persona(persona)
-        reply = state.fleet().run(name, prompt, new_session=new_session, timeout=timeout)
+        state.honour_personas("run")
+        name = state.checked(persona)
+        reply = state.fleet().run(
+            name,
+            prompt,
+            new_session=new_session,
+            timeout=timeout,
+            on_wait=_no_worker_hint(state, name, timeout),
+        )
         report = {
             "persona": name,
             "text": reply.text,
@@ -95,6 +108,33 @@ def run(
         if not as_json:
             click.echo(f"soulfleet: turn ended {report['status']}: {why}", err=True)
         ctx.exit(EXIT_FAILURE)
+
+
+def _no_worker_hint(state: CliContext, name: str, timeout: float) -> Callable[[float], None]:
+    """After a few seconds with the turn still queued, ask the workers (one remote-control
+    round trip, once) whether anyone consumes the interactive queue, and say so if nobody does:
+    waiting out the whole timeout in silence is the worst way to learn there is no worker."""
+    asked = False
+
+    def check(waited: float) -> None:
+        nonlocal asked
+        if asked or waited < NO_WORKER_HINT_AFTER:
+            return
+        asked = True
+        if state.fleet().lanes.status(name).get("state") != "queued":
+            return
+        publisher = state.publisher
+        if publisher is None or publisher.consumers("interactive"):
+            return
+        queue = queue_name(state.settings.queue_prefix, "interactive")
+        click.echo(
+            f"soulfleet: no worker is consuming {queue}: start one (`soulfleet up`, or "
+            f"`celery -A workers worker -Q {queue},...`); still waiting up to {timeout:.0f}s "
+            "(Ctrl-C stops waiting; the item stays queued)",
+            err=True,
+        )
+
+    return check
 
 
 def _budget(state: CliContext) -> Budget:
@@ -119,6 +159,10 @@ def _local(
     from workers.persona.run import run as run_persona  # noqa: PLC0415 - only for --local
 
     home = persona_dir(persona, settings.personas)
+    # The same check-up as a fleet command: an invalid file (a cron that can never fire) exits
+    # 2 naming the key, and an empty directory is a warning, not a silent empty soul.
+    for warning in check_persona(home, settings.model, model=model_spec).warnings:
+        click.echo(f"soulfleet: warning: {warning}", err=True)
     result = run_persona(
         home,
         prompt,

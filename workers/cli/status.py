@@ -1,15 +1,21 @@
 """``soulfleet status [PERSONA] [--json]``: what the fleet's lanes are doing.
 
 A table for people, ``--json`` for scripts (the same fields :meth:`workers.fleet.Fleet.status`
-returns). Without PERSONA: every persona under the root, plus the fleet-wide lane counts (lanes
-waiting out a retry backoff or an open provider breaker included), one line per provider
-breaker, and when beat last swept (a beat that stopped sweeping means no heartbeats, no
-dreams and no retries).
+returns, plus ``invalid`` and ``error``). Without PERSONA: every persona under the root, plus the
+fleet-wide lane counts (lanes waiting out a retry backoff or an open provider breaker included),
+one line per provider breaker, and when beat last swept (a beat that stopped sweeping means no
+heartbeats, no dreams and no retries). ``--state dead`` (or failing, retry, deferred, running,
+queued, idle, invalid) keeps only the personas one of whose lanes is in that state: the rows
+that matter in a fleet of thousands. Invalid personas (as beat's registry sync recorded them),
+errors that still apply and dead lanes a configuration fix made runnable again are
+:mod:`workers.cli.health`'s. Colours (dead red, failing, retry and invalid yellow) only on a
+terminal.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -20,12 +26,30 @@ import click
 
 from workers.cli.errors import BadInputError
 from workers.cli.group import cli_context, personas_option
+from workers.cli.health import (
+    current_error,
+    display_state,
+    fixed_since,
+    invalid_personas,
+    states_of,
+)
 from workers.fleet import Fleet
 from workers.fleet.breaker import BreakerState
 from workers.fleet.scripts import redis_errors
 from workers.persona.locks import shared_claims_under
 
-__all__ = ["ago", "beat_summary", "breaker_lines", "invalid_personas", "lock_claims", "status"]
+__all__ = [
+    "STATES",
+    "ago",
+    "beat_summary",
+    "breaker_lines",
+    "invalid_personas",
+    "lock_claims",
+    "status",
+]
+
+STATES = ("dead", "failing", "retry", "deferred", "running", "queued", "idle", "invalid")
+_COLOURS = {"dead": "red", "failing": "yellow", "retry": "yellow", "invalid": "yellow"}
 
 _COLUMNS = (
     "PERSONA", "STATE", "TICKS", "INBOX", "TRIES", "TOKENS TODAY", "LAST TURN", "DREAMER",
@@ -88,26 +112,6 @@ def _until(when: float | None, now: float) -> str:
     return "due" if seconds <= 0 else f"in {seconds:.0f}s"
 
 
-def invalid_personas(fleet: Fleet, names: Sequence[str] | None = None) -> dict[str, str]:
-    """Persona -> why beat's registry sync refused it (unreadable, FIFO, bad TOML, overflowing
-    duration...): read from the records the sync keeps, so status never opens a persona file."""
-    with redis_errors(fleet.client):
-        if names is None:
-            raw = fleet.client.hgetall(fleet.keys.registry)
-        else:
-            values = fleet.client.hmget(fleet.keys.registry, list(names)) if names else []
-            raw = {name: value for name, value in zip(names, values, strict=True) if value}
-    invalid: dict[str, str] = {}
-    for name, record in sorted(raw.items()):
-        try:
-            error = json.loads(record).get("error")
-        except (ValueError, AttributeError):
-            continue
-        if error:
-            invalid[str(name)] = str(error)
-    return invalid
-
-
 def lock_claims(fleet: Fleet, names: Sequence[str]) -> list[dict[str, str]]:
     """Claims on shared-mode memory locks (SOULFLEET_LOCK_MODE=shared only): what blocks a
     persona's memory writes. This host's dead writers are cleared automatically, so a claim
@@ -129,6 +133,31 @@ def _echo_claims(claims: Sequence[Mapping[str, str]]) -> None:
             click.echo(f"  {claim['persona']} {claim['file']}: {claim['holder']}")
 
 
+def _annotate(entry: dict[str, Any], invalid: Mapping[str, str], root: Path) -> dict[str, Any]:
+    """Add ``invalid`` (beat's reason), ``error`` (the current one) and ``display_state``."""
+    reason = invalid.get(str(entry.get("persona")))
+    entry.setdefault("home", str(root / str(entry.get("persona"))))
+    if reason:
+        entry["invalid"] = reason
+    entry["error"] = reason or current_error(entry)
+    entry["display_state"] = display_state(entry)
+    dreamer = entry.get("dreamer")
+    if isinstance(dreamer, dict):
+        dreamer["error"] = current_error(dreamer)
+        dreamer["display_state"] = display_state(dreamer)
+        if entry["error"] is None and dreamer["error"]:
+            entry["error"] = f"dreamer: {dreamer['error']}"
+    return entry
+
+
+def _states(entry: Mapping[str, Any]) -> set[str]:
+    states = states_of(entry)
+    dreamer = entry.get("dreamer")
+    if isinstance(dreamer, Mapping):
+        states |= states_of({**dreamer, "invalid": entry.get("invalid")})
+    return states
+
+
 def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
     last = "-"
     if entry.get("last_turn"):
@@ -136,9 +165,13 @@ def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
     dreamer = entry.get("dreamer")
     dreamer_state = "-"
     if isinstance(dreamer, Mapping):
-        dreamer_state = f"{dreamer.get('state', 'idle')} {ago(dreamer.get('last_end'))}".strip()
-    error = " ".join(str(entry.get("last_error") or "-").split())
-    state = str(entry.get("state", "idle"))
+        shown = dreamer.get("display_state") or dreamer.get("state", "idle")
+        dreamer_state = f"{shown} {ago(dreamer.get('last_end'))}".strip()
+    error = " ".join(str(entry.get("error") or "-").split())
+    home = entry.get("home")
+    if home:  # the table is about this persona already: its path only costs width
+        error = error.replace(f"{home}{os.sep}", "")
+    state = str(entry.get("display_state") or entry.get("state", "idle"))
     if state == "retry":
         retry_at = entry.get("retry_at")
         state = f"retry {_until(retry_at if isinstance(retry_at, float) else None, time.time())}"
@@ -162,41 +195,56 @@ def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
 
 def _table(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(row[i]) for row in (_COLUMNS, *rows)) for i in range(len(_COLUMNS))]
-    lines = [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-        for row in (_COLUMNS, *rows)
-    ]
-    return "\n".join(line.rstrip() for line in lines)
+    lines = []
+    for row in (_COLUMNS, *rows):
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        colour = _COLOURS.get(row[1].split(" ", 1)[0])
+        if colour is not None:  # click.echo drops the escapes when stdout is not a terminal
+            cells[1] = click.style(cells[1], fg=colour)
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _echo_models(entry: Mapping[str, Any]) -> None:
+    """The model each kind of turn goes to (one persona's view)."""
+    models = entry.get("models")
+    if models:
+        click.echo("models: " + ", ".join(f"{kind} {spec}" for kind, spec in models.items()))
 
 
 @click.command()
 @click.argument("persona", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+@click.option(
+    "--state", "only", type=click.Choice(STATES), default=None,
+    help="Only personas with a lane in this state (failing = retrying after an error).",
+)  # fmt: skip
 @personas_option
 @click.pass_context
-def status(ctx: click.Context, persona: str | None, as_json: bool, personas: Path | None) -> None:
+def status(
+    ctx: click.Context, persona: str | None, as_json: bool, only: str | None, personas: Path | None
+) -> None:
     """Show PERSONA's lanes, or every persona's plus fleet-wide counts."""
     state = cli_context(ctx, personas)
     if persona is not None:
         name = state.persona(persona)
         fleet = state.fleet()
-        entry = fleet.status(name)
-        why = invalid_personas(fleet, [name]).get(name)
-        if why:
-            entry["invalid"] = why
+        invalid = invalid_personas(fleet, [name])
+        entry = _annotate(fleet.status(name), invalid, fleet.registry.root)
+        why = invalid.get(name)
         claims = lock_claims(fleet, [name])
         if claims:
             entry["lock_claims"] = claims
         click.echo(json.dumps(entry, ensure_ascii=False) if as_json else _table([_row(entry)]))
-        if not as_json and entry.get("last_text"):
+        if as_json:
+            return
+        if entry.get("last_text"):
             click.echo(f"last reply: {' '.join(str(entry['last_text']).split())[:200]}")
-        if not as_json and why:
+        if why:
             click.echo(f"INVALID (not scheduled until fixed): {' '.join(why.split())}")
-        if not as_json:
-            _echo_claims(claims)
-        if not as_json and entry.get("models"):
-            shown = ", ".join(f"{kind} {spec}" for kind, spec in entry["models"].items())
-            click.echo(f"models: {shown}")
+        _echo_claims(claims)
+        _echo_models(entry)
+        _fixed_hint(fixed_since(fleet, state.settings.model, invalid=invalid_personas(fleet)))
         return
     fleet = state.fleet()  # Redis first: with no fleet, the personas root is moot
     root = state.settings.personas
@@ -204,27 +252,36 @@ def status(ctx: click.Context, persona: str | None, as_json: bool, personas: Pat
         raise BadInputError(
             f"personas root {root} does not exist (set SOULFLEET_PERSONAS or pass --personas)"
         )
-    entries = [fleet.status(name) for name in fleet.registry.names()]
+    invalid = invalid_personas(fleet)
+    entries = [
+        _annotate(fleet.status(name), invalid, fleet.registry.root)
+        for name in fleet.registry.names()
+    ]
+    shown = [entry for entry in entries if only is None or only in _states(entry)]
     counts = fleet.lanes.counts()
     waiting = fleet.lanes.waiting()
     breakers = fleet.breaker.states()
     beat = beat_summary(fleet)
-    invalid = invalid_personas(fleet)
     claims = lock_claims(fleet, [str(entry["persona"]) for entry in entries])
+    fixed = fixed_since(fleet, state.settings.model, invalid=invalid)
     if as_json:
         payload = {
             "root": str(root),
-            "personas": entries,
+            "personas": shown,
             "counts": counts,
             "waiting": waiting,
             "breakers": [asdict(state) for state in breakers],
             "beat": beat,
             "invalid": invalid,
             "lock_claims": claims,
+            "fixed_since_dead": [lane for lane, _ in fixed],
         }
         click.echo(json.dumps(payload, ensure_ascii=False))
         return
-    click.echo(_table([_row(entry) for entry in entries]) if entries else f"no personas in {root}")
+    if shown:
+        click.echo(_table([_row(entry) for entry in shown]))
+    else:
+        click.echo(f"no personas {'in state ' + only + ' ' if only else ''}in {root}")
     if invalid:
         click.echo(f"invalid personas ({len(invalid)}, not scheduled until fixed):")
         for name, error in invalid.items():
@@ -242,3 +299,14 @@ def status(ctx: click.Context, persona: str | None, as_json: bool, personas: Pat
         if beat is None
         else f"beat: last sweep {ago(beat.get('at') or beat.get('time'))}"
     )
+    _fixed_hint(fixed)
+
+
+def _fixed_hint(fixed: Sequence[tuple[str, str]]) -> None:
+    if fixed:
+        lanes = ", ".join(lane for lane, _ in fixed)
+        click.echo(
+            f"fixed since: {len(fixed)} dead-lettered lane(s) failed on a configuration error "
+            f"that is fixed now ({lanes}): `soulfleet revive --all` (or `soulfleet revive "
+            "PERSONA`) takes them back"
+        )

@@ -7,33 +7,45 @@ find this fleet, then start the workers, beat and (``--flower``) Flower as super
 and post the demo's welcome through the host API. Then it watches: surfaced beats from the
 beats stream, events from the children's JSON logs, a status line every few seconds.
 
-Stop order, on SIGINT or SIGTERM: beat, workers (warm shutdown with a deadline), Flower, and
+Stop order, on SIGINT, SIGTERM, SIGHUP (its terminal closed) or a write to its output that
+fails (``soulfleet up | head``): beat, workers (warm shutdown with a deadline), Flower, and
 Redis LAST, once nothing writes to it; then the state file and the lock. Exit 0. A child that
 dies on its own is reported with the tail of its log, the rest are stopped the same way, and
-``up`` exits 1. A second Ctrl-C during shutdown kills what is left at once.
+``up`` exits 1. A second signal during shutdown kills what is left at once. If ``up`` itself is
+SIGKILLed, the kernel kills its children (:mod:`workers.local.lifeline`), and any survivor
+keeps the data folder locked.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 import click
 
+from workers.cli.console import Console, StopRequest
 from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
-from workers.cli.launch import child_environ, child_specs, choose_personas, describe_personas
-from workers.cli.watch import LogTail, Reporter
+from workers.cli.health import fixed_since, invalid_personas
+from workers.cli.launch import (
+    PersonasChoice,
+    child_environ,
+    child_specs,
+    choose_personas,
+    describe_personas,
+    flower_auth,
+    metrics_line,
+)
+from workers.cli.watch import LogTail, Reporter, follow_beats, live_status
 from workers.fleet import Fleet
-from workers.fleet.beats import Beat, Beats
+from workers.fleet.beats import Beat
 from workers.fleet.errors import EvictingRedis
 from workers.fleet.eviction import check_eviction_policy
-from workers.local.datadir import AlreadyRunningError, DataDir, UpState, default_data_dir
+from workers.local.datadir import AlreadyRunningError, DataDir, UpLock, UpState, default_data_dir
 from workers.local.demo import WELCOME_PERSONA, welcome_text
 from workers.local.redis_server import RedisServer, RedisServerError, free_port
 from workers.local.supervisor import Supervisor
@@ -44,33 +56,6 @@ __all__ = ["up"]
 
 STATUS_EVERY = 10.0
 _TICK = 0.25
-
-
-@dataclass
-class _Stop:
-    """Set by SIGINT/SIGTERM: the first asks for a clean stop, the second for a forced one."""
-
-    requested: threading.Event = field(default_factory=threading.Event)
-    force: bool = False
-
-    def handle(self, signum: int, frame: FrameType | None) -> None:
-        del frame
-        if self.requested.is_set():
-            self.force = True
-        self.requested.set()
-        # os.write, not click.echo: a handler that writes to a buffered stream the main thread
-        # is writing to raises "reentrant call".
-        what = "killing what is left" if self.force else "stopping the fleet (again to force)"
-        os.write(2, f"\n{signal.Signals(signum).name}: {what}...\n".encode())
-
-
-def _follow_beats(fleet: Fleet, out: queue.Queue[Beat | Exception], stop: threading.Event) -> None:
-    feed = Beats(fleet.client, fleet.keys)
-    try:
-        for beat in feed.follow("$", block_ms=1000, stop=stop):
-            out.put(beat)
-    except Exception as exc:  # reported by the main loop; up keeps supervising
-        out.put(exc)
 
 
 @click.command()
@@ -102,10 +87,11 @@ def up(personas: Path | None, worker_count: int, flower: bool, data: Path | None
         lock = data_dir.lock()
     except AlreadyRunningError as exc:
         raise CliError(str(exc)) from None
-    stop = _Stop()
-    previous = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop = StopRequest()
+    handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, stop.handle) for sig in handled}
     try:
-        code = _Up(data_dir, personas, worker_count, flower, stop).run()
+        code = _Up(data_dir, personas, worker_count, flower, stop=stop, lock=lock).run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -117,15 +103,18 @@ def up(personas: Path | None, worker_count: int, flower: bool, data: Path | None
 class _Up:
     """One `up` run: what it started, so whatever happens, it is all stopped in order."""
 
-    def __init__(self, data: DataDir, personas: Path | None, workers: int, flower: bool,
-                 stop: _Stop) -> None:  # fmt: skip
+    def __init__(self, data: DataDir, personas: Path | None, workers: int, flower: bool, *,
+                 stop: StopRequest, lock: UpLock) -> None:  # fmt: skip
         self.data, self.personas_option, self.workers, self.flower = data, personas, workers, flower
         self.stop = stop
+        self.lock = lock
         self.redis: RedisServer | None = None
-        self.supervisor = Supervisor()
+        # Every child inherits the lock: a survivor keeps a second `up` off this folder.
+        self.supervisor = Supervisor(keep_fds=(lock.fd,))
         self.fleet: Fleet | None = None
         self.publisher: CeleryPublisher | None = None
-        self.reporter = Reporter(click.echo)
+        self.console = Console(on_closed=stop.output_closed)
+        self.reporter = Reporter(self.console.out)
 
     def run(self) -> int:
         try:
@@ -144,19 +133,9 @@ class _Up:
             )
         env["SOULFLEET_PERSONAS"] = str(choice.root)
         settings = Settings.from_env(env)  # invalid settings fail before anything starts
-        echo = click.echo
+        echo = self.console.out
         echo(f"soulfleet up: data in {self.data.root}")
-        if settings.redis_url_explicit:
-            redis_url = settings.redis_url
-            echo(f"  redis     {redact_url(redis_url)} (REDIS_URL)")
-        else:
-            try:
-                self.redis = RedisServer(self.data.redis, persistent=True).start()
-            except RedisServerError as exc:
-                raise CliError(f"embedded Redis did not start: {exc}") from exc
-            redis_url = self.redis.url
-            echo(f"  redis     embedded {self.redis.binary} at {redis_url} "
-                 f"(AOF on, noeviction; data in {self.data.redis})")  # fmt: skip
+        redis_url = self._redis_url(settings)
         env["REDIS_URL"] = redis_url
         settings = Settings.from_env(env)
         self.publisher = CeleryPublisher(settings)
@@ -168,29 +147,31 @@ class _Up:
             )
         except EvictingRedis as exc:
             raise CliError(str(exc)) from None
-        how = "demo personas" + (", copied on this first run" if choice.installed else "")
-        echo(f"  personas  {choice.root} ({how if choice.demo else 'yours'})")
-        lines, lanes = describe_personas(choice.root, settings)
-        for line in lines or ["(no persona directories here yet: `soulfleet init DIR` makes one)"]:
-            echo(f"    {line}")
-        self.data.write_state(UpState(
+        lanes = self._describe(choice, settings)
+        state = UpState(
             pid=os.getpid(), redis_url=redact_url(redis_url), personas=str(choice.root),
             key_prefix=settings.key_prefix, queue_prefix=settings.queue_prefix,
             data=str(self.data.root), started_at=time.time(), embedded_redis=self.redis is not None,
-        ))  # fmt: skip
+            children=self._child_pids(),
+        )  # fmt: skip
+        self.data.write_state(state)
         flower_port = free_port() if self.flower else 0
+        auth, auth_note = flower_auth(env, self.data.flower_auth) if self.flower else ("", "")
         specs = child_specs(settings, child_environ(env, redis_url=redis_url, personas=choice.root),
                             logs=self.data.logs, cwd=self.data.root, workers=self.workers,
-                            flower=self.flower, flower_port=flower_port)  # fmt: skip
+                            flower=self.flower, flower_port=flower_port,
+                            flower_auth=auth or None)  # fmt: skip
         tails = [LogTail.at_end(spec.log_path, spec.name) for spec in specs]
         for spec in specs:
             if self.stop.requested.is_set():
                 return 0
             self.supervisor.start(spec)
+        self.data.write_state(dataclasses.replace(state, children=self._child_pids()))
         echo(f"  children  {len(specs)} processes: {', '.join(s.name for s in specs)}; "
              f"logs in {self.data.logs}")  # fmt: skip
         if self.flower:
-            echo(f"  flower    http://127.0.0.1:{flower_port}/")
+            echo(f"  flower    http://127.0.0.1:{flower_port}/ ({auth_note})")
+        echo(f"  metrics   {metrics_line(specs, settings.metrics_host)}")
         echo("Ctrl-C stops everything.")
         if choice.demo and (choice.root / WELCOME_PERSONA).is_dir():
             text = welcome_text()
@@ -198,11 +179,46 @@ class _Up:
             self.reporter.line("posted", f"{WELCOME_PERSONA} <- {text!r} (Fleet.post)")
         return self._watch(tails, lanes)
 
+    def _redis_url(self, settings: Settings) -> str:
+        """REDIS_URL when set, else an embedded Redis started now (it dies with `up`)."""
+        echo = self.console.out
+        if settings.redis_url_explicit:
+            echo(f"  redis     {redact_url(settings.redis_url)} (REDIS_URL)")
+            return settings.redis_url
+        try:
+            self.redis = RedisServer(
+                self.data.redis,
+                persistent=True,
+                keep_fds=(self.lock.fd,),
+                parent_death_signal=signal.SIGTERM,  # flush the AOF, then exit
+            ).start()
+        except RedisServerError as exc:
+            raise CliError(f"embedded Redis did not start: {exc}") from exc
+        echo(f"  redis     embedded {self.redis.binary} at {self.redis.url} "
+             f"(AOF on, noeviction; data in {self.data.redis})")  # fmt: skip
+        return self.redis.url
+
+    def _describe(self, choice: PersonasChoice, settings: Settings) -> int:
+        """Print the personas (and dead lanes a fix made runnable); return the lane count."""
+        assert self.fleet is not None
+        echo = self.console.out
+        how = "demo personas" + (", copied on this first run" if choice.installed else "")
+        echo(f"  personas  {choice.root} ({how if choice.demo else 'yours'})")
+        lines, lanes = describe_personas(choice.root, settings)
+        for line in lines or ["(no persona directories here yet: `soulfleet init DIR` makes one)"]:
+            echo(f"    {line}")
+        fixed = fixed_since(self.fleet, settings.model, invalid=invalid_personas(self.fleet))
+        if fixed:
+            echo(f"  dead      {len(fixed)} lane(s) dead-lettered by a configuration error that is "
+                 f"fixed now ({', '.join(lane for lane, _ in fixed)}): `soulfleet revive --all` "
+                 "takes them back")  # fmt: skip
+        return lanes
+
     def _watch(self, tails: list[LogTail], lanes: int) -> int:
         assert self.fleet is not None
         beats: queue.Queue[Beat | Exception] = queue.Queue()
         stop_beats = threading.Event()
-        follower = threading.Thread(target=_follow_beats, args=(self.fleet, beats, stop_beats),
+        follower = threading.Thread(target=follow_beats, args=(self.fleet, beats, stop_beats),
                                     name="beats-follow", daemon=True)  # fmt: skip
         follower.start()
         next_status = time.monotonic() + STATUS_EVERY
@@ -220,11 +236,11 @@ class _Up:
                         f"{crashed.name} exited unexpectedly "
                         f"(code {crashed.popen.returncode}); last log lines:",
                     )
-                    click.echo(crashed.log_tail(), err=True)
+                    self.console.err(crashed.log_tail())
                     return EXIT_FAILURE
                 if time.monotonic() >= next_status:
                     next_status += STATUS_EVERY
-                    self.reporter.status(self.fleet.lanes.counts(), lanes)
+                    live_status(self.reporter, self.fleet, lanes)
                 self.stop.requested.wait(_TICK)
             return 0
         finally:
@@ -232,6 +248,10 @@ class _Up:
             for tail in tails:  # what the children said while we were stopping the loop
                 self.reporter.events(tail.read())
             follower.join(timeout=3)
+
+    def _child_pids(self) -> tuple[int, ...]:
+        redis = self.redis.process.pid if self.redis and self.redis.process else None
+        return tuple(pid for pid in (redis, *self.supervisor.pids()) if pid is not None)
 
     def _redis_running(self) -> bool:
         process = self.redis.process if self.redis is not None else None
@@ -258,19 +278,19 @@ class _Up:
         if self.supervisor.children:
             flower = any(child.name == "flower" for child in self.supervisor.children)
             order = "beat, then workers (warm shutdown)" + (", then flower" if flower else "")
-            click.echo(f"stopping: {order}...", err=True)
+            self.console.err(f"stopping: {order}...")
             stopped = self.supervisor.stop_all(
                 force=self.stop.force, should_force=lambda: self.stop.force
             )
             for name, code in stopped:
-                click.echo(f"  {name} stopped (exit {code})", err=True)
+                self.console.err(f"  {name} stopped (exit {code})")
         if self.publisher is not None:
             self.publisher.close()
         if self.fleet is not None:
             self.fleet.client.close()
         if self.redis is not None:
             self.redis.stop()
-            click.echo("  redis stopped (AOF flushed)", err=True)
+            self.console.err("  redis stopped (AOF flushed)")
         self.data.clear_state(os.getpid())
         if started:
-            click.echo("soulfleet up: stopped.", err=True)
+            self.console.err("soulfleet up: stopped.")

@@ -9,9 +9,14 @@ turns the events worth a person's attention into one short line each:
 - ``dream``   a dreamer pass logged to ``memory/log.md``;
 - ``silent``  the FIRST silent heartbeat (later ones are only counted: silence is the default);
 - ``error``   a failed or dead-lettered turn, an invalid persona, and any other error-level
-              line (each distinct message once: a crash loop must not flood the terminal);
+              line: each DISTINCT error once, tagged ``[E1]``, ``[E2]`` …; repeats are only
+              counted, and the status line says ``E1 x5`` (a crash loop must not flood the
+              terminal, and five retries of one failure are one problem);
+- ``fixed``   beat found a persona valid again (its dead lanes still need a revive);
 - ``beat``    a surfaced beat, from the beats stream (the same feed ``soulfleet beats`` reads);
-- ``status``  every few seconds: lanes by state, beats surfaced/silent, turns.
+- ``status``  every few seconds: lanes by state (idle counted from beat's live registry, so
+              personas added while ``up`` runs count), personas and invalid ones, beats
+              surfaced/silent, turns, and the errors that repeated.
 
 Why logs and not Redis for the counts: a silent beat leaves nothing in Redis by design (only
 surfaced beats are published), but its ``turn.end`` event says ``silent``; the logs are the
@@ -21,16 +26,20 @@ honest record of what the workers did.
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.fleet.beats import Beat
+from workers.cli.health import invalid_personas
+from workers.fleet import Fleet
+from workers.fleet.beats import Beat, Beats
 from workers.fleet.registry import DREAMER_SUFFIX
 
-__all__ = ["LogTail", "Reporter", "Tally"]
+__all__ = ["LogTail", "Reporter", "Tally", "follow_beats", "live_status"]
 
 Echo = Callable[[str], None]
 
@@ -111,7 +120,25 @@ class Reporter:
     def __init__(self, echo: Echo) -> None:
         self.echo = echo
         self.tally = Tally()
-        self._seen_errors: set[tuple[str, str]] = set()
+        #: distinct error -> [its number (E1, E2 …), how many times it happened]
+        self._errors: dict[tuple[str, ...], list[int]] = {}
+        self._dead_turns: set[tuple[str, str]] = set()
+
+    def error(self, key: tuple[str, ...], text: str) -> None:
+        """Print a distinct error once (numbered); count every repeat for the status line."""
+        self.tally.errors += 1
+        seen = self._errors.get(key)
+        if seen is not None:
+            seen[1] += 1
+            return
+        number = len(self._errors) + 1
+        self._errors[key] = [number, 1]
+        self.line("error", f"[E{number}] {text}")
+
+    def repeated_errors(self) -> list[tuple[int, int]]:
+        """``(number, count)`` of each error seen more than once, most frequent first."""
+        repeated = [(n, c) for n, c in self._errors.values() if c > 1]
+        return sorted(repeated, key=lambda pair: (-pair[1], pair[0]))
 
     def line(self, tag: str, text: str, when: float | None = None) -> None:
         self.echo(f"{_stamp(when)} {tag:<7} {text}")
@@ -141,26 +168,34 @@ class Reporter:
         elif name == "turn.end":
             self._turn_end(event, lane, persona)
         elif name in ("turn.dead_lettered", "lane.dead_lettered"):
-            self.tally.errors += 1
-            error = _short(event.get("error", ""))
-            self.line("error", f"lane {lane or '?'} dead-lettered: {error}")
+            error = _short(event.get("error") or event.get("reason") or "")
+            # The lane (lanes.py) and the turn both log one dead-lettering: count it once.
+            turn = (lane, str(event.get("turn_id") or ""))
+            if turn[1] and turn in self._dead_turns:
+                return
+            self._dead_turns.add(turn)
+            self.error(("dead", lane), f"lane {lane or '?'} dead-lettered: {error}")
         elif name == "registry.invalid":
-            self.tally.errors += 1
-            self.line(
-                "error",
+            error = _short(event.get("error", ""))
+            self.error(
+                ("invalid", str(event.get("persona")), error),
                 f"persona {event.get('persona')} is invalid ({event.get('key') or 'file'}): "
-                f"{_short(event.get('error', ''))}",
+                f"{error}",
+            )
+        elif name == "registry.valid_again":
+            persona_name = event.get("persona")
+            self.line(
+                "fixed",
+                f"persona {persona_name} is valid again; a lane of it that was dead-lettered "
+                f"stays dead until `soulfleet revive {persona_name}`",
             )
         elif event.get("level") in ("error", "critical"):
             self._other_error(source, str(name))
 
     def _other_error(self, source: str, message: str) -> None:
-        key = (source, message[:120])
-        if key in self._seen_errors:
-            return
-        self._seen_errors.add(key)
-        self.tally.errors += 1
-        self.line("error", f"{source}: {_short(message, 240)} (see its log; shown once)")
+        self.error(
+            ("log", source, message[:120]), f"{source}: {_short(message, 240)} (see its log)"
+        )
 
     def _memory(self, event: Mapping[str, Any], lane: str, persona: str) -> None:
         self.tally.memory_writes += 1
@@ -180,8 +215,8 @@ class Reporter:
             self.line("skip", f"{lane}: turn {status} ({event.get('reason', '?')}), no model call")
             return
         if status not in ("done", "incomplete"):
-            self.tally.errors += 1
-            self.line("error", f"{lane}: turn {status}: {_short(event.get('error', ''))}")
+            error = _short(event.get("error", ""))
+            self.error(("turn", lane, str(status), error), f"{lane}: turn {status}: {error}")
             return
         heartbeat = not lane.endswith(DREAMER_SUFFIX) and int(event.get("ticks") or 0) > 0
         if heartbeat and event.get("silent"):
@@ -193,13 +228,54 @@ class Reporter:
                     "(silent beats are counted on the status line from now on)",
                 )
 
-    def status(self, counts: Mapping[str, int], total_lanes: int) -> None:
+    def status(
+        self,
+        counts: Mapping[str, int],
+        total_lanes: int,
+        *,
+        personas: int | None = None,
+        invalid: int = 0,
+    ) -> None:
+        """The status line. ``counts["idle"]``, when given, is the live count (beat's registry);
+        else idle is ``total_lanes`` less the busy ones."""
         queued, running, dead = (counts.get(k, 0) for k in ("queued", "running", "dead"))
-        idle = max(0, total_lanes - queued - running - dead)
+        idle = counts.get("idle", max(0, total_lanes - queued - running - dead))
         t = self.tally
+        who = ""
+        if personas is not None:
+            who = f"personas {personas}" + (f" ({invalid} invalid)" if invalid else "") + " | "
+        repeated = self.repeated_errors()
+        errors = ""
+        if repeated:
+            shown = ", ".join(f"E{number} x{count}" for number, count in repeated[:5])
+            errors = f" | errors {shown}" + (" ..." if len(repeated) > 5 else "")
         self.line(
             "status",
-            f"lanes {idle} idle, {queued} queued, {running} running, {dead} dead"
+            f"{who}lanes {idle} idle, {queued} queued, {running} running, {dead} dead"
             f" | beats {t.surfaced} surfaced, {t.silent} silent"
-            f" | turns {t.turns} | memory writes {t.memory_writes}, dream passes {t.dream_passes}",
+            f" | turns {t.turns} | memory writes {t.memory_writes}, dream passes {t.dream_passes}"
+            f"{errors}",
         )
+
+
+def follow_beats(fleet: Fleet, out: queue.Queue[Beat | Exception], stop: threading.Event) -> None:
+    """Thread body: surfaced beats from the stream into ``out`` (an error ends it, reported)."""
+    feed = Beats(fleet.client, fleet.keys)
+    try:
+        for beat in feed.follow("$", block_ms=1000, stop=stop):
+            out.put(beat)
+    except Exception as exc:  # reported by the main loop; up keeps supervising
+        out.put(exc)
+
+
+def live_status(reporter: Reporter, fleet: Fleet, lanes_at_start: int) -> None:
+    """The status line from live counts: idle lanes and personas from beat's registry (personas
+    added or removed while `up` runs count); before beat's first sync, the lanes at start."""
+    counts: dict[str, int] = dict(fleet.lane_counts())
+    if fleet.client.get(fleet.keys.registry_lanes) is None:
+        counts.pop("idle", None)
+        reporter.status(counts, lanes_at_start)
+        return
+    invalid = len(invalid_personas(fleet))
+    personas = int(fleet.client.hlen(fleet.keys.registry))
+    reporter.status(counts, lanes_at_start, personas=personas, invalid=invalid)

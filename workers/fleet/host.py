@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -207,12 +207,20 @@ class Fleet:
         return outcomes
 
     def run(
-        self, persona: str, prompt: str, *, new_session: bool = False, timeout: float = 300.0
+        self,
+        persona: str,
+        prompt: str,
+        *,
+        new_session: bool = False,
+        timeout: float = 300.0,
+        on_wait: Callable[[float], None] | None = None,
     ) -> RunReply:
         """Post ``prompt`` as an interactive item and wait for the turn that answers it.
 
         The turn continues the persona's session (it sees the conversation so far);
-        ``new_session`` starts a new one first.
+        ``new_session`` starts a new one first. ``on_wait(seconds waited)`` is called every
+        couple of seconds while no answer came (the CLI uses it to say when no worker consumes
+        the queue).
         """
         outcome = self.post(
             persona,
@@ -223,9 +231,12 @@ class Fleet:
             reply=True,
             new_session=new_session,
         )
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         name = outcome.lane
         while True:
+            if on_wait is not None:
+                on_wait(time.monotonic() - started)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(

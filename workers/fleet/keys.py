@@ -44,6 +44,7 @@ Fleet-wide:
 ``schedule:spec``             hash    ``<lane>|<kind>`` -> JSON schedule spec
 ``registry``                  hash    persona -> JSON {path, fingerprint, error}
 ``registry:lanes``            string  how many lanes the newest registry sync registered
+``registry:root``             string  the personas root the newest registry sync scanned
 ``beat:last_sweep``           string  JSON summary of the newest sweep (liveness)
 ``usage:<day>:<persona>``     hash    one persona's model use on one day (its budget's
                                       time zone): tokens, input, output, cached,
@@ -168,6 +169,10 @@ class Keys:
     @property
     def registry_lanes(self) -> str:
         return f"{self.prefix}registry:lanes"
+
+    @property
+    def registry_root(self) -> str:
+        return f"{self.prefix}registry:root"
 
     @property
     def last_sweep(self) -> str:

@@ -9,29 +9,37 @@ delete a local fleet in one place and the installed package is never written to:
         personas/           the demo personas, copied from the package on the first run
         redis/              the embedded Redis: appendonly files and redis.log
         logs/               one JSON-lines log per child process (worker-1.log, beat.log …)
+        flower-auth         `up --flower`'s basic-auth user:password (mode 0600)
 
-Why a lock AND a state file: the lock is the truth about "is one running" (the kernel drops it
-when `up` dies, even on SIGKILL), while the state file tells other commands WHERE that fleet
-is, so ``soulfleet post ava hi`` next to a running ``up`` needs no REDIS_URL. A state file
-left behind by a killed `up` is recognised by its dead pid and ignored.
+Why a lock AND a state file: the lock is the truth about "is one running", while the state
+file tells other commands WHERE that fleet is, so ``soulfleet post ava hi`` next to a running
+``up`` needs no REDIS_URL. A state file left behind by a killed `up` is recognised by its dead
+pid and ignored.
+
+The lock is an ``flock`` on ``up.lock`` whose descriptor every child of ``up`` inherits. An
+flock belongs to the open file, not to a process, so the kernel drops it only when the LAST
+holder is gone: while any child of an ``up`` lives (even after ``up`` itself was SIGKILLed),
+the folder stays locked and a second ``up`` is refused instead of starting a second Redis on
+the same AOF files. Releasing closes ``up``'s descriptor (never ``LOCK_UN``, which would
+unlock the file for the children too).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
 from workers.persona.files import atomic_write_text
 
 __all__ = [
     "AlreadyRunningError",
     "DataDir",
+    "UpLock",
     "UpState",
     "default_data_dir",
     "pid_alive",
@@ -69,12 +77,23 @@ class AlreadyRunningError(RuntimeError):
     """Another ``soulfleet up`` holds this data directory's lock."""
 
     def __init__(self, data: Path, state: UpState | None) -> None:
-        who = f" (pid {state.pid}, Redis at {state.redis_url})" if state else ""
-        hint = f"`kill -INT {state.pid}`" if state else "Ctrl-C in its terminal"
-        super().__init__(
-            f"soulfleet up is already running on {data}{who}; use that one, stop it first "
-            f"({hint}), or pass another --data directory"
-        )
+        if state is not None and not pid_alive(state.pid):
+            # `up` is gone, but a child it started still holds the inherited lock.
+            alive = [pid for pid in state.children if pid_alive(pid)]
+            pids = " ".join(str(pid) for pid in alive) or "unknown"
+            message = (
+                f"a previous soulfleet up on {data} (pid {state.pid}) is gone, but processes "
+                f"it started still run (pids {pids}) and hold the folder; stop them first "
+                f"(`kill {pids}`), or pass another --data directory"
+            )
+        else:
+            who = f" (pid {state.pid}, Redis at {state.redis_url})" if state else ""
+            hint = f"`kill -INT {state.pid}`" if state else "Ctrl-C in its terminal"
+            message = (
+                f"soulfleet up is already running on {data}{who}; use that one, stop it first "
+                f"({hint}), or pass another --data directory"
+            )
+        super().__init__(message)
         self.data = data
         self.state = state
 
@@ -97,6 +116,8 @@ class UpState:
     data: str
     started_at: float
     embedded_redis: bool = True
+    #: pids of the processes `up` started (Redis, beat, workers, Flower).
+    children: tuple[int, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -113,7 +134,24 @@ class UpState:
             data=str(data["data"]),
             started_at=float(data["started_at"]),
             embedded_redis=bool(data.get("embedded_redis", True)),
+            children=tuple(int(pid) for pid in data.get("children", ())),
         )
+
+
+class UpLock:
+    """A held ``up.lock``: ``fd`` is what children inherit; :meth:`release` closes it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @property
+    def is_locked(self) -> bool:
+        return self.fd >= 0
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,24 +180,31 @@ class DataDir:
     def logs(self) -> Path:
         return self.root / "logs"
 
+    @property
+    def flower_auth(self) -> Path:
+        return self.root / "flower-auth"
+
     def create(self) -> None:
         for path in (self.root, self.logs, self.redis):
             path.mkdir(parents=True, exist_ok=True)
 
-    def lock(self) -> FileLock:
+    def lock(self) -> UpLock:
         """Take the `up` lock without waiting; :class:`AlreadyRunningError` if another holds it.
 
-        The caller keeps the returned lock for as long as `up` runs and releases it last.
+        The caller keeps the returned lock for as long as `up` runs, hands ``lock.fd`` to every
+        child, and releases it last.
         """
         self.root.mkdir(parents=True, exist_ok=True)
-        # thread_local=False: `up` takes the lock on its main thread but may release it from
-        # a signal path; the lock belongs to the process, not to a thread.
-        lock = FileLock(str(self.lock_path), thread_local=False)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            lock.acquire(timeout=0)
-        except Timeout:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
             raise AlreadyRunningError(self.root, self.read_state()) from None
-        return lock
+        except BaseException:
+            os.close(fd)
+            raise
+        return UpLock(fd)
 
     def write_state(self, state: UpState) -> None:
         # Atomic: a command reading it while `up` writes sees the old file or the new one.

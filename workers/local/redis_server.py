@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from workers.local.lifeline import die_with_parent
+
 __all__ = ["RedisServer", "RedisServerError", "find_redis_server", "free_port"]
 
 
@@ -64,12 +66,17 @@ class RedisServer:
         port: int | None = None,
         persistent: bool = False,
         binary: str | None = None,
+        parent_death_signal: int | None = None,
+        keep_fds: tuple[int, ...] = (),
     ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port if port is not None else free_port()
         self.persistent = persistent
         self.binary = binary or find_redis_server()
         self.process: subprocess.Popen[bytes] | None = None
+        #: ``up`` passes SIGTERM (Redis flushes its AOF and exits when `up` dies) and its lock.
+        self.parent_death_signal = parent_death_signal
+        self.keep_fds = keep_fds
 
     @property
     def url(self) -> str:
@@ -113,6 +120,13 @@ class RedisServer:
             # Own process group: a Ctrl-C aimed at the parent's terminal does not reach Redis
             # before the fleet above it has stopped writing.
             start_new_session=True,
+            pass_fds=self.keep_fds,
+            # Only prctl/getppid/kill run between fork and exec (libc loaded beforehand).
+            preexec_fn=(  # noqa: PLW1509
+                die_with_parent(self.parent_death_signal)
+                if self.parent_death_signal is not None
+                else None
+            ),
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -12,6 +12,10 @@ above an embedded Redis. This module owns their processes, and three choices sha
   ``up`` from exiting, so each stage has a deadline after which the child's whole process
   group is SIGKILLed (the lane's lease then expires and the reaper re-queues the turn: nothing
   is lost, it is only retried).
+- **They die with it.** Each child gets a parent-death signal (:mod:`workers.local.lifeline`:
+  SIGKILL by default, so a SIGKILLed ``up`` leaves no fleet behind) and inherits the data
+  folder's lock (``keep_fds``), so a child that somehow survives still keeps a second ``up``
+  off the folder.
 - **Unexpected exits are loud.** :meth:`Supervisor.crashed` reports a child that exited while
   nobody asked it to, with the tail of its log, so ``up`` can stop the rest and exit non-zero
   instead of running half a fleet.
@@ -34,6 +38,8 @@ from typing import IO
 
 import structlog
 
+from workers.local.lifeline import die_with_parent
+
 __all__ = ["Child", "ChildSpec", "Supervisor"]
 
 _log = structlog.get_logger("soulfleet.supervisor")
@@ -52,6 +58,8 @@ class ChildSpec:
     stage: int = 0
     stop_signal: signal.Signals = signal.SIGTERM
     stop_timeout: float = 10.0
+    #: Sent by the kernel when ``up`` dies (None: the child may outlive it).
+    parent_death_signal: signal.Signals | None = signal.SIGKILL
 
 
 @dataclass
@@ -98,9 +106,11 @@ class Child:
 class Supervisor:
     """Starts children, notices unexpected exits, stops them stage by stage."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_fds: Sequence[int] = ()) -> None:
         self.children: list[Child] = []
         self.stopping = False
+        #: Descriptors every child inherits (the data folder's lock).
+        self.keep_fds = tuple(keep_fds)
 
     def start(self, spec: ChildSpec) -> Child:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -114,6 +124,13 @@ class Supervisor:
                 stdout=log_file,
                 stderr=log_file,
                 start_new_session=True,
+                pass_fds=self.keep_fds,
+                # Only prctl/getppid/kill run between fork and exec (libc loaded beforehand).
+                preexec_fn=(  # noqa: PLW1509
+                    die_with_parent(spec.parent_death_signal)
+                    if spec.parent_death_signal is not None
+                    else None
+                ),
             )
         except BaseException:
             log_file.close()

@@ -38,8 +38,9 @@ The schema (README "persona.toml" documents it for people)::
     keep_tail = 30000            # default max_tokens / 2
     flush_to_memory = false
 
-Cron strings are only shape-checked here (five whitespace-separated fields): their semantics
-belong to ``beat/cron.py``, and the core must never import ``beat``. The values a schedule is
+Cron strings are parsed here by the one cron parser (:mod:`workers.persona.cron`, which beat
+uses too), so an expression that can never fire fails here, naming ``dream.cron``, for every
+reader: ``run --local``, the CLI, the worker and beat. The values a schedule is
 made of (durations, time zones, ``ActiveHours`` and the two schedules) live in
 :mod:`workers.persona.schedules`; they are re-exported here because this is where people first
 look for them.
@@ -55,6 +56,7 @@ from datetime import time
 from pathlib import Path
 from typing import Any
 
+from workers.persona.cron import CronError, parse_cron
 from workers.persona.errors import PersonaConfigError, PersonaFileError, PersonaNotFound
 from workers.persona.files import read_prefix
 from workers.persona.home import DEFAULT_INDEX_CAP
@@ -238,7 +240,13 @@ def _cron(table: _Table) -> str | None:
             f'must be a cron expression of 5 whitespace-separated fields such as "0 3 * * *", '
             f"got {value!r}",
         )
-    return " ".join(fields)
+    expression = " ".join(fields)
+    try:
+        parse_cron(expression)
+    except CronError as exc:
+        problem = f"is not a valid cron expression: {exc.problem} (got {value!r})"
+        raise table.fail("cron", problem) from None
+    return expression
 
 
 def _dream(table: _Table, home: Path | None) -> DreamSchedule:

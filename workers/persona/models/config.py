@@ -10,10 +10,51 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from workers.persona.env import EnvReader
+from workers.persona.errors import SettingsError
 
-__all__ = ["ModelConfig", "Secret"]
+__all__ = ["ACCEPTED_FORMS", "PROVIDERS", "ModelConfig", "Secret", "spec_problem"]
+
+ACCEPTED_FORMS = "'openai:<model>', 'anthropic:<model>', 'scripted:<path>' or 'inherit'"
+PROVIDERS = ("openai", "anthropic", "scripted")
+
+
+def spec_problem(text: str) -> str | None:
+    """What is wrong with the SHAPE of a model spec (None if nothing): no I/O, no provider call.
+
+    Every process checks ``SOULFLEET_MODEL`` with this at start, so ``foo:bar`` stops a worker
+    at the door instead of dead-lettering every lane it touches.
+    """
+    stripped = text.strip()
+    if stripped.lower() in ("", "inherit"):
+        return None
+    provider, colon, rest = stripped.partition(":")
+    if not colon or provider.strip().lower() not in PROVIDERS:
+        return f"is not a model spec ({stripped!r}): expected {ACCEPTED_FORMS}"
+    if not rest.strip():
+        what = "path" if provider.strip().lower() == "scripted" else "model name"
+        return f"names no {what} ({stripped!r}): expected {ACCEPTED_FORMS}"
+    return None
+
+
+def _check_default(spec: str, anthropic_key: str) -> None:
+    problem = spec_problem(spec)
+    if problem is not None:
+        raise SettingsError("SOULFLEET_MODEL", problem)
+    provider, _, rest = spec.strip().partition(":")
+    provider, rest = provider.strip().lower(), rest.strip()
+    if provider == "anthropic" and not anthropic_key:
+        raise SettingsError(
+            "ANTHROPIC_API_KEY", f"is required: SOULFLEET_MODEL is {spec.strip()!r}, and the "
+            "Anthropic API refuses every call without a key"
+        )  # fmt: skip
+    if provider == "scripted" and rest != "builtin" and not Path(rest).expanduser().is_file():
+        raise SettingsError(
+            "SOULFLEET_MODEL", f"names a scripted model file that does not exist: "
+            f"{Path(rest).expanduser().resolve()} (a relative path means the working directory)"
+        )  # fmt: skip
 
 
 class Secret:
@@ -63,8 +104,10 @@ class ModelConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ModelConfig:
         """Parse ``environ`` (default ``os.environ``); a bad value raises SettingsError."""
         env = EnvReader(os.environ if environ is None else environ)
+        default_spec = env.text("SOULFLEET_MODEL", "")
+        _check_default(default_spec, env.text("ANTHROPIC_API_KEY", ""))
         return cls(
-            default_spec=env.text("SOULFLEET_MODEL", ""),
+            default_spec=default_spec,
             openai_base_url=env.text("OPENAI_BASE_URL", "https://api.openai.com/v1"),
             openai_api_key=Secret(env.text("OPENAI_API_KEY", "")),
             anthropic_base_url=env.text("ANTHROPIC_BASE_URL", "https://api.anthropic.com"),

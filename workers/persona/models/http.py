@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import httpx
 import structlog
@@ -50,6 +50,7 @@ from workers.persona.errors import (
     ModelTimeout,
     ModelUnreachable,
 )
+from workers.persona.urls import split_credentials
 
 __all__ = [
     "EXCERPT_CHARS",
@@ -170,20 +171,16 @@ def excerpt(body: str, limit: int = EXCERPT_CHARS) -> str:
 
 
 def redact_url(url: str) -> str:
-    """``url`` without credentials or query string, fit for an error message."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
+    """``url`` without credentials or query string, fit for an error message.
+
+    The credentials are cut as a unit (:mod:`workers.persona.urls`): a password holding ``/``
+    or ``@`` must not be half-parsed into the host.
+    """
+    parts = split_credentials(url)
+    if not parts.scheme:
         return "<invalid URL>"
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{host}:{port}" if port is not None else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    rest = re.split(r"[?#]", parts.rest, maxsplit=1)[0]
+    return f"{parts.scheme}://{rest}"
 
 
 def check_base_url(url: str, *, provider: str, env: str) -> str:

@@ -27,17 +27,16 @@ from pathlib import Path
 from workers.persona.errors import ModelSpecError
 from workers.persona.models import Model
 from workers.persona.models.anthropic import AnthropicModel
-from workers.persona.models.config import ModelConfig
+from workers.persona.models.config import ACCEPTED_FORMS, PROVIDERS, ModelConfig
 from workers.persona.models.openai import OpenAIModel
 
 __all__ = ["ACCEPTED_FORMS", "BUILTIN", "INHERIT", "PAID_PROVIDERS", "provider_of", "resolve_model"]
 
 INHERIT = "inherit"
 BUILTIN = "builtin"
-ACCEPTED_FORMS = "'openai:<model>', 'anthropic:<model>', 'scripted:<path>' or 'inherit'"
 #: Providers that are called over the network and billed (the breaker and spend watch these).
 PAID_PROVIDERS = ("openai", "anthropic")
-_PROVIDERS = (*PAID_PROVIDERS, "scripted")
+_PROVIDERS = PROVIDERS
 _CACHE_MAX = 64
 
 _cache: dict[tuple[object, ...], OpenAIModel | AnthropicModel] = {}

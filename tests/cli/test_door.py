@@ -1,0 +1,195 @@
+"""Errors at the door: bad settings and invalid persona files are refused by the command that
+would have queued work, with the reason; nothing is queued, and `status` tells the truth."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import Invoke
+from tests.support.cli import (
+    commit_turn,
+    dead_letter,
+    lanes_for,
+    run_soulfleet,
+    sync_registry,
+)
+from tests.support.cli import subprocess_env as full_env
+from workers.fleet.lanes import Lanes
+
+BAD_SETTINGS = [
+    ("SOULFLEET_MODEL", "foo:bar"),
+    ("SOULFLEET_LEASE_TTL", "soon"),
+]
+
+
+def _processes(tmp_path: Path) -> list[list[str]]:
+    celery = [sys.executable, "-m", "celery", "-A", "workers"]
+    return [
+        [*celery, "worker", "--pool", "solo"],
+        [*celery, "beat"],
+        ["up", "--data", str(tmp_path / "data")],
+        ["post", "nora", "hi"],
+        ["soul", "ava"],
+    ]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("variable", "value"), BAD_SETTINGS)
+def test_every_process_refuses_a_bad_setting_naming_it(
+    tmp_path: Path, env: Mapping[str, str | None], variable: str, value: str
+) -> None:
+    """worker, beat, up and CLI commands exit 2 at start with one line naming the variable (no
+    traceback); `up` starts nothing (no Redis, no state file)."""
+    import subprocess  # noqa: PLC0415 - only this test runs raw celery processes
+
+    bad = {**env, variable: value}
+    for argv in _processes(tmp_path):
+        if argv[0] == sys.executable:
+            result = subprocess.run(
+                argv, env=full_env(bad), capture_output=True, text=True, timeout=60,
+                check=False, cwd=str(tmp_path),
+            )  # fmt: skip
+        else:
+            result = run_soulfleet(*argv, env=bad, timeout=60)
+        assert result.returncode == 2, (argv, result.stdout, result.stderr)
+        assert variable in result.stderr, (argv, result.stderr)
+        assert "Traceback" not in result.stderr, (argv, result.stderr)
+    assert not (tmp_path / "data" / "up.json").exists()
+    assert not (tmp_path / "data" / "redis").exists()
+
+
+def _table_names(stdout: str) -> list[str]:
+    """The PERSONA column of status's table (the lines above the lists and summary below it)."""
+    lines = stdout.splitlines()
+    if not lines or not lines[0].startswith("PERSONA"):
+        return []
+    ends = ("lanes:", "invalid personas", "shared-mode lock claims")
+    end = next(i for i, line in enumerate(lines) if line.startswith(ends))
+    return [line.split()[0] for line in lines[1:end]]
+
+
+def _break(persona: Path, text: str) -> None:
+    (persona / "persona.toml").write_text(text, encoding="utf-8")
+
+
+def _untouched(lanes: Lanes, lane: str) -> None:
+    status = lanes.status(lane)
+    assert status["state"] == "idle", status
+    assert status["inbox_depth"] == 0, status
+    assert status["pending_ticks"] == 0, status
+
+
+def test_post_run_dream_to_an_invalid_persona_exit_2_and_queue_nothing(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """A typo in persona.toml: post, run and dream exit 2 naming the file and key; neither the
+    persona's lane nor its dreamer's holds anything afterwards."""
+    _break(fleet_root / "nora", 'modle = "openai:x"\n')
+    for args in (("post", "nora", "hi"), ("run", "nora", "hi"), ("dream", "nora")):
+        result = invoke(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "'modle' is not a known key" in result.stderr, result.stderr
+        assert str(fleet_root / "nora" / "persona.toml") in result.stderr
+    lanes = lanes_for(env)
+    _untouched(lanes, "nora")
+    _untouched(lanes, "nora-dreamer")
+
+
+def test_a_model_spec_naming_no_model_is_refused_at_post(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """persona.toml `model = "foo:bar"`: post exits 2 listing the accepted forms; nothing queued."""
+    _break(fleet_root / "milo", 'model = "foo:bar"\n')
+    result = invoke("post", "milo", "hi")
+    assert result.exit_code == 2, result.output
+    assert "openai:<model>" in result.stderr
+    _untouched(lanes_for(env), "milo")
+
+
+def test_run_local_rejects_a_cron_that_can_never_fire(invoke: Invoke, fleet_root: Path) -> None:
+    """The one cron parser: `run --local` refuses `0 0 30 2 *` (Feb 30) naming dream.cron, as
+    beat does, instead of running the persona."""
+    _break(fleet_root / "ava", '[dream]\ncron = "0 0 30 2 *"\n')
+    result = invoke("run", "ava", "hello", "--local")
+    assert result.exit_code == 2, result.output
+    assert "dream.cron" in result.stderr
+    assert "never" in result.stderr
+
+
+def test_an_empty_persona_directory_is_a_warning(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """A persona directory with no bootstrap file runs, but post and run --local warn that its
+    soul is empty (on stderr: stdout stays clean for scripts)."""
+    (fleet_root / "blank").mkdir()
+    posted = invoke("post", "blank", "hi", "--no-wake")
+    assert posted.exit_code == 0, posted.output
+    assert "warning: persona blank has none of the bootstrap files" in posted.stderr
+    assert "warning" not in posted.stdout
+    local = invoke("run", "blank", "hello", "--local")
+    assert local.exit_code == 0, local.output
+    assert "empty soul" in local.stderr
+
+
+def test_status_shows_invalid_personas_with_beats_reason(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """After beat's registry sync recorded nora invalid, status shows her `invalid` with the
+    reason, in the table, the count line and --json."""
+    _break(fleet_root / "nora", "[heartbeat]\nevery = 5\n")
+    sync_registry(env)
+    table = invoke("status")
+    assert table.exit_code == 0, table.output
+    row = next(line for line in table.stdout.splitlines() if line.startswith("nora"))
+    assert row.split()[1] == "invalid"
+    assert "heartbeat.every" in row
+    assert "invalid personas (1, not scheduled until fixed):" in table.stdout
+    payload = json.loads(invoke("status", "--json").stdout)
+    nora = next(p for p in payload["personas"] if p["persona"] == "nora")
+    assert "heartbeat.every" in nora["invalid"]
+    assert list(payload["invalid"]) == ["nora"]
+    only = invoke("status", "--state", "invalid")
+    assert _table_names(only.stdout) == ["nora"]
+
+
+def test_status_says_when_a_fix_made_dead_lanes_runnable(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A lane dead-lettered by a configuration error whose persona now loads: status says it is
+    fixed since and how to revive; a lane dead for another reason gets no such hint."""
+    lanes = lanes_for(env)
+    dead_letter(lanes, "milo", error="HTTPError: provider answered 500")
+    assert "fixed since" not in invoke("status").stdout
+    dead_letter(lanes, "nora", error="PersonaConfigError: persona.toml: key 'x' is not known")
+    result = invoke("status")
+    assert "fixed since: 1 dead-lettered lane(s)" in result.stdout
+    assert "(nora)" in result.stdout
+    assert "soulfleet revive --all" in result.stdout
+    assert json.loads(invoke("status", "--json").stdout)["fixed_since_dead"] == ["nora"]
+
+
+def test_status_state_filter_and_a_revived_lane_clears_its_error(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """--state dead keeps only dead personas; once the revived lane commits a turn, its row is
+    idle with no LAST ERROR."""
+    lanes = lanes_for(env)
+    dead_letter(lanes, "milo", error="boom at night")
+    dead = invoke("status", "--state", "dead")
+    assert _table_names(dead.stdout) == ["milo"], dead.stdout
+    assert "boom at night" in dead.stdout
+    revived = lanes.revive("milo")
+    assert revived.turn_id is not None
+    started = lanes.start("milo", revived.turn_id, "test-worker")
+    lanes.finish("milo", started.fence, status="done", text="fine again")
+    row = next(line for line in invoke("status").stdout.splitlines() if line.startswith("milo"))
+    assert "boom at night" not in row
+    assert row.split()[1] == "idle"
+    assert row.rstrip().endswith("-")
+    assert "no personas in state dead" in invoke("status", "--state", "dead").stdout
+    commit_turn(lanes, "ava", "ok")

@@ -1,0 +1,131 @@
+"""The CLI finds its fleet or says there is none: it never guesses 127.0.0.1:6379.
+
+A decoy redis-server stands where the old default pointed (its address injected as the would-be
+default, so the machine's own Redis on 6379 is never touched): with no REDIS_URL and no `up`
+running, every fleet command exits 2 with "no fleet is running" and the decoy never sees a
+single connection.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.support.cli import subprocess_env
+from workers.cli.context import NO_FLEET
+from workers.local.datadir import DataDir, UpState
+from workers.local.redis_server import RedisServer
+
+FLEET_COMMANDS = [
+    ("post", "nora", "hi"),
+    ("run", "nora", "hi", "--timeout", "3"),
+    ("status",),
+    ("status", "nora"),
+    ("beats",),
+    ("dream", "nora"),
+    ("revive", "nora"),
+]
+
+# The console script, with the settings' default address replaced by the decoy's.
+_WITH_DEFAULT = (
+    "import sys, workers.settings as s; s.DEFAULT_REDIS_URL = sys.argv.pop(1); "
+    "from workers.cli import main; sys.argv[0] = 'soulfleet'; main()"
+)
+
+
+@pytest.fixture
+def decoy(tmp_path: Path) -> Iterator[tuple[str, redis.Redis]]:
+    """A real redis-server on a free port, and one open connection to watch it with."""
+    with RedisServer(tmp_path / "decoy") as server:
+        client = redis.Redis.from_url(server.url)
+        client.info("stats")
+        try:
+            yield server.url, client
+        finally:
+            client.close()
+
+
+def _connections(client: redis.Redis) -> int:
+    return int(client.info("stats")["total_connections_received"])
+
+
+def _no_fleet_env(tmp_path: Path, personas: Path) -> dict[str, str | None]:
+    env: dict[str, str | None] = {
+        name: None
+        for name in os.environ
+        if name.startswith(("SOULFLEET_", "CELERY_", "OPENAI_", "ANTHROPIC_"))
+    }
+    env.update(
+        {
+            "REDIS_URL": None,
+            "XDG_DATA_HOME": str(tmp_path / "xdg"),
+            "SOULFLEET_PERSONAS": str(personas),
+        }
+    )
+    return env
+
+
+def _soulfleet(
+    default: str, env: Mapping[str, str | None], *args: str
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", _WITH_DEFAULT, default, *args],
+        env=subprocess_env(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.integration
+def test_no_fleet_commands_exit_2_and_never_touch_the_would_be_default(
+    tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
+) -> None:
+    """post, run, status, beats, dream and revive with no REDIS_URL and no `up`: exit 2 with
+    the no-fleet message, nothing printed on stdout, zero connections to the decoy, no keys."""
+    url, client = decoy
+    before = _connections(client)
+    env = _no_fleet_env(tmp_path, fleet_root)
+    for args in FLEET_COMMANDS:
+        result = _soulfleet(url, env, *args)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert NO_FLEET in result.stderr, (args, result.stderr)
+        assert result.stdout == "", (args, result.stdout)
+        assert "no surfaced beats" not in result.stderr
+    assert _connections(client) == before
+    assert client.dbsize() == 0
+
+
+def test_an_up_on_its_own_redis_is_named_instead_of_guessed(
+    tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
+) -> None:
+    """A running `up` that uses the user's own REDIS_URL (recorded without its password): the
+    CLI says to set REDIS_URL to it, exits 2, and still connects nowhere."""
+    url, client = decoy
+    before = _connections(client)
+    data = DataDir(tmp_path / "xdg" / "soulfleet")
+    data.write_state(UpState(
+        pid=os.getpid(), redis_url="redis://:***@10.9.8.7:6390/0", personas=str(fleet_root),
+        key_prefix="k:", queue_prefix="q", data=str(data.root), started_at=1.0,
+        embedded_redis=False,
+    ))  # fmt: skip
+    result = _soulfleet(url, _no_fleet_env(tmp_path, fleet_root), "post", "nora", "hi")
+    assert result.returncode == 2, result.stderr
+    assert "set REDIS_URL to the same URL" in result.stderr
+    assert "redis://:***@10.9.8.7:6390/0" in result.stderr
+    assert _connections(client) == before
+
+
+def test_local_commands_need_no_fleet(tmp_path: Path, fleet_root: Path) -> None:
+    """`run --local` and `soul` work with no fleet at all (they never need Redis)."""
+    env = _no_fleet_env(tmp_path, fleet_root)
+    result = _soulfleet("redis://127.0.0.1:1/0", env, "run", "ava", "hello", "--local")
+    assert result.returncode == 0, result.stderr
+    assert _soulfleet("redis://127.0.0.1:1/0", env, "soul", "ava").returncode == 0

@@ -1,0 +1,62 @@
+"""`--personas` on fleet commands: honoured where the command touches that directory, refused
+(exit 2, saying what to do) where the workers would read another root and the work would only
+dead-letter as UnknownPersona."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from tests.cli.conftest import Invoke
+from tests.support.cli import copy_demo, lanes_for, sync_registry
+
+SENDING = (("post", "nora", "hi"), ("run", "nora", "hi"), ("dream", "nora"), ("revive", "nora"))
+
+
+def test_another_root_is_refused_on_commands_that_send_work(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path, tmp_path: Path
+) -> None:
+    """beat recorded the root its fleet serves; post/run/dream/revive --personas OTHER exit 2
+    naming that root and the ways out, and nothing reaches nora's lanes."""
+    sync_registry(env)
+    other = copy_demo(tmp_path / "other")
+    for args in SENDING:
+        result = invoke(args[0], "--personas", str(other), *args[1:])
+        assert result.exit_code == 2, (args, result.output)
+        assert f"the fleet's workers read personas from {fleet_root.resolve()}" in result.stderr
+        assert "soulfleet up --personas" in result.stderr
+    lanes = lanes_for(env)
+    for lane in ("nora", "nora-dreamer"):
+        assert lanes.status(lane)["inbox_depth"] == 0
+        assert lanes.status(lane)["state"] == "idle"
+
+
+def test_the_fleets_own_root_is_honoured(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """--personas naming the root the fleet serves is accepted and the post is delivered."""
+    sync_registry(env)
+    result = invoke("post", "--personas", str(fleet_root), "nora", "hi", "--no-wake")
+    assert result.exit_code == 0, result.output
+    assert lanes_for(env).status("nora")["inbox_depth"] == 1
+
+
+def test_an_unknown_fleet_root_is_refused(invoke: Invoke, fleet_root: Path) -> None:
+    """Before beat ever synced, nobody knows which root the workers read: refused with why."""
+    result = invoke("post", "--personas", str(fleet_root), "nora", "hi")
+    assert result.exit_code == 2, result.output
+    assert "has not recorded which personas root" in result.stderr
+
+
+def test_beats_refuses_and_status_honours_personas(
+    invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """beats --personas has nothing to apply to (exit 2); status --personas DIR lists DIR's."""
+    refused = invoke("beats", "--personas", str(tmp_path))
+    assert refused.exit_code == 2
+    assert "drop --personas" in refused.stderr
+    other = tmp_path / "other"
+    (other / "zed").mkdir(parents=True)
+    payload = json.loads(invoke("status", "--json", "--personas", str(other)).stdout)
+    assert [entry["persona"] for entry in payload["personas"]] == ["zed"]

@@ -1,0 +1,111 @@
+"""Rough edges of the CLI, each as a user meets it: a pipe that closes early, a `run` with no
+worker, JSON from every command that prints, colours only on a terminal."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import Invoke
+from tests.support.cli import (
+    commit_turn,
+    dead_letter,
+    lanes_for,
+    run_soulfleet,
+    settings_for,
+    soulfleet_argv,
+    subprocess_env,
+)
+from tests.support.fleet import fleet_env, start_worker
+from workers.publisher import CeleryPublisher
+
+
+@pytest.mark.integration
+def test_beats_json_piped_into_head_exits_0_quietly(
+    env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """`soulfleet beats --json -n 400 | head -1` under pipefail: exit 0, one line, nothing on
+    stderr (400 beats of 2 KB overflow the pipe, so the write after head left does fail)."""
+    lanes = lanes_for(env)
+    for i in range(400):
+        commit_turn(lanes, "ava", f"beat {i} " + "x" * 2000)
+    command = " ".join(shlex.quote(part) for part in soulfleet_argv("beats", "--json", "-n", "400"))
+    result = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", f"{command} | head -1"],
+        env=subprocess_env(env), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    assert json.loads(result.stdout)["persona"] == "ava"
+
+
+@pytest.mark.integration
+def test_run_with_no_worker_says_so_within_seconds(env: Mapping[str, str | None]) -> None:
+    """No worker consumes the interactive queue: `run` says so on stderr after a few seconds
+    (not after its whole timeout), then times out with exit 1; the item stays queued."""
+    result = run_soulfleet("run", "ava", "hello?", "--timeout", "10", env=env, timeout=90)
+    assert result.returncode == 1, result.stderr
+    assert "no worker is consuming" in result.stderr
+    assert ".interactive" in result.stderr
+    assert lanes_for(env).status("ava")["state"] == "queued"
+
+
+@pytest.mark.integration
+def test_consumers_names_the_workers_of_a_queue(
+    env: Mapping[str, str | None], redis_url: str, key_prefix: str, fleet_root: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """A real worker serving only the interactive queue is found for it and not for dream."""
+    worker_env = fleet_env(redis_url=redis_url, key_prefix=key_prefix, personas=fleet_root)
+    worker = start_worker(worker_env, tmp_path / "logs", name="edge", queues=("interactive",))
+    publisher = CeleryPublisher(settings_for(env))
+    try:
+        found = publisher.consumers("interactive", timeout=3.0)
+        assert len(found) == 1
+        assert found[0].startswith("edge@")
+        assert publisher.consumers("dream", timeout=3.0) == []
+    finally:
+        publisher.close()
+        worker.stop()
+
+
+def test_json_on_post_dream_revive_and_init(
+    invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """Every command that prints has --json: one JSON object on stdout."""
+    posted = json.loads(invoke("post", "ava", "hi", "--no-wake", "--json").stdout)
+    assert posted["persona"] == "ava"
+    assert posted["depth"] == 1
+    assert posted["outcome"] == "pending"
+    dreamt = json.loads(invoke("dream", "nora", "--json").stdout)
+    assert dreamt["lane"] == "nora-dreamer"
+    assert dreamt["outcome"] == "queued"
+    dead_letter(lanes_for(env), "milo")
+    revived = json.loads(invoke("revive", "milo", "--json").stdout)
+    assert revived == {"lane": "milo", "revived": True, "turn_id": revived["turn_id"]}
+    assert revived["turn_id"]
+    again = invoke("revive", "milo", "--json")
+    assert again.exit_code == 1
+    assert json.loads(again.stdout)["revived"] is False
+    made = json.loads(invoke("init", str(tmp_path / "zoe"), "--json").stdout)
+    assert made["persona"] == "zoe"
+    assert "SOUL.md" in made["files"]
+
+
+def test_colours_only_on_a_terminal(invoke: Invoke, env: Mapping[str, str | None]) -> None:
+    """A dead lane's state is red on a terminal and plain text in a pipe or file."""
+    dead_letter(lanes_for(env), "milo")
+    piped = invoke("status")
+    assert "\x1b[" not in piped.output
+    assert "dead" in piped.stdout
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from workers.cli import cli  # noqa: PLC0415
+
+    terminal = CliRunner().invoke(cli, ["status"], env=dict(env), color=True)
+    assert "\x1b[31mdead" in terminal.stdout

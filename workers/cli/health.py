@@ -1,0 +1,129 @@
+"""What ``status`` and ``up`` say about a lane beyond its raw state.
+
+- **Invalid personas.** beat's registry sync records each persona's last problem (``error`` in
+  its ``Keys.registry`` record: a persona.toml that does not parse, a file it cannot read); a
+  persona with one is shown ``invalid`` with that reason, since its turns can only fail.
+- **The current error.** A lane keeps ``last_error`` after it recovers; it is only *current*
+  while the lane is dead or failing, or when it is newer than the last finished turn. A revived
+  lane that has since succeeded shows no error.
+- **Fixed since.** A lane dead-lettered by a configuration error (invalid persona files, a
+  model spec naming no model, settings) stays dead after the fix: nothing retries a dead lane.
+  When its persona now passes the check-up, ``status`` and ``up`` say so and how to revive.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from workers.fleet import Fleet
+from workers.fleet.scripts import redis_errors
+from workers.persona.checkup import check_persona
+from workers.persona.errors import SoulfleetError
+from workers.persona.models.config import ModelConfig
+
+__all__ = [
+    "CONFIG_ERRORS",
+    "current_error",
+    "display_state",
+    "fixed_since",
+    "invalid_personas",
+    "states_of",
+]
+
+#: Failure types a configuration fix cures (the turn records ``"<Type>: <message>"``).
+CONFIG_ERRORS = (
+    "PersonaConfigError",
+    "PersonaFileError",
+    "PersonaNotFound",
+    "UnknownPersona",
+    "ModelSpecError",
+    "SettingsError",
+    "CronError",
+)
+
+
+def invalid_personas(fleet: Fleet, names: Sequence[str] | None = None) -> dict[str, str]:
+    """Persona -> why beat's registry sync refused it (unreadable, FIFO, bad TOML, overflowing
+    duration...): read from the records the sync keeps, so status never opens a persona file."""
+    with redis_errors(fleet.client):
+        if names is None:
+            raw = fleet.client.hgetall(fleet.keys.registry)
+        else:
+            values = fleet.client.hmget(fleet.keys.registry, list(names)) if names else []
+            raw = {name: value for name, value in zip(names, values, strict=True) if value}
+    invalid: dict[str, str] = {}
+    for name, record in sorted(raw.items()):
+        try:
+            error = json.loads(record).get("error")
+        except (ValueError, AttributeError):
+            continue
+        if error:
+            invalid[str(name)] = str(error)
+    return invalid
+
+
+def current_error(lane: Mapping[str, Any]) -> str | None:
+    """The lane's error if it still applies (dead, failing, or newer than its last success)."""
+    error = lane.get("last_error")
+    if not error:
+        return None
+    if lane.get("state") == "dead" or int(lane.get("attempts") or 0) > 0:
+        return str(error)
+    failed_at, ended_at = lane.get("last_error_at"), lane.get("last_end")
+    if ended_at is None or (failed_at is not None and float(failed_at) > float(ended_at)):
+        return str(error)
+    return None
+
+
+def display_state(entry: Mapping[str, Any]) -> str:
+    """``invalid`` (files beat rejected), ``failing`` (queued or running again after an error),
+    else the lane's own state (``retry`` waits out a backoff, ``deferred`` an open breaker)."""
+    state = str(entry.get("state", "idle"))
+    if entry.get("invalid") and state != "dead":
+        return "invalid"
+    if state in ("idle", "queued", "running") and int(entry.get("attempts") or 0) > 0:
+        return "failing"
+    return state
+
+
+def states_of(entry: Mapping[str, Any]) -> set[str]:
+    """Every state ``status --state`` matches this lane by (a lane waiting out a retry backoff
+    is failing too)."""
+    shown = display_state(entry)
+    states = {shown, str(entry.get("state", "idle"))}
+    if shown == "retry":
+        states.add("failing")
+    return states
+
+
+def _config_error(error: str) -> bool:
+    return any(name in error for name in CONFIG_ERRORS)
+
+
+def fixed_since(
+    fleet: Fleet, config: ModelConfig, *, invalid: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """``(lane, error)`` for each dead lane killed by a configuration error whose persona now
+    passes the check-up (reads only the dead lanes: there are few, whatever the fleet size).
+
+    A persona beat still records as ``invalid`` is skipped without opening its files (one may
+    be a FIFO): it is not fixed as far as the fleet knows.
+    """
+    with redis_errors(fleet.client):
+        dead = [str(lane) for lane in fleet.client.zrange(fleet.keys.dead, 0, -1)]
+    fixed: list[tuple[str, str]] = []
+    for lane in dead:
+        error = str(fleet.lanes.status(lane).get("last_error") or "")
+        if not _config_error(error):
+            continue
+        name, _role = fleet.registry.parse_lane(lane)
+        if invalid is not None and name in invalid:
+            continue
+        try:
+            check_persona(fleet.registry.home(name), config)
+        except (SoulfleetError, ValueError, OSError):
+            continue
+        fixed.append((lane, error))
+    return fixed

@@ -1,0 +1,54 @@
+"""A persona's check-up: is this directory runnable as it is, and what looks wrong but runs?
+
+Every front door calls it before work is queued (``soulfleet post``/``run``/``dream``, ``up``
+listing its personas), because a persona whose files are invalid can only fail its turns, and a
+failed turn is retried until the lane is dead-lettered: the operator would learn about a typo
+from a dead lane minutes later instead of from the command that queued the work. The check is
+exactly what a turn does first: parse ``persona.toml`` (with the one cron parser), compose the
+soul, resolve the model spec. Nothing is written; no provider is called.
+
+Invalid is an exception (:class:`~workers.persona.errors.PersonaError` naming the file and key,
+or :class:`~workers.persona.errors.ModelSpecError`); odd but runnable is a warning string, such as
+a directory with no bootstrap file at all, which runs with an empty soul.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from workers.persona.agent import AgentDef, from_dir
+from workers.persona.home import BOOTSTRAP_ORDER
+from workers.persona.models.config import ModelConfig
+from workers.persona.models.spec import resolve_model
+
+__all__ = ["Checkup", "check_persona", "empty_soul_warning"]
+
+
+@dataclass(frozen=True, slots=True)
+class Checkup:
+    """A persona that loads: its definition and what deserves a warning."""
+
+    agent: AgentDef
+    warnings: list[str] = field(default_factory=list)
+
+
+def empty_soul_warning(name: str) -> str:
+    return (
+        f"persona {name} has none of the bootstrap files ({', '.join(BOOTSTRAP_ORDER)}): it "
+        "runs with an empty soul (`soulfleet init DIR` scaffolds them)"
+    )
+
+
+def check_persona(
+    path: str | os.PathLike[str], config: ModelConfig | None = None, *, model: str | None = None
+) -> Checkup:
+    """Load ``path`` as a turn would; raise what a turn would fail with, else list warnings.
+
+    ``model`` is a spec chosen over the persona's own (``run --local --model``).
+    """
+    agent = from_dir(path)
+    _soul, found = agent.soul()
+    resolve_model(model or agent.model, config or ModelConfig(), base_dir=agent.home)
+    warnings = [] if found else [empty_soul_warning(agent.name)]
+    return Checkup(agent, warnings)
