@@ -6,6 +6,7 @@ import base64
 import json
 from pathlib import Path
 
+import pytest
 import redis
 
 from workers.publisher import PUBLISH_BATCH, CeleryPublisher
@@ -35,6 +36,7 @@ def _queued(client: redis.Redis, settings: Settings, kind: str) -> list[tuple[st
     return found
 
 
+@pytest.mark.integration
 def test_many_turns_are_published_in_order_on_their_queues(
     redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:

@@ -103,6 +103,7 @@ def test_no_fleet_commands_exit_2_and_never_touch_the_would_be_default(
     assert client.dbsize() == 0
 
 
+@pytest.mark.integration
 def test_an_up_on_its_own_redis_is_named_instead_of_guessed(
     tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
 ) -> None:
@@ -123,6 +124,7 @@ def test_an_up_on_its_own_redis_is_named_instead_of_guessed(
     assert _connections(client) == before
 
 
+@pytest.mark.integration
 def test_local_commands_need_no_fleet(tmp_path: Path, fleet_root: Path) -> None:
     """`run --local` and `soul` work with no fleet at all (they never need Redis)."""
     env = _no_fleet_env(tmp_path, fleet_root)

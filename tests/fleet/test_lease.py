@@ -67,6 +67,7 @@ def test_register_lease_uses_the_renewers_own_lanes(
     renewer.stop()
 
 
+@pytest.mark.integration
 def test_a_registered_lease_outlives_its_ttl(
     redis_client: redis.Redis, key_prefix: str, renewer: Renewer
 ) -> None:

@@ -14,6 +14,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.ops import (
     ALERTS,
     DASHBOARD,
@@ -127,6 +129,7 @@ def _promtool(promtool: str, *args: str, cwd: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.integration
 def test_promtool_accepts_config_rules_dashboard_queries_and_alert_tests(tmp_path: Path) -> None:
     """promtool checks the config and rules, parses every panel query, runs alerts_test.yml."""
     _structural_check_of_alert_tests()

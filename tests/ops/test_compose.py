@@ -84,6 +84,7 @@ def _flag(argv: list[str], flag: str) -> str:
     return argv[argv.index(flag) + 1]
 
 
+@pytest.mark.integration
 def test_config_quiet_accepts_the_file_with_the_required_secrets(tmp_path: Path) -> None:
     """`docker-compose config -q` exits 0 once REDIS_PASSWORD and FLOWER_BASIC_AUTH are set."""
     result = _run(["config", "-q"], REQUIRED_ENV, tmp_path)

@@ -111,6 +111,7 @@ def assert_valid_split(
     assert all(sizes[later] < keep for later in valid if later > split)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_two_hundred_tool_call_turns_every_split_point(dialect: Dialect) -> None:
     """200 mixed tool-call turns: for a keep_tail landing on every message of the session, the

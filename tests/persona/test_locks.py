@@ -141,6 +141,7 @@ def test_shared_lock_of_a_dead_holder_on_this_host_is_broken_automatically(
     assert shared_lock_holders(lock_file) == ()
 
 
+@pytest.mark.integration
 def test_shared_lock_of_a_dead_holder_on_another_host_stays_and_is_named(tmp_path: Path) -> None:
     """A claim recorded by another host is never broken from here (its processes cannot be
     seen): the write times out naming the claim, until break_shared_lock clears it."""

@@ -104,6 +104,7 @@ memory_tool(sys.argv[1]).execute({"action": "add", "text": "half written"})
 """
 
 
+@pytest.mark.integration
 def test_temp_files_of_writers_killed_mid_write_are_removed_by_the_next_writer(
     home: Path,
 ) -> None:

@@ -100,6 +100,7 @@ def test_byte_caps_refuse_big_arguments_and_results() -> None:
     assert tool.execute({"text": "ok"}) == ToolResult("OK")
 
 
+@pytest.mark.integration
 def test_a_python_tool_past_its_timeout_is_an_error_result() -> None:
     """A Python tool that does not return within its timeout gives an error result on time."""
     [tool] = _build(
@@ -169,6 +170,7 @@ def test_every_tool_call_is_logged_and_observed() -> None:
     assert [(source, outcome) for source, outcome, _ in seen] == [("python", "ok")]
 
 
+@pytest.mark.integration
 def test_the_mcp_sdk_loads_only_when_a_server_starts() -> None:
     """Importing the CLI, the turn executor and the one-shot runner does not import the MCP
     SDK (seconds on a busy machine): it loads when a process first starts a server."""

@@ -262,6 +262,7 @@ def test_stopped_server_is_unreachable_even_when_pooled(clock: RecordingClock) -
         model.close()
 
 
+@pytest.mark.integration
 def test_connections_are_reused_per_thread(clock: RecordingClock) -> None:
     """Calls from the same threads reuse their keep-alive connections: 8 threads making 5 calls
     each open at most 8 connections, not one per call, and every thread's calls overlap."""
@@ -290,6 +291,7 @@ def test_connections_are_reused_per_thread(clock: RecordingClock) -> None:
         assert server.max_in_flight == 8
 
 
+@pytest.mark.integration
 def test_many_concurrent_calls_are_not_capped(clock: RecordingClock) -> None:
     """A client used by 150 threads at once gets more than httpx's default pool of 100 calls
     in flight together (all 150 on an idle machine), each answered once, with no error."""
