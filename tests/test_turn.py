@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 from prometheus_client import REGISTRY
+from structlog.testing import capture_logs
 
 from workers.fleet import Fleet
 from workers.fleet.gate import Gate
@@ -164,6 +165,37 @@ text = "done"
     assert status["inflight_items"] == 1
     assert status["last_turn"] is None
     assert not list((rig.root / "ava").glob("transcripts/ava/*.jsonl"))
+
+
+def test_a_renewal_right_after_the_commit_is_not_reported_as_a_lost_lease(rig: Rig) -> None:
+    """finish.lua deletes the lease; a renewal pass landing between that and the turn's return
+    must not log ``lease.lost`` (it was the turn's own end), nor for a failed turn."""
+    rig.persona("ava", '[[rules]]\ntext = "done"\n')
+    rig.persona("bob", '[[rules]]\ntext = "done"\n', MEMORY_md="")
+    (rig.root / "bob" / "MEMORY.md").unlink()
+    (rig.root / "bob" / "MEMORY.md").mkdir()  # bob's turn fails: a permanent persona error
+    lanes = rig.fleet.lanes
+    finish, fail = lanes.finish, lanes.fail
+
+    def finish_then_renew(*args: object, **kwargs: object) -> object:
+        done = finish(*args, **kwargs)  # type: ignore[arg-type]
+        rig.executor.renewer.renew_now()
+        return done
+
+    def fail_then_renew(*args: object, **kwargs: object) -> object:
+        done = fail(*args, **kwargs)  # type: ignore[arg-type]
+        rig.executor.renewer.renew_now()
+        return done
+
+    lanes.finish = finish_then_renew  # type: ignore[method-assign,assignment]
+    lanes.fail = fail_then_renew  # type: ignore[method-assign,assignment]
+    with capture_logs() as logs:
+        rig.fleet.post("ava", "hello", wake=True)
+        assert rig.run_next() == "done"
+        rig.fleet.post("bob", "hello", wake=True)
+        assert rig.run_next() == "error"
+    assert [e for e in logs if e["event"] == "lease.lost"] == []
+    assert [e["event"] for e in logs if e["event"] == "turn.end"] == ["turn.end", "turn.end"]
 
 
 def test_a_persona_that_cannot_be_composed_fails_only_its_own_turn(rig: Rig) -> None:

@@ -42,8 +42,46 @@ def _add_ts(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> MutableMap
     return event_dict
 
 
+class _JsonLines:
+    """structlog's final logger for JSON lines: one ``write`` of a whole line to the CURRENT
+    ``sys.stderr`` (looked up per line, so a test's capture or a redirect is honoured).
+
+    Why not stdlib logging for our own events: a line through ``logging`` + ``ProcessorFormatter``
+    costs about three times one rendered here (a ``LogRecord``, the handler lock, a second
+    processor chain), and a worker writes two or three per turn. One ``write`` call per line
+    keeps lines whole beside the stdlib handler's writes to the same stream.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def msg(self, message: str) -> None:
+        sys.stderr.write(message + "\n")
+
+    log = debug = info = warning = warn = error = critical = exception = fatal = msg
+
+
+def _json_lines(*args: Any) -> _JsonLines:
+    return _JsonLines(str(args[0]) if args else "")
+
+
+#: Celery's own INFO line for every task received and every task that succeeded: the turn
+#: already logs ``turn.start`` and ``turn.end`` with the task id, lane and outcome, so these
+#: would only double a worker's log volume (and its logging CPU). Their warnings and errors
+#: (a task that raised unexpectedly, a lost worker) still come through; at debug level, all.
+_PER_TASK = ("celery.worker.strategy", "celery.app.trace")
+
+
 def configure_logging(fmt: str = "console", level: str = "INFO", *, force: bool = False) -> None:
-    """Configure structlog and stdlib logging for this process (idempotent unless ``force``)."""
+    """Configure structlog and stdlib logging for this process (idempotent unless ``force``).
+
+    JSON (production): structlog renders its own events straight to stderr; the libraries'
+    stdlib records (Celery, kombu, httpx) get the same processors through
+    ``ProcessorFormatter``, so every line has one shape. Console (people): everything goes
+    through stdlib logging, rendered by structlog's console renderer.
+    """
     if _configured == [(fmt, level)] and not force:
         return
     _configured[:] = [(fmt, level)]
@@ -64,15 +102,23 @@ def configure_logging(fmt: str = "console", level: str = "INFO", *, force: bool 
     if not isinstance(numeric, int):
         numeric = logging.INFO
 
-    structlog.configure(
-        processors=[
-            *shared,
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
-        ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        cache_logger_on_first_use=True,
-    )
+    if fmt == "json":
+        structlog.configure(
+            processors=[*shared, renderer],
+            logger_factory=_json_lines,
+            wrapper_class=structlog.make_filtering_bound_logger(numeric),
+            cache_logger_on_first_use=True,
+        )
+    else:
+        structlog.configure(
+            processors=[
+                *shared,
+                structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+            ],
+            logger_factory=structlog.stdlib.LoggerFactory(),
+            wrapper_class=structlog.make_filtering_bound_logger(numeric),
+            cache_logger_on_first_use=True,
+        )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
@@ -88,6 +134,10 @@ def configure_logging(fmt: str = "console", level: str = "INFO", *, force: bool 
     # Libraries that are chatty at INFO; their warnings still come through.
     for noisy in ("httpx", "httpcore", "kombu", "amqp"):
         logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
+    for per_task in _PER_TASK:  # back at SOULFLEET_LOG_LEVEL=debug
+        logging.getLogger(per_task).setLevel(
+            logging.DEBUG if numeric <= logging.DEBUG else max(numeric, logging.WARNING)
+        )
 
 
 def bind_task(**values: Any) -> None:

@@ -56,7 +56,7 @@ from workers.fleet import Fleet
 from workers.fleet.breaker import counts_against_provider
 from workers.fleet.errors import ProviderPaused, classify
 from workers.fleet.gate import Gate, GatedModel
-from workers.fleet.lanes import SessionCommit
+from workers.fleet.lanes import SessionCommit, work_id
 from workers.fleet.lease import ClaimHandle, Renewer
 from workers.fleet.outcomes import StartOutcome
 from workers.fleet.spend import Refusal, SpendGuard, kind_model
@@ -131,6 +131,8 @@ class TurnExecutor:
         )
         self.worker_id = worker_id
         self._claims: dict[tuple[str, str], ClaimHandle] = {}
+        # The running turn's lease handle, per pool thread (see _release_lease).
+        self._held = threading.local()
         self._claims_lock = threading.Lock()
         self.guard = SpendGuard(fleet.ledger, fleet_daily_tokens=settings.daily_tokens)
         self.budget = Budget(
@@ -187,6 +189,7 @@ class TurnExecutor:
             return TurnReport(lane, turn_id, started.status)
         bind_task(task_id=task_id, lane=lane, turn_id=turn_id, fence=started.fence)
         handle = self.renewer.register_lease(lane, started.fence)
+        self._held.lease = handle
         began = time.monotonic()
         try:
             return self._run(lane, turn_id, started, handle.check, began)
@@ -196,6 +199,15 @@ class TurnExecutor:
             self._end(lane, turn_id, started, "lease_lost", began, error=str(exc))
             return TurnReport(lane, turn_id, "lease_lost")
         finally:
+            self._held.lease = None
+            self.renewer.unregister(handle)
+
+    def _release_lease(self) -> None:
+        """Stop renewing the turn's lease just before the script that ends it (finish, fail,
+        defer): a renewal pass landing between that script and the turn's return would find
+        the lease gone and report a loss that is really the turn's own end."""
+        handle = getattr(self._held, "lease", None)
+        if handle is not None:
             self.renewer.unregister(handle)
 
     def _run(
@@ -220,7 +232,7 @@ class TurnExecutor:
                 declared=self._declared(agent, role),
                 # One id for every attempt at this turn's work: a retry repeating a memory
                 # write is answered as before instead of applying it twice.
-                write_scope=self.fleet.lanes.work_id(lane),
+                write_scope=work_id(lane, started.commits),
             )
             model = self._model(agent, kind, f"{lane}:{turn_id}:{started.fence}", persona)
         except TurnAborted:
@@ -241,7 +253,7 @@ class TurnExecutor:
             tick_channel="dream" if role == "dreamer" else "heartbeat",
         )
         try:
-            plan = self._plan(lane, agent, role, prompt, model)
+            plan = self._plan(lane, started, agent, role, prompt=prompt, model=model)
             # Scoped to the turn's lane and synced once, before the turn ends: a killed worker
             # loses none of it (written at once), a machine crash at most the lines of a turn
             # that had not committed, whose items then run again.
@@ -311,13 +323,21 @@ class TurnExecutor:
         )
 
     def _plan(
-        self, lane: str, agent: AgentDef, role: str, prompt: str, model: GatedModel
+        self,
+        lane: str,
+        started: StartOutcome,
+        agent: AgentDef,
+        role: str,
+        *,
+        prompt: str,
+        model: GatedModel,
     ) -> SessionPlan:
         now = self.fleet.clock.time()
         if role == "dreamer":
             # Every dream pass is a session of its own: fresh soul, no history, never stored.
             return ephemeral_plan(lane, agent.soul, now=now)
-        pointer = self.fleet.lanes.session_pointer(lane)
+        # As the turn's start found it: a reset after that wins at commit (finish.lua compares).
+        pointer = Pointer(started.session, started.session_epoch)
         return plan_turn(
             lane=lane,
             pointer=pointer,
@@ -346,7 +366,8 @@ class TurnExecutor:
             error = f"{type(exc).__name__}: {exc}"
             return self._fail(lane, turn_id, started, error, began, cause=exc)
         self._started(started, kind, spec)
-        refusal = self.guard.check(persona, kind, lane=lane)
+        last_pass = None if started.last_pass_ms is None else started.last_pass_ms / 1000
+        refusal = self.guard.check(persona, kind, lane=lane, last_pass=last_pass)
         if refusal is not None:
             return self._refuse(lane, turn_id, started, refusal, began, kind=kind, model=spec)
         return persona, spec
@@ -387,6 +408,7 @@ class TurnExecutor:
         # Taken before the commit: once finish returns, a follow-up may already be running on
         # another worker, and "this turn ended before the next began" must hold in the logs.
         ended_at = monotonic_wall_time()
+        self._release_lease()
         finished = self.fleet.lanes.finish(
             lane,
             started.fence,
@@ -455,6 +477,7 @@ class TurnExecutor:
         if provider is not None and cause is not None and self._breaker_holds(provider, cause):
             return self._defer(lane, turn_id, started, began, provider=provider, why=error)
         settings = self.settings
+        self._release_lease()
         failed = self.fleet.lanes.fail(
             lane,
             started.fence,
@@ -496,6 +519,7 @@ class TurnExecutor:
         why: str,
     ) -> TurnReport:
         ended_at = monotonic_wall_time()
+        self._release_lease()
         self.fleet.lanes.defer(lane, started.fence, provider=provider, why=why[:2000])
         _log.info("turn.deferred", provider=provider, error=why[:300])
         self._end(lane, turn_id, started, "deferred", began, ended_at=ended_at, error=why)
@@ -632,6 +656,7 @@ class TurnExecutor:
         )
         ended_at = monotonic_wall_time()
         text = refusal.detail if refusal.status == "refused" else ""
+        self._release_lease()
         finished = self.fleet.lanes.finish(
             lane,
             started.fence,

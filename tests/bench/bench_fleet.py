@@ -320,7 +320,7 @@ def _spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
     if binary is None:
         _say("--profile: py-spy is not on PATH (pip install py-spy); no profile")
         return None
-    argv = [binary, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "50", "--gil",
+    argv = [binary, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "250", "--gil",
             "--nonblocking", "--format", "raw", "-o", str(out)]  # fmt: skip
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

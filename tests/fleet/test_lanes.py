@@ -420,6 +420,33 @@ def test_work_id_survives_failed_and_crashed_attempts_and_moves_on_with_a_commit
     assert lanes.work_id("ava") == "ava:1"
 
 
+def test_start_returns_what_the_turn_needs_to_know_about_its_lane(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """The work id's commit count, the current session state and epoch, and the dreamer's
+    last pass come back with the start itself (no second round trip), as Redis holds them."""
+    first = lanes.start("ava", _queued_turn(lanes), "w1")
+    assert (first.commits, first.session, first.session_epoch, first.last_pass_ms) == (
+        0,
+        None,
+        0,
+        None,
+    )
+    redis_client.hset(keys.lane("ava"), mapping={
+        "commits": 7, "session": "s1.f3.json", "session_epoch": 2, "last_pass": 1234,
+    })  # fmt: skip
+    lanes.finish("ava", first.fence, status="done", text="ok")
+    second = lanes.start("ava", _queued_turn(lanes), "w1")
+    assert second.status == "started"
+    assert (second.commits, second.session, second.session_epoch, second.last_pass_ms) == (
+        8,
+        "s1.f3.json",
+        2,
+        1234,
+    )
+    assert lanes.work_id("ava") == "ava:8"
+
+
 # -- fail / attempts / dead-letter ----------------------------------------------------------------
 def test_fail_retries_then_dead_letters_after_max_attempts_with_the_error_visible(
     lanes: Lanes, redis_client: redis.Redis, keys: Keys

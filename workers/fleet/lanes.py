@@ -66,6 +66,7 @@ __all__ = [
     "SessionCommit",
     "StartOutcome",
     "TickOutcome",
+    "work_id",
 ]
 
 _log = structlog.get_logger("soulfleet.lanes")
@@ -101,6 +102,11 @@ class SessionCommit:
 
     base: Pointer
     state: str
+
+
+def work_id(lane: str, commits: int) -> str:
+    """The id of the work a lane's current turn does (:meth:`Lanes.work_id`)."""
+    return f"{lane}:{commits}"
 
 
 def _turn_id() -> str:
@@ -301,15 +307,19 @@ class Lanes:
             return StartOutcome("dead", error=str(reply[1]))
         if status != "started":
             return StartOutcome(cast(Literal["duplicate", "stale"], status))
-        fence, attempt, kind, ticks, recovered = reply[1:6]
+        fence, attempt, kind, ticks, recovered, commits, session, epoch, last_pass = reply[1:10]
         return StartOutcome(
             "started",
             fence=int(fence),
-            items=[_item(raw) for raw in reply[6:]],
+            items=[_item(raw) for raw in reply[10:]],
             ticks=int(ticks),
             recovered=int(recovered),
             attempt=int(attempt),
             kind=str(kind),
+            commits=int(commits or 0),
+            session=str(session) if session else None,
+            session_epoch=int(epoch or 0),
+            last_pass_ms=int(last_pass) if last_pass else None,
         )
 
     def work_id(self, lane: str) -> str:
@@ -321,7 +331,7 @@ class Lanes:
         """
         with redis_errors(self.client):
             commits = self.client.hget(self.keys.lane(lane), "commits")
-        return f"{lane}:{int(commits or 0)}"
+        return work_id(lane, int(commits or 0))
 
     def renew(self, lane: str, fence: int) -> bool:
         """Extend the lease if ``fence`` is still current; False means the lease is lost."""

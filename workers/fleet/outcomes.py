@@ -59,6 +59,13 @@ class StartOutcome:
     attempt: int = 0
     kind: str = ""
     error: str = ""
+    #: The lane as this start found it (read in the same script, so no extra round trip):
+    #: turns committed so far (the work id), the current session state and reset epoch, and
+    #: when the dreamer's last pass ended (epoch ms; None: never).
+    commits: int = 0
+    session: str | None = None
+    session_epoch: int = 0
+    last_pass_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

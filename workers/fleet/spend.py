@@ -11,6 +11,7 @@ the dreamer lane's last pass).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,8 +34,10 @@ from workers.settings import Settings
 
 __all__ = [
     "LAST_PASS",
+    "UNREAD",
     "Refusal",
     "SpendGuard",
+    "Unread",
     "kind_model",
     "next_reset",
     "persona_budget",
@@ -43,6 +46,15 @@ __all__ = [
 
 #: Lane-hash field: ms when the dreamer lane's newest pass that called its model ended.
 LAST_PASS = "last_pass"  # noqa: S105 (a field name, not a password)
+
+
+class Unread(enum.Enum):
+    """A value the caller has not read (distinct from None, which is a value)."""
+
+    UNREAD = "unread"
+
+
+UNREAD = Unread.UNREAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +130,13 @@ class SpendGuard:
         """The persona's usage day now (its budget's time zone)."""
         return self.ledger.today(self.budget(persona).timezone)
 
-    def check(self, persona: AgentDef, kind: str, *, lane: str) -> Refusal | None:
-        """A refusal for a turn of ``kind`` on ``lane``, or None when it may call the model."""
+    def check(
+        self, persona: AgentDef, kind: str, *, lane: str, last_pass: float | Unread | None = UNREAD
+    ) -> Refusal | None:
+        """A refusal for a turn of ``kind`` on ``lane``, or None when it may call the model.
+
+        ``last_pass`` (epoch s, None: never) is the dreamer's, when the caller already read it
+        (a worker's turn start returns it); otherwise it is read here."""
         budget = self.budget(persona)
         if budget.daily_tokens is not None:
             spent = self.ledger.spent(persona.name, self.ledger.today(budget.timezone))
@@ -134,7 +151,8 @@ class SpendGuard:
                 )
                 return Refusal("budget", status, detail)
         if kind == "dream":
-            last_pass = self.last_pass(lane)
+            if isinstance(last_pass, Unread):
+                last_pass = self.last_pass(lane)
             if nothing_new(persona.home, persona.name, last_pass):
                 return Refusal(
                     "nothing_new",

@@ -7,9 +7,13 @@
 -- ARGV  [1] lane name  [2] turn id (from the turn message)  [3] worker  [4] now (ms)
 --       [5] lease ttl (ms)  [6] max_attempts
 -- Reply {"dead", last_error} | {"stale"} | {"duplicate"}
---     | {"started", fence, attempt, kind, ticks, recovered, item JSON...}
+--     | {"started", fence, attempt, kind, ticks, recovered, commits, session, session_epoch,
+--        last_pass, item JSON...}
 --       items: in-flight items left by a dead worker FIRST (recovered = their count), then the
 --       whole inbox in arrival order; ticks = in-flight ticks (recovered ones included).
+--       commits, session, session_epoch, last_pass: the lane's fields as this start found them
+--       (what the turn needs to know before its first write, in this one round trip; '' when
+--       unset).
 -- Guarantees: at most one live lease per lane; each start bumps the fence, so a worker whose
 -- lease lapsed can no longer finish; drained items stay in in-flight until finish, so a
 -- crashed turn's items are recovered by the next start; a lane whose turns keep crashing is
@@ -19,7 +23,8 @@ local lane, inbox, inflight, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queued, running, dead = KEYS[5], KEYS[6], KEYS[7]
 local name, turn_id, worker, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
-local f = redis.call('HMGET', lane, 'state', 'turn_id', 'last_error', 'lost', 'kind')
+local f = redis.call('HMGET', lane, 'state', 'turn_id', 'last_error', 'lost', 'kind',
+  'commits', 'session', 'session_epoch', 'last_pass')
 local state = f[1] or 'idle'
 if state == 'dead' then
   return {'dead', f[3] or ''}
@@ -66,7 +71,8 @@ redis.call('HSET', lane, 'ticks', 0, 'state', 'running', 'started_at', now, 'wor
 redis.call('ZREM', queued, name)
 redis.call('ZADD', running, tonumber(now) + tonumber(ARGV[5]), name)
 
-local reply = {'started', fence, attempt, f[5] or '', ticks, recovered}
+local reply = {'started', fence, attempt, f[5] or '', ticks, recovered,
+  f[6] or '', f[7] or '', f[8] or '', f[9] or ''}
 local items = redis.call('LRANGE', inflight, 0, -1)
 for i = 1, #items do
   reply[#reply + 1] = items[i]
