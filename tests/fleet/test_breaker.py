@@ -125,6 +125,31 @@ def test_a_gated_model_stops_calling_a_provider_whose_breaker_opened(
     assert down.calls == 4
 
 
+def test_a_breaker_seen_closed_lets_only_the_next_call_skip_asking(
+    breaker: Breaker, redis_client: redis.Redis, key_prefix: str, clock: VirtualClock
+) -> None:
+    """``look`` reads closed / paused / probe_due without side effects; after the turn saw it
+    closed, the model's next call goes without ``allow`` (no round trip), and every later call
+    asks again: a breaker that opened meanwhile stops the second call."""
+    gate = Gate(redis_client, Keys(key_prefix), limit=0, slot_ttl=30)
+    down = _Failing(ModelServerError("500"))
+    model = GatedModel(down, gate, provider="openai", breaker=breaker)
+    assert breaker.look("openai") == "closed"
+    model.seen_closed()
+    for _ in range(4):  # another worker's failures open the breaker in the meantime
+        breaker.record("openai", ok=False, error="500")
+    assert breaker.look("openai") == "paused"
+    with pytest.raises(ModelServerError):
+        model.complete(system="", messages=(), tools=())  # seen closed: no allow asked
+    with pytest.raises(ProviderPaused):
+        model.complete(system="", messages=(), tools=())
+    assert down.calls == 1
+    clock.advance(10)
+    assert [breaker.look("openai") for _ in range(2)] == ["probe_due", "probe_due"]
+    assert breaker.allow("openai") == "probe"
+    assert breaker.look("openai") == "paused"
+
+
 def test_deferred_lanes_spend_no_attempt_and_resume_when_the_breaker_closes(
     lanes: Lanes, breaker: Breaker, clock: VirtualClock, redis_client: redis.Redis
 ) -> None:

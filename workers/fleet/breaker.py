@@ -157,14 +157,22 @@ class Breaker:
         """Read-only: open, and no probe may go now (not yet due, or one in flight). A turn
         can then be deferred before it writes anything; when a probe is due it goes on and
         :meth:`allow` hands it the probe."""
+        return self.look(provider) == "paused"
+
+    def look(self, provider: str) -> Literal["closed", "paused", "probe_due"]:
+        """Read-only, one round trip: ``closed`` (``allow`` would say "closed" now, with no
+        side effect), ``paused`` (open, no probe may go now) or ``probe_due`` (open, and the
+        next ``allow`` hands out the probe)."""
         with redis_errors(self.client):
             state, probe_at, probe_until = self.client.hmget(
                 self.keys.breaker(provider), ["state", "probe_at", "probe_until"]
             )
         if state != "open":
-            return False
+            return "closed"
         now = self._now_ms()
-        return now < float(probe_at or 0) or float(probe_until or 0) > now
+        if now < float(probe_at or 0) or float(probe_until or 0) > now:
+            return "paused"
+        return "probe_due"
 
     def is_open(self, provider: str) -> bool:
         with redis_errors(self.client):

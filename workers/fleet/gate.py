@@ -38,7 +38,7 @@ from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
 
 if TYPE_CHECKING:
-    from workers.fleet.breaker import Breaker
+    from workers.fleet.breaker import Breaker, Verdict
 
 __all__ = ["Gate", "GatedModel", "ModelCall", "Slot", "SlotHandle"]
 
@@ -239,10 +239,17 @@ class GatedModel:
         self.provider = provider
         self.timeout = timeout
         self.on_call = on_call
+        self._seen_closed = False
 
     @property
     def spec(self) -> str:
         return self.model.spec
+
+    def seen_closed(self) -> None:
+        """The caller just read the breaker closed (:meth:`Breaker.look`): the next call goes
+        without asking :meth:`Breaker.allow` again, which on a closed breaker would only
+        answer "closed" with no side effect (one round trip saved per turn). Later calls ask."""
+        self._seen_closed = True
 
     def complete(
         self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
@@ -250,7 +257,11 @@ class GatedModel:
         breaker = self.breaker
         if breaker is None:
             return self._call(system, messages, tools)
-        verdict = breaker.allow(self.provider)
+        if self._seen_closed:
+            self._seen_closed = False
+            verdict: Verdict = "closed"
+        else:
+            verdict = breaker.allow(self.provider)
         if verdict == "open":
             raise ProviderPaused(self.provider)
         try:
