@@ -703,3 +703,14 @@ def _wrote_log(result: RunResult) -> bool:
         for message in result.messages
         for call in message.tool_calls
     )
+
+
+def _paused(model: GatedModel) -> bool:
+    """Whether the model's provider breaker holds the turn back now (one read); a breaker seen
+    closed also admits the model's first call (:meth:`GatedModel.seen_closed`)."""
+    if model.breaker is None:
+        return False
+    seen = model.breaker.look(model.provider)
+    if seen == "closed":
+        model.seen_closed()
+    return seen == "paused"
