@@ -241,14 +241,10 @@ class TurnExecutor:
             error = f"{type(exc).__name__}: {exc}"
             return self._fail(lane, turn_id, started, error, began, cause=exc, model=spec)
 
-        if model.breaker is not None:
-            seen = model.breaker.look(model.provider)
-            if seen == "paused":
-                # Known before the first write: park the turn without opening a transcript.
-                why = str(ProviderPaused(model.provider))
-                return self._defer(lane, turn_id, started, began, provider=model.provider, why=why)
-            if seen == "closed":
-                model.seen_closed()
+        if _paused(model):
+            # Known before the first write: park the turn without opening a transcript.
+            why = str(ProviderPaused(model.provider))
+            return self._defer(lane, turn_id, started, began, provider=model.provider, why=why)
 
         prompt = render_inbox(
             started.items,
