@@ -18,6 +18,8 @@ trap of Celery's Redis transport (see the README's architecture section):
 - Broker connection pools sized to the pool's concurrency (:func:`broker_pools`): kombu's Redis
   transport allows 10 connections by default and *raises* when an 11th ack or publish needs
   one, which stalled a gevent worker at ``-c 1000`` with ~200 lanes left running.
+- The Redis transport is kombu's with one client object per channel (:mod:`workers.broker`):
+  stock kombu builds a new client for every ack and every delivered message's bookkeeping.
 - Task events only when ``SOULFLEET_TASK_EVENTS`` is on (compose and ``up --flower`` turn it on,
   because Flower needs them): otherwise every turn would pay a PUBLISH for each of its sent,
   received, started and succeeded events, about an eighth of a worker's CPU per turn.
@@ -29,6 +31,7 @@ from typing import Any
 
 from celery import Celery
 
+from workers import broker
 from workers.queues import declare_queues, queue_name
 from workers.settings import Settings
 
@@ -58,6 +61,7 @@ def broker_pools(broker_url: str, concurrency: int) -> dict[str, Any]:
 
 
 def make_app(settings: Settings) -> Celery:
+    broker.install()
     celery_app = Celery("soulfleet", broker=settings.broker_url, include=["workers.tasks"])
     pools = broker_pools(settings.broker_url, settings.worker_concurrency)
     transport_options: dict[str, Any] = {}

@@ -1,0 +1,62 @@
+"""The Redis broker transport soulfleet's Celery apps use: kombu's, with one client per channel.
+
+Why: kombu's Redis channel builds a new ``redis.Redis`` client object for every synchronous
+broker call it makes without one (``Channel.conn_or_acquire`` → ``_create_client``): the
+bookkeeping of every delivered message (``QoS.append``), every ack and every publish. Building a
+client costs about 0.2 ms of CPU (redis-py fills a table of ~200 reply callbacks each time),
+which is a tenth of what a whole no-op task costs a thread-pool worker. The client holds no
+connection of its own (connections come from the channel's pool for each command, and a
+pipeline is made per call), so one client per channel and pool serves every thread; it is made
+again whenever the channel replaces its pool (after a connection error).
+
+Installed for ``redis://`` and ``rediss://`` by :func:`install`, which :func:`workers.app.make_app`
+calls: kombu picks a transport by the URL's scheme, so its alias table is the one place to say
+which class serves it (a ``transport=`` argument is overridden by the scheme). Sentinel URLs keep
+kombu's own transport.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from kombu import transport as kombu_transport
+from kombu.transport import redis as kombu_redis
+
+__all__ = ["Channel", "Transport", "install"]
+
+_PATH = f"{__name__}:Transport"
+
+
+class Channel(kombu_redis.Channel):
+    """kombu's Redis channel, reusing one synchronous client per connection pool."""
+
+    _soulfleet_client: Any = None
+    _soulfleet_lock = threading.Lock()
+
+    def _create_client(self, asynchronous: bool = False) -> Any:
+        # kombu's type stubs do not declare this private hook.
+        stock: Any = super()
+        if asynchronous:
+            return stock._create_client(asynchronous=True)
+        pool = self.pool
+        client = self._soulfleet_client
+        if client is None or client.connection_pool is not pool:
+            with self._soulfleet_lock:
+                client = self._soulfleet_client
+                if client is None or client.connection_pool is not pool:
+                    client = stock._create_client(asynchronous=False)
+                    self._soulfleet_client = client
+        return client
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's Redis transport with :class:`Channel`."""
+
+    Channel = Channel
+
+
+def install() -> None:
+    """Serve ``redis://`` and ``rediss://`` broker URLs with :class:`Transport` (idempotent)."""
+    for scheme in ("redis", "rediss"):
+        kombu_transport.TRANSPORT_ALIASES[scheme] = _PATH
