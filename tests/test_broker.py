@@ -4,6 +4,7 @@ acknowledges and forgets messages exactly as kombu's does (on a real Redis)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -36,7 +37,8 @@ def test_a_channel_builds_one_client_per_pool(
             first = channel._create_client()
             assert channel._create_client() is first
             assert first.ping()
-            channel._pool = None  # what kombu's _disconnect_pools does
+            stock: Any = channel  # kombu's stubs do not declare its private pool attribute
+            stock._pool = None  # what kombu's _disconnect_pools does
             again = channel._create_client()
             assert again is not first
             assert again.connection_pool is channel.pool
