@@ -1,4 +1,4 @@
-"""workers/turn.py with sessions, in-process on a real Redis and a real local OpenAI-compatible
+"""workers/turn/ with sessions, in-process on a real Redis and a real local OpenAI-compatible
 server: cache usage lands on the reply, turn.end and the metric; compaction is a real model call
 through the turn gate, counted in the turn's usage; dream passes are fresh sessions each.
 """

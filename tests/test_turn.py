@@ -1,4 +1,4 @@
-"""workers/turn.py: one fleet turn from start to commit, in-process on a real Redis.
+"""workers/turn/: one fleet turn from start to commit, in-process on a real Redis.
 
 The Celery task is a thin edge over :class:`TurnExecutor`; these tests drive the executor
 directly (a recording publisher stands in for the broker, which the integration tests cover),

@@ -1,4 +1,4 @@
-"""workers/turn.py, failures by kind: against a real HTTP provider (tests/support/providers.py)
+"""workers/turn/, failures by kind: against a real HTTP provider (tests/support/providers.py)
 and a real Redis, in-process. A transient failure waits in Redis (nothing is published until
 beat's recovery pass), a permanent one dead-letters at once, and while the provider's breaker is
 open a turn is deferred before it writes anything and resumes once a probe succeeds."""

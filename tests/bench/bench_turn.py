@@ -73,7 +73,7 @@ def bench(turn: Callable[[], RunResult], turns: int, warmup: int) -> tuple[float
 
 
 def fleet_transcript(home: Path, lane: str, turn_id: str, messages: int = 4) -> None:
-    """What a fleet turn does with its transcript (workers/turn.py): one writer scoped to the
+    """What a fleet turn does with its transcript (workers/turn/): one writer scoped to the
     lane, messages written at once, one sync before the commit."""
     writer = FileTranscripts(home, lanes=[lane]).open(lane, turn_id, sync_each=False)
     try:

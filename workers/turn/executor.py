@@ -1,4 +1,4 @@
-"""One fleet turn, start to commit: the core the thin Celery task calls.
+"""One fleet turn, start to commit: the executor the thin Celery task calls.
 
     start (Lua: reject duplicate/stale, lease + fence, drain inbox into in-flight)
       -> plan the session (continue the lane's session: its frozen soul and history, compacted
@@ -43,71 +43,41 @@ compaction (``max_tokens``).
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
 
 import structlog
 
 from workers import metrics
 from workers.fleet import Fleet
-from workers.fleet.breaker import counts_against_provider
-from workers.fleet.errors import ProviderPaused, classify
+from workers.fleet.errors import ProviderPaused
 from workers.fleet.gate import Gate, GatedModel
 from workers.fleet.lanes import SessionCommit, work_id
-from workers.fleet.lease import ClaimHandle, Renewer
+from workers.fleet.lease import Renewer
 from workers.fleet.outcomes import StartOutcome
-from workers.fleet.spend import Refusal, SpendGuard, kind_model
-from workers.fleet.usage import MeteredModel
+from workers.fleet.spend import SpendGuard, kind_model
 from workers.logs import bind_task, monotonic_wall_time
 from workers.persona.agent import AgentDef, from_dir
-from workers.persona.dreamer import dreamer
 from workers.persona.errors import TurnAborted
 from workers.persona.heartbeat import is_silent
 from workers.persona.inbox import render_inbox
 from workers.persona.loop import Budget, RunResult, run_loop
 from workers.persona.mcp_hub import McpHub
-from workers.persona.memory import memory_tool
 from workers.persona.messages import Message
-from workers.persona.models.spec import provider_of, resolve_model
+from workers.persona.models.spec import resolve_model
 from workers.persona.session import Pointer
 from workers.persona.session_files import SessionFiles
 from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
-from workers.persona.toolbox import ToolLimits, build_declared
-from workers.persona.tools import Tool
 from workers.persona.transcripts import FileTranscripts
 from workers.settings import Settings
+from workers.turn.claims import Claims
+from workers.turn.endings import Endings
+from workers.turn.kit import TurnKit, paused, wrote_log
+from workers.turn.report import TurnReport
 
-__all__ = ["TurnExecutor", "TurnFailed", "TurnReport"]
+__all__ = ["TurnExecutor"]
 
 _log = structlog.get_logger("soulfleet.turn")
-
-
-@dataclass(frozen=True, slots=True)
-class TurnReport:
-    """What happened to one turn message (for tests and the task's return value)."""
-
-    lane: str
-    turn_id: str
-    outcome: str  # started status when dropped, else the run status, or "lease_lost"
-    text: str = ""
-    follow_up: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-class TurnFailed(Exception):
-    """A turn that failed, raised by the Celery task AFTER the lane recorded the failure.
-
-    The message is ``<lane>: <ErrorType>: <message> (<what happens next>)``.
-    """
-
-    @classmethod
-    def from_report(cls, report: TurnReport) -> TurnFailed:
-        error = str(report.extra.get("error") or "turn failed")
-        then = "lane dead-lettered" if report.extra.get("dead") else "the lane retries it"
-        return cls(f"{report.lane}: {error} ({then})")
 
 
 class TurnExecutor:
@@ -126,14 +96,7 @@ class TurnExecutor:
         self.fleet = fleet
         self.renewer = renewer
         self.gate = gate
-        self.open_gate = Gate(
-            gate.client, gate.keys, limit=0, slot_ttl=gate.slot_ttl, clock=gate.clock
-        )
         self.worker_id = worker_id
-        self._claims: dict[tuple[str, str], ClaimHandle] = {}
-        # The running turn's lease handle, per pool thread (see _release_lease).
-        self._held = threading.local()
-        self._claims_lock = threading.Lock()
         self.guard = SpendGuard(fleet.ledger, fleet_daily_tokens=settings.daily_tokens)
         self.budget = Budget(
             max_model_calls=settings.turn_max_model_calls,
@@ -142,46 +105,25 @@ class TurnExecutor:
             max_seconds=settings.turn_max_seconds,
             max_reply_bytes=settings.reply_max_bytes,
         )
-        # One hub per worker process: every turn's MCP calls share its sessions.
-        self.tool_hub = McpHub()
-        self.tool_limits = ToolLimits(
-            max_args_bytes=settings.tool_args_max_bytes,
-            max_result_bytes=settings.tool_result_max_bytes,
-        )
+        self.claims = Claims(fleet.lanes, renewer, worker_id=worker_id, ttl=settings.claim_ttl)
+        self.endings = Endings(settings, fleet, renewer, worker_id=worker_id)
+        self.kit = TurnKit(settings, fleet, gate, self.guard)
+
+    @property
+    def tool_hub(self) -> McpHub:
+        """The process's MCP hub (closed at worker shutdown)."""
+        return self.kit.tool_hub
 
     def receive(self, lane: str, turn_id: str) -> bool:
-        """Claim the lane on message receipt; its renewer keeps the claim alive until start.
-
-        Never raises: a claim that could not be written only means a lost message is found
-        by the slower ``SOULFLEET_REAP_QUEUED_AFTER`` path instead."""
-        ttl = self.settings.claim_ttl
-        try:
-            claimed = self.fleet.lanes.receive(lane, turn_id, self.worker_id, ttl=ttl)
-        except Exception as exc:
-            _log.warning("turn.claim_failed", lane=lane, turn_id=turn_id, error=str(exc))
-            return False
-        if claimed:
-            handle = ClaimHandle(self.fleet.lanes, lane, turn_id, ttl)
-            with self._claims_lock:
-                self._claims[(lane, turn_id)] = handle
-            try:
-                self.renewer.register(handle)
-            except RuntimeError as exc:  # shutting down: the claim lapses, beat re-publishes
-                _log.warning("turn.claim_unrenewed", lane=lane, turn_id=turn_id, error=str(exc))
-        return claimed
-
-    def _drop_claim(self, lane: str, turn_id: str) -> None:
-        with self._claims_lock:
-            handle = self._claims.pop((lane, turn_id), None)
-        if handle is not None:
-            handle.close()
+        """Claim the lane on message receipt (:meth:`Claims.receive`); never raises."""
+        return self.claims.receive(lane, turn_id)
 
     def execute(self, lane: str, turn_id: str, *, task_id: str | None = None) -> TurnReport:
         bind_task(task_id=task_id, lane=lane, turn_id=turn_id)
         try:
             started = self.fleet.lanes.start(lane, turn_id, self.worker_id)
         finally:
-            self._drop_claim(lane, turn_id)
+            self.claims.drop(lane, turn_id)
         if started.status != "started":
             _log.info("turn.dropped", reason=started.status)
             if started.status == "dead":
@@ -189,25 +131,17 @@ class TurnExecutor:
             return TurnReport(lane, turn_id, started.status)
         bind_task(task_id=task_id, lane=lane, turn_id=turn_id, fence=started.fence)
         handle = self.renewer.register_lease(lane, started.fence)
-        self._held.lease = handle
+        self.endings.hold(handle)
         began = time.monotonic()
         try:
             return self._run(lane, turn_id, started, handle.check, began)
         except TurnAborted as exc:
             metrics.LEASE_LOSSES.inc()
             _log.warning("turn.lease_lost", fence=started.fence, error=str(exc))
-            self._end(lane, turn_id, started, "lease_lost", began, error=str(exc))
+            self.endings.end(lane, turn_id, started, "lease_lost", began, error=str(exc))
             return TurnReport(lane, turn_id, "lease_lost")
         finally:
-            self._held.lease = None
-            self.renewer.unregister(handle)
-
-    def _release_lease(self) -> None:
-        """Stop renewing the turn's lease just before the script that ends it (finish, fail,
-        defer): a renewal pass landing between that script and the turn's return would find
-        the lease gone and report a loss that is really the turn's own end."""
-        handle = getattr(self._held, "lease", None)
-        if handle is not None:
+            self.endings.hold(None)
             self.renewer.unregister(handle)
 
     def _run(
@@ -225,26 +159,28 @@ class TurnExecutor:
             return prepared
         persona, spec = prepared
         try:
-            agent = self._agent(persona, role, spec)
+            agent = self.kit.agent(persona, role, spec)
             tools = agent.toolset(
                 lock_mode=self.settings.lock_mode,
                 lock_timeout=self.settings.lock_timeout,
-                declared=self._declared(agent, role),
+                declared=self.kit.declared(agent, role),
                 # One id for every attempt at this turn's work: a retry repeating a memory
                 # write is answered as before instead of applying it twice.
                 write_scope=work_id(lane, started.commits),
             )
-            model = self._model(agent, kind, f"{lane}:{turn_id}:{started.fence}", persona)
+            model = self.kit.model(agent, kind, f"{lane}:{turn_id}:{started.fence}", persona)
         except TurnAborted:
             raise
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
             error = f"{type(exc).__name__}: {exc}"
-            return self._fail(lane, turn_id, started, error, began, cause=exc, model=spec)
+            return self.endings.fail(lane, turn_id, started, error, began, cause=exc, model=spec)
 
-        if _paused(model):
+        if paused(model):
             # Known before the first write: park the turn without opening a transcript.
             why = str(ProviderPaused(model.provider))
-            return self._defer(lane, turn_id, started, began, provider=model.provider, why=why)
+            return self.endings.defer(
+                lane, turn_id, started, began, provider=model.provider, why=why
+            )
 
         prompt = render_inbox(
             started.items,
@@ -267,7 +203,7 @@ class TurnExecutor:
         except Exception as exc:  # an unreadable session, or a transcripts/ leading out of
             # the home, fails this turn with its reason instead of escaping as a "lost worker"
             error = f"{type(exc).__name__}: {exc}"
-            return self._fail(
+            return self.endings.fail(
                 lane, turn_id, started, error, began, cause=exc, provider=model.provider, model=spec
             )
 
@@ -300,7 +236,7 @@ class TurnExecutor:
             writer.close()
         if failure is not None:
             error, cause = failure
-            return self._fail(
+            return self.endings.fail(
                 lane,
                 turn_id,
                 started,
@@ -362,14 +298,16 @@ class TurnExecutor:
                 kind_model(persona, kind, self.settings), self.settings.model, base_dir=persona.home
             ).spec
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
-            self._started(started, kind, None)
+            self.endings.started(started, kind, None)
             error = f"{type(exc).__name__}: {exc}"
-            return self._fail(lane, turn_id, started, error, began, cause=exc)
-        self._started(started, kind, spec)
+            return self.endings.fail(lane, turn_id, started, error, began, cause=exc)
+        self.endings.started(started, kind, spec)
         last_pass = None if started.last_pass_ms is None else started.last_pass_ms / 1000
         refusal = self.guard.check(persona, kind, lane=lane, last_pass=last_pass)
         if refusal is not None:
-            return self._refuse(lane, turn_id, started, refusal, began, kind=kind, model=spec)
+            return self.endings.refuse(
+                lane, turn_id, started, refusal, began, kind=kind, model=spec
+            )
         return persona, spec
 
     def _commit(
@@ -391,11 +329,11 @@ class TurnExecutor:
             metrics.BEATS.labels(outcome="silent" if silent else "surfaced").inc()
             if not silent and result.text.strip():
                 beat = {"persona": agent.name, "text": result.text}
-        if role == "dreamer" and not silent and not _wrote_log(result):
+        if role == "dreamer" and not silent and not wrote_log(result):
             # The dream prompt asks the model to log its pass; if it did not, the runtime
             # keeps the promise that what a dream did lands in memory/log.md.
             guard()
-            self._log_dream(agent, turn_id, result.text)
+            self.kit.log_dream(agent, turn_id, result.text)
         silent_beat = started.ticks > 0 and not started.items and silent
         state = plan.conclude(result.messages, now=self.fleet.clock.time(), silent_beat=silent_beat)
         files = SessionFiles(agent.home, lane)
@@ -408,7 +346,7 @@ class TurnExecutor:
         # Taken before the commit: once finish returns, a follow-up may already be running on
         # another worker, and "this turn ended before the next began" must hold in the logs.
         ended_at = monotonic_wall_time()
-        self._release_lease()
+        self.endings.release_lease()
         finished = self.fleet.lanes.finish(
             lane,
             started.fence,
@@ -427,7 +365,7 @@ class TurnExecutor:
             self._collect(files, session, finished.session, plan.pointer)
         metrics.CACHED_INPUT_TOKENS.inc(result.usage.cached_input_tokens)
         metrics.CACHE_WRITE_INPUT_TOKENS.inc(result.usage.cache_write_input_tokens)
-        self._end(
+        self.endings.end(
             lane,
             turn_id,
             started,
@@ -459,254 +397,3 @@ class TurnExecutor:
                 files.discard(session.state)
         except OSError as exc:  # housekeeping only: the commit already happened
             _log.warning("session.collect_failed", error=str(exc))
-
-    def _fail(
-        self,
-        lane: str,
-        turn_id: str,
-        started: StartOutcome,
-        error: str,
-        began: float,
-        *,
-        cause: BaseException | None = None,
-        provider: str | None = None,
-        model: str | None = None,
-    ) -> TurnReport:
-        ended_at = monotonic_wall_time()
-        kind = classify(cause) if cause is not None else "unknown"
-        if provider is not None and cause is not None and self._breaker_holds(provider, cause):
-            return self._defer(lane, turn_id, started, began, provider=provider, why=error)
-        settings = self.settings
-        self._release_lease()
-        failed = self.fleet.lanes.fail(
-            lane,
-            started.fence,
-            error=error[:2000],
-            kind=kind,
-            backoff=(settings.retry_base, settings.retry_max),
-            retry_for=settings.retry_for,
-        )
-        if failed.dead:
-            _log.error(
-                "turn.dead_lettered", attempts=started.attempt, failure=kind, reason=failed.reason
-            )
-        elif failed.retry_turn_id and failed.kind:
-            self.fleet.publisher.publish(lane, failed.retry_turn_id, failed.kind)
-        self._end(
-            lane,
-            turn_id,
-            started,
-            "error",
-            began,
-            ended_at=ended_at,
-            error=error,
-            failure=kind,
-            dead=failed.dead,
-            retry_at=failed.retry_at,
-            model=model,
-        )
-        extra = {"error": error, "dead": failed.dead, "failure": kind, "reason": failed.reason}
-        return TurnReport(lane, turn_id, "error", extra=extra)
-
-    def _defer(
-        self,
-        lane: str,
-        turn_id: str,
-        started: StartOutcome,
-        began: float,
-        *,
-        provider: str,
-        why: str,
-    ) -> TurnReport:
-        ended_at = monotonic_wall_time()
-        self._release_lease()
-        self.fleet.lanes.defer(lane, started.fence, provider=provider, why=why[:2000])
-        _log.info("turn.deferred", provider=provider, error=why[:300])
-        self._end(lane, turn_id, started, "deferred", began, ended_at=ended_at, error=why)
-        return TurnReport(lane, turn_id, "deferred", extra={"error": why})
-
-    def _breaker_holds(self, provider: str, cause: BaseException) -> bool:
-        """Whether this failure is the provider breaker's to wait out (defer, not fail)."""
-        if isinstance(cause, ProviderPaused):
-            return True
-        return counts_against_provider(cause) and self.fleet.breaker.is_open(provider)
-
-    def _end(
-        self,
-        lane: str,
-        turn_id: str,
-        started: StartOutcome,
-        status: str,
-        began: float,
-        *,
-        ended_at: float | None = None,
-        **fields: Any,
-    ) -> None:
-        seconds = time.monotonic() - began
-        metrics.TURNS.labels(kind=started.kind, status=status).inc()
-        metrics.TURN_SECONDS.labels(kind=started.kind).observe(seconds)
-        _log.info(
-            "turn.end",
-            lane=lane,
-            turn_id=turn_id,
-            fence=started.fence,
-            kind=started.kind,
-            ticks=started.ticks,
-            items=len(started.items),
-            item_ids=[item.id for item in started.items],
-            status=status,
-            seconds=round(seconds, 4),
-            at=ended_at if ended_at is not None else monotonic_wall_time(),
-            **{k: v for k, v in fields.items() if v is not None},
-        )
-
-    def _started(self, started: StartOutcome, kind: str, spec: str | None) -> None:
-        _log.info(
-            "turn.start",
-            fence=started.fence,
-            kind=started.kind,
-            model_kind=kind,
-            model=spec,
-            ticks=started.ticks,
-            items=len(started.items),
-            recovered=started.recovered,
-            attempt=started.attempt,
-            worker=self.worker_id,
-            at=monotonic_wall_time(),
-        )
-
-    def _agent(self, persona: AgentDef, role: str, spec: str) -> AgentDef:
-        if role != "dreamer":
-            return replace(persona, model=spec)
-        return dreamer(
-            persona.home,
-            store=FileTranscripts(persona.home, lanes=[persona.name]),
-            instructions=persona.dream.instructions if persona.dream else None,
-            model=spec,
-        )
-
-    def _declared(self, agent: AgentDef, role: str) -> tuple[Tool, ...]:
-        """The persona's persona.toml tools; a dreamer never gets them (docs/persona.md §4)."""
-        if role == "dreamer" or not agent.declared.entries:
-            return ()
-        box = build_declared(
-            agent.declared,
-            hub=self.tool_hub,
-            fleet=self.settings.mcp_servers,
-            limits=self.tool_limits,
-            reserved=("memory",) if agent.memory else (),
-        )
-        for prefix, server, reason in box.unavailable:
-            _log.warning(
-                "tool.server_unavailable",
-                persona=agent.name,
-                server=prefix,
-                command=server,
-                error=reason,
-            )
-        return box.tools
-
-    def _model(self, agent: AgentDef, kind: str, call_prefix: str, persona: AgentDef) -> GatedModel:
-        resolved = resolve_model(agent.model, self.settings.model, base_dir=agent.home)
-        provider = provider_of(resolved)
-        # Every answered call is counted as it returns: a turn that later fails or dies was
-        # still billed for it (workers/fleet/usage.py).
-        model = MeteredModel(
-            resolved,
-            self.fleet.ledger,
-            persona=persona.name,
-            day=self.guard.day(persona),
-            call_prefix=call_prefix,
-            kind=kind,
-            provider=provider,
-        )
-        # The gate protects a provider's rate limits; the offline scripted model has none, so it
-        # skips the two Redis round trips a slot costs (the wrapper still times the call).
-        if provider == "scripted":
-            return GatedModel(model, self.open_gate, provider=provider)
-        return GatedModel(
-            model,
-            self.gate,
-            provider=provider,
-            timeout=self.settings.turn_max_seconds,
-            breaker=self.fleet.breaker,
-        )
-
-    def _refuse(
-        self,
-        lane: str,
-        turn_id: str,
-        started: StartOutcome,
-        refusal: Refusal,
-        began: float,
-        *,
-        kind: str,
-        model: str,
-    ) -> TurnReport:
-        """End the turn without a model call: background work is skipped, a conversation
-        refused (whoever waits for a reply gets the reason as its text)."""
-        metrics.TURNS_SKIPPED.labels(kind=kind, reason=refusal.reason).inc()
-        _log.info(
-            "turn.skipped",
-            reason=refusal.reason,
-            status=refusal.status,
-            detail=refusal.detail,
-            kind=kind,
-            item_ids=[item.id for item in started.items],
-        )
-        ended_at = monotonic_wall_time()
-        text = refusal.detail if refusal.status == "refused" else ""
-        self._release_lease()
-        finished = self.fleet.lanes.finish(
-            lane,
-            started.fence,
-            status=refusal.status,
-            text=text,
-            reply_ids=[item.id for item in started.items if item.reply],
-            reply_extra={"reason": refusal.reason},
-        )
-        if finished.follow_up_turn_id and finished.follow_up_kind:
-            self.fleet.publisher.publish(lane, finished.follow_up_turn_id, finished.follow_up_kind)
-        self._end(
-            lane,
-            turn_id,
-            started,
-            refusal.status,
-            began,
-            ended_at=ended_at,
-            reason=refusal.reason,
-            model=model,
-            follow_up=finished.follow_up_turn_id,
-        )
-        return TurnReport(lane, turn_id, refusal.status, text, finished.follow_up_turn_id)
-
-    def _log_dream(self, agent: AgentDef, turn_id: str, text: str) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.fleet.clock.time()))
-        summary = " ".join(text.split())[:500]
-        tool = memory_tool(
-            agent.home,
-            notes=True,
-            lock_mode=self.settings.lock_mode,
-            lock_timeout=self.settings.lock_timeout,
-        )
-        entry = f"{stamp} {turn_id}: {summary}"
-        tool.execute({"action": "add", "target": "note:log", "text": entry})
-
-
-def _wrote_log(result: RunResult) -> bool:
-    return any(
-        call.name == "memory" and call.arguments.get("target") == "note:log"
-        for message in result.messages
-        for call in message.tool_calls
-    )
-
-
-def _paused(model: GatedModel) -> bool:
-    """Whether the model's provider breaker holds the turn back now (one read); a breaker seen
-    closed also admits the model's first call (:meth:`GatedModel.seen_closed`)."""
-    if model.breaker is None:
-        return False
-    seen = model.breaker.look(model.provider)
-    if seen == "closed":
-        model.seen_closed()
-    return seen == "paused"
