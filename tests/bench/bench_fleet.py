@@ -434,7 +434,13 @@ def _local_ports(pid: int) -> set[str]:
 
 
 def round_trips(
-    env: Mapping[str, str], logs: Path, name: str, *, app: str, go: Callable[[], object]
+    env: Mapping[str, str],
+    logs: Path,
+    name: str,
+    *,
+    app: str,
+    go: Callable[[], object],
+    done: Callable[[], int] | None = None,
 ) -> tuple[float, dict[str, int]]:
     """Redis commands one task or turn costs, counted with MONITOR on an otherwise idle worker.
 
@@ -444,15 +450,18 @@ def round_trips(
     finished, plus a short tail (the ack).
     """
     settings = Settings.from_env(env)
+    # A turn logs turn.end; a no-op task logs nothing (Celery's per-task lines are debug-only),
+    # so ``done`` counts its completions instead.
+    target = [0]
 
     def finished() -> bool:
-        return any(
-            e.get("event") == "turn.end" or "succeeded in" in str(e.get("event", ""))
-            for e in worker.events()
-        )
+        if done is not None:
+            return done() >= target[0]
+        return any(e.get("event") == "turn.end" for e in worker.events())
 
     with _worker(name, app, env, logs) as worker, _Monitor(settings.redis_url) as monitor:
         deadline = time.monotonic() + 60
+        target[0] = 1
         go()  # warm-up: the first task opens the worker's connections and loads its scripts
         while not finished():
             worker.check(deadline, "the warm-up task")
@@ -460,6 +469,7 @@ def round_trips(
         time.sleep(2.0)
         worker.events()
         began = time.time()
+        target[0] = 2
         go()
         while not finished():
             worker.check(deadline, "one task")
@@ -645,13 +655,16 @@ def _trips(run: _Run) -> str:
     env = run.env("trips-noop", run.scratch / "no-personas")
     settings = Settings.from_env(env)
     app = make_noop_app(settings)
+    counter = redis.Redis.from_url(settings.redis_url)
     try:
         noop, noop_by = round_trips(
             env, run.logs, "trips-noop", app="tests.bench.noop_app",
             go=lambda: app.send_task(NOOP_TASK, ignore_result=True),
+            done=lambda: int(counter.get(done_key(settings)) or 0),
         )  # fmt: skip
     finally:
         app.close()
+        counter.close()
     root = run.scratch / "trips"
     names = _write_personas(root, 1, scripted=True)
     env = run.env("trips-turn", root)
