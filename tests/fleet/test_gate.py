@@ -14,10 +14,13 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 
+from workers.fleet.breaker import Breaker
 from workers.fleet.errors import GateTimeout
 from workers.fleet.gate import Gate, GatedModel, ModelCall
 from workers.fleet.keys import Keys
 from workers.fleet.lease import Renewer
+from workers.fleet.scripts import run_scripts
+from workers.fleet.usage import MeteredModel, UsageLedger
 from workers.local.redis_server import free_port
 from workers.persona.clock import VirtualClock
 from workers.persona.errors import ModelError
@@ -180,6 +183,75 @@ def test_gated_model_releases_the_slot_when_the_call_fails(
     assert gate.holders() == 0
     assert calls[0].provider == "other"
     assert calls[0].error == "ModelError: provider down"
+
+
+class _CountingConnection(redis.Connection):
+    """A real connection that counts its writes to the socket (round trips, for a client that
+    waits for each reply)."""
+
+    sends = 0
+
+    def send_packed_command(self, command: object, check_health: bool = True) -> None:
+        type(self).sends += 1
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+
+def test_an_answered_call_settles_usage_slot_and_breaker_in_one_round_trip(
+    redis_url: str, key_prefix: str, renewer: Renewer
+) -> None:
+    """After the model answers, its usage record, the slot's release and the breaker's count of
+    a success go to Redis together: one write to the socket, and each lands as if sent alone."""
+    pool = redis.ConnectionPool.from_url(
+        redis_url, decode_responses=True, connection_class=_CountingConnection
+    )
+    client = redis.Redis(connection_pool=pool)
+    keys = Keys(key_prefix)
+    gate = Gate(client, keys, limit=2, slot_ttl=10, renewer=renewer)
+    breaker = Breaker(
+        client, keys, window=30, min_calls=4, failure_ratio=0.5, probe_interval=10, probe_ttl=60
+    )
+    ledger = UsageLedger(client, keys, days=2)
+    probe = _Probe(gate)
+    metered = MeteredModel(
+        probe, ledger, persona="ava", day="2026-11-30", call_prefix="ava:t1:1", kind="interactive",
+        provider="openai",
+    )  # fmt: skip
+    model = GatedModel(metered, gate, provider="openai", breaker=breaker)
+    model.seen_closed()  # as a turn that read the breaker closed: the call itself asks nothing
+    sends: list[int] = []
+    original = model._settle
+
+    def counted(*args: object, **kwargs: object) -> None:
+        before = _CountingConnection.sends
+        original(*args, **kwargs)  # type: ignore[arg-type]
+        sends.append(_CountingConnection.sends - before)
+
+    model._settle = counted  # type: ignore[method-assign]
+    for _ in range(2):  # the first call also loads the scripts into this Redis
+        answer = model.complete(system="s", messages=[Message(role="user", content="hi")], tools=[])
+        assert answer.text == "answer to hi"
+    assert sends[1] == 1
+    assert probe.holders_seen == [1, 1]
+    assert gate.holders() == 0
+    [state] = breaker.states()
+    assert (state.calls_total, state.failures_total) == (2, 0)
+    assert metered.spent_today == ledger.spent("ava", "2026-11-30")
+    assert ledger.usage(["ava"], ["2026-11-30"])[0].calls == 2
+    client.close()
+
+
+def test_a_script_batch_survives_a_script_flush(redis_client: redis.Redis, key_prefix: str) -> None:
+    """A batch sent after Redis forgot its scripts (a restart, SCRIPT FLUSH) still runs every
+    call once, in order, with the same replies."""
+    gate = Gate(redis_client, Keys(key_prefix), limit=3, slot_ttl=10)
+    assert gate.acquire("a")
+    assert gate.acquire("b")
+    redis_client.script_flush()
+    replies = run_scripts(
+        redis_client, [gate.release_call("a"), gate.release_call("zzz"), gate.release_call("b")]
+    )
+    assert [bool(r) for r in replies] == [True, False, True]
+    assert gate.holders() == 0
 
 
 def _child(mode: str, url: str, prefix: str, *extra: str) -> subprocess.Popen[str]:

@@ -29,7 +29,7 @@ import redis
 import structlog
 
 from workers.fleet.keys import Keys
-from workers.fleet.scripts import Scripts, redis_errors
+from workers.fleet.scripts import ScriptCall, Scripts, redis_errors, run_scripts
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import (
     ModelRateLimited,
@@ -124,17 +124,22 @@ class Breaker:
     def record(self, provider: str, *, ok: bool, error: str = "") -> str:
         """Count one finished call; returns what the breaker did (``opened``, ``closed_now``,
         ``open`` or ``closed``) and logs the transitions."""
+        reply = run_scripts(self.client, [self.record_call(provider, ok=ok, error=error)])[0]
+        return self.recorded(provider, reply, error=error)
+
+    def record_call(self, provider: str, *, ok: bool, error: str = "") -> ScriptCall:
+        """:meth:`record` prepared, not sent; pass its reply to :meth:`recorded`."""
         args: list[str | int] = [
             provider, self._now_ms(), "ok" if ok else "fail", int(self.window * 1000),
             self.min_calls, repr(self.failure_ratio), int(self.probe_interval * 1000),
             error[:500],
         ]  # fmt: skip
-        with redis_errors(self.client):
-            outcome = str(
-                self.scripts.breaker_record(
-                    keys=[self.keys.breaker(provider), self.keys.breakers], args=args
-                )
-            )
+        keys = [self.keys.breaker(provider), self.keys.breakers]
+        return ScriptCall(self.scripts.breaker_record, keys, args)
+
+    def recorded(self, provider: str, reply: object, *, error: str = "") -> str:
+        """What a recorded call did to the breaker (logging the transitions)."""
+        outcome = str(reply)
         if outcome == "opened":
             _log.error(
                 "breaker.opened",

@@ -14,17 +14,27 @@ reload the script by themselves after a Redis restart or ``SCRIPT FLUSH`` (pipel
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 import redis
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from workers.fleet.errors import RedisUnavailable
 
-__all__ = ["SCRIPT_NAMES", "Scripts", "client_url", "redis_errors", "script_source"]
+__all__ = [
+    "SCRIPT_NAMES",
+    "ScriptCall",
+    "Scripts",
+    "client_url",
+    "redis_errors",
+    "run_scripts",
+    "script_source",
+]
 
 SCRIPT_NAMES: tuple[str, ...] = (
     "post",
@@ -108,3 +118,44 @@ def redis_errors(client: redis.Redis) -> Iterator[None]:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise RedisUnavailable(client_url(client), str(exc) or type(exc).__name__) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    """One script call, prepared but not sent (for :func:`run_scripts`)."""
+
+    script: Script
+    keys: Sequence[str]
+    args: Sequence[str | int | float]
+
+
+def run_scripts(client: redis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
+    """Run ``calls`` in ONE round trip; their replies in order.
+
+    Sent as plain ``EVALSHA`` commands in one pipeline: redis-py's own pipelining of scripts
+    first asks ``SCRIPT EXISTS`` (a second round trip every time). A call answered NOSCRIPT
+    (Redis restarted, or ``SCRIPT FLUSH``) did nothing, so its script is loaded and that call
+    alone runs again. Any other error raises (after the whole batch ran).
+    """
+    if not calls:
+        return []
+    with redis_errors(client):
+        replies = _evalsha_batch(client, calls)
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if missing:
+            for i in missing:
+                client.script_load(calls[i].script.script)
+            again = _evalsha_batch(client, [calls[i] for i in missing])
+            for i, reply in zip(missing, again, strict=True):
+                replies[i] = reply
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+
+def _evalsha_batch(client: redis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
+    pipe = client.pipeline(transaction=False)
+    for call in calls:
+        pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+    return list(pipe.execute(raise_on_error=False))

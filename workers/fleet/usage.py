@@ -29,7 +29,7 @@ import redis
 
 from workers import metrics
 from workers.fleet.keys import Keys
-from workers.fleet.scripts import Scripts, redis_errors
+from workers.fleet.scripts import ScriptCall, Scripts, redis_errors, run_scripts
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.messages import Completion, Message, ToolSpec, Usage
 from workers.persona.models import Model
@@ -149,6 +149,22 @@ class UsageLedger:
         usage: Usage,
     ) -> int:
         """Count one answered call; return the persona's tokens that day (-1: already counted)."""
+        call = self.record_call(
+            persona=persona, day=day, call_id=call_id, model=model, kind=kind, usage=usage
+        )
+        return int(run_scripts(self.client, [call])[0])
+
+    def record_call(
+        self,
+        *,
+        persona: str,
+        day: str,
+        call_id: str,
+        model: str,
+        kind: str,
+        usage: Usage,
+    ) -> ScriptCall:
+        """:meth:`record` prepared, not sent (to share a round trip; the reply is the same)."""
         keep_ms = int((self.days + 1) * 86400 * 1000)
         keys = [
             self.keys.usage(day, persona),
@@ -160,8 +176,7 @@ class UsageLedger:
             usage.cached_input_tokens, usage.cache_write_input_tokens,
             keep_ms, int(CALL_MARKER_TTL * 1000),
         ]  # fmt: skip
-        with redis_errors(self.client):
-            return int(self.scripts.usage(keys=keys, args=args))
+        return ScriptCall(self.scripts.usage, keys, args)
 
     def spent(self, persona: str, day: str) -> int:
         """The persona's tokens (input + output) on ``day``."""
@@ -261,6 +276,16 @@ class MeteredModel:
     def complete(
         self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
     ) -> Completion:
+        completion, call = self.call(system=system, messages=messages, tools=tools)
+        self.settle(run_scripts(self.ledger.client, [call])[0])
+        return completion
+
+    def call(
+        self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> tuple[Completion, ScriptCall]:
+        """The model's answer and the usage record it owes, not yet sent: the caller sends it
+        (with its own after-call writes, in one round trip) and passes the reply to
+        :meth:`settle`. A call that raises owes nothing."""
         completion = self.model.complete(system=system, messages=messages, tools=tools)
         with self._lock:
             self.calls += 1
@@ -274,7 +299,7 @@ class MeteredModel:
             ("cached_input", usage.cached_input_tokens),
         ):
             metrics.MODEL_TOKENS.labels(self.provider, label, self.kind, kind).inc(count)
-        self.spent_today = self.ledger.record(
+        record = self.ledger.record_call(
             persona=self.persona,
             day=self.day,
             call_id=f"{self.call_prefix}:{number}",
@@ -282,4 +307,8 @@ class MeteredModel:
             kind=self.kind,
             usage=usage,
         )
-        return completion
+        return completion, record
+
+    def settle(self, reply: object) -> None:
+        """The usage record's reply: the persona's tokens that day (-1: already counted)."""
+        self.spent_today = int(str(reply))
