@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.support.fleet import openai_env
 from tests.support.providers import FakeProvider
-from tests.support.rig import TurnRig, openai_env, turn_engine, write_persona
+from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.persona.clock import VirtualClock
 from workers.persona.messages import Usage
 

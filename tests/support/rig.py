@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from tests.support.providers import FakeProvider
 from workers.fleet import Fleet
 from workers.fleet.gate import Gate
 from workers.fleet.lease import Renewer
@@ -29,7 +28,6 @@ __all__ = [
     "Recorder",
     "TurnEngine",
     "TurnRig",
-    "openai_env",
     "turn_engine",
     "write_persona",
 ]
@@ -109,16 +107,6 @@ def turn_engine(
     finally:
         renewer.stop()
         fleet.client.close()
-
-
-def openai_env(server: FakeProvider) -> dict[str, str]:
-    """Settings that send every ``openai:`` model to ``server``, with no retry inside a call
-    (so each request the server counts is one the turn made)."""
-    return {
-        "OPENAI_BASE_URL": server.base_url,
-        "OPENAI_API_KEY": "sk-test",
-        "SOULFLEET_MODEL_RETRIES": "0",
-    }
 
 
 def write_persona(
