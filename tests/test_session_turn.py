@@ -6,8 +6,8 @@ through the turn gate, counted in the turn's usage; dream passes are fresh sessi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,49 +16,23 @@ import redis
 from prometheus_client import REGISTRY
 
 from tests.support.providers import FakeProvider, Reply, openai_completion
-from workers.fleet import Fleet
-from workers.fleet.gate import Gate
-from workers.fleet.lease import Renewer
+from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.persona.clock import VirtualClock
 from workers.persona.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from workers.persona.session_files import SESSIONS_DIR
-from workers.settings import Settings
-from workers.turn import TurnExecutor
 
 
 @dataclass
-class Recorder:
-    sent: list[tuple[str, str, str]] = field(default_factory=list)
-
-    def publish(self, lane: str, turn_id: str, kind: str) -> None:
-        self.sent.append((lane, turn_id, kind))
-
-    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
-        self.sent.extend(turns)
-
-
-@dataclass
-class Rig:
-    fleet: Fleet
-    executor: TurnExecutor
-    published: Recorder
-    root: Path
+class Rig(TurnRig):
     provider: FakeProvider
 
     def persona(self, name: str, toml: str = "", **files: str) -> Path:
-        home = self.root / name
-        home.mkdir()
-        (home / "SOUL.md").write_text(f"You are {name}.")
-        (home / "persona.toml").write_text(f'model = "openai:fake"\n{toml}')
-        for filename, text in files.items():
-            (home / filename).write_text(text)
-        return home
+        return write_persona(self.root, name, "openai:fake", toml, soul=f"You are {name}.", **files)
 
     def ask(self, persona: str, text: str) -> dict[str, Any]:
         """Post ``text`` for a reply, run the turn in-process, return the reply document."""
         posted = self.fleet.post(persona, text, wake=True, reply=True)
-        lane, turn_id, _ = self.published.sent.pop()
-        self.executor.execute(lane, turn_id)
+        self.run_next()
         raw = self.fleet.client.lpop(self.fleet.keys.reply(posted.item_id))
         assert isinstance(raw, str)
         reply: dict[str, Any] = json.loads(raw)
@@ -84,25 +58,9 @@ def rig(
     redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path, clock: VirtualClock
 ) -> Iterator[Rig]:
     with FakeProvider("openai", respond=cached_answer) as provider:
-        settings = Settings.from_env(
-            {
-                "REDIS_URL": redis_url,
-                "SOULFLEET_KEY_PREFIX": key_prefix,
-                "SOULFLEET_PERSONAS": str(tmp_path),
-                "SOULFLEET_MAX_CONCURRENT_MODEL_CALLS": "1",
-                "OPENAI_BASE_URL": provider.base_url,
-            }
-        )
-        published = Recorder()
-        fleet = Fleet(settings, publisher=published, clock=clock)
-        renewer = Renewer(fleet.lanes)
-        gate = Gate(fleet.client, fleet.keys, limit=1, slot_ttl=30, renewer=renewer)
-        executor = TurnExecutor(settings, fleet, renewer, gate, worker_id="test-worker")
-        try:
-            yield Rig(fleet, executor, published, tmp_path, provider)
-        finally:
-            renewer.stop()
-            fleet.client.close()
+        env = {"SOULFLEET_MAX_CONCURRENT_MODEL_CALLS": "1", "OPENAI_BASE_URL": provider.base_url}
+        with turn_engine(redis_url, key_prefix, tmp_path, env, gate_limit=1, clock=clock) as engine:
+            yield Rig(*engine, tmp_path, provider)
 
 
 def _metric(name: str) -> float:

@@ -10,22 +10,20 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import redis
 
+from tests.support.fleet import openai_env
 from tests.support.providers import FakeProvider
-from workers.fleet import Fleet
-from workers.fleet.gate import Gate
-from workers.fleet.lease import Renewer
+from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.persona.clock import VirtualClock
 from workers.persona.messages import Usage
-from workers.settings import Settings
-from workers.turn import TurnExecutor
 
 # The next 12:00 UTC: the day boundary is 12 h away, and the virtual clock runs ahead of the
 # file system's, so files written during a test look older than any pass (tests date a new
@@ -35,67 +33,27 @@ TOMORROW = datetime.fromtimestamp(NOON + 86400, UTC).strftime("%Y-%m-%d")
 
 
 @dataclass
-class Recorder:
-    sent: list[tuple[str, str, str]] = field(default_factory=list)
-
-    def publish(self, lane: str, turn_id: str, kind: str) -> None:
-        self.sent.append((lane, turn_id, kind))
-
-    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
-        self.sent.extend(turns)
-
-
-@dataclass
-class Rig:
-    fleet: Fleet
-    executor: TurnExecutor
-    published: Recorder
-    root: Path
+class Rig(TurnRig):
     server: FakeProvider
     clock: VirtualClock
 
     def persona(self, name: str, toml: str = "", **files: str) -> Path:
-        home = self.root / name
-        home.mkdir()
-        (home / "SOUL.md").write_text(f"You are {name}.\n")
-        (home / "persona.toml").write_text(f'model = "openai:talk"\n{toml}')
-        for filename, text in files.items():
-            (home / filename.replace("_", ".")).write_text(text)
-        return home
-
-    def run_all(self) -> list[str]:
-        """Run every published turn (and the follow-ups they publish); their outcomes."""
-        outcomes = []
-        while self.published.sent:
-            lane, turn_id, _ = self.published.sent.pop(0)
-            outcomes.append(self.executor.execute(lane, turn_id).outcome)
-        return outcomes
+        return write_persona(
+            self.root, name, "openai:talk", toml, soul=f"You are {name}.\n", **files
+        )
 
     def models_seen(self) -> list[str]:
         return [body["model"] for body in self.server.bodies]
 
 
+@contextmanager
 def make_rig(
     redis_url: str, key_prefix: str, root: Path, server: FakeProvider, **env: str
-) -> tuple[Rig, Renewer]:
-    settings = Settings.from_env(
-        {
-            "REDIS_URL": redis_url,
-            "SOULFLEET_KEY_PREFIX": key_prefix,
-            "SOULFLEET_PERSONAS": str(root),
-            "OPENAI_BASE_URL": server.base_url,
-            "OPENAI_API_KEY": "sk-test",
-            "SOULFLEET_MODEL_RETRIES": "0",
-            **env,
-        }
-    )
-    published = Recorder()
+) -> Iterator[Rig]:
     clock = VirtualClock(NOON)
-    fleet = Fleet(settings, publisher=published, clock=clock)
-    renewer = Renewer(fleet.lanes)
-    gate = Gate(fleet.client, fleet.keys, limit=0, slot_ttl=30, renewer=renewer)
-    executor = TurnExecutor(settings, fleet, renewer, gate, worker_id="test-worker")
-    return Rig(fleet, executor, published, root, server, clock), renewer
+    settings = {**openai_env(server), **env}
+    with turn_engine(redis_url, key_prefix, root, settings, gate_limit=0, clock=clock) as engine:
+        yield Rig(*engine, root, server, clock)
 
 
 @pytest.fixture
@@ -112,12 +70,8 @@ def rig(
     tmp_path: Path,
     server: FakeProvider,
 ) -> Iterator[Rig]:
-    made, renewer = make_rig(redis_url, key_prefix, tmp_path, server)
-    try:
+    with make_rig(redis_url, key_prefix, tmp_path, server) as made:
         yield made
-    finally:
-        renewer.stop()
-        made.fleet.client.close()
 
 
 KINDS_TOML = """
@@ -148,15 +102,14 @@ def test_fleet_defaults_apply_where_the_persona_names_no_model_for_the_kind(
 ) -> None:
     """SOULFLEET_HEARTBEAT_MODEL / SOULFLEET_DREAM_MODEL are used when persona.toml has no
     heartbeat.model / dream.model; a conversation still uses the persona's model."""
-    rig, renewer = make_rig(
+    with make_rig(
         redis_url,
         key_prefix,
         tmp_path,
         server,
         SOULFLEET_HEARTBEAT_MODEL="openai:cheap-beat",
         SOULFLEET_DREAM_MODEL="openai:cheap-dream",
-    )
-    try:
+    ) as rig:
         rig.persona("ava", '[heartbeat]\nevery = "1h"\n[dream]\nevery = "1d"\n')
         rig.persona("bob", KINDS_TOML)
         for name in ("ava", "bob"):
@@ -167,9 +120,6 @@ def test_fleet_defaults_apply_where_the_persona_names_no_model_for_the_kind(
         rig.fleet.post("ava", "hi")
         rig.run_all()
         assert rig.models_seen() == ["cheap-beat", "cheap-dream", "beat", "dream", "talk"]
-    finally:
-        renewer.stop()
-        rig.fleet.client.close()
 
 
 def test_usage_in_redis_is_what_the_server_reported_per_model_and_kind(rig: Rig) -> None:
@@ -284,17 +234,13 @@ def test_fleet_daily_tokens_is_the_default_budget(
     redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path, server: FakeProvider
 ) -> None:
     """SOULFLEET_DAILY_TOKENS budgets every persona without a [budget] of its own."""
-    rig, renewer = make_rig(redis_url, key_prefix, tmp_path, server, SOULFLEET_DAILY_TOKENS="5")
-    try:
+    with make_rig(redis_url, key_prefix, tmp_path, server, SOULFLEET_DAILY_TOKENS="5") as rig:
         rig.persona("ava", '[heartbeat]\nevery = "1h"\n', HEARTBEAT_md="- stretch\n")
         rig.fleet.tick("ava")
         assert rig.run_all() == ["done"]
         rig.fleet.tick("ava")
         assert rig.run_all() == ["skipped"]
         assert len(rig.server.requests) == 1
-    finally:
-        renewer.stop()
-        rig.fleet.client.close()
 
 
 def test_a_dream_with_nothing_new_since_its_last_pass_is_skipped(rig: Rig) -> None:

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,71 +18,25 @@ import redis
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
-from workers.fleet import Fleet
-from workers.fleet.gate import Gate
-from workers.fleet.lease import Renewer
+from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.fleet.outcomes import StartOutcome
 from workers.persona.inbox import InboxItem
-from workers.settings import Settings
-from workers.turn import TurnExecutor
 
 
-@dataclass
-class Recorder:
-    sent: list[tuple[str, str, str]] = field(default_factory=list)
-
-    def publish(self, lane: str, turn_id: str, kind: str) -> None:
-        self.sent.append((lane, turn_id, kind))
-
-    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
-        self.sent.extend(turns)
-
-
-@dataclass
-class Rig:
-    fleet: Fleet
-    executor: TurnExecutor
-    published: Recorder
-    root: Path
-
+class Rig(TurnRig):
     def persona(self, name: str, rules: str, toml: str = "", **files: str) -> Path:
-        home = self.root / name
-        home.mkdir()
-        (home / "rules.toml").write_text(rules)
-        (home / "persona.toml").write_text(f'model = "scripted:rules.toml"\n{toml}')
-        for filename, text in files.items():
-            (home / filename.replace("_", ".")).write_text(text)
-        return home
-
-    def run_next(self) -> str:
-        """Run the most recently published turn; return its outcome."""
-        lane, turn_id, _ = self.published.sent.pop()
-        return self.executor.execute(lane, turn_id).outcome
+        return write_persona(
+            self.root, name, "scripted:rules.toml", toml, rules_toml=rules, **files
+        )
 
 
 @pytest.fixture
 def rig(
     redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
 ) -> Iterator[Rig]:
-    settings = Settings.from_env(
-        {
-            "REDIS_URL": redis_url,
-            "SOULFLEET_KEY_PREFIX": key_prefix,
-            "SOULFLEET_PERSONAS": str(tmp_path),
-            "SOULFLEET_MAX_ATTEMPTS": "2",
-            "SOULFLEET_MAX_CONCURRENT_MODEL_CALLS": "1",
-        }
-    )
-    published = Recorder()
-    fleet = Fleet(settings, publisher=published)
-    renewer = Renewer(fleet.lanes)
-    gate = Gate(fleet.client, fleet.keys, limit=1, slot_ttl=30, renewer=renewer)
-    executor = TurnExecutor(settings, fleet, renewer, gate, worker_id="test-worker")
-    try:
-        yield Rig(fleet, executor, published, tmp_path)
-    finally:
-        renewer.stop()
-        fleet.client.close()
+    env = {"SOULFLEET_MAX_ATTEMPTS": "2", "SOULFLEET_MAX_CONCURRENT_MODEL_CALLS": "1"}
+    with turn_engine(redis_url, key_prefix, tmp_path, env, gate_limit=1) as engine:
+        yield Rig(*engine, tmp_path)
 
 
 HEARTBEAT_RULES = """

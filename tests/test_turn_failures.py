@@ -5,45 +5,24 @@ open a turn is deferred before it writes anything and resumes once a probe succe
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
 
+from tests.support.fleet import openai_env
 from tests.support.providers import FakeProvider, error_reply
-from workers.fleet import Fleet
-from workers.fleet.gate import Gate
-from workers.fleet.lease import Renewer
+from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.persona.clock import VirtualClock
-from workers.settings import Settings
-from workers.turn import TurnExecutor
 
 
 @dataclass
-class Recorder:
-    sent: list[tuple[str, str, str]] = field(default_factory=list)
-
-    def publish(self, lane: str, turn_id: str, kind: str) -> None:
-        self.sent.append((lane, turn_id, kind))
-
-    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
-        self.sent.extend(turns)
-
-
-@dataclass
-class Rig:
-    fleet: Fleet
-    executor: TurnExecutor
-    published: Recorder
+class Rig(TurnRig):
     provider: FakeProvider
     home: Path
     clock: VirtualClock
-
-    def run_next(self) -> str:
-        lane, turn_id, _ = self.published.sent.pop()
-        return self.executor.execute(lane, turn_id).outcome
 
     def transcripts(self) -> int:
         return len(list(self.home.glob("transcripts/ava/*.jsonl")))
@@ -54,34 +33,17 @@ def rig(
     redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
 ) -> Iterator[Rig]:
     with FakeProvider("openai") as provider:
-        settings = Settings.from_env(
-            {
-                "REDIS_URL": redis_url,
-                "SOULFLEET_KEY_PREFIX": key_prefix,
-                "SOULFLEET_PERSONAS": str(tmp_path),
-                "OPENAI_BASE_URL": provider.base_url,
-                "OPENAI_API_KEY": "sk-test",
-                "SOULFLEET_MODEL_RETRIES": "0",
-                "SOULFLEET_RETRY_BASE": "10s",
-                "SOULFLEET_RETRY_MAX": "20s",
-                "SOULFLEET_BREAKER_MIN_CALLS": "2",
-                "SOULFLEET_BREAKER_PROBE_INTERVAL": "2s",
-            }
-        )
-        home = tmp_path / "ava"
-        home.mkdir()
-        (home / "persona.toml").write_text('model = "openai:gpt-test"\n')
-        published = Recorder()
+        env = {
+            **openai_env(provider),
+            "SOULFLEET_RETRY_BASE": "10s",
+            "SOULFLEET_RETRY_MAX": "20s",
+            "SOULFLEET_BREAKER_MIN_CALLS": "2",
+            "SOULFLEET_BREAKER_PROBE_INTERVAL": "2s",
+        }
+        home = write_persona(tmp_path, "ava", "openai:gpt-test")
         clock = VirtualClock(start=1_700_000_000.0)
-        fleet = Fleet(settings, publisher=published, clock=clock)
-        renewer = Renewer(fleet.lanes)
-        gate = Gate(fleet.client, fleet.keys, limit=0, slot_ttl=30, renewer=renewer)
-        executor = TurnExecutor(settings, fleet, renewer, gate, worker_id="test-worker")
-        try:
-            yield Rig(fleet, executor, published, provider, home, clock)
-        finally:
-            renewer.stop()
-            fleet.client.close()
+        with turn_engine(redis_url, key_prefix, tmp_path, env, gate_limit=0, clock=clock) as engine:
+            yield Rig(*engine, tmp_path, provider, home, clock)
 
 
 def _release(rig: Rig) -> None:

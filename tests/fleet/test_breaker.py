@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import pytest
 import redis
 
-from tests.support.lanes import item, make_lanes
+from tests.support.lanes import item, make_breaker, make_lanes
 from workers.fleet.breaker import Breaker
 from workers.fleet.errors import ProviderPaused
 from workers.fleet.gate import Gate, GatedModel
@@ -28,16 +28,7 @@ def clock() -> VirtualClock:
 
 @pytest.fixture
 def breaker(redis_client: redis.Redis, key_prefix: str, clock: VirtualClock) -> Breaker:
-    return Breaker(
-        redis_client,
-        Keys(key_prefix),
-        window=30,
-        min_calls=4,
-        failure_ratio=0.5,
-        probe_interval=10,
-        probe_ttl=60,
-        clock=clock,
-    )
+    return make_breaker(redis_client, key_prefix, clock=clock)
 
 
 @pytest.fixture

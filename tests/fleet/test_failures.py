@@ -8,8 +8,7 @@ import random
 import pytest
 import redis
 
-from tests.support.lanes import item, make_lanes
-from workers.fleet.breaker import Breaker
+from tests.support.lanes import item, make_breaker, make_lanes
 from workers.fleet.errors import (
     GateTimeout,
     InboxFull,
@@ -18,7 +17,6 @@ from workers.fleet.errors import (
     UnknownPersona,
     classify,
 )
-from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
 from workers.fleet.recovery import Backoff, Recovery
 from workers.persona.clock import VirtualClock
@@ -52,16 +50,7 @@ def lanes(redis_client: redis.Redis, key_prefix: str, clock: VirtualClock) -> La
 
 @pytest.fixture
 def recovery(lanes: Lanes, redis_client: redis.Redis, key_prefix: str) -> Recovery:
-    breaker = Breaker(
-        redis_client,
-        Keys(key_prefix),
-        window=30,
-        min_calls=4,
-        failure_ratio=0.5,
-        probe_interval=10,
-        probe_ttl=60,
-        clock=lanes.clock,
-    )
+    breaker = make_breaker(redis_client, key_prefix, clock=lanes.clock)
     return Recovery(lanes, breaker, claim_ttl=6)
 
 

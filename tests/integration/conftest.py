@@ -14,11 +14,14 @@ import redis
 from tests.support.fleet import (
     FleetProcess,
     fleet_env,
+    openai_env,
     read_events,
     start_beat,
     start_worker,
     stop_all,
+    wait_until,
 )
+from tests.support.providers import FakeProvider
 from workers.fleet import Fleet
 from workers.publisher import connect
 from workers.settings import Settings
@@ -38,6 +41,11 @@ class Harness:
         """Set fleet environment variables (before starting processes or using ``fleet``)."""
         assert self._fleet is None, "configure before the first use of harness.fleet"
         self.env.update(values)
+
+    def use_model_server(self, server: FakeProvider, **values: str) -> None:
+        """Configure the fleet's default model ``openai:talk`` and every other ``openai:`` model
+        to be served by ``server`` (no retry inside a call), plus ``values``."""
+        self.configure(**openai_env(server), SOULFLEET_MODEL="openai:talk", **values)
 
     @property
     def settings(self) -> Settings:
@@ -90,6 +98,24 @@ class Harness:
                     record["_process"] = path.stem
                     found.append(record)
         return sorted(found, key=lambda record: float(record.get("at", record.get("ts", 0))))
+
+    def drain(self, timeout: float) -> None:
+        """Wait until no lane is queued or running, re-publishing lost messages as beat's
+        reaper would (beat is stopped by now); on a timeout, print a few lanes still stuck."""
+        fleet = self.fleet
+
+        def drained() -> bool:
+            fleet.reap()
+            counts = fleet.lanes.counts()
+            return counts["queued"] + counts["running"] == 0
+
+        try:
+            wait_until(drained, timeout=timeout, interval=0.5, what="every lane to go idle")
+        except AssertionError:
+            client, keys = fleet.client, fleet.keys
+            stuck = [*client.zrange(keys.queued, 0, 2), *client.zrange(keys.running, 0, 2)]
+            print("stuck lanes:", [fleet.lanes.status(str(lane)) for lane in stuck])
+            raise
 
     def stop(self) -> None:
         stop_all(self.processes)

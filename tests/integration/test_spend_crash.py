@@ -58,11 +58,8 @@ def test_usage_equals_the_bill_across_sigkilled_workers_and_retries(
     harness: Harness, server: FakeProvider
 ) -> None:
     """SIGKILLs with calls in flight and 500s from the provider: Redis usage == the bill."""
-    harness.configure(
-        OPENAI_BASE_URL=server.base_url,
-        OPENAI_API_KEY="sk-test",
-        SOULFLEET_MODEL="openai:talk",
-        SOULFLEET_MODEL_RETRIES="0",
+    harness.use_model_server(
+        server,
         SOULFLEET_LEASE_TTL="2",
         SOULFLEET_MAX_ATTEMPTS="20",
         SOULFLEET_SWEEP_INTERVAL="0.2",
@@ -92,13 +89,7 @@ def test_usage_equals_the_bill_across_sigkilled_workers_and_retries(
         server.resume()
     time.sleep(3.0)
     beat.stop()
-
-    def drained() -> bool:
-        harness.fleet.reap()
-        counts = harness.fleet.lanes.counts()
-        return counts["queued"] + counts["running"] == 0
-
-    wait_until(drained, timeout=120, interval=0.5, what="every lane to go idle")
+    harness.drain(timeout=120)
     workers = [steady, victim, *victims]
     ends = [end for worker in workers for end in worker.events("turn.end")]
     starts = [start for worker in workers for start in worker.events("turn.start")]

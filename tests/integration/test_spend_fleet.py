@@ -112,11 +112,8 @@ def test_a_200_persona_fleet_pays_only_for_the_calls_the_rules_allow(
 ) -> None:
     """Persona by persona: server calls == model turns the workers ran == what each group's
     rules allow; skips carry their reasons; reminders surface; models by kind; usage == bill."""
-    harness.configure(
-        OPENAI_BASE_URL=server.base_url,
-        OPENAI_API_KEY="sk-test",
-        SOULFLEET_MODEL="openai:talk",
-        SOULFLEET_MODEL_RETRIES="0",
+    harness.use_model_server(
+        server,
         SOULFLEET_SWEEP_INTERVAL="0.2",
         SOULFLEET_SYNC_INTERVAL="1",
         SOULFLEET_REAP_QUEUED_AFTER="20",
@@ -148,18 +145,7 @@ def test_a_200_persona_fleet_pays_only_for_the_calls_the_rules_allow(
     beat = harness.beat()
     time.sleep(RUN_SECONDS)
     beat.stop()
-
-    def drained() -> bool:
-        fleet.reap()  # what beat's reaper would do for a lost message, now beat is stopped
-        counts = fleet.lanes.counts()
-        return counts["queued"] + counts["running"] == 0
-
-    try:
-        wait_until(drained, timeout=180, interval=0.5, what="every queued turn to finish")
-    except AssertionError:
-        stuck = [*client.zrange(keys.queued, 0, 2), *client.zrange(keys.running, 0, 2)]
-        print("stuck lanes:", [fleet.lanes.status(str(lane)) for lane in stuck])
-        raise
+    harness.drain(timeout=180)
 
     seen = Observed.collect(workers, beat, server, fleet)
     print(

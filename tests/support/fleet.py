@@ -19,9 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.providers import FakeProvider
+
 __all__ = [
     "FleetProcess",
     "fleet_env",
+    "openai_env",
     "read_events",
     "soak_seconds",
     "spawn",
@@ -62,6 +65,16 @@ def fleet_env(
     if extra:
         env.update(extra)
     return env
+
+
+def openai_env(server: FakeProvider) -> dict[str, str]:
+    """Settings that send every ``openai:`` model to ``server``, with no retry inside a call
+    (so each request the server counts is one the turn made)."""
+    return {
+        "OPENAI_BASE_URL": server.base_url,
+        "OPENAI_API_KEY": "sk-test",
+        "SOULFLEET_MODEL_RETRIES": "0",
+    }
 
 
 def read_events(path: Path, event: str | None = None) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import redis
 
+from workers.fleet.breaker import Breaker
 from workers.fleet.errors import LeaseLost
 from workers.fleet.gate import Gate
 from workers.fleet.keys import Keys
@@ -31,6 +32,7 @@ __all__ = [
     "gate_main",
     "hammer",
     "item",
+    "make_breaker",
     "make_lanes",
     "record_max",
     "work_one",
@@ -61,6 +63,21 @@ def make_lanes(
         reply_ttl=reply_ttl,
         item_max_bytes=item_max_bytes,
         beat_max_bytes=beat_max_bytes,
+        clock=clock,
+    )
+
+
+def make_breaker(client: redis.Redis, prefix: str, *, clock: Clock) -> Breaker:
+    """A Breaker on ``client`` that opens on half of at least 4 calls in 30 s failing, and lets
+    one probe through every 10 s."""
+    return Breaker(
+        client,
+        Keys(prefix),
+        window=30,
+        min_calls=4,
+        failure_ratio=0.5,
+        probe_interval=10,
+        probe_ttl=60,
         clock=clock,
     )
 

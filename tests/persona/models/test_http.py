@@ -5,6 +5,7 @@ from __future__ import annotations
 import email.utils
 import random
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -52,6 +53,37 @@ def transport(
         clock=clock,
         rng=random.Random(1),
     )
+
+
+def on_threads(
+    count: int,
+    work: Callable[[], object],
+    *,
+    join_timeout: float,
+    start_together: float | None = None,
+) -> list[BaseException]:
+    """Run ``work`` once on each of ``count`` threads and wait for them; what they raised.
+    With ``start_together`` (a timeout), every thread waits at a barrier first, so the calls
+    overlap however slowly the threads are started."""
+    barrier = threading.Barrier(count) if start_together is not None else None
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        try:
+            if barrier is not None:
+                barrier.wait(timeout=start_together)
+            work()
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=join_timeout)
+    return errors
 
 
 @pytest.mark.parametrize(
@@ -222,24 +254,15 @@ def test_one_model_shared_by_threads(openai_server: FakeProvider, clock: Recordi
     config = ModelConfig(openai_base_url=openai_server.base_url, openai_api_key=Secret(KEY))
     model = OpenAIModel("shared", config, clock=clock)
     texts: list[str] = []
-    errors: list[BaseException] = []
     lock = threading.Lock()
 
     def turn() -> None:
-        try:
-            for _ in range(5):
-                text = model.complete(system="", messages=[Message("user", "hi")], tools=[]).text
-                with lock:
-                    texts.append(text)
-        except BaseException as exc:
+        for _ in range(5):
+            text = model.complete(system="", messages=[Message("user", "hi")], tools=[]).text
             with lock:
-                errors.append(exc)
+                texts.append(text)
 
-    threads = [threading.Thread(target=turn) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    errors = on_threads(8, turn, join_timeout=30)
     assert errors == []
     assert texts == ["ok"] * 40
     assert len(openai_server.requests) == 40
@@ -268,22 +291,12 @@ def test_connections_are_reused_per_thread(clock: RecordingClock) -> None:
     each open at most 8 connections, not one per call, and every thread's calls overlap."""
     with FakeProvider("openai", delay=0.2) as server:
         http = transport(server, clock)
-        barrier = threading.Barrier(8)
-        errors: list[BaseException] = []
 
         def calls() -> None:
-            try:
-                barrier.wait(timeout=10)
-                for _ in range(5):
-                    http.post_json("/chat/completions", {"model": "m", "messages": []})
-            except BaseException as exc:
-                errors.append(exc)
+            for _ in range(5):
+                http.post_json("/chat/completions", {"model": "m", "messages": []})
 
-        threads = [threading.Thread(target=calls) for _ in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=30)
+        errors = on_threads(8, calls, join_timeout=30, start_together=10)
         http.close()
         assert errors == []
         assert len(server.requests) == 40
@@ -304,21 +317,11 @@ def test_many_concurrent_calls_are_not_capped(clock: RecordingClock) -> None:
             policy=RetryPolicy(timeout=60.0, retries=0),
             clock=clock,
         )
-        barrier = threading.Barrier(150)
-        errors: list[BaseException] = []
 
         def call() -> None:
-            try:
-                barrier.wait(timeout=30)
-                http.post_json("/chat/completions", {"model": "m", "messages": []})
-            except BaseException as exc:
-                errors.append(exc)
+            http.post_json("/chat/completions", {"model": "m", "messages": []})
 
-        threads = [threading.Thread(target=call) for _ in range(150)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
+        errors = on_threads(150, call, join_timeout=60, start_together=30)
         http.close()
         assert errors == []
         assert len(server.requests) == 150
