@@ -14,7 +14,7 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 
-from workers.fleet.breaker import Breaker
+from tests.support.lanes import make_breaker
 from workers.fleet.errors import GateTimeout
 from workers.fleet.gate import Gate, GatedModel, ModelCall
 from workers.fleet.keys import Keys
@@ -22,7 +22,7 @@ from workers.fleet.lease import Renewer
 from workers.fleet.scripts import run_scripts
 from workers.fleet.usage import MeteredModel, UsageLedger
 from workers.local.redis_server import free_port
-from workers.persona.clock import VirtualClock
+from workers.persona.clock import SystemClock, VirtualClock
 from workers.persona.errors import ModelError
 from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
@@ -207,9 +207,7 @@ def test_an_answered_call_settles_usage_slot_and_breaker_in_one_round_trip(
     client = redis.Redis(connection_pool=pool)
     keys = Keys(key_prefix)
     gate = Gate(client, keys, limit=2, slot_ttl=10, renewer=renewer)
-    breaker = Breaker(
-        client, keys, window=30, min_calls=4, failure_ratio=0.5, probe_interval=10, probe_ttl=60
-    )
+    breaker = make_breaker(client, key_prefix, clock=SystemClock())
     ledger = UsageLedger(client, keys, days=2)
     probe = _Probe(gate)
     metered = MeteredModel(
