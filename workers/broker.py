@@ -17,7 +17,6 @@ kombu's own transport.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from kombu import transport as kombu_transport
@@ -32,7 +31,6 @@ class Channel(kombu_redis.Channel):
     """kombu's Redis channel, reusing one synchronous client per connection pool."""
 
     _soulfleet_client: Any = None
-    _soulfleet_lock = threading.Lock()
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         # kombu's type stubs do not declare this private hook.
@@ -42,11 +40,9 @@ class Channel(kombu_redis.Channel):
         pool = self.pool
         client = self._soulfleet_client
         if client is None or client.connection_pool is not pool:
-            with self._soulfleet_lock:
-                client = self._soulfleet_client
-                if client is None or client.connection_pool is not pool:
-                    client = stock._create_client(asynchronous=False)
-                    self._soulfleet_client = client
+            # No lock: two threads racing here build two equivalent clients and one is kept.
+            client = stock._create_client(asynchronous=False)
+            self._soulfleet_client = client
         return client
 
 
