@@ -207,14 +207,7 @@ def run(
             fleet=mcp_servers,
             reserved=("memory",) if agent.memory else (),
         )
-        for prefix, server, reason in box.unavailable:
-            _log.warning(
-                "tool.server_unavailable",
-                persona=agent.name,
-                server=prefix,
-                command=server,
-                error=reason,
-            )
+        box.warn_unavailable(agent.name)
         return run_agent(
             agent,
             prompt,

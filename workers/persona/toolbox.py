@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from workers.persona.errors import PersonaConfigError
 from workers.persona.mcp_calls import McpUnavailable
 from workers.persona.mcp_hub import McpHub
@@ -33,6 +35,8 @@ from workers.persona.tool_config import DEFAULT_TIMEOUT, McpDecl, McpServer, Too
 from workers.persona.tools import Tool, ToolResult, tool_source
 
 __all__ = ["BoundedTool", "McpTool", "ToolLimits", "Toolbox", "build_declared", "valid_tool_name"]
+
+_log = structlog.get_logger("soulfleet.tools")
 
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
@@ -57,6 +61,17 @@ class Toolbox:
 
     tools: tuple[Tool, ...]
     unavailable: tuple[tuple[str, str, str], ...] = ()
+
+    def warn_unavailable(self, persona: str) -> None:
+        """One ``tool.server_unavailable`` warning per server left out, with its reason."""
+        for prefix, server, reason in self.unavailable:
+            _log.warning(
+                "tool.server_unavailable",
+                persona=persona,
+                server=prefix,
+                command=server,
+                error=reason,
+            )
 
 
 class McpTool:

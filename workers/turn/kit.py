@@ -71,14 +71,7 @@ class TurnKit:
             limits=self.tool_limits,
             reserved=("memory",) if agent.memory else (),
         )
-        for prefix, server, reason in box.unavailable:
-            _log.warning(
-                "tool.server_unavailable",
-                persona=agent.name,
-                server=prefix,
-                command=server,
-                error=reason,
-            )
+        box.warn_unavailable(agent.name)
         return box.tools
 
     def model(self, agent: AgentDef, kind: str, call_prefix: str, persona: AgentDef) -> GatedModel:
