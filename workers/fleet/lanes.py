@@ -32,15 +32,16 @@ import random
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
-import redis
 import structlog
 from redis.commands.core import Script
 
 from workers import metrics
 from workers.fleet.errors import InboxFull, ItemTooLarge, LeaseLost
-from workers.fleet.keys import Keys
+from workers.fleet.lane_repairs import LaneRepairs
+from workers.fleet.lane_reports import LaneReports, work_id
+from workers.fleet.lane_store import new_turn_id
 from workers.fleet.outcomes import (
     FailOutcome,
     FinishOutcome,
@@ -49,8 +50,7 @@ from workers.fleet.outcomes import (
     StartOutcome,
     TickOutcome,
 )
-from workers.fleet.scripts import Scripts, redis_errors
-from workers.persona.clock import Clock, SystemClock
+from workers.fleet.scripts import redis_errors
 from workers.persona.errors import FailureKind
 from workers.persona.inbox import InboxItem
 from workers.persona.session import Pointer
@@ -104,15 +104,6 @@ class SessionCommit:
     state: str
 
 
-def work_id(lane: str, commits: int) -> str:
-    """The id of the work a lane's current turn does (:meth:`Lanes.work_id`)."""
-    return f"{lane}:{commits}"
-
-
-def _turn_id() -> str:
-    return uuid.uuid4().hex
-
-
 def _item(raw: str) -> InboxItem:
     try:
         return InboxItem.from_json(raw)
@@ -124,81 +115,9 @@ def _item(raw: str) -> InboxItem:
         )
 
 
-class Lanes:
-    """Every lane transition of one fleet. Thread-safe; share one per process."""
-
-    def __init__(
-        self,
-        client: redis.Redis,
-        keys: Keys,
-        *,
-        inbox_max: int,
-        lease_ttl: float,
-        max_attempts: int,
-        beats_max: int,
-        reply_ttl: float,
-        item_max_bytes: int = 64 * 1024,
-        beat_max_bytes: int = 4096,
-        clock: Clock | None = None,
-    ) -> None:
-        if not client.connection_pool.connection_kwargs.get("decode_responses"):
-            raise ValueError("Lanes needs a redis client made with decode_responses=True")
-        for name, value in (
-            ("inbox_max", inbox_max),
-            ("max_attempts", max_attempts),
-            ("beats_max", beats_max),
-            ("item_max_bytes", item_max_bytes),
-            ("beat_max_bytes", beat_max_bytes),
-        ):
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if lease_ttl <= 0 or reply_ttl <= 0:
-            raise ValueError("lease_ttl and reply_ttl must be > 0")
-        self.client = client
-        self.keys = keys
-        self.inbox_max = inbox_max
-        self.item_max_bytes = item_max_bytes
-        self.lease_ttl = lease_ttl
-        self.max_attempts = max_attempts
-        self.beats_max = beats_max
-        self.beat_max_bytes = beat_max_bytes
-        self.reply_ttl = reply_ttl
-        self.clock: Clock = clock or SystemClock()
-        self.scripts = Scripts.register(client)
-
-    # -- helpers ----------------------------------------------------------------------------
-    def _now_ms(self) -> int:
-        return int(self.clock.time() * 1000)
-
-    def _ms(self, seconds: float) -> int:
-        return max(1, int(seconds * 1000))
-
-    def _run(
-        self,
-        calls: Sequence[tuple[Script, list[str], list[str | int]]],
-        *,
-        isolated: bool = False,
-    ) -> list[Any]:
-        """Run script calls in ONE round trip: directly if there is one, else pipelined
-        (a pipeline adds a SCRIPT EXISTS check, worth it only for several calls).
-
-        ``isolated``: a call that fails in Redis (a key of the wrong type...) comes back as
-        its exception in its place instead of failing the others (the reaper's repairs)."""
-        if not calls:
-            return []
-        with redis_errors(self.client):
-            if len(calls) == 1:
-                script, keys, args = calls[0]
-                try:
-                    return [script(keys=keys, args=args)]
-                except redis.ResponseError as exc:
-                    if not isolated:
-                        raise
-                    return [exc]
-            pipe = self.client.pipeline(transaction=False)
-            for script, keys, args in calls:
-                script(keys=keys, args=args, client=pipe)
-            return list(pipe.execute(raise_on_error=not isolated))
+class Lanes(LaneReports, LaneRepairs):
+    """Every lane transition of one fleet (and its reads and repairs). Thread-safe; share one
+    per process."""
 
     # -- inbound ----------------------------------------------------------------------------
     def post(self, lane: str, item: InboxItem, *, wake: bool) -> PostOutcome:
@@ -211,7 +130,7 @@ class Lanes:
         size = len(raw.encode("utf-8"))
         if size > self.item_max_bytes:
             raise ItemTooLarge(lane, size, self.item_max_bytes)
-        turn_id = _turn_id()
+        turn_id = new_turn_id()
         args = [lane, raw, "1" if wake else "0", self.inbox_max, self._now_ms(), turn_id]
         with redis_errors(self.client):
             reply = self.scripts.post(keys=self.keys.lane_keys(lane), args=args)
@@ -322,17 +241,6 @@ class Lanes:
             last_pass_ms=int(last_pass) if last_pass else None,
         )
 
-    def work_id(self, lane: str) -> str:
-        """The id of the work the lane's current turn does: ``<lane>:<committed turns>``.
-
-        It stays the same across every failed or crashed attempt at that work (only a commit
-        moves it on), so the holder of the lane's fence can key side effects with it: a retried
-        attempt repeating its predecessor's memory write is recognised and not applied twice.
-        """
-        with redis_errors(self.client):
-            commits = self.client.hget(self.keys.lane(lane), "commits")
-        return work_id(lane, int(commits or 0))
-
     def renew(self, lane: str, fence: int) -> bool:
         """Extend the lease if ``fence`` is still current; False means the lease is lost."""
         return self.renew_many([(lane, fence)])[0]
@@ -386,7 +294,7 @@ class Lanes:
                 beat_args += [name, _cut(str(value), self.beat_max_bytes)]
         keys = [*self.keys.lane_keys(lane), self.keys.beats]
         keys += [self.keys.reply(item_id) for item_id in reply_ids]
-        follow_up = _turn_id()
+        follow_up = new_turn_id()
         args: list[str | int] = [
             lane, fence, self._now_ms(), status,
             _open_object({**(reply_extra or {}), "text": text, "status": status}),
@@ -406,12 +314,6 @@ class Lanes:
         return FinishOutcome(str(reply[1]), beat_id=beat_id, session=outcome)
 
     # -- sessions ---------------------------------------------------------------------------
-    def session_pointer(self, lane: str) -> Pointer:
-        """Which session state is current for the lane, and its reset epoch."""
-        with redis_errors(self.client):
-            state, epoch = self.client.hmget(self.keys.lane(lane), ["session", "session_epoch"])
-        return Pointer(str(state) if state else None, int(epoch or 0))
-
     def reset_session(self, lane: str) -> int:
         """End the lane's session: its next turn starts a new one (a turn running now still
         finishes, but its session write is dropped). Returns the new epoch."""
@@ -436,7 +338,7 @@ class Lanes:
 
         Raises :class:`LeaseLost` (changing nothing) if ``fence`` no longer holds the lane.
         """
-        retry = _turn_id()
+        retry = new_turn_id()
         base, cap = backoff
         draw = random.random() if jitter is None else jitter
         args: list[str | int] = [
@@ -464,7 +366,7 @@ class Lanes:
 
         Raises :class:`LeaseLost` (changing nothing) if ``fence`` no longer holds the lane.
         """
-        turn_id = _turn_id()
+        turn_id = new_turn_id()
         keys = [*self.keys.lane_keys(lane), self.keys.deferred(provider), self.keys.breakers]
         args: list[str | int] = [lane, fence, self._now_ms(), provider, turn_id, why[:_ERROR_MAX]]
         with redis_errors(self.client):
@@ -472,123 +374,3 @@ class Lanes:
         if reply[0] == "lost":
             raise LeaseLost(lane, fence, "defer refused: the fence is no longer current")
         return turn_id
-
-    # -- operations -------------------------------------------------------------------------
-    def status(self, lane: str) -> dict[str, object]:
-        """One consistent snapshot of the lane for people (the CLI, ``Fleet.status``)."""
-        with redis_errors(self.client):
-            pipe = self.client.pipeline(transaction=True)
-            pipe.hgetall(self.keys.lane(lane))
-            pipe.llen(self.keys.inbox(lane))
-            pipe.llen(self.keys.inflight(lane))
-            fields, inbox_depth, inflight = pipe.execute()
-
-        def num(name: str) -> int:
-            return int(fields.get(name) or 0)
-
-        def when(name: str) -> float | None:
-            value = fields.get(name)
-            return int(value) / 1000 if value else None
-
-        return {
-            "state": fields.get("state", "idle"),
-            "pending_ticks": num("ticks"),
-            "inbox_depth": int(inbox_depth),
-            "inflight_items": int(inflight),
-            "inflight_ticks": num("inflight_ticks"),
-            "turn_id": fields.get("turn_id"),
-            "kind": fields.get("kind"),
-            "queued_at": when("queued_at"),
-            "started_at": when("started_at"),
-            "worker": fields.get("worker"),
-            "fence": num("fence"),
-            "attempts": num("attempts"),
-            "last_turn": fields.get("last_turn"),
-            "last_status": fields.get("last_status"),
-            "last_text": fields.get("last_text"),
-            "last_end": when("last_end"),
-            "last_error": fields.get("last_error"),
-            "last_error_at": when("last_error_at"),
-            "last_error_kind": fields.get("last_error_kind"),
-            "failing_since": when("failing_since"),
-            "failures": num("failures"),
-            "retry_at": when("retry_at"),
-            "provider": fields.get("provider"),
-        }
-
-    def revive(self, lane: str) -> TickOutcome:
-        """Queue a dead-lettered lane again with attempts reset (its kept items run first).
-
-        A lane that is not dead is left alone: outcome ``coalesced``, no turn id.
-        """
-        turn_id = _turn_id()
-        with redis_errors(self.client):
-            reply = self.scripts.revive(
-                keys=self.keys.lane_keys(lane), args=[lane, self._now_ms(), turn_id]
-            )
-        if reply[0] != "queued":
-            return TickOutcome(lane, "revive", "coalesced")
-        _log.info("lane.revived", lane=lane, turn_id=turn_id)
-        return TickOutcome(lane, "revive", "queued", str(reply[1]), str(reply[2]))
-
-    def reap(self, *, queued_after: float, limit: int = 1000) -> list[Repair]:
-        """Re-queue lanes stranded by a dead worker or a lost message (the caller publishes).
-
-        Candidates come from the ``lanes:running`` / ``lanes:queued`` indexes; each repair is
-        re-checked by its own script, so a lane that moved on meanwhile is left alone.
-        """
-        now = self._now_ms()
-        with redis_errors(self.client):
-            stale = now - self._ms(queued_after)
-            running: list[str] = self.client.zrangebyscore(
-                self.keys.running, "-inf", f"({now}", 0, limit
-            )  # type: ignore[assignment]
-            queued: list[str] = self.client.zrangebyscore(
-                self.keys.queued, "-inf", f"({stale}", 0, limit
-            )  # type: ignore[assignment]
-        calls: list[tuple[Script, list[str], list[str | int]]] = [
-            (self.scripts.reap_running, self.keys.lane_keys(lane), [lane, now, _turn_id()])
-            for lane in running
-        ]
-        after = self._ms(queued_after)
-        calls += [
-            (self.scripts.reap_queued, self.keys.lane_keys(lane), [lane, now, after])
-            for lane in queued
-        ]
-        # Isolated: one lane whose keys are broken must not stop the repair of every other.
-        replies = self._run(calls, isolated=True)
-        repairs: list[Repair] = []
-        reasons: list[Literal["lease_expired", "queued_too_long"]] = []
-        reasons += ["lease_expired"] * len(running)
-        reasons += ["queued_too_long"] * len(queued)
-        for lane, reason, reply in zip([*running, *queued], reasons, replies, strict=True):
-            if isinstance(reply, Exception):
-                _log.error("lane.reap_failed", lane=lane, reason=reason, error=str(reply))
-                continue
-            if reply[0] == "repaired":
-                repairs.append(Repair(lane, reason, str(reply[1]), str(reply[2])))
-                metrics.REAPER_REPAIRS.labels(reason=reason).inc()
-                _log.warning("lane.reaped", lane=lane, reason=reason, turn_id=reply[1])
-        return repairs
-
-    def counts(self) -> dict[str, int]:
-        """How many lanes are queued, running and dead-lettered (three ZCARDs)."""
-        with redis_errors(self.client):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.zcard(self.keys.queued)
-            pipe.zcard(self.keys.running)
-            pipe.zcard(self.keys.dead)
-            queued, running, dead = pipe.execute()
-        return {"queued": int(queued), "running": int(running), "dead": int(dead)}
-
-    def waiting(self) -> dict[str, int]:
-        """How many lanes wait out a backoff (``retry``) or an open provider breaker
-        (``deferred``)."""
-        with redis_errors(self.client):
-            providers = sorted(str(p) for p in self.client.smembers(self.keys.breakers))
-            pipe = self.client.pipeline(transaction=False)
-            pipe.zcard(self.keys.retry)
-            for provider in providers:
-                pipe.zcard(self.keys.deferred(provider))
-            retry, *deferred = pipe.execute()
-        return {"retry": int(retry), "deferred": sum(int(n) for n in deferred)}

@@ -1,0 +1,79 @@
+"""Repairing lanes: queue a dead-lettered lane again (``revive``), and re-queue lanes stranded
+by a dead worker or a lost message (``reap``, beat's reaper pass). Each repair is its own script
+that re-checks the lane, so a lane that moved on meanwhile is left alone.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import structlog
+from redis.commands.core import Script
+
+from workers import metrics
+from workers.fleet.lane_store import LaneStore, new_turn_id
+from workers.fleet.outcomes import Repair, TickOutcome
+from workers.fleet.scripts import redis_errors
+
+__all__ = ["LaneRepairs"]
+
+_log = structlog.get_logger("soulfleet.lanes")
+
+
+class LaneRepairs(LaneStore):
+    """The repair side of :class:`~workers.fleet.lanes.Lanes`."""
+
+    def revive(self, lane: str) -> TickOutcome:
+        """Queue a dead-lettered lane again with attempts reset (its kept items run first).
+
+        A lane that is not dead is left alone: outcome ``coalesced``, no turn id.
+        """
+        turn_id = new_turn_id()
+        with redis_errors(self.client):
+            reply = self.scripts.revive(
+                keys=self.keys.lane_keys(lane), args=[lane, self._now_ms(), turn_id]
+            )
+        if reply[0] != "queued":
+            return TickOutcome(lane, "revive", "coalesced")
+        _log.info("lane.revived", lane=lane, turn_id=turn_id)
+        return TickOutcome(lane, "revive", "queued", str(reply[1]), str(reply[2]))
+
+    def reap(self, *, queued_after: float, limit: int = 1000) -> list[Repair]:
+        """Re-queue lanes stranded by a dead worker or a lost message (the caller publishes).
+
+        Candidates come from the ``lanes:running`` / ``lanes:queued`` indexes; each repair is
+        re-checked by its own script, so a lane that moved on meanwhile is left alone.
+        """
+        now = self._now_ms()
+        with redis_errors(self.client):
+            stale = now - self._ms(queued_after)
+            running: list[str] = self.client.zrangebyscore(
+                self.keys.running, "-inf", f"({now}", 0, limit
+            )  # type: ignore[assignment]
+            queued: list[str] = self.client.zrangebyscore(
+                self.keys.queued, "-inf", f"({stale}", 0, limit
+            )  # type: ignore[assignment]
+        calls: list[tuple[Script, list[str], list[str | int]]] = [
+            (self.scripts.reap_running, self.keys.lane_keys(lane), [lane, now, new_turn_id()])
+            for lane in running
+        ]
+        after = self._ms(queued_after)
+        calls += [
+            (self.scripts.reap_queued, self.keys.lane_keys(lane), [lane, now, after])
+            for lane in queued
+        ]
+        # Isolated: one lane whose keys are broken must not stop the repair of every other.
+        replies = self._run(calls, isolated=True)
+        repairs: list[Repair] = []
+        reasons: list[Literal["lease_expired", "queued_too_long"]] = []
+        reasons += ["lease_expired"] * len(running)
+        reasons += ["queued_too_long"] * len(queued)
+        for lane, reason, reply in zip([*running, *queued], reasons, replies, strict=True):
+            if isinstance(reply, Exception):
+                _log.error("lane.reap_failed", lane=lane, reason=reason, error=str(reply))
+                continue
+            if reply[0] == "repaired":
+                repairs.append(Repair(lane, reason, str(reply[1]), str(reply[2])))
+                metrics.REAPER_REPAIRS.labels(reason=reason).inc()
+                _log.warning("lane.reaped", lane=lane, reason=reason, turn_id=reply[1])
+        return repairs

@@ -1,0 +1,102 @@
+"""Reading lanes for people and for the turn: a lane's status snapshot, how many lanes are
+queued, running, dead, backing off or deferred, and what a turn needs besides its start's reply
+(the session pointer, the work id). Reads only: no script, no write.
+"""
+
+from __future__ import annotations
+
+from workers.fleet.lane_store import LaneStore
+from workers.fleet.scripts import redis_errors
+from workers.persona.session import Pointer
+
+__all__ = ["LaneReports", "work_id"]
+
+
+def work_id(lane: str, commits: int) -> str:
+    """The id of the work a lane's current turn does (:meth:`LaneReports.work_id`)."""
+    return f"{lane}:{commits}"
+
+
+class LaneReports(LaneStore):
+    """The read side of :class:`~workers.fleet.lanes.Lanes`."""
+
+    def status(self, lane: str) -> dict[str, object]:
+        """One consistent snapshot of the lane for people (the CLI, ``Fleet.status``)."""
+        with redis_errors(self.client):
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hgetall(self.keys.lane(lane))
+            pipe.llen(self.keys.inbox(lane))
+            pipe.llen(self.keys.inflight(lane))
+            fields, inbox_depth, inflight = pipe.execute()
+
+        def num(name: str) -> int:
+            return int(fields.get(name) or 0)
+
+        def when(name: str) -> float | None:
+            value = fields.get(name)
+            return int(value) / 1000 if value else None
+
+        return {
+            "state": fields.get("state", "idle"),
+            "pending_ticks": num("ticks"),
+            "inbox_depth": int(inbox_depth),
+            "inflight_items": int(inflight),
+            "inflight_ticks": num("inflight_ticks"),
+            "turn_id": fields.get("turn_id"),
+            "kind": fields.get("kind"),
+            "queued_at": when("queued_at"),
+            "started_at": when("started_at"),
+            "worker": fields.get("worker"),
+            "fence": num("fence"),
+            "attempts": num("attempts"),
+            "last_turn": fields.get("last_turn"),
+            "last_status": fields.get("last_status"),
+            "last_text": fields.get("last_text"),
+            "last_end": when("last_end"),
+            "last_error": fields.get("last_error"),
+            "last_error_at": when("last_error_at"),
+            "last_error_kind": fields.get("last_error_kind"),
+            "failing_since": when("failing_since"),
+            "failures": num("failures"),
+            "retry_at": when("retry_at"),
+            "provider": fields.get("provider"),
+        }
+
+    def counts(self) -> dict[str, int]:
+        """How many lanes are queued, running and dead-lettered (three ZCARDs)."""
+        with redis_errors(self.client):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zcard(self.keys.queued)
+            pipe.zcard(self.keys.running)
+            pipe.zcard(self.keys.dead)
+            queued, running, dead = pipe.execute()
+        return {"queued": int(queued), "running": int(running), "dead": int(dead)}
+
+    def waiting(self) -> dict[str, int]:
+        """How many lanes wait out a backoff (``retry``) or an open provider breaker
+        (``deferred``)."""
+        with redis_errors(self.client):
+            providers = sorted(str(p) for p in self.client.smembers(self.keys.breakers))
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zcard(self.keys.retry)
+            for provider in providers:
+                pipe.zcard(self.keys.deferred(provider))
+            retry, *deferred = pipe.execute()
+        return {"retry": int(retry), "deferred": sum(int(n) for n in deferred)}
+
+    def work_id(self, lane: str) -> str:
+        """The id of the work the lane's current turn does: ``<lane>:<committed turns>``.
+
+        It stays the same across every failed or crashed attempt at that work (only a commit
+        moves it on), so the holder of the lane's fence can key side effects with it: a retried
+        attempt repeating its predecessor's memory write is recognised and not applied twice.
+        """
+        with redis_errors(self.client):
+            commits = self.client.hget(self.keys.lane(lane), "commits")
+        return work_id(lane, int(commits or 0))
+
+    def session_pointer(self, lane: str) -> Pointer:
+        """Which session state is current for the lane, and its reset epoch."""
+        with redis_errors(self.client):
+            state, epoch = self.client.hmget(self.keys.lane(lane), ["session", "session_epoch"])
+        return Pointer(str(state) if state else None, int(epoch or 0))
