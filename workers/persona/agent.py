@@ -13,7 +13,9 @@ into it:
   from the runtime that will execute the writes, not from whoever built the definition.
 
 Defaults come from the optional ``persona.toml`` (:mod:`workers.persona.manifest`); keyword
-overrides passed to :func:`from_dir` win over it.
+overrides passed to :func:`from_dir` win over it. The fleet calls :func:`from_dir` on every
+turn; the parsed file is reused while its inode, size and times are unchanged
+(:mod:`workers.persona.definitions`), so an edit is still obeyed by the next turn.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from workers.persona.definitions import definitions
 from workers.persona.dream_soul import dream_soul
-from workers.persona.home import CapSpec, compose_soul, persona_home, resolve_index_cap
+from workers.persona.home import CapSpec, compose_soul, resolve_index_cap
 from workers.persona.locks import LockMode
-from workers.persona.manifest import load_manifest
 from workers.persona.memory import memory_tool
 from workers.persona.schedules import DreamSchedule, HeartbeatSchedule
 from workers.persona.search import transcript_search_tool
@@ -181,10 +183,10 @@ def from_dir(
     ``persona.toml`` (absent: ``does=""``, ``model="inherit"``, no extra tools, memory on,
     notes off, no index cap, no heartbeat, no dream). Any keyword given wins over the file;
     an unknown keyword is a TypeError, an invalid persona.toml a PersonaConfigError, a missing
-    directory PersonaNotFound.
+    directory PersonaNotFound. The parse is cached per process while persona.toml is unchanged
+    (:mod:`workers.persona.definitions` says how a change is detected, and its one limit).
     """
-    home = persona_home(path)
-    config = load_manifest(home)
+    home, config = definitions.load(path)
     chosen_name = default_name(path) if isinstance(name, _Unset) else name
     if not isinstance(chosen_name, str) or not chosen_name.strip():
         raise ValueError(f"name must be a non-empty string, got {chosen_name!r}")
