@@ -66,6 +66,15 @@ def test_open_alone_creates_no_file(tmp_path: Path) -> None:
     assert store.conversations() == []
 
 
+def test_a_lane_directory_removed_after_open_is_made_again(tmp_path: Path) -> None:
+    """The first append creates the lane directory if it went away since open()."""
+    store = FileTranscripts(tmp_path)
+    writer = store.open("ava", "t1")
+    (tmp_path / "transcripts" / "ava").rmdir()
+    writer.append(Message(role="user", content="still here"))
+    assert [r.message.content for r in store.messages("t1")] == ["still here"]
+
+
 def test_messages_round_trip_in_order(tmp_path: Path) -> None:
     """messages() returns every appended message, in order, with its time and conversation."""
     clock = VirtualClock(T0)

@@ -240,11 +240,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     The new file keeps the permission bits of the file it replaces (0o644, less the umask, for a
     new one). ``path`` is written as given: confine it first with :func:`confined`.
     """
-    target = Path(path)
-    directory = target.parent
-    temp = directory / f".{target.name}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+    target = os.fspath(path)
+    directory, name = os.path.split(target)
+    temp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}{TEMP_SUFFIX}")
     try:
-        mode: int | None = stat.S_IMODE(target.stat().st_mode)
+        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
     except FileNotFoundError:
         mode = None
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
@@ -263,9 +263,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         os.replace(temp, target)
     except BaseException:
         with contextlib.suppress(OSError):
-            temp.unlink()
+            os.unlink(temp)
         raise
-    fsync_directory(directory)
+    fsync_directory(directory or ".")
 
 
 def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:

@@ -54,7 +54,7 @@ import structlog
 
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import PersonaFileError, PersonaNotFound
-from workers.persona.files import confined, file_kind, fsync_directory, read_prefix
+from workers.persona.files import confined, file_kind, fsync_directory, read_prefix, real_root
 from workers.persona.messages import Message
 from workers.persona.reaper import Reaper
 
@@ -249,7 +249,12 @@ class ConversationWriter:
             }
         )
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        fd = os.open(self._path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        flags |= getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self._path, flags, 0o644)
+        except FileNotFoundError:  # the lane directory was removed since open()
+            self._store._make_lane_dir(self._info.lane)
+            fd = os.open(self._path, flags, 0o644)
         self._store._created(self._path)
         self._checked_tail = True
         try:
@@ -439,12 +444,15 @@ class FileTranscripts:
         max_conversations: int = 1000,
         clock: Clock | None = None,
     ) -> None:
-        home_path = Path(home)
-        if not home_path.is_dir():
-            raise PersonaNotFound(home_path)
+        try:
+            is_dir = stat.S_ISDIR(os.stat(home).st_mode)
+        except (OSError, ValueError):
+            is_dir = False
+        if not is_dir:
+            raise PersonaNotFound(Path(home))
         if isinstance(max_conversations, bool) or max_conversations < 1:
             raise ValueError(f"max_conversations must be at least 1, got {max_conversations!r}")
-        self._home = home_path.resolve()
+        self._home = Path(real_root(home))
         self._root = self._home / TRANSCRIPTS_DIR
         self._lanes = None if lanes is None else tuple(_require_name("lane", n) for n in lanes)
         self._max = max_conversations
@@ -477,7 +485,9 @@ class FileTranscripts:
         conversation_id = _require_name("conversation id", conversation_id)
         if self._lanes is not None and lane not in self._lanes:
             raise ValueError(f"lane {lane!r} is outside this store's lanes {list(self._lanes)}")
-        lane_dir = self._lane_dir(lane)
+        lane_dir = self._confined(lane)
+        if not os.path.isdir(lane_dir):  # one stat, where mkdir(exist_ok) costs a failed mkdir
+            lane_dir = self._make_lane_dir(lane)
         found = self._find(conversation_id)
         if found is not None:
             info, existing = found
@@ -519,9 +529,10 @@ class FileTranscripts:
     # Listings work on plain name strings: a lane holds up to max_conversations files and is
     # listed on every open(), so building a Path per entry would dominate a turn's overhead.
 
-    def _lane_dir(self, lane: str) -> Path:
-        # Confine BEFORE creating anything: a symlinked transcripts/ or lane directory leading
-        # out of the home would otherwise make even the mkdir land outside it.
+    def _make_lane_dir(self, lane: str) -> Path:
+        # Confined again right before creating anything: a symlinked transcripts/ or lane
+        # directory leading out of the home would otherwise make even the mkdir land outside.
+        self._dirs.pop(lane, None)
         lane_dir = self._confined(lane)
         lane_dir.mkdir(parents=True, exist_ok=True)
         return lane_dir
