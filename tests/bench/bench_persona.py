@@ -8,6 +8,10 @@ Run:  .venv/bin/python -m tests.bench.bench_persona   (or: python tests/bench/be
   median) in a subprocess of its own, alternating: the goal is a ratio <= 1. toolnexus pins
   ``mcp<2`` and so cannot share our environment: it is installed on first use into a venv under
   ``$XDG_CACHE_HOME/soulfleet-bench`` (``~/.cache`` by default); if that fails the line says so;
+* the per-turn lookups a fleet turn makes, each beside its anchor in the same run:
+  ``from_dir`` of an unchanged persona (cached) vs the same call with the cache emptied (goal:
+  well under 1), and ``confined`` vs a bare ``os.path.realpath`` of the same path (what every
+  call cost before the root was cached: goal <= 1);
 * memory ``add`` operations per second, 1 process and 4 contending processes on one MEMORY.md,
   for both lock modes. Every add is a full locked read-modify-write with fsyncs, so the figures
   depend on the disk; they are for comparing changes on one machine.
@@ -24,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import timeit
+from collections.abc import Callable
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
@@ -33,11 +39,20 @@ import structlog
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from workers.persona.agent import from_dir
+from workers.persona.definitions import definitions
+from workers.persona.files import confined
 from workers.persona.home import BOOTSTRAP_ORDER, MAX_FILE_BYTES, compose_soul
 from workers.persona.locks import LockMode
 from workers.persona.memory import memory_tool
 
-__all__ = ["bench_compose", "bench_compose_vs_reference", "bench_memory", "main"]
+__all__ = [
+    "bench_compose",
+    "bench_compose_vs_reference",
+    "bench_lookups",
+    "bench_memory",
+    "main",
+]
 
 ADDS_PER_PROCESS = 300
 REFERENCE = "toolnexus==0.21.0"
@@ -131,6 +146,40 @@ def bench_compose_vs_reference(root: Path, rounds: int = 3) -> str:
     )
 
 
+def _median_us(call: Callable[[], object], number: int = 2000, repeat: int = 15) -> float:
+    times = timeit.Timer(call).repeat(repeat=repeat, number=number)
+    return statistics.median(times) / number * 1e6
+
+
+def bench_lookups(root: Path) -> list[str]:
+    """Lines for from_dir (cached vs parsed) and confined (vs realpath), same persona."""
+    home = root / "personas" / "ava"
+    home.mkdir(parents=True)
+    (home / "persona.toml").write_text(
+        'does = "answers"\nmodel = "scripted:rules.toml"\nmemory = true\n'
+        '[heartbeat]\nevery = "30m"\n'
+        'active_hours = { start = "08:00", end = "22:00", timezone = "Europe/Berlin" }\n'
+        '[session]\nidle_reset = "4h"\nmax_tokens = 60000\n'
+    )
+    (home / "sessions" / "ava").mkdir(parents=True)
+
+    def parsed() -> object:
+        definitions.clear()
+        return from_dir(home)
+
+    cached = _median_us(lambda: from_dir(home))
+    uncached = _median_us(parsed, number=500)
+    relative = "sessions/ava/s1.f7.json"
+    ours = _median_us(lambda: confined(home, relative))
+    floor = _median_us(lambda: os.path.realpath(f"{home}/{relative}"))
+    return [
+        f"from_dir, unchanged persona.toml: cached {cached:.1f} us, parsed {uncached:.1f} us: "
+        f"ratio {cached / uncached:.2f} (goal well under 1)",
+        f"confined(home, {relative!r}): {ours:.1f} us, bare os.path.realpath of it "
+        f"{floor:.1f} us: ratio {ours / floor:.2f} (goal <= 1)",
+    ]
+
+
 def _adder(path: str, lock_mode: LockMode, worker: int, count: int, start: Event) -> None:
     _quiet()
     tool = memory_tool(path, lock_mode=lock_mode, lock_timeout=120.0)
@@ -177,6 +226,8 @@ def main() -> None:
         small_home = root / "compose-small"
         small_home.mkdir()
         print(bench_compose_vs_reference(small_home), flush=True)
+        for line in bench_lookups(root):
+            print(line, flush=True)
         median, best = bench_compose(compose_home)
         print(
             f"compose_soul, 7 files x 2 MiB: median {median * 1000:.1f} ms, "

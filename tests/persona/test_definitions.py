@@ -164,3 +164,17 @@ def test_from_dir_uses_the_process_cache(tmp_path: Path) -> None:
     first = from_dir(home)
     assert definitions.load(home)[1].does == "shared"
     assert from_dir(home).declared is first.declared
+
+
+def test_the_plain_definition_is_reused_until_the_file_changes(tmp_path: Path) -> None:
+    """from_dir(path) without overrides returns the same frozen AgentDef while persona.toml is
+    unchanged; an edit gives a new one, and a call with overrides never gets the shared one."""
+    home = _persona(tmp_path / "ava", "same")
+    first = from_dir(home)
+    assert from_dir(home) is first
+    assert from_dir(home, does="other").does == "other"
+    assert from_dir(home) is first
+    (home / "persona.toml").write_text('does = "edited"\n')
+    second = from_dir(home)
+    assert second is not first
+    assert second.does == "edited"
