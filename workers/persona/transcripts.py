@@ -19,10 +19,11 @@ its first line is a header and every further line one message::
 
 Growth bound: each lane keeps at most ``max_conversations`` files (default 1000,
 ``SOULFLEET_TRANSCRIPT_MAX_CONVERSATIONS`` in the fleet). Creating a conversation's file
-first prunes that lane's oldest files beyond the bound: they leave the store at once (no
-listing, ``conversations()`` or ``messages()`` returns them again) and are unlinked moments
-later by a background thread (:mod:`workers.persona.reaper`), because freeing a file's blocks
-cost a lane's 1,000th turn 1-2.5 ms more than its first. So for those moments the directory
+first prunes that lane's oldest files beyond the bound: they leave the lane's listing at once
+(``conversations()`` no longer returns them; a store that read one before may still read it
+until it is gone) and are unlinked moments later by a background thread
+(:mod:`workers.persona.reaper`), because freeing a file's blocks cost a lane's 1,000th turn
+1-2.5 ms more than its first. So for those moments the directory
 holds one file more than the bound; a process killed before the thread ran leaves such files
 behind, and the next creation in that lane (whatever process makes it) counts them on disk and
 prunes them. :func:`wait_pruned` waits for the thread. One file is one turn, and a turn is
