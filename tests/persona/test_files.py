@@ -10,8 +10,15 @@ from pathlib import Path
 import pytest
 
 from tests.support.persona import make_persona, tree
+from workers.persona import files
 from workers.persona.errors import PersonaFileError
-from workers.persona.files import atomic_write_bytes, atomic_write_text, confined, read_prefix
+from workers.persona.files import (
+    atomic_write_bytes,
+    atomic_write_text,
+    confined,
+    read_prefix,
+    real_root,
+)
 
 # --- confined ------------------------------------------------------------------------------
 
@@ -62,6 +69,55 @@ def test_confined_root_may_itself_be_a_symlink(tmp_path: Path) -> None:
     assert confined(tmp_path / "link", "MEMORY.md") == real.resolve() / "MEMORY.md"
 
 
+def test_confined_sees_a_symlink_swapped_in_after_a_first_call(tmp_path: Path) -> None:
+    """The root's real path is cached, the names below it are not: a directory replaced by a
+    link leading out right after a successful call is refused on the very next call."""
+    outside = make_persona(tmp_path / "outside")
+    root = make_persona(tmp_path / "ava", {"memory/x.md": "x"})
+    assert confined(root, "memory/x.md") == root.resolve() / "memory" / "x.md"
+    (root / "memory" / "x.md").unlink()
+    (root / "memory").rmdir()
+    (root / "memory").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(PersonaFileError, match="outside the persona directory"):
+        confined(root, "memory/x.md")
+    # And a file link re-pointed from inside to outside between two calls.
+    (root / "real.md").write_text("r")
+    (root / "MEMORY.md").symlink_to(root / "real.md")
+    assert confined(root, "MEMORY.md") == root.resolve() / "real.md"
+    (root / "MEMORY.md").unlink()
+    (root / "MEMORY.md").symlink_to(outside / "secret.md")
+    with pytest.raises(PersonaFileError, match="outside the persona directory"):
+        confined(root, "MEMORY.md")
+
+
+def test_confined_normalizes_like_a_path(tmp_path: Path) -> None:
+    """Doubled slashes, "." parts and a trailing slash name the same file; a name that is only
+    "." parts is the root itself and refused."""
+    root = make_persona(tmp_path / "ava")
+    real = root.resolve()
+    assert confined(root, "a//b/./c/") == real / "a" / "b" / "c"
+    assert confined(root, Path("notes") / "x.md") == real / "notes" / "x.md"
+    for name in ("./", "./.", "//x"):
+        with pytest.raises(PersonaFileError):
+            confined(root, name)
+
+
+def test_real_root_is_cached_briefly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A root that is a symlink is re-resolved once ROOT_CACHE_SECONDS have passed (the
+    documented window in which a re-pointed root still confines to its old target)."""
+    first = make_persona(tmp_path / "first")
+    second = make_persona(tmp_path / "second")
+    link = tmp_path / "link"
+    link.symlink_to(first, target_is_directory=True)
+    assert real_root(link) == str(first.resolve())
+    link.unlink()
+    link.symlink_to(second, target_is_directory=True)
+    assert real_root(link) == str(first.resolve())  # within the window
+    monkeypatch.setattr(files, "ROOT_CACHE_SECONDS", 0.0)
+    assert real_root(link) == str(second.resolve())
+    assert confined(link, "MEMORY.md") == second.resolve() / "MEMORY.md"
+
+
 # --- read_prefix ---------------------------------------------------------------------------
 
 
@@ -71,6 +127,30 @@ def test_read_prefix_bounds_and_absence(tmp_path: Path) -> None:
     assert read_prefix(tmp_path / "a.md", 4) == b"01234"
     assert read_prefix(tmp_path / "a.md", 10) == b"0123456789"
     assert read_prefix(tmp_path / "missing.md", 4) is None
+
+
+def test_read_prefix_reads_past_a_stale_size_hint(tmp_path: Path) -> None:
+    """The size taken at open is only a hint: a file that grows after it is read on to the
+    limit, and a large file is read whole across chunks."""
+    path = tmp_path / "grow.md"
+    path.write_bytes(b"a" * 10)
+    with path.open("ab") as grower:
+        real_fstat = os.fstat
+
+        def stale_fstat(fd: int) -> os.stat_result:
+            info = real_fstat(fd)
+            grower.write(b"b" * 5000)  # lands after the size was taken
+            grower.flush()
+            return info
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "fstat", stale_fstat)
+            data = read_prefix(path, 100)
+    assert data == b"a" * 10 + b"b" * 91
+    big = tmp_path / "big.md"
+    big.write_bytes(bytes(range(256)) * 12_000)  # ~3 MiB: more than one read chunk
+    assert read_prefix(big, 3_000_000) == (bytes(range(256)) * 12_000)[:3_000_001]
+    assert read_prefix(big, 10_000_000) == bytes(range(256)) * 12_000
 
 
 def test_read_prefix_refuses_non_files(tmp_path: Path) -> None:

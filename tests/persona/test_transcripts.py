@@ -7,19 +7,23 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
 
+from workers.persona import transcripts
 from workers.persona.clock import VirtualClock
 from workers.persona.errors import PersonaFileError, PersonaNotFound
 from workers.persona.messages import Message, ToolCall
+from workers.persona.reaper import Reaper
 from workers.persona.transcripts import (
     ConversationInfo,
     FileTranscripts,
     TranscriptStore,
     valid_transcript_name,
+    wait_pruned,
 )
 
 T0 = 1_700_000_000.0
@@ -60,6 +64,15 @@ def test_open_alone_creates_no_file(tmp_path: Path) -> None:
     store.open("ava", "empty")
     assert list((tmp_path / "transcripts" / "ava").iterdir()) == []
     assert store.conversations() == []
+
+
+def test_a_lane_directory_removed_after_open_is_made_again(tmp_path: Path) -> None:
+    """The first append creates the lane directory if it went away since open()."""
+    store = FileTranscripts(tmp_path)
+    writer = store.open("ava", "t1")
+    (tmp_path / "transcripts" / "ava").rmdir()
+    writer.append(Message(role="user", content="still here"))
+    assert [r.message.content for r in store.messages("t1")] == ["still here"]
 
 
 def test_messages_round_trip_in_order(tmp_path: Path) -> None:
@@ -224,7 +237,85 @@ def test_growth_bound_prunes_the_oldest_of_that_lane_only(tmp_path: Path) -> Non
         conversation(store, "ava", f"t{n}", "x")
     ids = [c.id for c in FileTranscripts(tmp_path).conversations()]
     assert ids == ["o1", "t3", "t4", "t5"]
+    assert wait_pruned(10)
     assert len(list((tmp_path / "transcripts" / "ava").iterdir())) == 3
+
+
+def test_pruned_files_leave_the_store_at_once_and_the_disk_soon(tmp_path: Path) -> None:
+    """The bound's new guarantee: a pruned conversation is gone from every listing the moment
+    the new one is created, and from the disk once the background unlink ran."""
+    clock = VirtualClock(T0)
+    store = FileTranscripts(tmp_path, max_conversations=2, clock=clock)
+    for n in range(4):
+        clock.advance(1)
+        conversation(store, "ava", f"t{n}", "x")
+        assert [c.id for c in store.conversations()][-1] == f"t{n}"
+        assert len(store.conversations()) == min(n + 1, 2)
+        assert store.messages(f"t{n - 2}") == []
+    assert wait_pruned(10)
+    names = sorted(p.name for p in (tmp_path / "transcripts" / "ava").iterdir())
+    assert [name.split("-", 1)[1] for name in names] == ["t2.jsonl", "t3.jsonl"]
+
+
+class _HeldReaper(Reaper):
+    """A pruner whose thread has not run yet: paths stay pending until release()."""
+
+    def delete(self, paths: Iterable[str]) -> None:
+        with self._cond:
+            self.held = [*getattr(self, "held", []), *paths]
+            self._pending.update(self.held)
+
+    def release(self) -> None:
+        with self._cond:
+            self._pending.difference_update(self.held)
+        Reaper.delete(self, self.held)
+
+
+def test_a_lane_listed_again_before_the_unlink_leaves_the_pruned_file_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the prune and its unlink the file is still on disk; a listing taken then (the
+    directory changed behind our back) must not count or return it."""
+    held = _HeldReaper("test-held", on_done=transcripts._reaped)
+    monkeypatch.setattr(transcripts, "_REAPER", held)
+    clock = VirtualClock(T0)
+    store = FileTranscripts(tmp_path, max_conversations=2, clock=clock)
+    for n in range(3):
+        clock.advance(1)
+        conversation(store, "ava", f"t{n}", "x")
+    lane = tmp_path / "transcripts" / "ava"
+    assert len(list(lane.iterdir())) == 3  # t0 pruned, its unlink held
+    time.sleep(0.05)
+    (lane / "README").write_text("a person's note")  # forces the next open to list again
+    assert [c.id for c in FileTranscripts(tmp_path).conversations()] == ["t1", "t2"]
+    clock.advance(1)
+    conversation(FileTranscripts(tmp_path, max_conversations=2, clock=clock), "ava", "t3", "x")
+    assert [c.id for c in FileTranscripts(tmp_path).conversations()] == ["t2", "t3"]
+    held.release()
+    assert held.wait(10)
+    assert sorted(p.name.split("-", 1)[-1] for p in lane.iterdir()) == [
+        "README",
+        "t2.jsonl",
+        "t3.jsonl",
+    ]
+
+
+def test_files_a_killed_process_left_over_the_bound_are_pruned_next(tmp_path: Path) -> None:
+    """A process killed before its pruner ran leaves the lane over its bound on disk; the next
+    conversation created there (by any process) prunes down to the bound again."""
+    lane = tmp_path / "transcripts" / "ava"
+    lane.mkdir(parents=True)
+    for n in range(6):  # what a crash left: 6 files in a lane bounded at 3
+        stamp = round((T0 + n) * 1000)
+        (lane / f"{stamp:015d}-old{n}.jsonl").write_text(
+            json.dumps({"at": T0 + n, "message": {"role": "user", "content": "x"}}) + "\n"
+        )
+    time.sleep(0.05)  # past the directory time of any listing cached by an earlier test
+    clock = VirtualClock(T0 + 10)
+    conversation(FileTranscripts(tmp_path, max_conversations=3, clock=clock), "ava", "new", "x")
+    assert [c.id for c in FileTranscripts(tmp_path).conversations()] == ["old4", "old5", "new"]
+    assert wait_pruned(10)
+    assert len(list(lane.iterdir())) == 3
 
 
 def test_resuming_does_not_prune(tmp_path: Path) -> None:

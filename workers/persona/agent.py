@@ -13,7 +13,9 @@ into it:
   from the runtime that will execute the writes, not from whoever built the definition.
 
 Defaults come from the optional ``persona.toml`` (:mod:`workers.persona.manifest`); keyword
-overrides passed to :func:`from_dir` win over it.
+overrides passed to :func:`from_dir` win over it. The fleet calls :func:`from_dir` on every
+turn; the parsed file is reused while its inode, size and times are unchanged
+(:mod:`workers.persona.definitions`), so an edit is still obeyed by the next turn.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from workers.persona.definitions import DEFINITIONS_MAX, definitions
 from workers.persona.dream_soul import dream_soul
-from workers.persona.home import CapSpec, compose_soul, persona_home, resolve_index_cap
+from workers.persona.home import CapSpec, compose_soul, resolve_index_cap
 from workers.persona.locks import LockMode
-from workers.persona.manifest import load_manifest
+from workers.persona.manifest import PersonaConfig
 from workers.persona.memory import memory_tool
 from workers.persona.schedules import DreamSchedule, HeartbeatSchedule
 from workers.persona.search import transcript_search_tool
@@ -123,7 +126,7 @@ class AgentDef:
 
 def default_name(path: str | os.PathLike[str]) -> str:
     """The directory's last segment as given (``./personas/ava/`` -> ``ava``); no link following."""
-    name = Path(os.path.abspath(Path(path).expanduser())).name
+    name = os.path.basename(os.path.abspath(os.path.expanduser(os.fspath(path))))
     if not name:
         raise ValueError(f"cannot derive an agent name from {os.fspath(path)!r}; pass name=")
     return name
@@ -181,10 +184,59 @@ def from_dir(
     ``persona.toml`` (absent: ``does=""``, ``model="inherit"``, no extra tools, memory on,
     notes off, no index cap, no heartbeat, no dream). Any keyword given wins over the file;
     an unknown keyword is a TypeError, an invalid persona.toml a PersonaConfigError, a missing
-    directory PersonaNotFound.
+    directory PersonaNotFound. The parse is cached per process while persona.toml is unchanged
+    (:mod:`workers.persona.definitions` says how a change is detected, and its one limit).
     """
-    home = persona_home(path)
-    config = load_manifest(home)
+    home, config = definitions.load(path)
+    overrides = (name, does, model, tools, memory, notes, memory_index_cap, heartbeat, dream)
+    plain = all(value is _UNSET for value in overrides)
+    key = os.fspath(path)
+    if plain:
+        # The fleet's per-turn call: the same parsed config object means the same definition.
+        cached = _PLAIN.get(key)
+        if cached is not None and cached[0] is config and cached[1].home == home:
+            return cached[1]
+    agent = _build(
+        path,
+        home,
+        config,
+        name=name,
+        does=does,
+        model=model,
+        tools=tools,
+        memory=memory,
+        notes=notes,
+        memory_index_cap=memory_index_cap,
+        heartbeat=heartbeat,
+        dream=dream,
+    )
+    if plain:
+        if len(_PLAIN) >= DEFINITIONS_MAX:
+            _PLAIN.clear()
+        _PLAIN[key] = (config, agent)
+    return agent
+
+
+#: from_dir(path) without overrides, per path: (the config it was built from, the definition).
+#: Dict reads and writes are atomic, and an entry is only used with its own config object.
+_PLAIN: dict[str, tuple[PersonaConfig, AgentDef]] = {}
+
+
+def _build(
+    path: str | os.PathLike[str],
+    home: Path,
+    config: PersonaConfig,
+    *,
+    name: str | _Unset,
+    does: str | _Unset,
+    model: str | _Unset,
+    tools: tuple[Tool, ...] | list[Tool] | _Unset,
+    memory: bool | _Unset,
+    notes: bool | _Unset,
+    memory_index_cap: CapSpec | _Unset,
+    heartbeat: HeartbeatSchedule | _Unset | None,
+    dream: DreamSchedule | _Unset | None,
+) -> AgentDef:
     chosen_name = default_name(path) if isinstance(name, _Unset) else name
     if not isinstance(chosen_name, str) or not chosen_name.strip():
         raise ValueError(f"name must be a non-empty string, got {chosen_name!r}")

@@ -29,11 +29,13 @@ import os
 import re
 import secrets
 import stat
-from pathlib import Path, PurePath
+import time
+from pathlib import Path
 
 from workers.persona.errors import PersonaFileError
 
 __all__ = [
+    "ROOT_CACHE_SECONDS",
     "TEMP_SUFFIX",
     "atomic_write_bytes",
     "atomic_write_text",
@@ -41,6 +43,7 @@ __all__ = [
     "file_kind",
     "fsync_directory",
     "read_prefix",
+    "real_root",
     "regular_file_problem",
     "remove_stale_temps",
 ]
@@ -51,6 +54,8 @@ TEMP_SUFFIX = ".tmp"
 
 _DEFAULT_MODE = 0o644
 _READ_CHUNK = 1 << 20
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_READ_NOFOLLOW_FLAGS = _READ_FLAGS | getattr(os, "O_NOFOLLOW", 0)
 
 
 def confined(root: str | os.PathLike[str], relative: str | os.PathLike[str]) -> Path:
@@ -59,23 +64,69 @@ def confined(root: str | os.PathLike[str], relative: str | os.PathLike[str]) -> 
     ``relative`` must be a relative path without ``..`` components. Symlinks are resolved; the
     result must lie inside the resolved root, otherwise :class:`PersonaFileError` names the path
     and where it leads. The returned path need not exist yet.
+
+    Cost (a turn calls this a few times): the root's real path comes from a cache kept for
+    ``ROOT_CACHE_SECONDS`` (see :func:`real_root`), and only the components of ``relative`` are
+    checked, one ``lstat`` each, on every call: a symlink anywhere below the root is seen the
+    moment it appears, and sends the call down the full ``realpath`` check.
     """
-    real_root = Path(root).resolve()
-    rel = PurePath(relative)
-    if rel.is_absolute() or str(rel) in ("", "."):
+    rel = os.fspath(relative)
+    parts = [part for part in rel.split("/") if part and part != "."]
+    if rel.startswith("/") or not parts:
         raise PersonaFileError(relative, "must be a relative path inside the persona directory")
-    if ".." in rel.parts:
+    if ".." in parts:
         raise PersonaFileError(
             relative, "'..' is not allowed: paths must stay inside the persona directory"
         )
-    candidate = real_root / rel
-    real = candidate.resolve()
-    if real == real_root or not real.is_relative_to(real_root):
-        raise PersonaFileError(
-            candidate,
-            f"resolves to {real}, outside the persona directory {real_root} (a symlink leads out); "
-            "soulfleet never writes outside a persona's own directory",
-        )
+    base = real_root(root)
+    prefix = base if base == "/" else base + "/"
+    path = prefix + "/".join(parts)
+    walked = base
+    for part in parts:
+        walked = walked + "/" + part if walked != "/" else "/" + part
+        try:
+            mode = os.lstat(walked).st_mode
+        except OSError:
+            break  # absent from here on: nothing below can be a symlink yet
+        if stat.S_ISLNK(mode):
+            real = os.path.realpath(path)
+            if real == base or not real.startswith(prefix):
+                raise PersonaFileError(
+                    Path(path),
+                    f"resolves to {real}, outside the persona directory {base} (a symlink leads "
+                    "out); soulfleet never writes outside a persona's own directory",
+                )
+            return Path(real)
+    return Path(path)
+
+
+#: How long :func:`real_root` trusts a root's resolved path (see there).
+ROOT_CACHE_SECONDS = 1.0
+_ROOTS_MAX = 4096
+_roots: dict[str, tuple[str, float]] = {}
+
+
+def real_root(root: str | os.PathLike[str]) -> str:
+    """``os.path.realpath(root)``, cached per process for ``ROOT_CACHE_SECONDS``.
+
+    Resolving costs an ``lstat`` per component of the root's path, and every turn confines
+    several names to the same persona root. The root is where confinement starts (the fleet's
+    configured persona directory), not something a persona's files can change; re-pointing a
+    root that is itself a symlink takes effect within ``ROOT_CACHE_SECONDS``, while the files
+    below a root are checked on every call. Thread-safe: a dict lookup and an assignment, each
+    atomic, and a stale or racing entry only ever holds a real path the root had.
+    """
+    key = os.fspath(root)
+    if not key.startswith("/"):
+        return os.path.realpath(key)  # relative to a working directory that may change
+    now = time.monotonic()
+    cached = _roots.get(key)
+    if cached is not None and now - cached[1] < ROOT_CACHE_SECONDS:
+        return cached[0]
+    real = os.path.realpath(key)
+    if len(_roots) >= _ROOTS_MAX:
+        _roots.clear()
+    _roots[key] = (real, now)
     return real
 
 
@@ -130,29 +181,37 @@ def read_prefix(
     before one byte is read. Reading one byte past ``limit`` lets the caller tell "exactly at
     the cap" from "over it" without ever reading a whole runaway file.
     """
-    target = Path(path)
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-    if not follow_symlinks:
-        flags |= getattr(os, "O_NOFOLLOW", 0)
+    target = os.fspath(path)
     try:
-        fd = os.open(target, flags)
+        fd = os.open(target, _READ_FLAGS if follow_symlinks else _READ_NOFOLLOW_FLAGS)
     except FileNotFoundError:
-        if target.is_symlink():
+        if os.path.islink(target):
             problem = f"is a symlink to a missing file ({os.readlink(target)})"
-            raise PersonaFileError(target, problem) from None
+            raise PersonaFileError(Path(target), problem) from None
         return None
     except OSError as error:
         if error.errno == errno.ELOOP and not follow_symlinks:
-            raise PersonaFileError(target, "is a symlink; it must be a regular file") from None
+            raise PersonaFileError(
+                Path(target), "is a symlink; it must be a regular file"
+            ) from None
         if error.errno == errno.ENXIO:  # a socket, or a device with nothing behind it
-            raise PersonaFileError(target, _not_regular(stat.S_IFSOCK)) from None
-        raise PersonaFileError(target, f"cannot be read: {error.strerror or error}") from None
+            raise PersonaFileError(Path(target), _not_regular(stat.S_IFSOCK)) from None
+        raise PersonaFileError(Path(target), f"cannot be read: {error.strerror or error}") from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise PersonaFileError(target, _not_regular(info.st_mode))
-        chunks: list[bytes] = []
+            raise PersonaFileError(Path(target), _not_regular(info.st_mode))
         wanted = limit + 1
+        # The size is only a hint (the file may grow or shrink meanwhile), but asking for one
+        # byte more than it lets a file that is not growing be read in one call: a short read
+        # of a regular file is its end. os.read allocates what it is asked for, so asking for
+        # the whole cap would cost a 1 MiB buffer per small file.
+        ask = min(wanted, info.st_size + 1, _READ_CHUNK)
+        first = os.read(fd, ask)
+        if len(first) < ask:
+            return first
+        chunks = [first]
+        wanted -= len(first)
         while wanted > 0:
             chunk = os.read(fd, min(wanted, _READ_CHUNK))
             if not chunk:
@@ -161,7 +220,7 @@ def read_prefix(
             wanted -= len(chunk)
         return b"".join(chunks)
     except OSError as error:
-        raise PersonaFileError(target, f"cannot be read: {error.strerror or error}") from None
+        raise PersonaFileError(Path(target), f"cannot be read: {error.strerror or error}") from None
     finally:
         os.close(fd)
 
@@ -181,11 +240,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     The new file keeps the permission bits of the file it replaces (0o644, less the umask, for a
     new one). ``path`` is written as given: confine it first with :func:`confined`.
     """
-    target = Path(path)
-    directory = target.parent
-    temp = directory / f".{target.name}.{secrets.token_hex(8)}{TEMP_SUFFIX}"
+    target = os.fspath(path)
+    directory, name = os.path.split(target)
+    temp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}{TEMP_SUFFIX}")
     try:
-        mode: int | None = stat.S_IMODE(target.stat().st_mode)
+        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
     except FileNotFoundError:
         mode = None
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
@@ -204,9 +263,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         os.replace(temp, target)
     except BaseException:
         with contextlib.suppress(OSError):
-            temp.unlink()
+            os.unlink(temp)
         raise
-    fsync_directory(directory)
+    fsync_directory(directory or ".")
 
 
 def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:

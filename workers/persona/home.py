@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import codecs
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from workers.persona.errors import PersonaNotFound
+from workers.persona.errors import PersonaFileError, PersonaNotFound
 from workers.persona.files import read_prefix
 
 __all__ = [
@@ -147,20 +148,39 @@ def apply_index_cap(content: str, max_lines: int, max_bytes: int, *, notes: bool
     return body + index_cap_notice(max_lines, max_bytes, notes=notes)
 
 
-def _section_body(name: str, path: Path, raw: bytes) -> str:
+def _section_body(name: str, home: str, raw: bytes) -> str:
     """The text of one bootstrap file from its first ``MAX_FILE_BYTES + 1`` bytes."""
-    truncated = len(raw) > MAX_FILE_BYTES
-    if truncated:
-        _log().info("soul.truncated", file=name, path=str(path), cap_bytes=MAX_FILE_BYTES)
-        raw = raw[:MAX_FILE_BYTES]
-    # final=False drops a partial trailing character: right for a cut, and for a whole file a
-    # dangling lead byte is invalid data that "replace" below turns into U+FFFD anyway.
+    if len(raw) <= MAX_FILE_BYTES:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            path = str(persona_home(home) / name)
+            _log().warning("soul.invalid_utf8", file=name, path=path, offset=error.start)
+            return raw.decode("utf-8", "replace")
+    path = str(persona_home(home) / name)
+    _log().info("soul.truncated", file=name, path=path, cap_bytes=MAX_FILE_BYTES)
+    raw = raw[:MAX_FILE_BYTES]
+    # final=False drops a partial trailing character: right for a cut, and a dangling lead
+    # byte before it is invalid data that "replace" below turns into U+FFFD anyway.
     try:
-        text = codecs.getincrementaldecoder("utf-8")("strict").decode(raw, final=not truncated)
+        text = codecs.getincrementaldecoder("utf-8")("strict").decode(raw, final=False)
     except UnicodeDecodeError as error:
-        _log().warning("soul.invalid_utf8", file=name, path=str(path), offset=error.start)
-        text = codecs.getincrementaldecoder("utf-8")("replace").decode(raw, final=not truncated)
-    return text + TRUNCATION_NOTICE if truncated else text
+        _log().warning("soul.invalid_utf8", file=name, path=path, offset=error.start)
+        text = codecs.getincrementaldecoder("utf-8")("replace").decode(raw, final=False)
+    return text + TRUNCATION_NOTICE
+
+
+def _home_dir(path: str | os.PathLike[str]) -> str:
+    """``path`` as a string naming a directory, without resolving it (one ``stat``): reading
+    through the given path reads the same files as through its real one. Anything else goes
+    to :func:`persona_home` for its precise error."""
+    home = os.path.expanduser(os.fspath(path))
+    try:
+        if stat.S_ISDIR(os.stat(home).st_mode):
+            return home
+    except (OSError, ValueError):
+        pass
+    return str(persona_home(home))
 
 
 def compose_soul(
@@ -173,16 +193,19 @@ def compose_soul(
     Raises :class:`PersonaNotFound` for a missing directory and :class:`PersonaFileError` (naming
     the path) for a bootstrap name that is a directory, a dangling link or unreadable.
     """
-    home = persona_home(path)
     cap = resolve_index_cap(memory_index_cap)
+    home = _home_dir(path)
     sections: list[str] = []
     found: list[str] = []
     for name in BOOTSTRAP_ORDER:
-        file = home / name
-        raw = read_prefix(file, MAX_FILE_BYTES)
+        try:
+            raw = read_prefix(f"{home}/{name}", MAX_FILE_BYTES)
+        except PersonaFileError as error:
+            # Errors name the file by its real path, as every reader of the home does.
+            raise PersonaFileError(persona_home(home) / name, error.problem) from None
         if raw is None:
             continue
-        body = _section_body(name, file, raw)
+        body = _section_body(name, home, raw)
         if cap is not None and name == _MEMORY:
             body = apply_index_cap(body, cap[0], cap[1], notes=notes)
         sections.append(f"## {name}\n\n{body.strip()}")

@@ -35,12 +35,13 @@ from pathlib import Path
 import structlog
 
 from workers.persona.errors import PersonaFileError
-from workers.persona.files import atomic_write_bytes, confined
+from workers.persona.files import atomic_write_bytes, confined, read_prefix, real_root
 from workers.persona.locks import LockMode, lock_file_for, path_lock
 from workers.persona.session import Pointer, SessionState
 from workers.persona.transcripts import valid_transcript_name
 
 __all__ = [
+    "MAX_STATE_BYTES",
     "POINTER_NAME",
     "SESSIONS_DIR",
     "FilePointer",
@@ -50,6 +51,8 @@ __all__ = [
 ]
 
 SESSIONS_DIR = "sessions"
+#: The most of one state file a reader takes in; compaction keeps states far below it.
+MAX_STATE_BYTES = 64 * 1024 * 1024
 POINTER_NAME = "CURRENT"
 _STATE = re.compile(r"([A-Za-z0-9_][A-Za-z0-9._-]*)\.([fl][0-9a-z]+)\.json")
 
@@ -66,7 +69,7 @@ class SessionFiles:
     def __init__(self, home: str | os.PathLike[str], lane: str) -> None:
         if not valid_transcript_name(lane):
             raise ValueError(f"invalid lane name {lane!r}")
-        self.home = Path(home).resolve()
+        self.home = Path(real_root(home))
         self.lane = lane
 
     @property
@@ -79,10 +82,13 @@ class SessionFiles:
         name = f"{state.id}.{tag}.json"
         if _STATE.fullmatch(name) is None:
             raise ValueError(f"invalid session state name {name!r}")
-        directory = self.directory
-        directory.mkdir(parents=True, exist_ok=True)
+        data = state.to_json()
         target = confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{name}")
-        atomic_write_bytes(target, state.to_json())
+        try:
+            atomic_write_bytes(target, data)
+        except FileNotFoundError:  # the lane's first state: make its directory, once
+            self.directory.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{name}"), data)
         return name
 
     def read(self, name: str | None) -> SessionState | None:
@@ -95,10 +101,14 @@ class SessionFiles:
             return None
         try:
             path = confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{name}")
-            raw = path.read_bytes()
+            # Through the one door: a FIFO under a state's name is refused, never blocked on.
+            raw = read_prefix(path, MAX_STATE_BYTES)
+            if raw is None:
+                _log.warning("session.state_missing", lane=self.lane, state=name)
+                return None
+            if len(raw) > MAX_STATE_BYTES:
+                raise ValueError(f"larger than {MAX_STATE_BYTES} bytes")
             return SessionState.from_json(raw)
-        except FileNotFoundError:
-            _log.warning("session.state_missing", lane=self.lane, state=name)
         except (OSError, PersonaFileError, ValueError) as exc:
             _log.warning("session.state_unreadable", lane=self.lane, state=name, error=str(exc))
         return None

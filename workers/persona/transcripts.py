@@ -19,7 +19,14 @@ its first line is a header and every further line one message::
 
 Growth bound: each lane keeps at most ``max_conversations`` files (default 1000,
 ``SOULFLEET_TRANSCRIPT_MAX_CONVERSATIONS`` in the fleet). Creating a conversation's file
-deletes that lane's oldest files beyond the bound first. One file is one turn, and a turn is
+first prunes that lane's oldest files beyond the bound: they leave the lane's listing at once
+(``conversations()`` no longer returns them; a store that read one before may still read it
+until it is gone) and are unlinked moments later by a background thread
+(:mod:`workers.persona.reaper`), because freeing a file's blocks cost a lane's 1,000th turn
+1-2.5 ms more than its first. So for those moments the directory
+holds one file more than the bound; a process killed before the thread ran leaves such files
+behind, and the next creation in that lane (whatever process makes it) counts them on disk and
+prunes them. :func:`wait_pruned` waits for the thread. One file is one turn, and a turn is
 bounded by its budget, so a persona's transcripts are bounded too.
 
 Safety: lane names and conversation ids are slugs (letters, digits, ``.``, ``_``, ``-``; no
@@ -34,7 +41,6 @@ terminates a torn last line so the next record starts on a line of its own.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import json
 import os
 import re
@@ -49,8 +55,9 @@ import structlog
 
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import PersonaFileError, PersonaNotFound
-from workers.persona.files import confined, file_kind, fsync_directory, read_prefix
+from workers.persona.files import confined, file_kind, fsync_directory, read_prefix, real_root
 from workers.persona.messages import Message
+from workers.persona.reaper import Reaper
 
 __all__ = [
     "MAX_TRANSCRIPT_BYTES",
@@ -61,6 +68,7 @@ __all__ = [
     "TranscriptRecord",
     "TranscriptStore",
     "valid_transcript_name",
+    "wait_pruned",
 ]
 
 TRANSCRIPTS_DIR = "transcripts"
@@ -242,7 +250,12 @@ class ConversationWriter:
             }
         )
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-        fd = os.open(self._path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+        flags |= getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self._path, flags, 0o644)
+        except FileNotFoundError:  # the lane directory was removed since open()
+            self._store._make_lane_dir(self._info.lane)
+            fd = os.open(self._path, flags, 0o644)
         self._store._created(self._path)
         self._checked_tail = True
         try:
@@ -353,7 +366,9 @@ class _Listings:
                 found = {
                     e.name: e.path
                     for e in entries
-                    if e.name.endswith(_SUFFIX) and e.is_file(follow_symlinks=False)
+                    if e.name.endswith(_SUFFIX)
+                    and e.path not in _REAPER  # pruned, its unlink still queued
+                    and e.is_file(follow_symlinks=False)
                 }
         except (FileNotFoundError, NotADirectoryError):
             return None
@@ -380,6 +395,11 @@ class _Listings:
             else:
                 self._cache[directory] = (version, cached[1])
 
+    def forget(self, directory: str) -> None:
+        """Drop a listing we can no longer vouch for: the next use lists the directory."""
+        with self._lock:
+            self._cache.pop(directory, None)
+
     def added(self, directory: str, name: str, path: str) -> None:
         self._changed(directory, lambda listing: listing.add(name, path))
 
@@ -389,6 +409,25 @@ class _Listings:
 
 _LISTINGS_MAX = 4096
 _LISTINGS = _Listings()
+
+
+def _reaped(path: str, ok: bool) -> None:
+    directory, name = os.path.split(path)
+    if ok:
+        # Our own change to the directory: move the listing's version past it (the file left
+        # the listing when it was queued), so the next turn does not list the lane again.
+        _LISTINGS.removed(directory, name)
+    else:
+        _LISTINGS.forget(directory)  # still on disk: count it again
+
+
+_REAPER = Reaper("soulfleet-transcript-pruner", on_done=_reaped)
+
+
+def wait_pruned(timeout: float | None = None) -> bool:
+    """Block until every pruned file this process queued is off the disk (tests, shutdown);
+    False if ``timeout`` ran out first."""
+    return _REAPER.wait(timeout)
 
 
 class FileTranscripts:
@@ -406,12 +445,15 @@ class FileTranscripts:
         max_conversations: int = 1000,
         clock: Clock | None = None,
     ) -> None:
-        home_path = Path(home)
-        if not home_path.is_dir():
-            raise PersonaNotFound(home_path)
+        try:
+            is_dir = stat.S_ISDIR(os.stat(home).st_mode)
+        except (OSError, ValueError):
+            is_dir = False
+        if not is_dir:
+            raise PersonaNotFound(Path(home))
         if isinstance(max_conversations, bool) or max_conversations < 1:
             raise ValueError(f"max_conversations must be at least 1, got {max_conversations!r}")
-        self._home = home_path.resolve()
+        self._home = Path(real_root(home))
         self._root = self._home / TRANSCRIPTS_DIR
         self._lanes = None if lanes is None else tuple(_require_name("lane", n) for n in lanes)
         self._max = max_conversations
@@ -444,7 +486,9 @@ class FileTranscripts:
         conversation_id = _require_name("conversation id", conversation_id)
         if self._lanes is not None and lane not in self._lanes:
             raise ValueError(f"lane {lane!r} is outside this store's lanes {list(self._lanes)}")
-        lane_dir = self._lane_dir(lane)
+        lane_dir = self._confined(lane)
+        if not os.path.isdir(lane_dir):  # one stat, where mkdir(exist_ok) costs a failed mkdir
+            lane_dir = self._make_lane_dir(lane)
         found = self._find(conversation_id)
         if found is not None:
             info, existing = found
@@ -486,9 +530,10 @@ class FileTranscripts:
     # Listings work on plain name strings: a lane holds up to max_conversations files and is
     # listed on every open(), so building a Path per entry would dominate a turn's overhead.
 
-    def _lane_dir(self, lane: str) -> Path:
-        # Confine BEFORE creating anything: a symlinked transcripts/ or lane directory leading
-        # out of the home would otherwise make even the mkdir land outside it.
+    def _make_lane_dir(self, lane: str) -> Path:
+        # Confined again right before creating anything: a symlinked transcripts/ or lane
+        # directory leading out of the home would otherwise make even the mkdir land outside.
+        self._dirs.pop(lane, None)
         lane_dir = self._confined(lane)
         lane_dir.mkdir(parents=True, exist_ok=True)
         return lane_dir
@@ -546,7 +591,8 @@ class FileTranscripts:
         return None
 
     def _prune(self, lane: str, *, keep_room_for: str) -> None:
-        """Delete the lane's oldest files so that one more still fits within the bound."""
+        """Drop the lane's oldest files so that one more still fits within the bound: out of
+        the listing now, off the disk on the reaper's thread (module doc, "Growth bound")."""
         listing = self._listing(lane)
         if listing is None:
             return
@@ -556,9 +602,11 @@ class FileTranscripts:
             excess = count - (self._max - 1)
             oldest = [name for name in listing.order[: max(0, excess) + 1] if name != keep]
             victims = [(name, listing.paths[name]) for name in oldest[: max(0, excess)]]
+        if not victims:
+            return
+        # Queued before they leave the listing, so a re-listing meanwhile leaves them out too.
+        _REAPER.delete(path for _, path in victims)
         for name, path in victims:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
             _LISTINGS.removed(os.path.dirname(path), name)
             info = _parse_file_name(lane, name)
             if info is not None:
