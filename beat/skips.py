@@ -8,12 +8,12 @@ Reasons, in the order they are checked (each logged as ``tick.skipped`` and coun
   (a HEARTBEAT.md that asks for nothing: :func:`workers.persona.spend.heartbeat_blank`; the
   answer is cached by the file's mtime and size), ``invalid_heartbeat_file`` (a FIFO, a device
   or an unreadable file at that name: never opened in a way that could block);
-- from Redis, in one pipelined round trip per batch: ``budget`` (today's tokens at or over the
-  persona's daily budget), ``idle`` (no inbound post for ``idle_after``: only the first slot
-  of each ``idle_every`` window ticks), ``nothing_new`` (a dream with nothing written to the
-  persona's transcripts or notes since its last pass).
+- from Redis, in one script call per batch (none when no item needs one): ``budget``
+  (today's tokens at or over the persona's daily budget), ``idle`` (no inbound post for
+  ``idle_after``: only the first slot of each ``idle_every`` window ticks), ``nothing_new`` (a
+  dream with nothing written to the persona's transcripts or notes since its last pass).
 
-``dead_lettered`` is the tick script's answer, reported by the sweep.
+``dead_lettered`` is the sweep script's answer, reported by the sweep.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from beat.schedule import ScheduleSpec
 from beat.sync import HEARTBEAT_FILE
 from workers.fleet.keys import Keys
 from workers.fleet.spend import LAST_PASS
+from workers.fleet.sweeps import SweepWrites
 from workers.persona.errors import PersonaError
 from workers.persona.files import read_prefix
 from workers.persona.home import MAX_FILE_BYTES
@@ -147,6 +148,7 @@ class Skips:
         self.client = client
         self.keys = keys
         self.files = HeartbeatFiles(max_age=max_age)
+        self.fields = SweepWrites(client, keys).fields
 
     def static_reason(self, item: Claimed, now: float) -> str | None:
         """What the files and the spec alone say (no Redis)."""
@@ -163,46 +165,23 @@ class Skips:
         return {"absent": "no_heartbeat_file", "blank": "blank_heartbeat"}.get(state)
 
     def spend_reasons(self, items: Sequence[Claimed], now: float) -> list[str | None]:
-        """The skips that need Redis (one pipelined round trip for the batch): a used-up
-        budget, an idle persona between its stretched beats, a dream with nothing new."""
-        pipe = self.client.pipeline(transaction=False)
-        reads: list[tuple[int, int, int]] = []  # pipeline index per read, -1: not read
-        days: dict[str, str] = {}
-        count = 0
-
-        def read(wanted: bool, key: str, field: str) -> int:
-            nonlocal count
-            if not wanted:
-                return -1
-            pipe.hget(key, field)
-            count += 1
-            return count - 1
-
-        for item in items:
-            spec = item.spec
-            assert spec is not None
-            day = days.get(spec.budget_timezone)
-            if day is None:
-                day = days[spec.budget_timezone] = usage_day(now, spec.budget_timezone)
-            idle = spec.kind == "heartbeat" and spec.idle_after is not None
-            reads.append(
-                (
-                    read(spec.budget is not None, self.keys.usage(day, spec.persona), "tokens"),
-                    read(idle, self.keys.lane(item.lane), "last_post"),
-                    read(spec.kind == "dream", self.keys.lane(item.lane), LAST_PASS),
-                )
-            )
-        values = pipe.execute() if count else []
+        """The skips that need Redis (one script call for the batch, and none when no item
+        has a budget, an idle rule or a dream): a used-up budget, an idle persona between its
+        stretched beats, a dream with nothing new."""
+        reads, slots = self._reads(items, now)
+        if not reads:
+            return [None] * len(items)
+        values = self.fields(reads)
         reasons: list[str | None] = []
         unseen: list[str] = []
-        for item, (tokens, posted, passed) in zip(items, reads, strict=True):
+        for item, (tokens, posted, passed) in zip(items, slots, strict=True):
             spec = item.spec
             assert spec is not None
             reason: str | None = None
             if tokens >= 0 and spec.budget is not None and int(values[tokens] or 0) >= spec.budget:
                 reason = "budget"
             if posted >= 0 and spec.idle_after is not None:
-                if values[posted] is None:
+                if not values[posted]:
                     unseen.append(item.lane)
                 last_post = int(values[posted] or now * 1000) / 1000
                 idle = now - last_post >= spec.idle_after
@@ -222,6 +201,34 @@ class Skips:
             pipe.execute()
         return reasons
 
+    def _reads(
+        self, items: Sequence[Claimed], now: float
+    ) -> tuple[list[str], list[tuple[int, int, int]]]:
+        """The hash fields the spend checks of ``items`` need (``"<key>\\t<field>"``), and per
+        item where its budget, last post and last pass sit among them (-1: not read)."""
+        reads: list[str] = []
+        slots: list[tuple[int, int, int]] = []
+        days: dict[str, str] = {}
+        lane_key = self.keys.lane
+        for item in items:
+            spec = item.spec
+            assert spec is not None
+            tokens = posted = passed = -1
+            if spec.budget is not None:
+                day = days.get(spec.budget_timezone)
+                if day is None:
+                    day = days[spec.budget_timezone] = usage_day(now, spec.budget_timezone)
+                tokens = len(reads)
+                reads.append(f"{self.keys.usage(day, spec.persona)}\ttokens")
+            if spec.kind == "heartbeat" and spec.idle_after is not None:
+                posted = len(reads)
+                reads.append(f"{lane_key(item.lane)}\tlast_post")
+            if spec.kind == "dream":
+                passed = len(reads)
+                reads.append(f"{lane_key(item.lane)}\t{LAST_PASS}")
+            slots.append((tokens, posted, passed))
+        return reads, slots
+
     def sort(
         self, claimed: Sequence[Claimed], now: float
     ) -> tuple[list[Claimed], list[tuple[Claimed, str]]]:
@@ -234,8 +241,11 @@ class Skips:
                 passing.append(item)
             else:
                 reasons.append((item, reason))
+        spends = self.spend_reasons(passing, now)
+        if spends.count(None) == len(spends):
+            return passing, reasons
         ticking: list[Claimed] = []
-        for item, spend in zip(passing, self.spend_reasons(passing, now), strict=True):
+        for item, spend in zip(passing, spends, strict=True):
             if spend is None:
                 ticking.append(item)
             else:

@@ -6,21 +6,25 @@ Why it is built this way:
   set scored by next-due ms, and a sweep reads only the ``score <= now`` head of it.
 - Two beats cannot double-tick: ``lua/claim.lua`` takes up to ``SOULFLEET_SWEEP_BATCH`` due
   members and, in the same atomic step, re-scores them to ``now + CLAIM_TIMEOUT``. Python then
-  computes each member's real next due time (:mod:`beat.schedule`: the next grid slot strictly
-  after now, so a missed interval is skipped, never replayed) and writes them back in one
-  compare-and-set script (``lua/rescore.lua``) that never overwrites a concurrent sync.
+  computes each member's real next due time (:mod:`beat.due`, the numbers of
+  :mod:`beat.schedule`: the next grid slot strictly after now, so a missed interval is skipped,
+  never replayed) and decides the skips.
 - Skips cost no model call (:mod:`beat.skips` decides them and says why: missing or blank
   HEARTBEAT.md, one that is a FIFO, a device or unreadable, quiet hours, a gone directory, a
   used-up budget, an idle persona between its stretched beats, a dream with nothing new); a
-  dead-lettered lane is reported by the tick script. Everything else goes to
-  :meth:`workers.fleet.Fleet.tick_lanes` in ONE batched call per claim batch, which folds the
-  tick into the lane (coalescing) and publishes a turn only for lanes that were idle.
+  dead-lettered lane is reported by the script.
+- Then ONE script call per claimed batch (:meth:`workers.fleet.sweeps.SweepWrites.apply`)
+  writes every member's next due time (compare-and-set on the claim score: a concurrent sync
+  or re-claim wins) and folds a tick into every lane not skipped (coalescing; a turn is queued
+  only for an idle lane), and the batch's queued turns are published in one
+  ``publish_many``. Per member, Python only splits the claim reply, computes a float and
+  formats one line: 100,000 due lanes are about twenty round trips.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -29,11 +33,13 @@ from importlib import resources
 
 import structlog
 
-from beat.schedule import ScheduleSpec, to_ms
+from beat.due import next_due_ms
+from beat.schedule import ScheduleSpec
 from beat.skips import Claimed, HeartbeatFiles, Skips
 from workers import metrics
 from workers.fleet import Fleet
 from workers.fleet.keys import split_schedule_member
+from workers.fleet.sweeps import AppliedBatch
 from workers.persona.schedules import ActiveHours
 
 __all__ = ["CLAIM_TIMEOUT", "MAX_BATCHES", "HeartbeatFiles", "SweepReport", "Sweeper"]
@@ -44,7 +50,18 @@ _log = structlog.get_logger("soulfleet.beat")
 CLAIM_TIMEOUT = 60.0
 #: Claim batches per sweep at most, so one pass always ends (the next pass takes the rest).
 MAX_BATCHES = 100
-_FIELDS = re.compile("[\t\n]")
+_TICK = {"heartbeat": "h", "dream": "d"}
+_OUTCOME = {"q": "emitted", "c": "coalesced"}
+
+
+def _info_enabled() -> bool:
+    """Whether per-tick INFO lines would be written: 100,000 no-op calls are not free."""
+    bound = _log.bind()
+    # Only level-filtering loggers (production's) define it on the class; any other logger
+    # (tests capture events with one) forwards every name and gets every line.
+    if getattr(type(bound), "is_enabled_for", None) is None:
+        return True
+    return bool(bound.is_enabled_for(logging.INFO))
 
 
 def _script(name: str) -> str:
@@ -82,7 +99,6 @@ class Sweeper:
         self._claim_timeout = claim_timeout
         self._max_batches = max_batches
         self._claim = self._client.register_script(_script("claim.lua"))
-        self._rescore = self._client.register_script(_script("rescore.lua"))
         self._specs: dict[str, tuple[ScheduleSpec, ActiveHours | None]] = {}
         # member -> (lane, kind, spec, hours) while the spec epoch stands (see claim.lua)
         self._known: dict[str, tuple[str, str, ScheduleSpec, ActiveHours | None]] = {}
@@ -99,67 +115,72 @@ class Sweeper:
         # after it, so the loop ends even for entries whose interval is shorter than the pass.
         now_ms = int(self._clock.time() * 1000)
         while report.batches < self._max_batches:
-            claimed = self._claim_batch(now_ms)
-            if not claimed:
+            count = self._batch_pass(now_ms, report)
+            if not count:
                 break
             report.batches += 1
-            report.due += len(claimed)
-            self._handle(claimed, report)
-            if len(claimed) < self._batch:
+            report.due += count
+            if count < self._batch:
                 break
         report.seconds = time.perf_counter() - started
         self._finish(report)
         return report
 
-    # -- claim and re-score ---------------------------------------------------------------
-    def _claim_batch(self, now_ms: int) -> list[Claimed]:
-        claim_ms = now_ms + int(self._claim_timeout * 1000)
+    # -- one claimed batch --------------------------------------------------------------
+    def _batch_pass(self, now_ms: int, report: SweepReport) -> int:
+        """Claim, decide, then re-score and tick in one script call; how many were claimed."""
+        # A claim score of its own per batch (+1 ms each): sweep_apply.lua finds the batch's
+        # still-claimed members with one range read instead of a ZSCORE per member.
+        claim_ms = now_ms + int(self._claim_timeout * 1000) + report.batches
         raw: list[str] = self._claim(
             keys=[self._keys.schedule, self._keys.schedule_epoch],
             args=[now_ms, claim_ms, self._batch],
         )
         self._check_epoch(str(raw[0]))
         if not raw[1]:
-            return []
-        fields = _FIELDS.split(str(raw[1]))
+            return 0
+        fields = str(raw[1]).split("\t")
         members: list[str] = fields[0::2]
         known = self._known
         missing = [member for member in members if member not in known]
         if missing:
             self._learn(missing)
-        claimed: list[Claimed] = []
-        broken: list[str] = []
-        nexts: list[str] = []
         at = self._clock.time()
-        for member, score in zip(members, fields[1::2], strict=True):
-            entry = known.get(member)
+        entries = [known.get(member) for member in members]
+        dues = next_due_ms([entry[2] for entry in entries if entry is not None], at)
+        claimed: list[Claimed] = []
+        broken: list[Claimed] = []
+        nexts: dict[str, int] = {}
+        scored = iter(dues)
+        for member, score, entry in zip(members, fields[1::2], entries, strict=True):
             if entry is None:
                 lane, kind = split_schedule_member(member)
-                broken.append(member)
-                claimed.append(Claimed(member, lane, kind, int(float(score)), None, None))
+                broken.append(Claimed(member, lane, kind, int(float(score)), None, None))
                 continue
             lane, kind, spec, hours = entry
-            try:
-                nexts.append(f"{member}\t{to_ms(spec.next_due(at))}")
-            except (ValueError, ArithmeticError) as exc:  # a zone this host lacks, a cron
-                # that stopped parsing, an every too large for the clock (an old entry)
-                _log.error("sweep.bad_spec", member=member, error=str(exc))
-                broken.append(member)
+            due = next(scored)
+            if isinstance(due, str):  # a zone this host lacks, a cron that stopped parsing,
+                # an every too large for the clock (an old entry)
+                _log.error("sweep.bad_spec", member=member, error=due)
                 known.pop(member, None)
-                claimed.append(Claimed(member, lane, kind, int(float(score)), None, None))
+                broken.append(Claimed(member, lane, kind, int(float(score)), None, None))
                 continue
+            nexts[member] = due
             claimed.append(Claimed(member, lane, kind, int(float(score)), spec, hours))
-        if nexts:
-            # One argument, not two per member: redis-py encodes each argument in Python.
-            self._rescore(keys=[self._keys.schedule], args=[claim_ms, "\n".join(nexts)])
+        ticking, reasons = self._skips.sort(claimed, at)
+        lines = [f"{c.member}\t{nexts[c.member]}\t{_TICK[c.kind]}" for c in ticking]
+        lines.extend(f"{c.member}\t{nexts[c.member]}\t-" for c, _ in reasons)
+        applied = self._fleet.sweeps.apply(claim_ms, int(at * 1000), lines)
         if broken:
             # The next registry sync sees the counts drift and rewrites these from the files.
             pipe = self._client.pipeline(transaction=True)
-            pipe.zrem(self._keys.schedule, *broken)
-            pipe.hdel(self._keys.schedule_spec, *broken)
+            pipe.zrem(self._keys.schedule, *(c.member for c in broken))
+            pipe.hdel(self._keys.schedule_spec, *(c.member for c in broken))
             pipe.incr(self._keys.schedule_epoch)
             pipe.execute()
-        return claimed
+        reasons.extend((c, "unknown_persona") for c in broken)
+        self._report(ticking, reasons, applied, at, report)
+        return len(members)
 
     def _check_epoch(self, epoch: str) -> None:
         """Forget the specs kept by member when a writer bumped the epoch (every writer of
@@ -174,9 +195,13 @@ class Sweeper:
         for member, spec_json in zip(members, raws, strict=True):
             text = spec_json.decode() if isinstance(spec_json, bytes) else spec_json
             spec, hours = self._spec(member, text or "")
-            if spec is not None:
-                lane, kind = split_schedule_member(member)
-                self._known[member] = (lane, kind, spec, hours)
+            if spec is None:
+                continue
+            lane, kind = split_schedule_member(member)
+            if (lane, kind) != (spec.lane, spec.kind):
+                _log.error("sweep.bad_spec", member=member, error="spec of another member")
+                continue
+            self._known[member] = (lane, kind, spec, hours)
 
     def _spec(self, member: str, raw: str) -> tuple[ScheduleSpec | None, ActiveHours | None]:
         """The parsed spec and active hours, cached by the stored JSON (specs rarely change)."""
@@ -194,28 +219,50 @@ class Sweeper:
         self._specs[raw] = (spec, hours)
         return spec, hours
 
-    # -- skip or tick ---------------------------------------------------------------------
-    def _handle(self, claimed: Sequence[Claimed], report: SweepReport) -> None:
-        # Looked up once per batch, not per lane: below INFO it is a no-op either way.
-        info = _log.info
-        now = self._clock.time()
-        at = int(now * 1000)
-        skipped: Counter[tuple[str, str]] = Counter()
-        ticking, reasons = self._skips.sort(claimed, now)
-        for item, reason in reasons:
-            skipped[(item.kind, reason)] += 1
-            info("tick.skipped", lane=item.lane, kind=item.kind, reason=reason, due=item.due, at=at)
-        outcomes = self._fleet.tick_lanes([(item.lane, item.kind) for item in ticking])
-        handled: Counter[tuple[str, str]] = Counter()
-        for item, outcome in zip(ticking, outcomes, strict=True):
-            if outcome.outcome == "queued":
-                handled[(item.kind, "emitted")] += 1
-                info("tick.emitted", lane=item.lane, kind=item.kind, due=item.due, at=at)
-            elif outcome.outcome == "coalesced":
-                handled[(item.kind, "coalesced")] += 1
-                info("tick.coalesced", lane=item.lane, kind=item.kind, due=item.due, at=at)
+    # -- outcomes -------------------------------------------------------------------------
+    def _report(
+        self,
+        ticking: Sequence[Claimed],
+        reasons: Sequence[tuple[Claimed, str]],
+        applied: AppliedBatch,
+        now: float,
+        report: SweepReport,
+    ) -> None:
+        """Publish the turns that queued; count (and, at INFO, log) every member's outcome."""
+        codes = applied.codes
+        if len(codes) != len(ticking):
+            raise RuntimeError(f"sweep script answered {len(codes)} ticks for {len(ticking)}")
+        queued = [i for i, code in enumerate(codes) if code == "q"]
+        if queued:
+            self._fleet.publisher.publish_many(
+                [(ticking[i].lane, applied.turn_id(i), ticking[i].kind) for i in queued]
+            )
+        outcomes = Counter(zip((c.kind for c in ticking), codes, strict=True))
+        skipped = Counter((c.kind, reason) for c, reason in reasons)
+        for (kind, code), count in outcomes.items():
+            if code == "d":
+                skipped[(kind, "dead_lettered")] += count
             else:
-                skipped[(item.kind, "dead_lettered")] += 1
+                metrics.TICKS.labels(kind=kind, outcome=_OUTCOME[code]).inc(count)
+                if code == "q":
+                    report.emitted += count
+                else:
+                    report.coalesced += count
+        for (kind, reason), count in skipped.items():
+            metrics.TICKS_SKIPPED.labels(kind=kind, reason=reason).inc(count)
+            report.skipped += count
+        if _info_enabled():
+            self._log_ticks(ticking, reasons, codes, int(now * 1000))
+
+    @staticmethod
+    def _log_ticks(
+        ticking: Sequence[Claimed], reasons: Sequence[tuple[Claimed, str]], codes: str, at: int
+    ) -> None:
+        info = _log.info
+        for item, reason in reasons:
+            info("tick.skipped", lane=item.lane, kind=item.kind, reason=reason, due=item.due, at=at)
+        for item, code in zip(ticking, codes, strict=True):
+            if code == "d":
                 info(
                     "tick.skipped",
                     lane=item.lane,
@@ -224,13 +271,9 @@ class Sweeper:
                     due=item.due,
                     at=at,
                 )
-        for (kind, outcome_name), count in handled.items():
-            metrics.TICKS.labels(kind=kind, outcome=outcome_name).inc(count)
-        for (kind, reason), count in skipped.items():
-            metrics.TICKS_SKIPPED.labels(kind=kind, reason=reason).inc(count)
-        report.emitted += sum(n for (_, o), n in handled.items() if o == "emitted")
-        report.coalesced += sum(n for (_, o), n in handled.items() if o == "coalesced")
-        report.skipped += sum(skipped.values())
+            else:
+                event = "tick.emitted" if code == "q" else "tick.coalesced"
+                info(event, lane=item.lane, kind=item.kind, due=item.due, at=at)
 
     def _finish(self, report: SweepReport) -> None:
         finished = self._clock.time()

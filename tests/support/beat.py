@@ -20,8 +20,8 @@ import redis
 from beat.schedule import ScheduleSpec, to_ms
 from beat.sweep import Sweeper
 from workers.fleet import Fleet
-from workers.fleet.keys import Keys
-from workers.fleet.outcomes import TickOutcome
+from workers.fleet.keys import Keys, split_schedule_member
+from workers.fleet.sweeps import AppliedBatch
 from workers.logs import configure_logging
 from workers.persona.clock import Clock
 from workers.settings import Settings
@@ -63,20 +63,26 @@ class RecordingPublisher:
 
 
 class RecordingTicks:
-    """Wraps a fleet's tick path and records every (lane, kind) that reached it, per call."""
+    """Wraps a fleet's sweep writes and records every (lane, kind) the sweep ticked, per
+    claimed batch (skipped members are re-scored but not ticked, so not recorded)."""
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self.pairs: list[tuple[str, str]] = []
         self.calls: list[list[tuple[str, str]]] = []
-        original = fleet.tick_lanes
+        original = fleet.sweeps.apply
 
-        def tick_lanes(pairs: Sequence[tuple[str, str]]) -> list[TickOutcome]:
-            self.pairs.extend(pairs)
-            self.calls.append(list(pairs))
-            return original(pairs)
+        def apply(claim_ms: int, now_ms: int, lines: Sequence[str]) -> AppliedBatch:
+            ticked = []
+            for line in lines:
+                member, _, tick = line.split("\t")
+                if tick != "-":
+                    ticked.append(split_schedule_member(member))
+            self.pairs.extend(ticked)
+            self.calls.append(ticked)
+            return original(claim_ms, now_ms, lines)
 
-        fleet.tick_lanes = tick_lanes  # type: ignore[method-assign]
+        fleet.sweeps.apply = apply  # type: ignore[method-assign]
 
 
 def settings_for(redis_url: str, key_prefix: str, personas: Path, **extra: str) -> Settings:

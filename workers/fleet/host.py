@@ -36,6 +36,7 @@ from workers.fleet.recovery import Backoff, Recovery
 from workers.fleet.registry import PersonaRegistry
 from workers.fleet.servertime import ServerClock
 from workers.fleet.spend import persona_budget, persona_models
+from workers.fleet.sweeps import SweepWrites
 from workers.fleet.usage import UsageLedger
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
@@ -111,6 +112,8 @@ class Fleet:
             clock=self.clock,
         )
         self._beats = Beats(self.client, self.keys)
+        #: beat's sweep writes a claimed batch through here (one script call per batch)
+        self.sweeps = SweepWrites(self.client, self.keys)
         model = settings.model
         self.breaker = Breaker(
             self.client,

@@ -57,6 +57,8 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "gate_renew",
     "gate_release",
     "usage",
+    "sweep_apply",
+    "hash_fields",
 )
 
 
@@ -92,6 +94,8 @@ class Scripts:
     gate_renew: Script
     gate_release: Script
     usage: Script
+    sweep_apply: Script
+    hash_fields: Script
 
     @classmethod
     def register(cls, client: redis.Redis) -> Scripts:
