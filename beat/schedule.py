@@ -187,8 +187,13 @@ class ScheduleSpec:
     @classmethod
     def from_json(cls, raw: str) -> ScheduleSpec:
         """Parse a stored spec; ``ValueError`` (JSON, key or type problems) if it is not one."""
+        return cls.from_dict(json.loads(raw))
+
+    @classmethod
+    def from_dict(cls, data: Any) -> ScheduleSpec:
+        """A spec from its parsed JSON (a sweep parses a whole batch in one ``json.loads``);
+        ``ValueError`` if it is not one."""
         try:
-            data = json.loads(raw)
             active = data.get("active") or [None, None, None]
             budget = data.get("budget") or [None, "UTC"]
             idle = data.get("idle") or [None, None]

@@ -190,11 +190,25 @@ class Sweeper:
             self._epoch = epoch
 
     def _learn(self, members: Sequence[str]) -> None:
-        """Read and parse the specs of ``members`` (one HMGET per claim batch)."""
-        raws = self._client.hmget(self._keys.schedule_spec, list(members))
-        for member, spec_json in zip(members, raws, strict=True):
-            text = spec_json.decode() if isinstance(spec_json, bytes) else spec_json
-            spec, hours = self._spec(member, text or "")
+        """Read and parse the specs of ``members``: one script call per claim batch, and one
+        ``json.loads`` for all of them (stored specs are canonical JSON, never a raw newline)."""
+        key = self._keys.schedule_spec
+        try:
+            texts = self._fleet.sweeps.fields([f"{key}\t{member}" for member in members])
+        except ValueError:  # a stored value with a raw newline (not one sync wrote): HMGET
+            raws = self._client.hmget(key, list(members))
+            texts = [raw.decode() if isinstance(raw, bytes) else raw or "" for raw in raws]
+        parsed: list[object] | None = None
+        if all(texts):
+            try:
+                parsed = json.loads(f"[{','.join(texts)}]")
+            except ValueError:
+                parsed = None  # one bad spec: parse one by one below, so only it is reported
+            if parsed is not None and len(parsed) != len(texts):
+                parsed = None  # a spec that is several JSON values: one by one
+        for index, (member, text) in enumerate(zip(members, texts, strict=True)):
+            data = parsed[index] if parsed is not None else None
+            spec, hours = self._spec(member, text, data)
             if spec is None:
                 continue
             lane, kind = split_schedule_member(member)
@@ -203,13 +217,16 @@ class Sweeper:
                 continue
             self._known[member] = (lane, kind, spec, hours)
 
-    def _spec(self, member: str, raw: str) -> tuple[ScheduleSpec | None, ActiveHours | None]:
-        """The parsed spec and active hours, cached by the stored JSON (specs rarely change)."""
+    def _spec(
+        self, member: str, raw: str, data: object = None
+    ) -> tuple[ScheduleSpec | None, ActiveHours | None]:
+        """The parsed spec and active hours (``data``: ``raw`` already parsed), cached by the
+        stored JSON (specs rarely change)."""
         cached = self._specs.get(raw)
         if cached is not None:
             return cached
         try:
-            spec = ScheduleSpec.from_json(raw)
+            spec = ScheduleSpec.from_json(raw) if data is None else ScheduleSpec.from_dict(data)
             hours = spec.active_hours()
         except (ValueError, ArithmeticError, TypeError, KeyError) as exc:
             _log.error("sweep.bad_spec", member=member, error=str(exc) if raw else "no spec")
@@ -232,10 +249,14 @@ class Sweeper:
         codes = applied.codes
         if len(codes) != len(ticking):
             raise RuntimeError(f"sweep script answered {len(codes)} ticks for {len(ticking)}")
-        queued = [i for i, code in enumerate(codes) if code == "q"]
-        if queued:
+        if "q" in codes:
+            base = applied.base
             self._fleet.publisher.publish_many(
-                [(ticking[i].lane, applied.turn_id(i), ticking[i].kind) for i in queued]
+                [
+                    (ticking[i].lane, f"{base}{i:08x}", ticking[i].kind)
+                    for i, code in enumerate(codes)
+                    if code == "q"
+                ]
             )
         outcomes = Counter(zip((c.kind for c in ticking), codes, strict=True))
         skipped = Counter((c.kind, reason) for c, reason in reasons)

@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
+import pytest
 import redis
 from prometheus_client import REGISTRY
 
@@ -381,3 +382,42 @@ def test_a_changed_spec_reaches_a_running_sweeper(
     berlin(clock, 1, 12, 7)
     assert sweeper.run().coalesced == 1
     assert lane_ticks(redis_client, fleet.keys, ["owl"]) == {"owl": 2}
+
+
+@pytest.mark.parametrize(
+    ("index", "stored", "bad"),
+    [
+        (2, "{not json", True),
+        (7, "<spec>,1", True),  # a stray JSON value after the spec
+        (5, "<spec with raw newlines>", False),  # valid JSON, not what sync writes
+    ],
+)
+def test_a_broken_spec_in_a_batch_costs_only_its_own_member(
+    index: int,
+    stored: str,
+    bad: bool,
+    *,
+    fleet: Fleet,
+    persona_root: Path,
+    clock: VirtualClock,
+    redis_client: redis.Redis,
+    events: Events,
+) -> None:
+    """The batch's specs are parsed in one go; a spec that is not one is reported and dropped
+    on its own, a valid one with raw newlines still parses, and every other member of the
+    batch ticks once."""
+    home = write_persona(persona_root, "shared", EVERY_1M)
+    specs = hourly_specs(home, 10)
+    register(redis_client, fleet.keys, specs, due=clock.time())
+    text = specs[index].to_json()
+    stored = {"<spec>,1": f"{text},1", "<spec with raw newlines>": text.replace(",", ",\n")}.get(
+        stored, stored
+    )
+    redis_client.hset(fleet.keys.schedule_spec, specs[index].member, stored)
+    clock.advance(1)
+    report = Sweeper(fleet).run()
+    assert (report.due, report.emitted, report.skipped) == (10, 10 - bad, int(bad))
+    reported = [e["member"] for e in events.named("sweep.bad_spec")]
+    assert reported == ([specs[index].member] if bad else [])
+    ticked = [spec.lane for i, spec in enumerate(specs) if not (bad and i == index)]
+    assert set(lane_ticks(redis_client, fleet.keys, ticked).values()) == {1}

@@ -67,9 +67,13 @@ class SweepWrites:
         return AppliedBatch(str(codes), base)
 
     def fields(self, reads: Sequence[str]) -> list[str]:
-        """One field per hash: ``reads`` are ``"<key>\\t<field>"``; ``""`` for a missing one."""
+        """One field per hash: ``reads`` are ``"<key>\\t<field>"``; ``""`` for a missing one.
+        ``ValueError`` if a value held a newline (the answer would not line up)."""
         if not reads:
             return []
         with redis_errors(self.client):
             reply = str(self._fields(keys=[], args=["\n".join(reads)]))
-        return reply.split("\n")
+        values = reply.split("\n")
+        if len(values) != len(reads):
+            raise ValueError(f"{len(values)} values for {len(reads)} hash fields")
+        return values
