@@ -23,6 +23,7 @@ Why it is built this way:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -39,7 +40,7 @@ from beat.skips import Claimed, HeartbeatFiles, Skips
 from workers import metrics
 from workers.fleet import Fleet
 from workers.fleet.keys import split_schedule_member
-from workers.fleet.sweeps import AppliedBatch
+from workers.fleet.sweeps import PendingApply
 from workers.persona.schedules import ActiveHours
 
 __all__ = ["CLAIM_TIMEOUT", "MAX_BATCHES", "HeartbeatFiles", "SweepReport", "Sweeper"]
@@ -66,6 +67,18 @@ def _info_enabled() -> bool:
 
 def _script(name: str) -> str:
     return resources.files("beat.lua").joinpath(name).read_text(encoding="utf-8")
+
+
+@dataclass(slots=True)
+class _Batch:
+    """One claimed batch between Python's decisions and the script call's answer."""
+
+    claim_ms: int
+    at: float
+    lines: list[str]
+    ticking: list[Claimed]
+    reasons: list[tuple[Claimed, str]]
+    pending: PendingApply | None = None
 
 
 @dataclass(slots=True)
@@ -108,39 +121,61 @@ class Sweeper:
         self._last_logged = float("-inf")
 
     def run(self) -> SweepReport:
-        """One pass: claim and handle due batches until nothing is due (or MAX_BATCHES)."""
+        """One pass: claim and handle due batches until nothing is due (or MAX_BATCHES).
+
+        Batch N's script call is sent, not waited for: Python decides batch N+1 (claimed just
+        before N was sent) while Redis applies N, then reads N's answer and publishes its
+        turns. At most one batch is in flight."""
         started = time.perf_counter()
         report = SweepReport()
         # Claim against the pass's start time: members re-scored in this pass are due strictly
         # after it, so the loop ends even for entries whose interval is shorter than the pass.
         now_ms = int(self._clock.time() * 1000)
-        while report.batches < self._max_batches:
-            count = self._batch_pass(now_ms, report)
-            if not count:
-                break
-            report.batches += 1
-            report.due += count
-            if count < self._batch:
-                break
+        claimed = self._claim_batch(now_ms, 0)
+        in_flight: _Batch | None = None
+        try:
+            while claimed is not None:
+                report.batches += 1
+                report.due += len(claimed[1])
+                batch = self._prepare(*claimed)
+                more = len(claimed[1]) == self._batch and report.batches < self._max_batches
+                claimed = self._claim_batch(now_ms, report.batches) if more else None
+                batch.pending = self._fleet.sweeps.start_apply(
+                    batch.claim_ms, int(batch.at * 1000), batch.lines
+                )
+                done, in_flight = in_flight, batch
+                if done is not None:
+                    self._report(done, report)
+            done, in_flight = in_flight, None
+            if done is not None:
+                self._report(done, report)
+        finally:
+            if in_flight is not None and in_flight.pending is not None:
+                # Failing anyway: read (and so release) the in-flight call's connection.
+                with contextlib.suppress(Exception):
+                    in_flight.pending.result()
         report.seconds = time.perf_counter() - started
         self._finish(report)
         return report
 
     # -- one claimed batch --------------------------------------------------------------
-    def _batch_pass(self, now_ms: int, report: SweepReport) -> int:
-        """Claim, decide, then re-score and tick in one script call; how many were claimed."""
+    def _claim_batch(self, now_ms: int, index: int) -> tuple[int, list[str], list[str]] | None:
+        """Claim up to a batch: (its claim score, members, due scores), or None if none due."""
         # A claim score of its own per batch (+1 ms each): sweep_apply.lua finds the batch's
         # still-claimed members with one range read instead of a ZSCORE per member.
-        claim_ms = now_ms + int(self._claim_timeout * 1000) + report.batches
+        claim_ms = now_ms + int(self._claim_timeout * 1000) + index
         raw: list[str] = self._claim(
             keys=[self._keys.schedule, self._keys.schedule_epoch],
             args=[now_ms, claim_ms, self._batch],
         )
         self._check_epoch(str(raw[0]))
         if not raw[1]:
-            return 0
+            return None
         fields = str(raw[1]).split("\t")
-        members: list[str] = fields[0::2]
+        return claim_ms, fields[0::2], fields[1::2]
+
+    def _prepare(self, claim_ms: int, members: list[str], scores: list[str]) -> _Batch:
+        """Everything Python decides about one claimed batch: next due times, skips, lines."""
         known = self._known
         missing = [member for member in members if member not in known]
         if missing:
@@ -152,7 +187,7 @@ class Sweeper:
         broken: list[Claimed] = []
         nexts: dict[str, int] = {}
         scored = iter(dues)
-        for member, score, entry in zip(members, fields[1::2], entries, strict=True):
+        for member, score, entry in zip(members, scores, entries, strict=True):
             if entry is None:
                 lane, kind = split_schedule_member(member)
                 broken.append(Claimed(member, lane, kind, int(float(score)), None, None))
@@ -170,7 +205,6 @@ class Sweeper:
         ticking, reasons = self._skips.sort(claimed, at)
         lines = [f"{c.member}\t{nexts[c.member]}\t{_TICK[c.kind]}" for c in ticking]
         lines.extend(f"{c.member}\t{nexts[c.member]}\t-" for c, _ in reasons)
-        applied = self._fleet.sweeps.apply(claim_ms, int(at * 1000), lines)
         if broken:
             # The next registry sync sees the counts drift and rewrites these from the files.
             pipe = self._client.pipeline(transaction=True)
@@ -179,8 +213,7 @@ class Sweeper:
             pipe.incr(self._keys.schedule_epoch)
             pipe.execute()
         reasons.extend((c, "unknown_persona") for c in broken)
-        self._report(ticking, reasons, applied, at, report)
-        return len(members)
+        return _Batch(claim_ms, at, lines, ticking, reasons)
 
     def _check_epoch(self, epoch: str) -> None:
         """Forget the specs kept by member when a writer bumped the epoch (every writer of
@@ -237,15 +270,12 @@ class Sweeper:
         return spec, hours
 
     # -- outcomes -------------------------------------------------------------------------
-    def _report(
-        self,
-        ticking: Sequence[Claimed],
-        reasons: Sequence[tuple[Claimed, str]],
-        applied: AppliedBatch,
-        now: float,
-        report: SweepReport,
-    ) -> None:
-        """Publish the turns that queued; count (and, at INFO, log) every member's outcome."""
+    def _report(self, batch: _Batch, report: SweepReport) -> None:
+        """Wait for the batch's script call; publish the turns that queued; count (and, at
+        INFO, log) every member's outcome."""
+        assert batch.pending is not None
+        applied = batch.pending.result()
+        ticking, reasons, now = batch.ticking, batch.reasons, batch.at
         codes = applied.codes
         if len(codes) != len(ticking):
             raise RuntimeError(f"sweep script answered {len(codes)} ticks for {len(ticking)}")

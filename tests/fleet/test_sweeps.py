@@ -3,6 +3,7 @@ folds ticks exactly as the tick script does, lane state by lane state."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import cast
 
 import pytest
@@ -12,6 +13,7 @@ from tests.support.lanes import item, make_lanes
 from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
 from workers.fleet.sweeps import SweepWrites
+from workers.local.redis_server import RedisServer
 from workers.persona.clock import VirtualClock
 
 NOW_MS = 1_700_000_000_000
@@ -129,3 +131,23 @@ def test_fields_reads_one_field_per_hash_in_order(
     ]
     assert SweepWrites(redis_client, keys).fields(reads) == ["7", "", "", "5"]
     assert SweepWrites(redis_client, keys).fields([]) == []
+
+
+def test_a_sent_apply_survives_a_script_flush_and_frees_its_connection(tmp_path: Path) -> None:
+    """After SCRIPT FLUSH (a Redis restart) the in-flight call is refused before it runs; its
+    answer is then the reloaded script's, applied once, and the connection is back in the pool."""
+    with RedisServer(tmp_path / "redis") as server:
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        try:
+            keys = Keys("sfx:")
+            writes = SweepWrites(client, keys)
+            client.zadd(keys.schedule, {"a|heartbeat": CLAIM_MS})
+            client.script_flush()
+            pending = writes.start_apply(CLAIM_MS, NOW_MS, [f"a|heartbeat\t{NOW_MS + 5}\th"])
+            assert pending.result().codes == "q"
+            assert client.hget(keys.lane("a"), "ticks") == "1"
+            assert client.zscore(keys.schedule, "a|heartbeat") == NOW_MS + 5
+            pool = client.connection_pool
+            assert len(pool._in_use_connections) == 0
+        finally:
+            client.close()

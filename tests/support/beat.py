@@ -21,7 +21,7 @@ from beat.schedule import ScheduleSpec, to_ms
 from beat.sweep import Sweeper
 from workers.fleet import Fleet
 from workers.fleet.keys import Keys, split_schedule_member
-from workers.fleet.sweeps import AppliedBatch
+from workers.fleet.sweeps import PendingApply
 from workers.logs import configure_logging
 from workers.persona.clock import Clock
 from workers.settings import Settings
@@ -70,9 +70,9 @@ class RecordingTicks:
         self.fleet = fleet
         self.pairs: list[tuple[str, str]] = []
         self.calls: list[list[tuple[str, str]]] = []
-        original = fleet.sweeps.apply
+        original = fleet.sweeps.start_apply
 
-        def apply(claim_ms: int, now_ms: int, lines: Sequence[str]) -> AppliedBatch:
+        def start_apply(claim_ms: int, now_ms: int, lines: Sequence[str]) -> PendingApply:
             ticked = []
             for line in lines:
                 member, _, tick = line.split("\t")
@@ -82,7 +82,7 @@ class RecordingTicks:
             self.calls.append(ticked)
             return original(claim_ms, now_ms, lines)
 
-        fleet.sweeps.apply = apply  # type: ignore[method-assign]
+        fleet.sweeps.start_apply = start_apply  # type: ignore[method-assign]
 
 
 def settings_for(redis_url: str, key_prefix: str, personas: Path, **extra: str) -> Settings:

@@ -18,13 +18,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import redis
+from redis.connection import Connection
 
 from workers.fleet.keys import Keys
 from workers.fleet.scripts import redis_errors, script_source
 
-__all__ = ["AppliedBatch", "SweepWrites"]
+__all__ = ["AppliedBatch", "PendingApply", "SweepWrites"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,13 +43,66 @@ class AppliedBatch:
         return f"{self.base}{index:08x}"
 
 
+class PendingApply:
+    """One sent :meth:`SweepWrites.start_apply` call, on a pool connection of its own until
+    :meth:`result` reads the answer (call it exactly once, before the next batch's)."""
+
+    def __init__(
+        self, writes: SweepWrites, keys: list[str], args: list[str | int], base: str
+    ) -> None:
+        self._writes = writes
+        self._keys = keys
+        self._args = args
+        self._base = base
+        self._connection: Connection | None = None
+
+    def send(self) -> None:
+        client = self._writes.client
+        with redis_errors(client):
+            connection = client.connection_pool.get_connection()
+            try:
+                sha = self._writes.script.sha
+                send: Any = connection.send_command  # untyped in redis-py
+                send("EVALSHA", sha, len(self._keys), *self._keys, *self._args)
+            except BaseException:
+                self._drop(connection)
+                raise
+        self._connection = connection
+
+    def result(self) -> AppliedBatch:
+        connection, self._connection = self._connection, None
+        if connection is None:  # nothing to send, or already read
+            return AppliedBatch("", self._base)
+        client = self._writes.client
+        with redis_errors(client):
+            try:
+                reply = connection.read_response()
+            except redis.exceptions.NoScriptError:
+                # A Redis restart or SCRIPT FLUSH since the last load: the Script object
+                # loads it and runs it (nothing ran: NOSCRIPT is refused before execution).
+                client.connection_pool.release(connection)
+                reply = self._writes.script(keys=self._keys, args=self._args)
+            except BaseException:
+                self._drop(connection)
+                raise
+            else:
+                client.connection_pool.release(connection)
+        return AppliedBatch(str(reply), self._base)
+
+    def _drop(self, connection: Connection) -> None:
+        # A half-written or half-read exchange: this connection's stream is not reusable.
+        disconnect: Any = connection.disconnect  # untyped in redis-py
+        disconnect()
+        self._writes.client.connection_pool.release(connection)
+
+
 class SweepWrites:
     """The sweep's scripts on one client (registering makes no round trip)."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.client = client
         self.keys = keys
-        self._apply = client.register_script(script_source("sweep_apply"))
+        self.script = client.register_script(script_source("sweep_apply"))
         self._fields = client.register_script(script_source("hash_fields"))
         self._lane_prefix = keys.lane("")
 
@@ -55,16 +110,19 @@ class SweepWrites:
         """Re-score and tick one claimed batch. ``lines``: ``"<member>\\t<next ms>\\t<tick>"``
         per member, tick ``h`` (heartbeat), ``d`` (dream) or ``-`` (skipped: re-scored only).
         Members and lanes never contain a tab or newline (registry names forbid them)."""
+        return self.start_apply(claim_ms, now_ms, lines).result()
+
+    def start_apply(self, claim_ms: int, now_ms: int, lines: Sequence[str]) -> PendingApply:
+        """:meth:`apply`, sent without waiting for the answer: the sweep prepares its next
+        batch in Python while Redis runs this one (:meth:`PendingApply.result` waits)."""
         # Turn ids: uuid4 entropy per call (24 hex digits) + an 8-digit per-tick counter.
         base = uuid.uuid4().hex[:24]
-        if not lines:
-            return AppliedBatch("", base)
-        with redis_errors(self.client):
-            codes = self._apply(
-                keys=[self.keys.schedule, self.keys.queued],
-                args=[claim_ms, now_ms, self._lane_prefix, base, "\n".join(lines)],
-            )
-        return AppliedBatch(str(codes), base)
+        keys = [self.keys.schedule, self.keys.queued]
+        args: list[str | int] = [claim_ms, now_ms, self._lane_prefix, base, "\n".join(lines)]
+        pending = PendingApply(self, keys, args, base)
+        if lines:
+            pending.send()
+        return pending
 
     def fields(self, reads: Sequence[str]) -> list[str]:
         """One field per hash: ``reads`` are ``"<key>\\t<field>"``; ``""`` for a missing one.

@@ -28,6 +28,7 @@ for _, member in ipairs(redis.call('ZRANGEBYSCORE', schedule, claimed, claimed))
 end
 local out = {}
 local scores = {}
+local queue = {}
 local ticked = 0
 for member, due, tick in string.gmatch(ARGV[5], '([^\t]+)\t(%d+)\t([hd%-])\n?') do
   if ours[member] then
@@ -46,29 +47,36 @@ for member, due, tick in string.gmatch(ARGV[5], '([^\t]+)\t(%d+)\t([hd%-])\n?') 
       lane = string.sub(member, 1, -11)
     end
     local key = prefix .. lane
-    local got = redis.call('HMGET', key, 'state', 'tick_kind')
+    local got = redis.call('HMGET', key, 'state', 'tick_kind', 'ticks')
     local state = got[1] or 'idle'
     if state == 'dead' then
       out[#out + 1] = 'd'
+    elseif state == 'idle' then
+      -- ticks += 1 in the same HSET (the script is atomic: nothing wrote ticks in between)
+      redis.call('HSET', key, 'ticks', (tonumber(got[3]) or 0) + 1, 'tick_kind', kind,
+                 'state', 'queued', 'turn_id', base .. string.format('%08x', ticked),
+                 'kind', kind, 'queued_at', now)
+      queue[#queue + 1] = now
+      queue[#queue + 1] = lane
+      if #queue >= 1000 then
+        redis.call('ZADD', queued, unpack(queue))
+        queue = {}
+      end
+      out[#out + 1] = 'q'
     else
       redis.call('HINCRBY', key, 'ticks', 1)
-      if state == 'idle' then
-        local turn_id = base .. string.format('%08x', ticked)
-        redis.call('HSET', key, 'tick_kind', kind, 'state', 'queued', 'turn_id', turn_id,
-                   'kind', kind, 'queued_at', now)
-        redis.call('ZADD', queued, now, lane)
-        out[#out + 1] = 'q'
-      elseif got[2] ~= kind then
+      if got[2] ~= kind then
         redis.call('HSET', key, 'tick_kind', kind)
-        out[#out + 1] = 'c'
-      else
-        out[#out + 1] = 'c'
       end
+      out[#out + 1] = 'c'
     end
     ticked = ticked + 1
   end
 end
 if #scores > 0 then
   redis.call('ZADD', schedule, 'XX', unpack(scores))
+end
+if #queue > 0 then
+  redis.call('ZADD', queued, unpack(queue))
 end
 return table.concat(out)
