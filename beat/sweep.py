@@ -182,29 +182,26 @@ class Sweeper:
             self._learn(missing)
         at = self._clock.time()
         entries = [known.get(member) for member in members]
-        dues = next_due_ms([entry[2] for entry in entries if entry is not None], at)
+        dues = iter(next_due_ms([entry[2] for entry in entries if entry is not None], at))
         claimed: list[Claimed] = []
         broken: list[Claimed] = []
-        nexts: dict[str, int] = {}
-        scored = iter(dues)
         for member, score, entry in zip(members, scores, entries, strict=True):
             if entry is None:
                 lane, kind = split_schedule_member(member)
                 broken.append(Claimed(member, lane, kind, int(float(score)), None, None))
                 continue
-            lane, kind, spec, hours = entry
-            due = next(scored)
+            due = next(dues)
             if isinstance(due, str):  # a zone this host lacks, a cron that stopped parsing,
                 # an every too large for the clock (an old entry)
                 _log.error("sweep.bad_spec", member=member, error=due)
                 known.pop(member, None)
-                broken.append(Claimed(member, lane, kind, int(float(score)), None, None))
+                broken.append(Claimed(member, entry[0], entry[1], int(float(score)), None, None))
                 continue
-            nexts[member] = due
-            claimed.append(Claimed(member, lane, kind, int(float(score)), spec, hours))
+            lane, kind, spec, hours = entry
+            claimed.append(Claimed(member, lane, kind, int(float(score)), spec, hours, due))
         ticking, reasons = self._skips.sort(claimed, at)
-        lines = [f"{c.member}\t{nexts[c.member]}\t{_TICK[c.kind]}" for c in ticking]
-        lines.extend(f"{c.member}\t{nexts[c.member]}\t-" for c, _ in reasons)
+        lines = [f"{c.member}\t{c.next_ms}\t{_TICK[c.kind]}" for c in ticking]
+        lines.extend(f"{c.member}\t{c.next_ms}\t-" for c, _ in reasons)
         if broken:
             # The next registry sync sees the counts drift and rewrites these from the files.
             pipe = self._client.pipeline(transaction=True)
