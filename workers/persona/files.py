@@ -46,6 +46,7 @@ __all__ = [
     "real_root",
     "regular_file_problem",
     "remove_stale_temps",
+    "replace_bytes",
 ]
 
 #: Temp files are ``.<target name>.<16 hex>.tmp`` in the target's own directory: hidden, and
@@ -240,6 +241,18 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     The new file keeps the permission bits of the file it replaces (0o644, less the umask, for a
     new one). ``path`` is written as given: confine it first with :func:`confined`.
     """
+    replace_bytes(path, data)
+    fsync_directory(os.path.dirname(os.fspath(path)) or ".")
+
+
+def replace_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """:func:`atomic_write_bytes` without the final directory fsync: the new bytes are on disk
+    (fsynced before the rename, so a crash leaves the old file or the new one, never a mix),
+    but the rename itself is durable only after :func:`fsync_directory` of ``path``'s parent.
+
+    For a writer that must keep a lock short: it renames under the lock and fsyncs the
+    directory after releasing it, before it reports the write as saved.
+    """
     target = os.fspath(path)
     directory, name = os.path.split(target)
     temp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}{TEMP_SUFFIX}")
@@ -265,7 +278,6 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
-    fsync_directory(directory or ".")
 
 
 def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:

@@ -9,9 +9,11 @@ Why it is built this way:
   them. They are deliberately left in place: one small file per data path, never more, and
   waiters must all flock the same inode.
 * **Two modes, because ``flock`` does not exclude across NFS clients.**
-  ``"local"`` is ``fcntl.flock`` (filelock's :class:`~filelock.UnixFileLock`): fast, and the kernel
-  releases it the moment a holder dies. Right for one host, or several hosts on a filesystem whose
-  locks are coherent across clients. ``"shared"`` is filelock's
+  ``"local"`` is ``fcntl.flock`` taken directly on a descriptor kept open per process
+  (:mod:`workers.persona.flock`): fast, and the kernel releases it the moment a holder dies.
+  A filesystem without flock is a loud ``OSError`` (use ``"shared"``), never a silent switch
+  to marker files that a crash would leave behind. Right for one host, or several hosts on a
+  filesystem whose locks are coherent across clients. ``"shared"`` is filelock's
   :class:`~filelock.StrictSoftFileLock`: exclusion by immutable claim files created with
   hard links, which works on NFS-like filesystems. Its price: slower (about 0.9 ms against
   0.1 ms per uncontended acquisition on a local disk), and a holder that
@@ -41,7 +43,7 @@ from pathlib import Path, PurePath
 from typing import Literal
 
 import structlog
-from filelock import BaseFileLock, StrictSoftFileClaim, StrictSoftFileLock, Timeout, UnixFileLock
+from filelock import BaseFileLock, StrictSoftFileClaim, StrictSoftFileLock, Timeout
 
 # filelock's own liveness test (pid alive AND the same process start time, pid namespaces
 # told apart in the host name): private API, so pyproject pins filelock below 5.
@@ -49,6 +51,7 @@ from filelock._identity import host_name, owner_is_stale
 
 from workers.persona.errors import LockTimeout
 from workers.persona.files import confined
+from workers.persona.flock import flock_acquire, flock_release
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
@@ -59,6 +62,7 @@ __all__ = [
     "break_shared_lock",
     "ledger_file_for",
     "lock_file_for",
+    "lock_name_for",
     "path_lock",
     "set_lock_wait_observer",
     "shared_claims_under",
@@ -77,13 +81,15 @@ _log = structlog.get_logger("soulfleet.locks")
 _observer: Callable[[float], None] | None = None
 _registry_guard = threading.Lock()
 _thread_locks: dict[str, threading.Lock] = {}
+_shared_locks: dict[str, BaseFileLock] = {}
 
 
 def _reset_after_fork() -> None:
     # A lock held by another thread at fork time would never be released in the child.
-    global _registry_guard, _thread_locks  # noqa: PLW0603
+    global _registry_guard, _thread_locks, _shared_locks  # noqa: PLW0603
     _registry_guard = threading.Lock()
     _thread_locks = {}
+    _shared_locks = {}
 
 
 if hasattr(os, "register_at_fork"):
@@ -115,11 +121,15 @@ def lock_file_for(
     directory under it is a symlink leading outside the persona directory.
     """
     real_root = Path(root).resolve()
-    relative = Path(data).relative_to(real_root)
-    lock = confined(real_root, PurePath(LOCK_DIR) / f"{relative}{_SUFFIX[_checked(mode)]}")
+    lock = confined(real_root, lock_name_for(Path(data).relative_to(real_root), mode))
     lock.parent.mkdir(parents=True, exist_ok=True)
     # mkdir may have followed a symlink created meanwhile; check the result, not the intent.
     return confined(real_root, lock.relative_to(real_root))
+
+
+def lock_name_for(relative: str | os.PathLike[str], mode: LockMode = "local") -> PurePath:
+    """Where the lock of the data file at ``relative`` lives, relative to the persona root."""
+    return PurePath(LOCK_DIR) / f"{PurePath(relative)}{_SUFFIX[_checked(mode)]}"
 
 
 def ledger_file_for(root: str | os.PathLike[str], data: str | os.PathLike[str]) -> Path:
@@ -148,12 +158,15 @@ def _thread_lock(lock_file: Path) -> threading.Lock:
         return lock
 
 
-def _file_lock(lock_file: Path, mode: LockMode) -> BaseFileLock:
-    if mode == "local":
-        # No soft fallback: a filesystem without flock must be a loud error (use "shared"), not
-        # a silent switch to marker files that a crash would leave behind.
-        return UnixFileLock(lock_file, fallback_to_soft=False)
-    return StrictSoftFileLock(lock_file)
+def _shared_lock(lock_file: Path) -> BaseFileLock:
+    # One instance per lock file per process, reused: building one per acquisition cost about
+    # a third of it. Only the thread holding the path's gate ever uses it.
+    key = os.fspath(lock_file)
+    with _registry_guard:
+        lock = _shared_locks.get(key)
+        if lock is None:
+            lock = _shared_locks[key] = StrictSoftFileLock(lock_file)
+        return lock
 
 
 @contextmanager
@@ -177,17 +190,23 @@ def path_lock(
         _observe(time.monotonic() - start)
         raise LockTimeout(path, timeout, checked)
     try:
-        lock = _file_lock(path, checked)
+        if checked == "local":
+            name = os.fspath(path)
+            if not flock_acquire(name, deadline):
+                _observe(time.monotonic() - start)
+                raise LockTimeout(path, timeout, checked)
+            _observe(time.monotonic() - start)
+            try:
+                yield
+            finally:
+                flock_release(name)
+            return
+        lock = _shared_lock(path)
         try:
-            if checked == "shared":
-                _acquire_shared(lock, path, deadline)
-            else:
-                remaining = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
-                lock.acquire(timeout=remaining, poll_interval=0.005)
+            _acquire_shared(lock, path, deadline)
         except Timeout:
             _observe(time.monotonic() - start)
-            holders = shared_lock_holders(path) if checked == "shared" else ()
-            raise LockTimeout(path, timeout, checked, holders) from None
+            raise LockTimeout(path, timeout, checked, shared_lock_holders(path)) from None
         _observe(time.monotonic() - start)
         try:
             yield

@@ -23,28 +23,47 @@ Why it looks like this:
   read-modify-write and replaces the file atomically (:mod:`workers.persona.files`); paths are
   confined to the persona directory, so a MEMORY.md or ``memory/`` that links outside is refused.
   Reads (``read``, ``list``) take no lock: atomic replacement means they never see a torn file.
+* **Short critical sections (issue 15).** The new bytes are fsynced before the rename, under the
+  lock; the directory fsync that makes the rename durable runs after the lock is released (the
+  tool answers only after it). The next writer reads the renamed file, so whichever rename a
+  crash keeps holds every entry acknowledged before it. With a ledger the directory is fsynced
+  under the lock as before, since the ledger must never be durable ahead of its write. Paths
+  are resolved once per target and only re-checked per call (the persona directory is still
+  the same inode, and no component under it became a symlink or vanished); anything else takes
+  the full :func:`~workers.persona.files.confined` path again.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections import Counter
 from collections.abc import Mapping
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePath
 from typing import Any
 
 import structlog
 
 from workers.persona.errors import LockTimeout, PersonaError
-from workers.persona.files import atomic_write_bytes, confined, read_prefix, remove_stale_temps
+from workers.persona.files import (
+    atomic_write_bytes,
+    confined,
+    fsync_directory,
+    read_prefix,
+    remove_stale_temps,
+    replace_bytes,
+)
 from workers.persona.home import MAX_FILE_BYTES, persona_home
-from workers.persona.ledger import WriteLedger, write_key
+from workers.persona.ledger import LEDGER_SUFFIX, WriteLedger, write_key
 from workers.persona.locks import (
     DEFAULT_LOCK_TIMEOUT,
+    LOCK_DIR,
     LockMode,
     ledger_file_for,
     lock_file_for,
+    lock_name_for,
     path_lock,
 )
 from workers.persona.memory_spec import (
@@ -65,6 +84,27 @@ MAX_ENTRY_BYTES = 16 * 1024
 _NEXT = "It loads into your system prompt at the start of your next session."
 _NOTE_SAVED = "Notes are never loaded automatically: read it when you need it."
 _log = structlog.get_logger("soulfleet.memory")
+#: Resolved targets one tool keeps (MEMORY.md, USER.md and the notes it last wrote).
+_MAX_CACHED = 64
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """One write target's real paths, and what must stay true for them to still be real."""
+
+    root: Path
+    identity: tuple[int, int]
+    data: Path
+    lock: Path
+    ledger: Path | None
+    #: Directories that must still be directories (never symlinks) at these very paths.
+    dirs: tuple[str, ...]
+    #: Files that must not have become symlinks (absent is fine: a write creates them).
+    files: tuple[str, ...]
+
+
+def _identity(info: os.stat_result) -> tuple[int, int]:
+    return info.st_dev, info.st_ino
 
 
 class MemoryTool:
@@ -93,6 +133,7 @@ class MemoryTool:
         # ledger, so a retried attempt repeating them is answered as before, not applied twice.
         self.write_scope = write_scope
         self._applied: Counter[str] = Counter()
+        self._targets: dict[str, _Target] = {}
 
     @property
     def name(self) -> str:
@@ -115,16 +156,18 @@ class MemoryTool:
         if isinstance(request, str):
             return ToolResult(request, is_error=True)
         try:
-            root = persona_home(self.path)
-            if request.action == "list":
-                return self._list(root)
-            return (self._read if request.action == "read" else self._write)(root, request)
+            if request.action in ("list", "read"):
+                return self._look(persona_home(self.path), request)
+            return self._write(request)
         except LockTimeout as error:
             return ToolResult(_timeout_message(request, error), is_error=True)
         except PersonaError as error:
             return ToolResult(f"{error}. Nothing was changed.", is_error=True)
         except OSError as error:
             return ToolResult(_os_message(request, error), is_error=True)
+
+    def _look(self, root: Path, request: MemoryRequest) -> ToolResult:
+        return self._list(root) if request.action == "list" else self._read(root, request)
 
     def _list(self, root: Path) -> ToolResult:
         directory = confined(root, NOTES_DIR)
@@ -157,23 +200,54 @@ class MemoryTool:
             text += f"\n[read stops at {MAX_FILE_BYTES} bytes: the file is longer]"
         return ToolResult(text if text.strip() else f"{label} is empty.")
 
-    def _write(self, root: Path, request: MemoryRequest) -> ToolResult:
+    def _target(self, request: MemoryRequest) -> _Target | None:
+        """The write target's paths; None for a replace/remove of a file that does not exist."""
+        known = self._targets.get(request.relative)
+        if known is not None and _still_valid(self.path, known):
+            if request.action != "add" and not os.path.lexists(known.data):
+                return None
+            return known
+        root = persona_home(self.path)
         if request.target.startswith("note:") and request.action == "add":
             confined(root, NOTES_DIR).mkdir(exist_ok=True)
-        data_path = confined(root, request.relative)
-        if request.action != "add" and not data_path.exists():
+        data = confined(root, request.relative)
+        if request.action != "add" and not data.exists():
             # Nothing to find in a file that is not there: answer without creating a lock file.
+            return None
+        lock = lock_file_for(root, data, self.lock_mode)
+        ledger = ledger_file_for(root, data) if self.write_scope is not None else None
+        target = _Target(
+            root, _identity(os.stat(root)), data, lock, ledger,
+            dirs=tuple(str(root / d) for d in _parents(request.relative)),
+            files=tuple(str(p) for p in (data, lock, ledger) if p is not None),
+        )  # fmt: skip
+        # Cached only when no symlink was followed (each path is its literal name): then the
+        # cheap per-call lstat checks prove it is still the path confined() would return.
+        literal = (
+            data == root / request.relative
+            and lock == root / lock_name_for(request.relative, self.lock_mode)
+            and ledger in (None, root / LOCK_DIR / f"{request.relative}{LEDGER_SUFFIX}")
+        )
+        if literal:
+            if len(self._targets) >= _MAX_CACHED:
+                self._targets.clear()
+            self._targets[request.relative] = target
+        return target
+
+    def _write(self, request: MemoryRequest) -> ToolResult:
+        target = self._target(request)
+        if target is None:
             return ToolResult(_not_found(request), is_error=True)
-        lock_file = lock_file_for(root, data_path, self.lock_mode)
+        data_path = target.data
         parts = (request.action, request.target, request.text, request.with_ or "")
         what = "\x00".join(parts)
-        with path_lock(lock_file, mode=self.lock_mode, timeout=self.lock_timeout):
+        with path_lock(target.lock, mode=self.lock_mode, timeout=self.lock_timeout):
             stale = remove_stale_temps(data_path)
             if stale:
                 _log.warning("memory.stale_temps_removed", path=str(data_path), files=stale)
             ledger, key = None, ""
-            if self.write_scope is not None:
-                ledger = WriteLedger(ledger_file_for(root, data_path))
+            if target.ledger is not None and self.write_scope is not None:
+                ledger = WriteLedger(target.ledger)
                 key = write_key(self.write_scope, *parts, ordinal=self._applied[what] + 1)
                 before = ledger.answer(key)
                 if before is not None:
@@ -186,22 +260,58 @@ class MemoryTool:
             if isinstance(outcome, str):
                 return ToolResult(outcome, is_error=True)
             new, message = outcome
-            atomic_write_bytes(data_path, new)
-            if ledger is not None:
+            if ledger is None:
+                replace_bytes(data_path, new)
+            else:
+                # The ledger entry may only become durable after the write it records.
+                atomic_write_bytes(data_path, new)
                 self._applied[what] += 1
                 try:
                     ledger.record(key, message)
                 except (OSError, PersonaError) as exc:
                     # The write itself succeeded: answer so. Only a retry could repeat it now.
                     _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
+        if ledger is None:
+            # Outside the lock, so the next writer's read-modify-write overlaps this flush.
+            fsync_directory(data_path.parent)
         _log.info(
             "memory.write",
             action=request.action,
             target=request.target,
-            path=str(data_path.relative_to(root)),
+            path=str(data_path.relative_to(target.root)),
             bytes=len(new),
         )
         return ToolResult(message)
+
+
+def _parents(relative: str) -> list[str]:
+    """The directories under the root a target's data and lock files live in."""
+    parent = PurePath(relative).parent
+    found = [LOCK_DIR]
+    if str(parent) != ".":
+        found += [str(parent), str(PurePath(LOCK_DIR) / parent)]
+    return found
+
+
+def _still_valid(path: Path, known: _Target) -> bool:
+    """Whether ``known`` is still what the full resolution would give, from a few stat calls."""
+    try:
+        if _identity(os.stat(path)) != known.identity:
+            return False
+        if _identity(os.stat(known.root)) != known.identity:
+            return False
+        for directory in known.dirs:
+            if not stat.S_ISDIR(os.lstat(directory).st_mode):
+                return False
+        for name in known.files:
+            try:
+                if stat.S_ISLNK(os.lstat(name).st_mode):
+                    return False
+            except FileNotFoundError:
+                continue
+    except OSError:
+        return False
+    return True
 
 
 def _edit(request: MemoryRequest, current: bytes | None) -> tuple[bytes, str] | str:
