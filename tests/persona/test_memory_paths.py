@@ -120,13 +120,15 @@ def test_replace_of_a_deleted_file_is_not_found_after_writes(home: Path) -> None
     assert not (home / "MEMORY.md").exists()
 
 
+@pytest.mark.parametrize("scope", [None, "turn-1"])
 @pytest.mark.parametrize("mode", ["local", "shared"])
 def test_directory_fsync_runs_after_the_lock_is_released(
-    home: Path, mode: LockMode, monkeypatch: pytest.MonkeyPatch
+    home: Path, mode: LockMode, scope: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The rename is in place and the lock free when the directory is fsynced, and the tool
-    answers only after that fsync (it still runs: a spy around the real one)."""
-    seen: list[tuple[str, bool]] = []
+    """The rename is in place and the lock free when the last directory fsync runs, and the
+    tool answers only after it (a spy around the real fsync). With a write ledger, the data
+    directory is fsynced under the lock, and the ledger's directory after it."""
+    seen: list[tuple[Path, str, bool]] = []
     lock_file = lock_file_for(home, home.resolve() / "MEMORY.md", mode)
 
     def spy(directory: str | os.PathLike[str]) -> None:
@@ -143,9 +145,15 @@ def test_directory_fsync_runs_after_the_lock_is_released(
         thread = threading.Thread(target=probe)
         thread.start()
         thread.join(10)
-        seen.append((content, free == [True]))
+        seen.append((Path(directory), content, free == [True]))
         fsync_directory(directory)
 
     monkeypatch.setattr("workers.persona.memory.fsync_directory", spy)
-    _ok(memory_tool(home, lock_mode=mode), action="add", text="flushed")
-    assert seen == [("- flushed\n", True)]
+    monkeypatch.setattr("workers.persona.files.fsync_directory", spy)
+    _ok(memory_tool(home, lock_mode=mode, write_scope=scope), action="add", text="flushed")
+    real = home.resolve()
+    if scope is None:
+        assert seen == [(real, "- flushed\n", True)]
+    else:
+        assert seen == [(real, "- flushed\n", False), (real / ".locks", "- flushed\n", True)]
+        assert "Added an entry" in (home / ".locks" / "MEMORY.md.applied").read_text()

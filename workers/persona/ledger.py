@@ -12,7 +12,10 @@ Where and how big: one small file per data path, beside its lock under ``<person
 :data:`MAX_ENTRIES` (a turn makes at most ``SOULFLEET_TURN_MAX_TOOL_CALLS`` writes; a retry
 comes within minutes), so it never grows. Read through the bounded reader and replaced
 atomically like every persona file. The data file is written first and the ledger after it: a
-crash between the two can repeat one write (the old behaviour) but never lose one.
+crash between the two can repeat one write (the old behaviour) but never lose one. So that the
+write lock is held for as few fsyncs as possible, :meth:`WriteLedger.record` leaves the
+directory fsync of the ledger's rename to its caller, after the lock (issue 15): until then a
+crash can forget the newest entry, which again repeats a write but never loses one.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import structlog
 
-from workers.persona.files import atomic_write_bytes, read_prefix, remove_stale_temps
+from workers.persona.files import read_prefix, remove_stale_temps, replace_bytes
 
 __all__ = ["LEDGER_SUFFIX", "MAX_ENTRIES", "WriteLedger", "write_key"]
 
@@ -69,12 +72,15 @@ class WriteLedger:
         return None
 
     def record(self, key: str, message: str) -> None:
-        """Remember that ``key`` was applied and answered ``message`` (newest MAX_ENTRIES kept)."""
+        """Remember that ``key`` was applied and answered ``message`` (newest MAX_ENTRIES kept).
+
+        The new ledger is fsynced and renamed into place; fsync its directory
+        (:func:`~workers.persona.files.fsync_directory`) once the write lock is released."""
         entries = [*self._load(), (key, message)][-MAX_ENTRIES:]
         self._entries = entries
         data = "".join(
             json.dumps({"key": k, "message": m}, ensure_ascii=False) + "\n" for k, m in entries
         )
         remove_stale_temps(self.path)
-        atomic_write_bytes(self.path, data.encode("utf-8"))
+        replace_bytes(self.path, data.encode("utf-8"))
         _log.debug("memory.ledger_recorded", path=str(self.path), entries=len(entries))

@@ -26,8 +26,9 @@ Why it looks like this:
 * **Short critical sections (issue 15).** The new bytes are fsynced before the rename, under the
   lock; the directory fsync that makes the rename durable runs after the lock is released (the
   tool answers only after it). The next writer reads the renamed file, so whichever rename a
-  crash keeps holds every entry acknowledged before it. With a ledger the directory is fsynced
-  under the lock as before, since the ledger must never be durable ahead of its write. Paths
+  crash keeps holds every entry acknowledged before it. With a ledger the data directory is
+  fsynced under the lock as before, since the ledger must never be durable ahead of its write;
+  the ledger's own directory fsync then runs after the lock. Paths
   are resolved once per target and only re-checked per call (the persona directory is still
   the same inode, and no component under it became a symlink or vanished); anything else takes
   the full :func:`~workers.persona.files.confined` path again.
@@ -271,9 +272,14 @@ class MemoryTool:
                 except (OSError, PersonaError) as exc:
                     # The write itself succeeded: answer so. Only a retry could repeat it now.
                     _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
+        # Outside the lock, so the next writer's read-modify-write overlaps this flush.
         if ledger is None:
-            # Outside the lock, so the next writer's read-modify-write overlaps this flush.
             fsync_directory(data_path.parent)
+        else:
+            try:
+                fsync_directory(ledger.path.parent)
+            except OSError as exc:  # as above: the write is durable, only a retry could repeat it
+                _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
         _log.info(
             "memory.write",
             action=request.action,
