@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from workers.persona.errors import LockTimeout
+from workers.persona.flock import MAX_OPEN
 from workers.persona.locks import path_lock
 
 _HOLDER = """
@@ -86,3 +87,40 @@ def test_lock_file_that_is_a_symlink_is_refused(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="symbolic links") as raised, path_lock(lock_file, timeout=1):
         pass
     assert raised.value.errno == errno.ELOOP
+
+
+_TRY = """
+import sys
+from workers.persona.errors import LockTimeout
+from workers.persona.flock import MAX_OPEN
+from workers.persona.locks import path_lock
+try:
+    with path_lock(sys.argv[1], mode="local", timeout=0.2):
+        print("got it")
+except LockTimeout:
+    print("timed out")
+"""
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_descriptors_are_bounded_and_a_held_lock_keeps_its_own(tmp_path: Path) -> None:
+    """Locking many files keeps at most MAX_OPEN descriptors open, and never closes the one
+    under a lock that is held (closing it would release the lock)."""
+    held = tmp_path / "held.lock"
+    before = _open_descriptors()
+    with path_lock(held, mode="local", timeout=5):
+        for index in range(3 * MAX_OPEN):
+            with path_lock(tmp_path / f"other-{index}.lock", mode="local", timeout=5):
+                pass
+        assert _open_descriptors() - before <= MAX_OPEN
+        other = subprocess.run(
+            [sys.executable, "-c", _TRY, str(held)], capture_output=True, text=True, check=True
+        )
+        assert other.stdout.strip() == "timed out"
+    other = subprocess.run(
+        [sys.executable, "-c", _TRY, str(held)], capture_output=True, text=True, check=True
+    )
+    assert other.stdout.strip() == "got it"

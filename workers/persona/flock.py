@@ -8,7 +8,9 @@ closes the lock file on every acquisition and walks its own reentrancy and fork 
 * **One descriptor per lock file per process, kept open.** flock belongs to the open file
   description, so one process's threads must take turns on it: :mod:`workers.persona.locks`
   queues them on a per-path threading lock first, and only the thread at its head calls
-  :func:`flock_acquire`. The kernel still releases the lock the moment its holder dies.
+  :func:`flock_acquire`. The kernel still releases the lock the moment its holder dies. A
+  worker serving thousands of personas must not hold thousands of descriptors, so at most
+  :data:`MAX_OPEN` stay open: the least recently used one that is not held is closed first.
 * **Forked children start afresh.** A child inherits the parent's descriptors, and with them
   the parent's open file descriptions: flocking one would "succeed" while the parent holds the
   lock. After a fork the child closes every inherited descriptor (that does not release the
@@ -30,15 +32,20 @@ import fcntl
 import os
 import threading
 import time
+from collections import OrderedDict
 
-__all__ = ["flock_acquire", "flock_release"]
+__all__ = ["MAX_OPEN", "flock_acquire", "flock_release"]
 
+#: Lock-file descriptors one process keeps open between acquisitions.
+MAX_OPEN = 64
 _FIRST_SLEEP = 0.00005
 _MAX_SLEEP = 0.001
 _FLAGS = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
 
 _guard = threading.Lock()
-_open: dict[str, int] = {}
+_open: OrderedDict[str, int] = OrderedDict()
+#: Paths whose descriptor a thread is using (acquiring or holding): never closed by eviction.
+_busy: set[str] = set()
 
 
 def _forget_after_fork() -> None:
@@ -48,18 +55,32 @@ def _forget_after_fork() -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
     _open.clear()
+    _busy.clear()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)
 
 
-def _descriptor(path: str) -> int:
+def _checkout(path: str) -> int:
+    """The open descriptor of ``path`` (opened if needed), marked busy until :func:`_checkin`."""
     with _guard:
         fd = _open.get(path)
         if fd is None:
             fd = _open[path] = os.open(path, _FLAGS, 0o644)
+            idle = [name for name in _open if name not in _busy and name != path]
+            for name in idle[: max(0, len(_open) - MAX_OPEN)]:
+                with contextlib.suppress(OSError):
+                    os.close(_open.pop(name))
+        else:
+            _open.move_to_end(path)
+        _busy.add(path)
         return fd
+
+
+def _checkin(path: str) -> None:
+    with _guard:
+        _busy.discard(path)
 
 
 def _drop(path: str, fd: int) -> None:
@@ -81,10 +102,21 @@ def _still_at_path(path: str, fd: int) -> bool:
 def flock_acquire(path: str, deadline: float | None) -> bool:
     """Take the exclusive flock on ``path`` (created if missing) by ``deadline`` (monotonic; None
     waits forever). False when the deadline passed first. Call only from the thread that holds
-    the path's in-process gate, and pair with :func:`flock_release`."""
+    the path's in-process gate, and pair a True with :func:`flock_release`."""
+    try:
+        if _wait(path, deadline):
+            return True
+    except BaseException:
+        _checkin(path)
+        raise
+    _checkin(path)
+    return False
+
+
+def _wait(path: str, deadline: float | None) -> bool:
     sleep = _FIRST_SLEEP
     while True:
-        fd = _descriptor(path)
+        fd = _checkout(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -107,5 +139,8 @@ def flock_release(path: str) -> None:
     """Release the flock on ``path`` taken by :func:`flock_acquire`; the descriptor stays open."""
     with _guard:
         fd = _open.get(path)
-    if fd is not None:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        _checkin(path)
