@@ -96,6 +96,8 @@ class _Target:
     root: Path
     identity: tuple[int, int]
     data: Path
+    #: ``data`` relative to ``root``, for logs.
+    relative: str
     lock: Path
     ledger: Path | None
     #: Directories that must still be directories (never symlinks) at these very paths.
@@ -218,7 +220,7 @@ class MemoryTool:
         lock = lock_file_for(root, data, self.lock_mode)
         ledger = ledger_file_for(root, data) if self.write_scope is not None else None
         target = _Target(
-            root, _identity(os.stat(root)), data, lock, ledger,
+            root, _identity(os.stat(root)), data, str(data.relative_to(root)), lock, ledger,
             dirs=tuple(str(root / d) for d in _parents(request.relative)),
             files=tuple(str(p) for p in (data, lock, ledger) if p is not None),
         )  # fmt: skip
@@ -284,7 +286,7 @@ class MemoryTool:
             "memory.write",
             action=request.action,
             target=request.target,
-            path=str(data_path.relative_to(target.root)),
+            path=target.relative,
             bytes=len(new),
         )
         return ToolResult(message)
