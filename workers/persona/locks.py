@@ -22,7 +22,11 @@ Why it is built this way:
   (pid gone, or reused by a later process) is broken automatically by the next writer that
   finds the lock contended; a claim from another host stays (its processes cannot be seen from
   here) until it is cleared with :func:`break_shared_lock`, and ``soulfleet status`` names it.
-  Never by age: age-based expiry could let two live writers overlap.
+  Never by age: age-based expiry could let two live writers overlap. Before the claims, a
+  shared-mode writer queues on a flock "waiting room" (``.locks/<file>.shared.lock.wait``),
+  so one host's writers meet the claims one at a time instead of all polling them with
+  backoff; it only orders the waiters (a claim alone still excludes), and where it cannot be
+  flocked the claims alone decide.
   The two modes use different lock files (``.lock`` vs ``.shared.lock``) and do not exclude
   each other: every worker on one persona filesystem must use the same mode.
 * **A per-path threading lock in front.** Threads of one worker queue on an in-process lock first
@@ -74,6 +78,7 @@ LockMode = Literal["local", "shared"]
 LOCK_DIR = ".locks"
 DEFAULT_LOCK_TIMEOUT = 10.0
 _SUFFIX: dict[LockMode, str] = {"local": ".lock", "shared": ".shared.lock"}
+_ROOM_SUFFIX = ".wait"
 #: A contended shared-mode acquisition looks for dead holders this often.
 _SHARED_SLICE = 0.5
 
@@ -202,19 +207,39 @@ def path_lock(
             finally:
                 flock_release(name)
             return
-        lock = _shared_lock(path)
+        room = _enter_waiting_room(path, deadline)
         try:
-            _acquire_shared(lock, path, deadline)
-        except Timeout:
+            lock = _shared_lock(path)
+            try:
+                _acquire_shared(lock, path, deadline)
+            except Timeout:
+                _observe(time.monotonic() - start)
+                raise LockTimeout(path, timeout, checked, shared_lock_holders(path)) from None
             _observe(time.monotonic() - start)
-            raise LockTimeout(path, timeout, checked, shared_lock_holders(path)) from None
-        _observe(time.monotonic() - start)
-        try:
-            yield
+            try:
+                yield
+            finally:
+                lock.release()
         finally:
-            lock.release()
+            if room is not None:
+                flock_release(room)
     finally:
         gate.release()
+
+
+def _enter_waiting_room(path: Path, deadline: float | None) -> str | None:
+    """Queue this host's shared-mode writers of ``path`` on a flock before the claims.
+
+    Only an optimisation: exclusion is the strict claims'. Contenders that all poll the claim
+    directory back off up to 50 ms each and leave the lock idle (4 processes on one file ran at
+    a third of one process's rate); queued on a flock, they meet the claims one at a time. Where
+    flock is missing (ENOLCK, ENOSYS) or not granted in time, the claims alone decide.
+    """
+    room = f"{os.fspath(path)}{_ROOM_SUFFIX}"
+    try:
+        return room if flock_acquire(room, deadline) else None
+    except OSError:
+        return None
 
 
 def _acquire_shared(lock: BaseFileLock, path: Path, deadline: float | None) -> None:
