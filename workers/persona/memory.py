@@ -29,20 +29,17 @@ Why it looks like this:
   crash keeps holds every entry acknowledged before it. With a ledger the data directory is
   fsynced under the lock as before, since the ledger must never be durable ahead of its write;
   the ledger's own directory fsync then runs after the lock. Paths
-  are resolved once per target and only re-checked per call (the persona directory is still
-  the same inode, and no component under it became a symlink or vanished); anything else takes
-  the full :func:`~workers.persona.files.confined` path again.
+  are resolved once per target and only re-checked per call
+  (:mod:`workers.persona.memory_paths`).
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import stat
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -57,16 +54,9 @@ from workers.persona.files import (
     replace_bytes,
 )
 from workers.persona.home import MAX_FILE_BYTES, persona_home
-from workers.persona.ledger import LEDGER_SUFFIX, WriteLedger, write_key
-from workers.persona.locks import (
-    DEFAULT_LOCK_TIMEOUT,
-    LOCK_DIR,
-    LockMode,
-    ledger_file_for,
-    lock_file_for,
-    lock_name_for,
-    path_lock,
-)
+from workers.persona.ledger import WriteLedger, write_key
+from workers.persona.locks import DEFAULT_LOCK_TIMEOUT, LockMode, path_lock
+from workers.persona.memory_paths import TargetCache
 from workers.persona.memory_spec import (
     NOTES_DIR,
     MemoryRequest,
@@ -85,29 +75,6 @@ MAX_ENTRY_BYTES = 16 * 1024
 _NEXT = "It loads into your system prompt at the start of your next session."
 _NOTE_SAVED = "Notes are never loaded automatically: read it when you need it."
 _log = structlog.get_logger("soulfleet.memory")
-#: Resolved targets one tool keeps (MEMORY.md, USER.md and the notes it last wrote).
-_MAX_CACHED = 64
-
-
-@dataclass(frozen=True, slots=True)
-class _Target:
-    """One write target's real paths, and what must stay true for them to still be real."""
-
-    root: Path
-    identity: tuple[int, int]
-    data: Path
-    #: ``data`` relative to ``root``, for logs.
-    relative: str
-    lock: Path
-    ledger: Path | None
-    #: Directories that must still be directories (never symlinks) at these very paths.
-    dirs: tuple[str, ...]
-    #: Files that must not have become symlinks (absent is fine: a write creates them).
-    files: tuple[str, ...]
-
-
-def _identity(info: os.stat_result) -> tuple[int, int]:
-    return info.st_dev, info.st_ino
 
 
 class MemoryTool:
@@ -136,7 +103,7 @@ class MemoryTool:
         # ledger, so a retried attempt repeating them is answered as before, not applied twice.
         self.write_scope = write_scope
         self._applied: Counter[str] = Counter()
-        self._targets: dict[str, _Target] = {}
+        self._targets = TargetCache()
 
     @property
     def name(self) -> str:
@@ -203,42 +170,10 @@ class MemoryTool:
             text += f"\n[read stops at {MAX_FILE_BYTES} bytes: the file is longer]"
         return ToolResult(text if text.strip() else f"{label} is empty.")
 
-    def _target(self, request: MemoryRequest) -> _Target | None:
-        """The write target's paths; None for a replace/remove of a file that does not exist."""
-        known = self._targets.get(request.relative)
-        if known is not None and _still_valid(self.path, known):
-            if request.action != "add" and not os.path.lexists(known.data):
-                return None
-            return known
-        root = persona_home(self.path)
-        if request.target.startswith("note:") and request.action == "add":
-            confined(root, NOTES_DIR).mkdir(exist_ok=True)
-        data = confined(root, request.relative)
-        if request.action != "add" and not data.exists():
-            # Nothing to find in a file that is not there: answer without creating a lock file.
-            return None
-        lock = lock_file_for(root, data, self.lock_mode)
-        ledger = ledger_file_for(root, data) if self.write_scope is not None else None
-        target = _Target(
-            root, _identity(os.stat(root)), data, str(data.relative_to(root)), lock, ledger,
-            dirs=tuple(str(root / d) for d in _parents(request.relative)),
-            files=tuple(str(p) for p in (data, lock, ledger) if p is not None),
-        )  # fmt: skip
-        # Cached only when no symlink was followed (each path is its literal name): then the
-        # cheap per-call lstat checks prove it is still the path confined() would return.
-        literal = (
-            data == root / request.relative
-            and lock == root / lock_name_for(request.relative, self.lock_mode)
-            and ledger in (None, root / LOCK_DIR / f"{request.relative}{LEDGER_SUFFIX}")
-        )
-        if literal:
-            if len(self._targets) >= _MAX_CACHED:
-                self._targets.clear()
-            self._targets[request.relative] = target
-        return target
-
     def _write(self, request: MemoryRequest) -> ToolResult:
-        target = self._target(request)
+        target = self._targets.locate(
+            self.path, request, self.lock_mode, ledger=self.write_scope is not None
+        )
         if target is None:
             return ToolResult(_not_found(request), is_error=True)
         data_path = target.data
@@ -290,36 +225,6 @@ class MemoryTool:
             bytes=len(new),
         )
         return ToolResult(message)
-
-
-def _parents(relative: str) -> list[str]:
-    """The directories under the root a target's data and lock files live in."""
-    parent = PurePath(relative).parent
-    found = [LOCK_DIR]
-    if str(parent) != ".":
-        found += [str(parent), str(PurePath(LOCK_DIR) / parent)]
-    return found
-
-
-def _still_valid(path: Path, known: _Target) -> bool:
-    """Whether ``known`` is still what the full resolution would give, from a few stat calls."""
-    try:
-        if _identity(os.stat(path)) != known.identity:
-            return False
-        if _identity(os.stat(known.root)) != known.identity:
-            return False
-        for directory in known.dirs:
-            if not stat.S_ISDIR(os.lstat(directory).st_mode):
-                return False
-        for name in known.files:
-            try:
-                if stat.S_ISLNK(os.lstat(name).st_mode):
-                    return False
-            except FileNotFoundError:
-                continue
-    except OSError:
-        return False
-    return True
 
 
 def _edit(request: MemoryRequest, current: bytes | None) -> tuple[bytes, str] | str:
