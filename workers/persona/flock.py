@@ -128,7 +128,12 @@ def _wait(path: str, deadline: float | None) -> bool:
             time.sleep(sleep if deadline is None else min(sleep, deadline - now))
             sleep = min(sleep * 2, _MAX_SLEEP)
             continue
-        if _still_at_path(path, fd):
+        try:
+            still = _still_at_path(path, fd)
+        except BaseException:
+            fcntl.flock(fd, fcntl.LOCK_UN)  # never leave a lock behind an error
+            raise
+        if still:
             return True
         # Locked an inode that is no longer the lock file: whoever opens the path now would
         # not be excluded by it. Let it go and lock the file that is there.
