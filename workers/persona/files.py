@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import secrets
@@ -288,11 +289,11 @@ def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:
     SIGKILL skips the cleanup :func:`atomic_write_bytes` does on every error path it can run).
     Returns the names removed.
     """
-    target = Path(path)
-    pattern = re.compile(rf"\.{re.escape(target.name)}\.[0-9a-f]{{16}}{re.escape(TEMP_SUFFIX)}")
+    directory, name = os.path.split(os.fspath(path))
+    pattern = _temp_pattern(name)
     removed: list[str] = []
     try:
-        with os.scandir(target.parent) as entries:
+        with os.scandir(directory or ".") as entries:
             stale = [
                 e for e in entries if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)
             ]
@@ -303,6 +304,12 @@ def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:
             os.unlink(entry.path)
             removed.append(entry.name)
     return removed
+
+
+@functools.lru_cache(maxsize=256)
+def _temp_pattern(name: str) -> re.Pattern[str]:
+    """What :func:`atomic_write_bytes` names the temp files of ``name``."""
+    return re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{16}}{re.escape(TEMP_SUFFIX)}")
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

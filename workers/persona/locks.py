@@ -155,8 +155,7 @@ def _checked(mode: str) -> LockMode:
     raise ValueError(f"lock mode must be 'local' or 'shared', got {mode!r}")
 
 
-def _thread_lock(lock_file: Path) -> threading.Lock:
-    key = os.fspath(lock_file)
+def _thread_lock(key: str) -> threading.Lock:
     with _registry_guard:
         lock = _thread_locks.get(key)
         if lock is None:
@@ -187,26 +186,26 @@ def path_lock(
     Raises :class:`LockTimeout` when it is not acquired within ``timeout`` seconds (a negative
     timeout waits forever). OS errors from the lock file itself propagate.
     """
-    path = Path(lock_file)
+    name = os.fspath(lock_file)  # a plain string on the hot path: Path only where needed
     checked = _checked(mode)
     start = time.monotonic()
     deadline = None if timeout < 0 else start + timeout
-    gate = _thread_lock(path)
+    gate = _thread_lock(name)
     if not gate.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
         _observe(time.monotonic() - start)
-        raise LockTimeout(path, timeout, checked)
+        raise LockTimeout(Path(name), timeout, checked)
     try:
         if checked == "local":
-            name = os.fspath(path)
             if not flock_acquire(name, deadline):
                 _observe(time.monotonic() - start)
-                raise LockTimeout(path, timeout, checked)
+                raise LockTimeout(Path(name), timeout, checked)
             _observe(time.monotonic() - start)
             try:
                 yield
             finally:
                 flock_release(name)
             return
+        path = Path(name)
         room = _enter_waiting_room(path, deadline)
         try:
             lock = _shared_lock(path)

@@ -182,10 +182,10 @@ class MemoryTool:
         with path_lock(target.lock, mode=self.lock_mode, timeout=self.lock_timeout):
             stale = remove_stale_temps(data_path)
             if stale:
-                _log.warning("memory.stale_temps_removed", path=str(data_path), files=stale)
+                _log.warning("memory.stale_temps_removed", path=data_path, files=stale)
             ledger, key = None, ""
             if target.ledger is not None and self.write_scope is not None:
-                ledger = WriteLedger(target.ledger)
+                ledger = WriteLedger(Path(target.ledger))
                 key = write_key(self.write_scope, *parts, ordinal=self._applied[what] + 1)
                 before = ledger.answer(key)
                 if before is not None:
@@ -211,7 +211,7 @@ class MemoryTool:
                     _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
         # Outside the lock, so the next writer's read-modify-write overlaps this flush.
         if ledger is None:
-            fsync_directory(data_path.parent)
+            fsync_directory(os.path.dirname(data_path))
         else:
             try:
                 fsync_directory(ledger.path.parent)

@@ -43,11 +43,12 @@ class WriteTarget:
 
     root: Path
     identity: tuple[int, int]
-    data: Path
+    #: The data, lock and ledger files: plain strings, since every write passes them to os.
+    data: str
     #: ``data`` relative to ``root``, for logs.
     relative: str
-    lock: Path
-    ledger: Path | None
+    lock: str
+    ledger: str | None
     #: Directories that must still be directories (never symlinks) at these very paths.
     dirs: tuple[str, ...]
     #: Files that must not have become symlinks (absent is fine: a write creates them).
@@ -80,7 +81,8 @@ class TargetCache:
         lock = lock_file_for(root, data, lock_mode)
         ledger_file = ledger_file_for(root, data) if ledger else None
         target = WriteTarget(
-            root, _identity(os.stat(root)), data, str(data.relative_to(root)), lock, ledger_file,
+            root, _identity(os.stat(root)), str(data), str(data.relative_to(root)), str(lock),
+            None if ledger_file is None else str(ledger_file),
             dirs=tuple(str(root / d) for d in _parents(request.relative)),
             files=tuple(str(p) for p in (data, lock, ledger_file) if p is not None),
         )  # fmt: skip
