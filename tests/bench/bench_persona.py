@@ -11,17 +11,16 @@ Run:  .venv/bin/python -m tests.bench.bench_persona   (or: python tests/bench/be
 * the per-turn lookups a fleet turn makes, each beside its anchor in the same run:
   ``from_dir`` of an unchanged persona (cached) vs the same call with the cache emptied (goal:
   well under 1), and ``confined`` vs a bare ``os.path.realpath`` of the same path (what every
-  call cost before the root was cached: goal <= 1);
-* memory ``add`` operations per second, 1 process and 4 contending processes on one MEMORY.md,
-  for both lock modes. Every add is a full locked read-modify-write with fsyncs, so the figures
-  depend on the disk; they are for comparing changes on one machine.
+  call cost before the root was cached: goal <= 1).
+
+Memory ``add`` is measured by :mod:`tests.bench.bench_memory`, beside the fsync floor of the
+same disk in the same run (issue 15).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import statistics
 import subprocess
@@ -30,7 +29,6 @@ import tempfile
 import time
 import timeit
 from collections.abc import Callable
-from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
@@ -43,18 +41,14 @@ from workers.persona.agent import from_dir
 from workers.persona.definitions import definitions
 from workers.persona.files import confined
 from workers.persona.home import BOOTSTRAP_ORDER, MAX_FILE_BYTES, compose_soul
-from workers.persona.locks import LockMode
-from workers.persona.memory import memory_tool
 
 __all__ = [
     "bench_compose",
     "bench_compose_vs_reference",
     "bench_lookups",
-    "bench_memory",
     "main",
 ]
 
-ADDS_PER_PROCESS = 300
 REFERENCE = "toolnexus==0.21.0"
 _REPO = Path(__file__).resolve().parents[2]
 # Run in both interpreters: the same timing of ``compose_soul(dir)`` for ours and theirs.
@@ -180,42 +174,6 @@ def bench_lookups(root: Path) -> list[str]:
     ]
 
 
-def _adder(path: str, lock_mode: LockMode, worker: int, count: int, start: Event) -> None:
-    _quiet()
-    tool = memory_tool(path, lock_mode=lock_mode, lock_timeout=120.0)
-    start.wait(60)
-    for index in range(count):
-        result = tool.execute({"action": "add", "text": f"worker {worker} entry {index}"})
-        if result.is_error:
-            raise SystemExit(result.output)
-
-
-def bench_memory(root: Path, processes: int, lock_mode: LockMode) -> float:
-    """Aggregate memory ``add`` operations per second with ``processes`` contending processes."""
-    home = root / f"{lock_mode}-{processes}"
-    home.mkdir()
-    context = multiprocessing.get_context("spawn")
-    start = context.Event()
-    workers = [
-        context.Process(target=_adder, args=(str(home), lock_mode, n, ADDS_PER_PROCESS, start))
-        for n in range(processes)
-    ]
-    for worker in workers:
-        worker.start()
-    time.sleep(3.0)  # let the spawned interpreters finish importing before the clock starts
-    began = time.perf_counter()
-    start.set()
-    for worker in workers:
-        worker.join()
-    elapsed = time.perf_counter() - began
-    if any(worker.exitcode for worker in workers):
-        raise SystemExit(f"a worker failed ({lock_mode}, {processes} processes)")
-    entries = (home / "MEMORY.md").read_text().count("\n")
-    if entries != processes * ADDS_PER_PROCESS:
-        raise SystemExit(f"lost entries: {entries} != {processes * ADDS_PER_PROCESS}")
-    return entries / elapsed
-
-
 def main() -> None:
     """Run every benchmark and print one line per figure."""
     _quiet()
@@ -234,14 +192,6 @@ def main() -> None:
             f"min {best * 1000:.1f} ms",
             flush=True,
         )
-        modes: tuple[LockMode, ...] = ("local", "shared")
-        for lock_mode in modes:
-            for processes in (1, 4):
-                rate = bench_memory(root, processes, lock_mode)
-                print(
-                    f"memory add, {lock_mode} lock mode, {processes} process(es) x "
-                    f"{ADDS_PER_PROCESS}: {rate:.0f} ops/s"
-                )
 
 
 if __name__ == "__main__":

@@ -237,3 +237,57 @@ def test_broken_observer_never_breaks_a_lock(tmp_path: Path) -> None:
     finally:
         set_lock_wait_observer(None)
     assert entered
+
+
+_CLAIM_ONLY = """
+import sys
+from filelock import StrictSoftFileLock
+lock = StrictSoftFileLock(sys.argv[1])
+lock.acquire(timeout=10)
+print("held", flush=True)
+sys.stdin.readline()
+lock.release()
+"""
+
+
+def test_shared_mode_claims_exclude_without_the_waiting_room(tmp_path: Path) -> None:
+    """The flock waiting room only queues this host's writers: a claim alone (as a writer on
+    another host holds it, its flock unseen here) still excludes."""
+    lock_file = tmp_path / "MEMORY.md.shared.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _CLAIM_ONLY, str(lock_file)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockTimeout), path_lock(lock_file, mode="shared", timeout=0.3):
+            pass
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(30)
+    with path_lock(lock_file, mode="shared", timeout=5):
+        pass
+
+
+def test_shared_mode_without_a_usable_waiting_room_still_excludes(tmp_path: Path) -> None:
+    """A waiting room that cannot be flocked (here a symlink, refused) is skipped: the claims
+    alone decide, so writes go on and another holder still excludes."""
+    lock_file = tmp_path / "MEMORY.md.shared.lock"
+    (tmp_path / "elsewhere").write_text("")
+    Path(f"{lock_file}.wait").symlink_to(tmp_path / "elsewhere")
+    with path_lock(lock_file, mode="shared", timeout=5):
+        pass
+    holder, _ = _hold(lock_file, "shared", "wait")
+    try:
+        with pytest.raises(LockTimeout), path_lock(lock_file, mode="shared", timeout=0.3):
+            pass
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(30)

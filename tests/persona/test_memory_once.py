@@ -83,17 +83,47 @@ def test_a_refused_write_is_not_recorded(home: Path) -> None:
 
 
 def test_the_ledger_stays_bounded(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """However many keyed writes, the ledger keeps only the newest MAX_ENTRIES (shrunk to 8
-    here so the test makes 20 writes, not 550)."""
+    """However many keyed writes, the ledger holds at most twice MAX_ENTRIES lines (appended
+    until then, then compacted to the newest MAX_ENTRIES) and always answers the newest
+    MAX_ENTRIES (shrunk to 8 here so the test makes 40 writes, not 1,100)."""
     assert MAX_ENTRIES >= 256  # a turn's writes (SOULFLEET_TURN_MAX_TOOL_CALLS, 64) all fit
     monkeypatch.setattr(workers.persona.ledger, "MAX_ENTRIES", 8)
-    tool = memory_tool(home, write_scope="ava:9")
-    for n in range(20):
-        assert not tool.execute({"action": "add", "text": f"fact {n}"}).is_error
-    lines = (home / ".locks" / "MEMORY.md.applied").read_text().splitlines()
-    assert len(lines) == 8
-    assert _run(home, "ava:9", {"action": "add", "text": "fact 19"})[0].startswith("Added")
-    assert (home / "MEMORY.md").read_text().count("fact 19") == 1
+    ledger = home / ".locks" / "MEMORY.md.applied"
+    sizes = []
+    for n in range(40):
+        assert not _run(home, "ava:9", {"action": "add", "text": f"fact {n}"})[0].startswith("ERR")
+        sizes.append(len(ledger.read_text().splitlines()))
+    assert max(sizes) == 16
+    assert 8 in sizes  # compacted, not only appended
+    for n in range(32, 40):
+        assert _run(home, "ava:9", {"action": "add", "text": f"fact {n}"})[0].startswith("Added")
+        assert (home / "MEMORY.md").read_text().count(f"fact {n}\n") == 1
+
+
+def test_a_keyed_write_appends_one_line_to_the_ledger(home: Path) -> None:
+    """Recording a write appends to the ledger in place (one fsync, no rename): same inode."""
+    _run(home, "ava:1", {"action": "add", "text": "first"})
+    ledger = home / ".locks" / "MEMORY.md.applied"
+    inode, before = ledger.stat().st_ino, ledger.read_bytes()
+    _run(home, "ava:1", {"action": "add", "text": "first"}, {"action": "add", "text": "second"})
+    assert ledger.stat().st_ino == inode
+    after = ledger.read_bytes()
+    assert after.startswith(before)
+    assert after.count(b"\n") == before.count(b"\n") + 1
+
+
+def test_a_torn_last_ledger_line_costs_no_later_entry(home: Path) -> None:
+    """A crash mid-append left half a line: the next entry starts on a new line, so it is
+    read back and a retry of that write is answered from the ledger."""
+    _run(home, "ava:1", {"action": "add", "text": "first"})
+    ledger = home / ".locks" / "MEMORY.md.applied"
+    with ledger.open("ab") as torn:
+        torn.write(b'{"key": "abc", "mess')
+    _run(home, "ava:2", {"action": "add", "text": "second"})
+    assert _run(home, "ava:2", {"action": "add", "text": "second"})[0].startswith("Added")
+    assert (home / "MEMORY.md").read_text().count("second") == 1
+    assert _run(home, "ava:1", {"action": "add", "text": "first"})[0].startswith("Added")
+    assert (home / "MEMORY.md").read_text().count("first") == 1
 
 
 _CRASHING_WRITER = """

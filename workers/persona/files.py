@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import secrets
@@ -46,6 +47,7 @@ __all__ = [
     "real_root",
     "regular_file_problem",
     "remove_stale_temps",
+    "replace_bytes",
 ]
 
 #: Temp files are ``.<target name>.<16 hex>.tmp`` in the target's own directory: hidden, and
@@ -240,6 +242,18 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     The new file keeps the permission bits of the file it replaces (0o644, less the umask, for a
     new one). ``path`` is written as given: confine it first with :func:`confined`.
     """
+    replace_bytes(path, data)
+    fsync_directory(os.path.dirname(os.fspath(path)) or ".")
+
+
+def replace_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """:func:`atomic_write_bytes` without the final directory fsync: the new bytes are on disk
+    (fsynced before the rename, so a crash leaves the old file or the new one, never a mix),
+    but the rename itself is durable only after :func:`fsync_directory` of ``path``'s parent.
+
+    For a writer that must keep a lock short: it renames under the lock and fsyncs the
+    directory after releasing it, before it reports the write as saved.
+    """
     target = os.fspath(path)
     directory, name = os.path.split(target)
     temp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}{TEMP_SUFFIX}")
@@ -265,7 +279,6 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
-    fsync_directory(directory or ".")
 
 
 def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:
@@ -276,11 +289,11 @@ def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:
     SIGKILL skips the cleanup :func:`atomic_write_bytes` does on every error path it can run).
     Returns the names removed.
     """
-    target = Path(path)
-    pattern = re.compile(rf"\.{re.escape(target.name)}\.[0-9a-f]{{16}}{re.escape(TEMP_SUFFIX)}")
+    directory, name = os.path.split(os.fspath(path))
+    pattern = _temp_pattern(name)
     removed: list[str] = []
     try:
-        with os.scandir(target.parent) as entries:
+        with os.scandir(directory or ".") as entries:
             stale = [
                 e for e in entries if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)
             ]
@@ -291,6 +304,12 @@ def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:
             os.unlink(entry.path)
             removed.append(entry.name)
     return removed
+
+
+@functools.lru_cache(maxsize=256)
+def _temp_pattern(name: str) -> re.Pattern[str]:
+    """What :func:`atomic_write_bytes` names the temp files of ``name``."""
+    return re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{16}}{re.escape(TEMP_SUFFIX)}")
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:

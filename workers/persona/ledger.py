@@ -8,22 +8,31 @@ writes came before it in this attempt) is recorded here in the same critical sec
 write, so a retried identical write is answered exactly as before and not applied again.
 
 Where and how big: one small file per data path, beside its lock under ``<persona>/.locks/``
-(``.locks/MEMORY.md.applied``), JSON lines of ``{"key", "message"}``, keeping the newest
-:data:`MAX_ENTRIES` (a turn makes at most ``SOULFLEET_TURN_MAX_TOOL_CALLS`` writes; a retry
-comes within minutes), so it never grows. Read through the bounded reader and replaced
-atomically like every persona file. The data file is written first and the ledger after it: a
-crash between the two can repeat one write (the old behaviour) but never lose one.
+(``.locks/MEMORY.md.applied``), JSON lines of ``{"key", "message"}``. Each write appends its
+line and fsyncs it (one fsync, no temp file or rename: issue 15); when the file holds twice
+:data:`MAX_ENTRIES` lines it is rewritten atomically with the newest :data:`MAX_ENTRIES` (a
+turn makes at most ``SOULFLEET_TURN_MAX_TOOL_CALLS`` writes; a retry comes within minutes), so
+it never grows past that. A line torn by a crash mid-append is skipped when read (forgetting
+one key is the safe side), and the next append starts on a fresh line. Read through the
+bounded reader; created and compacted atomically like every persona file.
+
+The data file is written first and the ledger after it: a crash between the two can repeat
+one write (the old behaviour) but never lose one. So that the write lock is held for as few
+fsyncs as possible, :meth:`WriteLedger.record` leaves the directory fsync of a created or
+compacted ledger to its caller, after the lock (issue 15): until then a crash can forget the
+newest entry, which again repeats a write but never loses one.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import structlog
 
-from workers.persona.files import atomic_write_bytes, read_prefix, remove_stale_temps
+from workers.persona.files import read_prefix, remove_stale_temps, replace_bytes
 
 __all__ = ["LEDGER_SUFFIX", "MAX_ENTRIES", "WriteLedger", "write_key"]
 
@@ -47,11 +56,13 @@ class WriteLedger:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._entries: list[tuple[str, str]] | None = None
+        self._raw: bytes | None = None
 
     def _load(self) -> list[tuple[str, str]]:
         if self._entries is None:
             entries: list[tuple[str, str]] = []
-            raw = read_prefix(self.path, _MAX_BYTES) or b""
+            self._raw = read_prefix(self.path, _MAX_BYTES)
+            raw = self._raw or b""
             for line in raw[:_MAX_BYTES].splitlines():
                 try:
                     record = json.loads(line)
@@ -69,12 +80,40 @@ class WriteLedger:
         return None
 
     def record(self, key: str, message: str) -> None:
-        """Remember that ``key`` was applied and answered ``message`` (newest MAX_ENTRIES kept)."""
-        entries = [*self._load(), (key, message)][-MAX_ENTRIES:]
-        self._entries = entries
-        data = "".join(
-            json.dumps({"key": k, "message": m}, ensure_ascii=False) + "\n" for k, m in entries
-        )
-        remove_stale_temps(self.path)
-        atomic_write_bytes(self.path, data.encode("utf-8"))
+        """Remember that ``key`` was applied and answered ``message``.
+
+        Appends one line and fsyncs it. A new ledger, or one at twice :data:`MAX_ENTRIES`
+        lines, is instead written whole (newest :data:`MAX_ENTRIES`), fsynced and renamed into
+        place: then fsync its directory (:func:`~workers.persona.files.fsync_directory`) once
+        the write lock is released."""
+        entries = [*self._load(), (key, message)]
+        raw = self._raw
+        line = _line(key, message)
+        if raw is None or len(entries) > 2 * MAX_ENTRIES or len(raw) + len(line) > _MAX_BYTES:
+            entries = entries[-MAX_ENTRIES:]
+            data = b"".join(_line(k, m) for k, m in entries)
+            remove_stale_temps(self.path)
+            replace_bytes(self.path, data)
+        else:
+            # A crash mid-append leaves a torn last line: start ours on a fresh one.
+            data = raw + (b"" if not raw or raw.endswith(b"\n") else b"\n") + line
+            _append(self.path, data[len(raw) :])
+        self._entries, self._raw = entries, data
         _log.debug("memory.ledger_recorded", path=str(self.path), entries=len(entries))
+
+
+def _line(key: str, message: str) -> bytes:
+    return (json.dumps({"key": key, "message": message}, ensure_ascii=False) + "\n").encode()
+
+
+def _append(path: Path, data: bytes) -> None:
+    """Append ``data`` to the existing file at ``path`` and fsync it (never through a link)."""
+    flags = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -23,6 +23,14 @@ Why it looks like this:
   read-modify-write and replaces the file atomically (:mod:`workers.persona.files`); paths are
   confined to the persona directory, so a MEMORY.md or ``memory/`` that links outside is refused.
   Reads (``read``, ``list``) take no lock: atomic replacement means they never see a torn file.
+* **Short critical sections (issue 15).** The new bytes are fsynced before the rename, under the
+  lock; the directory fsync that makes the rename durable runs after the lock is released (the
+  tool answers only after it). The next writer reads the renamed file, so whichever rename a
+  crash keeps holds every entry acknowledged before it. With a ledger the data directory is
+  fsynced under the lock as before, since the ledger must never be durable ahead of its write;
+  the ledger's own directory fsync then runs after the lock. Paths
+  are resolved once per target and only re-checked per call
+  (:mod:`workers.persona.memory_paths`).
 """
 
 from __future__ import annotations
@@ -37,16 +45,18 @@ from typing import Any
 import structlog
 
 from workers.persona.errors import LockTimeout, PersonaError
-from workers.persona.files import atomic_write_bytes, confined, read_prefix, remove_stale_temps
+from workers.persona.files import (
+    atomic_write_bytes,
+    confined,
+    fsync_directory,
+    read_prefix,
+    remove_stale_temps,
+    replace_bytes,
+)
 from workers.persona.home import MAX_FILE_BYTES, persona_home
 from workers.persona.ledger import WriteLedger, write_key
-from workers.persona.locks import (
-    DEFAULT_LOCK_TIMEOUT,
-    LockMode,
-    ledger_file_for,
-    lock_file_for,
-    path_lock,
-)
+from workers.persona.locks import DEFAULT_LOCK_TIMEOUT, LockMode, path_lock
+from workers.persona.memory_paths import TargetCache
 from workers.persona.memory_spec import (
     NOTES_DIR,
     MemoryRequest,
@@ -93,6 +103,7 @@ class MemoryTool:
         # ledger, so a retried attempt repeating them is answered as before, not applied twice.
         self.write_scope = write_scope
         self._applied: Counter[str] = Counter()
+        self._targets = TargetCache()
 
     @property
     def name(self) -> str:
@@ -115,16 +126,18 @@ class MemoryTool:
         if isinstance(request, str):
             return ToolResult(request, is_error=True)
         try:
-            root = persona_home(self.path)
-            if request.action == "list":
-                return self._list(root)
-            return (self._read if request.action == "read" else self._write)(root, request)
+            if request.action in ("list", "read"):
+                return self._look(persona_home(self.path), request)
+            return self._write(request)
         except LockTimeout as error:
             return ToolResult(_timeout_message(request, error), is_error=True)
         except PersonaError as error:
             return ToolResult(f"{error}. Nothing was changed.", is_error=True)
         except OSError as error:
             return ToolResult(_os_message(request, error), is_error=True)
+
+    def _look(self, root: Path, request: MemoryRequest) -> ToolResult:
+        return self._list(root) if request.action == "list" else self._read(root, request)
 
     def _list(self, root: Path) -> ToolResult:
         directory = confined(root, NOTES_DIR)
@@ -157,23 +170,22 @@ class MemoryTool:
             text += f"\n[read stops at {MAX_FILE_BYTES} bytes: the file is longer]"
         return ToolResult(text if text.strip() else f"{label} is empty.")
 
-    def _write(self, root: Path, request: MemoryRequest) -> ToolResult:
-        if request.target.startswith("note:") and request.action == "add":
-            confined(root, NOTES_DIR).mkdir(exist_ok=True)
-        data_path = confined(root, request.relative)
-        if request.action != "add" and not data_path.exists():
-            # Nothing to find in a file that is not there: answer without creating a lock file.
+    def _write(self, request: MemoryRequest) -> ToolResult:
+        target = self._targets.locate(
+            self.path, request, self.lock_mode, ledger=self.write_scope is not None
+        )
+        if target is None:
             return ToolResult(_not_found(request), is_error=True)
-        lock_file = lock_file_for(root, data_path, self.lock_mode)
+        data_path = target.data
         parts = (request.action, request.target, request.text, request.with_ or "")
         what = "\x00".join(parts)
-        with path_lock(lock_file, mode=self.lock_mode, timeout=self.lock_timeout):
+        with path_lock(target.lock, mode=self.lock_mode, timeout=self.lock_timeout):
             stale = remove_stale_temps(data_path)
             if stale:
-                _log.warning("memory.stale_temps_removed", path=str(data_path), files=stale)
+                _log.warning("memory.stale_temps_removed", path=data_path, files=stale)
             ledger, key = None, ""
-            if self.write_scope is not None:
-                ledger = WriteLedger(ledger_file_for(root, data_path))
+            if target.ledger is not None and self.write_scope is not None:
+                ledger = WriteLedger(Path(target.ledger))
                 key = write_key(self.write_scope, *parts, ordinal=self._applied[what] + 1)
                 before = ledger.answer(key)
                 if before is not None:
@@ -186,19 +198,30 @@ class MemoryTool:
             if isinstance(outcome, str):
                 return ToolResult(outcome, is_error=True)
             new, message = outcome
-            atomic_write_bytes(data_path, new)
-            if ledger is not None:
+            if ledger is None:
+                replace_bytes(data_path, new)
+            else:
+                # The ledger entry may only become durable after the write it records.
+                atomic_write_bytes(data_path, new)
                 self._applied[what] += 1
                 try:
                     ledger.record(key, message)
                 except (OSError, PersonaError) as exc:
                     # The write itself succeeded: answer so. Only a retry could repeat it now.
                     _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
+        # Outside the lock, so the next writer's read-modify-write overlaps this flush.
+        if ledger is None:
+            fsync_directory(os.path.dirname(data_path))
+        else:
+            try:
+                fsync_directory(ledger.path.parent)
+            except OSError as exc:  # as above: the write is durable, only a retry could repeat it
+                _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
         _log.info(
             "memory.write",
             action=request.action,
             target=request.target,
-            path=str(data_path.relative_to(root)),
+            path=target.relative,
             bytes=len(new),
         )
         return ToolResult(message)

@@ -1,0 +1,226 @@
+"""Memory ``add`` against the fsync floor of the same disk, measured in ONE run; PRINTS figures.
+
+Run:  .venv/bin/python -m tests.bench.bench_memory [local|shared]   (default: both lock modes)
+
+The floor is what any durable atomic replace of a small file costs on this disk: write a temp
+file, fsync it, rename it over the target, fsync the directory, with no lock and no read. It is
+measured with 1 process, and with 4 processes each replacing its own file in one directory (the
+journal then commits several writers' fsyncs together). Memory ``add`` is measured the same way:
+1 process, and 4 processes adding to ONE MEMORY.md, in both lock modes; and, for information,
+local adds with a write ledger (what a fleet turn pays: its work id keys each write). Within
+each run, blocks of floor operations and of adds alternate (all processes pass a barrier
+between blocks), so both see the same load on this shared machine; each ratio (goal >= 0.8,
+issue 15) is the median over rounds. With strace installed it also prints the system calls one
+add makes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing import get_context
+from multiprocessing.connection import Connection
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+
+import structlog
+
+if __package__ in (None, ""):  # run as a file: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from workers.persona.locks import LockMode
+from workers.persona.memory import memory_tool
+
+__all__ = ["GOAL", "main", "syscalls_per_add"]
+
+GOAL = 0.8
+OPS = 200
+BLOCK = 10
+ROUNDS = 3
+_PAYLOAD = b"- a small memory entry, about the size of one line in MEMORY.md\n" * 8
+
+
+def _floor_op(directory: str, worker: int, index: int) -> None:
+    target = os.path.join(directory, f"floor-{worker}.md")
+    temp = f"{target}.{index}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, _PAYLOAD)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temp, target)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _serve(conn: Connection, worker: int, barriers: dict[int, Barrier]) -> None:
+    """A long-lived worker process. For each command it alternates blocks of floor operations
+    and memory adds; all workers of the command pass a barrier between blocks, so every block
+    runs on its own, and worker 0 times the blocks: (floor seconds, add seconds)."""
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    while True:
+        command = conn.recv()
+        if command is None:
+            return
+        processes, floor_dir, home, lock_mode, ledger = command
+        scope = f"bench-turn-{worker}" if ledger else None
+        tool = memory_tool(home, lock_mode=lock_mode, lock_timeout=120.0, write_scope=scope)
+        barrier = barriers[processes]
+        spent = {"floor": 0.0, "add": 0.0}
+        barrier.wait()
+        for block in range(OPS // BLOCK):
+            for kind in ("floor", "add"):
+                began = time.perf_counter()
+                for index in range(block * BLOCK, (block + 1) * BLOCK):
+                    if kind == "floor":
+                        _floor_op(floor_dir, worker, index)
+                        continue
+                    result = tool.execute({"action": "add", "text": f"worker {worker} #{index}"})
+                    if result.is_error:
+                        raise RuntimeError(result.output)
+                barrier.wait()
+                spent[kind] += time.perf_counter() - began
+        conn.send((spent["floor"], spent["add"]))
+
+
+class _Pool:
+    def __init__(self, size: int) -> None:
+        context = get_context("spawn")
+        # Kept on self: a barrier the parent drops is gone before a child can unpickle it.
+        self.barriers = barriers = {1: context.Barrier(1), size: context.Barrier(size)}
+        self.conns: list[Connection] = []
+        self.procs = []
+        for worker in range(size):
+            here, there = context.Pipe()
+            proc = context.Process(target=_serve, args=(there, worker, barriers), daemon=True)
+            proc.start()
+            self.conns.append(here)
+            self.procs.append(proc)
+
+    def run(
+        self, processes: int, root: Path, lock_mode: LockMode, ledger: bool
+    ) -> tuple[float, float]:
+        """(floor ops/s, add ops/s) of ``processes`` workers doing OPS of each, interleaved."""
+        floor_dir, home = root / "floor", root / "home"
+        floor_dir.mkdir()
+        home.mkdir()
+        for conn in self.conns[:processes]:
+            conn.send((processes, str(floor_dir), str(home), lock_mode, ledger))
+        results = [conn.recv() for conn in self.conns[:processes]]
+        floor_seconds, add_seconds = results[0]
+        entries = (home / "MEMORY.md").read_bytes().count(b"\n")
+        if entries != processes * OPS:
+            raise SystemExit(f"lost writes: {entries} != {processes * OPS}")
+        return processes * OPS / floor_seconds, processes * OPS / add_seconds
+
+    def close(self) -> None:
+        for conn in self.conns:
+            conn.send(None)
+        for proc in self.procs:
+            proc.join(10)
+
+
+def syscalls_per_add(root: Path, lock_mode: LockMode, adds: int = 50) -> float | None:
+    """System calls per add (strace -f, between two markers), or None without strace."""
+    if shutil.which("strace") is None:
+        return None
+    home = root / f"strace-{lock_mode}"
+    home.mkdir()
+    log = root / f"strace-{lock_mode}.log"
+    script = (
+        "import logging, os, structlog\n"
+        "structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))\n"
+        "from workers.persona.memory import memory_tool\n"
+        f"tool = memory_tool({str(home)!r}, lock_mode={lock_mode!r})\n"
+        "tool.execute({'action': 'add', 'text': 'warm up'})\n"
+        "os.write(2, b'BENCH-MARK\\n')\n"
+        f"for i in range({adds}):\n"
+        "    tool.execute({'action': 'add', 'text': f'entry {i}'})\n"
+        "os.write(2, b'BENCH-MARK\\n')\n"
+    )
+    repo = str(Path(__file__).resolve().parents[2])
+    subprocess.run(
+        ["strace", "-f", "-o", str(log), sys.executable, "-c", script],
+        check=True,
+        cwd=repo,
+        capture_output=True,
+    )
+    lines = log.read_text().splitlines()
+    marks = [i for i, line in enumerate(lines) if "BENCH-MARK" in line]
+    inside = lines[marks[0] + 1 : marks[1]]
+    calls = [line for line in inside if "resumed>" not in line and "+++" not in line]
+    return len(calls) / adds
+
+
+_Case = tuple[LockMode, int, bool]
+
+
+def main() -> None:
+    """Print the floor and memory add per mode and process count, with each ratio and the goal."""
+    modes: tuple[LockMode, ...] = ("local", "shared")
+    if sys.argv[1:] in (["local"], ["shared"]):
+        modes = ("local",) if sys.argv[1] == "local" else ("shared",)
+    cases: list[_Case] = [(m, n, False) for m in modes for n in (1, 4)]
+    if "local" in modes:
+        cases.append(("local", 1, True))
+    floors: dict[int, list[float]] = {1: [], 4: []}
+    rates: dict[_Case, list[float]] = {case: [] for case in cases}
+    ratios: dict[_Case, list[float]] = {case: [] for case in cases}
+    pool = _Pool(4)
+    try:
+        with tempfile.TemporaryDirectory(prefix="soulfleet-bench-memory-") as tmp:
+            root = Path(tmp)
+            time.sleep(2.0)  # let the spawned interpreters import before the first clock starts
+            for round_ in range(ROUNDS):
+                for number, case in enumerate(cases):
+                    lock_mode, processes, ledger = case
+                    where = root / f"run-{round_}-{number}"
+                    where.mkdir()
+                    floor, rate = pool.run(processes, where, lock_mode, ledger)
+                    floors[processes].append(floor)
+                    rates[case].append(rate)
+                    ratios[case].append(rate / floor)
+            syscalls = {mode: syscalls_per_add(root, mode) for mode in modes}
+    finally:
+        pool.close()
+    for processes, values in floors.items():
+        print(
+            f"fsync floor (write+fsync+rename+dir fsync), {processes} process(es): "
+            f"median {statistics.median(values):,.0f} ops/s ({_spread(values)})"
+        )
+    for case in cases:
+        lock_mode, processes, ledger = case
+        ratio = statistics.median(ratios[case])
+        if ledger:
+            how = "with a write ledger (fleet turns), for information"
+        else:
+            calls = syscalls[lock_mode]
+            extra = "" if calls is None else f"; {calls:.0f} syscalls per add"
+            how = f"goal >= {GOAL} ({'meets' if ratio >= GOAL else 'BELOW'}){extra}"
+        print(
+            f"memory add, {lock_mode} lock mode, {processes} process(es) x {OPS}: median "
+            f"{statistics.median(rates[case]):,.0f} ops/s, {ratio:.2f}x the floor "
+            f"({_spread(ratios[case], '.2f')}), {how}"
+        )
+    print(
+        f"{ROUNDS} rounds; in each, blocks of {BLOCK} floor operations and {BLOCK} adds per "
+        f"process alternate; load average {os.getloadavg()[0]:.1f}"
+    )
+
+
+def _spread(values: list[float], spec: str = ",.0f") -> str:
+    return f"{format(min(values), spec)}-{format(max(values), spec)}"
+
+
+if __name__ == "__main__":
+    main()

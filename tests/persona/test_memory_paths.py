@@ -1,0 +1,159 @@
+"""The memory tool resolves a target once and re-checks it per call (issue 15): whatever changed
+on disk since, each write lands where a fresh resolution would put it, or is refused."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.persona import make_persona, tree
+from workers.persona.errors import LockTimeout
+from workers.persona.files import fsync_directory
+from workers.persona.locks import LockMode, lock_file_for, path_lock
+from workers.persona.memory import MemoryTool, memory_tool
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """An empty persona directory."""
+    return make_persona(tmp_path / "ava")
+
+
+def _ok(tool: MemoryTool, **arguments: Any) -> str:
+    result = tool.execute(arguments)
+    assert not result.is_error, result.output
+    return result.output
+
+
+def _error(tool: MemoryTool, **arguments: Any) -> str:
+    result = tool.execute(arguments)
+    assert result.is_error, result.output
+    return result.output
+
+
+def test_memory_file_turned_into_a_symlink_leading_out_is_refused(
+    tmp_path: Path, home: Path
+) -> None:
+    """After writes that resolved MEMORY.md, swapping it for a link outside is still refused."""
+    outside = make_persona(tmp_path / "elsewhere", {"victim.md": "precious\n"})
+    tool = memory_tool(home)
+    _ok(tool, action="add", text="first")
+    (home / "MEMORY.md").unlink()
+    (home / "MEMORY.md").symlink_to(outside / "victim.md")
+    assert "outside the persona directory" in _error(tool, action="add", text="pwned")
+    assert "outside the persona directory" in _error(tool, action="remove", text="precious")
+    assert (outside / "victim.md").read_text() == "precious\n"
+    assert tree(outside) == {"victim.md"}
+
+
+@pytest.mark.parametrize("mode", ["local", "shared"])
+def test_lock_dir_turned_into_a_symlink_leading_out_is_refused(
+    tmp_path: Path, home: Path, mode: LockMode
+) -> None:
+    """A .locks replaced by a link outside after the first write gets no lock files out there."""
+    outside = make_persona(tmp_path / "elsewhere")
+    tool = memory_tool(home, lock_mode=mode)
+    _ok(tool, action="add", text="first")
+    (home / ".locks").rename(tmp_path / "old-locks")
+    (home / ".locks").symlink_to(outside, target_is_directory=True)
+    assert "outside the persona directory" in _error(tool, action="add", text="second")
+    assert tree(outside) == set()
+    assert (home / "MEMORY.md").read_text() == "- first\n"
+
+
+def test_notes_dir_turned_into_a_symlink_leading_out_is_refused(tmp_path: Path, home: Path) -> None:
+    """memory/ replaced by a link outside after a note was written: the note add is refused."""
+    outside = make_persona(tmp_path / "elsewhere", {"atlas.md": "precious\n"})
+    tool = memory_tool(home, notes=True)
+    _ok(tool, action="add", target="note:atlas", text="first")
+    (home / "memory").rename(tmp_path / "old-notes")
+    (home / "memory").symlink_to(outside, target_is_directory=True)
+    assert "outside the persona directory" in _error(
+        tool, action="add", target="note:atlas", text="pwned"
+    )
+    assert (outside / "atlas.md").read_text() == "precious\n"
+
+
+def test_persona_directory_replaced_is_written_where_it_is_now(tmp_path: Path, home: Path) -> None:
+    """A persona directory moved away and recreated at the same path: writes go to the new one."""
+    tool = memory_tool(home)
+    _ok(tool, action="add", text="old home")
+    home.rename(tmp_path / "ava-old")
+    make_persona(home, {"MEMORY.md": "- new home\n"})
+    _ok(tool, action="add", text="second")
+    assert (home / "MEMORY.md").read_text() == "- new home\n- second\n"
+    assert (tmp_path / "ava-old" / "MEMORY.md").read_text() == "- old home\n"
+    assert (home / ".locks" / "MEMORY.md.lock").exists()
+
+
+def test_persona_directory_gone_is_an_error_result(tmp_path: Path, home: Path) -> None:
+    """After writes, a vanished persona directory is the same clear error as before any write."""
+    tool = memory_tool(home)
+    _ok(tool, action="add", text="first")
+    home.rename(tmp_path / "ava-old")
+    assert "Nothing was changed" in _error(tool, action="add", text="second")
+    assert not home.exists()
+
+
+def test_removed_lock_dir_is_recreated(home: Path) -> None:
+    """An operator who removes .locks between writes loses nothing: the next write recreates it."""
+    tool = memory_tool(home)
+    _ok(tool, action="add", text="first")
+    for path in sorted((home / ".locks").rglob("*"), reverse=True):
+        path.unlink()
+    (home / ".locks").rmdir()
+    _ok(tool, action="add", text="second")
+    assert (home / "MEMORY.md").read_text() == "- first\n- second\n"
+    assert (home / ".locks" / "MEMORY.md.lock").is_file()
+
+
+def test_replace_of_a_deleted_file_is_not_found_after_writes(home: Path) -> None:
+    """A file deleted after writes is reported missing by replace/remove, with no lock file made."""
+    tool = memory_tool(home)
+    _ok(tool, action="add", text="first")
+    (home / "MEMORY.md").unlink()
+    assert "text not found" in _error(tool, action="remove", text="first")
+    assert not (home / "MEMORY.md").exists()
+
+
+@pytest.mark.parametrize("scope", [None, "turn-1"])
+@pytest.mark.parametrize("mode", ["local", "shared"])
+def test_directory_fsync_runs_after_the_lock_is_released(
+    home: Path, mode: LockMode, scope: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rename is in place and the lock free when the last directory fsync runs, and the
+    tool answers only after it (a spy around the real fsync). With a write ledger, the data
+    directory is fsynced under the lock, and the ledger's directory after it."""
+    seen: list[tuple[Path, str, bool]] = []
+    lock_file = lock_file_for(home, home.resolve() / "MEMORY.md", mode)
+
+    def spy(directory: str | os.PathLike[str]) -> None:
+        content = (home / "MEMORY.md").read_text()
+        free: list[bool] = []
+
+        def probe() -> None:  # another thread, so the in-process gate is tested too
+            try:
+                with path_lock(lock_file, mode=mode, timeout=0):
+                    free.append(True)
+            except LockTimeout:
+                free.append(False)
+
+        thread = threading.Thread(target=probe)
+        thread.start()
+        thread.join(10)
+        seen.append((Path(directory), content, free == [True]))
+        fsync_directory(directory)
+
+    monkeypatch.setattr("workers.persona.memory.fsync_directory", spy)
+    monkeypatch.setattr("workers.persona.files.fsync_directory", spy)
+    _ok(memory_tool(home, lock_mode=mode, write_scope=scope), action="add", text="flushed")
+    real = home.resolve()
+    if scope is None:
+        assert seen == [(real, "- flushed\n", True)]
+    else:
+        assert seen == [(real, "- flushed\n", False), (real / ".locks", "- flushed\n", True)]
+        assert "Added an entry" in (home / ".locks" / "MEMORY.md.applied").read_text()
