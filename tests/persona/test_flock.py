@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.memory import held_by_child
 from workers.persona.errors import LockTimeout
 from workers.persona.flock import MAX_OPEN
 from workers.persona.locks import path_lock
@@ -59,22 +60,12 @@ def test_lock_file_removed_and_recreated_still_excludes(tmp_path: Path) -> None:
     with path_lock(lock_file, mode="local", timeout=5):
         pass
     lock_file.unlink()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(lock_file)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(LockTimeout), path_lock(lock_file, mode="local", timeout=0.3):
-            pass
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        holder.wait(30)
+    with (
+        held_by_child(_HOLDER, str(lock_file)),
+        pytest.raises(LockTimeout),
+        path_lock(lock_file, mode="local", timeout=0.3),
+    ):
+        pass
     with path_lock(lock_file, mode="local", timeout=5):
         pass
 

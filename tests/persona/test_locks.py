@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.memory import held_by_child
 from tests.support.persona import make_persona
 from workers.persona.errors import LockTimeout, PersonaFileError
 from workers.persona.locks import (
@@ -254,22 +255,12 @@ def test_shared_mode_claims_exclude_without_the_waiting_room(tmp_path: Path) -> 
     """The flock waiting room only queues this host's writers: a claim alone (as a writer on
     another host holds it, its flock unseen here) still excludes."""
     lock_file = tmp_path / "MEMORY.md.shared.lock"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", _CLAIM_ONLY, str(lock_file)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout is not None
-        assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(LockTimeout), path_lock(lock_file, mode="shared", timeout=0.3):
-            pass
-    finally:
-        assert holder.stdin is not None
-        holder.stdin.write("\n")
-        holder.stdin.flush()
-        holder.wait(30)
+    with (
+        held_by_child(_CLAIM_ONLY, str(lock_file)),
+        pytest.raises(LockTimeout),
+        path_lock(lock_file, mode="shared", timeout=0.3),
+    ):
+        pass
     with path_lock(lock_file, mode="shared", timeout=5):
         pass
 

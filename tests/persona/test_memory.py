@@ -9,23 +9,12 @@ from typing import Any
 
 import pytest
 
+from tests.support.memory import ok
 from tests.support.persona import make_persona, tree
 from workers.persona.home import MAX_FILE_BYTES, compose_soul
 from workers.persona.locks import lock_file_for, path_lock
 from workers.persona.memory import MAX_ENTRY_BYTES, MemoryTool, memory_tool
 from workers.persona.tools import Tool
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    """An empty persona directory."""
-    return make_persona(tmp_path / "ava")
-
-
-def _ok(tool: MemoryTool, **arguments: Any) -> str:
-    result = tool.execute(arguments)
-    assert not result.is_error, result.output
-    return result.output
 
 
 def _error(tool: MemoryTool, arguments: Any) -> str:
@@ -67,8 +56,8 @@ def test_schema_is_a_fresh_copy(home: Path) -> None:
 
 def test_str_and_path_both_work(home: Path) -> None:
     """memory_tool accepts a str and a Path alike."""
-    _ok(memory_tool(str(home)), action="add", text="from str")
-    _ok(memory_tool(home), action="add", text="from path")
+    ok(memory_tool(str(home)), action="add", text="from str")
+    ok(memory_tool(home), action="add", text="from path")
     assert (home / "MEMORY.md").read_text() == "- from str\n- from path\n"
 
 
@@ -78,9 +67,9 @@ def test_str_and_path_both_work(home: Path) -> None:
 def test_add_appends_one_entry_line(home: Path) -> None:
     """add appends '- text' as its own line, to MEMORY.md by default and USER.md for 'user'."""
     tool = memory_tool(home)
-    assert "next session" in _ok(tool, action="add", text="prefers concise answers")
-    _ok(tool, action="add", target="self", text="  likes tea  ")
-    _ok(tool, action="add", target="user", text="Name: Sam")
+    assert "next session" in ok(tool, action="add", text="prefers concise answers")
+    ok(tool, action="add", target="self", text="  likes tea  ")
+    ok(tool, action="add", target="user", text="Name: Sam")
     assert (home / "MEMORY.md").read_text() == "- prefers concise answers\n- likes tea\n"
     assert (home / "USER.md").read_text() == "- Name: Sam\n"
 
@@ -88,13 +77,13 @@ def test_add_appends_one_entry_line(home: Path) -> None:
 def test_add_after_hand_written_content_without_newline(home: Path) -> None:
     """An add to a file that does not end in a newline starts a new line first."""
     (home / "MEMORY.md").write_text("# Memory\nhand written")
-    _ok(memory_tool(home), action="add", text="entry")
+    ok(memory_tool(home), action="add", text="entry")
     assert (home / "MEMORY.md").read_text() == "# Memory\nhand written\n- entry\n"
 
 
 def test_add_collapses_newlines_to_one_entry(home: Path) -> None:
     """Text with line breaks becomes one '- ' entry, and the result says it was collapsed."""
-    output = _ok(memory_tool(home), action="add", text="first line\n\n  second\r\nthird\u2028end")
+    output = ok(memory_tool(home), action="add", text="first line\n\n  second\r\nthird\u2028end")
     assert "collapsed" in output
     assert (home / "MEMORY.md").read_text() == "- first line second third end\n"
 
@@ -103,7 +92,7 @@ def test_replace_first_occurrence(home: Path) -> None:
     """replace swaps the FIRST occurrence of text for with, leaving later ones alone."""
     (home / "MEMORY.md").write_text("- tea\n- tea\n")
     call = {"action": "replace", "text": "tea", "with": "green tea"}
-    assert "Replaced" in _ok(memory_tool(home), **call)
+    assert "Replaced" in ok(memory_tool(home), **call)
     assert (home / "MEMORY.md").read_text() == "- green tea\n- tea\n"
 
 
@@ -111,13 +100,13 @@ def test_remove_first_occurrence_and_its_empty_line(home: Path) -> None:
     """remove deletes the FIRST occurrence; a line left empty or a bare '-' goes with it."""
     (home / "MEMORY.md").write_text("- a\n- b\n- b\n- c b\n")
     tool = memory_tool(home)
-    _ok(tool, action="remove", text="b")
+    ok(tool, action="remove", text="b")
     assert (home / "MEMORY.md").read_text() == "- a\n- b\n- c b\n"
-    _ok(tool, action="remove", text="c b")
+    ok(tool, action="remove", text="c b")
     assert (home / "MEMORY.md").read_text() == "- a\n- b\n"
-    _ok(tool, action="remove", text="- a\n")
+    ok(tool, action="remove", text="- a\n")
     assert (home / "MEMORY.md").read_text() == "- b\n"
-    _ok(tool, action="remove", text="b")
+    ok(tool, action="remove", text="b")
     assert (home / "MEMORY.md").read_text() == ""
 
 
@@ -141,16 +130,16 @@ def test_missing_text_is_a_loud_error_and_changes_nothing(home: Path) -> None:
 def test_edits_keep_bytes_they_do_not_touch(home: Path) -> None:
     """Invalid UTF-8 a person left in the file survives an edit elsewhere, byte for byte."""
     (home / "MEMORY.md").write_bytes(b"- caf\xe9\n- old\n")
-    _ok(memory_tool(home), **{"action": "replace", "text": "old", "with": "new"})
+    ok(memory_tool(home), **{"action": "replace", "text": "old", "with": "new"})
     assert (home / "MEMORY.md").read_bytes() == b"- caf\xe9\n- new\n"
 
 
 def test_writes_never_change_a_composed_soul(home: Path) -> None:
     """A soul composed before a write is a frozen string; the next compose shows the write."""
     tool = memory_tool(home)
-    _ok(tool, action="add", text="one")
+    ok(tool, action="add", text="one")
     before, _ = compose_soul(home)
-    _ok(tool, action="add", text="two")
+    ok(tool, action="add", text="two")
     assert before == "## MEMORY.md\n\n- one"
     assert compose_soul(home)[0] == "## MEMORY.md\n\n- one\n- two"
 
@@ -197,7 +186,7 @@ def test_non_object_arguments(home: Path, arguments: Any) -> None:
 
 def test_null_target_means_default(home: Path) -> None:
     """A null optional argument counts as absent (some providers send nulls)."""
-    _ok(memory_tool(home), action="add", text="x", target=None)
+    ok(memory_tool(home), action="add", text="x", target=None)
     assert (home / "MEMORY.md").read_text() == "- x\n"
 
 
@@ -210,7 +199,7 @@ def test_entry_size_limit(home: Path) -> None:
     output = _error(tool, {"action": "add", "text": "é" * (MAX_ENTRY_BYTES // 2 + 1)})
     assert f"at most {MAX_ENTRY_BYTES} bytes" in output
     _error(tool, {"action": "replace", "text": "a", "with": "w" * (MAX_ENTRY_BYTES + 1)})
-    _ok(tool, action="add", text="e" * MAX_ENTRY_BYTES)
+    ok(tool, action="add", text="e" * MAX_ENTRY_BYTES)
     assert (home / "MEMORY.md").stat().st_size == MAX_ENTRY_BYTES + 3
 
 
@@ -222,7 +211,7 @@ def test_file_size_limit(home: Path) -> None:
     output = _error(tool, {"action": "add", "text": "one entry too many"})
     assert f"over the {MAX_FILE_BYTES}-byte limit" in output
     assert (home / "MEMORY.md").read_bytes() == almost
-    _ok(tool, action="add", text="fits")  # "- fits\n": 7 more bytes: exactly at the limit
+    ok(tool, action="add", text="fits")  # "- fits\n": 7 more bytes: exactly at the limit
     assert (home / "MEMORY.md").stat().st_size == MAX_FILE_BYTES
 
 
@@ -260,7 +249,7 @@ def test_symlink_inside_the_persona_is_followed(home: Path) -> None:
     """A USER.md linking to a file inside the persona writes the real file; the link stays."""
     make_persona(home, {"people/sam.md": "- Sam\n"})
     (home / "USER.md").symlink_to(home / "people" / "sam.md")
-    _ok(memory_tool(home), action="add", target="user", text="likes jazz")
+    ok(memory_tool(home), action="add", target="user", text="likes jazz")
     assert (home / "USER.md").is_symlink()
     assert (home / "people" / "sam.md").read_text() == "- Sam\n- likes jazz\n"
     assert (home / ".locks" / "people" / "sam.md.lock").exists()
@@ -296,8 +285,8 @@ def test_lock_timeout_is_an_error_result(home: Path) -> None:
 def test_shared_lock_mode_writes(home: Path) -> None:
     """The shared (NFS-safe) lock mode edits the same way, with its own lock file."""
     tool = memory_tool(home, lock_mode="shared")
-    _ok(tool, action="add", text="over nfs")
-    _ok(tool, **{"action": "replace", "text": "nfs", "with": "a shared fs"})
+    ok(tool, action="add", text="over nfs")
+    ok(tool, **{"action": "replace", "text": "nfs", "with": "a shared fs"})
     assert (home / "MEMORY.md").read_text() == "- over a shared fs\n"
     assert (home / ".locks" / "MEMORY.md.shared.lock").exists()
 
@@ -326,9 +315,9 @@ def test_no_stray_files_after_writes(home: Path) -> None:
     """After writes only the data files and their lock files exist: no temp files remain."""
     tool = memory_tool(home)
     for index in range(5):
-        _ok(tool, action="add", text=f"entry {index}")
-    _ok(tool, action="remove", text="entry 2")
-    _ok(tool, action="add", target="user", text="u")
+        ok(tool, action="add", text=f"entry {index}")
+    ok(tool, action="remove", text="entry 2")
+    ok(tool, action="add", target="user", text="u")
     assert tree(home) == {
         "MEMORY.md",
         "USER.md",

@@ -8,21 +8,10 @@ from typing import Any
 
 import pytest
 
+from tests.support.memory import ok
 from tests.support.persona import make_persona, tree
 from workers.persona.home import compose_soul
 from workers.persona.memory import MemoryTool, memory_tool, valid_note_slug
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    """An empty persona directory."""
-    return make_persona(tmp_path / "ava")
-
-
-def _ok(tool: MemoryTool, **arguments: Any) -> str:
-    result = tool.execute(arguments)
-    assert not result.is_error, result.output
-    return result.output
 
 
 def _error(tool: MemoryTool, arguments: Any) -> str:
@@ -59,7 +48,7 @@ def test_notes_on_description_says_what_memory_is_for(home: Path) -> None:
 def test_note_add_creates_memory_dir_and_file(home: Path) -> None:
     """The first add to note:<slug> creates memory/<slug>.md; the note is never in the soul."""
     tool = memory_tool(home, notes=True)
-    output = _ok(tool, action="add", target="note:project-atlas", text="kickoff on monday")
+    output = ok(tool, action="add", target="note:project-atlas", text="kickoff on monday")
     assert "note:project-atlas (memory/project-atlas.md)" in output
     assert "never loaded automatically" in output
     assert (home / "memory" / "project-atlas.md").read_text() == "- kickoff on monday\n"
@@ -69,19 +58,19 @@ def test_note_add_creates_memory_dir_and_file(home: Path) -> None:
 def test_note_replace_remove_read(home: Path) -> None:
     """replace, remove and read work on a note like on MEMORY.md."""
     tool = memory_tool(home, notes=True)
-    _ok(tool, action="add", target="note:ideas", text="alpha")
-    _ok(tool, action="add", target="note:ideas", text="beta")
-    _ok(tool, **{"action": "replace", "target": "note:ideas", "text": "alpha", "with": "gamma"})
-    _ok(tool, action="remove", target="note:ideas", text="beta")
-    assert _ok(tool, action="read", target="note:ideas") == "- gamma\n"
+    ok(tool, action="add", target="note:ideas", text="alpha")
+    ok(tool, action="add", target="note:ideas", text="beta")
+    ok(tool, **{"action": "replace", "target": "note:ideas", "text": "alpha", "with": "gamma"})
+    ok(tool, action="remove", target="note:ideas", text="beta")
+    assert ok(tool, action="read", target="note:ideas") == "- gamma\n"
 
 
 def test_read_self_user_and_missing(home: Path) -> None:
     """read returns MEMORY.md / USER.md content, says so when empty, errors for a missing note."""
     tool = memory_tool(home, notes=True)
-    assert _ok(tool, action="read") == "MEMORY.md is empty."
-    _ok(tool, action="add", target="user", text="Sam")
-    assert _ok(tool, action="read", target="user") == "- Sam\n"
+    assert ok(tool, action="read") == "MEMORY.md is empty."
+    ok(tool, action="add", target="user", text="Sam")
+    assert ok(tool, action="read", target="user") == "- Sam\n"
     output = _error(tool, {"action": "read", "target": "note:nothing"})
     assert "does not exist yet" in output
     assert "list" in output
@@ -98,13 +87,13 @@ def test_replace_on_a_missing_note_creates_nothing(home: Path) -> None:
 def test_list_shows_notes_only(home: Path) -> None:
     """list shows each note with its size, sorted, and never lock, temp or foreign files."""
     tool = memory_tool(home, notes=True)
-    assert _ok(tool, action="list").startswith("No notes yet.")
-    _ok(tool, action="add", target="note:zeta", text="z")
-    _ok(tool, action="add", target="note:alpha", text="a")
+    assert ok(tool, action="list").startswith("No notes yet.")
+    ok(tool, action="add", target="note:zeta", text="z")
+    ok(tool, action="add", target="note:alpha", text="a")
     make_persona(home, {"memory/.hidden.md": "h", "memory/README.txt": "r", "memory/Bad.md": "b"})
     (home / "memory" / "sub.md").mkdir()
     (home / "memory" / ".alpha.md.0123456789abcdef.tmp").write_text("stray")
-    assert _ok(tool, action="list") == "2 note(s):\n- note:alpha (4 bytes)\n- note:zeta (4 bytes)"
+    assert ok(tool, action="list") == "2 note(s):\n- note:alpha (4 bytes)\n- note:zeta (4 bytes)"
 
 
 @pytest.mark.parametrize(
@@ -126,7 +115,7 @@ def test_longest_valid_slug(home: Path) -> None:
     slug = "a" + "b" * 62 + "9"
     assert len(slug) == 64
     assert valid_note_slug(slug)
-    _ok(memory_tool(home, notes=True), action="add", target=f"note:{slug}", text="ok")
+    ok(memory_tool(home, notes=True), action="add", target=f"note:{slug}", text="ok")
     assert (home / "memory" / f"{slug}.md").exists()
 
 
@@ -165,14 +154,14 @@ def test_note_file_symlink_leading_outside_is_refused(tmp_path: Path, home: Path
     tool = memory_tool(home, notes=True)
     assert "outside" in _error(tool, {"action": "add", "target": "note:x", "text": "pwned"})
     assert "outside" in _error(tool, {"action": "read", "target": "note:x"})
-    assert _ok(tool, action="list") == "1 note(s):\n- note:real (4 bytes)"
+    assert ok(tool, action="list") == "1 note(s):\n- note:real (4 bytes)"
     assert (outside / "x.md").read_text() == "secret\n"
 
 
 def test_note_locks_live_under_dot_locks(home: Path) -> None:
     """Each note's lock file is .locks/memory/<slug>.md.lock: memory/ holds only notes."""
     tool = memory_tool(home, notes=True)
-    _ok(tool, action="add", target="note:log", text="dreamed")
+    ok(tool, action="add", target="note:log", text="dreamed")
     assert tree(home) == {
         "memory",
         "memory/log.md",

@@ -10,23 +10,12 @@ from typing import Any
 
 import pytest
 
+from tests.support.memory import ok
 from tests.support.persona import make_persona, tree
 from workers.persona.errors import LockTimeout
 from workers.persona.files import fsync_directory
 from workers.persona.locks import LockMode, lock_file_for, path_lock
 from workers.persona.memory import MemoryTool, memory_tool
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    """An empty persona directory."""
-    return make_persona(tmp_path / "ava")
-
-
-def _ok(tool: MemoryTool, **arguments: Any) -> str:
-    result = tool.execute(arguments)
-    assert not result.is_error, result.output
-    return result.output
 
 
 def _error(tool: MemoryTool, **arguments: Any) -> str:
@@ -41,7 +30,7 @@ def test_memory_file_turned_into_a_symlink_leading_out_is_refused(
     """After writes that resolved MEMORY.md, swapping it for a link outside is still refused."""
     outside = make_persona(tmp_path / "elsewhere", {"victim.md": "precious\n"})
     tool = memory_tool(home)
-    _ok(tool, action="add", text="first")
+    ok(tool, action="add", text="first")
     (home / "MEMORY.md").unlink()
     (home / "MEMORY.md").symlink_to(outside / "victim.md")
     assert "outside the persona directory" in _error(tool, action="add", text="pwned")
@@ -57,7 +46,7 @@ def test_lock_dir_turned_into_a_symlink_leading_out_is_refused(
     """A .locks replaced by a link outside after the first write gets no lock files out there."""
     outside = make_persona(tmp_path / "elsewhere")
     tool = memory_tool(home, lock_mode=mode)
-    _ok(tool, action="add", text="first")
+    ok(tool, action="add", text="first")
     (home / ".locks").rename(tmp_path / "old-locks")
     (home / ".locks").symlink_to(outside, target_is_directory=True)
     assert "outside the persona directory" in _error(tool, action="add", text="second")
@@ -69,7 +58,7 @@ def test_notes_dir_turned_into_a_symlink_leading_out_is_refused(tmp_path: Path, 
     """memory/ replaced by a link outside after a note was written: the note add is refused."""
     outside = make_persona(tmp_path / "elsewhere", {"atlas.md": "precious\n"})
     tool = memory_tool(home, notes=True)
-    _ok(tool, action="add", target="note:atlas", text="first")
+    ok(tool, action="add", target="note:atlas", text="first")
     (home / "memory").rename(tmp_path / "old-notes")
     (home / "memory").symlink_to(outside, target_is_directory=True)
     assert "outside the persona directory" in _error(
@@ -81,10 +70,10 @@ def test_notes_dir_turned_into_a_symlink_leading_out_is_refused(tmp_path: Path, 
 def test_persona_directory_replaced_is_written_where_it_is_now(tmp_path: Path, home: Path) -> None:
     """A persona directory moved away and recreated at the same path: writes go to the new one."""
     tool = memory_tool(home)
-    _ok(tool, action="add", text="old home")
+    ok(tool, action="add", text="old home")
     home.rename(tmp_path / "ava-old")
     make_persona(home, {"MEMORY.md": "- new home\n"})
-    _ok(tool, action="add", text="second")
+    ok(tool, action="add", text="second")
     assert (home / "MEMORY.md").read_text() == "- new home\n- second\n"
     assert (tmp_path / "ava-old" / "MEMORY.md").read_text() == "- old home\n"
     assert (home / ".locks" / "MEMORY.md.lock").exists()
@@ -93,7 +82,7 @@ def test_persona_directory_replaced_is_written_where_it_is_now(tmp_path: Path, h
 def test_persona_directory_gone_is_an_error_result(tmp_path: Path, home: Path) -> None:
     """After writes, a vanished persona directory is the same clear error as before any write."""
     tool = memory_tool(home)
-    _ok(tool, action="add", text="first")
+    ok(tool, action="add", text="first")
     home.rename(tmp_path / "ava-old")
     assert "Nothing was changed" in _error(tool, action="add", text="second")
     assert not home.exists()
@@ -102,11 +91,11 @@ def test_persona_directory_gone_is_an_error_result(tmp_path: Path, home: Path) -
 def test_removed_lock_dir_is_recreated(home: Path) -> None:
     """An operator who removes .locks between writes loses nothing: the next write recreates it."""
     tool = memory_tool(home)
-    _ok(tool, action="add", text="first")
+    ok(tool, action="add", text="first")
     for path in sorted((home / ".locks").rglob("*"), reverse=True):
         path.unlink()
     (home / ".locks").rmdir()
-    _ok(tool, action="add", text="second")
+    ok(tool, action="add", text="second")
     assert (home / "MEMORY.md").read_text() == "- first\n- second\n"
     assert (home / ".locks" / "MEMORY.md.lock").is_file()
 
@@ -114,7 +103,7 @@ def test_removed_lock_dir_is_recreated(home: Path) -> None:
 def test_replace_of_a_deleted_file_is_not_found_after_writes(home: Path) -> None:
     """A file deleted after writes is reported missing by replace/remove, with no lock file made."""
     tool = memory_tool(home)
-    _ok(tool, action="add", text="first")
+    ok(tool, action="add", text="first")
     (home / "MEMORY.md").unlink()
     assert "text not found" in _error(tool, action="remove", text="first")
     assert not (home / "MEMORY.md").exists()
@@ -150,7 +139,7 @@ def test_directory_fsync_runs_after_the_lock_is_released(
 
     monkeypatch.setattr("workers.persona.memory.fsync_directory", spy)
     monkeypatch.setattr("workers.persona.files.fsync_directory", spy)
-    _ok(memory_tool(home, lock_mode=mode, write_scope=scope), action="add", text="flushed")
+    ok(memory_tool(home, lock_mode=mode, write_scope=scope), action="add", text="flushed")
     real = home.resolve()
     if scope is None:
         assert seen == [(real, "- flushed\n", True)]

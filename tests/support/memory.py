@@ -1,0 +1,43 @@
+"""Shared helpers of the memory tool's and the locks' tests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from workers.persona.memory import MemoryTool
+
+__all__ = ["held_by_child", "ok"]
+
+
+def ok(tool: MemoryTool, **arguments: Any) -> str:
+    """Run the tool; assert it did not answer with an error; its output."""
+    result = tool.execute(arguments)
+    assert not result.is_error, result.output
+    return result.output
+
+
+@contextmanager
+def held_by_child(script: str, *args: str) -> Iterator[list[str]]:
+    """A child process running ``python -c script args…`` that prints ``held …`` once it holds
+    its lock and lets go when it reads a line. Yields the words of its ``held`` line; on exit
+    tells it to let go and waits for it."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None
+        line = holder.stdout.readline().split()
+        assert line[:1] == ["held"], line
+        yield line
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        holder.wait(30)
