@@ -12,8 +12,9 @@ that text per turn. The envelopes of one queue go out as ONE ``LPUSH`` per
 :data:`PUSH_BATCH` (values pushed in order, so the worker's ``BRPOP`` takes them in order).
 
 It is the transport's own storage format, so a worker cannot tell these from ``send_task``'s
-(``tests/workers/test_turn_messages.py`` has a real worker consume them, and checks the
-decoded envelope against one ``send_task`` wrote). :func:`raw_publishing` says when this path
+(``tests/integration/test_raw_turns.py`` has a real worker consume them, and
+``tests/test_turn_messages.py`` checks the decoded envelope against one ``send_task`` wrote).
+:func:`raw_publishing` says when this path
 is NOT taken: a broker other than Redis, task-sent events on (Flower), a publish signal
 receiver, or a publish from inside a running task (whose root and parent ids Celery fills in).
 """
