@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import descendants, run_soulfleet, soulfleet_argv, subprocess_env
+from tests.support.cli import descendants, reaping, run_soulfleet, soulfleet_argv, subprocess_env
 from tests.support.fleet import wait_until
 
 pytestmark = pytest.mark.integration
@@ -67,15 +67,8 @@ def start_up(base: Path) -> Iterator[Up]:
             stderr=subprocess.STDOUT,
             cwd=str(base),
         )
-    try:
+    with reaping(process):
         yield Up(process, data, output, env)
-    finally:
-        if process.poll() is None:
-            for child in descendants(process.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.pid, signal.SIGKILL)
-            process.kill()
-            process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")

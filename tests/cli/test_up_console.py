@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli.test_up_lifetime import _env, _reaping
-from tests.support.cli import copy_demo, run_soulfleet, soulfleet_argv, subprocess_env
+from tests.cli.test_up_lifetime import _env
+from tests.support.cli import copy_demo, reaping, run_soulfleet, soulfleet_argv, subprocess_env
 from tests.support.fleet import read_events, wait_until
 from workers.local.redis_server import free_port
 from workers.publisher import connect
@@ -73,7 +73,7 @@ def test_up_console_errors_once_live_counts_metrics_and_a_revive(tmp_path: Path)
         assert process.poll() is None, output.read_text()
         return output.read_text(encoding="utf-8", errors="replace")
 
-    with _reaping(process):
+    with reaping(process):
         wait_until(lambda: "ready   worker-1" in text(), timeout=DEADLINE, what="worker ready")
         ports = [int(p) for p in re.findall(r"http://127\.0\.0\.1:(\d+)/metrics", text())]
         assert sorted(ports) == [base, base + 1], text()

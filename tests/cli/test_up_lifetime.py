@@ -7,7 +7,6 @@ does not count) that none of the processes it started is still alive.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -18,13 +17,19 @@ import sys
 import termios
 import textwrap
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.cli import Proc, descendants, run_soulfleet, soulfleet_argv, subprocess_env
+from tests.support.cli import (
+    Proc,
+    descendants,
+    reaping,
+    run_soulfleet,
+    soulfleet_argv,
+    subprocess_env,
+)
 from tests.support.fleet import wait_until
 from workers.local.datadir import DataDir
 
@@ -67,20 +72,6 @@ def _assert_all_gone(children: list[Proc], timeout: float = 60.0) -> None:
                what=f"every child of up to exit: {[c for c in children if c.alive()]}")  # fmt: skip
 
 
-@contextlib.contextmanager
-def _reaping(process: subprocess.Popen[Any]) -> Iterator[None]:
-    """Whatever happens in the test, nothing it started keeps running afterwards."""
-    try:
-        yield
-    finally:
-        if process.poll() is None:
-            for child in descendants(process.pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child.pid, signal.SIGKILL)
-            process.kill()
-        process.wait(timeout=30)
-
-
 def _take_controlling_terminal() -> None:
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
@@ -114,7 +105,7 @@ def test_closing_the_terminal_of_up_stops_every_child(tmp_path: Path) -> None:
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    with _reaping(process):
+    with reaping(process):
         children = _children_started(data, process)
         wait_until(lambda: b"Ctrl-C stops everything." in b"".join(seen), timeout=DEADLINE,
                    what="up's banner on the terminal")  # fmt: skip
@@ -140,7 +131,7 @@ def test_up_piped_into_head_stops_every_child_when_head_exits(tmp_path: Path) ->
     assert process.stdout is not None
     head = subprocess.Popen(["head", "-12"], stdin=process.stdout, stdout=subprocess.PIPE)
     process.stdout.close()  # only head reads up's output now, as in a shell pipeline
-    with _reaping(process):
+    with reaping(process):
         children = _children_started(data, process)
         shown, _ = head.communicate(timeout=DEADLINE)
         assert shown.decode().startswith("soulfleet up: data in"), shown
@@ -162,7 +153,7 @@ def test_sigkill_of_up_takes_its_children_with_it(tmp_path: Path) -> None:
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         cwd=str(tmp_path),
     )  # fmt: skip
-    with _reaping(process):
+    with reaping(process):
         children = _children_started(data, process)
         process.kill()
         process.wait(timeout=30)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -26,6 +29,7 @@ __all__ = [
     "dead_letter",
     "descendants",
     "lanes_for",
+    "reaping",
     "run_soulfleet",
     "settings_for",
     "soulfleet_argv",
@@ -234,3 +238,18 @@ def descendants(pid: int) -> list[Proc]:
                 found.append(Proc(child, parent, stat.start, cmd))
                 frontier.append(child)
     return found
+
+
+@contextlib.contextmanager
+def reaping(process: subprocess.Popen[Any]) -> Iterator[None]:
+    """Whatever happens inside, nothing ``process`` started keeps running afterwards: if it
+    still runs, its descendants are SIGKILLed first, then it; it is always waited for."""
+    try:
+        yield
+    finally:
+        if process.poll() is None:
+            for child in descendants(process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child.pid, signal.SIGKILL)
+            process.kill()
+        process.wait(timeout=30)
