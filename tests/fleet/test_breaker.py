@@ -177,23 +177,23 @@ def test_deferred_lanes_spend_no_attempt_and_resume_when_the_breaker_closes(
     assert [lanes.status(n)["state"] for n in names] == ["queued"] * 3
 
 
-def test_paused_is_read_only_and_a_failed_probe_always_reports(
+def test_look_is_read_only_and_a_failed_probe_always_reports(
     breaker: Breaker, clock: VirtualClock, redis_client: redis.Redis, key_prefix: str
 ) -> None:
-    """paused() says "defer before writing anything" while no probe may go, without taking
-    the probe; a probe that fails for a reason not counted against the provider (here a
+    """look() says "paused" (defer before writing anything) while no probe may go, without
+    taking the probe; a probe that fails for a reason not counted against the provider (here a
     401) still reports, so the next probe comes one interval later, not after the probe ttl."""
-    assert not breaker.paused("openai")
+    assert breaker.look("openai") == "closed"
     for _ in range(4):
         breaker.record("openai", ok=False, error="500")
-    assert breaker.paused("openai")
+    assert breaker.look("openai") == "paused"
     clock.advance(10)
-    assert not breaker.paused("openai")  # a probe is due: the turn goes on to take it
-    assert not breaker.paused("openai")  # and asking again did not take it
+    assert breaker.look("openai") == "probe_due"  # the turn goes on to take the probe
+    assert breaker.look("openai") == "probe_due"  # and asking again did not take it
     gate = Gate(redis_client, Keys(key_prefix), limit=0, slot_ttl=30)
     probe = GatedModel(_Failing(ModelAuthError("401")), gate, provider="openai", breaker=breaker)
     with pytest.raises(ModelAuthError):
         probe.complete(system="", messages=(), tools=())
-    assert breaker.paused("openai")
+    assert breaker.look("openai") == "paused"
     clock.advance(10)
     assert breaker.allow("openai") == "probe"

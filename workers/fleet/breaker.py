@@ -158,16 +158,10 @@ class Breaker:
         if probe or counts_against_provider(exc):
             self.record(provider, ok=False, error=f"{type(exc).__name__}: {exc}")
 
-    def paused(self, provider: str) -> bool:
-        """Read-only: open, and no probe may go now (not yet due, or one in flight). A turn
-        can then be deferred before it writes anything; when a probe is due it goes on and
-        :meth:`allow` hands it the probe."""
-        return self.look(provider) == "paused"
-
     def look(self, provider: str) -> Literal["closed", "paused", "probe_due"]:
         """Read-only, one round trip: ``closed`` (``allow`` would say "closed" now, with no
-        side effect), ``paused`` (open, no probe may go now) or ``probe_due`` (open, and the
-        next ``allow`` hands out the probe)."""
+        side effect), ``paused`` (open, no probe may go now: a turn can be deferred before it
+        writes anything) or ``probe_due`` (open, and the next ``allow`` hands out the probe)."""
         with redis_errors(self.client):
             state, probe_at, probe_until = self.client.hmget(
                 self.keys.breaker(provider), ["state", "probe_at", "probe_until"]

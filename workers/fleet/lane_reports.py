@@ -1,6 +1,6 @@
 """Reading lanes for people and for the turn: a lane's status snapshot, how many lanes are
-queued, running, dead, backing off or deferred, and what a turn needs besides its start's reply
-(the session pointer, the work id). Reads only: no script, no write.
+queued, running, dead, backing off or deferred, the session pointer, and the work id a turn's
+start reply gives (:func:`work_id`). Reads only: no script, no write.
 """
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ __all__ = ["LaneReports", "work_id"]
 
 
 def work_id(lane: str, commits: int) -> str:
-    """The id of the work a lane's current turn does (:meth:`LaneReports.work_id`)."""
+    """The id of the work a lane's current turn does: ``<lane>:<committed turns>`` (the turn's
+    start returns the count).
+
+    It stays the same across every failed or crashed attempt at that work (only a commit
+    moves it on), so the holder of the lane's fence can key side effects with it: a retried
+    attempt repeating its predecessor's memory write is recognised and not applied twice.
+    """
     return f"{lane}:{commits}"
 
 
@@ -83,17 +89,6 @@ class LaneReports(LaneStore):
                 pipe.zcard(self.keys.deferred(provider))
             retry, *deferred = pipe.execute()
         return {"retry": int(retry), "deferred": sum(int(n) for n in deferred)}
-
-    def work_id(self, lane: str) -> str:
-        """The id of the work the lane's current turn does: ``<lane>:<committed turns>``.
-
-        It stays the same across every failed or crashed attempt at that work (only a commit
-        moves it on), so the holder of the lane's fence can key side effects with it: a retried
-        attempt repeating its predecessor's memory write is recognised and not applied twice.
-        """
-        with redis_errors(self.client):
-            commits = self.client.hget(self.keys.lane(lane), "commits")
-        return work_id(lane, int(commits or 0))
 
     def session_pointer(self, lane: str) -> Pointer:
         """Which session state is current for the lane, and its reset epoch."""

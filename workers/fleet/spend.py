@@ -11,7 +11,6 @@ the dreamer lane's last pass).
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -34,10 +33,8 @@ from workers.settings import Settings
 
 __all__ = [
     "LAST_PASS",
-    "UNREAD",
     "Refusal",
     "SpendGuard",
-    "Unread",
     "kind_model",
     "next_reset",
     "persona_budget",
@@ -46,15 +43,6 @@ __all__ = [
 
 #: Lane-hash field: ms when the dreamer lane's newest pass that called its model ended.
 LAST_PASS = "last_pass"  # noqa: S105 (a field name, not a password)
-
-
-class Unread(enum.Enum):
-    """A value the caller has not read (distinct from None, which is a value)."""
-
-    UNREAD = "unread"
-
-
-UNREAD = Unread.UNREAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,13 +118,11 @@ class SpendGuard:
         """The persona's usage day now (its budget's time zone)."""
         return self.ledger.today(self.budget(persona).timezone)
 
-    def check(
-        self, persona: AgentDef, kind: str, *, lane: str, last_pass: float | Unread | None = UNREAD
-    ) -> Refusal | None:
-        """A refusal for a turn of ``kind`` on ``lane``, or None when it may call the model.
+    def check(self, persona: AgentDef, kind: str, *, last_pass: float | None) -> Refusal | None:
+        """A refusal for a turn of ``kind``, or None when it may call the model.
 
-        ``last_pass`` (epoch s, None: never) is the dreamer's, when the caller already read it
-        (a worker's turn start returns it); otherwise it is read here."""
+        ``last_pass`` (epoch s, None: never): when the dreamer lane's newest pass that called
+        its model ended (the lane's ``LAST_PASS`` field, which a worker's turn start returns)."""
         budget = self.budget(persona)
         if budget.daily_tokens is not None:
             spent = self.ledger.spent(persona.name, self.ledger.today(budget.timezone))
@@ -150,23 +136,14 @@ class SpendGuard:
                     "skipped" if kind in ("heartbeat", "dream") else "refused"
                 )
                 return Refusal("budget", status, detail)
-        if kind == "dream":
-            if isinstance(last_pass, Unread):
-                last_pass = self.last_pass(lane)
-            if nothing_new(persona.home, persona.name, last_pass):
-                return Refusal(
-                    "nothing_new",
-                    "skipped",
-                    "nothing was written to the persona's transcripts or notes since its last "
-                    "dream pass",
-                )
+        if kind == "dream" and nothing_new(persona.home, persona.name, last_pass):
+            return Refusal(
+                "nothing_new",
+                "skipped",
+                "nothing was written to the persona's transcripts or notes since its last "
+                "dream pass",
+            )
         return None
-
-    def last_pass(self, lane: str) -> float | None:
-        """When the dreamer lane's newest pass that called its model ended (None: never)."""
-        with redis_errors(self.client):
-            raw = self.client.hget(self.keys.lane(lane), LAST_PASS)
-        return int(str(raw)) / 1000 if raw else None
 
     def passed(self, lane: str, when: float) -> None:
         """Record that a dream pass ended at ``when``. After the commit, on purpose: a crash in

@@ -303,7 +303,7 @@ class TurnExecutor:
             return self.endings.fail(lane, turn_id, started, error, began, cause=exc)
         self.endings.started(started, kind, spec)
         last_pass = None if started.last_pass_ms is None else started.last_pass_ms / 1000
-        refusal = self.guard.check(persona, kind, lane=lane, last_pass=last_pass)
+        refusal = self.guard.check(persona, kind, last_pass=last_pass)
         if refusal is not None:
             return self.endings.refuse(
                 lane, turn_id, started, refusal, began, kind=kind, model=spec
