@@ -8,12 +8,11 @@ from __future__ import annotations
 from typing import Literal
 
 import structlog
-from redis.commands.core import Script
 
 from workers import metrics
 from workers.fleet.lane_store import LaneStore, new_turn_id
 from workers.fleet.outcomes import Repair, TickOutcome
-from workers.fleet.scripts import redis_errors
+from workers.fleet.scripts import ScriptCall, redis_errors, run_scripts
 
 __all__ = ["LaneRepairs"]
 
@@ -53,17 +52,19 @@ class LaneRepairs(LaneStore):
             queued: list[str] = self.client.zrangebyscore(
                 self.keys.queued, "-inf", f"({stale}", 0, limit
             )  # type: ignore[assignment]
-        calls: list[tuple[Script, list[str], list[str | int]]] = [
-            (self.scripts.reap_running, self.keys.lane_keys(lane), [lane, now, new_turn_id()])
+        calls = [
+            ScriptCall(
+                self.scripts.reap_running, self.keys.lane_keys(lane), [lane, now, new_turn_id()]
+            )
             for lane in running
         ]
         after = self._ms(queued_after)
         calls += [
-            (self.scripts.reap_queued, self.keys.lane_keys(lane), [lane, now, after])
+            ScriptCall(self.scripts.reap_queued, self.keys.lane_keys(lane), [lane, now, after])
             for lane in queued
         ]
         # Isolated: one lane whose keys are broken must not stop the repair of every other.
-        replies = self._run(calls, isolated=True)
+        replies = run_scripts(self.client, calls, isolated=True)
         repairs: list[Repair] = []
         reasons: list[Literal["lease_expired", "queued_too_long"]] = []
         reasons += ["lease_expired"] * len(running)

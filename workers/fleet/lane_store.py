@@ -1,21 +1,19 @@
 """The Redis side every lane operation shares: the client (checked to decode replies), the key
-names, the registered scripts, the clock (time goes into scripts as ARGV, in ms, so tests drive
-it) and one way to run several script calls in a round trip. :class:`~workers.fleet.lanes.Lanes`
-is built on it, with its reads (:mod:`workers.fleet.lane_reports`) and repairs
-(:mod:`workers.fleet.lane_repairs`) beside the transitions.
+names, the registered scripts and the clock (time goes into scripts as ARGV, in ms, so tests
+drive it); several script calls go in one round trip through
+:func:`workers.fleet.scripts.run_scripts`. :class:`~workers.fleet.lanes.Lanes` is built on it,
+with its reads (:mod:`workers.fleet.lane_reports`) and repairs (:mod:`workers.fleet.lane_repairs`)
+beside the transitions.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from typing import Any
 
 import redis
-from redis.commands.core import Script
 
 from workers.fleet.keys import Keys
-from workers.fleet.scripts import Scripts, redis_errors
+from workers.fleet.scripts import Scripts
 from workers.persona.clock import Clock, SystemClock
 
 __all__ = ["LaneStore", "new_turn_id"]
@@ -73,30 +71,3 @@ class LaneStore:
 
     def _ms(self, seconds: float) -> int:
         return max(1, int(seconds * 1000))
-
-    def _run(
-        self,
-        calls: Sequence[tuple[Script, list[str], list[str | int]]],
-        *,
-        isolated: bool = False,
-    ) -> list[Any]:
-        """Run script calls in ONE round trip: directly if there is one, else pipelined
-        (a pipeline adds a SCRIPT EXISTS check, worth it only for several calls).
-
-        ``isolated``: a call that fails in Redis (a key of the wrong type...) comes back as
-        its exception in its place instead of failing the others (the reaper's repairs)."""
-        if not calls:
-            return []
-        with redis_errors(self.client):
-            if len(calls) == 1:
-                script, keys, args = calls[0]
-                try:
-                    return [script(keys=keys, args=args)]
-                except redis.ResponseError as exc:
-                    if not isolated:
-                        raise
-                    return [exc]
-            pipe = self.client.pipeline(transaction=False)
-            for script, keys, args in calls:
-                script(keys=keys, args=args, client=pipe)
-            return list(pipe.execute(raise_on_error=not isolated))

@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 import structlog
-from redis.commands.core import Script
 
 from workers import metrics
 from workers.fleet.errors import InboxFull, ItemTooLarge, LeaseLost
@@ -50,7 +49,7 @@ from workers.fleet.outcomes import (
     StartOutcome,
     TickOutcome,
 )
-from workers.fleet.scripts import redis_errors
+from workers.fleet.scripts import ScriptCall, redis_errors, run_scripts
 from workers.persona.errors import FailureKind
 from workers.persona.inbox import InboxItem
 from workers.persona.session import Pointer
@@ -171,13 +170,13 @@ class Lanes(LaneReports, LaneRepairs):
         # Turn ids: uuid4 entropy per call (24 hex digits) + an 8-digit per-lane counter.
         base = uuid.uuid4().hex[:24]
         cut = len(self.keys.lane(""))
-        calls: list[tuple[Script, list[str], list[str | int]]] = []
+        calls: list[ScriptCall] = []
         for first in range(0, len(ticks), _TICK_BATCH):
             chunk = ticks[first : first + _TICK_BATCH]
             keys = [self.keys.queued, *(self.keys.lane(lane) for lane, _ in chunk)]
             kinds = "".join("d" if kind == "dream" else "h" for _, kind in chunk)
-            calls.append((self.scripts.tick, keys, [now, kinds, count, base, first, cut]))
-        replies = self._run(calls)
+            calls.append(ScriptCall(self.scripts.tick, keys, [now, kinds, count, base, first, cut]))
+        replies = run_scripts(self.client, calls)
         codes = "".join(replies)
         outcomes: list[TickOutcome] = []
         for index, ((lane, kind), code) in enumerate(zip(ticks, codes, strict=True)):
@@ -250,11 +249,12 @@ class Lanes(LaneReports, LaneRepairs):
         if not leases:
             return []
         now, ttl = self._now_ms(), self._ms(self.lease_ttl)
-        replies = self._run(
+        replies = run_scripts(
+            self.client,
             [
-                (self.scripts.renew, self.keys.lane_keys(lane), [lane, fence, now, ttl])
+                ScriptCall(self.scripts.renew, self.keys.lane_keys(lane), [lane, fence, now, ttl])
                 for lane, fence in leases
-            ]
+            ],
         )
         return [bool(ok) for ok in replies]
 

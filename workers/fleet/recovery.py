@@ -31,13 +31,12 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 import structlog
-from redis.commands.core import Script
 
 from workers import metrics
 from workers.fleet.breaker import Breaker
 from workers.fleet.lanes import Lanes
 from workers.fleet.outcomes import Repair
-from workers.fleet.scripts import redis_errors
+from workers.fleet.scripts import ScriptCall, redis_errors, run_scripts
 
 __all__ = ["Backoff", "Recovery"]
 
@@ -83,11 +82,13 @@ class Recovery:
         now = lanes._now_ms()
         with redis_errors(lanes.client):
             due = _names(lanes.client.zrangebyscore(keys.retry, "-inf", now, 0, limit))
-        calls: list[tuple[Script, list[str], list[str | int]]] = [
-            (lanes.scripts.release, [*keys.lane_keys(lane), keys.retry], [lane, now, "retry"])
+        calls = [
+            ScriptCall(
+                lanes.scripts.release, [*keys.lane_keys(lane), keys.retry], [lane, now, "retry"]
+            )
             for lane in due
         ]
-        return self._repairs(due, lanes._run(calls), "retry_due")
+        return self._repairs(due, run_scripts(lanes.client, calls), "retry_due")
 
     def reap_claims(self, limit: int = 1000) -> list[Repair]:
         lanes, keys = self.lanes, self.lanes.keys
@@ -96,15 +97,15 @@ class Recovery:
         before = now - int(self.claim_ttl * 1000)
         with redis_errors(lanes.client):
             old = _names(lanes.client.zrangebyscore(keys.claimed, "-inf", before, 0, limit))
-        calls: list[tuple[Script, list[str], list[str | int]]] = [
-            (
+        calls = [
+            ScriptCall(
                 lanes.scripts.reap_claimed,
                 [keys.lane(lane), keys.claim(lane), keys.claimed, keys.queued],
                 [lane, now],
             )
             for lane in old
         ]
-        return self._repairs(old, lanes._run(calls), "claim_lapsed")
+        return self._repairs(old, run_scripts(lanes.client, calls), "claim_lapsed")
 
     def resume_deferred(self, limit: int = 1000) -> list[Repair]:
         lanes, keys = self.lanes, self.lanes.keys
@@ -123,11 +124,13 @@ class Recovery:
             with redis_errors(lanes.client):
                 parked = _names(lanes.client.zrange(waiting, 0, count - 1))
             now = lanes._now_ms()
-            calls: list[tuple[Script, list[str], list[str | int]]] = [
-                (lanes.scripts.release, [*keys.lane_keys(lane), waiting], [lane, now, "deferred"])
+            calls = [
+                ScriptCall(
+                    lanes.scripts.release, [*keys.lane_keys(lane), waiting], [lane, now, "deferred"]
+                )
                 for lane in parked
             ]
-            repairs += self._repairs(parked, lanes._run(calls), "resumed")
+            repairs += self._repairs(parked, run_scripts(lanes.client, calls), "resumed")
         return repairs
 
     def _repairs(self, lanes: list[str], replies: list[Any], reason: Reason) -> list[Repair]:

@@ -4,8 +4,9 @@ Every lane and gate state transition is one ``.lua`` file in :mod:`workers.fleet
 each file states its KEYS, ARGV and guarantees), so a transition is atomic on the server and
 reviewable on its own. They are read with :mod:`importlib.resources` (so they ship in the
 wheel) and registered with ``redis.Redis.register_script``: calls go out as ``EVALSHA`` and
-reload the script by themselves after a Redis restart or ``SCRIPT FLUSH`` (pipelines check
-``SCRIPT EXISTS`` before they run). Registering never talks to Redis.
+reload the script by themselves after a Redis restart or ``SCRIPT FLUSH``; several calls go in
+one round trip through :func:`run_scripts`, which reloads on NOSCRIPT the same way.
+Registering never talks to Redis.
 
 :func:`redis_errors` is the one place a lost Redis connection becomes
 :class:`~workers.fleet.errors.RedisUnavailable` (with the password hidden).
@@ -133,13 +134,17 @@ class ScriptCall:
     args: Sequence[str | int | float]
 
 
-def run_scripts(client: redis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
+def run_scripts(
+    client: redis.Redis, calls: Sequence[ScriptCall], *, isolated: bool = False
+) -> list[Any]:
     """Run ``calls`` in ONE round trip; their replies in order.
 
     Sent as plain ``EVALSHA`` commands in one pipeline: redis-py's own pipelining of scripts
     first asks ``SCRIPT EXISTS`` (a second round trip every time). A call answered NOSCRIPT
     (Redis restarted, or ``SCRIPT FLUSH``) did nothing, so its script is loaded and that call
-    alone runs again. Any other error raises (after the whole batch ran).
+    alone runs again. Any other error raises (after the whole batch ran), unless ``isolated``:
+    then a call that failed in Redis (a key of the wrong type...) comes back as its exception
+    in its place instead of failing the others (the reaper's repairs).
     """
     if not calls:
         return []
@@ -152,9 +157,10 @@ def run_scripts(client: redis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
             again = _evalsha_batch(client, [calls[i] for i in missing])
             for i, reply in zip(missing, again, strict=True):
                 replies[i] = reply
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
+        if not isolated:
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
         return replies
 
 
