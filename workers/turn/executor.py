@@ -64,6 +64,7 @@ from workers.persona.inbox import render_inbox
 from workers.persona.loop import Budget, RunResult, run_loop
 from workers.persona.mcp_hub import McpHub
 from workers.persona.messages import Message
+from workers.persona.models import Model
 from workers.persona.models.spec import resolve_model
 from workers.persona.session import Pointer
 from workers.persona.session_files import SessionFiles
@@ -157,7 +158,8 @@ class TurnExecutor:
         prepared = self._prepare(lane, turn_id, started, began, name=name, kind=kind)
         if isinstance(prepared, TurnReport):
             return prepared
-        persona, spec = prepared
+        persona, resolved = prepared
+        spec = resolved.spec
         try:
             agent = self.kit.agent(persona, role, spec)
             tools = agent.toolset(
@@ -168,7 +170,7 @@ class TurnExecutor:
                 # write is answered as before instead of applying it twice.
                 write_scope=work_id(lane, started.commits),
             )
-            model = self.kit.model(agent, kind, f"{lane}:{turn_id}:{started.fence}", persona)
+            model = self.kit.model(resolved, kind, f"{lane}:{turn_id}:{started.fence}", persona)
         except TurnAborted:
             raise
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
@@ -287,20 +289,21 @@ class TurnExecutor:
 
     def _prepare(
         self, lane: str, turn_id: str, started: StartOutcome, began: float, *, name: str, kind: str
-    ) -> tuple[AgentDef, str] | TurnReport:
-        """The persona and the model spec this turn pays for; or how the turn ended without
+    ) -> tuple[AgentDef, Model] | TurnReport:
+        """The persona and the model this turn pays for; or how the turn ended without
         a model call (a persona that cannot be read fails; one over budget, or a dream with
         nothing new, is refused by the spend guard)."""
         try:
             persona = from_dir(self.fleet.registry.home(name))
             # Resolved here so the logs name the model really called ("inherit" names none).
-            spec = resolve_model(
+            resolved = resolve_model(
                 kind_model(persona, kind, self.settings), self.settings.model, base_dir=persona.home
-            ).spec
+            )
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
             self.endings.started(started, kind, None)
             error = f"{type(exc).__name__}: {exc}"
             return self.endings.fail(lane, turn_id, started, error, began, cause=exc)
+        spec = resolved.spec
         self.endings.started(started, kind, spec)
         last_pass = None if started.last_pass_ms is None else started.last_pass_ms / 1000
         refusal = self.guard.check(persona, kind, last_pass=last_pass)
@@ -308,7 +311,7 @@ class TurnExecutor:
             return self.endings.refuse(
                 lane, turn_id, started, refusal, began, kind=kind, model=spec
             )
-        return persona, spec
+        return persona, resolved
 
     def _commit(
         self,

@@ -20,7 +20,8 @@ from workers.persona.dreamer import dreamer
 from workers.persona.loop import RunResult
 from workers.persona.mcp_hub import McpHub
 from workers.persona.memory import memory_tool
-from workers.persona.models.spec import provider_of, resolve_model
+from workers.persona.models import Model
+from workers.persona.models.spec import provider_of
 from workers.persona.toolbox import ToolLimits, build_declared
 from workers.persona.tools import Tool
 from workers.persona.transcripts import FileTranscripts
@@ -74,8 +75,8 @@ class TurnKit:
         box.warn_unavailable(agent.name)
         return box.tools
 
-    def model(self, agent: AgentDef, kind: str, call_prefix: str, persona: AgentDef) -> GatedModel:
-        resolved = resolve_model(agent.model, self.settings.model, base_dir=agent.home)
+    def model(self, resolved: Model, kind: str, call_prefix: str, persona: AgentDef) -> GatedModel:
+        """``resolved`` (the turn start resolved it once), metered and behind the gate."""
         provider = provider_of(resolved)
         # Every answered call is counted as it returns: a turn that later fails or dies was
         # still billed for it (workers/fleet/usage.py).
