@@ -67,7 +67,7 @@ from workers.publisher import CeleryPublisher
 from workers.queues import KINDS, queue_name
 from workers.settings import Settings
 
-__all__ = ["BenchError", "Result", "bench_noop", "bench_turns", "main"]
+__all__ = ["BenchError", "Result", "bench_noop", "bench_turns", "main", "warm_lanes"]
 
 _POLL = 0.005
 
@@ -312,6 +312,32 @@ def bench_turns(
         p50_ms=p50,
         cpu_ms=_per_op(cpu_first, cpu_end, total - ended_first),
     )
+
+
+def warm_lanes(
+    worker_name: str, env: Mapping[str, str], logs: Path, names: Sequence[str], *, seconds: float
+) -> None:
+    """One turn for each of ``names`` on a worker of its own, stopped once all have ended: the
+    lanes' directories, sessions and transcript files then exist, as in a running fleet, and
+    the turn measured next continues a session (``--warm-lanes``)."""
+    settings = Settings.from_env(env)
+    publisher = CeleryPublisher(settings)
+    fleet = Fleet(settings, publisher=publisher)
+    try:
+        for name in names:
+            fleet.post(name, "warm", sender="bench", channel="bench", wake=True)
+    finally:
+        fleet.client.close()
+        publisher.app.close()
+    with _worker(worker_name, "workers", env, logs, wait=False) as worker:
+        deadline = time.monotonic() + 60 + seconds
+        ended = 0
+        while ended < len(names):
+            fresh = worker.events()
+            ended += sum(1 for event in fresh if event.get("event") == "turn.end")
+            if not fresh:
+                worker.check(deadline, f"warming {len(names)} lanes ({ended} done)")
+                time.sleep(_POLL)
 
 
 def _spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
@@ -574,6 +600,12 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         help="SOULFLEET_WORKER_CONCURRENCY (default: unset)",
     )
     add("--seconds", type=float, default=120.0, help="give up on a phase after this (default 120)")
+    add(
+        "--warm-lanes",
+        action="store_true",
+        help="measure each persona's SECOND turn (a continuing session, as in a running fleet): "
+        "an unmeasured worker runs a first turn on every lane before the measured one",
+    )
     add("--keep", action="store_true", help="keep the scratch directory (worker logs, personas)")
     add("--profile", type=float, default=0.0,
         help="py-spy the scripted-model worker for this many seconds (first repeat)")  # fmt: skip
@@ -626,9 +658,13 @@ def _repeat(run: _Run, args: argparse.Namespace, settings: Settings, n: int) -> 
 
     root = run.scratch / f"scripted{n}"
     names = _write_personas(root, args.turns, scripted=True)
+    env = run.env(f"fast{n}", root)
+    if args.warm_lanes:
+        _say(f"[{n}] fleet, warming {args.turns} lanes (one unmeasured turn each) ...")
+        warm_lanes(f"fast{n}-warm", env, run.logs, names, seconds=args.seconds)
     _say(f"[{n}] fleet, {args.turns} turns, scripted model 0 ms ...")
-    fast = bench_turns("fleet turn, scripted model 0 ms", f"fast{n}", run.env(f"fast{n}", root),
-                       run.logs, names, warmup=warmup, seconds=args.seconds,
+    fast = bench_turns("fleet turn, scripted model 0 ms", f"fast{n}", env, run.logs, names,
+                       warmup=warmup, seconds=args.seconds,
                        profile=args.profile if n == 0 else 0.0)  # fmt: skip
 
     turns = args.slow_turns or 6 * settings.worker_concurrency
@@ -641,11 +677,15 @@ def _repeat(run: _Run, args: argparse.Namespace, settings: Settings, n: int) -> 
             root,
             {"SOULFLEET_MODEL": "openai:fake", "OPENAI_BASE_URL": provider.base_url},
         )
+        if args.warm_lanes:
+            _say(f"[{n}] fleet, warming {turns} lanes (one unmeasured turn each) ...")
+            warm_lanes(f"slow{n}-warm", env, run.logs, names, seconds=args.seconds)
+        opened = provider.connections_opened  # the measured worker's connections only
         slow = bench_turns(f"fleet turn, HTTP model {args.latency:g} s", f"slow{n}", env,
                            run.logs, names, warmup=turns // 10, seconds=args.seconds)  # fmt: skip
         gate = Settings.from_env(env).max_concurrent_model_calls
         slots = min(settings.worker_concurrency, gate) if gate else settings.worker_concurrency
-        return _Repeat(noop, fast, slow, slots / args.latency, provider.connections_opened,
+        return _Repeat(noop, fast, slow, slots / args.latency, provider.connections_opened - opened,
                        provider.max_in_flight, args.latency)  # fmt: skip
 
 
@@ -718,7 +758,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{sys.version.split()[0]}, {os.cpu_count()} cores; pool {settings.worker_pool}, "
         f"concurrency {settings.worker_concurrency}, prefetch 1, acks_late, turn gate "
         f"{settings.max_concurrent_model_calls}; {args.turns} messages queued before each "
-        f"worker starts; {args.repeat} repeats"
+        f"worker starts; {args.repeat} repeats; measured turns: "
+        + ("each persona's second (--warm-lanes)" if args.warm_lanes else "each persona's first")
     )
     print(_table(repeats, setup))
     print(trips)
