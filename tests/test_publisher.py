@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,27 @@ def test_many_turns_are_published_in_order_on_their_queues(
         expected = [(TURN_TASK, [lane, turn]) for lane, turn, k in turns if k == kind]
         assert _queued(redis_client, settings, kind) == expected
     assert _queued(redis_client, settings, "interactive") == [(TURN_TASK, ["solo", "t-solo"])]
+
+
+def test_every_pool_thread_can_publish_at_once(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """200 threads (a worker's default pool) publish a follow-up each at the same moment: all
+    land, none is refused for want of a broker connection (redis-py's default pool stops at
+    100 and raised "Too many connections" as RedisUnavailable)."""
+    settings = _settings(redis_url, key_prefix, tmp_path)
+    publisher = CeleryPublisher(settings)
+    publisher.publish("warm", "t-warm", "interactive")  # the app and its raw client, built once
+    barrier = threading.Barrier(200)
+
+    def publish(index: int) -> None:
+        barrier.wait(timeout=30)
+        publisher.publish(f"lane{index}", f"turn{index}", "interactive")
+
+    try:
+        with ThreadPoolExecutor(200) as pool:
+            errors = [f.exception() for f in [pool.submit(publish, i) for i in range(200)]]
+    finally:
+        publisher.close()
+    assert errors == [None] * 200
+    assert len(_queued(redis_client, settings, "interactive")) == 201

@@ -24,6 +24,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from workers.app import make_app
 from workers.fleet import Fleet
 from workers.fleet.errors import RedisUnavailable
+from workers.fleet.host import sized_client
 from workers.persona.clock import Clock
 from workers.queues import TURN_TASK, queue_name
 from workers.settings import Settings
@@ -111,7 +112,8 @@ class CeleryPublisher:
         with self._lock:
             if self._messages is None or self._broker is None:
                 self._messages = TurnMessages(app, self._prefix)
-                self._broker = redis.Redis.from_url(self._settings.broker_url)
+                # Every pool thread may publish a follow-up at once: sized like the fleet's.
+                self._broker = sized_client(self._settings.broker_url, self._settings)
             messages, broker = self._messages, self._broker
         try:
             for kind in {kind for _, _, kind in turns} - self._declared:

@@ -44,7 +44,15 @@ from workers.persona.manifest import load_manifest
 from workers.persona.session_files import SessionFiles
 from workers.settings import Settings, redact_url
 
-__all__ = ["Fleet", "Publisher", "RunReply"]
+__all__ = [
+    "CONNECTION_WAIT",
+    "SPARE_CONNECTIONS",
+    "Fleet",
+    "Publisher",
+    "RunReply",
+    "fleet_client",
+    "sized_client",
+]
 
 
 class Publisher(Protocol):
@@ -73,6 +81,46 @@ class RunReply:
     reason: str | None = None
 
 
+#: Redis connections a process keeps beyond one per pool thread: the lease renewer, the
+#: claimer, beat's passes, a CLI command.
+SPARE_CONNECTIONS = 16
+#: Seconds a thread waits for a free connection before its call fails as Redis unavailable.
+CONNECTION_WAIT = 30.0
+
+
+def fleet_client(settings: Settings) -> redis.Redis:
+    """The process's coordination client (``REDIS_URL``): see :func:`sized_client`."""
+    return sized_client(
+        settings.redis_url,
+        settings,
+        decode_responses=True,
+        socket_connect_timeout=5,
+        socket_timeout=30,
+        health_check_interval=30,
+    )
+
+
+def sized_client(url: str, settings: Settings, **options: Any) -> redis.Redis:
+    """A client for ``url`` with one connection per pool thread, where a caller waits for one.
+
+    Why sized and blocking: redis-py's own pool holds at most 100 connections (since redis-py
+    8; unbounded before) and raises "Too many connections" past them, and a worker's pool
+    threads (200 by default) that finish their model calls together all need one at once: turns
+    failed with RedisUnavailable on a healthy Redis. Connections are opened on demand, so the
+    size costs nothing until used; a thread that still finds none (a ``-c`` above the settings)
+    waits for one to come back instead of failing its turn.
+    """
+    pool = redis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=settings.worker_concurrency + SPARE_CONNECTIONS,
+        timeout=CONNECTION_WAIT,
+        **options,
+    )
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # close() disconnects the pool, as from_url's does
+    return client
+
+
 class Fleet:
     """One fleet: a Redis, a personas root, a broker. Thread-safe; share one per process."""
 
@@ -88,13 +136,7 @@ class Fleet:
         """``server_clock``: take wall time from Redis (:class:`ServerClock`), as beat does;
         else ``clock`` (default the host's)."""
         self.settings = settings
-        self.client: redis.Redis = client or redis.Redis.from_url(
-            settings.redis_url,
-            decode_responses=True,
-            socket_connect_timeout=5,
-            socket_timeout=30,
-            health_check_interval=30,
-        )
+        self.client: redis.Redis = client or fleet_client(settings)
         self.clock: Clock = ServerClock(self.client) if server_clock else clock or SystemClock()
         self.keys = Keys(settings.key_prefix)
         self.registry = PersonaRegistry(settings.personas)
