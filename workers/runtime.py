@@ -108,6 +108,5 @@ def stop_worker_services() -> None:
     with _Holder.lock:
         current = _Holder.executor
     if current is not None:
-        current.claims.close()
         current.renewer.stop()
         current.tool_hub.close()

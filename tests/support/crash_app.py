@@ -3,8 +3,7 @@ named by ``CRASH_BEFORE_START_LANE`` and before the turn starts.
 
 ``celery -A tests.support.crash_app worker`` receives the message exactly as production does
 (the broker has handed it over, Celery's ``task_received`` has fired), then dies in
-``task_prerun`` once its receive claim is in Redis, before
-:meth:`workers.turn.TurnExecutor.execute` runs ``start``. That is the
+``task_prerun``, before :meth:`workers.turn.TurnExecutor.execute` runs ``start``. That is the
 window issue 10 names: the broker only redelivers after its visibility timeout.
 """
 
@@ -16,7 +15,6 @@ from typing import Any
 
 from celery.signals import task_prerun
 
-from workers import runtime
 from workers.celery import app
 
 __all__ = ["app"]
@@ -27,8 +25,4 @@ _LANE = os.environ.get("CRASH_BEFORE_START_LANE", "")
 @task_prerun.connect
 def _die_before_start(args: Any = None, **_: Any) -> None:
     if _LANE and args and str(args[0]) == _LANE:
-        # Once the claim is in Redis: the claimer thread sends it about a round trip after
-        # receipt, and a death inside that round trip is left to the slow reap path
-        # (workers/turn/claims.py).
-        runtime.executor().claims.flush()
         os.kill(os.getpid(), signal.SIGKILL)

@@ -192,22 +192,10 @@ class Lanes(LaneReports, LaneRepairs):
     def receive(self, lane: str, turn_id: str, worker: str, *, ttl: float) -> bool:
         """Claim the lane's queued turn for ``worker`` on message receipt (``receive.lua``);
         False for a duplicate or stale message. The claim lives ``ttl`` unless renewed."""
-        return self.receive_many([(lane, turn_id)], worker, ttl=ttl)[0]
-
-    def receive_many(
-        self, turns: Sequence[tuple[str, str]], worker: str, *, ttl: float
-    ) -> list[bool]:
-        """:meth:`receive` for each ``(lane, turn id)``, in one round trip."""
-        now, ttl_ms = self._now_ms(), self._ms(ttl)
-        calls = [
-            ScriptCall(
-                self.scripts.receive,
-                [self.keys.lane(lane), self.keys.claim(lane), self.keys.claimed],
-                [lane, turn_id, worker, now, ttl_ms],
-            )
-            for lane, turn_id in turns
-        ]
-        return [bool(reply) for reply in run_scripts(self.client, calls)]
+        keys = [self.keys.lane(lane), self.keys.claim(lane), self.keys.claimed]
+        args: list[str | int] = [lane, turn_id, worker, self._now_ms(), self._ms(ttl)]
+        with redis_errors(self.client):
+            return bool(self.scripts.receive(keys=keys, args=args))
 
     def renew_claims(self, lanes: Sequence[str], *, ttl: float) -> list[bool]:
         """Extend the receive claims of ``lanes`` (one round trip); False = already gone."""

@@ -115,9 +115,9 @@ class TurnExecutor:
         """The process's MCP hub (closed at worker shutdown)."""
         return self.kit.tool_hub
 
-    def receive(self, lane: str, turn_id: str) -> None:
-        """Claim the lane on message receipt (:meth:`Claims.receive`); never blocks or raises."""
-        self.claims.receive(lane, turn_id)
+    def receive(self, lane: str, turn_id: str) -> bool:
+        """Claim the lane on message receipt (:meth:`Claims.receive`); never raises."""
+        return self.claims.receive(lane, turn_id)
 
     def execute(self, lane: str, turn_id: str, *, task_id: str | None = None) -> TurnReport:
         bind_task(task_id=task_id, lane=lane, turn_id=turn_id)
