@@ -60,6 +60,30 @@ def test_broker_pools_cover_the_concurrency() -> None:
     assert conf.broker_pool_limit > 700
 
 
+def test_a_command_line_concurrency_sizes_the_workers_redis_clients() -> None:
+    """`-c 500` on the command line (above the settings' 200): the worker's coordination
+    client holds a connection for each of its 500 threads, not the settings' 216."""
+    from celery.concurrency.thread import TaskPool  # noqa: PLC0415
+
+    from workers import celery as worker_app  # noqa: PLC0415
+    from workers import runtime  # noqa: PLC0415
+    from workers.fleet.host import SPARE_CONNECTIONS  # noqa: PLC0415
+
+    options = {"concurrency": 500, "pool_cls": TaskPool}  # what `-P threads -c 500` passes
+    try:
+        worker_app._celeryd_init(conf=None, options=options)
+        client = runtime.executor().fleet.client
+        assert client.connection_pool.max_connections == 500 + SPARE_CONNECTIONS
+    finally:
+        runtime.stop_worker_services()
+        runtime.configure(worker_app.settings, worker_app.app)
+    assert runtime.executor().fleet.client.connection_pool.max_connections == (
+        worker_app.settings.worker_concurrency + SPARE_CONNECTIONS
+    )
+    runtime.stop_worker_services()
+    runtime.reset_runtime()
+
+
 @pytest.mark.integration
 def test_a_worker_above_its_pools_limit_is_refused_at_start(tmp_path: Path) -> None:
     """`celery -A workers worker -P threads -c 1001` (the command line overriding the

@@ -8,6 +8,7 @@ this app and these settings passed in rather than importing them back.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -79,8 +80,15 @@ def _celeryd_init(conf: Any = None, options: Any = None, **_: Any) -> None:
         # Celery logs and swallows an Exception raised by a signal handler; SystemExit stops it.
         _log.error("worker.refused", pool=pool, concurrency=concurrency, reason=refused)
         raise SystemExit(f"soulfleet worker refused to start: {refused}")
+    threads = effective_concurrency(pool, concurrency)
+    if threads != settings.worker_concurrency or pool != settings.worker_pool:
+        # The worker's own Redis clients are sized from the runtime's settings (one connection
+        # per pool thread): give it the pool this worker really runs, not the environment's.
+        runtime.configure(
+            dataclasses.replace(settings, worker_pool=pool, worker_concurrency=threads), app
+        )
     if conf is not None:
-        pools = broker_pools(settings.broker_url, effective_concurrency(pool, concurrency))
+        pools = broker_pools(settings.broker_url, threads)
         conf.broker_pool_limit = pools["broker_pool_limit"]
         if "max_connections" in pools:
             conf.broker_transport_options = {
