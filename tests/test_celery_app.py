@@ -67,7 +67,7 @@ def test_a_command_line_concurrency_sizes_the_workers_redis_clients() -> None:
 
     from workers import celery as worker_app  # noqa: PLC0415
     from workers import runtime  # noqa: PLC0415
-    from workers.fleet.host import SPARE_CONNECTIONS  # noqa: PLC0415
+    from workers.pools import SPARE_CONNECTIONS  # noqa: PLC0415
 
     options = {"concurrency": 500, "pool_cls": TaskPool}  # what `-P threads -c 500` passes
     try:

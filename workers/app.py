@@ -32,13 +32,11 @@ from typing import Any
 from celery import Celery
 
 from workers import broker
+from workers.pools import connections_for
 from workers.queues import declare_queues, queue_name
 from workers.settings import Settings
 
 __all__ = ["broker_pools", "make_app"]
-
-#: Broker connections beyond one per pool slot: the consumer's own, the lease renewer, a beat.
-_SPARE_CONNECTIONS = 16
 
 
 def _is_redis(url: str) -> bool:
@@ -53,7 +51,7 @@ def broker_pools(broker_url: str, concurrency: int) -> dict[str, Any]:
     cover them, or kombu raises ``MaxConnectionsError`` mid-ack and the turn's lane stays
     ``running`` until the reaper finds it. Connections are opened on demand, not up front.
     """
-    size = concurrency + _SPARE_CONNECTIONS
+    size = connections_for(concurrency)
     pools: dict[str, Any] = {"broker_pool_limit": size}
     if _is_redis(broker_url):
         pools["max_connections"] = size

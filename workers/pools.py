@@ -15,10 +15,27 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["IO_POOL_MAX", "POOLS", "effective_concurrency", "pool_limit", "refusal"]
+__all__ = [
+    "IO_POOL_MAX",
+    "POOLS",
+    "SPARE_CONNECTIONS",
+    "connections_for",
+    "effective_concurrency",
+    "pool_limit",
+    "refusal",
+]
 
 POOLS = ("threads", "gevent", "prefork", "solo")
 IO_POOL_MAX = 1000
+#: Redis connections a process keeps beyond one per pool slot: the consumer's own, the lease
+#: renewer, a beat or CLI command in the same process.
+SPARE_CONNECTIONS = 16
+
+
+def connections_for(concurrency: int) -> int:
+    """How many Redis connections a pool of ``concurrency`` slots may hold at once: every slot
+    may ack, publish or run a script at the same moment (the broker's and the fleet's pools)."""
+    return concurrency + SPARE_CONNECTIONS
 
 
 def pool_limit(pool: str, cpu_count: int | None = None) -> int:

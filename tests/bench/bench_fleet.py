@@ -265,40 +265,33 @@ def bench_turns(
     With ``profile`` seconds, py-spy samples the worker (GIL holder only: CPU, not waits) once
     it is past the warm-up, and the top functions are printed (py-spy must be on PATH)."""
     settings = Settings.from_env(env)
-    publisher = CeleryPublisher(settings)
-    fleet = Fleet(settings, publisher=publisher)
     total = len(names)
-    try:
-        for name in names:
-            fleet.post(name, "bench", sender="bench", channel="bench", wake=True)
-        with _worker(worker_name, "workers", env, logs, wait=False) as worker:
-            deadline = time.monotonic() + 60 + seconds
-            ends: list[dict[str, Any]] = []
-            cpu_first: float | None = None
-            spy: subprocess.Popen[bytes] | None = None
-            while len(ends) < total:
-                fresh = worker.events()
-                for event in fresh:
-                    if event.get("event") != "turn.end":
-                        continue
-                    if event.get("status") != "done" or event.get("items") != 1:
-                        raise worker.error(f"turn did not end as benchmarked: {event}")
-                    ends.append(event)
-                if cpu_first is None and len(ends) >= warmup:
-                    cpu_first, ended_first = worker.cpu_seconds(), len(ends)
-                    if profile > 0:
-                        spy = _spy(worker.popen.pid, profile, logs / f"{worker_name}.spy")
-                if not fresh:
-                    worker.check(deadline, f"{total} turns ({len(ends)} done)")
-                    time.sleep(_POLL)
-            cpu_end = worker.cpu_seconds()
-            if profile > 0 and spy is not None:
-                spy.wait(timeout=profile + 30)
-                _say(f"{label}: top functions (py-spy --gil, inclusive share of samples):\n"
-                     + _top(logs / f"{worker_name}.spy"))  # fmt: skip
-    finally:
-        fleet.client.close()
-        publisher.app.close()
+    _post_each(env, names, "bench")
+    with _worker(worker_name, "workers", env, logs, wait=False) as worker:
+        deadline = time.monotonic() + 60 + seconds
+        ends: list[dict[str, Any]] = []
+        cpu_first: float | None = None
+        spy: subprocess.Popen[bytes] | None = None
+        while len(ends) < total:
+            fresh = worker.events()
+            for event in fresh:
+                if event.get("event") != "turn.end":
+                    continue
+                if event.get("status") != "done" or event.get("items") != 1:
+                    raise worker.error(f"turn did not end as benchmarked: {event}")
+                ends.append(event)
+            if cpu_first is None and len(ends) >= warmup:
+                cpu_first, ended_first = worker.cpu_seconds(), len(ends)
+                if profile > 0:
+                    spy = _spy(worker.popen.pid, profile, logs / f"{worker_name}.spy")
+            if not fresh:
+                worker.check(deadline, f"{total} turns ({len(ends)} done)")
+                time.sleep(_POLL)
+        cpu_end = worker.cpu_seconds()
+        if profile > 0 and spy is not None:
+            spy.wait(timeout=profile + 30)
+            _say(f"{label}: top functions (py-spy --gil, inclusive share of samples):\n"
+                 + _top(logs / f"{worker_name}.spy"))  # fmt: skip
     at = sorted(float(e["at"]) for e in ends)
     if at[-1] <= at[warmup]:
         raise BenchError(f"{label}: every turn ended at once: raise --turns")
@@ -320,15 +313,7 @@ def warm_lanes(
     """One turn for each of ``names`` on a worker of its own, stopped once all have ended: the
     lanes' directories, sessions and transcript files then exist, as in a running fleet, and
     the turn measured next continues a session (``--warm-lanes``)."""
-    settings = Settings.from_env(env)
-    publisher = CeleryPublisher(settings)
-    fleet = Fleet(settings, publisher=publisher)
-    try:
-        for name in names:
-            fleet.post(name, "warm", sender="bench", channel="bench", wake=True)
-    finally:
-        fleet.client.close()
-        publisher.app.close()
+    _post_each(env, names, "warm")
     with _worker(worker_name, "workers", env, logs, wait=False) as worker:
         deadline = time.monotonic() + 60 + seconds
         ended = 0
@@ -338,6 +323,19 @@ def warm_lanes(
             if not fresh:
                 worker.check(deadline, f"warming {len(names)} lanes ({ended} done)")
                 time.sleep(_POLL)
+
+
+def _post_each(env: Mapping[str, str], names: Sequence[str], text: str) -> None:
+    """Post ``text`` to each of ``names`` (one turn message each), before a worker starts."""
+    settings = Settings.from_env(env)
+    publisher = CeleryPublisher(settings)
+    fleet = Fleet(settings, publisher=publisher)
+    try:
+        for name in names:
+            fleet.post(name, text, sender="bench", channel="bench", wake=True)
+    finally:
+        fleet.client.close()
+        publisher.app.close()
 
 
 def _spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:

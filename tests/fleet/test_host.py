@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
-from workers.fleet.host import SPARE_CONNECTIONS, fleet_client
+from workers.fleet.host import fleet_client
+from workers.pools import SPARE_CONNECTIONS
 from workers.settings import Settings
 
 

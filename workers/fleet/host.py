@@ -42,11 +42,11 @@ from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
 from workers.persona.manifest import load_manifest
 from workers.persona.session_files import SessionFiles
+from workers.pools import connections_for
 from workers.settings import Settings, redact_url
 
 __all__ = [
     "CONNECTION_WAIT",
-    "SPARE_CONNECTIONS",
     "Fleet",
     "Publisher",
     "RunReply",
@@ -81,9 +81,6 @@ class RunReply:
     reason: str | None = None
 
 
-#: Redis connections a process keeps beyond one per pool thread: the lease renewer, the
-#: claimer, beat's passes, a CLI command.
-SPARE_CONNECTIONS = 16
 #: Seconds a thread waits for a free connection before its call fails as Redis unavailable.
 CONNECTION_WAIT = 30.0
 
@@ -107,12 +104,12 @@ def sized_client(url: str, settings: Settings, **options: Any) -> redis.Redis:
     8; unbounded before) and raises "Too many connections" past them, and a worker's pool
     threads (200 by default) that finish their model calls together all need one at once: turns
     failed with RedisUnavailable on a healthy Redis. Connections are opened on demand, so the
-    size costs nothing until used; a thread that still finds none (a ``-c`` above the settings)
-    waits for one to come back instead of failing its turn.
+    size costs nothing until used; a caller that still finds none (every connection busy in a
+    slow Redis) waits for one to come back instead of failing its turn.
     """
     pool = redis.BlockingConnectionPool.from_url(
         url,
-        max_connections=settings.worker_concurrency + SPARE_CONNECTIONS,
+        max_connections=connections_for(settings.worker_concurrency),
         timeout=CONNECTION_WAIT,
         **options,
     )
