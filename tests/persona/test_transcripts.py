@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from workers.persona import transcripts
+from workers.persona import transcript_listings
 from workers.persona.clock import VirtualClock
 from workers.persona.errors import PersonaFileError, PersonaNotFound
 from workers.persona.messages import Message, ToolCall
@@ -276,8 +276,8 @@ def test_a_lane_listed_again_before_the_unlink_leaves_the_pruned_file_out(
 ) -> None:
     """Between the prune and its unlink the file is still on disk; a listing taken then (the
     directory changed behind our back) must not count or return it."""
-    held = _HeldReaper("test-held", on_done=transcripts._reaped)
-    monkeypatch.setattr(transcripts, "_REAPER", held)
+    held = _HeldReaper("test-held", on_done=transcript_listings.reaped)
+    monkeypatch.setattr(transcript_listings, "REAPER", held)
     clock = VirtualClock(T0)
     store = FileTranscripts(tmp_path, max_conversations=2, clock=clock)
     for n in range(3):

@@ -6,11 +6,12 @@ Why it looks like this:
   frozen snapshot, so the description tells the model its writes load next session.
 * **Misuse is a result, never an exception.** The model reads every error message and must be able
   to act on it, so each names what was wrong and what to send instead; nothing is written.
-* **Bytes in, bytes out.** Edits work on the file's bytes, so bytes the tool did not touch
-  (including invalid UTF-8 a person left there) survive exactly. ``replace``/``remove`` act on the
-  FIRST occurrence; an ``add`` is exactly one ``- text`` line, so newlines in its text are
-  collapsed to single spaces (and the result says so). A ``remove`` that leaves its line empty or
-  a bare ``-`` drops that line too, so removed entries leave no husks behind.
+* **Bytes in, bytes out.** Edits work on the file's bytes (:mod:`workers.persona.memory_edit`),
+  so bytes the tool did not touch (including invalid UTF-8 a person left there) survive exactly.
+  ``replace``/``remove`` act on the FIRST occurrence; an ``add`` is exactly one ``- text`` line,
+  so newlines in its text are collapsed to single spaces (and the result says so). A ``remove``
+  that leaves its line empty or a bare ``-`` drops that line too, so removed entries leave no
+  husks behind.
 * **Bounded.** One entry (``text`` of an add, ``with`` of a replace) is at most
   :data:`MAX_ENTRY_BYTES`; no edit may grow a file past :data:`MAX_FILE_BYTES`, the bootstrap cap,
   so what the tool writes is always what the next soul shows. A file a person grew past that cap
@@ -56,6 +57,7 @@ from workers.persona.files import (
 from workers.persona.home import MAX_FILE_BYTES, persona_home
 from workers.persona.ledger import WriteLedger, write_key
 from workers.persona.locks import DEFAULT_LOCK_TIMEOUT, LockMode, path_lock
+from workers.persona.memory_edit import edit, not_found
 from workers.persona.memory_paths import TargetCache
 from workers.persona.memory_spec import (
     NOTES_DIR,
@@ -72,8 +74,6 @@ __all__ = ["MAX_ENTRY_BYTES", "MemoryTool", "memory_tool", "valid_note_slug"]
 
 #: The most bytes one entry (an add's ``text``, a replace's ``with``) may hold.
 MAX_ENTRY_BYTES = 16 * 1024
-_NEXT = "It loads into your system prompt at the start of your next session."
-_NOTE_SAVED = "Notes are never loaded automatically: read it when you need it."
 _log = structlog.get_logger("soulfleet.memory")
 
 
@@ -175,7 +175,7 @@ class MemoryTool:
             self.path, request, self.lock_mode, ledger=self.write_scope is not None
         )
         if target is None:
-            return ToolResult(_not_found(request), is_error=True)
+            return ToolResult(not_found(request), is_error=True)
         data_path = target.data
         parts = (request.action, request.target, request.text, request.with_ or "")
         what = "\x00".join(parts)
@@ -194,7 +194,7 @@ class MemoryTool:
                               target=request.target, scope=self.write_scope)  # fmt: skip
                     return ToolResult(before)
             current = read_prefix(data_path, MAX_FILE_BYTES)
-            outcome = _edit(request, current)
+            outcome = edit(request, current)
             if isinstance(outcome, str):
                 return ToolResult(outcome, is_error=True)
             new, message = outcome
@@ -225,59 +225,6 @@ class MemoryTool:
             bytes=len(new),
         )
         return ToolResult(message)
-
-
-def _edit(request: MemoryRequest, current: bytes | None) -> tuple[bytes, str] | str:
-    """The new file bytes and the success message, or an error message (nothing to write)."""
-    label = target_label(request.target)
-    after = _NOTE_SAVED if request.target.startswith("note:") else _NEXT
-    data = current or b""
-    if len(data) > MAX_FILE_BYTES:
-        return (
-            f"{label} is larger than {MAX_FILE_BYTES} bytes, the most the memory tool edits "
-            "(and the most a session loads). It cannot be changed with this tool until a person "
-            "trims it. Nothing was changed."
-        )
-    needle = request.text.encode("utf-8")
-    if request.action == "add":
-        separator = b"\n" if data and not data.endswith(b"\n") else b""
-        new = data + separator + b"- " + needle + b"\n"
-        note = " (newlines in text were collapsed to spaces)" if request.collapsed else ""
-        message = f"Added an entry to {label}{note}. {after}"
-    else:
-        at = data.find(needle)
-        if at < 0:
-            return _not_found(request)
-        if request.action == "replace":
-            new = data[:at] + request.with_.encode("utf-8") + data[at + len(needle) :]
-            message = f"Replaced the first occurrence in {label}. {after}"
-        else:
-            new = _drop_husk(data[:at] + data[at + len(needle) :], at)
-            message = f"Removed the first occurrence from {label}. {after}"
-    if len(new) > MAX_FILE_BYTES:
-        return (
-            f"this {request.action} would make {label} {len(new)} bytes, over the "
-            f"{MAX_FILE_BYTES}-byte limit. Nothing was changed. Remove or shorten entries first."
-        )
-    return new, message
-
-
-def _not_found(request: MemoryRequest) -> str:
-    return (
-        f"text not found in {target_label(request.target)}: {request.text!r}. Nothing was "
-        "changed. Copy the text exactly as it appears in the file (same spelling, spacing, "
-        "case)."
-    )
-
-
-def _drop_husk(data: bytes, at: int) -> bytes:
-    """Drop the line containing offset ``at`` if a removal left it empty or a bare bullet."""
-    start = data.rfind(b"\n", 0, at) + 1
-    end = data.find(b"\n", at)
-    line = data[start : len(data) if end < 0 else end]
-    if line.strip() not in (b"", b"-"):
-        return data
-    return data[:start] + (b"" if end < 0 else data[end + 1 :])
 
 
 def _timeout_message(request: MemoryRequest, error: LockTimeout) -> str:

@@ -1,0 +1,71 @@
+"""What each write action of the ``memory`` tool does to a file's bytes, and what it answers.
+
+Pure functions over bytes (no files, no locks): :mod:`workers.persona.memory` reads the file
+under its lock, calls :func:`edit` and writes what it returns. Bytes the action does not touch
+(including invalid UTF-8 a person left there) survive exactly; ``replace``/``remove`` act on
+the FIRST occurrence; a ``remove`` that leaves its line empty or a bare ``-`` drops that line
+too; no edit may grow a file past :data:`~workers.persona.home.MAX_FILE_BYTES`.
+"""
+
+from __future__ import annotations
+
+from workers.persona.home import MAX_FILE_BYTES
+from workers.persona.memory_spec import MemoryRequest, target_label
+
+__all__ = ["drop_husk", "edit", "not_found"]
+
+_NEXT = "It loads into your system prompt at the start of your next session."
+_NOTE_SAVED = "Notes are never loaded automatically: read it when you need it."
+
+
+def edit(request: MemoryRequest, current: bytes | None) -> tuple[bytes, str] | str:
+    """The new file bytes and the success message, or an error message (nothing to write)."""
+    label = target_label(request.target)
+    after = _NOTE_SAVED if request.target.startswith("note:") else _NEXT
+    data = current or b""
+    if len(data) > MAX_FILE_BYTES:
+        return (
+            f"{label} is larger than {MAX_FILE_BYTES} bytes, the most the memory tool edits "
+            "(and the most a session loads). It cannot be changed with this tool until a person "
+            "trims it. Nothing was changed."
+        )
+    needle = request.text.encode("utf-8")
+    if request.action == "add":
+        separator = b"\n" if data and not data.endswith(b"\n") else b""
+        new = data + separator + b"- " + needle + b"\n"
+        note = " (newlines in text were collapsed to spaces)" if request.collapsed else ""
+        message = f"Added an entry to {label}{note}. {after}"
+    else:
+        at = data.find(needle)
+        if at < 0:
+            return not_found(request)
+        if request.action == "replace":
+            new = data[:at] + request.with_.encode("utf-8") + data[at + len(needle) :]
+            message = f"Replaced the first occurrence in {label}. {after}"
+        else:
+            new = drop_husk(data[:at] + data[at + len(needle) :], at)
+            message = f"Removed the first occurrence from {label}. {after}"
+    if len(new) > MAX_FILE_BYTES:
+        return (
+            f"this {request.action} would make {label} {len(new)} bytes, over the "
+            f"{MAX_FILE_BYTES}-byte limit. Nothing was changed. Remove or shorten entries first."
+        )
+    return new, message
+
+
+def not_found(request: MemoryRequest) -> str:
+    return (
+        f"text not found in {target_label(request.target)}: {request.text!r}. Nothing was "
+        "changed. Copy the text exactly as it appears in the file (same spelling, spacing, "
+        "case)."
+    )
+
+
+def drop_husk(data: bytes, at: int) -> bytes:
+    """Drop the line containing offset ``at`` if a removal left it empty or a bare bullet."""
+    start = data.rfind(b"\n", 0, at) + 1
+    end = data.find(b"\n", at)
+    line = data[start : len(data) if end < 0 else end]
+    if line.strip() not in (b"", b"-"):
+        return data
+    return data[:start] + (b"" if end < 0 else data[end + 1 :])
