@@ -23,8 +23,8 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from workers.app import make_app
 from workers.fleet import Fleet
+from workers.fleet.clients import sized_client
 from workers.fleet.errors import RedisUnavailable
-from workers.fleet.host import sized_client
 from workers.persona.clock import Clock
 from workers.queues import TURN_TASK, queue_name
 from workers.settings import Settings

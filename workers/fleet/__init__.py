@@ -8,6 +8,7 @@ names, the surfaced-beats stream, the key names, the errors, and the host API
 
 from __future__ import annotations
 
-from workers.fleet.host import Fleet, Publisher, RunReply
+from workers.fleet.host import Fleet, Publisher
+from workers.fleet.outcomes import RunReply
 
 __all__ = ["Fleet", "Publisher", "RunReply"]

@@ -17,21 +17,20 @@ due, so a lost publish is repaired by the reaper and a duplicate is dropped at t
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis
 
 from workers.fleet.beats import Beat, Beats
 from workers.fleet.breaker import Breaker
+from workers.fleet.clients import fleet_client
 from workers.fleet.errors import LaneDeadLettered, RedisUnavailable
 from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
-from workers.fleet.outcomes import PostOutcome, Repair, TickOutcome
+from workers.fleet.outcomes import PostOutcome, Repair, RunReply, TickOutcome
 from workers.fleet.recovery import Backoff, Recovery
 from workers.fleet.registry import PersonaRegistry
 from workers.fleet.servertime import ServerClock
@@ -42,17 +41,9 @@ from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
 from workers.persona.manifest import load_manifest
 from workers.persona.session_files import SessionFiles
-from workers.pools import connections_for
 from workers.settings import Settings, redact_url
 
-__all__ = [
-    "CONNECTION_WAIT",
-    "Fleet",
-    "Publisher",
-    "RunReply",
-    "fleet_client",
-    "sized_client",
-]
+__all__ = ["Fleet", "Publisher", "RunReply"]
 
 
 class Publisher(Protocol):
@@ -66,56 +57,6 @@ class Publisher(Protocol):
     def publish(self, lane: str, turn_id: str, kind: str) -> None: ...
 
     def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class RunReply:
-    """What a fleet turn answered to a ``run``."""
-
-    text: str
-    status: str
-    turn_id: str
-    usage: dict[str, int] | None = None
-    limit: str | None = None
-    #: why a turn ended without a model call (``budget``), with status skipped or refused
-    reason: str | None = None
-
-
-#: Seconds a thread waits for a free connection before its call fails as Redis unavailable.
-CONNECTION_WAIT = 30.0
-
-
-def fleet_client(settings: Settings) -> redis.Redis:
-    """The process's coordination client (``REDIS_URL``): see :func:`sized_client`."""
-    return sized_client(
-        settings.redis_url,
-        settings,
-        decode_responses=True,
-        socket_connect_timeout=5,
-        socket_timeout=30,
-        health_check_interval=30,
-    )
-
-
-def sized_client(url: str, settings: Settings, **options: Any) -> redis.Redis:
-    """A client for ``url`` with one connection per pool thread, where a caller waits for one.
-
-    Why sized and blocking: redis-py's own pool holds at most 100 connections (since redis-py
-    8; unbounded before) and raises "Too many connections" past them, and a worker's pool
-    threads (200 by default) that finish their model calls together all need one at once: turns
-    failed with RedisUnavailable on a healthy Redis. Connections are opened on demand, so the
-    size costs nothing until used; a caller that still finds none (every connection busy in a
-    slow Redis) waits for one to come back instead of failing its turn.
-    """
-    pool = redis.BlockingConnectionPool.from_url(
-        url,
-        max_connections=connections_for(settings.worker_concurrency),
-        timeout=CONNECTION_WAIT,
-        **options,
-    )
-    client = redis.Redis(connection_pool=pool)
-    client.auto_close_connection_pool = True  # close() disconnects the pool, as from_url's does
-    return client
 
 
 class Fleet:
@@ -291,18 +232,7 @@ class Fleet:
                 lambda key=reply_key, wait=wait: self.client.blpop([key], timeout=wait)
             )
             if popped:
-                data: dict[str, Any] = json.loads(popped[1])
-                usage = data.get("usage")
-                return RunReply(
-                    text=str(data.get("text", "")),
-                    status=str(data.get("status", "")),
-                    turn_id=str(data.get("turn_id", "")),
-                    usage={str(k): int(v) for k, v in usage.items()}
-                    if isinstance(usage, dict)
-                    else None,
-                    limit=None if data.get("limit") is None else str(data["limit"]),
-                    reason=None if data.get("reason") is None else str(data["reason"]),
-                )
+                return RunReply.from_json(popped[1])
             status = self.lanes.status(name)
             if status.get("state") == "dead":
                 raise LaneDeadLettered(name, str(status.get("last_error") or "unknown error"))

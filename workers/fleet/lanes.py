@@ -21,6 +21,9 @@ Why it is built this way:
 - Publishing turn messages is not done here: an outcome's ``turn_id`` is set exactly when a
   turn was queued and the caller must publish it. The outcome values live in
   :mod:`workers.fleet.outcomes` (re-exported here) so their readers need not import the lanes.
+- One class, several rooms: the transitions of a turn's life are here; ticks are
+  :mod:`~workers.fleet.lane_ticks`, claims and leases :mod:`~workers.fleet.lane_holds`, reads
+  :mod:`~workers.fleet.lane_reports`, repairs :mod:`~workers.fleet.lane_repairs`.
 
 Every method may raise :class:`~workers.fleet.errors.RedisUnavailable`.
 """
@@ -29,7 +32,6 @@ from __future__ import annotations
 
 import json
 import random
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
@@ -38,9 +40,11 @@ import structlog
 
 from workers import metrics
 from workers.fleet.errors import InboxFull, ItemTooLarge, LeaseLost
+from workers.fleet.lane_holds import LaneHolds
 from workers.fleet.lane_repairs import LaneRepairs
 from workers.fleet.lane_reports import LaneReports, work_id
 from workers.fleet.lane_store import new_turn_id
+from workers.fleet.lane_ticks import TICK_KINDS, LaneTicks
 from workers.fleet.outcomes import (
     FailOutcome,
     FinishOutcome,
@@ -49,7 +53,7 @@ from workers.fleet.outcomes import (
     StartOutcome,
     TickOutcome,
 )
-from workers.fleet.scripts import ScriptCall, redis_errors, run_scripts
+from workers.fleet.scripts import redis_errors
 from workers.persona.errors import FailureKind
 from workers.persona.inbox import InboxItem
 from workers.persona.session import Pointer
@@ -70,12 +74,8 @@ __all__ = [
 
 _log = structlog.get_logger("soulfleet.lanes")
 
-TICK_KINDS = ("heartbeat", "dream")
 LAST_TEXT_MAX = 2000
 _ERROR_MAX = 4000
-#: Lanes per tick script call, and script calls per pipelined round trip (see tick_many).
-_TICK_BATCH = 500
-_TICK_CALLS_PER_TRIP = 20
 
 
 def _cut(text: str, limit: int) -> str:
@@ -114,7 +114,7 @@ def _item(raw: str) -> InboxItem:
         )
 
 
-class Lanes(LaneReports, LaneRepairs):
+class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
     """Every lane transition of one fleet (and its reads and repairs). Thread-safe; share one
     per process."""
 
@@ -142,71 +142,7 @@ class Lanes(LaneReports, LaneRepairs):
             return PostOutcome(lane, "queued", item.id, depth, turn_id, "interactive")
         return PostOutcome(lane, "dead" if outcome == "dead" else "pending", item.id, depth)
 
-    def tick(self, lane: str, *, kind: str, count: int = 1) -> TickOutcome:
-        """Fold ``count`` ticks of ``kind`` into the lane; queue a turn only if it is idle."""
-        if count < 1:
-            raise ValueError(f"count must be >= 1, got {count}")
-        return self._tick([(lane, kind)], count)[0]
-
-    def tick_many(self, ticks: Sequence[tuple[str, str]]) -> list[TickOutcome]:
-        """Tick many ``(lane, kind)`` pairs once each; outcomes come back in the same order.
-
-        The sweep's hot path: lanes go ``_TICK_BATCH`` to a script call and
-        ``_TICK_CALLS_PER_TRIP`` calls to a pipelined round trip, so 100,000 lanes cost about
-        ten round trips, not 100,000. The result is the same as ticking one pair at a time.
-        """
-        outcomes: list[TickOutcome] = []
-        per_trip = _TICK_BATCH * _TICK_CALLS_PER_TRIP
-        for start in range(0, len(ticks), per_trip):
-            outcomes.extend(self._tick(ticks[start : start + per_trip], 1))
-        return outcomes
-
-    def _tick(self, ticks: Sequence[tuple[str, str]], count: int) -> list[TickOutcome]:
-        """One round trip: script calls of up to _TICK_BATCH lanes each, applied in order."""
-        for lane, kind in ticks:
-            if kind not in TICK_KINDS:
-                raise ValueError(f"tick kind must be one of {TICK_KINDS}, got {kind!r} ({lane})")
-        now = self._now_ms()
-        # Turn ids: uuid4 entropy per call (24 hex digits) + an 8-digit per-lane counter.
-        base = uuid.uuid4().hex[:24]
-        cut = len(self.keys.lane(""))
-        calls: list[ScriptCall] = []
-        for first in range(0, len(ticks), _TICK_BATCH):
-            chunk = ticks[first : first + _TICK_BATCH]
-            keys = [self.keys.queued, *(self.keys.lane(lane) for lane, _ in chunk)]
-            kinds = "".join("d" if kind == "dream" else "h" for _, kind in chunk)
-            calls.append(ScriptCall(self.scripts.tick, keys, [now, kinds, count, base, first, cut]))
-        replies = run_scripts(self.client, calls)
-        codes = "".join(replies)
-        outcomes: list[TickOutcome] = []
-        for index, ((lane, kind), code) in enumerate(zip(ticks, codes, strict=True)):
-            if code == "q":
-                outcomes.append(TickOutcome(lane, kind, "queued", f"{base}{index:08x}", kind))
-            elif code == "d":
-                outcomes.append(TickOutcome(lane, kind, "dead_lettered"))
-            else:
-                outcomes.append(TickOutcome(lane, kind, "coalesced"))
-        return outcomes
-
     # -- a turn's life ----------------------------------------------------------------------
-    def receive(self, lane: str, turn_id: str, worker: str, *, ttl: float) -> bool:
-        """Claim the lane's queued turn for ``worker`` on message receipt (``receive.lua``);
-        False for a duplicate or stale message. The claim lives ``ttl`` unless renewed."""
-        keys = [self.keys.lane(lane), self.keys.claim(lane), self.keys.claimed]
-        args: list[str | int] = [lane, turn_id, worker, self._now_ms(), self._ms(ttl)]
-        with redis_errors(self.client):
-            return bool(self.scripts.receive(keys=keys, args=args))
-
-    def renew_claims(self, lanes: Sequence[str], *, ttl: float) -> list[bool]:
-        """Extend the receive claims of ``lanes`` (one round trip); False = already gone."""
-        if not lanes:
-            return []
-        with redis_errors(self.client):
-            pipe = self.client.pipeline(transaction=False)
-            for lane in lanes:
-                pipe.pexpire(self.keys.claim(lane), self._ms(ttl))
-            return [bool(ok) for ok in pipe.execute()]
-
     def start(self, lane: str, turn_id: str, worker: str) -> StartOutcome:
         """Begin turn ``turn_id``: take the lease and drain inbox + ticks into in-flight.
 
@@ -239,29 +175,6 @@ class Lanes(LaneReports, LaneRepairs):
             session_epoch=int(epoch or 0),
             last_pass_ms=int(last_pass) if last_pass else None,
         )
-
-    def renew(self, lane: str, fence: int) -> bool:
-        """Extend the lease if ``fence`` is still current; False means the lease is lost."""
-        return self.renew_many([(lane, fence)])[0]
-
-    def renew_many(self, leases: Sequence[tuple[str, int]]) -> list[bool]:
-        """:meth:`renew` for many ``(lane, fence)`` pairs in one round trip (the Renewer's)."""
-        if not leases:
-            return []
-        now, ttl = self._now_ms(), self._ms(self.lease_ttl)
-        replies = run_scripts(
-            self.client,
-            [
-                ScriptCall(self.scripts.renew, self.keys.lane_keys(lane), [lane, fence, now, ttl])
-                for lane, fence in leases
-            ],
-        )
-        return [bool(ok) for ok in replies]
-
-    def holds(self, lane: str, fence: int) -> bool:
-        """Ask Redis whether ``fence`` still owns the lane with a live lease."""
-        with redis_errors(self.client):
-            return bool(self.scripts.holds(keys=self.keys.lane_keys(lane), args=[lane, fence]))
 
     def finish(
         self,

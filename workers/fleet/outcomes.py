@@ -9,8 +9,9 @@ and publishing it is the caller's job (the lanes never publish).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from workers.persona.inbox import InboxItem
 
@@ -19,6 +20,7 @@ __all__ = [
     "FinishOutcome",
     "PostOutcome",
     "Repair",
+    "RunReply",
     "StartOutcome",
     "TickOutcome",
 ]
@@ -101,3 +103,30 @@ class Repair:
     reason: Literal["lease_expired", "queued_too_long", "claim_lapsed", "retry_due", "resumed"]
     turn_id: str
     kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunReply:
+    """What a fleet turn answered to a ``run``."""
+
+    text: str
+    status: str
+    turn_id: str
+    usage: dict[str, int] | None = None
+    limit: str | None = None
+    #: why a turn ended without a model call (``budget``), with status skipped or refused
+    reason: str | None = None
+
+    @classmethod
+    def from_json(cls, raw: str) -> RunReply:
+        """The reply ``finish.lua`` (or a refusal) pushed for a ``run``, as JSON."""
+        data: dict[str, Any] = json.loads(raw)
+        usage = data.get("usage")
+        return cls(
+            text=str(data.get("text", "")),
+            status=str(data.get("status", "")),
+            turn_id=str(data.get("turn_id", "")),
+            usage={str(k): int(v) for k, v in usage.items()} if isinstance(usage, dict) else None,
+            limit=None if data.get("limit") is None else str(data["limit"]),
+            reason=None if data.get("reason") is None else str(data["reason"]),
+        )

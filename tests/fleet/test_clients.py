@@ -1,5 +1,6 @@
-"""workers/fleet/host.py's Redis client on a real Redis: every pool thread of a worker can hold a
-connection at once, and a thread that finds none free waits for one instead of failing."""
+"""The fleet's Redis clients (workers/fleet/clients.py) on a real Redis: every pool thread of a
+worker can hold a connection at once, and a thread that finds none free waits for one instead of
+failing."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
-from workers.fleet.host import fleet_client
+from workers.fleet.clients import fleet_client
 from workers.pools import SPARE_CONNECTIONS
 from workers.settings import Settings
 

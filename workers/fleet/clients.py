@@ -1,0 +1,51 @@
+"""The fleet's Redis clients: sized to the worker's threads, and waiting for a free connection
+instead of failing a turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from workers.pools import connections_for
+from workers.settings import Settings
+
+__all__ = ["CONNECTION_WAIT", "fleet_client", "sized_client"]
+
+
+#: Seconds a thread waits for a free connection before its call fails as Redis unavailable.
+CONNECTION_WAIT = 30.0
+
+
+def fleet_client(settings: Settings) -> redis.Redis:
+    """The process's coordination client (``REDIS_URL``): see :func:`sized_client`."""
+    return sized_client(
+        settings.redis_url,
+        settings,
+        decode_responses=True,
+        socket_connect_timeout=5,
+        socket_timeout=30,
+        health_check_interval=30,
+    )
+
+
+def sized_client(url: str, settings: Settings, **options: Any) -> redis.Redis:
+    """A client for ``url`` with one connection per pool thread, where a caller waits for one.
+
+    Why sized and blocking: redis-py's own pool holds at most 100 connections (since redis-py
+    8; unbounded before) and raises "Too many connections" past them, and a worker's pool
+    threads (200 by default) that finish their model calls together all need one at once: turns
+    failed with RedisUnavailable on a healthy Redis. Connections are opened on demand, so the
+    size costs nothing until used; a caller that still finds none (every connection busy in a
+    slow Redis) waits for one to come back instead of failing its turn.
+    """
+    pool = redis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=connections_for(settings.worker_concurrency),
+        timeout=CONNECTION_WAIT,
+        **options,
+    )
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # close() disconnects the pool, as from_url's does
+    return client

@@ -1,0 +1,59 @@
+"""Holding a lane: the claim a worker takes when a turn message reaches it (``receive.lua``),
+and the lease a started turn keeps renewing (``renew.lua``, ``holds.lua``). A claim that lapses
+unstarted, or a lease that lapses mid-turn, hands the lane to recovery; a fence that moved on
+means the holder lost the lane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from workers.fleet.lane_store import LaneStore
+from workers.fleet.scripts import ScriptCall, redis_errors, run_scripts
+
+__all__ = ["LaneHolds"]
+
+
+class LaneHolds(LaneStore):
+    """The claim and lease side of :class:`~workers.fleet.lanes.Lanes`."""
+
+    def receive(self, lane: str, turn_id: str, worker: str, *, ttl: float) -> bool:
+        """Claim the lane's queued turn for ``worker`` on message receipt (``receive.lua``);
+        False for a duplicate or stale message. The claim lives ``ttl`` unless renewed."""
+        keys = [self.keys.lane(lane), self.keys.claim(lane), self.keys.claimed]
+        args: list[str | int] = [lane, turn_id, worker, self._now_ms(), self._ms(ttl)]
+        with redis_errors(self.client):
+            return bool(self.scripts.receive(keys=keys, args=args))
+
+    def renew_claims(self, lanes: Sequence[str], *, ttl: float) -> list[bool]:
+        """Extend the receive claims of ``lanes`` (one round trip); False = already gone."""
+        if not lanes:
+            return []
+        with redis_errors(self.client):
+            pipe = self.client.pipeline(transaction=False)
+            for lane in lanes:
+                pipe.pexpire(self.keys.claim(lane), self._ms(ttl))
+            return [bool(ok) for ok in pipe.execute()]
+
+    def renew(self, lane: str, fence: int) -> bool:
+        """Extend the lease if ``fence`` is still current; False means the lease is lost."""
+        return self.renew_many([(lane, fence)])[0]
+
+    def renew_many(self, leases: Sequence[tuple[str, int]]) -> list[bool]:
+        """:meth:`renew` for many ``(lane, fence)`` pairs in one round trip (the Renewer's)."""
+        if not leases:
+            return []
+        now, ttl = self._now_ms(), self._ms(self.lease_ttl)
+        replies = run_scripts(
+            self.client,
+            [
+                ScriptCall(self.scripts.renew, self.keys.lane_keys(lane), [lane, fence, now, ttl])
+                for lane, fence in leases
+            ],
+        )
+        return [bool(ok) for ok in replies]
+
+    def holds(self, lane: str, fence: int) -> bool:
+        """Ask Redis whether ``fence`` still owns the lane with a live lease."""
+        with redis_errors(self.client):
+            return bool(self.scripts.holds(keys=self.keys.lane_keys(lane), args=[lane, fence]))
