@@ -14,19 +14,13 @@ Why it is built this way:
   A filesystem without flock is a loud ``OSError`` (use ``"shared"``), never a silent switch
   to marker files that a crash would leave behind. Right for one host, or several hosts on a
   filesystem whose locks are coherent across clients. ``"shared"`` is filelock's
-  :class:`~filelock.StrictSoftFileLock`: exclusion by immutable claim files created with
-  hard links, which works on NFS-like filesystems. Its price: slower (about 25 opens and 15
-  stats per acquisition: 0.9 ms on a quiet local disk, 3-5 ms on the loaded project machine,
-  where local mode's flock takes 0.03-0.05 ms), and a holder that
-  crashes mid-write leaves its claim behind. A claim whose holder ran on THIS host and is dead
-  (pid gone, or reused by a later process) is broken automatically by the next writer that
-  finds the lock contended; a claim from another host stays (its processes cannot be seen from
-  here) until it is cleared with :func:`break_shared_lock`, and ``soulfleet status`` names it.
-  Never by age: age-based expiry could let two live writers overlap. Before the claims, a
-  shared-mode writer queues on a flock "waiting room" (``.locks/<file>.shared.lock.wait``),
-  so one host's writers meet the claims one at a time instead of all polling them with
-  backoff; it only orders the waiters (a claim alone still excludes), and where it cannot be
-  flocked the claims alone decide.
+  :class:`~filelock.StrictSoftFileLock` (:mod:`workers.persona.shared_claims`): exclusion by
+  immutable claim files created with hard links, which works on NFS-like filesystems. Its
+  price: slower (about 25 opens and 15 stats per acquisition: 0.9 ms on a quiet local disk,
+  where local mode's flock takes 0.03-0.05 ms), and a holder that crashes mid-write leaves its
+  claim behind: this host's dead claims are broken by the next writer that finds the lock
+  contended, another host's stay until :func:`break_shared_lock` (``soulfleet status`` names
+  them). Never by age: age-based expiry could let two live writers overlap.
   The two modes use different lock files (``.lock`` vs ``.shared.lock``) and do not exclude
   each other: every worker on one persona filesystem must use the same mode.
 * **A per-path threading lock in front.** Threads of one worker queue on an in-process lock first
@@ -48,15 +42,19 @@ from pathlib import Path, PurePath
 from typing import Literal
 
 import structlog
-from filelock import BaseFileLock, StrictSoftFileClaim, StrictSoftFileLock, Timeout
-
-# filelock's own liveness test (pid alive AND the same process start time, pid namespaces
-# told apart in the host name): private API, so pyproject pins filelock below 5.
-from filelock._identity import host_name, owner_is_stale
+from filelock import Timeout
 
 from workers.persona.errors import LockTimeout
 from workers.persona.files import confined
 from workers.persona.flock import flock_acquire, flock_release
+from workers.persona.shared_claims import (
+    acquire_shared,
+    break_dead_local_claims,
+    break_shared_lock,
+    enter_waiting_room,
+    shared_lock,
+    shared_lock_holders,
+)
 
 __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
@@ -78,24 +76,19 @@ LockMode = Literal["local", "shared"]
 LOCK_DIR = ".locks"
 DEFAULT_LOCK_TIMEOUT = 10.0
 _SUFFIX: dict[LockMode, str] = {"local": ".lock", "shared": ".shared.lock"}
-_ROOM_SUFFIX = ".wait"
-#: A contended shared-mode acquisition looks for dead holders this often.
-_SHARED_SLICE = 0.5
 
 _log = structlog.get_logger("soulfleet.locks")
 
 _observer: Callable[[float], None] | None = None
 _registry_guard = threading.Lock()
 _thread_locks: dict[str, threading.Lock] = {}
-_shared_locks: dict[str, BaseFileLock] = {}
 
 
 def _reset_after_fork() -> None:
     # A lock held by another thread at fork time would never be released in the child.
-    global _registry_guard, _thread_locks, _shared_locks  # noqa: PLW0603
+    global _registry_guard, _thread_locks  # noqa: PLW0603
     _registry_guard = threading.Lock()
     _thread_locks = {}
-    _shared_locks = {}
 
 
 if hasattr(os, "register_at_fork"):
@@ -163,17 +156,6 @@ def _thread_lock(key: str) -> threading.Lock:
         return lock
 
 
-def _shared_lock(lock_file: Path) -> BaseFileLock:
-    # One instance per lock file per process, reused: building one per acquisition cost about
-    # a third of it. Only the thread holding the path's gate ever uses it.
-    key = os.fspath(lock_file)
-    with _registry_guard:
-        lock = _shared_locks.get(key)
-        if lock is None:
-            lock = _shared_locks[key] = StrictSoftFileLock(lock_file)
-        return lock
-
-
 @contextmanager
 def path_lock(
     lock_file: str | os.PathLike[str],
@@ -206,11 +188,11 @@ def path_lock(
                 flock_release(name)
             return
         path = Path(name)
-        room = _enter_waiting_room(path, deadline)
+        room = enter_waiting_room(path, deadline)
         try:
-            lock = _shared_lock(path)
+            lock = shared_lock(path)
             try:
-                _acquire_shared(lock, path, deadline)
+                acquire_shared(lock, path, deadline)
             except Timeout:
                 _observe(time.monotonic() - start)
                 raise LockTimeout(path, timeout, checked, shared_lock_holders(path)) from None
@@ -224,82 +206,6 @@ def path_lock(
                 flock_release(room)
     finally:
         gate.release()
-
-
-def _enter_waiting_room(path: Path, deadline: float | None) -> str | None:
-    """Queue this host's shared-mode writers of ``path`` on a flock before the claims.
-
-    Only an optimisation: exclusion is the strict claims'. Contenders that all poll the claim
-    directory back off up to 50 ms each and leave the lock idle (4 processes on one file ran at
-    a third of one process's rate); queued on a flock, they meet the claims one at a time. Where
-    flock is missing (ENOLCK, ENOSYS) or not granted in time, the claims alone decide.
-    """
-    room = f"{os.fspath(path)}{_ROOM_SUFFIX}"
-    try:
-        return room if flock_acquire(room, deadline) else None
-    except OSError:
-        return None
-
-
-def _acquire_shared(lock: BaseFileLock, path: Path, deadline: float | None) -> None:
-    """Acquire a strict soft lock, breaking claims left by DEAD processes of this host.
-
-    The uncontended case is one attempt. When it is contended, every wait slice first removes
-    claims whose holder ran on this host and is gone (its pid no longer runs, or now belongs to
-    a process started later): a crashed writer never blocks the file. A claim from another host
-    is never touched (we cannot see its processes); it stays until its owner releases it or an
-    operator clears it (``soulfleet status`` names it; :func:`break_shared_lock`).
-    """
-    try:
-        lock.acquire(timeout=0, poll_interval=0.005)
-        return
-    except Timeout:
-        pass
-    while True:
-        break_dead_local_claims(path)
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            raise Timeout(str(path))
-        step = _SHARED_SLICE if remaining is None else min(_SHARED_SLICE, remaining)
-        try:
-            lock.acquire(timeout=step, poll_interval=0.005)
-            return
-        except Timeout:
-            continue
-
-
-def _holder_is_dead(claim: StrictSoftFileClaim) -> bool:
-    # Only this host's processes can be checked; the start token tells a reused pid apart.
-    return claim.hostname == host_name() and owner_is_stale(claim.pid, claim.hostname, claim.start)
-
-
-def break_dead_local_claims(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
-    """Remove the claims on a shared-mode lock whose holder was a process on THIS host that
-    no longer runs; returns what was removed (each logged as ``lock.dead_claim_broken``)."""
-    path = Path(lock_file)
-    lock = StrictSoftFileLock(path)
-    try:
-        claims = lock.claims
-    except Exception as exc:  # an unreadable claim directory: nothing we can safely break
-        _log.warning("lock.claims_unreadable", lock_file=str(path), error=str(exc))
-        return ()
-    removed = []
-    for claim in claims:
-        if not _holder_is_dead(claim):
-            continue
-        description = f"{claim.state} claim by pid {claim.pid} on {claim.hostname}"
-        try:
-            lock.force_break(claim.name)
-        except (FileNotFoundError, ValueError):
-            continue  # withdrawn meanwhile
-        removed.append(description)
-        _log.warning(
-            "lock.dead_claim_broken",
-            lock_file=str(path),
-            claim=description,
-            reason="its process no longer runs on this host",
-        )
-    return tuple(removed)
 
 
 def shared_claims_under(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
@@ -318,38 +224,3 @@ def shared_claims_under(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
         data = str(lock_file.relative_to(locks))[: -len(suffix)]
         found.extend((data, holder) for holder in shared_lock_holders(lock_file))
     return found
-
-
-def _claims(lock_file: Path) -> tuple[tuple[str, str], ...]:
-    claims = StrictSoftFileLock(lock_file).claims
-    return tuple(
-        (claim.name, f"{claim.state} claim by pid {claim.pid} on {claim.hostname}")
-        for claim in claims
-    )
-
-
-def shared_lock_holders(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
-    """Who holds (or is queueing for) a shared-mode lock: ``"held claim by pid N on host"``."""
-    try:
-        return tuple(description for _, description in _claims(Path(lock_file)))
-    except OSError:
-        return ()
-
-
-def break_shared_lock(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
-    """Remove every claim on a shared-mode lock; returns what was removed.
-
-    For operators, after a holder crashed mid-write: first make sure no process named in
-    :func:`shared_lock_holders` is still running, or two writers may overlap.
-    """
-    path = Path(lock_file)
-    lock = StrictSoftFileLock(path)
-    removed = []
-    for name, description in _claims(path):
-        try:
-            lock.force_break(name)
-        except FileNotFoundError:
-            continue  # its owner withdrew it meanwhile
-        removed.append(description)
-        _log.warning("lock.claim_broken", lock_file=str(path), claim=description)
-    return tuple(removed)
