@@ -35,6 +35,7 @@ __all__ = [
     "MODEL_CALL_SECONDS",
     "MODEL_TOKENS",
     "REAPER_REPAIRS",
+    "REDIS_CONNECTION_WAIT",
     "REDIS_MEMORY_MAX",
     "REDIS_MEMORY_USED",
     "REGISTRY_INVALID",
@@ -147,6 +148,14 @@ MEMORY_LOCK_WAIT = Histogram(
     "soulfleet_memory_lock_wait_seconds",
     "Time a memory write waited for its file lock.",
     buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
+)
+REDIS_CONNECTION_WAIT = Histogram(
+    "soulfleet_redis_connection_wait_seconds",
+    "Time a thread waited for a free connection of its process's Redis client (coordination: "
+    "lanes, gate, ledger; publisher: raw turn publishing). Only waits are counted: a call that "
+    "found a connection free costs nothing here.",
+    ["client"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
 )
 SWEEP_SECONDS = Histogram(
     "soulfleet_sweep_seconds", "Wall time of one schedule sweep.", buckets=_LATENCY_BUCKETS

@@ -113,7 +113,9 @@ class CeleryPublisher:
             if self._messages is None or self._broker is None:
                 self._messages = TurnMessages(app, self._prefix)
                 # Every pool thread may publish a follow-up at once: sized like the fleet's.
-                self._broker = sized_client(self._settings.broker_url, self._settings)
+                self._broker = sized_client(
+                    self._settings.broker_url, self._settings, client="publisher"
+                )
             messages, broker = self._messages, self._broker
         try:
             for kind in {kind for _, _, kind in turns} - self._declared:

@@ -9,6 +9,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import redis
+from prometheus_client import REGISTRY
 
 from workers.fleet.clients import fleet_client
 from workers.pools import SPARE_CONNECTIONS
@@ -42,9 +43,18 @@ def test_every_pool_thread_holds_a_connection_at_once(redis_url: str, key_prefix
         client.close()
 
 
+def _waits(client: str) -> tuple[float, float]:
+    """(count, sum) of ``soulfleet_redis_connection_wait_seconds`` for ``client`` so far."""
+    labels = {"client": client}
+    count = REGISTRY.get_sample_value("soulfleet_redis_connection_wait_seconds_count", labels)
+    total = REGISTRY.get_sample_value("soulfleet_redis_connection_wait_seconds_sum", labels)
+    return count or 0.0, total or 0.0
+
+
 def test_a_thread_beyond_the_pool_waits_for_a_connection(redis_url: str, key_prefix: str) -> None:
     """With every connection taken (a ``-c`` above the settings), one more caller waits until a
-    connection comes back, and every call succeeds (a plain pool refuses the extra caller)."""
+    connection comes back, and every call succeeds (a plain pool refuses the extra caller). The
+    wait is observed in ``soulfleet_redis_connection_wait_seconds{client="coordination"}``."""
     settings = _settings(redis_url, 1)
     client = fleet_client(settings)
     size = 1 + SPARE_CONNECTIONS
@@ -59,8 +69,25 @@ def test_a_thread_beyond_the_pool_waits_for_a_connection(redis_url: str, key_pre
             holders = [pool.submit(hold, i) for i in range(size)]
             barrier.wait(timeout=30)
             time.sleep(0.3)  # the holders are inside their 1 s BLPOPs now
+            before = _waits("coordination")
             assert client.ping() is True
+            count, total = _waits("coordination")
             assert [f.exception() for f in holders] == [None] * size
+        assert count == before[0] + 1
+        assert 0.3 < total - before[1] < 5  # until a BLPOP (1 s, 0.3 s of it gone) gave one back
+    finally:
+        client.close()
+
+
+def test_a_free_connection_is_not_a_wait(redis_url: str) -> None:
+    """Calls that find a connection free add nothing to the wait metric (its fast path)."""
+    client = fleet_client(_settings(redis_url, 4))
+    try:
+        client.ping()
+        before = _waits("coordination")
+        for _ in range(50):
+            client.ping()
+        assert _waits("coordination") == before
     finally:
         client.close()
 
