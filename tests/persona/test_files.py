@@ -16,6 +16,7 @@ from workers.persona.files import (
     atomic_write_bytes,
     atomic_write_text,
     confined,
+    create_bytes,
     read_prefix,
     real_root,
 )
@@ -204,6 +205,54 @@ def test_atomic_write_failure_leaves_no_temp(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="directory"):
         atomic_write_text(tmp_path / "MEMORY.md", "x")
     assert tree(tmp_path) == {"MEMORY.md", "MEMORY.md/keep"}
+
+
+def test_create_writes_a_new_file_and_its_directory_entry(tmp_path: Path) -> None:
+    """A new name gets exactly the bytes, 0o644 (less the umask), and no temp file beside it."""
+    target = tmp_path / "s1.f3.json"
+    fsyncs: list[int] = []
+    real_fsync = os.fsync
+
+    def counting(fd: int) -> None:
+        fsyncs.append(fd)
+        real_fsync(fd)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fsync", counting)
+        create_bytes(target, b'{"id": "s1"}')
+    assert target.read_bytes() == b'{"id": "s1"}'
+    assert tree(tmp_path) == {"s1.f3.json"}
+    assert len(fsyncs) == 2  # the file, then its directory
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_create_never_overwrites_or_follows(tmp_path: Path) -> None:
+    """An existing file or a symlink (even a dangling one) under the name is FileExistsError,
+    and neither it nor what it points to changes."""
+    existing = tmp_path / "a.json"
+    existing.write_text("keep")
+    with pytest.raises(FileExistsError):
+        create_bytes(existing, b"new")
+    assert existing.read_text() == "keep"
+    outside = tmp_path / "outside"
+    link = tmp_path / "b.json"
+    link.symlink_to(outside)
+    with pytest.raises(FileExistsError):
+        create_bytes(link, b"new")
+    assert not outside.exists()
+
+
+def test_create_in_a_missing_directory_is_file_not_found(tmp_path: Path) -> None:
+    """The caller makes the directory (a lane's first state) and tries again."""
+    with pytest.raises(FileNotFoundError):
+        create_bytes(tmp_path / "sessions" / "ava" / "s1.f1.json", b"x")
+    assert tree(tmp_path) == set()
 
 
 def test_reader_never_sees_a_torn_file(tmp_path: Path) -> None:

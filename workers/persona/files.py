@@ -41,6 +41,7 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "confined",
+    "create_bytes",
     "file_kind",
     "fsync_directory",
     "read_prefix",
@@ -244,6 +245,34 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """
     replace_bytes(path, data)
     fsync_directory(os.path.dirname(os.fspath(path)) or ".")
+
+
+def create_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` durably to ``path``, a file that must not exist yet (a file or a symlink
+    already there is ``FileExistsError``: never overwritten, never followed).
+
+    For a name only one writer ever uses, read only once something names it as complete (a
+    session state, before the lane's pointer moves to it): no temp file and rename needed, which
+    saves a turn a ``stat`` and a ``rename``. A crash mid-write may leave a partial file under
+    that name; whatever owns those names collects it. Confine ``path`` first.
+    """
+    target = os.fspath(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(target, flags | getattr(os, "O_CLOEXEC", 0), _DEFAULT_MODE)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(target)
+        raise
+    fsync_directory(os.path.dirname(target) or ".")
 
 
 def replace_bytes(path: str | os.PathLike[str], data: bytes) -> None:

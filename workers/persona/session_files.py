@@ -35,7 +35,7 @@ from pathlib import Path
 import structlog
 
 from workers.persona.errors import PersonaFileError
-from workers.persona.files import atomic_write_bytes, confined, read_prefix, real_root
+from workers.persona.files import atomic_write_bytes, confined, create_bytes, read_prefix, real_root
 from workers.persona.locks import LockMode, lock_file_for, path_lock
 from workers.persona.session import Pointer, SessionState
 from workers.persona.transcripts import valid_transcript_name
@@ -84,11 +84,13 @@ class SessionFiles:
             raise ValueError(f"invalid session state name {name!r}")
         data = state.to_json()
         target = confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{name}")
+        # Created in place, not replaced: no one reads a state until a pointer names it, and
+        # only this writer uses its name (a partial file a crash leaves is collected later).
         try:
-            atomic_write_bytes(target, data)
+            create_bytes(target, data)
         except FileNotFoundError:  # the lane's first state: make its directory, once
             self.directory.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{name}"), data)
+            create_bytes(confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{name}"), data)
         return name
 
     def read(self, name: str | None) -> SessionState | None:

@@ -103,18 +103,21 @@ class ConversationWriter:
             _write_all(self._fd, line)
             self._dirty = True
             return
-        flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
+        # Read and write: a resumed conversation's torn-tail check reads its last byte through
+        # the same descriptor (no second open).
+        flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
         try:
             fd = os.open(self._path, flags | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
             self._create(line)
             return
         try:
-            mode = os.fstat(fd).st_mode
-            if not stat.S_ISREG(mode):
-                raise PersonaFileError(self._path, f"is {file_kind(mode)}, not a transcript file")
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                problem = f"is {file_kind(info.st_mode)}, not a transcript file"
+                raise PersonaFileError(self._path, problem)
             if not self._checked_tail:
-                self._terminate_torn_tail(fd)
+                self._terminate_torn_tail(fd, info.st_size)
             _write_all(fd, line)
             if self._sync_each:
                 os.fsync(fd)
@@ -179,18 +182,12 @@ class ConversationWriter:
         # The new directory entry must survive a crash too, not just the bytes.
         fsync_directory(self._path.parent)
 
-    def _terminate_torn_tail(self, fd: int) -> None:
+    def _terminate_torn_tail(self, fd: int, size: int) -> None:
         # A crash mid-write may have left a last line without its newline; appending straight
         # after it would glue our record onto the torn one and lose both.
         self._checked_tail = True
-        size = os.fstat(fd).st_size
         if size == 0:
             return
-        reader = os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-        try:
-            last = os.pread(reader, 1, size - 1)
-        finally:
-            os.close(reader)
-        if last != b"\n":
+        if os.pread(fd, 1, size - 1) != b"\n":
             _write_all(fd, b"\n")
             log.warning("transcript.torn_tail_terminated", path=str(self._path))
