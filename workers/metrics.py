@@ -152,8 +152,8 @@ MEMORY_LOCK_WAIT = Histogram(
 REDIS_CONNECTION_WAIT = Histogram(
     "soulfleet_redis_connection_wait_seconds",
     "Time a thread waited for a free connection of its process's Redis client (coordination: "
-    "lanes, gate, ledger; publisher: raw turn publishing). Only waits are counted: a call that "
-    "found a connection free costs nothing here.",
+    "lanes, the turn gate, the usage ledger; publisher: raw turn publishing). Only waits are "
+    "counted: a call that found a connection free costs nothing here.",
     ["client"],
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
 )

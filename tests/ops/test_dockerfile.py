@@ -94,12 +94,15 @@ def test_checks_timezone_data_at_build() -> None:
 
 
 def test_has_a_healthcheck_and_a_worker_default_command() -> None:
-    """HEALTHCHECK pings this worker; CMD runs a thread-pool worker on the declared queues."""
+    """HEALTHCHECK pings this worker; CMD runs a thread-pool worker on the declared queues, at
+    the settings' concurrency (no ``-c`` to override SOULFLEET_WORKER_CONCURRENCY's 200)."""
     instructions = dict(_instructions())
     assert "inspect ping" in instructions["HEALTHCHECK"]
     command = re.findall(r'"([^"]*)"', instructions["CMD"])
     assert command[:4] == ["celery", "-A", "workers", "worker"]
     assert command[command.index("-P") + 1] == "threads"
+    assert "-c" not in command
+    assert "--concurrency" not in command
     queues = set(command[command.index("-Q") + 1].split(","))
     assert queues == {queue.name for queue in declare_queues(Settings().queue_prefix)}
 
