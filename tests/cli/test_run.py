@@ -22,6 +22,17 @@ def test_run_local_json_reports_text_status_usage_limit(invoke: Invoke, fleet_ro
     assert "- the tea is genmaicha" in (fleet_root / "nora" / "MEMORY.md").read_text("utf-8")
 
 
+def test_run_local_recalls_what_was_written(invoke: Invoke) -> None:
+    """The README's demo flow: nora writes "remember: X" down, then reads it back when asked."""
+    assert (
+        invoke("run", "nora", "remember: my favourite tea is genmaicha", "--local").exit_code == 0
+    )
+    result = invoke("run", "nora", "what do you remember?", "--local")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("My MEMORY.md as it is now:")
+    assert "- my favourite tea is genmaicha" in result.stdout
+
+
 def test_run_local_plain_prints_the_text(invoke: Invoke) -> None:
     """Without --json only the reply text is printed."""
     result = invoke("run", "milo", "hello", "--local")

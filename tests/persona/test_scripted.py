@@ -357,6 +357,26 @@ def test_builtin_remembers(message: str, text: str) -> None:
     assert failed.text == "I could not note that: locked"
 
 
+def test_builtin_reads_memory_back_when_asked_what_it_remembers() -> None:
+    """ "what do you remember?" -> memory read of MEMORY.md, then its text (or why not)."""
+    model = ScriptedModel.builtin()
+    question = "So, what do you remember?"
+    first = ask(model, [user(question)])
+    (call,) = first.tool_calls
+    assert call.name == "memory"
+    assert dict(call.arguments) == {"action": "read", "target": "self"}
+    history = [user(question), first.as_message()]
+    done = ask(model, [*history, tool("- my favourite tea is genmaicha")])
+    assert done.text == "My MEMORY.md as it is now:\n- my favourite tea is genmaicha"
+    failed = ask(model, [*history, tool("unknown action 'read'", is_error=True)])
+    assert failed.text == "I could not read my memory: unknown action 'read'"
+    # A fleet turn asks through its rendered inbox (`soulfleet run`).
+    item = InboxItem(text="what do you remember?", sender="cli", channel="run", id="1", at=0)
+    inbox = render_inbox([item], 0, persona="nora")
+    (call,) = ask(model, [user(inbox)]).tool_calls
+    assert dict(call.arguments) == {"action": "read", "target": "self"}
+
+
 def test_builtin_answers_plainly_otherwise() -> None:
     """Anything else gets a plain answer naming the built-in scripted model and echoing."""
     text = ask(ScriptedModel.builtin(), [user("what is on my plate?")]).text
