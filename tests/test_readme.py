@@ -14,6 +14,8 @@ def _read_by_code() -> set[str]:
     sources = [
         REPO / "workers" / "settings.py",
         REPO / "workers" / "persona" / "models" / "config.py",
+        # Where `up` keeps its data and other commands find it: read before any settings.
+        REPO / "workers" / "local" / "datadir.py",
     ]
     return {name for path in sources for name in VARIABLE.findall(path.read_text("utf-8"))}
 

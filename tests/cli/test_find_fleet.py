@@ -131,3 +131,37 @@ def test_local_commands_need_no_fleet(tmp_path: Path, fleet_root: Path) -> None:
     result = _soulfleet("redis://127.0.0.1:1/0", env, "run", "ava", "hello", "--local")
     assert result.returncode == 0, result.stderr
     assert _soulfleet("redis://127.0.0.1:1/0", env, "soul", "ava").returncode == 0
+
+
+@pytest.mark.integration
+def test_an_up_on_another_data_dir_is_found_through_soulfleet_data(
+    tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
+) -> None:
+    """An `up --data DIR` (embedded Redis, here the decoy) is not found from the default data
+    dir: the error says to set SOULFLEET_DATA=DIR; with it set, the command reaches that Redis."""
+    url, client = decoy
+    data = DataDir(tmp_path / "elsewhere")
+    data.write_state(UpState(
+        pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
+        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
+    ))  # fmt: skip
+    env = _no_fleet_env(tmp_path, fleet_root)
+    before = _connections(client)
+    missed = _soulfleet("redis://127.0.0.1:1/0", env, "status")
+    assert missed.returncode == 2, missed.stderr
+    assert "set SOULFLEET_DATA=DIR" in missed.stderr
+    assert _connections(client) == before
+    found = _soulfleet("redis://127.0.0.1:1/0", {**env, "SOULFLEET_DATA": str(data.root)}, "status")
+    assert found.returncode == 0, found.stderr
+    assert _connections(client) > before
+
+
+@pytest.mark.integration
+def test_an_unknown_persona_with_no_fleet_says_both(tmp_path: Path, fleet_root: Path) -> None:
+    """With no fleet found, a persona missing from the default root is not the whole story: the
+    error names the persona and that no fleet (whose root it would be) was found."""
+    result = _soulfleet("redis://127.0.0.1:1/0", _no_fleet_env(tmp_path, fleet_root), "post",
+                        "ghost", "hi")  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "unknown persona 'ghost'" in result.stderr
+    assert NO_FLEET in result.stderr

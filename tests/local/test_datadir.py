@@ -21,6 +21,14 @@ def test_default_data_dir_follows_xdg() -> None:
     assert default_data_dir({"HOME": "/h"}) == Path("/h/.local/share/soulfleet")
 
 
+def test_soulfleet_data_names_the_data_dir_before_xdg(tmp_path: Path) -> None:
+    """$SOULFLEET_DATA (what `up --data DIR` ran on) wins; a relative one is made absolute."""
+    env = {"SOULFLEET_DATA": "/srv/fleet", "XDG_DATA_HOME": "/x/data", "HOME": "/h"}
+    assert default_data_dir(env) == Path("/srv/fleet")
+    assert default_data_dir({**env, "SOULFLEET_DATA": "rel"}) == Path.cwd() / "rel"
+    assert default_data_dir({**env, "SOULFLEET_DATA": "  "}) == Path("/x/data/soulfleet")
+
+
 def _state(data: DataDir, pid: int) -> UpState:
     return UpState(pid=pid, redis_url="redis://127.0.0.1:1/0", personas="/p", key_prefix="k:",
                    queue_prefix="k", data=str(data.root), started_at=2.5)  # fmt: skip

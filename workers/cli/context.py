@@ -55,7 +55,7 @@ def no_fleet_error(environ: Mapping[str, str] | None = None) -> BadInputError:
         )
     return BadInputError(
         f"{NO_FLEET} (no `soulfleet up` runs on {data.root}; for an `up --data DIR`, set "
-        "XDG_DATA_HOME to match or REDIS_URL)"
+        "SOULFLEET_DATA=DIR)"
     )
 
 
@@ -145,7 +145,7 @@ class CliContext:
         registry = self.registry
         try:
             return registry.resolve(arg)
-        except UnknownPersona:
+        except UnknownPersona as unknown:
             path = Path(arg).expanduser()
             if path.is_dir():
                 raise UnknownPersona(
@@ -155,6 +155,10 @@ class CliContext:
                     "(`soulfleet up --personas DIR`), or use `soulfleet run --local` for a "
                     "directory anywhere)",
                 ) from None
+            if not self.settings.redis_url_explicit:
+                # No fleet was found to take the personas root from: say that too, since the
+                # usual cause is an `up` this command did not find (`up --data DIR`).
+                raise BadInputError(f"{unknown}. Also, {no_fleet_error(self.environ)}") from None
             raise
 
     def fleet_root(self) -> Path | None:

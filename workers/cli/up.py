@@ -78,7 +78,9 @@ _TICK = 0.25
     "--data",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="Data directory (default: $XDG_DATA_HOME/soulfleet, else ~/.local/share/soulfleet).",
+    help="Data directory (default: $SOULFLEET_DATA, else $XDG_DATA_HOME/soulfleet, else "
+    "~/.local/share/soulfleet). Other commands find this `up` through the same default: "
+    "with --data, give them SOULFLEET_DATA=DIR.",
 )
 def up(personas: Path | None, worker_count: int, flower: bool, data: Path | None) -> None:
     """Run a fleet here: embedded Redis, workers, beat; stream its beats until Ctrl-C."""
@@ -135,6 +137,9 @@ class _Up:
         settings = Settings.from_env(env)  # invalid settings fail before anything starts
         echo = self.console.out
         echo(f"soulfleet up: data in {self.data.root}")
+        if self.data.root != default_data_dir().expanduser().resolve():
+            # Other shells look for a running `up` in the default data dir only.
+            echo(f"  other shells: SOULFLEET_DATA={self.data.root} soulfleet status")
         redis_url = self._redis_url(settings)
         env["REDIS_URL"] = redis_url
         settings = Settings.from_env(env)

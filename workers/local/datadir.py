@@ -49,8 +49,13 @@ APP_NAME = "soulfleet"
 
 
 def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_DATA_HOME/soulfleet``, else ``~/.local/share/soulfleet`` (XDG base-dir spec)."""
+    """``$SOULFLEET_DATA`` when set (what ``up --data DIR`` ran on, so other commands find that
+    ``up`` too), else ``$XDG_DATA_HOME/soulfleet``, else ``~/.local/share/soulfleet`` (XDG
+    base-dir spec)."""
     env = os.environ if environ is None else environ
+    chosen = (env.get("SOULFLEET_DATA") or "").strip()
+    if chosen:
+        return Path(os.path.abspath(os.path.expanduser(chosen)))
     base = (env.get("XDG_DATA_HOME") or "").strip()
     # The spec says a relative XDG_DATA_HOME is invalid and must be ignored.
     if base and os.path.isabs(base):
