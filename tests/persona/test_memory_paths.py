@@ -13,9 +13,9 @@ import pytest
 from tests.support.memory import ok
 from tests.support.persona import make_persona, tree
 from workers.persona.errors import LockTimeout
-from workers.persona.files import fsync_directory
 from workers.persona.locks import LockMode, lock_file_for, path_lock
 from workers.persona.memory import MemoryTool, memory_tool
+from workers.persona.writes import fsync_directory
 
 
 def _error(tool: MemoryTool, **arguments: Any) -> str:
@@ -138,7 +138,7 @@ def test_directory_fsync_runs_after_the_lock_is_released(
         fsync_directory(directory)
 
     monkeypatch.setattr("workers.persona.memory.fsync_directory", spy)
-    monkeypatch.setattr("workers.persona.files.fsync_directory", spy)
+    monkeypatch.setattr("workers.persona.writes.fsync_directory", spy)
     ok(memory_tool(home, lock_mode=mode, write_scope=scope), action="add", text="flushed")
     real = home.resolve()
     if scope is None:

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from workers.persona.files import atomic_write_text
+from workers.persona.writes import atomic_write_text
 
 __all__ = [
     "AlreadyRunningError",

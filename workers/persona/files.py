@@ -1,8 +1,8 @@
-"""Safe file access inside a persona directory: confined paths, bounded reads, atomic writes.
+"""Safe file access inside a persona directory: confined paths and bounded reads.
 
 Why this module exists: a persona directory is edited by people, by the fleet and by the model
 (through the memory tool), possibly from several hosts over a shared filesystem. Three rules keep
-that safe, and every file the persona core writes goes through them:
+that safe, and every file the persona core reads or writes goes through them:
 
 * **Confinement.** :func:`confined` turns a relative name into a real path and refuses anything
   that resolves outside the persona root: ``..`` traversal, absolute names, and symlinks (at any
@@ -14,21 +14,13 @@ that safe, and every file the persona core writes goes through them:
   file (a FIFO would block a reader forever, ``/dev/zero`` would never end) and reads at most
   ``limit + 1`` bytes, so no file can hang a worker thread or the beat loop, or cost more memory
   than the cap it is checked against.
-* **Atomic writes.** :func:`atomic_write_bytes` writes a temp file in the same directory, fsyncs
-  it, ``os.replace``-s it over the target and fsyncs the directory: a reader sees the old bytes or
-  the new bytes, never a mix, and a crash leaves the old file plus at most one hidden
-  ``.<name>.<hex>.tmp`` file (removed on every error path we get to run; one a SIGKILL left is
-  removed by the next writer holding the path's lock, :func:`remove_stale_temps`).
+* **Durable writes** live beside them in :mod:`workers.persona.writes`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import functools
 import os
-import re
-import secrets
 import stat
 import time
 from pathlib import Path
@@ -37,25 +29,13 @@ from workers.persona.errors import PersonaFileError
 
 __all__ = [
     "ROOT_CACHE_SECONDS",
-    "TEMP_SUFFIX",
-    "atomic_write_bytes",
-    "atomic_write_text",
     "confined",
-    "create_bytes",
     "file_kind",
-    "fsync_directory",
     "read_prefix",
     "real_root",
     "regular_file_problem",
-    "remove_stale_temps",
-    "replace_bytes",
 ]
 
-#: Temp files are ``.<target name>.<16 hex>.tmp`` in the target's own directory: hidden, and
-#: never matching ``*.md``, so listings of notes never show one.
-TEMP_SUFFIX = ".tmp"
-
-_DEFAULT_MODE = 0o644
 _READ_CHUNK = 1 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 _READ_NOFOLLOW_FLAGS = _READ_FLAGS | getattr(os, "O_NOFOLLOW", 0)
@@ -226,121 +206,3 @@ def read_prefix(
         raise PersonaFileError(Path(target), f"cannot be read: {error.strerror or error}") from None
     finally:
         os.close(fd)
-
-
-def fsync_directory(directory: str | os.PathLike[str]) -> None:
-    """Flush a directory entry change (a rename, a create) to disk."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably.
-
-    The new file keeps the permission bits of the file it replaces (0o644, less the umask, for a
-    new one). ``path`` is written as given: confine it first with :func:`confined`.
-    """
-    replace_bytes(path, data)
-    fsync_directory(os.path.dirname(os.fspath(path)) or ".")
-
-
-def create_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """Write ``data`` durably to ``path``, a file that must not exist yet (a file or a symlink
-    already there is ``FileExistsError``: never overwritten, never followed).
-
-    For a name only one writer ever uses, read only once something names it as complete (a
-    session state, before the lane's pointer moves to it): no temp file and rename needed, which
-    saves a turn a ``stat`` and a ``rename``. A crash mid-write may leave a partial file under
-    that name; whatever owns those names collects it. Confine ``path`` first.
-    """
-    target = os.fspath(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(target, flags | getattr(os, "O_CLOEXEC", 0), _DEFAULT_MODE)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(target)
-        raise
-    fsync_directory(os.path.dirname(target) or ".")
-
-
-def replace_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    """:func:`atomic_write_bytes` without the final directory fsync: the new bytes are on disk
-    (fsynced before the rename, so a crash leaves the old file or the new one, never a mix),
-    but the rename itself is durable only after :func:`fsync_directory` of ``path``'s parent.
-
-    For a writer that must keep a lock short: it renames under the lock and fsyncs the
-    directory after releasing it, before it reports the write as saved.
-    """
-    target = os.fspath(path)
-    directory, name = os.path.split(target)
-    temp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}{TEMP_SUFFIX}")
-    try:
-        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
-    except FileNotFoundError:
-        mode = None
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(temp, flags, _DEFAULT_MODE)
-    try:
-        try:
-            if mode is not None:
-                os.fchmod(fd, mode)
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-
-
-def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:
-    """Delete the temp files crashed writers of ``path`` left (``.<name>.<16 hex>.tmp``).
-
-    Call it ONLY while holding ``path``'s write lock: every writer of ``path`` writes under that
-    lock, so any temp file of ``path`` found then belongs to a writer that died mid-write (a
-    SIGKILL skips the cleanup :func:`atomic_write_bytes` does on every error path it can run).
-    Returns the names removed.
-    """
-    directory, name = os.path.split(os.fspath(path))
-    pattern = _temp_pattern(name)
-    removed: list[str] = []
-    try:
-        with os.scandir(directory or ".") as entries:
-            stale = [
-                e for e in entries if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)
-            ]
-    except OSError:
-        return removed
-    for entry in stale:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(entry.path)
-            removed.append(entry.name)
-    return removed
-
-
-@functools.lru_cache(maxsize=256)
-def _temp_pattern(name: str) -> re.Pattern[str]:
-    """What :func:`atomic_write_bytes` names the temp files of ``name``."""
-    return re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{16}}{re.escape(TEMP_SUFFIX)}")
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """:func:`atomic_write_bytes` of ``text`` encoded as UTF-8."""
-    atomic_write_bytes(path, text.encode("utf-8"))

@@ -32,7 +32,8 @@ from pathlib import Path
 
 import structlog
 
-from workers.persona.files import read_prefix, remove_stale_temps, replace_bytes
+from workers.persona.files import read_prefix
+from workers.persona.writes import remove_stale_temps, replace_bytes
 
 __all__ = ["LEDGER_SUFFIX", "MAX_ENTRIES", "WriteLedger", "write_key"]
 
@@ -84,7 +85,7 @@ class WriteLedger:
 
         Appends one line and fsyncs it. A new ledger, or one at twice :data:`MAX_ENTRIES`
         lines, is instead written whole (newest :data:`MAX_ENTRIES`), fsynced and renamed into
-        place: then fsync its directory (:func:`~workers.persona.files.fsync_directory`) once
+        place: then fsync its directory (:func:`~workers.persona.writes.fsync_directory`) once
         the write lock is released."""
         entries = [*self._load(), (key, message)]
         raw = self._raw

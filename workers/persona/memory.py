@@ -21,7 +21,7 @@ Why it looks like this:
   attempt of the turn that repeats a write gets the original answer, and nothing is applied
   twice.
 * **Safe writes.** Each write holds the path's lock (:mod:`workers.persona.locks`) across the
-  read-modify-write and replaces the file atomically (:mod:`workers.persona.files`); paths are
+  read-modify-write and replaces the file atomically (:mod:`workers.persona.writes`); paths are
   confined to the persona directory, so a MEMORY.md or ``memory/`` that links outside is refused.
   Reads (``read``, ``list``) take no lock: atomic replacement means they never see a torn file.
 * **Short critical sections (issue 15).** The new bytes are fsynced before the rename, under the
@@ -46,14 +46,7 @@ from typing import Any
 import structlog
 
 from workers.persona.errors import LockTimeout, PersonaError
-from workers.persona.files import (
-    atomic_write_bytes,
-    confined,
-    fsync_directory,
-    read_prefix,
-    remove_stale_temps,
-    replace_bytes,
-)
+from workers.persona.files import confined, read_prefix
 from workers.persona.home import MAX_FILE_BYTES, persona_home
 from workers.persona.ledger import WriteLedger, write_key
 from workers.persona.locks import DEFAULT_LOCK_TIMEOUT, LockMode, path_lock
@@ -69,6 +62,12 @@ from workers.persona.memory_spec import (
     valid_note_slug,
 )
 from workers.persona.tools import ToolResult
+from workers.persona.writes import (
+    atomic_write_bytes,
+    fsync_directory,
+    remove_stale_temps,
+    replace_bytes,
+)
 
 __all__ = ["MAX_ENTRY_BYTES", "MemoryTool", "memory_tool", "valid_note_slug"]
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 
 import structlog
 
-from workers.persona.files import fsync_directory
+from workers.persona.writes import fsync_directory
 
 __all__ = ["EXIT_WAIT_SECONDS", "Reaper"]
 

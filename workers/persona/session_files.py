@@ -35,10 +35,11 @@ from pathlib import Path
 import structlog
 
 from workers.persona.errors import PersonaFileError
-from workers.persona.files import atomic_write_bytes, confined, create_bytes, read_prefix, real_root
+from workers.persona.files import confined, read_prefix, real_root
 from workers.persona.locks import LockMode, lock_file_for, path_lock
 from workers.persona.session import Pointer, SessionState
 from workers.persona.transcripts import valid_transcript_name
+from workers.persona.writes import atomic_write_bytes, create_bytes
 
 __all__ = [
     "MAX_STATE_BYTES",

@@ -25,9 +25,10 @@ import structlog
 
 from workers.persona.clock import Clock
 from workers.persona.errors import PersonaFileError
-from workers.persona.files import file_kind, fsync_directory
+from workers.persona.files import file_kind
 from workers.persona.messages import Message
 from workers.persona.transcript_layout import FORMAT_VERSION, ConversationInfo
+from workers.persona.writes import fsync_directory
 
 __all__ = ["ConversationWriter", "LaneFiles"]
 

@@ -1,0 +1,154 @@
+"""Durable writes inside a persona directory: atomic replacement, exclusive creation, and the
+temp files a crashed writer leaves.
+
+* **Atomic writes.** :func:`atomic_write_bytes` writes a temp file in the same directory, fsyncs
+  it, ``os.replace``-s it over the target and fsyncs the directory: a reader sees the old bytes or
+  the new bytes, never a mix, and a crash leaves the old file plus at most one hidden
+  ``.<name>.<hex>.tmp`` file (removed on every error path we get to run; one a SIGKILL left is
+  removed by the next writer holding the path's lock, :func:`remove_stale_temps`).
+* **Exclusive creation.** :func:`create_bytes` for a name only its writer uses and nothing reads
+  before it is complete: no temp file and no rename.
+
+Paths are written as given: confine them first (:func:`workers.persona.files.confined`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import re
+import secrets
+import stat
+
+__all__ = [
+    "TEMP_SUFFIX",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "create_bytes",
+    "fsync_directory",
+    "remove_stale_temps",
+    "replace_bytes",
+]
+
+#: Temp files are ``.<target name>.<16 hex>.tmp`` in the target's own directory: hidden, and
+#: never matching ``*.md``, so listings of notes never show one.
+TEMP_SUFFIX = ".tmp"
+
+_DEFAULT_MODE = 0o644
+
+
+def fsync_directory(directory: str | os.PathLike[str]) -> None:
+    """Flush a directory entry change (a rename, a create) to disk."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably.
+
+    The new file keeps the permission bits of the file it replaces (0o644, less the umask, for a
+    new one). ``path`` is written as given: confine it first with :func:`confined`.
+    """
+    replace_bytes(path, data)
+    fsync_directory(os.path.dirname(os.fspath(path)) or ".")
+
+
+def create_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` durably to ``path``, a file that must not exist yet (a file or a symlink
+    already there is ``FileExistsError``: never overwritten, never followed).
+
+    For a name only one writer ever uses, read only once something names it as complete (a
+    session state, before the lane's pointer moves to it): no temp file and rename needed, which
+    saves a turn a ``stat`` and a ``rename``. A crash mid-write may leave a partial file under
+    that name; whatever owns those names collects it. Confine ``path`` first.
+    """
+    target = os.fspath(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(target, flags | getattr(os, "O_CLOEXEC", 0), _DEFAULT_MODE)
+    try:
+        _write_synced(fd, data)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(target)
+        raise
+    fsync_directory(os.path.dirname(target) or ".")
+
+
+def replace_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+    """:func:`atomic_write_bytes` without the final directory fsync: the new bytes are on disk
+    (fsynced before the rename, so a crash leaves the old file or the new one, never a mix),
+    but the rename itself is durable only after :func:`fsync_directory` of ``path``'s parent.
+
+    For a writer that must keep a lock short: it renames under the lock and fsyncs the
+    directory after releasing it, before it reports the write as saved.
+    """
+    target = os.fspath(path)
+    directory, name = os.path.split(target)
+    temp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}{TEMP_SUFFIX}")
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mode = None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(temp, flags, _DEFAULT_MODE)
+    try:
+        _write_synced(fd, data, mode=mode)
+        os.replace(temp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def _write_synced(fd: int, data: bytes, *, mode: int | None = None) -> None:
+    """All of ``data`` to ``fd`` (with ``mode`` first, when given), fsynced; closes ``fd``."""
+    try:
+        if mode is not None:
+            os.fchmod(fd, mode)
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:
+    """Delete the temp files crashed writers of ``path`` left (``.<name>.<16 hex>.tmp``).
+
+    Call it ONLY while holding ``path``'s write lock: every writer of ``path`` writes under that
+    lock, so any temp file of ``path`` found then belongs to a writer that died mid-write (a
+    SIGKILL skips the cleanup :func:`atomic_write_bytes` does on every error path it can run).
+    Returns the names removed.
+    """
+    directory, name = os.path.split(os.fspath(path))
+    pattern = _temp_pattern(name)
+    removed: list[str] = []
+    try:
+        with os.scandir(directory or ".") as entries:
+            stale = [
+                e for e in entries if pattern.fullmatch(e.name) and e.is_file(follow_symlinks=False)
+            ]
+    except OSError:
+        return removed
+    for entry in stale:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry.path)
+            removed.append(entry.name)
+    return removed
+
+
+@functools.lru_cache(maxsize=256)
+def _temp_pattern(name: str) -> re.Pattern[str]:
+    """What :func:`atomic_write_bytes` names the temp files of ``name``."""
+    return re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{16}}{re.escape(TEMP_SUFFIX)}")
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` encoded as UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
