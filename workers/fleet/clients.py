@@ -5,8 +5,8 @@ so a pool that runs dry shows on the dashboard long before a call gives up.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable
 from queue import Empty, LifoQueue
 from typing import Any
 
@@ -45,13 +45,6 @@ class _FreeConnections(LifoQueue[Any]):
             metrics.REDIS_CONNECTION_WAIT.labels(client=self.client).observe(waited)
 
 
-def _free_connections(client: str) -> Callable[[int], LifoQueue[Any]]:
-    def make(maxsize: int) -> LifoQueue[Any]:
-        return _FreeConnections(maxsize, client=client)
-
-    return make
-
-
 def fleet_client(settings: Settings) -> redis.Redis:
     """The process's coordination client (``REDIS_URL``): see :func:`sized_client`."""
     return sized_client(
@@ -80,7 +73,7 @@ def sized_client(url: str, settings: Settings, *, client: str, **options: Any) -
         url,
         max_connections=connections_for(settings.worker_concurrency),
         timeout=CONNECTION_WAIT,
-        queue_class=_free_connections(client),
+        queue_class=functools.partial(_FreeConnections, client=client),
         **options,
     )
     made = redis.Redis(connection_pool=pool)

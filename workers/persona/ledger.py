@@ -33,7 +33,7 @@ from pathlib import Path
 import structlog
 
 from workers.persona.files import read_prefix
-from workers.persona.writes import remove_stale_temps, replace_bytes
+from workers.persona.writes import remove_stale_temps, replace_bytes, write_synced
 
 __all__ = ["LEDGER_SUFFIX", "MAX_ENTRIES", "WriteLedger", "write_key"]
 
@@ -110,11 +110,4 @@ def _line(key: str, message: str) -> bytes:
 def _append(path: Path, data: bytes) -> None:
     """Append ``data`` to the existing file at ``path`` and fsync it (never through a link)."""
     flags = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_synced(os.open(path, flags), data)

@@ -28,7 +28,7 @@ from workers.persona.errors import PersonaFileError
 from workers.persona.files import file_kind
 from workers.persona.messages import Message
 from workers.persona.transcript_layout import FORMAT_VERSION, ConversationInfo
-from workers.persona.writes import fsync_directory
+from workers.persona.writes import fsync_directory, write_all
 
 __all__ = ["ConversationWriter", "LaneFiles"]
 
@@ -49,13 +49,6 @@ class LaneFiles(Protocol):
     def created(self, path: Path) -> None:
         """Record the store's own new file in the cached listing."""
         ...
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
 
 
 def _line(data: dict[str, Any]) -> bytes:
@@ -101,7 +94,7 @@ class ConversationWriter:
         """
         line = _line({"at": self._clock.time(), "message": message.to_dict()})
         if self._fd is not None:
-            _write_all(self._fd, line)
+            write_all(self._fd, line)
             self._dirty = True
             return
         # Read and write: a resumed conversation's torn-tail check reads its last byte through
@@ -119,7 +112,7 @@ class ConversationWriter:
                 raise PersonaFileError(self._path, problem)
             if not self._checked_tail:
                 self._terminate_torn_tail(fd, info.st_size)
-            _write_all(fd, line)
+            write_all(fd, line)
             if self._sync_each:
                 os.fsync(fd)
         except BaseException:
@@ -170,7 +163,7 @@ class ConversationWriter:
         self._store.created(self._path)
         self._checked_tail = True
         try:
-            _write_all(fd, header + first)
+            write_all(fd, header + first)
             if self._sync_each:
                 os.fsync(fd)
         except BaseException:
@@ -190,5 +183,5 @@ class ConversationWriter:
         if size == 0:
             return
         if os.pread(fd, 1, size - 1) != b"\n":
-            _write_all(fd, b"\n")
+            write_all(fd, b"\n")
             log.warning("transcript.torn_tail_terminated", path=str(self._path))

@@ -29,6 +29,8 @@ __all__ = [
     "fsync_directory",
     "remove_stale_temps",
     "replace_bytes",
+    "write_all",
+    "write_synced",
 ]
 
 #: Temp files are ``.<target name>.<16 hex>.tmp`` in the target's own directory: hidden, and
@@ -70,7 +72,7 @@ def create_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(target, flags | getattr(os, "O_CLOEXEC", 0), _DEFAULT_MODE)
     try:
-        _write_synced(fd, data)
+        write_synced(fd, data)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(target)
@@ -96,7 +98,7 @@ def replace_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(temp, flags, _DEFAULT_MODE)
     try:
-        _write_synced(fd, data, mode=mode)
+        write_synced(fd, data, mode=mode)
         os.replace(temp, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -104,15 +106,19 @@ def replace_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         raise
 
 
-def _write_synced(fd: int, data: bytes, *, mode: int | None = None) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """All of ``data`` to ``fd`` (``os.write`` may write less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def write_synced(fd: int, data: bytes, *, mode: int | None = None) -> None:
     """All of ``data`` to ``fd`` (with ``mode`` first, when given), fsynced; closes ``fd``."""
     try:
         if mode is not None:
             os.fchmod(fd, mode)
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
