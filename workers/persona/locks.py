@@ -42,7 +42,7 @@ from pathlib import Path, PurePath
 from typing import Literal
 
 import structlog
-from filelock import Timeout
+from filelock import BaseFileLock, StrictSoftFileLock, Timeout
 
 from workers.persona.errors import LockTimeout
 from workers.persona.files import confined
@@ -52,7 +52,6 @@ from workers.persona.shared_claims import (
     break_dead_local_claims,
     break_shared_lock,
     enter_waiting_room,
-    shared_lock,
     shared_lock_holders,
 )
 
@@ -82,13 +81,15 @@ _log = structlog.get_logger("soulfleet.locks")
 _observer: Callable[[float], None] | None = None
 _registry_guard = threading.Lock()
 _thread_locks: dict[str, threading.Lock] = {}
+_shared_locks: dict[str, BaseFileLock] = {}
 
 
 def _reset_after_fork() -> None:
     # A lock held by another thread at fork time would never be released in the child.
-    global _registry_guard, _thread_locks  # noqa: PLW0603
+    global _registry_guard, _thread_locks, _shared_locks  # noqa: PLW0603
     _registry_guard = threading.Lock()
     _thread_locks = {}
+    _shared_locks = {}
 
 
 if hasattr(os, "register_at_fork"):
@@ -156,6 +157,17 @@ def _thread_lock(key: str) -> threading.Lock:
         return lock
 
 
+def _shared_lock(lock_file: Path) -> BaseFileLock:
+    # One instance per lock file per process, reused: building one per acquisition cost about
+    # a third of it. Only the thread holding the path's gate ever uses it.
+    key = os.fspath(lock_file)
+    with _registry_guard:
+        lock = _shared_locks.get(key)
+        if lock is None:
+            lock = _shared_locks[key] = StrictSoftFileLock(lock_file)
+        return lock
+
+
 @contextmanager
 def path_lock(
     lock_file: str | os.PathLike[str],
@@ -190,7 +202,7 @@ def path_lock(
         path = Path(name)
         room = enter_waiting_room(path, deadline)
         try:
-            lock = shared_lock(path)
+            lock = _shared_lock(path)
             try:
                 acquire_shared(lock, path, deadline)
             except Timeout:

@@ -15,7 +15,6 @@ What this room adds to filelock's claims (:mod:`workers.persona.locks` says when
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 
@@ -33,7 +32,6 @@ __all__ = [
     "break_dead_local_claims",
     "break_shared_lock",
     "enter_waiting_room",
-    "shared_lock",
     "shared_lock_holders",
 ]
 
@@ -42,31 +40,6 @@ _ROOM_SUFFIX = ".wait"
 _SHARED_SLICE = 0.5
 
 _log = structlog.get_logger("soulfleet.locks")
-
-_guard = threading.Lock()
-_shared_locks: dict[str, BaseFileLock] = {}
-
-
-def _reset_after_fork() -> None:
-    # A lock held by another thread at fork time would never be released in the child.
-    global _guard, _shared_locks  # noqa: PLW0603
-    _guard = threading.Lock()
-    _shared_locks = {}
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-def shared_lock(lock_file: Path) -> BaseFileLock:
-    # One instance per lock file per process, reused: building one per acquisition cost about
-    # a third of it. Only the thread holding the path's gate ever uses it.
-    key = os.fspath(lock_file)
-    with _guard:
-        lock = _shared_locks.get(key)
-        if lock is None:
-            lock = _shared_locks[key] = StrictSoftFileLock(lock_file)
-        return lock
 
 
 def enter_waiting_room(path: Path, deadline: float | None) -> str | None:
