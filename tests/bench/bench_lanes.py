@@ -116,7 +116,10 @@ def bench_cycles(client: redis.Redis, cycles: int, lane_count: int = 100) -> flo
 
 
 def main() -> None:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        cache_logger_on_first_use=True,  # as workers/logs.py configures production
+    )
     configured = os.environ.get("REDIS_URL", "").strip() or None
     with tempfile.TemporaryDirectory() as scratch, live_redis(configured, Path(scratch)) as url:
         source = "REDIS_URL" if url == configured else "own redis-server"

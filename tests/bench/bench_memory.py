@@ -67,7 +67,10 @@ def _serve(conn: Connection, worker: int, barriers: dict[int, Barrier]) -> None:
     """A long-lived worker process. For each command it alternates blocks of floor operations
     and memory adds; all workers of the command pass a barrier between blocks, so every block
     runs on its own, and worker 0 times the blocks: (floor seconds, add seconds)."""
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        cache_logger_on_first_use=True,  # as workers/logs.py configures production
+    )
     while True:
         command = conn.recv()
         if command is None:

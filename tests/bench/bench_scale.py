@@ -81,7 +81,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--due-share", type=float, default=1 / 3600, help="share due per sweep")
     args = parser.parse_args(argv)
     configure_logging("console", "WARNING", force=True)
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        cache_logger_on_first_use=True,  # as workers/logs.py configures production
+    )
     n = args.lanes
     with tempfile.TemporaryDirectory() as scratch, RedisServer(Path(scratch) / "redis") as server:
         settings = Settings.from_env(

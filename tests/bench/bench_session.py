@@ -48,7 +48,10 @@ TARGET = 0.90
 
 
 def _quiet() -> None:
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        cache_logger_on_first_use=True,  # as workers/logs.py configures production
+    )
 
 
 def common_prefix(a: bytes, b: bytes) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -101,7 +102,7 @@ def test_the_ledger_stays_bounded(home: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_a_keyed_write_appends_one_line_to_the_ledger(home: Path) -> None:
-    """Recording a write appends to the ledger in place (one fsync, no rename): same inode."""
+    """Recording a write appends to the ledger in place (no rename): same inode."""
     _run(home, "ava:1", {"action": "add", "text": "first"})
     ledger = home / ".locks" / "MEMORY.md.applied"
     inode, before = ledger.stat().st_ino, ledger.read_bytes()
@@ -124,6 +125,53 @@ def test_a_torn_last_ledger_line_costs_no_later_entry(home: Path) -> None:
     assert (home / "MEMORY.md").read_text().count("second") == 1
     assert _run(home, "ava:1", {"action": "add", "text": "first"})[0].startswith("Added")
     assert (home / "MEMORY.md").read_text().count("first") == 1
+
+
+def test_a_keyed_write_costs_the_fsyncs_of_its_data_only(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the ledger exists, a keyed add fsyncs its new file and the directory, like an
+    unkeyed one: the appended ledger line has no fsync of its own (issue 15)."""
+    _run(home, "ava:1", {"action": "add", "text": "creates the ledger"})
+    synced: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert _run(home, "ava:1", {"action": "add", "text": "second"})[0].startswith("Added")
+    assert len(synced) == 2
+
+
+_KILLED_AFTER_LEDGER = """
+import os, signal, sys
+from workers.persona.ledger import WriteLedger
+from workers.persona.memory import memory_tool
+record = WriteLedger.record
+def record_then_die(self, key, message):
+    record(self, key, message)
+    os.kill(os.getpid(), signal.SIGKILL)  # the line is appended, never fsynced
+WriteLedger.record = record_then_die
+memory_tool(sys.argv[1], write_scope="ava:7").execute({"action": "add", "text": "once"})
+"""
+
+
+_ONCE = {"action": "add", "text": "once"}
+
+
+@pytest.mark.integration
+def test_a_writer_killed_after_its_unsynced_ledger_line_is_answered_from_it(home: Path) -> None:
+    """The ledger line is not fsynced, but a process that dies (what retries a turn) leaves
+    it in the page cache: the retry is answered from the ledger and the entry lands once."""
+    _run(home, "ava:7", {"action": "add", "text": "creates the ledger"})
+    done = subprocess.run([sys.executable, "-c", _KILLED_AFTER_LEDGER, str(home)], check=False)
+    assert done.returncode == -signal.SIGKILL
+    assert (home / "MEMORY.md").read_text().count("- once\n") == 1
+    retry = _run(home, "ava:7", {"action": "add", "text": "creates the ledger"}, _ONCE)
+    assert all(output.startswith("Added an entry to MEMORY.md") for output in retry)
+    assert (home / "MEMORY.md").read_text().count("- once\n") == 1
 
 
 _CRASHING_WRITER = """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import stat
 import threading
 from pathlib import Path
@@ -124,3 +125,31 @@ def test_reader_never_sees_a_torn_file(tmp_path: Path) -> None:
         thread.join()
     assert reads > 0
     assert tree(tmp_path) == {"MEMORY.md"}
+
+
+def test_a_temp_name_already_taken_is_skipped_never_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Temp names are pseudo-random: one that exists (even a symlink) is never opened; the
+    writer draws another name, and the file in the way is left exactly as it was."""
+    target = tmp_path / "MEMORY.md"
+    taken = tmp_path / f".MEMORY.md.{0xAB:016x}.tmp"
+    taken.symlink_to(tmp_path / "elsewhere")
+    draws = iter([0xAB, 0xAB, 0xCD])
+    monkeypatch.setattr(random, "getrandbits", lambda bits: next(draws))
+    atomic_write_bytes(target, b"new\n")
+    assert target.read_bytes() == b"new\n"
+    assert taken.is_symlink()
+    assert not (tmp_path / "elsewhere").exists()
+    assert next(draws, None) is None  # two taken draws skipped, the third used
+
+
+def test_a_writer_that_only_draws_taken_names_fails_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a few taken names in a row the write fails with FileExistsError, writing nothing."""
+    (tmp_path / f".MEMORY.md.{0xAB:016x}.tmp").write_bytes(b"someone's")
+    monkeypatch.setattr(random, "getrandbits", lambda bits: 0xAB)
+    with pytest.raises(FileExistsError):
+        atomic_write_bytes(tmp_path / "MEMORY.md", b"new\n")
+    assert not (tmp_path / "MEMORY.md").exists()

@@ -9,18 +9,23 @@ write, so a retried identical write is answered exactly as before and not applie
 
 Where and how big: one small file per data path, beside its lock under ``<persona>/.locks/``
 (``.locks/MEMORY.md.applied``), JSON lines of ``{"key", "message"}``. Each write appends its
-line and fsyncs it (one fsync, no temp file or rename: issue 15); when the file holds twice
+line, with no fsync of its own (issue 15, below); when the file holds twice
 :data:`MAX_ENTRIES` lines it is rewritten atomically with the newest :data:`MAX_ENTRIES` (a
 turn makes at most ``SOULFLEET_TURN_MAX_TOOL_CALLS`` writes; a retry comes within minutes), so
 it never grows past that. A line torn by a crash mid-append is skipped when read (forgetting
 one key is the safe side), and the next append starts on a fresh line. Read through the
 bounded reader; created and compacted atomically like every persona file.
 
-The data file is written first and the ledger after it: a crash between the two can repeat
-one write (the old behaviour) but never lose one. So that the write lock is held for as few
-fsyncs as possible, :meth:`WriteLedger.record` leaves the directory fsync of a created or
-compacted ledger to its caller, after the lock (issue 15): until then a crash can forget the
-newest entry, which again repeats a write but never loses one.
+The data file is made durable first (fsync, rename, directory fsync) and the ledger line is
+appended after it: the line can never be on disk ahead of its write, so a crash can repeat one
+write (the old behaviour) but never lose one. The line itself is not fsynced (issue 15: it was
+a third fsync under the lock, and fleet turns always keep a ledger). What that gives up is
+narrow: a process that dies (a SIGKILL, an OOM kill, a lost lease: what retries turns) leaves
+its appended line in the page cache, where the retry reads it; only a crash of the whole machine
+within the filesystem's commit interval (seconds) can forget the newest lines, and then a
+retried turn repeats those writes once. A created or compacted ledger is still written whole,
+fsynced and renamed (:meth:`WriteLedger.record` leaves its directory fsync to the caller, after
+the lock), so a compaction can never leave a torn or empty ledger.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from pathlib import Path
 import structlog
 
 from workers.persona.files import read_prefix
-from workers.persona.writes import remove_stale_temps, replace_bytes, write_synced
+from workers.persona.writes import remove_stale_temps, replace_bytes, write_all
 
 __all__ = ["LEDGER_SUFFIX", "MAX_ENTRIES", "WriteLedger", "write_key"]
 
@@ -56,51 +61,63 @@ class WriteLedger:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._entries: list[tuple[str, str]] | None = None
+        self._loaded = False
         self._raw: bytes | None = None
 
-    def _load(self) -> list[tuple[str, str]]:
-        if self._entries is None:
-            entries: list[tuple[str, str]] = []
+    def _bytes(self) -> bytes | None:
+        """The ledger's bytes (read once); None when there is no ledger yet."""
+        if not self._loaded:
             self._raw = read_prefix(self.path, _MAX_BYTES)
-            raw = self._raw or b""
-            for line in raw[:_MAX_BYTES].splitlines():
-                try:
-                    record = json.loads(line)
-                    entries.append((str(record["key"]), str(record["message"])))
-                except (ValueError, KeyError, TypeError):
-                    continue  # a torn or hand-edited line: forgetting one key is the safe side
-            self._entries = entries
-        return self._entries
+            self._loaded = True
+        return self._raw
+
+    def _entries(self) -> list[tuple[str, str]]:
+        entries: list[tuple[str, str]] = []
+        for line in (self._bytes() or b"")[:_MAX_BYTES].splitlines():
+            try:
+                record = json.loads(line)
+                entries.append((str(record["key"]), str(record["message"])))
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn or hand-edited line: forgetting one key is the safe side
+        return entries
 
     def answer(self, key: str) -> str | None:
         """What the write with ``key`` answered when it was applied, or None if it never was."""
-        for known, message in reversed(self._load()):
+        raw = self._bytes()
+        # Nearly every write is new: a key absent from the bytes needs no parsing (parsing up
+        # to 1,024 lines on every write cost a fleet turn's add more than its fsyncs).
+        if raw is None or key.encode("ascii", "replace") not in raw:
+            return None
+        for known, message in reversed(self._entries()):
             if known == key:
                 return message
         return None
 
-    def record(self, key: str, message: str) -> None:
+    def record(self, key: str, message: str) -> bool:
         """Remember that ``key`` was applied and answered ``message``.
 
-        Appends one line and fsyncs it. A new ledger, or one at twice :data:`MAX_ENTRIES`
-        lines, is instead written whole (newest :data:`MAX_ENTRIES`), fsynced and renamed into
-        place: then fsync its directory (:func:`~workers.persona.writes.fsync_directory`) once
-        the write lock is released."""
-        entries = [*self._load(), (key, message)]
-        raw = self._raw
+        Appends one line, not fsynced (see the module), and returns False. A new ledger, or
+        one at twice :data:`MAX_ENTRIES` lines, is instead written whole (newest
+        :data:`MAX_ENTRIES`), fsynced and renamed into place, and True says so: then fsync its
+        directory (:func:`~workers.persona.writes.fsync_directory`) once the write lock is
+        released."""
+        raw = self._bytes()
         line = _line(key, message)
-        if raw is None or len(entries) > 2 * MAX_ENTRIES or len(raw) + len(line) > _MAX_BYTES:
-            entries = entries[-MAX_ENTRIES:]
+        lines = 0 if raw is None else raw.count(b"\n")
+        if raw is None or lines >= 2 * MAX_ENTRIES or len(raw) + len(line) > _MAX_BYTES:
+            entries = [*self._entries(), (key, message)][-MAX_ENTRIES:]
             data = b"".join(_line(k, m) for k, m in entries)
             remove_stale_temps(self.path)
             replace_bytes(self.path, data)
+            replaced = True
         else:
             # A crash mid-append leaves a torn last line: start ours on a fresh one.
             data = raw + (b"" if not raw or raw.endswith(b"\n") else b"\n") + line
             _append(self.path, data[len(raw) :])
-        self._entries, self._raw = entries, data
-        _log.debug("memory.ledger_recorded", path=str(self.path), entries=len(entries))
+            replaced = False
+        self._raw = data
+        _log.debug("memory.ledger_recorded", path=str(self.path), lines=data.count(b"\n"))
+        return replaced
 
 
 def _line(key: str, message: str) -> bytes:
@@ -108,6 +125,10 @@ def _line(key: str, message: str) -> bytes:
 
 
 def _append(path: Path, data: bytes) -> None:
-    """Append ``data`` to the existing file at ``path`` and fsync it (never through a link)."""
+    """Append ``data`` to the existing file at ``path`` (never through a link); no fsync."""
     flags = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    write_synced(os.open(path, flags), data)
+    fd = os.open(path, flags)
+    try:
+        write_all(fd, data)
+    finally:
+        os.close(fd)

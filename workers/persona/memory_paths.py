@@ -47,6 +47,8 @@ class WriteTarget:
     data: str
     #: ``data`` relative to ``root``, for logs.
     relative: str
+    #: The directory ``data`` lives in (fsynced after each write).
+    directory: str
     lock: str
     ledger: str | None
     #: Directories that must still be directories (never symlinks) at these very paths.
@@ -81,7 +83,8 @@ class TargetCache:
         lock = lock_file_for(root, data, lock_mode)
         ledger_file = ledger_file_for(root, data) if ledger else None
         target = WriteTarget(
-            root, _identity(os.stat(root)), str(data), str(data.relative_to(root)), str(lock),
+            root, _identity(os.stat(root)), str(data), str(data.relative_to(root)),
+            str(data.parent), str(lock),
             None if ledger_file is None else str(ledger_file),
             dirs=tuple(str(root / d) for d in _parents(request.relative)),
             files=tuple(str(p) for p in (data, lock, ledger_file) if p is not None),
@@ -116,7 +119,7 @@ def _still_valid(path: Path, known: WriteTarget) -> bool:
     try:
         if _identity(os.stat(path)) != known.identity:
             return False
-        if _identity(os.stat(known.root)) != known.identity:
+        if known.root != path and _identity(os.stat(known.root)) != known.identity:
             return False
         for directory in known.dirs:
             if not stat.S_ISDIR(os.lstat(directory).st_mode):

@@ -154,18 +154,29 @@ class MemoryRequest:
     collapsed: bool = False
 
 
-def _string(arguments: Mapping[str, Any], key: str, hint: str) -> str | None:
+def _string(arguments: Mapping[str, Any], key: str, notes: bool) -> str | None:
     """The string value of ``key``; None when absent or null. Raises ValueError with a message."""
     value = arguments.get(key)
     if value is None:
         return None
     if not isinstance(value, str):
+        hint = _hint(key, notes)
         raise ValueError(f"'{key}' must be a string, got {type(value).__name__}: {hint}.")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
+        hint = _hint(key, notes)
         raise ValueError(f"'{key}' contains invalid Unicode (a lone surrogate): {hint}.") from None
     return value
+
+
+def _hint(key: str, notes: bool) -> str:
+    """What ``key`` should hold, for an error message."""
+    if key == "action":
+        return f"one of {', '.join((*_WRITES, *_READS) if notes else _WRITES)}"
+    if key == "target":
+        return '"self", "user" or "note:<slug>"' if notes else '"self" or "user"'
+    return "the entry or the exact text to find" if key == "text" else "the replacement text"
 
 
 def parse_request(arguments: object, *, notes: bool, max_entry_bytes: int) -> MemoryRequest | str:
@@ -189,10 +200,11 @@ def _checked(arguments: Mapping[Any, Any], *, notes: bool, max_entry_bytes: int)
         )
     actions = (*_WRITES, *_READS) if notes else _WRITES
     targets = '"self", "user" or "note:<slug>"' if notes else '"self" or "user"'
-    action = _string(arguments, "action", f"one of {', '.join(actions)}")
-    target = _string(arguments, "target", targets) or "self"
-    text = _string(arguments, "text", "the entry or the exact text to find")
-    with_ = _string(arguments, "with", "the replacement text")
+    # The hints are the _HINTS templates, filled in only for an error message.
+    action = _string(arguments, "action", notes)
+    target = _string(arguments, "target", notes) or "self"
+    text = _string(arguments, "text", notes)
+    with_ = _string(arguments, "with", notes)
     if action is None:
         raise ValueError(f"missing 'action': use one of {', '.join(actions)}.")
     if action not in actions:

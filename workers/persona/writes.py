@@ -17,8 +17,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import random
 import re
-import secrets
 import stat
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
 TEMP_SUFFIX = ".tmp"
 
 _DEFAULT_MODE = 0o644
+_TEMP_ATTEMPTS = 4
 
 
 def fsync_directory(directory: str | os.PathLike[str]) -> None:
@@ -90,13 +91,21 @@ def replace_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     """
     target = os.fspath(path)
     directory, name = os.path.split(target)
-    temp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}{TEMP_SUFFIX}")
     try:
         mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
     except FileNotFoundError:
         mode = None
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(temp, flags, _DEFAULT_MODE)
+    for attempt in range(_TEMP_ATTEMPTS):
+        # Unique, not secret: O_EXCL refuses a name that exists (and never follows a link), so a
+        # pseudo-random name is enough and spares each write a getrandom system call.
+        temp = os.path.join(directory, f".{name}.{random.getrandbits(64):016x}{TEMP_SUFFIX}")
+        try:
+            fd = os.open(temp, flags, _DEFAULT_MODE)
+            break
+        except FileExistsError:
+            if attempt == _TEMP_ATTEMPTS - 1:
+                raise
     try:
         write_synced(fd, data, mode=mode)
         os.replace(temp, target)
