@@ -405,20 +405,36 @@ def test_work_id_survives_failed_and_crashed_attempts_and_moves_on_with_a_commit
     """The work id a turn keys its memory writes with is the same for every attempt at the
     same work (after a fail and retry, after a crash and re-start) and changes once it commits."""
     started = lanes.start("ava", _queued_turn(lanes), "w1")
-    work = work_id("ava", started.commits)
-    assert work == "ava:0"
+    work = work_id("ava", started.commits, started.born_ms)
+    assert work == f"ava:{started.born_ms}:0"
     retry = lanes.fail("ava", started.fence, error="boom").retry_turn_id
     assert retry is not None
     again = lanes.start("ava", retry, "w2")
-    assert work_id("ava", again.commits) == work
+    assert work_id("ava", again.commits, again.born_ms) == work
     _crash(redis_client, keys)
     third = lanes.start("ava", retry, "w3")
     assert third.status == "started"
-    assert work_id("ava", third.commits) == work
+    assert work_id("ava", third.commits, third.born_ms) == work
     lanes.finish("ava", third.fence, status="done", text="ok")
     assert again.fence < third.fence
     fourth = lanes.start("ava", _queued_turn(lanes), "w1")
-    assert work_id("ava", fourth.commits) == "ava:1"
+    assert work_id("ava", fourth.commits, fourth.born_ms) == f"ava:{started.born_ms}:1"
+
+
+def test_a_lane_whose_redis_state_was_lost_never_reuses_a_work_id(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys, clock: VirtualClock
+) -> None:
+    """Redis lost the lane (no AOF, a flushed database): its commit count starts from 0 again,
+    but the work id does not repeat, so the persona's write ledger cannot answer the new
+    turns' memory writes as "already applied" and skip them."""
+    first = lanes.start("ava", _queued_turn(lanes), "w1")
+    lanes.finish("ava", first.fence, status="done", text="ok")
+    redis_client.delete(*keys.lane_keys("ava"))
+    clock.advance(1)
+    again = lanes.start("ava", _queued_turn(lanes), "w1")
+    assert (again.status, again.commits) == ("started", 0)
+    assert again.born_ms != first.born_ms
+    assert work_id("ava", again.commits, again.born_ms) != work_id("ava", 0, first.born_ms)
 
 
 def test_start_returns_what_the_turn_needs_to_know_about_its_lane(
@@ -445,7 +461,7 @@ def test_start_returns_what_the_turn_needs_to_know_about_its_lane(
         2,
         1234,
     )
-    assert work_id("ava", second.commits) == "ava:8"
+    assert work_id("ava", second.commits, second.born_ms) == f"ava:{first.born_ms}:8"
 
 
 # -- fail / attempts / dead-letter ----------------------------------------------------------------

@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.support.persona import tree
-from workers.persona.writes import atomic_write_bytes, atomic_write_text, create_bytes
+from workers.persona.writes import (
+    atomic_write_bytes,
+    atomic_write_text,
+    create_bytes,
+    remove_stale_temps,
+)
 
 
 def test_atomic_write_creates_and_replaces(tmp_path: Path) -> None:
@@ -153,3 +158,24 @@ def test_a_writer_that_only_draws_taken_names_fails_loudly(
     with pytest.raises(FileExistsError):
         atomic_write_bytes(tmp_path / "MEMORY.md", b"new\n")
     assert not (tmp_path / "MEMORY.md").exists()
+
+
+def test_a_stale_temp_this_writer_may_not_remove_never_stops_the_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crashed writer's temp file owned by someone else (EPERM on unlink, as in a sticky
+    directory) is left where it is; the write itself goes ahead."""
+    foreign = tmp_path / f".MEMORY.md.{0xEE:016x}.tmp"
+    foreign.write_bytes(b"another user's")
+    real_unlink = os.unlink
+
+    def unlink(path: str, *args: object, **kwargs: object) -> None:
+        if os.fspath(path) == str(foreign):
+            raise PermissionError(1, "Operation not permitted", str(path))
+        real_unlink(path)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+    assert remove_stale_temps(tmp_path / "MEMORY.md") == []
+    atomic_write_bytes(tmp_path / "MEMORY.md", b"new\n")
+    assert (tmp_path / "MEMORY.md").read_bytes() == b"new\n"
+    assert foreign.read_bytes() == b"another user's"

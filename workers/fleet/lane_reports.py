@@ -12,15 +12,19 @@ from workers.persona.session import Pointer
 __all__ = ["LaneReports", "work_id"]
 
 
-def work_id(lane: str, commits: int) -> str:
-    """The id of the work a lane's current turn does: ``<lane>:<committed turns>`` (the turn's
-    start returns the count).
+def work_id(lane: str, commits: int, born_ms: int) -> str:
+    """The id of the work a lane's current turn does: ``<lane>:<born>:<committed turns>`` (the
+    turn's start returns both numbers).
 
     It stays the same across every failed or crashed attempt at that work (only a commit
     moves it on), so the holder of the lane's fence can key side effects with it: a retried
     attempt repeating its predecessor's memory write is recognised and not applied twice.
+    ``born_ms`` (when the lane's Redis state was created) keeps ids unique when that state is
+    lost (a Redis without its AOF, a flushed database): the commit count starts from 0 again,
+    and without it the first turns after would find their writes "already applied" in the
+    persona's ledger and silently skip them.
     """
-    return f"{lane}:{commits}"
+    return f"{lane}:{born_ms}:{commits}"
 
 
 class LaneReports(LaneStore):

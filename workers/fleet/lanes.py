@@ -161,11 +161,13 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
             return StartOutcome("dead", error=str(reply[1]))
         if status != "started":
             return StartOutcome(cast(Literal["duplicate", "stale"], status))
-        fence, attempt, kind, ticks, recovered, commits, session, epoch, last_pass = reply[1:10]
+        fence, attempt, kind, ticks, recovered, commits, session, epoch, last_pass, born = reply[
+            1:11
+        ]
         return StartOutcome(
             "started",
             fence=int(fence),
-            items=[_item(raw) for raw in reply[10:]],
+            items=[_item(raw) for raw in reply[11:]],
             ticks=int(ticks),
             recovered=int(recovered),
             attempt=int(attempt),
@@ -174,6 +176,7 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
             session=str(session) if session else None,
             session_epoch=int(epoch or 0),
             last_pass_ms=int(last_pass) if last_pass else None,
+            born_ms=int(born),
         )
 
     def finish(

@@ -139,7 +139,7 @@ def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:
     Call it ONLY while holding ``path``'s write lock: every writer of ``path`` writes under that
     lock, so any temp file of ``path`` found then belongs to a writer that died mid-write (a
     SIGKILL skips the cleanup :func:`atomic_write_bytes` does on every error path it can run).
-    Returns the names removed.
+    Returns the names removed; one it may not remove (EPERM) is left, never an error.
     """
     directory, name = os.path.split(os.fspath(path))
     pattern = _temp_pattern(name)
@@ -152,7 +152,9 @@ def remove_stale_temps(path: str | os.PathLike[str]) -> list[str]:
     except OSError:
         return removed
     for entry in stale:
-        with contextlib.suppress(FileNotFoundError):
+        # One this writer may not remove (another user's, in a sticky directory) is left: a
+        # leftover must never stop the write itself.
+        with contextlib.suppress(FileNotFoundError, PermissionError):
             os.unlink(entry.path)
             removed.append(entry.name)
     return removed

@@ -168,7 +168,7 @@ class TurnExecutor:
                 declared=self.kit.declared(agent, role),
                 # One id for every attempt at this turn's work: a retry repeating a memory
                 # write is answered as before instead of applying it twice.
-                write_scope=work_id(lane, started.commits),
+                write_scope=work_id(lane, started.commits, started.born_ms),
             )
             model = self.kit.model(resolved, kind, f"{lane}:{turn_id}:{started.fence}", persona)
         except TurnAborted:

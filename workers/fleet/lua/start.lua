@@ -8,12 +8,14 @@
 --       [5] lease ttl (ms)  [6] max_attempts
 -- Reply {"dead", last_error} | {"stale"} | {"duplicate"}
 --     | {"started", fence, attempt, kind, ticks, recovered, commits, session, session_epoch,
---        last_pass, item JSON...}
+--        last_pass, born, item JSON...}
 --       items: in-flight items left by a dead worker FIRST (recovered = their count), then the
 --       whole inbox in arrival order; ticks = in-flight ticks (recovered ones included).
 --       commits, session, session_epoch, last_pass: the lane's fields as this start found them
 --       (what the turn needs to know before its first write, in this one round trip; '' when
---       unset).
+--       unset). born: when this lane's state was created in Redis (ms; set by its first start,
+--       kept after), which with commits makes the work id: a lane whose Redis state was lost
+--       starts counting commits from 0 again, and must not reuse the old work ids.
 -- Guarantees: at most one live lease per lane; each start bumps the fence, so a worker whose
 -- lease lapsed can no longer finish; drained items stay in in-flight until finish, so a
 -- crashed turn's items are recovered by the next start; a lane whose turns keep crashing is
@@ -24,7 +26,7 @@ local queued, running, dead = KEYS[5], KEYS[6], KEYS[7]
 local name, turn_id, worker, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 local f = redis.call('HMGET', lane, 'state', 'turn_id', 'last_error', 'lost', 'kind',
-  'commits', 'session', 'session_epoch', 'last_pass')
+  'commits', 'session', 'session_epoch', 'last_pass', 'born')
 local state = f[1] or 'idle'
 if state == 'dead' then
   return {'dead', f[3] or ''}
@@ -67,12 +69,14 @@ end
 redis.call('DEL', inbox)
 local pending = tonumber(redis.call('HGET', lane, 'ticks') or '0')
 local ticks = redis.call('HINCRBY', lane, 'inflight_ticks', pending)
-redis.call('HSET', lane, 'ticks', 0, 'state', 'running', 'started_at', now, 'worker', worker)
+local born = f[10] or now
+redis.call('HSET', lane, 'ticks', 0, 'state', 'running', 'started_at', now, 'worker', worker,
+  'born', born)
 redis.call('ZREM', queued, name)
 redis.call('ZADD', running, tonumber(now) + tonumber(ARGV[5]), name)
 
 local reply = {'started', fence, attempt, f[5] or '', ticks, recovered,
-  f[6] or '', f[7] or '', f[8] or '', f[9] or ''}
+  f[6] or '', f[7] or '', f[8] or '', f[9] or '', born}
 local items = redis.call('LRANGE', inflight, 0, -1)
 for i = 1, #items do
   reply[#reply + 1] = items[i]
