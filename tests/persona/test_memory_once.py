@@ -203,3 +203,45 @@ def test_temp_files_of_writers_killed_mid_write_are_removed_by_the_next_writer(
     assert list(home.glob(".MEMORY.md.*.tmp")) == []
     assert other.exists()
     assert "half written" not in (home / "MEMORY.md").read_text()
+
+
+def test_a_ledger_that_cannot_take_the_line_refuses_the_write(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger the writer may not append to (a chmod, another owner) refuses the keyed write
+    before anything changes, naming the ledger: letting it through would let a retry apply it
+    a second time."""
+    _run(home, "ava:1", {"action": "add", "text": "first"})
+    ledger = home / ".locks" / "MEMORY.md.applied"
+    before = (home / "MEMORY.md").read_bytes()
+    real_open = os.open
+
+    def refusing_open(path: str, flags: int, *args: int, **kwargs: object) -> int:
+        if os.fspath(path) == str(ledger) and flags & os.O_APPEND:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    output = _run(home, "ava:1", {"action": "add", "text": "second"})[0]
+    assert output.startswith("ERROR could not add")
+    assert str(ledger) in output
+    assert "Nothing was changed" in output
+    assert (home / "MEMORY.md").read_bytes() == before
+    monkeypatch.setattr(os, "open", real_open)
+    assert _run(home, None, {"action": "add", "text": "unkeyed"})[0].startswith("Added")
+
+
+def test_no_ledger_yet_and_no_way_to_create_it_refuses_the_write(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first keyed write of a file, with a .locks directory it may not create files in,
+    is refused before MEMORY.md changes."""
+    locks = str(home / ".locks")
+    real_access = os.access
+    monkeypatch.setattr(
+        os, "access", lambda path, mode: False if str(path) == locks else real_access(path, mode)
+    )
+    output = _run(home, "ava:1", {"action": "add", "text": "first"})[0]
+    assert output.startswith("ERROR could not add")
+    assert locks in output
+    assert (home / "MEMORY.md").read_text() == "# Memory\n"

@@ -30,6 +30,7 @@ the lock), so a compaction can never leave a torn or empty ledger.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ from workers.persona.writes import remove_stale_temps, replace_bytes, write_all
 __all__ = ["LEDGER_SUFFIX", "MAX_ENTRIES", "WriteLedger", "write_key"]
 
 LEDGER_SUFFIX = ".applied"
+_APPEND = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 MAX_ENTRIES = 512
 _MAX_BYTES = 512 * 1024
 
@@ -63,6 +65,25 @@ class WriteLedger:
         self.path = path
         self._loaded = False
         self._raw: bytes | None = None
+        self._fd: int | None = None
+
+    def prepare(self) -> None:
+        """Before the write it will record: make sure the ledger can take its line, or raise
+        the ``OSError`` (the write is then refused, nothing changed). A ledger that cannot be
+        written must not let a write through: a retry would apply it a second time.
+
+        Opens the ledger for appending (kept for :meth:`record`; :meth:`close` it), or, with no
+        ledger yet, checks that its directory is writable."""
+        if self._bytes() is None:
+            if not os.access(self.path.parent, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "Permission denied", str(self.path.parent))
+            return
+        self._fd = os.open(self.path, _APPEND)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
 
     def _bytes(self) -> bytes | None:
         """The ledger's bytes (read once); None when there is no ledger yet."""
@@ -113,7 +134,10 @@ class WriteLedger:
         else:
             # A crash mid-append leaves a torn last line: start ours on a fresh one.
             data = raw + (b"" if not raw or raw.endswith(b"\n") else b"\n") + line
-            _append(self.path, data[len(raw) :])
+            if self._fd is None:
+                _append(self.path, data[len(raw) :])
+            else:
+                write_all(self._fd, data[len(raw) :])
             replaced = False
         self._raw = data
         _log.debug("memory.ledger_recorded", path=str(self.path), lines=data.count(b"\n"))
@@ -126,8 +150,7 @@ def _line(key: str, message: str) -> bytes:
 
 def _append(path: Path, data: bytes) -> None:
     """Append ``data`` to the existing file at ``path`` (never through a link); no fsync."""
-    flags = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags)
+    fd = os.open(path, _APPEND)
     try:
         write_all(fd, data)
     finally:

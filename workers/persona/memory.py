@@ -19,7 +19,8 @@ Why it looks like this:
 * **Once per turn.** With a ``write_scope`` (a fleet turn's work id), each write is keyed and
   recorded in a small ledger under the same lock (:mod:`workers.persona.ledger`): a retried
   attempt of the turn that repeats a write gets the original answer, and nothing is applied
-  twice.
+  twice. A ledger that cannot take the line (permissions) refuses the write before anything
+  changes, rather than let a retry apply it again.
 * **Safe writes.** Each write holds the path's lock (:mod:`workers.persona.locks`) across the
   read-modify-write and replaces the file atomically (:mod:`workers.persona.writes`); the first
   write a tool makes to a file removes the temp files of writers killed mid-write; paths are
@@ -183,6 +184,15 @@ class MemoryTool:
         if stale:
             _log.warning("memory.stale_temps_removed", path=data_path, files=stale)
 
+    def _record(self, ledger: WriteLedger, key: str, message: str) -> str:
+        """Record an applied write; the directory to fsync after the lock ("" for none)."""
+        try:
+            return str(ledger.path.parent) if ledger.record(key, message) else ""
+        except (OSError, PersonaError) as exc:
+            # The write itself succeeded: answer so. Only a retry could repeat it now.
+            _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
+            return ""
+
     def _write(self, request: MemoryRequest) -> ToolResult:
         target = self._targets.locate(
             self.path, request, self.lock_mode, ledger=self.write_scope is not None
@@ -214,15 +224,14 @@ class MemoryTool:
                 replace_bytes(data_path, new)
                 flush = target.directory
             else:
-                # The ledger entry may only reach the disk after the write it records.
-                atomic_write_bytes(data_path, new)
-                self._applied[what] += 1
+                ledger.prepare()  # a ledger that cannot take the line refuses the write
                 try:
-                    if ledger.record(key, message):
-                        flush = str(ledger.path.parent)
-                except (OSError, PersonaError) as exc:
-                    # The write itself succeeded: answer so. Only a retry could repeat it now.
-                    _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
+                    # The ledger entry may only reach the disk after the write it records.
+                    atomic_write_bytes(data_path, new)
+                    self._applied[what] += 1
+                    flush = self._record(ledger, key, message)
+                finally:
+                    ledger.close()
         # Outside the lock, so the next writer's read-modify-write overlaps this flush.
         if ledger is None:
             fsync_directory(flush)
