@@ -134,10 +134,12 @@ class WriteLedger:
         else:
             # A crash mid-append leaves a torn last line: start ours on a fresh one.
             data = raw + (b"" if not raw or raw.endswith(b"\n") else b"\n") + line
-            if self._fd is None:
-                _append(self.path, data[len(raw) :])
-            else:
-                write_all(self._fd, data[len(raw) :])
+            fd = self._fd if self._fd is not None else os.open(self.path, _APPEND)
+            try:
+                write_all(fd, data[len(raw) :])
+            finally:
+                if fd != self._fd:  # opened here, not by prepare()
+                    os.close(fd)
             replaced = False
         self._raw = data
         _log.debug("memory.ledger_recorded", path=str(self.path), lines=data.count(b"\n"))
@@ -146,12 +148,3 @@ class WriteLedger:
 
 def _line(key: str, message: str) -> bytes:
     return (json.dumps({"key": key, "message": message}, ensure_ascii=False) + "\n").encode()
-
-
-def _append(path: Path, data: bytes) -> None:
-    """Append ``data`` to the existing file at ``path`` (never through a link); no fsync."""
-    fd = os.open(path, _APPEND)
-    try:
-        write_all(fd, data)
-    finally:
-        os.close(fd)

@@ -170,12 +170,20 @@ def _string(arguments: Mapping[str, Any], key: str, notes: bool) -> str | None:
     return value
 
 
+def _actions(notes: bool) -> tuple[str, ...]:
+    return (*_WRITES, *_READS) if notes else _WRITES
+
+
+def _targets(notes: bool) -> str:
+    return '"self", "user" or "note:<slug>"' if notes else '"self" or "user"'
+
+
 def _hint(key: str, notes: bool) -> str:
-    """What ``key`` should hold, for an error message."""
+    """What ``key`` should hold, for an error message (built only when one is raised)."""
     if key == "action":
-        return f"one of {', '.join((*_WRITES, *_READS) if notes else _WRITES)}"
+        return f"one of {', '.join(_actions(notes))}"
     if key == "target":
-        return '"self", "user" or "note:<slug>"' if notes else '"self" or "user"'
+        return _targets(notes)
     return "the entry or the exact text to find" if key == "text" else "the replacement text"
 
 
@@ -198,9 +206,7 @@ def _checked(arguments: Mapping[Any, Any], *, notes: bool, max_entry_bytes: int)
         raise ValueError(
             f"unknown argument(s) {', '.join(unknown)}: memory takes action, target, text, with."
         )
-    actions = (*_WRITES, *_READS) if notes else _WRITES
-    targets = '"self", "user" or "note:<slug>"' if notes else '"self" or "user"'
-    # The hints are the _HINTS templates, filled in only for an error message.
+    actions = _actions(notes)
     action = _string(arguments, "action", notes)
     target = _string(arguments, "target", notes) or "self"
     text = _string(arguments, "text", notes)
@@ -210,7 +216,7 @@ def _checked(arguments: Mapping[Any, Any], *, notes: bool, max_entry_bytes: int)
     if action not in actions:
         extra = " (read and list are not available here)" if action in _READS else ""
         raise ValueError(f"unknown action {action!r}{extra}: use one of {', '.join(actions)}.")
-    relative = _relative(target, notes=notes, targets=targets)
+    relative = _relative(target, notes=notes)
     if with_ is not None and action != "replace":
         raise ValueError(f"'with' is only used by replace; {action} does not take it.")
     if action in _READS:
@@ -240,7 +246,7 @@ def _bounded(key: str, value: str, limit: int) -> None:
         )
 
 
-def _relative(target: str, *, notes: bool, targets: str) -> str:
+def _relative(target: str, *, notes: bool) -> str:
     """The target's path relative to the persona directory; ValueError names a bad target."""
     if target in _FILES:
         return _FILES[target]
@@ -256,7 +262,7 @@ def _relative(target: str, *, notes: bool, targets: str) -> str:
                 f"invalid note slug {slug!r}: {_SLUG_RULE}; for example note:project-atlas."
             )
         return f"{NOTES_DIR}/{slug}.md"
-    raise ValueError(f"unknown target {target!r}: use {targets}.")
+    raise ValueError(f"unknown target {target!r}: use {_targets(notes)}.")
 
 
 _SCHEMA_JSON: dict[bool, str] = {True: json.dumps(_NOTES_SCHEMA), False: json.dumps(_PLAIN_SCHEMA)}
