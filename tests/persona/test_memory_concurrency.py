@@ -63,7 +63,13 @@ def test_four_processes_lose_nothing(tmp_path: Path, target: str) -> None:
     for worker, entries in expected.items():
         # Each process's surviving entries appear in the order it wrote them.
         assert [line for line in lines if line.startswith(f"- [p{worker}:")] == entries
-    assert tree(home) == {relative, ".locks", f".locks/{relative}.lock", *extra_dirs}
+    # Writers that found the lock taken queued their writes (the queue is left empty) and
+    # some were applied by the holder and answered through the ledger (issue 15).
+    beside = {f".locks/{relative}{suffix}" for suffix in (".lock", ".queue", ".applied")}
+    assert tree(home) == {relative, ".locks", *beside, *extra_dirs}
+    assert (home / ".locks" / f"{relative}.queue").stat().st_size == 0
+    handed_off = (home / ".locks" / f"{relative}.applied").read_text().count('{"key": "q')
+    assert handed_off > 0
 
 
 def test_four_processes_shared_lock_mode(tmp_path: Path) -> None:

@@ -149,11 +149,11 @@ _KILLED_AFTER_LEDGER = """
 import os, signal, sys
 from workers.persona.ledger import WriteLedger
 from workers.persona.memory import memory_tool
-record = WriteLedger.record
-def record_then_die(self, key, message):
-    record(self, key, message)
+record = WriteLedger.record_all
+def record_then_die(self, answered):
+    record(self, answered)
     os.kill(os.getpid(), signal.SIGKILL)  # the line is appended, never fsynced
-WriteLedger.record = record_then_die
+WriteLedger.record_all = record_then_die
 memory_tool(sys.argv[1], write_scope="ava:7").execute({"action": "add", "text": "once"})
 """
 

@@ -33,6 +33,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 __all__ = ["MAX_OPEN", "flock_acquire", "flock_release"]
 
@@ -99,12 +100,19 @@ def _still_at_path(path: str, fd: int) -> bool:
     return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
-def flock_acquire(path: str, deadline: float | None) -> bool:
+def flock_acquire(
+    path: str,
+    deadline: float | None,
+    contended: Callable[[], object] | None = None,
+    settled: Callable[[], bool] | None = None,
+) -> bool:
     """Take the exclusive flock on ``path`` (created if missing) by ``deadline`` (monotonic; None
-    waits forever). False when the deadline passed first. Call only from the thread that holds
-    the path's in-process gate, and pair a True with :func:`flock_release`."""
+    waits forever). False when the deadline passed first, or once ``settled()`` (polled between
+    attempts) returns True. ``contended`` is called once, before the first wait, if the lock is
+    held elsewhere. Call only from the thread that holds the path's in-process gate, and pair a
+    True with :func:`flock_release`."""
     try:
-        if _wait(path, deadline):
+        if _wait(path, deadline, contended, settled):
             return True
     except BaseException:
         _checkin(path)
@@ -113,7 +121,12 @@ def flock_acquire(path: str, deadline: float | None) -> bool:
     return False
 
 
-def _wait(path: str, deadline: float | None) -> bool:
+def _wait(
+    path: str,
+    deadline: float | None,
+    contended: Callable[[], object] | None,
+    settled: Callable[[], bool] | None,
+) -> bool:
     sleep = _FIRST_SLEEP
     while True:
         fd = _checkout(path)
@@ -122,6 +135,11 @@ def _wait(path: str, deadline: float | None) -> bool:
         except OSError as error:
             if error.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
+            if contended is not None:
+                contended()
+                contended = None
+            elif settled is not None and settled():
+                return False
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return False

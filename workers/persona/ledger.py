@@ -7,6 +7,10 @@ an idempotency key (:meth:`key`: the turn's work id, the write itself, and how m
 writes came before it in this attempt) is recorded here in the same critical section as the
 write, so a retried identical write is answered exactly as before and not applied again.
 
+It also carries the answers a holder leaves for writers whose queued writes it applied
+(:mod:`workers.persona.write_queue`): those keys are made for the handoff, and the waiters read
+them while they wait.
+
 Where and how big: one small file per data path, beside its lock under ``<persona>/.locks/``
 (``.locks/MEMORY.md.applied``), JSON lines of ``{"key", "message"}``. Each write appends its
 line, with no fsync of its own (issue 15, below); when the file holds twice
@@ -41,7 +45,7 @@ import structlog
 from workers.persona.files import read_prefix
 from workers.persona.writes import remove_stale_temps, replace_bytes, write_all
 
-__all__ = ["LEDGER_SUFFIX", "MAX_ENTRIES", "WriteLedger", "write_key"]
+__all__ = ["LEDGER_SUFFIX", "MAX_ENTRIES", "WriteLedger", "find_answer", "write_key"]
 
 LEDGER_SUFFIX = ".applied"
 _APPEND = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -93,26 +97,12 @@ class WriteLedger:
         return self._raw
 
     def _entries(self) -> list[tuple[str, str]]:
-        entries: list[tuple[str, str]] = []
-        for line in (self._bytes() or b"")[:_MAX_BYTES].splitlines():
-            try:
-                record = json.loads(line)
-                entries.append((str(record["key"]), str(record["message"])))
-            except (ValueError, KeyError, TypeError):
-                continue  # a torn or hand-edited line: forgetting one key is the safe side
-        return entries
+        return _parsed((self._bytes() or b"")[:_MAX_BYTES])
 
     def answer(self, key: str) -> str | None:
         """What the write with ``key`` answered when it was applied, or None if it never was."""
         raw = self._bytes()
-        # Nearly every write is new: a key absent from the bytes needs no parsing (parsing up
-        # to 1,024 lines on every write cost a fleet turn's add more than its fsyncs).
-        if raw is None or key.encode("ascii", "replace") not in raw:
-            return None
-        for known, message in reversed(self._entries()):
-            if known == key:
-                return message
-        return None
+        return None if raw is None else find_answer(raw, key)
 
     def record(self, key: str, message: str) -> bool:
         """Remember that ``key`` was applied and answered ``message``.
@@ -122,18 +112,22 @@ class WriteLedger:
         :data:`MAX_ENTRIES`), fsynced and renamed into place, and True says so: then fsync its
         directory (:func:`~workers.persona.writes.fsync_directory`) once the write lock is
         released."""
+        return self.record_all([(key, message)])
+
+    def record_all(self, answered: list[tuple[str, str]]) -> bool:
+        """:meth:`record` for several writes at once (one append): (key, message) pairs."""
         raw = self._bytes()
-        line = _line(key, message)
-        lines = 0 if raw is None else raw.count(b"\n")
-        if raw is None or lines >= 2 * MAX_ENTRIES or len(raw) + len(line) > _MAX_BYTES:
-            entries = [*self._entries(), (key, message)][-MAX_ENTRIES:]
+        lines = b"".join(_line(key, message) for key, message in answered)
+        count = 0 if raw is None else raw.count(b"\n")
+        if raw is None or count >= 2 * MAX_ENTRIES or len(raw) + len(lines) > _MAX_BYTES:
+            entries = [*self._entries(), *answered][-MAX_ENTRIES:]
             data = b"".join(_line(k, m) for k, m in entries)
             remove_stale_temps(self.path)
             replace_bytes(self.path, data)
             replaced = True
         else:
             # A crash mid-append leaves a torn last line: start ours on a fresh one.
-            data = raw + (b"" if not raw or raw.endswith(b"\n") else b"\n") + line
+            data = raw + (b"" if not raw or raw.endswith(b"\n") else b"\n") + lines
             fd = self._fd if self._fd is not None else os.open(self.path, _APPEND)
             try:
                 write_all(fd, data[len(raw) :])
@@ -144,6 +138,29 @@ class WriteLedger:
         self._raw = data
         _log.debug("memory.ledger_recorded", path=str(self.path), lines=data.count(b"\n"))
         return replaced
+
+
+def find_answer(raw: bytes, key: str) -> str | None:
+    """The message recorded for ``key`` in ledger bytes ``raw`` (the newest), or None."""
+    # Nearly every write is new: a key absent from the bytes needs no parsing (parsing up to
+    # 1,024 lines on every write cost a fleet turn's add more than its fsyncs).
+    if key.encode("ascii", "replace") not in raw:
+        return None
+    for known, message in reversed(_parsed(raw)):
+        if known == key:
+            return message
+    return None
+
+
+def _parsed(raw: bytes) -> list[tuple[str, str]]:
+    entries: list[tuple[str, str]] = []
+    for line in raw.splitlines():
+        try:
+            record = json.loads(line)
+            entries.append((str(record["key"]), str(record["message"])))
+        except (ValueError, KeyError, TypeError):
+            continue  # a torn or hand-edited line: forgetting one key is the safe side
+    return entries
 
 
 def _line(key: str, message: str) -> bytes:

@@ -74,6 +74,8 @@ __all__ = [
 LockMode = Literal["local", "shared"]
 LOCK_DIR = ".locks"
 DEFAULT_LOCK_TIMEOUT = 10.0
+#: How often a thread waiting for a path's gate checks whether its write was settled.
+_SETTLED_POLL = 0.001
 _SUFFIX: dict[LockMode, str] = {"local": ".lock", "shared": ".shared.lock"}
 
 _log = structlog.get_logger("soulfleet.locks")
@@ -174,50 +176,100 @@ def path_lock(
     *,
     mode: LockMode = "local",
     timeout: float = DEFAULT_LOCK_TIMEOUT,
-) -> Iterator[None]:
+    contended: Callable[[], object] | None = None,
+    settled: Callable[[], bool] | None = None,
+) -> Iterator[bool]:
     """Hold the lock on ``lock_file`` for the ``with`` body, across threads, processes and hosts.
 
     Raises :class:`LockTimeout` when it is not acquired within ``timeout`` seconds (a negative
-    timeout waits forever). OS errors from the lock file itself propagate.
+    timeout waits forever). OS errors from the lock file itself propagate. The body gets True.
+
+    Local mode only, for writers that hand their write to the holder (the memory tool:
+    :mod:`workers.persona.write_queue`): ``contended`` is called once, before waiting, when
+    another thread or process holds the lock; ``settled`` is polled while waiting, and once it
+    returns True the wait ends and the body runs WITHOUT the lock, getting False.
     """
     name = os.fspath(lock_file)  # a plain string on the hot path: Path only where needed
     checked = _checked(mode)
     start = time.monotonic()
     deadline = None if timeout < 0 else start + timeout
     gate = _thread_lock(name)
-    if not gate.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
-        _observe(time.monotonic() - start)
-        raise LockTimeout(Path(name), timeout, checked)
-    try:
-        if checked == "local":
-            if not flock_acquire(name, deadline):
-                _observe(time.monotonic() - start)
-                raise LockTimeout(Path(name), timeout, checked)
-            _observe(time.monotonic() - start)
-            try:
-                yield
-            finally:
-                flock_release(name)
+    if checked != "local":
+        contended = settled = None
+    if not gate.acquire(blocking=False):
+        if contended is not None:
+            contended()
+            contended = None
+        if not _wait_gate(gate, deadline, settled):
+            _give_up(name, timeout, checked, start, settled)
+            yield False
             return
-        path = Path(name)
-        room = enter_waiting_room(path, deadline)
+    try:
+        if checked == "shared":
+            with _shared_held(Path(name), deadline, timeout, start):
+                yield True
+            return
+        if not flock_acquire(name, deadline, contended, settled):
+            _give_up(name, timeout, checked, start, settled)
+            yield False
+            return
+        _observe(time.monotonic() - start)
         try:
-            lock = _shared_lock(path)
-            try:
-                acquire_shared(lock, path, deadline)
-            except Timeout:
-                _observe(time.monotonic() - start)
-                raise LockTimeout(path, timeout, checked, shared_lock_holders(path)) from None
-            _observe(time.monotonic() - start)
-            try:
-                yield
-            finally:
-                lock.release()
+            yield True
         finally:
-            if room is not None:
-                flock_release(room)
+            flock_release(name)
     finally:
         gate.release()
+
+
+def _give_up(
+    name: str, timeout: float, mode: LockMode, start: float, settled: Callable[[], bool] | None
+) -> None:
+    """A wait ended without the lock: raise :class:`LockTimeout`, unless it was settled."""
+    _observe(time.monotonic() - start)
+    if settled is None or not settled():
+        raise LockTimeout(Path(name), timeout, mode)
+
+
+@contextmanager
+def _shared_held(
+    path: Path, deadline: float | None, timeout: float, start: float
+) -> Iterator[None]:
+    room = enter_waiting_room(path, deadline)
+    try:
+        lock = _shared_lock(path)
+        try:
+            acquire_shared(lock, path, deadline)
+        except Timeout:
+            _observe(time.monotonic() - start)
+            raise LockTimeout(path, timeout, "shared", shared_lock_holders(path)) from None
+        _observe(time.monotonic() - start)
+        try:
+            yield
+        finally:
+            lock.release()
+    finally:
+        if room is not None:
+            flock_release(room)
+
+
+def _wait_gate(
+    gate: threading.Lock, deadline: float | None, settled: Callable[[], bool] | None
+) -> bool:
+    """Wait for a path's in-process gate; False at the deadline or once ``settled()``."""
+    if settled is None:
+        return gate.acquire(
+            timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())
+        )
+    while True:
+        remaining = None if deadline is None else deadline - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return False
+        step = _SETTLED_POLL if remaining is None else min(_SETTLED_POLL, remaining)
+        if gate.acquire(timeout=step):
+            return True
+        if settled():
+            return False
 
 
 def shared_claims_under(root: str | os.PathLike[str]) -> list[tuple[str, str]]:

@@ -35,6 +35,11 @@ Why it looks like this:
   what that gives up: after a machine crash, a retry may repeat a write, never lose one). Paths
   are resolved once per target and only re-checked per call
   (:mod:`workers.persona.memory_paths`).
+* **Contending writers share one commit (issue 15, local lock mode).** A writer that finds the
+  lock taken queues its write (:mod:`workers.persona.write_queue`); the next holder applies the
+  queue with its own write in one durable replace (:mod:`workers.persona.memory_commit`) and
+  leaves each queued writer its answer in the ledger, where the waiter reads it without
+  waiting for the lock. Anything not answered there, its writer applies itself.
 """
 
 from __future__ import annotations
@@ -51,9 +56,10 @@ import structlog
 from workers.persona.errors import LockTimeout, PersonaError
 from workers.persona.files import confined, read_prefix
 from workers.persona.home import MAX_FILE_BYTES, persona_home
-from workers.persona.ledger import WriteLedger, write_key
+from workers.persona.ledger import write_key
 from workers.persona.locks import DEFAULT_LOCK_TIMEOUT, LockMode, path_lock
-from workers.persona.memory_edit import edit, not_found
+from workers.persona.memory_commit import Committed, commit
+from workers.persona.memory_edit import not_found
 from workers.persona.memory_paths import TargetCache
 from workers.persona.memory_spec import (
     NOTES_DIR,
@@ -65,11 +71,10 @@ from workers.persona.memory_spec import (
     valid_note_slug,
 )
 from workers.persona.tools import ToolResult
+from workers.persona.write_queue import Handoff
 from workers.persona.writes import (
-    atomic_write_bytes,
     fsync_directory,
     remove_stale_temps,
-    replace_bytes,
 )
 
 __all__ = ["MAX_ENTRY_BYTES", "MemoryTool", "memory_tool", "valid_note_slug"]
@@ -184,80 +189,73 @@ class MemoryTool:
         if stale:
             _log.warning("memory.stale_temps_removed", path=data_path, files=stale)
 
-    def _record(self, ledger: WriteLedger, key: str, message: str) -> str:
-        """Record an applied write; the directory to fsync after the lock ("" for none)."""
-        try:
-            return str(ledger.path.parent) if ledger.record(key, message) else ""
-        except (OSError, PersonaError) as exc:
-            # The write itself succeeded: answer so. Only a retry could repeat it now.
-            _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
-            return ""
-
     def _write(self, request: MemoryRequest) -> ToolResult:
+        keyed = self.write_scope is not None
         target = self._targets.locate(
-            self.path, request, self.lock_mode, ledger=self.write_scope is not None
+            self.path, request, self.lock_mode, ledger=keyed or self.lock_mode == "local"
         )
         if target is None:
             return ToolResult(not_found(request), is_error=True)
-        data_path = target.data
         parts = (request.action, request.target, request.text, request.with_ or "")
-        what = "\x00".join(parts) if self.write_scope is not None else ""
-        with path_lock(target.lock, mode=self.lock_mode, timeout=self.lock_timeout):
-            self._sweep(data_path)
-            ledger, key = None, ""
-            if target.ledger is not None and self.write_scope is not None:
-                ledger = WriteLedger(Path(target.ledger))
-                key = write_key(self.write_scope, *parts, ordinal=self._applied[what] + 1)
-                before = ledger.answer(key)
-                if before is not None:
-                    self._applied[what] += 1
-                    _log.info("memory.write_replayed", action=request.action,
-                              target=request.target, scope=self.write_scope)  # fmt: skip
-                    return ToolResult(before)
-            current = read_prefix(data_path, MAX_FILE_BYTES)
-            outcome = edit(request, current)
-            if isinstance(outcome, str):
-                return ToolResult(outcome, is_error=True)
-            new, message = outcome
-            flush = ""
-            if ledger is None:
-                replace_bytes(data_path, new)
-                flush = target.directory
-            else:
-                ledger.prepare()  # a ledger that cannot take the line refuses the write
-                try:
-                    # The ledger entry may only reach the disk after the write it records.
-                    atomic_write_bytes(data_path, new)
-                    self._applied[what] += 1
-                    flush = self._record(ledger, key, message)
-                finally:
-                    ledger.close()
+        what = "\x00".join(parts) if keyed else ""
+        key = ""
+        if self.write_scope is not None:
+            key = write_key(self.write_scope, *parts, ordinal=self._applied[what] + 1)
+        handoff = None
+        if target.queue is not None and target.ledger is not None:
+            handoff = Handoff(target.queue, target.ledger, request, key, self.lock_timeout)
+        done = None
+        try:
+            with path_lock(
+                target.lock, mode=self.lock_mode, timeout=self.lock_timeout,
+                contended=None if handoff is None else handoff.enqueue,
+                settled=None if handoff is None else handoff.settled,
+            ) as held:  # fmt: skip
+                if held:
+                    self._sweep(target.data)
+                    key = key if handoff is None else handoff.key
+                    done = commit(
+                        target, request, key=key, keyed=keyed, max_entry_bytes=MAX_ENTRY_BYTES
+                    )
+        except LockTimeout as error:
+            queued = handoff is not None and handoff.queued
+            return ToolResult(_timeout_message(request, error, queued), is_error=True)
+        if done is None:  # another writer applied it in a durable write and left the answer
+            answer = "" if handoff is None or handoff.answer is None else handoff.answer
+            done = Committed(ToolResult(answer), applied=keyed)
+        if done.applied:
+            self._applied[what] += 1
+            if done.size < 0:
+                _log.info("memory.write_replayed", action=request.action,
+                          target=request.target, scope=self.write_scope)  # fmt: skip
         # Outside the lock, so the next writer's read-modify-write overlaps this flush.
-        if ledger is None:
-            fsync_directory(flush)
-        elif flush:
+        if done.flush == target.directory:
+            fsync_directory(done.flush)
+        elif done.flush:
             try:
-                fsync_directory(flush)
-            except OSError as exc:  # as above: the write is durable, only a retry could repeat it
-                _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
-        _log.info(
-            "memory.write",
-            action=request.action,
-            target=request.target,
-            path=target.relative,
-            bytes=len(new),
-        )
-        return ToolResult(message)
+                fsync_directory(done.flush)
+            except OSError as exc:  # the write is durable: only a retry could repeat it now
+                _log.warning("memory.ledger_failed", path=done.flush, error=str(exc))
+        if done.size >= 0:
+            _log.info("memory.write", action=request.action, target=request.target,
+                      path=target.relative, bytes=done.size)  # fmt: skip
+        return done.result
 
 
-def _timeout_message(request: MemoryRequest, error: LockTimeout) -> str:
+def _timeout_message(request: MemoryRequest, error: LockTimeout, queued: bool = False) -> str:
     holders = f" It is held by: {', '.join(error.holders)}." if error.holders else ""
+    label = target_label(request.target)
+    outcome = "Nothing was changed; try again in a moment."
+    if queued:
+        outcome = (
+            "The write was handed to the writer holding the lock and may still be applied: "
+            f"read {label} before you try again."
+        )
     return (
-        f"{target_label(request.target)} is busy: its write lock ({error.path}, {error.mode} "
-        f"mode) was not acquired within {error.timeout:g}s.{holders} Nothing was changed; try "
-        "again in a moment. If it persists, an operator should follow the README runbook "
-        "'Persona directory > Locks' (in shared lock mode, a crashed writer's claim must be "
-        "cleared with break_shared_lock)."
+        f"{label} is busy: its write lock ({error.path}, {error.mode} "
+        f"mode) was not acquired within {error.timeout:g}s.{holders} {outcome} If it persists, "
+        "an operator should follow the README runbook 'Persona directory > Locks' (in shared "
+        "lock mode, a crashed writer's claim must be cleared with break_shared_lock)."
     )
 
 

@@ -30,6 +30,7 @@ from workers.persona.home import persona_home
 from workers.persona.ledger import LEDGER_SUFFIX
 from workers.persona.locks import LOCK_DIR, LockMode, ledger_file_for, lock_file_for, lock_name_for
 from workers.persona.memory_spec import NOTES_DIR, MemoryRequest
+from workers.persona.write_queue import QUEUE_SUFFIX
 
 __all__ = ["TargetCache", "WriteTarget"]
 
@@ -51,6 +52,8 @@ class WriteTarget:
     directory: str
     lock: str
     ledger: str | None
+    #: Where writers that find the lock taken queue their writes (local lock mode only).
+    queue: str | None
     #: Directories that must still be directories (never symlinks) at these very paths.
     dirs: tuple[str, ...]
     #: Files that must not have become symlinks (absent is fine: a write creates them).
@@ -86,6 +89,7 @@ class TargetCache:
             root, _identity(os.stat(root)), str(data), str(data.relative_to(root)),
             str(data.parent), str(lock),
             None if ledger_file is None else str(ledger_file),
+            _queue_for(lock, lock_mode),
             dirs=tuple(str(root / d) for d in _parents(request.relative)),
             files=tuple(str(p) for p in (data, lock, ledger_file) if p is not None),
         )  # fmt: skip
@@ -99,6 +103,12 @@ class TargetCache:
                 self._known.clear()
             self._known[request.relative] = target
         return target
+
+
+def _queue_for(lock: Path, lock_mode: LockMode) -> str | None:
+    if lock_mode != "local":
+        return None  # O_APPEND is not whole across NFS clients: shared mode never queues
+    return str(lock)[: -len(lock.suffix)] + QUEUE_SUFFIX
 
 
 def _identity(info: os.stat_result) -> tuple[int, int]:

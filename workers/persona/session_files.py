@@ -171,7 +171,7 @@ class FilePointer:
         data = {"state": pointer.state, "epoch": pointer.epoch}
         atomic_write_bytes(self._path(), (json.dumps(data) + "\n").encode())
 
-    def _locked(self) -> contextlib.AbstractContextManager[None]:
+    def _locked(self) -> contextlib.AbstractContextManager[bool]:
         self.files.directory.mkdir(parents=True, exist_ok=True)
         lock = lock_file_for(self.files.home, self._path(), self.lock_mode)
         return path_lock(lock, mode=self.lock_mode, timeout=self.lock_timeout)

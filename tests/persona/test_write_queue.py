@@ -1,0 +1,301 @@
+"""The write queue: writes that find their file's lock taken are handed to the holder, applied
+once in its durable replace and answered through the ledger; anything doubtful is left to its
+own writer, so nothing is lost or applied twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support.memory import ok
+from workers.persona import write_queue
+from workers.persona.ledger import WriteLedger, write_key
+from workers.persona.locks import lock_file_for, path_lock
+from workers.persona.memory import MAX_ENTRY_BYTES, memory_tool
+from workers.persona.memory_spec import MemoryRequest
+from workers.persona.write_queue import Handoff, enqueue, take
+
+_ADD = MemoryRequest("add", "self", "MEMORY.md", "queued entry")
+
+
+def _queue(home: Path) -> Path:
+    (home / ".locks").mkdir(exist_ok=True)
+    return home / ".locks" / "MEMORY.md.queue"
+
+
+def _until(seconds: float = 60.0) -> float:
+    return time.time() + seconds
+
+
+def _line(**record: object) -> bytes:
+    return (json.dumps(record) + "\n").encode()
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 10
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+
+
+# --- the queue file --------------------------------------------------------------------------
+
+
+def test_take_returns_queued_writes_in_order_and_empties_the_queue(home: Path) -> None:
+    """What writers queued comes back checked and in order; the queue is left empty."""
+    queue = str(_queue(home))
+    enqueue(queue, "qa", _ADD, _until())
+    replace = MemoryRequest("replace", "self", "MEMORY.md", "queued", "kept")
+    enqueue(queue, "qb", replace, None)
+    collapsed = MemoryRequest("add", "self", "MEMORY.md", "two lines", collapsed=True)
+    enqueue(queue, "qc", collapsed, _until())
+    taken = take(queue, "MEMORY.md", MAX_ENTRY_BYTES)
+    assert [(q.key, q.request) for q in taken] == [("qa", _ADD), ("qb", replace), ("qc", collapsed)]
+    assert os.path.getsize(queue) == 0
+    assert take(queue, "MEMORY.md", MAX_ENTRY_BYTES) == []
+
+
+def test_take_ignores_lines_that_fail_the_checks(home: Path) -> None:
+    """A queue line is checked as the model's arguments are: anything malformed, for another
+    file, oversized, expired or torn is left out (its writer applies its own write)."""
+    queue = _queue(home)
+    good = {"action": "add", "text": "good"}
+    lines = [
+        b"not json\n",
+        b"[1, 2]\n",
+        _line(arguments=good, until=None),  # no key
+        _line(key="k" * 65, arguments=good, until=None),
+        _line(key="k1", arguments={"action": "add", "text": "x", "target": "user"}, until=None),
+        _line(key="k2", arguments={"action": "read"}, until=None),
+        _line(key="k3", arguments={"action": "add", "text": "   "}, until=None),
+        _line(key="k4", arguments={"action": "add", "text": "x" * (MAX_ENTRY_BYTES + 1)}),
+        _line(key="k5", arguments=good, until=time.time() + 1.0),  # under the serve margin
+        _line(key="k6", arguments={"action": "add", "text": "x", "bogus": 1}, until=None),
+        _line(key="ok", arguments=good, until=None),
+        b'{"key": "torn", "arguments": {"action": "add", "te',
+    ]
+    queue.write_bytes(b"".join(lines))
+    taken = take(str(queue), "MEMORY.md", MAX_ENTRY_BYTES)
+    assert [q.key for q in taken] == ["ok"]
+    assert queue.stat().st_size == 0
+
+
+def test_take_reads_a_bounded_amount(home: Path) -> None:
+    """At most MAX_QUEUE_BYTES are read; the rest is dropped with the queue."""
+    queue = str(_queue(home))
+    entry = MemoryRequest("add", "self", "MEMORY.md", "x" * 8000)
+    for index in range(200):  # ~1.6 MB
+        enqueue(queue, f"q{index}", entry, None)
+    taken = take(queue, "MEMORY.md", MAX_ENTRY_BYTES)
+    assert 0 < len(taken) < 200
+    assert [q.key for q in taken] == [f"q{index}" for index in range(len(taken))]
+    assert os.path.getsize(queue) == 0
+
+
+def test_a_symlinked_queue_is_neither_read_nor_written_through(home: Path, tmp_path: Path) -> None:
+    """A queue path that is a symlink (to outside the persona) is refused both ways."""
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(_line(key="evil", arguments={"action": "add", "text": "x"}, until=None))
+    queue = _queue(home)
+    queue.symlink_to(outside)
+    assert take(str(queue), "MEMORY.md", MAX_ENTRY_BYTES) == []
+    with pytest.raises(OSError, match="Too many levels of symbolic links"):
+        enqueue(str(queue), "qa", _ADD, None)
+    assert outside.read_bytes().count(b"\n") == 1  # untouched
+
+
+# --- the waiting writer's side ---------------------------------------------------------------
+
+
+def test_handoff_settles_on_an_answer_recorded_after_it_queued(home: Path) -> None:
+    """A waiter reads only what the ledger gained since it queued, and settles on its key."""
+    ledger = WriteLedger(home / ".locks" / "MEMORY.md.applied")
+    (home / ".locks").mkdir()
+    ledger.record("earlier", "an older answer")
+    handoff = Handoff(str(_queue(home)), str(ledger.path), _ADD, "", timeout=30)
+    handoff.enqueue()
+    assert handoff.queued
+    assert handoff.key.startswith("q")
+    assert not handoff.settled()
+    WriteLedger(ledger.path).record("someone-else", "not ours")
+    assert not handoff.settled()
+    WriteLedger(ledger.path).record(handoff.key, "Added an entry to MEMORY.md.")
+    assert handoff.settled()
+    assert handoff.answer == "Added an entry to MEMORY.md."
+
+
+def test_handoff_reads_a_compacted_ledger_whole(home: Path) -> None:
+    """A ledger replaced by compaction (a new inode) is read from its start."""
+    (home / ".locks").mkdir()
+    path = home / ".locks" / "MEMORY.md.applied"
+    WriteLedger(path).record("first", "x" * 200)
+    handoff = Handoff(str(_queue(home)), str(path), _ADD, "", timeout=30)
+    handoff.enqueue()
+    replacement = home / ".locks" / "new"
+    replacement.write_text(json.dumps({"key": handoff.key, "message": "done"}) + "\n")
+    os.replace(replacement, path)
+    assert handoff.settled()
+    assert handoff.answer == "done"
+
+
+def test_a_writer_with_too_little_time_left_does_not_queue(home: Path) -> None:
+    """With less than the serve margin left, nobody would apply it: nothing is queued."""
+    handoff = Handoff(str(_queue(home)), str(home / "ledger"), _ADD, "", timeout=1.0)
+    handoff.enqueue()
+    assert not handoff.queued
+    assert not _queue(home).exists()
+
+
+# --- through the memory tool -----------------------------------------------------------------
+
+
+def _hold_lock(home: Path) -> tuple[threading.Event, threading.Thread]:
+    """Hold MEMORY.md's lock on a thread until the returned event is set."""
+    lock = lock_file_for(home, home.resolve() / "MEMORY.md")
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with path_lock(lock, timeout=5):
+            entered.set()
+            release.wait(20)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert entered.wait(10)
+    return release, holder
+
+
+def _queued_lines(home: Path) -> int:
+    queue = _queue(home)
+    return queue.read_bytes().count(b"\n") if queue.exists() else 0
+
+
+def test_a_waiting_writer_is_served_by_the_next_holder(home: Path) -> None:
+    """Two writers queue behind a held lock; whichever gets it applies both in one write and
+    the other returns the answer it left in the ledger. Each entry lands once."""
+    ok(memory_tool(home), action="add", text="before")
+    release, holder = _hold_lock(home)
+    results: dict[str, str] = {}
+
+    def write(text: str) -> None:
+        results[text] = memory_tool(home).execute({"action": "add", "text": text}).output
+
+    writers = [threading.Thread(target=write, args=(text,)) for text in ("b", "c")]
+    try:
+        writers[0].start()
+        _wait_for(lambda: _queued_lines(home) == 1, "the first writer to queue")
+        writers[1].start()
+        _wait_for(lambda: _queued_lines(home) == 2, "the second writer to queue")
+    finally:
+        release.set()
+        holder.join()
+        for writer in writers:
+            writer.join(10)
+    added = "Added an entry to MEMORY.md. It loads into your system prompt at the start of your "
+    assert results == dict.fromkeys(("b", "c"), added + "next session.")
+    lines = (home / "MEMORY.md").read_text().splitlines()
+    assert sorted(lines) == ["- b", "- before", "- c"]
+    ledger = (home / ".locks" / "MEMORY.md.applied").read_text().splitlines()
+    assert len(ledger) == 1  # one writer was answered through the ledger
+    assert json.loads(ledger[0])["key"].startswith("q")
+    assert _queue(home).stat().st_size == 0
+
+
+def test_a_write_taken_by_a_holder_that_died_is_applied_by_its_own_writer(home: Path) -> None:
+    """A holder that took the queue and died before writing leaves no answer: the waiter
+    applies its write itself, once."""
+    release, holder = _hold_lock(home)
+    result: list[str] = []
+
+    def write() -> None:
+        result.append(memory_tool(home).execute({"action": "add", "text": "mine"}).output)
+
+    writer = threading.Thread(target=write)
+    try:
+        writer.start()
+        _wait_for(lambda: _queued_lines(home) == 1, "the writer to queue")
+        assert len(take(str(_queue(home)), "MEMORY.md", MAX_ENTRY_BYTES)) == 1  # then "dies"
+    finally:
+        release.set()
+        holder.join()
+        writer.join(10)
+    assert result[0].startswith("Added an entry to MEMORY.md")
+    assert (home / "MEMORY.md").read_text() == "- mine\n"
+
+
+def test_a_queued_write_the_ledger_already_holds_is_not_applied_again(home: Path) -> None:
+    """A retried turn that queues a write its first attempt applied: the holder skips it."""
+    keyed = memory_tool(home, write_scope="ava:1")
+    ok(keyed, action="add", text="once")
+    key = write_key("ava:1", "add", "self", "once", "", ordinal=1)
+    enqueue(str(_queue(home)), key, MemoryRequest("add", "self", "MEMORY.md", "once"), None)
+    ok(memory_tool(home), action="add", text="other")
+    assert (home / "MEMORY.md").read_text() == "- once\n- other\n"
+
+
+def test_a_refused_own_write_still_applies_the_queued_ones(home: Path) -> None:
+    """The holder's own write can fail (text not found) while a queued add succeeds: the
+    holder gets its error, the queued write is applied and answered."""
+    ok(memory_tool(home), action="add", text="here")
+    enqueue(str(_queue(home)), "qqueued", _ADD, _until())
+    result = memory_tool(home).execute({"action": "remove", "text": "absent"})
+    assert result.is_error
+    assert "text not found" in result.output
+    assert (home / "MEMORY.md").read_text() == "- here\n- queued entry\n"
+    assert WriteLedger(home / ".locks" / "MEMORY.md.applied").answer("qqueued") == (
+        "Added an entry to MEMORY.md. It loads into your system prompt at the start of your "
+        "next session."
+    )
+
+
+def test_a_writer_that_times_out_after_queueing_says_it_may_still_be_applied(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its timeout message does not claim nothing changed; once its deadline has passed, no
+    later holder applies it."""
+    monkeypatch.setattr(write_queue, "SERVE_MARGIN", 0.1)
+    release, holder = _hold_lock(home)
+    try:
+        result = memory_tool(home, lock_timeout=0.3).execute({"action": "add", "text": "late"})
+    finally:
+        release.set()
+        holder.join()
+    assert result.is_error
+    assert "MEMORY.md is busy" in result.output
+    assert "may still be applied" in result.output
+    assert "Nothing was changed" not in result.output
+    assert _queued_lines(home) == 1
+    ok(memory_tool(home), action="add", text="next")
+    assert (home / "MEMORY.md").read_text() == "- next\n"  # the expired entry was dropped
+
+
+def test_shared_lock_mode_never_queues(home: Path) -> None:
+    """O_APPEND is not whole across NFS clients: shared mode keeps no queue."""
+    release_holder = threading.Event()
+    lock = lock_file_for(home, home.resolve() / "MEMORY.md", "shared")
+    entered = threading.Event()
+
+    def hold() -> None:
+        with path_lock(lock, mode="shared", timeout=5):
+            entered.set()
+            release_holder.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert entered.wait(10)
+    writer = threading.Thread(
+        target=lambda: memory_tool(home, lock_mode="shared").execute({"action": "add", "text": "s"})
+    )
+    writer.start()
+    time.sleep(0.2)  # the writer is waiting for the lock now
+    release_holder.set()
+    holder.join()
+    writer.join(10)
+    assert (home / "MEMORY.md").read_text() == "- s\n"
+    assert not _queue(home).exists()

@@ -1,0 +1,129 @@
+"""The locked part of a memory write: replay, edit, queued writes, durable replace, ledger.
+
+:mod:`workers.persona.memory` parses the call, resolves the target and takes the lock; this
+module runs under it and decides what reaches the disk:
+
+* **Replay first.** A write whose key the ledger already holds (a retried turn repeating it,
+  or a queued write another holder applied) is answered from the ledger, nothing written.
+* **Then the edit, then the queue.** The file is read once, the writer's own edit applied, and
+  only then the queue taken (:mod:`workers.persona.write_queue`): as late as possible, so the
+  writes queued while the previous holder's fsyncs ran join this one. Each queued write is
+  applied in order on top, unless the ledger already holds its key; one that its edit refuses
+  (text not found, over the cap) is left to its own writer, which gets that answer itself.
+* **One durable replace for all.** Without a ledger line to write, the new bytes are fsynced
+  and renamed under the lock and the directory is fsynced after it (the caller does that). A
+  keyed write, or a batch that answers queued writers, fsyncs the directory under the lock:
+  the ledger line may only reach the disk after the write it records, and a waiter returns its
+  answer as soon as it reads it. The lines are then appended in one write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from workers.persona.errors import PersonaError
+from workers.persona.files import read_prefix
+from workers.persona.home import MAX_FILE_BYTES
+from workers.persona.ledger import WriteLedger
+from workers.persona.memory_edit import edit
+from workers.persona.memory_paths import WriteTarget
+from workers.persona.memory_spec import MemoryRequest
+from workers.persona.tools import ToolResult
+from workers.persona.write_queue import QueuedWrite, take
+from workers.persona.writes import atomic_write_bytes, replace_bytes
+
+__all__ = ["Committed", "commit"]
+
+_log = structlog.get_logger("soulfleet.memory")
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What a locked write did."""
+
+    result: ToolResult
+    #: The directory to fsync once the lock is released ("" for none).
+    flush: str = ""
+    #: The bytes written, or -1 when nothing was.
+    size: int = -1
+    #: The caller's own keyed write is now applied (just now, or by an earlier attempt).
+    applied: bool = False
+
+
+def commit(
+    target: WriteTarget, request: MemoryRequest, *, key: str, keyed: bool, max_entry_bytes: int
+) -> Committed:
+    """Run ``request`` against ``target`` while holding its lock. ``key`` is the ledger key it
+    is answered under ("" for none); ``keyed`` says it is a turn's keyed write."""
+    ledger = None if target.ledger is None else WriteLedger(Path(target.ledger))
+    if ledger is not None and key:
+        before = ledger.answer(key)
+        if before is not None:  # a retry of this turn's write, or another writer applied it
+            return Committed(ToolResult(before), applied=keyed)
+    current = read_prefix(target.data, MAX_FILE_BYTES)
+    own = edit(request, current)
+    queued: list[QueuedWrite] = []
+    if target.queue is not None:
+        queued = take(target.queue, request.relative, max_entry_bytes)
+    if ledger is not None and (keyed or queued):
+        try:
+            ledger.prepare()  # a ledger that cannot take the line refuses a keyed write
+        except OSError:
+            if keyed:
+                raise
+            queued = []  # their writers apply them themselves
+    try:
+        return _commit(target, own, current, key=key, keyed=keyed, ledger=ledger, queued=queued)
+    finally:
+        if ledger is not None:
+            ledger.close()
+
+
+def _commit(
+    target: WriteTarget,
+    own: tuple[bytes, str] | str,
+    current: bytes | None,
+    *,
+    key: str,
+    keyed: bool,
+    ledger: WriteLedger | None,
+    queued: list[QueuedWrite],
+) -> Committed:
+    state = current if isinstance(own, str) else own[0]
+    served: list[tuple[str, str]] = []
+    for other in queued:
+        if other.key == key or (ledger is not None and ledger.answer(other.key) is not None):
+            continue  # our own entry, or one already applied (a retried turn's write)
+        outcome = edit(other.request, state)
+        if not isinstance(outcome, str):  # a refused write is left to its own writer
+            state, message = outcome
+            served.append((other.key, message))
+    if isinstance(own, str) and not served:
+        return Committed(ToolResult(own, is_error=True))
+    new = state or b""
+    if ledger is None or not (keyed or served):
+        replace_bytes(target.data, new)  # its directory is fsynced after the lock
+        return Committed(ToolResult(own[1]), target.directory, len(new))
+    atomic_write_bytes(target.data, new)
+    answered = list(served)
+    if keyed and not isinstance(own, str):
+        answered.insert(0, (key, own[1]))
+    if served:
+        _log.info("memory.queued_writes_applied", path=target.relative, writes=len(served))
+    flush = _record(ledger, answered) if answered else ""
+    if isinstance(own, str):
+        return Committed(ToolResult(own, is_error=True), flush, len(new))
+    return Committed(ToolResult(own[1]), flush, len(new), applied=keyed)
+
+
+def _record(ledger: WriteLedger, answered: list[tuple[str, str]]) -> str:
+    """Record applied writes; the directory to fsync after the lock ("" for none)."""
+    try:
+        return str(ledger.path.parent) if ledger.record_all(answered) else ""
+    except (OSError, PersonaError) as exc:
+        # The write itself succeeded: answer so. Only a retry could repeat it now.
+        _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
+        return ""

@@ -1,0 +1,226 @@
+"""The write queue: memory writes that found their file's lock taken, handed to its holder.
+
+Why (issue 15): writes to one memory file are serialised by its lock, and each pays its own
+fsyncs, so 4 processes adding to one MEMORY.md ran at under half the rate at which 4 writers
+replace 4 separate files (those share the journal's commits). A writer that finds the lock
+taken now appends its write to ``.locks/<file>.queue`` before it waits; whoever holds the lock
+next takes the queue and applies every queued write in the same durable replace as its own
+(one fsync of the data, one of the directory, for the whole batch), and records each one's
+answer in the write ledger (:mod:`workers.persona.ledger`) under the queued write's key. When
+the waiter gets the lock it finds its answer there and returns it; if it is not there (the
+holder took the queue before the append, a crash, an expired entry), it applies its write
+itself, exactly as before.
+
+What keeps it safe:
+
+* **Local lock mode only.** The queue is appended with ``O_APPEND``, which one host's kernel
+  keeps whole and ordered; across NFS clients it does not, so shared mode never queues.
+* **Taking is reading then truncating, under the lock.** An append that lands between the two
+  is lost from the queue; its writer is still waiting with the write in hand and applies it.
+  A torn last line (an append in progress) is left out the same way.
+* **Queued writes are checked again** by the holder (:func:`take`), as the model's arguments
+  are, and must name the holder's own file. A line that fails is ignored (its writer applies
+  its write itself).
+* **Bounded in time.** Each entry carries its writer's deadline (wall clock). The holder applies
+  only entries with at least :data:`SERVE_MARGIN` seconds left, so a writer that gives up
+  ("lock not acquired") is, short of a holder stalled that long mid-write, not served behind
+  its back; its timeout message still says the write may have been applied.
+* **Bounded in size.** At most :data:`MAX_QUEUE_BYTES` are read; the rest is truncated away
+  (those writers apply their own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import random
+import stat
+import time
+
+import structlog
+
+from workers.persona.ledger import find_answer
+from workers.persona.memory_spec import MemoryRequest, parse_request
+from workers.persona.writes import write_all
+
+__all__ = [
+    "MAX_QUEUE_BYTES",
+    "QUEUE_SUFFIX",
+    "SERVE_MARGIN",
+    "Handoff",
+    "QueuedWrite",
+    "enqueue",
+    "take",
+]
+
+QUEUE_SUFFIX = ".queue"
+#: A queued write is applied by another writer only with at least this many seconds left
+#: before its own writer's lock timeout.
+SERVE_MARGIN = 2.0
+#: The most queue bytes one holder reads (a 16 KiB entry fits 64 times).
+MAX_QUEUE_BYTES = 1024 * 1024
+_ACTIONS = frozenset({"add", "replace", "remove"})
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW
+_TAKE = os.O_RDWR | _NOFOLLOW
+_READ = os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW
+#: Starts the keys made for unkeyed writes (a write key is hex digits: never the same).
+_HANDOFF_PREFIX = "q"
+#: The most ledger bytes one poll reads (the ledger's own bound).
+_MAX_POLL_BYTES = 512 * 1024
+
+_log = structlog.get_logger("soulfleet.memory")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueuedWrite:
+    """One write another writer queued: its ledger key and the checked request."""
+
+    key: str
+    request: MemoryRequest
+
+
+class Handoff:
+    """One writer's side of the queue: it queues its write when the lock is taken
+    (:meth:`enqueue`, path_lock's ``contended``) and, while it waits, watches the ledger for
+    the holder's answer (:meth:`settled`, path_lock's ``settled``), so a served writer returns
+    at once instead of waiting its turn at the lock just to read it."""
+
+    def __init__(
+        self, queue: str, ledger: str, request: MemoryRequest, key: str, timeout: float
+    ) -> None:
+        self.queue = queue
+        self.ledger = ledger
+        self.request = request
+        #: The ledger key the write is answered under: its own key, or one made when queued.
+        self.key = key
+        self.until = None if timeout < 0 else time.time() + timeout
+        self.queued = False
+        #: What the holder that applied the write answered (set by :meth:`settled`).
+        self.answer: str | None = None
+        self._seen: tuple[int, int] = (-1, 0)  # the ledger's (inode, bytes read so far)
+
+    def enqueue(self) -> None:
+        if self.until is not None and self.until - time.time() < SERVE_MARGIN:
+            return  # no holder would apply it in time: this writer applies its own write
+        key = self.key or f"{_HANDOFF_PREFIX}{random.getrandbits(124):031x}"
+        try:
+            self._seen = _mark(self.ledger)
+            enqueue(self.queue, key, self.request, self.until)
+        except OSError as exc:  # only an optimisation: the write is applied by its own writer
+            _log.debug("memory.queue_failed", path=self.queue, error=str(exc))
+            return
+        self.key, self.queued = key, True
+
+    def settled(self) -> bool:
+        """Whether a holder applied the queued write: its answer is in the ledger. Reads only
+        what was appended since the last look (one ``stat`` when nothing was)."""
+        if self.answer is not None:
+            return True
+        if not self.queued:
+            return False
+        try:
+            inode, size = _mark(self.ledger)
+        except OSError:
+            return False
+        seen_inode, offset = self._seen
+        if inode == seen_inode and size <= offset:
+            return False
+        start = offset if inode == seen_inode else 0  # compacted: a new file, read it all
+        chunk = _read_from(self.ledger, start, inode)
+        if chunk is None:
+            return False
+        whole = chunk[: chunk.rfind(b"\n") + 1]  # a line being appended is read next time
+        self._seen = (inode, start + len(whole))
+        self.answer = find_answer(whole, self.key)
+        return self.answer is not None
+
+
+def _mark(path: str) -> tuple[int, int]:
+    try:
+        info = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return (-1, 0)
+    return info.st_ino, info.st_size
+
+
+def _read_from(path: str, start: int, inode: int) -> bytes | None:
+    try:
+        fd = os.open(path, _READ)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_ino != inode:
+            return None
+        return os.pread(fd, _MAX_POLL_BYTES, start)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def enqueue(path: str, key: str, request: MemoryRequest, until: float | None) -> None:
+    """Append ``request`` (keyed ``key``; its writer waits until ``until``, wall clock, or
+    forever for None) to the queue at ``path``, in one ``write``. Raises ``OSError``."""
+    arguments = {"action": request.action, "target": request.target, "text": request.text}
+    if request.action == "replace":
+        arguments["with"] = request.with_
+    record = {"key": key, "arguments": arguments, "collapsed": request.collapsed, "until": until}
+    line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, _APPEND, 0o644)
+    try:
+        write_all(fd, line)
+    finally:
+        os.close(fd)
+
+
+def take(path: str, relative: str, max_entry_bytes: int) -> list[QueuedWrite]:
+    """Empty the queue at ``path`` and return its writes for ``relative`` that are still worth
+    applying, in queue order. Call only while holding the data file's lock. An unreadable or
+    missing queue is an empty one (its writers apply their own writes)."""
+    try:
+        if os.stat(path, follow_symlinks=False).st_size == 0:
+            return []
+        fd = os.open(path, _TAKE)
+    except OSError:
+        return []
+    try:
+        raw = os.read(fd, MAX_QUEUE_BYTES)
+        os.ftruncate(fd, 0)
+    except OSError:
+        return []
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    now = time.time()
+    taken: list[QueuedWrite] = []
+    for line in raw.split(b"\n")[:-1]:  # the last piece is "" or a torn line
+        queued = _parse(line, relative, max_entry_bytes, now)
+        if queued is not None:
+            taken.append(queued)
+    return taken
+
+
+def _parse(line: bytes, relative: str, max_entry_bytes: int, now: float) -> QueuedWrite | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    key, until = record.get("key"), record.get("until")
+    if not (isinstance(key, str) and 0 < len(key) <= 64):
+        return None
+    if until is not None and not (isinstance(until, (int, float)) and until - now >= SERVE_MARGIN):
+        return None
+    # The same checks as the model's own arguments get (notes allowed: the target must be the
+    # holder's own file anyway, so a notes-less tool never holds a note's lock).
+    request = parse_request(record.get("arguments"), notes=True, max_entry_bytes=max_entry_bytes)
+    if isinstance(request, str) or request.action not in _ACTIONS or request.relative != relative:
+        return None
+    if record.get("collapsed") is True:
+        request = dataclasses.replace(request, collapsed=True)
+    return QueuedWrite(key, request)
