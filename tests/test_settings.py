@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
 import pytest
@@ -57,14 +59,14 @@ def test_values_are_read_and_the_object_is_frozen() -> None:
     [
         ("SOULFLEET_INBOX_MAX", "lots", "whole number"),
         ("SOULFLEET_INBOX_MAX", "0", ">= 1"),
-        ("SOULFLEET_LEASE_TTL", "nan", "number >= 1"),
+        ("SOULFLEET_LEASE_TTL", "nan", "duration >= 1s"),
         ("SOULFLEET_LOCK_MODE", "nfs", "one of local, shared"),
         ("SOULFLEET_WORKER_POOL", "eventlet", "one of threads"),
         ("SOULFLEET_METRICS_PORT", "70000", "TCP port"),
         ("SOULFLEET_HEARTBEAT_JITTER", "0.9", "between 0 and 0.5"),
         ("REDIS_URL", "http://x", "redis://"),
         ("SOULFLEET_KEY_PREFIX", "a b", "white space"),
-        ("SOULFLEET_MODEL_TIMEOUT", "soon", "number"),
+        ("SOULFLEET_MODEL_TIMEOUT", "soon", "duration such as"),
         ("SOULFLEET_RETRY_FOR", "six hours", "duration such as"),
         ("SOULFLEET_RETRY_FOR", "0.5s", "duration >= 1s"),
         ("SOULFLEET_RETRY_MAX", "infh", "duration"),
@@ -137,6 +139,37 @@ def test_retry_and_breaker_durations_read_units() -> None:
     assert (defaults.claim_ttl, defaults.recover_interval) == (6.0, 1.0)
 
 
+@pytest.mark.parametrize(
+    ("variable", "field"),
+    [
+        ("SOULFLEET_TURN_MAX_SECONDS", "turn_max_seconds"),
+        ("SOULFLEET_LEASE_TTL", "lease_ttl"),
+        ("SOULFLEET_GATE_SLOT_TTL", "gate_slot_ttl"),
+        ("SOULFLEET_REPLY_TTL", "reply_ttl"),
+        ("SOULFLEET_LOCK_TIMEOUT", "lock_timeout"),
+        ("SOULFLEET_SWEEP_INTERVAL", "sweep_interval"),
+        ("SOULFLEET_SYNC_INTERVAL", "sync_interval"),
+        ("SOULFLEET_REAP_INTERVAL", "reap_interval"),
+        ("SOULFLEET_REAP_QUEUED_AFTER", "reap_queued_after"),
+        ("SOULFLEET_RECOVER_INTERVAL", "recover_interval"),
+        ("SOULFLEET_DREAM_WINDOW", "dream_window"),
+    ],
+)
+def test_every_setting_in_seconds_reads_units(variable: str, field: str) -> None:
+    """A setting in seconds takes a unit as the persona files' durations do (``1h`` for
+    SOULFLEET_DREAM_WINDOW was refused as "not a number" while ``dream.window = "1h"`` worked)."""
+    assert getattr(Settings.from_env({variable: "20m"}), field) == 1200.0
+    assert getattr(Settings.from_env({variable: "1200"}), field) == 1200.0
+
+
+def test_model_timeout_and_visibility_read_units() -> None:
+    """The model timeout and the visibility timeout take units too."""
+    settings = Settings.from_env(
+        {"SOULFLEET_MODEL_TIMEOUT": "2m", "SOULFLEET_VISIBILITY_TIMEOUT": "1d"}
+    )
+    assert (settings.model.timeout, settings.visibility_timeout) == (120.0, 86400.0)
+
+
 def test_io_concurrency_by_default() -> None:
     """A worker runs 200 turns at once by default, and the fleet-wide turn gate's default
     does not bind a single default host below that."""
@@ -150,11 +183,40 @@ def test_io_concurrency_by_default() -> None:
 @pytest.mark.parametrize(
     ("pool", "concurrency"), [("threads", "1001"), ("gevent", "5000"), ("prefork", "100000")]
 )
-def test_concurrency_above_a_pools_limit_is_refused(pool: str, concurrency: str) -> None:
+def test_concurrency_above_a_pools_limit_is_refused(
+    pool: str, concurrency: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A pool asked for more than it was shown to drain safely fails at start, naming why."""
+    _gevent_installed(monkeypatch, installed=True)
     env = {"SOULFLEET_WORKER_POOL": pool, "SOULFLEET_WORKER_CONCURRENCY": concurrency}
     with pytest.raises(SettingsError, match=r"SOULFLEET_WORKER_CONCURRENCY.*above its limit"):
         Settings.from_env(env)
+
+
+def _gevent_installed(monkeypatch: pytest.MonkeyPatch, *, installed: bool) -> None:
+    real = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> ModuleSpec | None:
+        if name == "gevent":
+            return ModuleSpec("gevent", None) if installed else None
+        return real(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+
+def test_the_gevent_pool_without_gevent_is_refused_naming_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SOULFLEET_WORKER_POOL=gevent without gevent installed stops at start with what to do,
+    not a ModuleNotFoundError traceback from the worker later."""
+    _gevent_installed(monkeypatch, installed=False)
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env({"SOULFLEET_WORKER_POOL": "gevent"})
+    assert caught.value.variable == "SOULFLEET_WORKER_POOL"
+    assert "gevent is not installed" in str(caught.value)
+    assert "soulfleet[gevent]" in str(caught.value)
+    _gevent_installed(monkeypatch, installed=True)
+    assert Settings.from_env({"SOULFLEET_WORKER_POOL": "gevent"}).worker_pool == "gevent"
 
 
 def test_prefork_and_solo_default_to_what_they_can_run() -> None:

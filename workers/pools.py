@@ -13,6 +13,7 @@ naming the pool, the number asked for and the limit, instead of stalling later:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "SPARE_CONNECTIONS",
     "connections_for",
     "effective_concurrency",
+    "missing_package",
     "pool_limit",
     "refusal",
 ]
@@ -36,6 +38,16 @@ def connections_for(concurrency: int) -> int:
     """How many Redis connections a pool of ``concurrency`` slots may hold at once: every slot
     may ack, publish or run a script at the same moment (the broker's and the fleet's pools)."""
     return concurrency + SPARE_CONNECTIONS
+
+
+def missing_package(pool: str) -> str | None:
+    """Why ``pool`` cannot run here (its package is not installed), or None."""
+    if pool == "gevent" and importlib.util.find_spec("gevent") is None:
+        return (
+            "gevent is not installed: install it (pip install 'soulfleet[gevent]') or use the "
+            "threads pool, which serves as many turns at once"
+        )
+    return None
 
 
 def pool_limit(pool: str, cpu_count: int | None = None) -> int:

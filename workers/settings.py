@@ -26,7 +26,7 @@ from workers.persona.errors import SettingsError
 from workers.persona.mcp_servers import FleetServer, load_mcp_servers
 from workers.persona.models.config import ModelConfig
 from workers.persona.urls import ambiguous_credentials, mask_credentials, split_credentials
-from workers.pools import POOLS, pool_limit, refusal
+from workers.pools import POOLS, missing_package, pool_limit, refusal
 
 __all__ = ["LockMode", "LogFormat", "Settings", "SettingsError", "redact_url"]
 
@@ -161,12 +161,12 @@ class Settings:
         if any(ch.isspace() for ch in prefix):
             raise SettingsError("SOULFLEET_KEY_PREFIX", "must not contain white space")
 
-        turn_max_seconds = env.number("SOULFLEET_TURN_MAX_SECONDS", 600.0, minimum=1.0)
+        turn_max_seconds = env.duration("SOULFLEET_TURN_MAX_SECONDS", 600.0, minimum=1.0)
         model = ModelConfig.from_env(os.environ if environ is None else environ)
         # A model call may take its timeout on every try; the turn's wall budget is only
         # checked between steps, so the broker must not redeliver before both have run out.
         worst_turn = turn_max_seconds + model.timeout * (model.retries + 1)
-        visibility_timeout = env.number(
+        visibility_timeout = env.duration(
             "SOULFLEET_VISIBILITY_TIMEOUT", max(7200.0, 4 * worst_turn), minimum=1.0
         )
         if visibility_timeout < 2 * worst_turn:
@@ -176,7 +176,7 @@ class Settings:
                 "SOULFLEET_TURN_MAX_SECONDS plus every model retry), or the broker redelivers "
                 f"turns that are still running; got {visibility_timeout:.0f}",
             )
-        lease_ttl = env.number("SOULFLEET_LEASE_TTL", 30.0, minimum=1.0)
+        lease_ttl = env.duration("SOULFLEET_LEASE_TTL", 30.0, minimum=1.0)
         mcp_raw = env.raw("SOULFLEET_MCP_CONFIG")
         mcp_config = None if mcp_raw is None else Path(mcp_raw).expanduser()
         retry_max = env.duration("SOULFLEET_RETRY_MAX", 300.0, minimum=0.001)
@@ -185,6 +185,9 @@ class Settings:
             raise SettingsError("SOULFLEET_METRICS_PORT", f"must be a TCP port, got {metrics_port}")
 
         pool = env.choice("SOULFLEET_WORKER_POOL", "threads", POOLS)
+        absent = missing_package(pool)
+        if absent is not None:
+            raise SettingsError("SOULFLEET_WORKER_POOL", absent)
         concurrency = env.integer(
             "SOULFLEET_WORKER_CONCURRENCY",
             min(DEFAULT_CONCURRENCY, pool_limit(pool)),
@@ -223,12 +226,12 @@ class Settings:
             max_concurrent_model_calls=env.integer(
                 "SOULFLEET_MAX_CONCURRENT_MODEL_CALLS", DEFAULT_MODEL_CALLS, minimum=0
             ),
-            gate_slot_ttl=env.number("SOULFLEET_GATE_SLOT_TTL", 30.0, minimum=1.0),
+            gate_slot_ttl=env.duration("SOULFLEET_GATE_SLOT_TTL", 30.0, minimum=1.0),
             beats_max=env.integer("SOULFLEET_BEATS_MAX", 10_000, minimum=1),
             transcript_max_conversations=env.integer(
                 "SOULFLEET_TRANSCRIPT_MAX_CONVERSATIONS", 1000, minimum=1
             ),
-            reply_ttl=env.number("SOULFLEET_REPLY_TTL", 3600.0, minimum=1.0),
+            reply_ttl=env.duration("SOULFLEET_REPLY_TTL", 3600.0, minimum=1.0),
             mcp_config=mcp_config,
             mcp_servers={} if mcp_config is None else load_mcp_servers(mcp_config),
             tool_args_max_bytes=env.integer("SOULFLEET_TOOL_ARGS_MAX_BYTES", 64 * 1024, minimum=1),
@@ -251,17 +254,17 @@ class Settings:
             lock_mode="shared"
             if env.choice("SOULFLEET_LOCK_MODE", "local", ("local", "shared")) == "shared"
             else "local",
-            lock_timeout=env.number("SOULFLEET_LOCK_TIMEOUT", 10.0, minimum=0.0),
+            lock_timeout=env.duration("SOULFLEET_LOCK_TIMEOUT", 10.0, minimum=0.0),
             worker_pool=pool,
             worker_concurrency=concurrency,
-            sweep_interval=env.number("SOULFLEET_SWEEP_INTERVAL", 1.0, minimum=0.05),
-            sync_interval=env.number("SOULFLEET_SYNC_INTERVAL", 10.0, minimum=0.1),
-            reap_interval=env.number("SOULFLEET_REAP_INTERVAL", 15.0, minimum=0.1),
-            reap_queued_after=env.number("SOULFLEET_REAP_QUEUED_AFTER", 600.0, minimum=1.0),
-            recover_interval=env.number("SOULFLEET_RECOVER_INTERVAL", 1.0, minimum=0.05),
+            sweep_interval=env.duration("SOULFLEET_SWEEP_INTERVAL", 1.0, minimum=0.05),
+            sync_interval=env.duration("SOULFLEET_SYNC_INTERVAL", 10.0, minimum=0.1),
+            reap_interval=env.duration("SOULFLEET_REAP_INTERVAL", 15.0, minimum=0.1),
+            reap_queued_after=env.duration("SOULFLEET_REAP_QUEUED_AFTER", 600.0, minimum=1.0),
+            recover_interval=env.duration("SOULFLEET_RECOVER_INTERVAL", 1.0, minimum=0.05),
             sweep_batch=env.integer("SOULFLEET_SWEEP_BATCH", 5000, minimum=1),
             heartbeat_jitter=_fraction(env, "SOULFLEET_HEARTBEAT_JITTER", 0.1),
-            dream_window=env.number("SOULFLEET_DREAM_WINDOW", 3600.0),
+            dream_window=env.duration("SOULFLEET_DREAM_WINDOW", 3600.0),
             task_events=env.flag("SOULFLEET_TASK_EVENTS", False),
             log_format="json"
             if env.choice("SOULFLEET_LOG_FORMAT", "console", ("console", "json")) == "json"

@@ -43,8 +43,12 @@ def test_values_are_read_and_stripped() -> None:
 @pytest.mark.parametrize(
     ("name", "raw", "message"),
     [
-        ("SOULFLEET_MODEL_TIMEOUT", "fast", "must be a number, got 'fast'"),
-        ("SOULFLEET_MODEL_TIMEOUT", "0.05", "must be a number >= 0.1, got '0.05'"),
+        (
+            "SOULFLEET_MODEL_TIMEOUT",
+            "fast",
+            "must be a duration such as 90, 90s, 30m or 6h; got 'fast'",
+        ),
+        ("SOULFLEET_MODEL_TIMEOUT", "0.05", "must be a duration >= 0.1s, got '0.05'"),
         ("SOULFLEET_MODEL_RETRIES", "-1", "must be >= 0, got -1"),
         ("SOULFLEET_MODEL_RETRIES", "two", "must be a whole number, got 'two'"),
         ("SOULFLEET_MODEL_MAX_OUTPUT_TOKENS", "0", "must be >= 1, got 0"),

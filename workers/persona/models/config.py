@@ -112,7 +112,7 @@ class ModelConfig:
             openai_api_key=Secret(env.text("OPENAI_API_KEY", "")),
             anthropic_base_url=env.text("ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
             anthropic_api_key=Secret(env.text("ANTHROPIC_API_KEY", "")),
-            timeout=env.number("SOULFLEET_MODEL_TIMEOUT", 300.0, minimum=0.1),
+            timeout=env.duration("SOULFLEET_MODEL_TIMEOUT", 300.0, minimum=0.1),
             retries=env.integer("SOULFLEET_MODEL_RETRIES", 3, minimum=0),
             max_output_tokens=env.integer("SOULFLEET_MODEL_MAX_OUTPUT_TOKENS", 4096, minimum=1),
         )
