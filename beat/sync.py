@@ -5,13 +5,16 @@ Why it is shaped like this:
 - Cheap when nothing changed. Each persona has a fingerprint (inode, mtime_ns and size of
   persona.toml and HEARTBEAT.md); a persona whose persona.toml stat is unchanged is not
   re-parsed, and Redis is only written for personas whose fingerprint moved. A sync of 100,000
-  unchanged personas is a directory scan plus two ``stat`` calls each.
+  unchanged personas is a directory scan plus three ``stat`` calls each (persona.toml,
+  HEARTBEAT.md, and the directory itself: when a file at its top level was created, removed or
+  replaced, the bootstrap files are checked with a ``stat`` each).
 - Idempotent and safe to run from several beats at once. A new entry is scored at its first
   grid slot (a stable per-lane phase, :mod:`beat.schedule`); a CHANGED spec is re-scored from
   now; an unchanged spec is left alone. Specs are canonical JSON and the slot arithmetic is
   deterministic, so two beats syncing the same directory write the same values or nothing.
 - An invalid persona (persona.toml that does not parse, a cron expression that cannot fire, an
-  overflowing duration, a persona.toml or HEARTBEAT.md that is a FIFO, a device or too large;
+  overflowing duration, a persona.toml, HEARTBEAT.md or bootstrap file that is a FIFO, a
+  device, a directory or too large;
   whatever exception its files cause) is reported — log ``registry.invalid`` (persona, key,
   error), its ``Keys.registry`` record's
   ``error``, the ``soulfleet_registry_invalid_personas`` gauge — and its schedule entries are
@@ -29,6 +32,7 @@ Why it is shaped like this:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -47,6 +51,7 @@ from workers.fleet.registry import PersonaRegistry
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import PersonaError, PersonaFileError, PersonaNotFound
 from workers.persona.files import regular_file_problem
+from workers.persona.home import BOOTSTRAP_ORDER
 from workers.persona.manifest import MANIFEST_NAME, PersonaConfig, load_manifest
 from workers.persona.mcp_servers import check_uses
 from workers.settings import Settings
@@ -69,6 +74,10 @@ class PersonaRecord:
     specs: tuple[ScheduleSpec, ...]
     error: str = ""
     key: str = ""
+    #: The persona directory's own stat: a file created, removed or swapped at its top level
+    #: (a FIFO or a directory put where a bootstrap file was) moves it. Kept here only, not in
+    #: Redis: every memory write moves it too, and most such moves change nothing.
+    folder_print: str = ""
 
     def entries(self) -> PersonaEntries:
         return PersonaEntries(self.specs, self.fingerprint, self.error)
@@ -87,6 +96,15 @@ class SyncReport:
     invalid: int = 0
     seconds: float = 0.0
     invalid_names: list[str] = field(default_factory=list)
+
+
+def _unusable_bootstrap_file(path: str) -> tuple[str, str] | None:
+    """The first bootstrap file that is there but not a regular file, and why (stat only)."""
+    for name in BOOTSTRAP_ORDER:
+        problem = regular_file_problem(os.path.join(path, name))
+        if problem is not None:
+            return name, problem
+    return None
 
 
 def _stat_print(path: str) -> str:
@@ -222,34 +240,61 @@ class RegistrySync:
         """The persona's new record, or None when nothing about it changed."""
         manifest_print = _stat_print(os.path.join(path, MANIFEST_NAME))
         fingerprint = f"{manifest_print};{_stat_print(os.path.join(path, HEARTBEAT_FILE))}"
+        folder_print = _stat_print(path)
         known = self._known.get(name)
-        if known is not None and known.fingerprint == fingerprint:
+        if known is not None and (known.fingerprint, known.folder_print) == (
+            fingerprint,
+            folder_print,
+        ):
             return None
-        if known is not None and known.manifest_print == manifest_print:
-            return PersonaRecord(fingerprint, manifest_print, known.specs, known.error, known.key)
+        unusable = _unusable_bootstrap_file(path)
+        if known is not None and not known.error and unusable is None:
+            if known.fingerprint == fingerprint:  # only the folder moved: nothing to write
+                self._known[name] = dataclasses.replace(known, folder_print=folder_print)
+                return None
+            if known.manifest_print == manifest_print:
+                return PersonaRecord(fingerprint, manifest_print, known.specs, "", "", folder_print)
         report.parsed += 1
-        home = Path(path)
+        return self._parsed(name, Path(path), (fingerprint, manifest_print, folder_print), unusable)
+
+    def _parsed(
+        self,
+        name: str,
+        home: Path,
+        prints: tuple[str, str, str],
+        unusable: tuple[str, str] | None,
+    ) -> PersonaRecord | None:
+        """The record of a persona whose files are read again (None if it just vanished)."""
+        fingerprint, manifest_print, folder_print = prints
+        path = str(home)
+        known = self._known.get(name)
         try:
             heartbeat_problem = regular_file_problem(os.path.join(path, HEARTBEAT_FILE))
             if heartbeat_problem is not None:
                 # Stat only: a FIFO or a device must be refused without ever being opened.
                 raise PersonaFileError(home / HEARTBEAT_FILE, heartbeat_problem)
+            if unusable is not None:
+                raise PersonaFileError(home / unusable[0], unusable[1])
             specs = specs_for(name, home, self._loader(home), self._settings)
         except PersonaNotFound:
             return None  # vanished between scan and parse: the next sync removes it
         except CronError as exc:
             problem = f"{home / MANIFEST_NAME}: key 'dream.cron' {exc}"
-            failed = PersonaRecord(fingerprint, manifest_print, (), problem, "dream.cron")
+            failed = PersonaRecord(
+                fingerprint, manifest_print, (), problem, "dream.cron", folder_print
+            )
         except (PersonaError, ValueError) as exc:
             key = str(getattr(exc, "key", None) or "")
-            failed = PersonaRecord(fingerprint, manifest_print, (), str(exc), key)
+            failed = PersonaRecord(fingerprint, manifest_print, (), str(exc), key, folder_print)
         except Exception as exc:  # whatever one persona's files do, the others are synced
             problem = f"{home}: cannot be scheduled: {type(exc).__name__}: {exc}"
-            failed = PersonaRecord(fingerprint, manifest_print, (), problem[:2000], "")
+            failed = PersonaRecord(
+                fingerprint, manifest_print, (), problem[:2000], "", folder_print
+            )
         else:
             if known is not None and known.error:
                 _log.info("registry.valid_again", persona=name)
-            return PersonaRecord(fingerprint, manifest_print, specs)
+            return PersonaRecord(fingerprint, manifest_print, specs, folder_print=folder_print)
         if known is None or known.error != failed.error:
             _log.warning("registry.invalid", persona=name, key=failed.key, error=failed.error)
         return failed

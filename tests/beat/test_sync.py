@@ -386,3 +386,71 @@ def test_any_exception_from_one_persona_is_recorded_and_the_sync_goes_on(
     assert sync.run().invalid == 1
     assert set(schedule(redis_client, fleet)) == {"ava|heartbeat"}
     assert "OverflowError" in registry_record(redis_client, fleet, "bob")["error"]
+
+
+def test_a_bootstrap_file_that_is_not_a_file_makes_the_persona_invalid_until_fixed(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis, events: Events
+) -> None:
+    """A FIFO or a directory put where a bootstrap file was (the worker would fail every turn
+    on it) makes the persona invalid, named in its record, with its schedule removed; the next
+    sync after the fix schedules it again. Nothing is opened: the sync does not block."""
+    home = write_persona(persona_root, "ava", EVERY_1M)
+    (home / "IDENTITY.md").write_text("I am Ava.\n")
+    write_persona(persona_root, "bob", EVERY_1M)
+    sync = make_sync(fleet)
+    sync.run()
+    assert set(schedule(redis_client, fleet)) == {"ava|heartbeat", "bob|heartbeat"}
+
+    (home / "IDENTITY.md").unlink()
+    os.mkfifo(home / "IDENTITY.md")
+    assert sync.run().invalid == 1
+    assert set(schedule(redis_client, fleet)) == {"bob|heartbeat"}
+    error = registry_record(redis_client, fleet, "ava")["error"]
+    assert "IDENTITY.md" in error
+    assert "FIFO" in error
+
+    (home / "IDENTITY.md").unlink()
+    (home / "SOUL.md").mkdir()
+    assert sync.run().invalid == 1
+    assert "SOUL.md: is a directory" in registry_record(redis_client, fleet, "ava")["error"]
+
+    (home / "SOUL.md").rmdir()
+    assert sync.run().invalid == 0
+    assert set(schedule(redis_client, fleet)) == {"ava|heartbeat", "bob|heartbeat"}
+    assert registry_record(redis_client, fleet, "ava")["error"] == ""
+    assert [e["persona"] for e in events.named("registry.valid_again")] == ["ava"]
+
+
+def test_a_memory_write_costs_the_sync_no_parse_and_no_redis_write(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """A file replaced at the persona's top level (every memory write renames MEMORY.md) moves
+    the folder's stat: the sync looks at the bootstrap files again, parses nothing and writes
+    nothing to Redis."""
+    home = write_persona(persona_root, "ava", EVERY_1M)
+    loader = CountingLoader()
+    sync = make_sync(fleet, loader)
+    sync.run()
+    before = redis_client.hget(fleet.keys.registry, "ava")
+    temp = home / ".MEMORY.md.tmp"
+    temp.write_text("- an entry\n")
+    os.replace(temp, home / "MEMORY.md")
+    report = sync.run()
+    assert (report.parsed, report.added, report.updated, report.removed) == (0, 0, 0, 0)
+    assert loader.calls == ["ava"]
+    assert redis_client.hget(fleet.keys.registry, "ava") == before
+
+
+def test_a_heartbeat_file_fixed_after_being_a_fifo_makes_the_persona_valid_again(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """Replacing a FIFO HEARTBEAT.md with a regular file (persona.toml unchanged) clears the
+    error: a persona whose record holds an error is always read again when its files move."""
+    home = write_persona(persona_root, "ava", EVERY_1M, heartbeat=None)
+    os.mkfifo(home / "HEARTBEAT.md")
+    sync = make_sync(fleet)
+    assert sync.run().invalid == 1
+    (home / "HEARTBEAT.md").unlink()
+    (home / "HEARTBEAT.md").write_text("Check the inbox.\n")
+    assert sync.run().invalid == 0
+    assert set(schedule(redis_client, fleet)) == {"ava|heartbeat"}
