@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
@@ -75,3 +77,19 @@ def test_dream_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, st
     assert result.exit_code == 1
     assert PASSWORD not in result.output
     assert "soulfleet up" in result.stderr
+
+
+def test_dream_all_skips_a_persona_whose_files_are_invalid(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """--all runs the same check-up as `dream PERSONA`: an invalid persona is named with its
+    reason, counted, not ticked (its dreamer would only be dead-lettered), and exit is 1."""
+    (fleet_root / "milo" / "persona.toml").write_text("[heartbeat\n")
+    result = invoke("dream", "--all", "--timeout", "0", "--json")
+    assert result.exit_code == 1
+    outcome = json.loads(result.stdout)
+    assert set(outcome["invalid"]) == {"milo"}
+    assert "persona.toml" in outcome["invalid"]["milo"]
+    assert outcome["still_running"] == ["ava-dreamer", "nora-dreamer"]
+    assert "skipped milo" in result.stderr
+    assert lanes_for(env).status("milo-dreamer").get("state") in (None, "idle")

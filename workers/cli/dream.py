@@ -7,7 +7,9 @@ says whether a pass was queued or folded into one already queued or running.
 a lane is DONE when its ``last_turn`` differs from the one recorded before the tick (a pass
 committed), FAILED when it is dead-lettered (a failing pass is retried by the fleet until
 SOULFLEET_MAX_ATTEMPTS, so a single error is not yet a failure), and STILL RUNNING if neither
-happened within ``--timeout``. Exit status 1 if any failed or is still running.
+happened within ``--timeout``. A persona whose files fail the check-up that ``dream PERSONA``
+runs is not ticked: it is named with its reason and counted as invalid. Exit status 1 if any
+failed, is still running or is invalid.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from workers.cli.context import CliContext
 from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
 from workers.cli.group import cli_context, personas_option
 from workers.fleet import Fleet
+from workers.persona.checkup import check_persona
+from workers.persona.errors import ModelError, PersonaError
 
 __all__ = ["dream", "watch_batch"]
 
@@ -116,6 +120,16 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
     names = fleet.registry.names()
     if not names:
         raise BadInputError(f"no personas in {fleet.registry.root}")
+    # The same check-up as `dream PERSONA`: a persona whose files are invalid could only fail
+    # its pass until its dreamer is dead-lettered. Skipped, named with the reason, and counted.
+    invalid: dict[str, str] = {}
+    for name in names:
+        try:
+            check_persona(fleet.registry.home(name), state.settings.model)
+        except (PersonaError, ModelError) as exc:
+            invalid[name] = str(exc)
+            click.echo(f"soulfleet: skipped {name}: {exc}", err=True)
+    names = [name for name in names if name not in invalid]
     lanes = [fleet.registry.lane_of(name, "dreamer") for name in names]
     before = {lane: _str(fleet.lanes.status(lane).get("last_turn")) for lane in lanes}
     outcomes = fleet.tick_lanes([(lane, "dream") for lane in lanes])
@@ -125,13 +139,20 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
     done, failed, running = watch_batch(fleet, watched, timeout=timeout)
     failed = sorted([*failed, *dead])
     if as_json:
-        click.echo(json.dumps({"done": sorted(done), "failed": failed, "still_running": running}))
+        click.echo(json.dumps({
+            "done": sorted(done), "failed": failed, "still_running": running,
+            "invalid": invalid,
+        }))  # fmt: skip
     else:
-        click.echo(f"done: {len(done)}  failed: {len(failed)}  still running: {len(running)}")
-        for label, group in (("failed", failed), ("still running", running)):
+        click.echo(
+            f"done: {len(done)}  failed: {len(failed)}  still running: {len(running)}"
+            f"  invalid (not queued): {len(invalid)}"
+        )
+        for label, group in (("failed", failed), ("still running", running),
+                             ("invalid", sorted(invalid))):  # fmt: skip
             if group:
                 click.echo(f"{label}: {', '.join(group)}")
-    if failed or running:
+    if failed or running or invalid:
         ctx.exit(EXIT_FAILURE)
 
 
