@@ -60,3 +60,22 @@ def test_beats_refuses_and_status_honours_personas(
     (other / "zed").mkdir(parents=True)
     payload = json.loads(invoke("status", "--json", "--personas", str(other)).stdout)
     assert [entry["persona"] for entry in payload["personas"]] == ["zed"]
+
+
+def test_a_soulfleet_personas_other_than_the_fleets_is_refused_on_commands_that_send_work(
+    invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """Without --personas, the command's own SOULFLEET_PERSONAS gets the same guard: a shell
+    whose variable points elsewhere than the fleet's workers is refused (exit 2) with the root
+    to use, and nothing is queued (it used to dead-letter the lane as UnknownPersona)."""
+    sync_registry(env)
+    other = copy_demo(tmp_path / "other")
+    for args in SENDING:
+        result = invoke(*args, environ={**env, "SOULFLEET_PERSONAS": str(other)})
+        assert result.exit_code == 2, (args, result.output)
+        assert "(SOULFLEET_PERSONAS)" in result.stderr
+        assert "fleet's workers read them from" in result.stderr
+    lanes = lanes_for(env)
+    for lane in ("nora", "nora-dreamer"):
+        assert lanes.status(lane)["inbox_depth"] == 0
+        assert lanes.status(lane)["state"] == "idle"

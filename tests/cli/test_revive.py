@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from tests.cli.conftest import Invoke
 from workers.fleet import Fleet
@@ -104,3 +107,22 @@ def test_revive_needs_a_persona_or_all_but_not_both(invoke: Invoke) -> None:
     result = invoke("revive", "milo", "--all")
     assert result.exit_code == 2
     assert "not both" in result.output
+
+
+def test_dead_lanes_of_a_removed_persona_are_named_and_never_revived(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """A persona directory deleted after its lane died: `revive --all` leaves that lane (it
+    could only die again) and says so; `status` names it so the dead count adds up."""
+    fleet = _dead_letter(env, "nora")
+    _dead_letter(env, "milo")
+    shutil.rmtree(fleet_root / "milo")
+    result = invoke("revive", "--all")
+    assert result.exit_code == 0, result.output
+    assert "revived 1 dead-lettered lane(s)" in result.stdout
+    assert "not revived: 1 dead lane(s) whose persona directory is gone (milo)" in result.stdout
+    assert fleet.lanes.status("nora")["state"] == "queued"
+    assert fleet.lanes.status("milo")["state"] == "dead"
+    status = invoke("status", "--state", "dead")
+    assert "dead lanes of removed personas (1, their directories are gone" in status.stdout
+    assert json.loads(invoke("status", "--json").stdout)["dead_persona_gone"] == ["milo"]

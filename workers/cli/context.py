@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import click
+import redis
 
-from workers.cli.errors import BadInputError
+from workers.cli.errors import BadInputError, CliError
 from workers.fleet import Fleet
-from workers.fleet.errors import UnknownPersona
+from workers.fleet.errors import RedisUnavailable, UnknownPersona
 from workers.fleet.registry import PersonaRegistry, valid_persona_name
 from workers.local.datadir import DataDir, UpState, default_data_dir
 from workers.persona.checkup import check_persona
@@ -173,7 +174,8 @@ class CliContext:
         return None
 
     def honour_personas(self, command: str) -> None:
-        """``--personas`` on a command that sends work: honoured only when it IS the fleet's root.
+        """``--personas`` (or, without it, SOULFLEET_PERSONAS) on a command that sends work:
+        honoured only when it IS the fleet's root.
 
         The CLI reads persona names under ``--personas``, but the workers read theirs under the
         fleet's own SOULFLEET_PERSONAS: a post to a persona the workers cannot see is accepted
@@ -181,6 +183,7 @@ class CliContext:
         refused with what to do instead.
         """
         if self.personas is None:
+            self._honour_environment(command)
             return
         wanted = self.personas.expanduser().resolve()
         served = self.fleet_root()
@@ -197,6 +200,24 @@ class CliContext:
             f"cannot see would only fail. Drop --personas to use the fleet's own personas, "
             f"start a fleet on that root (`soulfleet up --personas {self.personas}`), or use "
             "`soulfleet run --local` for a directory anywhere"
+        )
+
+    def _honour_environment(self, command: str) -> None:
+        """The same guard for the root SOULFLEET_PERSONAS gives this command: a shell whose
+        variable points elsewhere than the fleet's workers would queue work that can only be
+        dead-lettered (UnknownPersona), and `status` would then misread the failure."""
+        try:
+            served = self.fleet_root()
+        except (CliError, RedisUnavailable, redis.RedisError):
+            return  # no fleet reached: the command says so itself, after the persona check
+        mine = self.settings.personas.expanduser().resolve()
+        if served is None or served == mine:
+            return
+        raise BadInputError(
+            f"{command}: this command reads personas from {mine} (SOULFLEET_PERSONAS), but the "
+            f"fleet's workers read them from {served}, and a turn for a persona they cannot "
+            f"see would only fail. Set SOULFLEET_PERSONAS={served} (or pass --personas "
+            f"{served}), or use `soulfleet run --local` for a directory anywhere"
         )
 
     def checked(self, arg: str) -> str:

@@ -74,12 +74,20 @@ def revive(
 def _revive_all(state: CliContext, reason: str | None, *, as_json: bool) -> None:
     if reason is not None and not reason.strip():
         raise BadInputError("--reason needs some text to match in the last error")
-    revived = state.fleet().revive_dead(reason=reason)
+    fleet = state.fleet()
+    revived = fleet.revive_dead(reason=reason)
+    orphans = fleet.orphaned_dead()
     if as_json:
         lanes = [{"lane": outcome.lane, "turn_id": outcome.turn_id} for outcome in revived]
-        click.echo(json.dumps({"revived": lanes, "reason": reason}))
+        click.echo(json.dumps({"revived": lanes, "reason": reason, "persona_gone": orphans}))
         return
     for outcome in revived:
         click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued")
     matching = f" whose last error contains {reason!r}" if reason is not None else ""
     click.echo(f"revived {len(revived)} dead-lettered lane(s){matching}")
+    if orphans:
+        click.echo(
+            f"not revived: {len(orphans)} dead lane(s) whose persona directory is gone "
+            f"({', '.join(orphans)}); they would only fail again. Restore the directory under "
+            f"{fleet.registry.root} to revive one."
+        )

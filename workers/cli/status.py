@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 
+from workers.cli.context import CliContext
 from workers.cli.errors import BadInputError
 from workers.cli.group import cli_context, personas_option
 from workers.cli.health import (
@@ -227,25 +228,33 @@ def status(
     """Show PERSONA's lanes, or every persona's plus fleet-wide counts."""
     state = cli_context(ctx, personas)
     if persona is not None:
-        name = state.persona(persona)
-        fleet = state.fleet()
-        invalid = invalid_personas(fleet, [name])
-        entry = _annotate(fleet.status(name), invalid, fleet.registry.root)
-        why = invalid.get(name)
-        claims = lock_claims(fleet, [name])
-        if claims:
-            entry["lock_claims"] = claims
-        click.echo(json.dumps(entry, ensure_ascii=False) if as_json else _table([_row(entry)]))
-        if as_json:
-            return
-        if entry.get("last_text"):
-            click.echo(f"last reply: {' '.join(str(entry['last_text']).split())[:200]}")
-        if why:
-            click.echo(f"INVALID (not scheduled until fixed): {' '.join(why.split())}")
-        _echo_claims(claims)
-        _echo_models(entry)
-        _fixed_hint(fixed_since(fleet, state.settings.model, invalid=invalid_personas(fleet)))
+        _status_one(state, persona, as_json=as_json)
+    else:
+        _status_all(state, only, as_json=as_json)
+
+
+def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
+    name = state.persona(persona)
+    fleet = state.fleet()
+    invalid = invalid_personas(fleet, [name])
+    entry = _annotate(fleet.status(name), invalid, fleet.registry.root)
+    why = invalid.get(name)
+    claims = lock_claims(fleet, [name])
+    if claims:
+        entry["lock_claims"] = claims
+    click.echo(json.dumps(entry, ensure_ascii=False) if as_json else _table([_row(entry)]))
+    if as_json:
         return
+    if entry.get("last_text"):
+        click.echo(f"last reply: {' '.join(str(entry['last_text']).split())[:200]}")
+    if why:
+        click.echo(f"INVALID (not scheduled until fixed): {' '.join(why.split())}")
+    _echo_claims(claims)
+    _echo_models(entry)
+    _fixed_hint(fixed_since(fleet, state.settings.model, invalid=invalid_personas(fleet)))
+
+
+def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     fleet = state.fleet()  # Redis first: with no fleet, the personas root is moot
     root = state.settings.personas
     if not root.is_dir():
@@ -264,6 +273,7 @@ def status(
     beat = beat_summary(fleet)
     claims = lock_claims(fleet, [str(entry["persona"]) for entry in entries])
     fixed = fixed_since(fleet, state.settings.model, invalid=invalid)
+    orphans = fleet.orphaned_dead()
     if as_json:
         payload = {
             "root": str(root),
@@ -275,6 +285,7 @@ def status(
             "invalid": invalid,
             "lock_claims": claims,
             "fixed_since_dead": [lane for lane, _ in fixed],
+            "dead_persona_gone": orphans,
         }
         click.echo(json.dumps(payload, ensure_ascii=False))
         return
@@ -287,6 +298,11 @@ def status(
         for name, error in invalid.items():
             click.echo(f"  {name}: {' '.join(error.split())}")
     _echo_claims(claims)
+    if orphans and only in (None, "dead"):
+        click.echo(
+            f"dead lanes of removed personas ({len(orphans)}, their directories are gone; "
+            f"never revived): {', '.join(orphans)}"
+        )
     click.echo(
         f"lanes: {counts['queued']} queued, {counts['running']} running, {counts['dead']} dead, "
         f"{waiting['retry']} retrying, {waiting['deferred']} deferred "

@@ -27,7 +27,7 @@ import redis
 from workers.fleet.beats import Beat, Beats
 from workers.fleet.breaker import Breaker
 from workers.fleet.clients import fleet_client
-from workers.fleet.errors import LaneDeadLettered, RedisUnavailable
+from workers.fleet.errors import LaneDeadLettered, RedisUnavailable, UnknownPersona
 from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
 from workers.fleet.outcomes import PostOutcome, Repair, RunReply, TickOutcome
@@ -315,9 +315,11 @@ class Fleet:
         return outcome
 
     def revive_dead(self, *, reason: str | None = None) -> list[TickOutcome]:
-        """Revive every dead-lettered lane, or only those whose last error contains ``reason``
-        (case-insensitive); returns what was queued (and published)."""
+        """Revive every dead-lettered lane whose persona still exists, or only those whose last
+        error contains ``reason`` (case-insensitive); returns what was queued (and published)."""
         lanes: list[str] = self._call(lambda: self.client.zrange(self.keys.dead, 0, -1))
+        # A lane whose persona directory is gone would only be dead-lettered again.
+        lanes = [lane for lane in lanes if self._persona_exists(lane)]
         if reason is not None and lanes:
             pipe = self.client.pipeline(transaction=False)
             for lane in lanes:
@@ -333,6 +335,21 @@ class Fleet:
         queued = [o for o in outcomes if o.outcome == "queued" and o.turn_id and o.turn_kind]
         self.publisher.publish_many([(o.lane, str(o.turn_id), str(o.turn_kind)) for o in queued])
         return queued
+
+    def orphaned_dead(self) -> list[str]:
+        """Dead-lettered lanes whose persona directory is gone (deleted or renamed). They are
+        never revived by :meth:`revive_dead` (they could only fail again); ``status`` names
+        them so the dead count adds up."""
+        lanes: list[str] = self._call(lambda: self.client.zrange(self.keys.dead, 0, -1))
+        return [lane for lane in lanes if not self._persona_exists(lane)]
+
+    def _persona_exists(self, lane: str) -> bool:
+        name, _role = self.registry.parse_lane(lane)
+        try:
+            self.registry.home(name)
+        except UnknownPersona:
+            return False
+        return True
 
     def recover(self) -> list[Repair]:
         """beat's fast pass: queue retries whose backoff is over, re-publish turns whose
