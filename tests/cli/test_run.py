@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tests.cli.conftest import Invoke
-from tests.support.cli import PASSWORD
+from tests.support.cli import PASSWORD, lanes_for
+from workers.persona.inbox import InboxItem
 
 
 def test_run_local_json_reports_text_status_usage_limit(invoke: Invoke, fleet_root: Path) -> None:
@@ -92,3 +93,17 @@ def test_run_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, str 
     assert PASSWORD not in result.output
     assert ":***@" in result.stderr
     assert "soulfleet up" in result.stderr
+
+
+def test_run_prompt_is_untrusted_unless_trusted_is_given(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """As for `post`, the prompt of a fleet `run` is stored untrusted (it renders inside the
+    untrusted block); `--trusted` stores it trusted. With no worker both runs time out and
+    leave their item queued."""
+    assert invoke("run", "ava", "one", "--timeout", "1").exit_code != 0
+    assert invoke("run", "ava", "two", "--timeout", "1", "--trusted").exit_code != 0
+    lanes = lanes_for(env)
+    raws = lanes.client.lrange(lanes.keys.inbox("ava"), 0, -1)
+    items = [InboxItem.from_json(str(raw)) for raw in raws]
+    assert [(i.text, i.trusted) for i in items] == [("one", False), ("two", True)]

@@ -49,6 +49,12 @@ NO_WORKER_HINT_AFTER = 4.0
 )
 @click.option("--json", "as_json", is_flag=True, help="Print text, status, usage, limit as JSON.")
 @click.option(
+    "--trusted",
+    is_flag=True,
+    help="Mark the prompt trusted (an instruction from the operator, not data from outside; "
+    "the default, as for `post`, is untrusted).",
+)
+@click.option(
     "--timeout",
     type=click.FloatRange(min=1),
     default=300.0,
@@ -66,6 +72,7 @@ def run(
     model_spec: str | None,
     new_session: bool,
     as_json: bool,
+    trusted: bool,
     timeout: float,
     personas: Path | None,
 ) -> None:
@@ -89,6 +96,7 @@ def run(
             new_session=new_session,
             timeout=timeout,
             on_wait=_no_worker_hint(state, name, timeout),
+            trusted=trusted,
         )
         report = {
             "persona": name,

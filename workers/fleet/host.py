@@ -197,13 +197,14 @@ class Fleet:
         new_session: bool = False,
         timeout: float = 300.0,
         on_wait: Callable[[float], None] | None = None,
+        trusted: bool = False,
     ) -> RunReply:
         """Post ``prompt`` as an interactive item and wait for the turn that answers it.
 
         The turn continues the persona's session (it sees the conversation so far);
         ``new_session`` starts a new one first. ``on_wait(seconds waited)`` is called every
         couple of seconds while no answer came (the CLI uses it to say when no worker consumes
-        the queue).
+        the queue). Like every post, the prompt is untrusted unless ``trusted``.
         """
         outcome = self.post(
             persona,
@@ -213,6 +214,7 @@ class Fleet:
             wake=True,
             reply=True,
             new_session=new_session,
+            trusted=trusted,
         )
         started = time.monotonic()
         deadline = started + timeout
