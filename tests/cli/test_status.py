@@ -220,3 +220,19 @@ def test_status_names_a_shared_lock_claim_left_by_another_host(
     assert {(c["persona"], c["file"]) for c in claims} == {("ava", "MEMORY.md")}
     assert any(c["holder"].startswith("held claim by pid") for c in claims)
     assert json.loads(invoke("status", "--json").stdout)["lock_claims"] == []  # local mode
+
+
+def test_directories_with_unusable_names_are_named_not_silently_skipped(
+    invoke: Invoke, fleet_root: Path
+) -> None:
+    """A persona directory whose name cannot be a persona's ('my persona') is listed by
+    `status` as skipped, and a command naming it says the name is the problem."""
+    (fleet_root / "my persona").mkdir()
+    status = invoke("status")
+    assert status.exit_code == 0, status.output
+    assert "directories skipped (1, not usable persona names" in status.stdout
+    assert "'my persona'" in status.stdout
+    posted = invoke("post", "my persona", "hi")
+    assert posted.exit_code == 2
+    assert "'my persona' is not a usable persona name" in posted.stderr
+    assert "for example to 'my-persona'" in posted.stderr

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.fleet.errors import UnknownPersona
+from workers.fleet.errors import UnknownPersona, UnusablePersonaName
 from workers.fleet.registry import PersonaRegistry, valid_persona_name
 
 
@@ -40,6 +40,28 @@ def test_resolve_accepts_a_name_or_a_path_inside_the_root(tmp_path: Path) -> Non
     for wrong in ("bob", str(tmp_path / "elsewhere"), "../root/ava"):
         with pytest.raises(UnknownPersona):
             registry.resolve(wrong)
+
+
+@pytest.mark.parametrize(
+    ("directory", "suggested"),
+    [("my persona", "my-persona"), ("zoë", "zo"), ("x-dreamer", "x"), ("a..b", "a.b")],
+)
+def test_a_directory_with_an_unusable_name_says_so_and_suggests_one(
+    tmp_path: Path, directory: str, suggested: str
+) -> None:
+    """A directory that IS under the root but whose name cannot be a persona's is not reported
+    as missing: the error says the name is the problem and suggests a usable one; the
+    registry lists it among the skipped."""
+    (tmp_path / directory).mkdir()
+    registry = PersonaRegistry(tmp_path)
+    for arg in (directory, str(tmp_path / directory)):
+        with pytest.raises(UnusablePersonaName) as caught:
+            registry.resolve(arg)
+        assert "is not a usable persona name" in str(caught.value)
+        assert f"for example to {suggested!r}" in str(caught.value)
+        assert "no directory" not in str(caught.value)
+    assert registry.unusable_names() == [directory]
+    assert registry.names() == []
 
 
 def test_lanes_round_trip() -> None:

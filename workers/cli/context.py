@@ -31,7 +31,7 @@ import redis
 
 from workers.cli.errors import BadInputError, CliError
 from workers.fleet import Fleet
-from workers.fleet.errors import RedisUnavailable, UnknownPersona
+from workers.fleet.errors import RedisUnavailable, UnknownPersona, UnusablePersonaName
 from workers.fleet.registry import PersonaRegistry, valid_persona_name
 from workers.local.datadir import DataDir, UpState, default_data_dir
 from workers.persona.checkup import check_persona
@@ -146,6 +146,8 @@ class CliContext:
         registry = self.registry
         try:
             return registry.resolve(arg)
+        except UnusablePersonaName:
+            raise
         except UnknownPersona as unknown:
             path = Path(arg).expanduser()
             if path.is_dir():

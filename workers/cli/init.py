@@ -11,12 +11,14 @@ files, because a persona home is someone's work.
 from __future__ import annotations
 
 import json
+import shlex
 from importlib import resources
 from pathlib import Path
 
 import click
 
 from workers.cli.errors import BadInputError
+from workers.fleet.errors import UnusablePersonaName
 from workers.fleet.registry import valid_persona_name
 from workers.persona.home import BOOTSTRAP_ORDER
 from workers.persona.manifest import MANIFEST_NAME
@@ -69,10 +71,10 @@ def init(directory: Path, as_json: bool) -> None:
     click.echo(f"created persona {directory.resolve().name!r} in {directory}:")
     for path in written:
         click.echo(f"  {path.name}")
-    if not valid_persona_name(directory.resolve().name):
-        click.echo(
-            "note: this directory name cannot be a fleet persona name (letters, digits, . _ -, "
-            "not ending in -dreamer); `soulfleet run --local` still works",
-            err=True,
-        )
-    click.echo(f"next: soulfleet soul {directory}   (preview what the model will read)")
+    home = directory.resolve()
+    if not valid_persona_name(home.name):
+        unusable = UnusablePersonaName(home.name, home.parent)
+        click.echo(f"note: {unusable}; `soulfleet run --local` works with it as it is", err=True)
+    click.echo(
+        f"next: soulfleet soul {shlex.quote(str(directory))}   (preview what the model will read)"
+    )

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.fleet.errors import UnusablePersonaName
 from workers.fleet.registry import PersonaRegistry
 from workers.local.demo import install_demo
 from workers.local.supervisor import ChildSpec
@@ -253,4 +254,6 @@ def describe_personas(root: Path, settings: Settings) -> tuple[list[str], int]:
         if checkup.warnings:
             parts.append("WARNING: no bootstrap files, so an empty soul")
         lines.append(f"{name:<{width}}  " + "; ".join(parts))
+    for skipped in registry.unusable_names():
+        lines.append(f"{skipped!r}  SKIPPED: {UnusablePersonaName(skipped, root)}")
     return lines, lanes

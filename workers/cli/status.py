@@ -274,6 +274,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     claims = lock_claims(fleet, [str(entry["persona"]) for entry in entries])
     fixed = fixed_since(fleet, state.settings.model, invalid=invalid)
     orphans = fleet.orphaned_dead()
+    unusable = fleet.registry.unusable_names()
     if as_json:
         payload = {
             "root": str(root),
@@ -286,6 +287,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
             "lock_claims": claims,
             "fixed_since_dead": [lane for lane, _ in fixed],
             "dead_persona_gone": orphans,
+            "unusable_names": unusable,
         }
         click.echo(json.dumps(payload, ensure_ascii=False))
         return
@@ -298,6 +300,11 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
         for name, error in invalid.items():
             click.echo(f"  {name}: {' '.join(error.split())}")
     _echo_claims(claims)
+    if unusable and only is None:
+        click.echo(
+            f"directories skipped ({len(unusable)}, not usable persona names: letters, digits, "
+            f"'.', '_', '-'; rename them): {', '.join(repr(name) for name in unusable)}"
+        )
     if orphans and only in (None, "dead"):
         click.echo(
             f"dead lanes of removed personas ({len(orphans)}, their directories are gone; "

@@ -27,6 +27,8 @@ permanent) as the persona core's errors do; Redis's own connection and timeout e
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import redis
@@ -51,6 +53,7 @@ __all__ = [
     "ProviderPaused",
     "RedisUnavailable",
     "UnknownPersona",
+    "UnusablePersonaName",
     "classify",
 ]
 
@@ -113,11 +116,33 @@ class UnknownPersona(FleetError):
 
     def __init__(self, name: str, root: Path | str) -> None:
         super().__init__(
-            f"unknown persona {name!r}: no directory {name!r} under {root} "
-            "(SOULFLEET_PERSONAS); each persona is one subdirectory there"
+            f"unknown persona {name!r}: no directory {name!r} under {root} (the personas "
+            "root: SOULFLEET_PERSONAS or --personas); each persona is one subdirectory there"
         )
         self.name = name
         self.root = root
+
+
+class UnusablePersonaName(UnknownPersona):
+    """A directory under the personas root whose name cannot be a persona (lane) name."""
+
+    def __init__(self, name: str, root: Path | str) -> None:
+        FleetError.__init__(
+            self,
+            f"{name!r} is not a usable persona name (letters, digits, '.', '_' and '-'; at "
+            f"most 64; no '..'; not ending in -dreamer), so the fleet skips the directory "
+            f"{os.path.join(str(root), name)}: rename it, for example to {_slug(name)!r}",
+        )
+        self.name = name
+        self.root = root
+
+
+def _slug(name: str) -> str:
+    """A usable persona name close to ``name`` (a suggestion for a rename)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).replace("..", ".").strip("-._")[:64]
+    if slug.endswith("-dreamer"):
+        slug = slug[: -len("-dreamer")]
+    return slug or "persona"
 
 
 class LaneDeadLettered(FleetError):

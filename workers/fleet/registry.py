@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from workers.fleet.errors import UnknownPersona
+from workers.fleet.errors import UnknownPersona, UnusablePersonaName
 
 __all__ = ["DREAMER_SUFFIX", "LaneRole", "PersonaRegistry", "valid_persona_name"]
 
@@ -47,9 +47,27 @@ class PersonaRegistry:
             if entry.is_dir() and not entry.name.startswith(".") and valid_persona_name(entry.name)
         )
 
+    def unusable_names(self) -> list[str]:
+        """Directories under the root whose names cannot be persona names (skipped), sorted."""
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        return sorted(
+            entry.name
+            for entry in entries
+            if entry.is_dir()
+            and not entry.name.startswith(".")
+            and not valid_persona_name(entry.name)
+        )
+
     def home(self, name: str) -> Path:
-        """The persona's directory; :class:`UnknownPersona` if there is none."""
+        """The persona's directory; :class:`UnknownPersona` if there is none
+        (:class:`UnusablePersonaName` when the directory is there under a name that cannot be
+        a persona's)."""
         if not valid_persona_name(name):
+            if os.sep not in name and (self.root / name).is_dir():
+                raise UnusablePersonaName(name, self.root)
             raise UnknownPersona(name, self.root)
         path = self.root / name
         if not path.is_dir():
@@ -63,8 +81,12 @@ class PersonaRegistry:
             return name_or_path
         candidate = Path(name_or_path).expanduser().resolve()
         root = self.root.expanduser().resolve()
-        if candidate.parent == root and candidate.is_dir() and valid_persona_name(candidate.name):
-            return candidate.name
+        if candidate.parent == root and candidate.is_dir():
+            if valid_persona_name(candidate.name):
+                return candidate.name
+            raise UnusablePersonaName(candidate.name, self.root)
+        if os.sep not in name_or_path and (self.root / name_or_path).is_dir():
+            raise UnusablePersonaName(name_or_path, self.root)
         raise UnknownPersona(name_or_path, self.root)
 
     @staticmethod
