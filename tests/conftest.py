@@ -14,9 +14,16 @@ from pathlib import Path
 
 import pytest
 import redis
+import structlog
 
 from tests.support.fleet import FleetProcess, stop_all
 from tests.support.redis import live_redis
+
+# Importing the persona core gives an unconfigured structlog a quiet default (warnings to
+# stderr: see workers/persona/__init__.py). The tests read every level through structlog's own
+# defaults and capture_logs, so they start from those; tests/persona/test_library_logging.py
+# checks the quiet default in a fresh interpreter.
+structlog.reset_defaults()
 
 
 @pytest.fixture(scope="session")

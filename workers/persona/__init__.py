@@ -8,7 +8,21 @@ costs nothing until a name is used.
 from __future__ import annotations
 
 import importlib
+import logging
+import sys
 from typing import TYPE_CHECKING, Any
+
+import structlog
+
+if not structlog.is_configured():
+    # Unconfigured, structlog prints every level to stdout: a library must not write its debug
+    # lines into its caller's output (``run("personas/ava", "hi")`` did). Warnings and errors
+    # go to stderr until the application configures structlog (every soulfleet process does,
+    # workers/logs.py), which replaces this.
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
 
 if TYPE_CHECKING:
     from workers.persona.agent import AgentDef, from_dir
