@@ -136,6 +136,20 @@ def test_an_empty_persona_directory_is_a_warning(
     assert "empty soul" in local.stderr
 
 
+def test_a_persona_model_that_needs_a_missing_key_is_a_warning_at_the_door(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """persona.toml names an Anthropic model and no ANTHROPIC_API_KEY is set here: post still
+    queues (the workers may have the key) but warns, naming the variable."""
+    (fleet_root / "ava" / "persona.toml").write_text('model = "anthropic:claude-x"\n')
+    posted = invoke("post", "ava", "hi", "--no-wake", environ={**env, "ANTHROPIC_API_KEY": ""})
+    assert posted.exit_code == 0, posted.output
+    assert "needs ANTHROPIC_API_KEY, which is not set here" in posted.stderr
+    keyed = invoke("post", "ava", "hi", "--no-wake", environ={**env, "ANTHROPIC_API_KEY": "k"})
+    assert keyed.exit_code == 0, keyed.output
+    assert "ANTHROPIC_API_KEY" not in keyed.stderr
+
+
 def test_status_shows_invalid_personas_with_beats_reason(
     invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
 ) -> None:

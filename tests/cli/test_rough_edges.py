@@ -22,6 +22,7 @@ from tests.support.cli import (
     subprocess_env,
 )
 from tests.support.fleet import fleet_env, start_worker
+from workers.local.redis_server import free_port
 from workers.publisher import CeleryPublisher
 
 
@@ -53,6 +54,34 @@ def test_run_with_no_worker_says_so_within_seconds(env: Mapping[str, str | None]
     assert "no worker is consuming" in result.stderr
     assert ".interactive" in result.stderr
     assert lanes_for(env).status("ava")["state"] == "queued"
+
+
+@pytest.mark.integration
+def test_run_says_when_a_try_failed_instead_of_waiting_in_silence(
+    env: Mapping[str, str | None], redis_url: str, key_prefix: str, fleet_root: Path,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """A worker runs the turn against a provider nobody listens on: the try fails and the fleet
+    retries it, and `run` says so (with the error) within seconds, not only at its timeout."""
+    model = {
+        "SOULFLEET_MODEL": "openai:some-model",
+        "OPENAI_BASE_URL": f"http://127.0.0.1:{free_port()}/v1",
+        "SOULFLEET_MODEL_RETRIES": "0",
+    }
+    worker_env = {
+        **fleet_env(redis_url=redis_url, key_prefix=key_prefix, personas=fleet_root), **model,
+    }  # fmt: skip
+    worker = start_worker(worker_env, tmp_path / "logs", name="failing", queues=("interactive",))
+    try:
+        result = run_soulfleet(
+            "run", "ava", "hello?", "--timeout", "12", env={**env, **model}, timeout=90
+        )
+    finally:
+        worker.stop()
+    assert result.returncode == 1, result.stderr
+    assert "a try of this turn failed" in result.stderr
+    assert "the fleet retries it" in result.stderr
+    assert result.stderr.count("a try of this turn failed") == 1
 
 
 @pytest.mark.integration

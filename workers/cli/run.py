@@ -17,6 +17,7 @@ stops every turn), or did not answer within ``--timeout``.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -119,17 +120,33 @@ def run(
 
 
 def _no_worker_hint(state: CliContext, name: str, timeout: float) -> Callable[[float], None]:
-    """After a few seconds with the turn still queued, ask the workers (one remote-control
-    round trip, once) whether anyone consumes the interactive queue, and say so if nobody does:
-    waiting out the whole timeout in silence is the worst way to learn there is no worker."""
+    """What a waiting `run` says before its timeout: after a few seconds with the turn still
+    queued, whether anyone consumes the interactive queue (one remote-control round trip,
+    once); and, once, the error of a try that failed meanwhile (the fleet retries it). Waiting
+    out the whole timeout in silence is the worst way to learn either."""
     asked = False
+    told_error = False
+    since = time.time()
+    still = f"still waiting up to {timeout:.0f}s (Ctrl-C stops waiting; the item stays queued)"
 
     def check(waited: float) -> None:
-        nonlocal asked
-        if asked or waited < NO_WORKER_HINT_AFTER:
+        nonlocal asked, told_error
+        if waited < NO_WORKER_HINT_AFTER or (asked and told_error):
+            return
+        lane = state.fleet().lanes.status(name)
+        failed_at = lane.get("last_error_at")
+        if not told_error and isinstance(failed_at, float) and failed_at >= since:
+            told_error = True
+            error = " ".join(str(lane.get("last_error") or "?").split())[:300]
+            click.echo(
+                f"soulfleet: a try of this turn failed: {error}; the fleet retries it "
+                f"(`soulfleet status {name}`); {still}",
+                err=True,
+            )
+        if asked:
             return
         asked = True
-        if state.fleet().lanes.status(name).get("state") != "queued":
+        if lane.get("state") != "queued":
             return
         publisher = state.publisher
         if publisher is None or publisher.consumers("interactive"):
@@ -137,8 +154,7 @@ def _no_worker_hint(state: CliContext, name: str, timeout: float) -> Callable[[f
         queue = queue_name(state.settings.queue_prefix, "interactive")
         click.echo(
             f"soulfleet: no worker is consuming {queue}: start one (`soulfleet up`, or "
-            f"`celery -A workers worker -Q {queue},...`); still waiting up to {timeout:.0f}s "
-            "(Ctrl-C stops waiting; the item stays queued)",
+            f"`celery -A workers worker -Q {queue},...`); {still}",
             err=True,
         )
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.home import BOOTSTRAP_ORDER
+from workers.persona.models.client import HTTPModel
 from workers.persona.models.config import ModelConfig
 from workers.persona.models.spec import resolve_model
 
@@ -49,6 +50,13 @@ def check_persona(
     """
     agent = from_dir(path)
     _soul, found = agent.soul()
-    resolve_model(model or agent.model, config or ModelConfig(), base_dir=agent.home)
+    resolved = resolve_model(model or agent.model, config or ModelConfig(), base_dir=agent.home)
     warnings = [] if found else [empty_soul_warning(agent.name)]
+    missing = resolved.missing_key if isinstance(resolved, HTTPModel) else None
+    if missing is not None:
+        # A warning, not an error: the workers may well have the key this shell lacks.
+        warnings.append(
+            f"persona {agent.name}'s model {resolved.spec!r} needs {missing}, which is not set "
+            "here: the workers that run its turns must have it, or every turn fails"
+        )
     return Checkup(agent, warnings)

@@ -45,6 +45,7 @@ class AnthropicModel(HTTPModel):
     """One Claude model; safe to share between threads."""
 
     provider: ClassVar[str] = "anthropic"
+    requires_key: ClassVar[bool] = True
 
     @staticmethod
     def _endpoint(config: ModelConfig) -> Endpoint:

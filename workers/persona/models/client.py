@@ -57,6 +57,8 @@ class HTTPModel(ABC):
     """
 
     provider: ClassVar[str]
+    #: Whether the provider refuses every request without an API key.
+    requires_key: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -78,6 +80,7 @@ class HTTPModel(ABC):
             endpoint.base_url, provider=self.provider, env=endpoint.base_url_env
         )
         self._has_key = bool(endpoint.key)
+        self._key_env = endpoint.key_env
         self._max_tokens = config.max_output_tokens
         self._http = ProviderHTTP(
             provider=self.provider,
@@ -100,6 +103,12 @@ class HTTPModel(ABC):
     @abstractmethod
     def _endpoint(config: ModelConfig) -> Endpoint:
         """This provider's base URL, key and auth headers, read from ``config``."""
+
+    @property
+    def missing_key(self) -> str | None:
+        """The variable that must hold this provider's API key when it requires one and none
+        is set here (Anthropic), else None (OpenAI-compatible servers may need none)."""
+        return self._key_env if self.requires_key and not self._has_key else None
 
     @property
     def spec(self) -> str:
