@@ -214,7 +214,11 @@ def _checked(arguments: Mapping[Any, Any], *, notes: bool, max_entry_bytes: int)
     if action is None:
         raise ValueError(f"missing 'action': use one of {', '.join(actions)}.")
     if action not in actions:
-        extra = " (read and list are not available here)" if action in _READS else ""
+        extra = (
+            " (read and list come with the notes tier: `notes = true` in persona.toml)"
+            if action in _READS
+            else ""
+        )
         raise ValueError(f"unknown action {action!r}{extra}: use one of {', '.join(actions)}.")
     relative = _relative(target, notes=notes)
     if with_ is not None and action != "replace":
