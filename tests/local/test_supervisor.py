@@ -98,3 +98,22 @@ def test_crashed_reports_a_child_that_exited_on_its_own(tmp_path: Path) -> None:
     assert "bye from dying" in child.log_tail()
     supervisor.stop_all()
     assert supervisor.crashed() is None
+
+
+def test_a_crashed_childs_log_tail_never_shows_an_earlier_run(tmp_path: Path) -> None:
+    """The log file is appended across runs of `up`: the crash report shows only what this
+    child wrote, not the lines a previous run left at the end of the file."""
+    log_path = tmp_path / "dying.log"
+    log_path.write_text("old line from yesterday's worker\n" * 20)
+    supervisor = Supervisor()
+    child = supervisor.start(
+        ChildSpec(
+            name="dying",
+            argv=[sys.executable, "-c", "print('today'); raise SystemExit(3)"],
+            env={},
+            log_path=log_path,
+        )
+    )
+    wait_until(supervisor.crashed, timeout=30, what="the crash")
+    assert child.log_tail() == "today"
+    supervisor.stop_all()

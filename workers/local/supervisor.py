@@ -69,6 +69,8 @@ class Child:
     spec: ChildSpec
     popen: subprocess.Popen[bytes]
     _log_file: IO[bytes] | None = field(default=None, repr=False)
+    #: Where this run's output starts in the (appended) log file.
+    log_start: int = 0
 
     @property
     def name(self) -> str:
@@ -90,9 +92,13 @@ class Child:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, signal.SIGKILL)
 
-    def log_tail(self, lines: int = 15) -> str:
+    def log_tail(self, lines: int = 15, max_bytes: int = 64 * 1024) -> str:
+        """The last ``lines`` this child wrote (never lines of an earlier run's child)."""
         try:
-            text = self.spec.log_path.read_text(encoding="utf-8", errors="replace")
+            with self.spec.log_path.open("rb") as log:
+                size = log.seek(0, os.SEEK_END)
+                log.seek(max(self.log_start, size - max_bytes))
+                text = log.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
@@ -115,6 +121,7 @@ class Supervisor:
     def start(self, spec: ChildSpec) -> Child:
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = spec.log_path.open("ab")
+        log_start = log_file.seek(0, os.SEEK_END)
         try:
             popen = subprocess.Popen(
                 list(spec.argv),
@@ -135,7 +142,7 @@ class Supervisor:
         except BaseException:
             log_file.close()
             raise
-        child = Child(spec=spec, popen=popen, _log_file=log_file)
+        child = Child(spec=spec, popen=popen, _log_file=log_file, log_start=log_start)
         self.children.append(child)
         _log.info("child.started", child=spec.name, pid=popen.pid)
         return child
