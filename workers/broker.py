@@ -9,6 +9,8 @@ connection of its own (connections come from the channel's pool for each command
 pipeline is made per call), so one client per channel and pool serves every thread; it is made
 again whenever the channel replaces its pool (after a connection error).
 
+It also keeps a lost broker connection from killing the worker (see :meth:`Channel._create_client`).
+
 Installed for ``redis://`` and ``rediss://`` by :func:`install`, which :func:`workers.app.make_app`
 calls: kombu picks a transport by the URL's scheme, so its alias table is the one place to say
 which class serves it (a ``transport=`` argument is overridden by the scheme). Sentinel URLs keep
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import redis
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 
@@ -35,6 +38,17 @@ class Channel(kombu_redis.Channel):
     def _create_client(self, asynchronous: bool = False) -> Any:
         # kombu's type stubs do not declare this private hook.
         stock: Any = super()
+        if self.connection.client is None:
+            # The broker connection was lost and Celery has detached the transport from it;
+            # closing the channel now (giving back unacknowledged messages) or acking a
+            # finished task reaches here. kombu would build a pool from the missing
+            # connection's URL and fail with an AttributeError, which Celery treats as
+            # unrecoverable: the worker exited on every Redis restart that found it running
+            # turns. A connection error is what both callers expect and ignore; the messages
+            # stay in Redis's unacked index and the lanes' own recovery re-runs their turns.
+            raise redis.exceptions.ConnectionError(
+                "the broker connection is closed (lost; Celery reconnects)"
+            )
         if asynchronous:
             return stock._create_client(asynchronous=True)
         pool = self.pool
