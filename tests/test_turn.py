@@ -187,6 +187,25 @@ def test_transcripts_leading_out_of_the_home_fail_the_turn_with_the_reason(
     assert list(outside.iterdir()) == []
 
 
+def test_a_session_file_the_home_refuses_fails_the_turn_with_the_reason(rig: Rig) -> None:
+    """The turn's own session state cannot be written (here a directory squats its name; in
+    production a read-only or full disk): the turn ends as an error recorded on the lane with
+    the reason and counted, not as an exception that leaves the lane running until the reaper
+    calls it a lost worker. Its retry, under a new fence, writes a new name and succeeds."""
+    home = rig.persona("ava", '[[rules]]\ntext = "hi"\n')
+    rig.fleet.post("ava", "one", wake=True)
+    assert rig.run_next() == "done"
+    state = rig.fleet.lanes.session_pointer("ava").state
+    assert state is not None
+    session_id, first_fence = state.split(".")[0], int(state.split(".")[1][1:])
+    (home / "sessions" / "ava" / f"{session_id}.f{first_fence + 1}.json").mkdir()
+    rig.fleet.post("ava", "two", wake=True)
+    assert rig.run_next() == "error"
+    status = rig.fleet.status("ava")
+    assert status["state"] != "running"
+    assert "could not save the turn: FileExistsError" in str(status["last_error"])
+
+
 # -- the holes issue 10 found: each test fails on the product change it names -----------------
 def _prompt(home: Path, lane: str) -> str:
     """The rendered inbox (first user message) of the lane's newest conversation."""

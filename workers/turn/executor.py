@@ -332,19 +332,30 @@ class TurnExecutor:
             metrics.BEATS.labels(outcome="silent" if silent else "surfaced").inc()
             if not silent and result.text.strip():
                 beat = {"persona": agent.name, "text": result.text}
-        if role == "dreamer" and not silent and not wrote_log(result):
-            # The dream prompt asks the model to log its pass; if it did not, the runtime
-            # keeps the promise that what a dream did lands in memory/log.md.
-            guard()
-            self.kit.log_dream(agent, turn_id, result.text)
-        silent_beat = started.ticks > 0 and not started.items and silent
-        state = plan.conclude(result.messages, now=self.fleet.clock.time(), silent_beat=silent_beat)
         files = SessionFiles(agent.home, lane)
         session: SessionCommit | None = None
-        if state is not None:
-            guard()
-            # Named by the fence: no other turn ever writes this file (module doc).
-            session = SessionCommit(plan.pointer, files.write(state, f"f{started.fence}"))
+        try:
+            if role == "dreamer" and not silent and not wrote_log(result):
+                # The dream prompt asks the model to log its pass; if it did not, the runtime
+                # keeps the promise that what a dream did lands in memory/log.md.
+                guard()
+                self.kit.log_dream(agent, turn_id, result.text)
+            silent_beat = started.ticks > 0 and not started.items and silent
+            state = plan.conclude(
+                result.messages, now=self.fleet.clock.time(), silent_beat=silent_beat
+            )
+            if state is not None:
+                guard()
+                # Named by the fence: no other turn ever writes this file (module doc).
+                session = SessionCommit(plan.pointer, files.write(state, f"f{started.fence}"))
+        except TurnAborted:
+            raise
+        except Exception as exc:  # the persona's home refused the turn's own files (a
+            # read-only sessions/ directory, a full disk): this turn fails with the reason,
+            # recorded and counted, instead of escaping the task as a "lost worker"
+            error = f"could not save the turn: {type(exc).__name__}: {exc}"
+            return self.endings.fail(lane, turn_id, started, error, began, cause=exc,
+                                     model=agent.model)  # fmt: skip
         guard()
         # Taken before the commit: once finish returns, a follow-up may already be running on
         # another worker, and "this turn ended before the next began" must hold in the logs.
