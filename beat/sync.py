@@ -2,12 +2,12 @@
 
 Why it is shaped like this:
 
-- Cheap when nothing changed. Each persona has a fingerprint (inode, mtime_ns and size of
-  persona.toml and HEARTBEAT.md); a persona whose persona.toml stat is unchanged is not
-  re-parsed, and Redis is only written for personas whose fingerprint moved. A sync of 100,000
-  unchanged personas is a directory scan plus three ``stat`` calls each (persona.toml,
-  HEARTBEAT.md, and the directory itself: when a file at its top level was created, removed or
-  replaced, the bootstrap files are checked with a ``stat`` each).
+- Cheap when nothing changed. Each persona has a fingerprint (inode, mtime, ctime and size of
+  persona.toml and HEARTBEAT.md: the ctime catches a chmod); a persona whose persona.toml stat
+  is unchanged is not re-parsed, and Redis is only written for personas whose fingerprint
+  moved. A sync of 100,000 unchanged personas is a directory scan plus three ``stat`` calls
+  each (persona.toml, HEARTBEAT.md, and the directory itself: when a file at its top level
+  was created, removed or replaced, the bootstrap files are checked with a ``stat`` each).
 - Idempotent and safe to run from several beats at once. A new entry is scored at its first
   grid slot (a stable per-lane phase, :mod:`beat.schedule`); a CHANGED spec is re-scored from
   now; an unchanged spec is left alone. Specs are canonical JSON and the slot arithmetic is
@@ -115,8 +115,9 @@ def _stat_print(path: str) -> str:
     except OSError as exc:  # unreadable (EACCES, ELOOP...): changes when it is fixed
         return f"!{exc.errno}"
     # The inode too: editors that save by renaming a new file over the old one change it even
-    # when the new file has the same size within the same coarse mtime tick.
-    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+    # when the new file has the same size within the same coarse mtime tick. The ctime for a
+    # chmod (a persona.toml made unreadable, or readable again), which moves nothing else.
+    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_size}"
 
 
 class RegistrySync:

@@ -454,3 +454,18 @@ def test_a_heartbeat_file_fixed_after_being_a_fifo_makes_the_persona_valid_again
     (home / "HEARTBEAT.md").write_text("Check the inbox.\n")
     assert sync.run().invalid == 0
     assert set(schedule(redis_client, fleet)) == {"ava|heartbeat"}
+
+
+def test_a_chmod_of_persona_toml_is_noticed(fleet: Fleet, persona_root: Path) -> None:
+    """A chmod moves neither the size, the inode nor the mtime, only the ctime: making
+    persona.toml unreadable to the workers (or readable again, the fix) must make the sync read
+    it again, or the registry keeps saying what the file said before."""
+    home = write_persona(persona_root, "ava", EVERY_1M)
+    loader = CountingLoader()
+    sync = make_sync(fleet, loader)
+    sync.run()
+    sync.run()
+    assert loader.calls == ["ava"]
+    os.chmod(home / "persona.toml", 0o600)
+    sync.run()
+    assert loader.calls == ["ava", "ava"]
