@@ -65,25 +65,29 @@ def invalid_personas(fleet: Fleet, names: Sequence[str] | None = None) -> dict[s
 
 
 def current_error(lane: Mapping[str, Any]) -> str | None:
-    """The lane's error if it still applies (dead, failing, or newer than its last success)."""
+    """The lane's error while it still applies: the lane is dead, or its newest end was that
+    failure (a failure records its time as the lane's last end too; a success after it ends
+    later). A healthy running lane counts its attempt from the start, so attempts alone say
+    nothing."""
     error = lane.get("last_error")
     if not error:
         return None
-    if lane.get("state") == "dead" or int(lane.get("attempts") or 0) > 0:
+    if lane.get("state") == "dead":
         return str(error)
     failed_at, ended_at = lane.get("last_error_at"), lane.get("last_end")
-    if ended_at is None or (failed_at is not None and float(failed_at) > float(ended_at)):
+    if failed_at is not None and (ended_at is None or float(failed_at) >= float(ended_at)):
         return str(error)
     return None
 
 
 def display_state(entry: Mapping[str, Any]) -> str:
-    """``invalid`` (files beat rejected), ``failing`` (queued or running again after an error),
-    else the lane's own state (``retry`` waits out a backoff, ``deferred`` an open breaker)."""
+    """``invalid`` (files beat rejected), ``failing`` (queued or running again after an error
+    that still applies), else the lane's own state (``retry`` waits out a backoff,
+    ``deferred`` an open breaker)."""
     state = str(entry.get("state", "idle"))
     if entry.get("invalid") and state != "dead":
         return "invalid"
-    if state in ("idle", "queued", "running") and int(entry.get("attempts") or 0) > 0:
+    if state in ("idle", "queued", "running") and current_error(entry) is not None:
         return "failing"
     return state
 
