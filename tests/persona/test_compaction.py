@@ -163,7 +163,8 @@ def test_compacting_a_long_session_makes_one_summary_call(dialect: Dialect) -> N
 def test_the_flush_reminder_follows_the_summary() -> None:
     """flush_to_memory puts the memory reminder right after the summary, before the tail."""
     history = make_session(random.Random(2), 40)
-    config = SessionConfig(max_tokens=100, keep_tail=50, flush_to_memory=True)
+    budget = estimate_tokens(history) // 2
+    config = SessionConfig(max_tokens=budget, keep_tail=50, flush_to_memory=True)
     done = compact(
         history,
         system="",
@@ -243,16 +244,89 @@ def test_property_random_transcripts(case: tuple[list[Message], Dialect, int, in
     before = list(history)
     done = compact(history, system="s", incoming="q", config=config, model=model, dialect=dialect)
     assert history == before  # the input is never mutated
-    over = estimate_tokens(history, "s") + estimate_tokens([Message("user", "q")]) > max_tokens
+    fixed = estimate_tokens((), "s") + estimate_tokens([Message("user", "q")])
+    regular = split_point(history, keep, dialect)
+    expected = _expected_split(history, dialect, regular, fixed, max_tokens)
     if done is None:
         assert model.calls == []
-        assert not over or split_point(history, keep, dialect) is None
+        assert expected is None
         return
-    assert over
+    assert expected is not None
     assert len(model.calls) == 1
     summary, *tail = done.history
     assert summary.content.startswith(SUMMARY_PREFIX)
     split = len(history) - len(tail)
-    assert split > 0
+    assert split == expected > 0
     assert tuple(tail) == tuple(history[split:])
-    assert_valid_split(history, split, keep, dialect)
+    if split == regular:
+        assert_valid_split(history, split, keep, dialect)
+    else:  # the tail keep_tail asks for is over budget: the shortest valid tail instead
+        assert split in boundaries(history, dialect)
+        assert fixed + estimate_tokens(tail) <= max_tokens
+
+
+def _expected_split(
+    history: Sequence[Message], dialect: Dialect, regular: int | None, fixed: int, budget: int
+) -> int | None:
+    """Where the tail should start (None: no compaction), restating the module's rules."""
+    if fixed + estimate_tokens(history) <= budget:
+        return None
+    start = 0 if regular is None else regular
+    if fixed + estimate_tokens(history[start:]) > budget:
+        last = boundaries(history, dialect)[-1:]
+        shortest = max(start, last[0]) if last else start
+        if shortest > 0 and fixed + estimate_tokens(history[shortest:]) <= budget:
+            return shortest
+        return None
+    return regular
+
+
+def _exchange(question: str, answer: str) -> list[Message]:
+    return [Message("user", question), Message("assistant", answer)]
+
+
+def test_a_summary_is_cut_to_half_the_budget() -> None:
+    """A model that answers the summary request with megabytes: the summary kept is at most
+    max_tokens * 2 characters (half the budget at 4 per token) and says it was cut, so the
+    session gets under budget instead of carrying the megabytes on every later call."""
+    history = [m for n in range(30) for m in _exchange(f"q{n} " * 50, f"a{n} " * 50)]
+    config = SessionConfig(max_tokens=2000, keep_tail=100)
+    done = compact(history, system="", incoming="x", config=config,
+                   model=ReplayModel(says("y" * 1_000_000)), dialect="openai")  # fmt: skip
+    assert done is not None
+    summary = done.history[0].content
+    assert len(summary) < 4000 + 200
+    assert "[summary cut at 4000 characters: it was 1000000]" in summary
+    assert done.tokens_after <= config.max_tokens
+
+
+def test_a_huge_message_in_the_kept_tail_is_summarized_too() -> None:
+    """One capped 256 KiB reply inside the tail keep_tail asks for: keeping it would leave the
+    session over budget and compact again on every turn (a second model call each). The
+    shortest valid tail is kept instead, so the huge reply is summarized with the rest."""
+    huge = "z" * 262_144
+    history = [
+        *_exchange("hello", "hi"),
+        *_exchange("paste it all", huge),
+        *_exchange("thanks", "welcome"),
+    ]
+    config = SessionConfig(max_tokens=5000, keep_tail=70_000)
+    model = ReplayModel(says("they pasted a large document"))
+    done = compact(history, system="", incoming="x", config=config, model=model,
+                   dialect="openai")  # fmt: skip
+    assert done is not None
+    assert list(done.history[1:]) == _exchange("thanks", "welcome")
+    assert done.tokens_after <= config.max_tokens
+
+
+def test_when_the_newest_exchange_alone_is_over_budget_nothing_is_summarized() -> None:
+    """The huge reply is in the newest exchange: no tail fits, so no summary is paid for (it
+    could not get the session under budget); a warning says why and what to do. The next
+    turn's newest exchange is another one, and compaction then folds the huge reply in."""
+    history = [*_exchange("hello", "hi"), *_exchange("paste it all", "z" * 262_144)]
+    model = ReplayModel(says("never"))
+    config = SessionConfig(max_tokens=5000, keep_tail=100)
+    done = compact(history, system="", incoming="x", config=config, model=model,
+                   dialect="openai")  # fmt: skip
+    assert done is None
+    assert model.calls == []

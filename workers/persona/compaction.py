@@ -19,7 +19,15 @@ Where the tail starts (the two invariants, dialect-neutral as SPEC §7F words th
 * it is the shortest such tail holding at least ``keep_tail`` tokens (issue 11: "keeping at
   least keep_tail tokens verbatim"); when even the longest valid tail is shorter, the longest
   is kept; with no valid boundary at all everything is summarized (an empty tail cannot orphan
-  anything). A split that would summarize nothing is no compaction: the history is kept.
+  anything). A split that would summarize nothing is no compaction: the history is kept;
+* when that tail is over budget by itself (one huge message in it), the shortest valid tail is
+  kept instead, so the huge message is summarized too; when even that is over budget (the
+  huge message is in the newest exchange) nothing is summarized this turn, with a warning:
+  a summary could not get the session under budget, and paying for one on every turn until
+  it could doubled a persona's model calls.
+
+The summary itself is cut to half the budget: a model answering with megabytes would otherwise
+send them with every later call.
 
 The summary is written by the persona's own model (its ``Model``, so in the fleet the call
 goes through the turn gate like any other) and its usage is reported for the turn's totals.
@@ -111,6 +119,16 @@ def split_point(messages: Sequence[Message], keep_tail: int, dialect: Dialect) -
     return None if chosen == 0 else chosen
 
 
+def _bounded(text: str, config: SessionConfig) -> str:
+    """The summary, cut to half the session budget (``max_tokens * 2`` characters at the
+    estimate's 4 per token): a summary as long as what it replaces (a model answering with
+    megabytes) would be sent with every later call and never get the session under budget."""
+    limit = max(1000, config.max_tokens * 2)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[summary cut at {limit} characters: it was {len(text)}]"
+
+
 def render_transcript(messages: Sequence[Message]) -> str:
     """The older messages as plain text for the summarizer (tool traffic kept, but marked)."""
     lines: list[str] = []
@@ -145,6 +163,27 @@ def compact(
     if before <= config.max_tokens:
         return None
     split = split_point(history, config.tail_tokens, dialect)
+    fixed = estimate_tokens((), system) + estimate_tokens([Message("user", incoming)])
+    start = 0 if split is None else split
+    if fixed + estimate_tokens(history[start:]) > config.max_tokens:
+        # The tail keep_tail asks for is over budget by itself (one huge message in it): a
+        # summary of the rest would leave the session over budget, and every later turn would
+        # pay for another. Keep the shortest valid tail instead: the huge message is
+        # summarized too.
+        last = boundaries(history, dialect)[-1:]
+        shortest = max(start, last[0]) if last else start
+        if shortest > 0 and fixed + estimate_tokens(history[shortest:]) <= config.max_tokens:
+            split = shortest
+        elif split is not None:
+            _log.warning(
+                "session.compaction_skipped",
+                reason="tail_over_budget",
+                tokens=before,
+                max_tokens=config.max_tokens,
+                hint="the newest exchange alone is over session.max_tokens: raise it, or "
+                "start a new session (soulfleet session reset)",
+            )
+            return None
     if split is None:
         _log.info("session.compaction_skipped", reason="no_valid_split", tokens=before)
         return None
@@ -163,7 +202,7 @@ def compact(
     except ModelError as exc:
         _log.warning("session.compaction_failed", error=f"{type(exc).__name__}: {exc}")
         return None
-    summary = Message("user", f"{SUMMARY_PREFIX}\n\n{completion.text.strip()}")
+    summary = Message("user", f"{SUMMARY_PREFIX}\n\n{_bounded(completion.text.strip(), config)}")
     reminder = (Message("user", FLUSH_REMINDER),) if config.flush_to_memory else ()
     compacted = (summary, *reminder, *tail)
     after = estimate_tokens(compacted, system)
