@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
 
 from tests.support.memory import ok
 from tests.support.persona import make_persona, tree
@@ -325,3 +326,18 @@ def test_no_stray_files_after_writes(home: Path) -> None:
         ".locks/MEMORY.md.lock",
         ".locks/USER.md.lock",
     }
+
+
+def test_a_write_the_filesystem_refuses_is_logged_as_a_warning(home: Path) -> None:
+    """The model gets the error result; the operator gets a warning naming the persona, the
+    action and the error (a read-only or full persona directory otherwise stopped every memory
+    write with only an info-level tool.call line)."""
+    (home / ".locks").write_text("not a directory")
+    with structlog.testing.capture_logs() as logs:
+        output = _error(memory_tool(home), {"action": "add", "text": "lost?"})
+    assert "Nothing was changed" in output
+    [event] = [log for log in logs if log["event"] == "memory.write_failed"]
+    assert event["log_level"] == "warning"
+    assert event["action"] == "add"
+    assert event["persona"] == str(home)
+    assert event["error"] == output

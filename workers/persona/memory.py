@@ -138,11 +138,29 @@ class MemoryTool:
                 return self._look(persona_home(self.path), request)
             return self._write(request)
         except LockTimeout as error:
+            self._failed(request, "lock_timeout", str(error))
             return ToolResult(_timeout_message(request, error), is_error=True)
         except PersonaError as error:
+            self._failed(request, "persona_file", str(error))
             return ToolResult(f"{error}. Nothing was changed.", is_error=True)
         except OSError as error:
-            return ToolResult(_os_message(request, error), is_error=True)
+            message = _os_message(request, error)
+            self._failed(request, "os_error", message)
+            return ToolResult(message, is_error=True)
+
+    def _failed(self, request: MemoryRequest, reason: str, error: str) -> None:
+        # The model reads the error result, but the operator must hear of it too: a read-only
+        # or full persona directory otherwise stops every memory write without a warning.
+        _log.warning(
+            "memory.write_failed"
+            if request.action not in ("list", "read")
+            else "memory.read_failed",
+            action=request.action,
+            target=request.target,
+            persona=str(self.path),
+            reason=reason,
+            error=error,
+        )
 
     def _look(self, root: Path, request: MemoryRequest) -> ToolResult:
         return self._list(root) if request.action == "list" else self._read(root, request)
