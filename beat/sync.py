@@ -164,7 +164,19 @@ class RegistrySync:
         current = {name: r for name, r in self._known.items() if name in seen} | changed
         targets = changed
         expected = sum(len(record.specs) for record in current.values())
-        if not self._reconciled or self._entries.drifted(expected):
+        drifted = self._reconciled and self._entries.drifted(expected)
+        if drifted:
+            # Heals itself below, but an operator must hear that Redis lost or changed state:
+            # what else it held (inboxes, lanes) may be gone too.
+            _log.warning(
+                "schedule.drifted",
+                expected=expected,
+                hint="Redis does not hold the schedule entries the persona files ask for (a "
+                "restart without AOF, FLUSHALL, a hand edit): rewritten from the files now; if "
+                "Redis lost its data, posts waiting in inboxes were lost with it (runbook: "
+                "Redis down or restarted)",
+            )
+        if not self._reconciled or drifted:
             targets = current
             gone |= {name for name in self._entries.personas_in_redis() if name not in seen}
         changes = EntryChanges()

@@ -281,17 +281,22 @@ def test_first_sync_removes_entries_of_personas_deleted_while_no_beat_ran(
 
 
 def test_sync_restores_entries_lost_from_redis(
-    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis, events: Events
 ) -> None:
-    """If the schedule key is lost (flushed Redis), the next sync notices and rewrites it."""
+    """If the schedule key is lost (flushed Redis), the next sync notices and rewrites it, and
+    says so at warning level (what else Redis held may be lost too)."""
     write_persona(persona_root, "ava", EVERY_1M)
     sync = make_sync(fleet)
     sync.run()
     before = schedule(redis_client, fleet)
+    assert events.named("schedule.drifted") == []
     redis_client.delete(fleet.keys.schedule)
     report = sync.run()
     assert (report.added, report.updated) == (0, 1)
     assert schedule(redis_client, fleet) == before
+    [drifted] = events.named("schedule.drifted")
+    assert drifted["log_level"] == "warning"
+    assert "posts waiting in inboxes were lost" in drifted["hint"]
 
 
 def test_invalid_tool_config_is_an_invalid_persona(
