@@ -8,9 +8,11 @@ the last one sends SIGINT and checks that every child process is gone and the ex
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 
 from tests.support.cli import descendants, reaping, run_soulfleet, soulfleet_argv, subprocess_env
 from tests.support.fleet import wait_until
+from workers.cli.up import RESTARTS
 
 pytestmark = pytest.mark.integration
 
@@ -135,15 +138,47 @@ def test_up_shows_the_demo_within_a_minute_and_sigint_stops_every_child(up: Up) 
     assert "soulfleet up: stopped." in up.text()
 
 
-def test_a_child_that_dies_is_reported_and_up_stops_the_rest(tmp_path: Path) -> None:
-    """SIGKILL of the worker: `up` names it, stops beat and Redis, and exits 1."""
+def _worker_pid(running: Up) -> int | None:
+    workers = [
+        c for c in descendants(running.process.pid) if "celery -A workers worker" in c.cmdline
+    ]
+    return workers[0].pid if workers else None
+
+
+def test_a_child_that_dies_is_restarted_and_up_goes_on(tmp_path: Path) -> None:
+    """SIGKILL of the worker (an OOM kill): `up` names it, starts it again and keeps running;
+    the new worker gets the fleet's turns; up.json lists the new pid."""
+    with start_up(tmp_path) as running:
+        wait_until(lambda: running.alive() and "ready   worker-1" in running.text(),
+                   timeout=DEADLINE, what="worker-1 ready")  # fmt: skip
+        first = _worker_pid(running)
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: "worker-1 exited unexpectedly (code -9); restarting it" in
+                   running.text(), timeout=DEADLINE, what="the restart")  # fmt: skip
+        wait_until(lambda: _worker_pid(running) not in (None, first), timeout=DEADLINE,
+                   what="a new worker")  # fmt: skip
+        assert running.alive()
+        recorded = json.loads((running.data / "up.json").read_text())["children"]
+        assert _worker_pid(running) in recorded
+        assert first not in recorded
+
+
+def test_a_child_that_keeps_dying_stops_up(tmp_path: Path) -> None:
+    """A worker killed again after each of its restarts: after RESTARTS restarts within the
+    window `up` says so, stops beat and Redis, and exits 1."""
     with start_up(tmp_path) as running:
         wait_until(lambda: running.alive() and "ready   worker-1" in running.text(),
                    timeout=DEADLINE, what="worker-1 ready")  # fmt: skip
         children = descendants(running.process.pid)
-        worker = next(c for c in children if "celery -A workers worker" in c.cmdline)
-        os.kill(worker.pid, signal.SIGKILL)
+        killed: list[int] = []
+        while running.alive() and len(killed) <= RESTARTS:
+            pid = _worker_pid(running)
+            if pid is not None and pid not in killed:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.1)
         assert running.process.wait(timeout=120) == 1, running.text()
-        assert "worker-1 exited unexpectedly" in running.text()
+        assert f"for the {RESTARTS + 1}th time within" in running.text()
         assert [c for c in children if c.alive()] == []
         assert not (running.data / "up.json").exists()

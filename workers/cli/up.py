@@ -48,13 +48,17 @@ from workers.fleet.eviction import check_eviction_policy
 from workers.local.datadir import AlreadyRunningError, DataDir, UpLock, UpState, default_data_dir
 from workers.local.demo import WELCOME_PERSONA, welcome_text
 from workers.local.redis_server import RedisServer, RedisServerError, free_port
-from workers.local.supervisor import Supervisor
+from workers.local.supervisor import Child, Supervisor
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings, redact_url
 
 __all__ = ["up"]
 
 STATUS_EVERY = 10.0
+#: A worker, beat or Flower that exits on its own is started again, at most this many times
+#: within RESTART_WINDOW seconds; one that keeps failing stops `up`.
+RESTARTS = 3
+RESTART_WINDOW = 60.0
 _TICK = 0.25
 
 
@@ -117,6 +121,8 @@ class _Up:
         self.publisher: CeleryPublisher | None = None
         self.console = Console(on_closed=stop.output_closed)
         self.reporter = Reporter(self.console.out)
+        self.state: UpState | None = None
+        self.restarts: dict[str, list[float]] = {}
 
     def run(self) -> int:
         try:
@@ -171,6 +177,7 @@ class _Up:
             if self.stop.requested.is_set():
                 return 0
             self.supervisor.start(spec)
+        self.state = state
         self.data.write_state(dataclasses.replace(state, children=self._child_pids()))
         echo(f"  children  {len(specs)} processes: {', '.join(s.name for s in specs)}; "
              f"logs in {self.data.logs}")  # fmt: skip
@@ -235,13 +242,7 @@ class _Up:
                 if self.redis is not None and not self._redis_running():
                     return EXIT_FAILURE
                 crashed = self.supervisor.crashed()
-                if crashed is not None:
-                    self.reporter.line(
-                        "error",
-                        f"{crashed.name} exited unexpectedly "
-                        f"(code {crashed.popen.returncode}); last log lines:",
-                    )
-                    self.console.err(crashed.log_tail())
+                if crashed is not None and not self._restarted(crashed):
                     return EXIT_FAILURE
                 if time.monotonic() >= next_status:
                     next_status += STATUS_EVERY
@@ -253,6 +254,34 @@ class _Up:
             for tail in tails:  # what the children said while we were stopping the loop
                 self.reporter.events(tail.read())
             follower.join(timeout=3)
+
+    def _restarted(self, crashed: Child) -> bool:
+        """Report a child that exited on its own and start it again, unless it has already
+        been restarted :data:`RESTARTS` times within :data:`RESTART_WINDOW` seconds (then it
+        keeps failing, and `up` stops: False)."""
+        now = time.monotonic()
+        recent = [at for at in self.restarts.get(crashed.name, []) if now - at < RESTART_WINDOW]
+        code = crashed.popen.returncode
+        if len(recent) >= RESTARTS:
+            self.reporter.line(
+                "error",
+                f"{crashed.name} exited unexpectedly (code {code}) for the {len(recent) + 1}th "
+                f"time within {RESTART_WINDOW:.0f}s; stopping. Last log lines:",
+            )
+            self.console.err(crashed.log_tail())
+            return False
+        self.reporter.line(
+            "error",
+            f"{crashed.name} exited unexpectedly (code {code}); restarting it "
+            f"({len(recent) + 1} of {RESTARTS} restarts allowed within {RESTART_WINDOW:.0f}s; "
+            "its turns are re-run by the fleet). Last log lines:",
+        )
+        self.console.err(crashed.log_tail())
+        self.supervisor.restart(crashed)
+        self.restarts[crashed.name] = [*recent, now]
+        if self.state is not None:
+            self.data.write_state(dataclasses.replace(self.state, children=self._child_pids()))
+        return True
 
     def _child_pids(self) -> tuple[int, ...]:
         redis = self.redis.process.pid if self.redis and self.redis.process else None

@@ -147,6 +147,15 @@ class Supervisor:
         _log.info("child.started", child=spec.name, pid=popen.pid)
         return child
 
+    def restart(self, crashed: Child) -> Child:
+        """Start ``crashed``'s spec again in its place (its log file is appended to)."""
+        index = self.children.index(crashed)
+        crashed.close()
+        child = self.start(crashed.spec)
+        self.children.pop()  # start() appended it: keep its place, which orders the stop
+        self.children[index] = child
+        return child
+
     def pids(self) -> list[int]:
         return [child.pid for child in self.children]
 
