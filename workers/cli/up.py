@@ -214,7 +214,11 @@ class _Up:
         """Print the personas (and dead lanes a fix made runnable); return the lane count."""
         assert self.fleet is not None
         echo = self.console.out
-        how = "demo personas" + (", copied on this first run" if choice.installed else "")
+        how = (
+            "demo personas, copied on this first run"
+            if choice.installed
+            else "the data folder's personas root, where the demo personas were copied"
+        )
         echo(f"  personas  {choice.root} ({how if choice.demo else 'yours'})")
         lines, lanes = describe_personas(choice.root, settings)
         for line in lines or ["(no persona directories here yet: `soulfleet init DIR` makes one)"]:
