@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 import structlog.testing
 
-from tests.support.memory import ok
+from tests.support.memory import held_by_thread, ok
 from tests.support.persona import make_persona, tree
 from workers.persona.home import MAX_FILE_BYTES, compose_soul
-from workers.persona.locks import lock_file_for, path_lock
+from workers.persona.locks import lock_file_for
 from workers.persona.memory import MAX_ENTRY_BYTES, MemoryTool, memory_tool
 from workers.persona.tools import Tool
 
@@ -259,22 +258,8 @@ def test_symlink_inside_the_persona_is_followed(home: Path) -> None:
 def test_lock_timeout_is_an_error_result(home: Path) -> None:
     """A write that cannot get its lock in time is an error naming the file, timeout and runbook."""
     tool = memory_tool(home, lock_timeout=0.2)
-    lock_file = lock_file_for(home, home.resolve() / "MEMORY.md")
-    entered, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with path_lock(lock_file, timeout=5):
-            entered.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    try:
-        assert entered.wait(10)
+    with held_by_thread(lock_file_for(home, home.resolve() / "MEMORY.md")):
         output = _error(tool, {"action": "add", "text": "late"})
-    finally:
-        release.set()
-        holder.join()
     assert "MEMORY.md is busy" in output
     assert "0.2s" in output
     assert "local mode" in output

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.memory import ok
+from tests.support.memory import held_by_thread, ok
 from workers.persona import write_queue
 from workers.persona.ledger import WriteLedger, write_key
-from workers.persona.locks import lock_file_for, path_lock
+from workers.persona.locks import lock_file_for
 from workers.persona.memory import MAX_ENTRY_BYTES, memory_tool
 from workers.persona.memory_spec import MemoryRequest
 from workers.persona.write_queue import Handoff, enqueue, take
@@ -155,20 +155,8 @@ def test_a_writer_with_too_little_time_left_does_not_queue(home: Path) -> None:
 # --- through the memory tool -----------------------------------------------------------------
 
 
-def _hold_lock(home: Path) -> tuple[threading.Event, threading.Thread]:
-    """Hold MEMORY.md's lock on a thread until the returned event is set."""
-    lock = lock_file_for(home, home.resolve() / "MEMORY.md")
-    entered, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with path_lock(lock, timeout=5):
-            entered.set()
-            release.wait(20)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert entered.wait(10)
-    return release, holder
+def _memory_lock(home: Path) -> Path:
+    return lock_file_for(home, home.resolve() / "MEMORY.md")
 
 
 def _queued_lines(home: Path) -> int:
@@ -180,7 +168,6 @@ def test_a_waiting_writer_is_served_by_the_next_holder(home: Path) -> None:
     """Two writers queue behind a held lock; whichever gets it applies both in one write and
     the other returns the answer it left in the ledger. Each entry lands once."""
     ok(memory_tool(home), action="add", text="before")
-    release, holder = _hold_lock(home)
     results: dict[str, str] = {}
 
     def write(text: str) -> None:
@@ -188,13 +175,12 @@ def test_a_waiting_writer_is_served_by_the_next_holder(home: Path) -> None:
 
     writers = [threading.Thread(target=write, args=(text,)) for text in ("b", "c")]
     try:
-        writers[0].start()
-        _wait_for(lambda: _queued_lines(home) == 1, "the first writer to queue")
-        writers[1].start()
-        _wait_for(lambda: _queued_lines(home) == 2, "the second writer to queue")
+        with held_by_thread(_memory_lock(home)):
+            writers[0].start()
+            _wait_for(lambda: _queued_lines(home) == 1, "the first writer to queue")
+            writers[1].start()
+            _wait_for(lambda: _queued_lines(home) == 2, "the second writer to queue")
     finally:
-        release.set()
-        holder.join()
         for writer in writers:
             writer.join(10)
     added = "Added an entry to MEMORY.md. It loads into your system prompt at the start of your "
@@ -210,7 +196,6 @@ def test_a_waiting_writer_is_served_by_the_next_holder(home: Path) -> None:
 def test_a_write_taken_by_a_holder_that_died_is_applied_by_its_own_writer(home: Path) -> None:
     """A holder that took the queue and died before writing leaves no answer: the waiter
     applies its write itself, once."""
-    release, holder = _hold_lock(home)
     result: list[str] = []
 
     def write() -> None:
@@ -218,12 +203,11 @@ def test_a_write_taken_by_a_holder_that_died_is_applied_by_its_own_writer(home: 
 
     writer = threading.Thread(target=write)
     try:
-        writer.start()
-        _wait_for(lambda: _queued_lines(home) == 1, "the writer to queue")
-        assert len(take(str(_queue(home)), "MEMORY.md", MAX_ENTRY_BYTES)) == 1  # then "dies"
+        with held_by_thread(_memory_lock(home)):
+            writer.start()
+            _wait_for(lambda: _queued_lines(home) == 1, "the writer to queue")
+            assert len(take(str(_queue(home)), "MEMORY.md", MAX_ENTRY_BYTES)) == 1  # then "dies"
     finally:
-        release.set()
-        holder.join()
         writer.join(10)
     assert result[0].startswith("Added an entry to MEMORY.md")
     assert (home / "MEMORY.md").read_text() == "- mine\n"
@@ -260,12 +244,8 @@ def test_a_writer_that_times_out_after_queueing_says_it_may_still_be_applied(
     """Its timeout message does not claim nothing changed; once its deadline has passed, no
     later holder applies it."""
     monkeypatch.setattr(write_queue, "SERVE_MARGIN", 0.1)
-    release, holder = _hold_lock(home)
-    try:
+    with held_by_thread(_memory_lock(home)):
         result = memory_tool(home, lock_timeout=0.3).execute({"action": "add", "text": "late"})
-    finally:
-        release.set()
-        holder.join()
     assert result.is_error
     assert "MEMORY.md is busy" in result.output
     assert "may still be applied" in result.output
@@ -277,25 +257,13 @@ def test_a_writer_that_times_out_after_queueing_says_it_may_still_be_applied(
 
 def test_shared_lock_mode_never_queues(home: Path) -> None:
     """O_APPEND is not whole across NFS clients: shared mode keeps no queue."""
-    release_holder = threading.Event()
     lock = lock_file_for(home, home.resolve() / "MEMORY.md", "shared")
-    entered = threading.Event()
-
-    def hold() -> None:
-        with path_lock(lock, mode="shared", timeout=5):
-            entered.set()
-            release_holder.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert entered.wait(10)
     writer = threading.Thread(
         target=lambda: memory_tool(home, lock_mode="shared").execute({"action": "add", "text": "s"})
     )
-    writer.start()
-    time.sleep(0.2)  # the writer is waiting for the lock now
-    release_holder.set()
-    holder.join()
+    with held_by_thread(lock, "shared"):
+        writer.start()
+        time.sleep(0.2)  # the writer is waiting for the lock now
     writer.join(10)
     assert (home / "MEMORY.md").read_text() == "- s\n"
     assert not _queue(home).exists()

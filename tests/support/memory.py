@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+from workers.persona.locks import LockMode, path_lock
 from workers.persona.memory import MemoryTool
 
-__all__ = ["held_by_child", "ok"]
+__all__ = ["held_by_child", "held_by_thread", "ok"]
 
 
 def ok(tool: MemoryTool, **arguments: Any) -> str:
@@ -41,3 +44,23 @@ def held_by_child(script: str, *args: str) -> Iterator[list[str]]:
         holder.stdin.write("\n")
         holder.stdin.flush()
         holder.wait(30)
+
+
+@contextmanager
+def held_by_thread(lock_file: str | Path, mode: LockMode = "local") -> Iterator[None]:
+    """Hold ``lock_file`` (path_lock) on another thread of this process for the ``with`` body."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with path_lock(lock_file, mode=mode, timeout=5):
+            entered.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert entered.wait(10), "the holder thread never got the lock"
+        yield
+    finally:
+        release.set()
+        holder.join()

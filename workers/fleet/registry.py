@@ -37,18 +37,13 @@ class PersonaRegistry:
 
     def names(self) -> list[str]:
         """Every valid persona directory under the root, sorted (hidden dirs skipped)."""
-        try:
-            entries = list(os.scandir(self.root))
-        except FileNotFoundError:
-            return []
-        return sorted(
-            entry.name
-            for entry in entries
-            if entry.is_dir() and not entry.name.startswith(".") and valid_persona_name(entry.name)
-        )
+        return self._directories(usable=True)
 
     def unusable_names(self) -> list[str]:
         """Directories under the root whose names cannot be persona names (skipped), sorted."""
+        return self._directories(usable=False)
+
+    def _directories(self, *, usable: bool) -> list[str]:
         try:
             entries = list(os.scandir(self.root))
         except FileNotFoundError:
@@ -58,7 +53,7 @@ class PersonaRegistry:
             for entry in entries
             if entry.is_dir()
             and not entry.name.startswith(".")
-            and not valid_persona_name(entry.name)
+            and valid_persona_name(entry.name) is usable
         )
 
     def home(self, name: str) -> Path:
