@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import stat
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from workers.cli.launch import (
     choose_personas,
     describe_personas,
     flower_auth,
+    metrics_line,
     model_label,
 )
 from workers.local.demo import DEMO_PERSONAS
@@ -70,6 +72,21 @@ def test_metrics_ports_are_distinct_only_with_a_base(tmp_path: Path) -> None:
     assert {s.name: s.env["SOULFLEET_METRICS_PORT"] for s in specs} == {
         "beat": "9102", "worker-1": "9100", "worker-2": "9101",
     }  # fmt: skip
+
+
+def test_metrics_line_says_when_a_port_is_taken(tmp_path: Path) -> None:
+    """A metrics port another process holds is flagged in the banner (the URL would show that
+    process's metrics as this child's); a free one is listed plainly."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        base = taken.getsockname()[1]
+        settings = Settings.from_env({"SOULFLEET_METRICS_PORT": str(base)})
+        specs = child_specs(settings, {}, logs=tmp_path, cwd=tmp_path, workers=1, flower=False)
+        line = metrics_line(specs, "127.0.0.1")
+    shown = {part.split(" ", 1)[0]: part for part in line.split(", ")}
+    assert shown["worker-1"].startswith(f"worker-1 http://127.0.0.1:{base}/metrics (PORT IN USE")
+    assert shown["beat"].startswith(f"beat http://127.0.0.1:{base + 1}/metrics")
 
 
 def test_model_label_says_which_model() -> None:

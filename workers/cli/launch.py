@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -168,14 +169,30 @@ def child_specs(
 
 def metrics_line(specs: list[ChildSpec], host: str) -> str:
     """Where each child serves /metrics, or how to turn metrics on."""
-    served = [
-        f"{spec.name} http://{host}:{spec.env['SOULFLEET_METRICS_PORT']}/metrics"
-        for spec in specs
-        if spec.env.get("SOULFLEET_METRICS_PORT", "0") not in ("", "0")
-    ]
+    served = []
+    for spec in specs:
+        port = spec.env.get("SOULFLEET_METRICS_PORT", "0")
+        if port in ("", "0"):
+            continue
+        url = f"{spec.name} http://{host}:{port}/metrics"
+        if _port_taken(host, int(port)):
+            # Said here, before the child fails to bind it: the URL would show another
+            # process's metrics (another fleet's) as this one's.
+            url += " (PORT IN USE by another process: this child serves no metrics; set "
+            url += "SOULFLEET_METRICS_PORT to a free range)"
+        served.append(url)
     if not served:
         return "off (SOULFLEET_METRICS_PORT=9100 serves /metrics on 9100 and up, one per process)"
     return ", ".join(served)
+
+
+def _port_taken(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
 
 
 FLOWER_USER = "soulfleet"
