@@ -3,7 +3,7 @@
 Run:  .venv/bin/python -m tests.bench.bench_session   (or: python tests/bench/bench_session.py)
 
 A 30-turn conversation with the demo persona ``ava`` (its bootstrap files as shipped: a soul
-of about 2 KB, plus the memory tool's schema) through ``workers.persona.run(session=True)``
+of about 2 KB, plus the memory tool's schema) through ``workers.persona.runner(session=True)``
 against the local
 OpenAI-compatible and Anthropic test servers (tests/support/providers.py, real HTTP). For each
 turn it prints the bytes of the request as the server received it and the share of that
@@ -39,7 +39,7 @@ from tests.support.providers import (
 )
 from workers.local.demo import install_demo
 from workers.persona.clock import VirtualClock
-from workers.persona.run import run
+from workers.persona.runner import run
 
 __all__ = ["common_prefix", "conversation", "main"]
 

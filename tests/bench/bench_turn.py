@@ -34,7 +34,7 @@ from workers.persona.agent import from_dir
 from workers.persona.loop import Budget, RunResult, run_loop
 from workers.persona.messages import Message
 from workers.persona.models.scripted import ScriptedModel
-from workers.persona.run import run_agent
+from workers.persona.runner import run_agent
 from workers.persona.transcripts import FileTranscripts, wait_pruned
 
 __all__ = ["bench", "main"]

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.transcripts import MemoryTranscripts, assistant, user
 from workers.persona.agent import from_dir
-from workers.persona.dreamer import DREAM_PROMPT, dreamer
+from workers.persona.dream_agent import DREAM_PROMPT, dreamer
 from workers.persona.errors import PersonaNotFound
 from workers.persona.heartbeat import HEARTBEAT_OK
 from workers.persona.memory import MemoryTool, memory_tool

@@ -11,14 +11,14 @@ import pytest
 
 from tests.support.turns import ALL_SEVEN, Watched, make_persona
 from workers.persona.clock import VirtualClock
-from workers.persona.dreamer import DREAM_PROMPT, dreamer
+from workers.persona.dream_agent import DREAM_PROMPT, dreamer
 from workers.persona.driver import start_agent
 from workers.persona.heartbeat import HEARTBEAT_OK, HEARTBEAT_PROMPT
 from workers.persona.home import BOOTSTRAP_ORDER, compose_soul
 from workers.persona.loop import Budget, Limit, RunResult
 from workers.persona.messages import Message
 from workers.persona.models.scripted import ScriptedModel
-from workers.persona.run import run, run_agent
+from workers.persona.runner import run, run_agent
 from workers.persona.search import transcript_search_tool
 from workers.persona.transcripts import FileTranscripts
 

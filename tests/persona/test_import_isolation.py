@@ -65,3 +65,24 @@ def test_core_works_without_celery_or_redis(tmp_path: Path) -> None:
     assert report["found"] == ["SOUL.md", "MEMORY.md"]
     assert report["soul"] == "## SOUL.md\n\nYou are Kestrel.\n\n## MEMORY.md\n\n- no broker needed"
     assert report["loaded"] == []
+
+
+_SHADOWING = """
+import importlib, pkgutil, types
+import workers.persona as package
+for info in pkgutil.iter_modules(package.__path__):
+    importlib.import_module(f"workers.persona.{info.name}")
+exported = {name: getattr(package, name) for name in package.__all__}
+print(",".join(name for name, value in exported.items() if isinstance(value, types.ModuleType)))
+"""
+
+
+def test_no_exported_name_is_shadowed_by_a_submodule() -> None:
+    """Every name `workers.persona` exports is what its docs say (a function, a class), even
+    after every submodule was imported: a submodule named like an export (``run``,
+    ``dreamer`` were) replaces the package attribute, and `from workers.persona import run`
+    then returned a module, depending on import order."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SHADOWING], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == ""

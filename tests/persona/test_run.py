@@ -1,4 +1,4 @@
-"""Tests for workers/persona/run.py: run(), model choice, transcripts, and as_tool()."""
+"""Tests for workers/persona/runner.py: run(), model choice, transcripts, and as_tool()."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from workers.persona.errors import ModelSpecError, PersonaNotFound
 from workers.persona.loop import Budget, run_loop
 from workers.persona.messages import Completion
 from workers.persona.models.scripted import BUILTIN_SPEC
-from workers.persona.run import as_tool, model_for, run
+from workers.persona.runner import as_tool, model_for, run
 from workers.persona.tools import Tool
 from workers.persona.transcripts import FileTranscripts
 

@@ -20,7 +20,7 @@ from workers.persona.driver import start_agent
 from workers.persona.errors import ModelServerError, PersonaConfigError
 from workers.persona.manifest import load_manifest
 from workers.persona.messages import Completion, Usage
-from workers.persona.run import run
+from workers.persona.runner import run
 from workers.persona.search import transcript_search_tool
 from workers.persona.session import next_session_id
 from workers.persona.session_files import current_session

@@ -16,7 +16,7 @@ import pytest
 import structlog
 
 from workers.persona.agent import from_dir
-from workers.persona.dreamer import dreamer
+from workers.persona.dream_agent import dreamer
 from workers.persona.errors import PersonaConfigError
 from workers.persona.loop import Budget, run_loop, set_tool_call_observer
 from workers.persona.manifest import parse_manifest
@@ -175,7 +175,7 @@ def test_the_mcp_sdk_loads_only_when_a_server_starts() -> None:
     """Importing the CLI, the turn executor and the one-shot runner does not import the MCP
     SDK (seconds on a busy machine): it loads when a process first starts a server."""
     code = (
-        "import sys, workers.cli, workers.turn, workers.persona.run, workers.persona.toolbox\n"
+        "import sys, workers.cli, workers.turn, workers.persona.runner, workers.persona.toolbox\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types')))"
     )
     done = subprocess.run(

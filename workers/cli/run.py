@@ -2,7 +2,7 @@
 
 Through the fleet by default (:meth:`workers.fleet.Fleet.run`: the prompt is posted as an
 interactive item and a worker's turn answers it, exactly as any channel would see it), or
-in-process with ``--local`` (:func:`workers.persona.run.run`: no Redis, no workers; PERSONA may
+in-process with ``--local`` (:func:`workers.persona.runner.run`: no Redis, no workers; PERSONA may
 then be any directory). ``--model`` picks the model for a local run only: a fleet turn uses the
 persona's own model, since the worker, not the CLI, makes the model call.
 
@@ -180,7 +180,7 @@ def _local(
     *,
     new: bool,
 ) -> dict[str, Any]:
-    from workers.persona.run import run as run_persona  # noqa: PLC0415 - only for --local
+    from workers.persona.runner import run as run_persona  # noqa: PLC0415 - only for --local
 
     home = persona_dir(persona, settings.personas)
     # The same check-up as a fleet command: an invalid file (a cron that can never fire) exits

@@ -26,14 +26,14 @@ if not structlog.is_configured():
 
 if TYPE_CHECKING:
     from workers.persona.agent import AgentDef, from_dir
-    from workers.persona.dreamer import DREAM_PROMPT, dreamer
+    from workers.persona.dream_agent import DREAM_PROMPT, dreamer
     from workers.persona.driver import HeartbeatDriver, start_agent
     from workers.persona.heartbeat import HEARTBEAT_OK, HEARTBEAT_PROMPT, is_silent
     from workers.persona.home import BOOTSTRAP_ORDER, MAX_FILE_BYTES, compose_soul
     from workers.persona.inbox import InboxItem, render_inbox
     from workers.persona.loop import Budget, RunResult
     from workers.persona.memory import memory_tool, valid_note_slug
-    from workers.persona.run import as_tool, run
+    from workers.persona.runner import as_tool, run
     from workers.persona.session import SessionConfig, SessionState
     from workers.persona.session_files import current_session
     from workers.persona.tools import Tool, ToolResult
@@ -72,8 +72,8 @@ __all__ = [
 _WHERE = {
     "AgentDef": "agent",
     "from_dir": "agent",
-    "DREAM_PROMPT": "dreamer",
-    "dreamer": "dreamer",
+    "DREAM_PROMPT": "dream_agent",
+    "dreamer": "dream_agent",
     "HeartbeatDriver": "driver",
     "start_agent": "driver",
     "HEARTBEAT_OK": "heartbeat",
@@ -88,8 +88,8 @@ _WHERE = {
     "RunResult": "loop",
     "memory_tool": "memory",
     "valid_note_slug": "memory",
-    "as_tool": "run",
-    "run": "run",
+    "as_tool": "runner",
+    "run": "runner",
     "SessionConfig": "session",
     "SessionState": "session",
     "current_session": "session_files",

@@ -54,7 +54,7 @@ class AgentDef:
     declares under ``[tools]``; building those tools needs a runtime (MCP servers to start), so
     it stays configuration here and a runtime passes the built tools to :meth:`toolset`.
     ``instructions`` and ``store`` are used by dreamers only (see
-    :func:`workers.persona.dreamer.dreamer`).
+    :func:`workers.persona.dream_agent.dreamer`).
     """
 
     name: str

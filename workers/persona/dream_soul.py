@@ -1,7 +1,7 @@
 """The dreamer's soul: its prompt, the person's ``DREAM.md``, and how they are composed.
 
 Its own module so :class:`~workers.persona.agent.AgentDef` can compose a dreamer's soul while
-:mod:`workers.persona.dreamer` builds dreamers from AgentDefs, with no import running back.
+:mod:`workers.persona.dream_agent` builds dreamers from AgentDefs, with no import running back.
 
 :data:`DREAM_PROMPT` is a product feature and a stable text (a test pins it): what a pass is for,
 then the order it works in. Change it deliberately.

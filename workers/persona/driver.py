@@ -34,12 +34,12 @@ import structlog
 
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.clock import Clock, Timer
-from workers.persona.dreamer import dreamer
+from workers.persona.dream_agent import dreamer
 from workers.persona.heartbeat import is_silent
 from workers.persona.inbox import InboxItem, render_inbox
 from workers.persona.loop import Budget, RunResult
 from workers.persona.models import Model
-from workers.persona.run import ModelChoice, model_for, run_agent
+from workers.persona.runner import ModelChoice, model_for, run_agent
 from workers.persona.transcripts import FileTranscripts
 
 __all__ = ["HeartbeatDriver", "start_agent"]

@@ -16,7 +16,7 @@ from workers.fleet.gate import Gate, GatedModel
 from workers.fleet.spend import SpendGuard
 from workers.fleet.usage import MeteredModel
 from workers.persona.agent import AgentDef
-from workers.persona.dreamer import dreamer
+from workers.persona.dream_agent import dreamer
 from workers.persona.loop import RunResult
 from workers.persona.mcp_hub import McpHub
 from workers.persona.memory import memory_tool
