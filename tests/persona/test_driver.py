@@ -289,3 +289,30 @@ def test_a_dream_schedule_runs_the_dreamer_silently_on_the_same_clock(tmp_path: 
     driver.stop()
     clock.advance(7200)
     assert (driver.turns, driver.dreamer.turns) == (2, 1)
+
+
+def test_beats_outside_active_hours_or_with_nothing_to_do_are_skipped(tmp_path: Path) -> None:
+    """As the fleet's beat does: no turn outside [heartbeat] active_hours, and none while
+    HEARTBEAT.md is blank (only headings and comments) or missing; a due line inside the hours
+    runs one (the in-process driver ran all of them, each a model call)."""
+    clock = VirtualClock(start=12 * 3600.0)  # 12:00 UTC
+    home = make_persona(tmp_path, manifest=(
+        '[heartbeat]\nevery = "10s"\n'
+        'active_hours = { start = "08:00", end = "09:00", timezone = "UTC" }\n'
+    ))  # fmt: skip
+    model = PacedModel(clock, [])
+    driver = start_agent(home, every=10, clock=clock, model=model)
+    clock.advance(35)
+    assert driver.turns == 0  # 12:00 is outside 08:00-09:00
+    driver.stop()
+    (home / "persona.toml").write_text('[heartbeat]\nevery = "10s"\n')
+    (home / "HEARTBEAT.md").write_text("# Heartbeat\n<!-- nothing yet -->\n")
+    driver = start_agent(home, every=10, clock=clock, model=model)
+    clock.advance(35)
+    assert driver.turns == 0  # blank
+    (home / "HEARTBEAT.md").unlink()
+    clock.advance(20)
+    assert driver.turns == 0  # missing
+    (home / "HEARTBEAT.md").write_text("- due: water the plants\n")
+    clock.advance(10)
+    assert driver.turns == 1

@@ -35,11 +35,15 @@ import structlog
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.clock import Clock, Timer
 from workers.persona.dream_agent import dreamer
+from workers.persona.errors import PersonaError
+from workers.persona.files import read_prefix
 from workers.persona.heartbeat import is_silent
+from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.inbox import InboxItem, render_inbox
 from workers.persona.loop import Budget, RunResult
 from workers.persona.models import Model
 from workers.persona.runner import ModelChoice, model_for, run_agent
+from workers.persona.spend import heartbeat_blank
 from workers.persona.transcripts import FileTranscripts
 
 __all__ = ["HeartbeatDriver", "start_agent"]
@@ -149,8 +153,31 @@ class HeartbeatDriver:
                 return
             # Re-arm first: the next beat is due `every` after this one, however long the turn.
             self._timer = self.clock.call_later(self.every, self._beat)
+        skipped = self._skip_reason()
+        if skipped is not None:
+            _log.debug("heartbeat.skipped", lane=self.agent.name, reason=skipped)
+            return
+        with self._lock:
             self._ticks += 1
         self._pump()
+
+    def _skip_reason(self) -> str | None:
+        """Why this beat is skipped, as the fleet's beat skips it: outside ``active_hours``, or a
+        HEARTBEAT.md that is missing or asks for nothing (a dreamer's passes are never
+        skipped here)."""
+        if self.agent.kind != "persona":
+            return None
+        schedule = self.agent.heartbeat
+        hours = None if schedule is None else schedule.active_hours
+        if hours is not None and not hours.contains(self.clock.time()):
+            return "quiet_hours"
+        try:
+            text = read_prefix(self.agent.home / "HEARTBEAT.md", MAX_FILE_BYTES)
+        except PersonaError:
+            return "invalid_heartbeat_file"
+        if text is None:
+            return "no_heartbeat_file"
+        return "blank_heartbeat" if heartbeat_blank(text.decode("utf-8", "replace")) else None
 
     def _pump(self) -> bool:
         with self._lock:
