@@ -328,3 +328,15 @@ def test_bad_cap_is_a_caller_error(tmp_path: Path, cap: object) -> None:
     """A cap that is neither None, a bool nor two positive ints raises TypeError or ValueError."""
     with pytest.raises((TypeError, ValueError)):
         compose_soul(tmp_path, memory_index_cap=cap)  # type: ignore[arg-type]
+
+
+def test_index_cap_takes_the_persona_toml_mapping_form(tmp_path: Path) -> None:
+    """compose_soul(dir, memory_index_cap={"max_lines": 2, "max_bytes": 10000}), the form the
+    README documents for persona.toml, caps like the tuple; other keys are refused."""
+    home = make_persona(tmp_path, {"MEMORY.md": "".join(f"- fact {n}\n" for n in range(10))})
+    as_tuple, _ = compose_soul(home, memory_index_cap=(2, 10000))
+    as_mapping, _ = compose_soul(home, memory_index_cap={"max_lines": 2, "max_bytes": 10000})
+    assert as_mapping == as_tuple
+    assert "- fact 2" not in as_mapping
+    with pytest.raises(TypeError, match="exactly max_lines and max_bytes"):
+        compose_soul(home, memory_index_cap={"lines": 2})

@@ -20,6 +20,7 @@ from __future__ import annotations
 import codecs
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ TRUNCATION_NOTICE = "\n[truncated: exceeds 2 MB bootstrap cap]"
 #: What ``memory_index_cap=True`` means: (max_lines, max_bytes).
 DEFAULT_INDEX_CAP: tuple[int, int] = (200, 25_600)
 #: What callers pass as ``memory_index_cap``: off (None/False), the default (True), or explicit.
-CapSpec = None | bool | tuple[int, int]
+CapSpec = None | bool | tuple[int, int] | Mapping[str, int]
 
 _MEMORY = "MEMORY.md"
 
@@ -90,9 +91,17 @@ def resolve_index_cap(cap: object) -> tuple[int, int] | None:
         return None
     if cap is True:
         return DEFAULT_INDEX_CAP
+    if isinstance(cap, Mapping):
+        # The persona.toml form, { max_lines = 200, max_bytes = 25600 }, as README shows it.
+        if set(cap) != {"max_lines", "max_bytes"}:
+            raise TypeError(
+                f"memory_index_cap as a mapping takes exactly max_lines and max_bytes, got {cap!r}"
+            )
+        cap = (cap["max_lines"], cap["max_bytes"])
     if not isinstance(cap, tuple) or len(cap) != 2:
         raise TypeError(
-            f"memory_index_cap must be None, a bool or (max_lines, max_bytes), got {cap!r}"
+            "memory_index_cap must be None, a bool, (max_lines, max_bytes) or "
+            f"{{'max_lines': ..., 'max_bytes': ...}}, got {cap!r}"
         )
     max_lines, max_bytes = cap
     for name, value in (("max_lines", max_lines), ("max_bytes", max_bytes)):
