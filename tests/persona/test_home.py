@@ -20,6 +20,7 @@ from workers.persona.home import (
     index_cap_notice,
     persona_home,
 )
+from workers.persona.runner import run
 
 # --- the seed's three examples (seeds/000_9020d958836064e4.txt), ported verbatim -------------
 
@@ -340,3 +341,16 @@ def test_index_cap_takes_the_persona_toml_mapping_form(tmp_path: Path) -> None:
     assert "- fact 2" not in as_mapping
     with pytest.raises(TypeError, match="exactly max_lines and max_bytes"):
         compose_soul(home, memory_index_cap={"lines": 2})
+
+
+def test_an_empty_path_names_no_persona(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """compose_soul("") and run("", ...) do not take the working directory for a persona
+    (run wrote transcripts/ into it)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "SOUL.md").write_text("I am whatever directory I was started in.\n")
+    for empty in ("", "  "):
+        with pytest.raises(PersonaNotFound, match="an empty path names no persona"):
+            compose_soul(empty)
+        with pytest.raises(PersonaNotFound):
+            run(empty, "hi")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["SOUL.md"]

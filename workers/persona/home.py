@@ -70,6 +70,9 @@ def _log() -> Any:
 
 def persona_home(path: str | os.PathLike[str]) -> Path:
     """The resolved persona directory; :class:`PersonaNotFound` if missing or not a directory."""
+    if not os.fspath(path).strip():
+        # Path("") is the working directory: a persona must be named, never assumed to be it.
+        raise PersonaNotFound(repr(os.fspath(path)), "an empty path names no persona directory")
     home = Path(path).expanduser()
     try:
         resolved = home.resolve(strict=True)
