@@ -28,6 +28,9 @@ def test_reset_bumps_the_epoch_and_show_says_so(invoke: Invoke) -> None:
     assert result.stdout.strip() == "reset nora: its next turn starts a new session"
     report = json.loads(invoke("session", "show", "nora", "--json").stdout)
     assert report["epoch"] == 1
+    again = invoke("session", "reset", "nora", "--json")
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout) == {"persona": "nora", "reset": True, "epoch": 2}
 
 
 def test_unknown_persona_is_bad_input(invoke: Invoke) -> None:

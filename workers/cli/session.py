@@ -73,11 +73,15 @@ def show(ctx: click.Context, *, persona: str, as_json: bool, personas: Path | No
 
 @session.command()
 @click.argument("persona")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @personas_option
 @click.pass_context
-def reset(ctx: click.Context, *, persona: str, personas: Path | None) -> None:
+def reset(ctx: click.Context, *, persona: str, as_json: bool, personas: Path | None) -> None:
     """End PERSONA's session: its next turn starts a new one with a freshly composed soul."""
     state = cli_context(ctx, personas)
     name = state.persona(persona)
-    state.fleet().reset_session(name)
+    epoch = state.fleet().reset_session(name)
+    if as_json:
+        click.echo(json.dumps({"persona": name, "reset": True, "epoch": epoch}))
+        return
     click.echo(f"reset {name}: its next turn starts a new session")
