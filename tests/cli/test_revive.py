@@ -55,6 +55,9 @@ def test_revive_of_a_lane_that_is_not_dead_fails_clearly(invoke: Invoke) -> None
     result = invoke("revive", "milo")
     assert result.exit_code == 1
     assert "milo is not dead-lettered" in result.output
+    as_json = invoke("revive", "milo", "--json")
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.stdout)["reason"] == "not dead-lettered"
 
 
 def test_revive_of_an_unknown_persona_is_bad_input(invoke: Invoke) -> None:

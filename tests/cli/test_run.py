@@ -107,3 +107,13 @@ def test_run_prompt_is_untrusted_unless_trusted_is_given(
     raws = lanes.client.lrange(lanes.keys.inbox("ava"), 0, -1)
     items = [InboxItem.from_json(str(raw)) for raw in raws]
     assert [(i.text, i.trusted) for i in items] == [("one", False), ("two", True)]
+
+
+def test_run_json_that_times_out_still_prints_json(invoke: Invoke) -> None:
+    """With no worker, `run --json` times out with exit 1 and one JSON object on stdout saying
+    so (it printed nothing there, only the error on stderr)."""
+    result = invoke("run", "ava", "anyone?", "--timeout", "1", "--json")
+    assert result.exit_code == 1
+    outcome = json.loads(result.stdout)
+    assert (outcome["persona"], outcome["status"]) == ("ava", "timeout")
+    assert "no answer from 'ava'" in outcome["error"]

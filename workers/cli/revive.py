@@ -60,9 +60,12 @@ def revive(
     outcome = state.fleet().revive(name, dreamer=dreamer)
     queued = outcome.outcome == "queued"
     if as_json:
-        click.echo(
-            json.dumps({"lane": outcome.lane, "revived": queued, "turn_id": outcome.turn_id})
-        )
+        answer: dict[str, object] = {
+            "lane": outcome.lane, "revived": queued, "turn_id": outcome.turn_id,
+        }  # fmt: skip
+        if not queued:
+            answer["reason"] = "not dead-lettered"
+        click.echo(json.dumps(answer))
     elif queued:
         click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued")
     else:

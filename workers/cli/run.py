@@ -91,14 +91,19 @@ def run(
             )
         state.honour_personas("run")
         name = state.checked(persona)
-        reply = state.fleet().run(
-            name,
-            prompt,
-            new_session=new_session,
-            timeout=timeout,
-            on_wait=_no_worker_hint(state, name, timeout),
-            trusted=trusted,
-        )
+        try:
+            reply = state.fleet().run(
+                name,
+                prompt,
+                new_session=new_session,
+                timeout=timeout,
+                on_wait=_no_worker_hint(state, name, timeout),
+                trusted=trusted,
+            )
+        except TimeoutError as exc:
+            if as_json:  # a script reading stdout gets an answer too (exit 1 either way)
+                click.echo(json.dumps({"persona": name, "status": "timeout", "error": str(exc)}))
+            raise
         report = {
             "persona": name,
             "text": reply.text,
