@@ -55,15 +55,15 @@ def _clean_env(xdg: Path) -> dict[str, str | None]:
 
 
 @contextlib.contextmanager
-def start_up(base: Path) -> Iterator[Up]:
-    """`soulfleet up --data <XDG_DATA_HOME>/soulfleet` with no REDIS_URL, output to a file;
-    whatever is still running at the end is killed (children first)."""
+def start_up(base: Path, *args: str, output_name: str = "up.out") -> Iterator[Up]:
+    """`soulfleet up --data <XDG_DATA_HOME>/soulfleet [args]` with no REDIS_URL, output to a
+    file; whatever is still running at the end is killed (children first)."""
     env = _clean_env(base / "xdg")
     data = base / "xdg" / "soulfleet"
-    output = base / "up.out"
+    output = base / output_name
     with output.open("wb") as sink:
         process = subprocess.Popen(
-            soulfleet_argv("up", "--data", str(data)),
+            soulfleet_argv("up", "--data", str(data), *args),
             env=subprocess_env(env),
             stdin=subprocess.DEVNULL,
             stdout=sink,
@@ -182,3 +182,24 @@ def test_a_child_that_keeps_dying_stops_up(tmp_path: Path) -> None:
         assert f"for the {RESTARTS + 1}th time within" in running.text()
         assert [c for c in children if c.alive()] == []
         assert not (running.data / "up.json").exists()
+
+
+def test_a_data_folder_reused_with_another_personas_root_is_warned_about(tmp_path: Path) -> None:
+    """The data folder's Redis keeps lanes by persona name: starting `up` on it with another
+    personas root says so in the banner (same-named personas would share lane state)."""
+    with start_up(tmp_path) as first:
+        wait_until(lambda: first.alive() and "ready   worker-1" in first.text(),
+                   timeout=DEADLINE, what="the first up")  # fmt: skip
+        # beat records the root it serves on its first registry sync, before it sweeps
+        wait_until(lambda: "is sweeping schedules" in first.text(), timeout=DEADLINE,
+                   what="beat sweeping")  # fmt: skip
+        first.process.send_signal(signal.SIGINT)
+        assert first.process.wait(timeout=120) == 0, first.text()
+    other = tmp_path / "other"
+    (other / "zed").mkdir(parents=True)
+    with start_up(tmp_path, "--personas", str(other), output_name="up2.out") as second:
+        wait_until(lambda: second.alive() and "personas" in second.text(),
+                   timeout=DEADLINE, what="the second banner")  # fmt: skip
+        assert "WARNING   this Redis last served personas from" in second.text()
+        second.process.send_signal(signal.SIGINT)
+        second.process.wait(timeout=120)

@@ -158,6 +158,14 @@ class _Up:
             )
         except EvictingRedis as exc:
             raise CliError(str(exc)) from None
+        recorded = self.fleet.client.get(self.fleet.keys.registry_root)
+        served = str(recorded) if recorded else ""
+        if served and Path(served) != choice.root.resolve():
+            # Lanes are named by persona: a same-named persona under the new root would carry
+            # on the old one's sessions pointer, spend and dead letters.
+            echo(f"  WARNING   this Redis last served personas from {served}, not {choice.root}: "
+                 "same-named personas share their lane state (sessions, today's spend, dead "
+                 "letters); use another --data for a separate fleet")  # fmt: skip
         lanes = self._describe(choice, settings)
         state = UpState(
             pid=os.getpid(), redis_url=redact_url(redis_url), personas=str(choice.root),
