@@ -49,11 +49,13 @@ from workers import metrics
 from workers.fleet.keys import Keys
 from workers.fleet.registry import PersonaRegistry
 from workers.persona.clock import Clock, SystemClock
-from workers.persona.errors import PersonaError, PersonaFileError, PersonaNotFound
+from workers.persona.errors import ModelSpecError, PersonaError, PersonaFileError, PersonaNotFound
 from workers.persona.files import regular_file_problem
 from workers.persona.home import BOOTSTRAP_ORDER
 from workers.persona.manifest import MANIFEST_NAME, PersonaConfig, load_manifest
 from workers.persona.mcp_servers import check_uses
+from workers.persona.models.config import ModelConfig
+from workers.persona.models.spec import BUILTIN, resolve_model
 from workers.settings import Settings
 
 __all__ = ["HEARTBEAT_FILE", "PersonaRecord", "RegistrySync", "SyncReport"]
@@ -96,6 +98,19 @@ class SyncReport:
     invalid: int = 0
     seconds: float = 0.0
     invalid_names: list[str] = field(default_factory=list)
+
+
+def _check_scripted(config: PersonaConfig, home: Path) -> None:
+    """Load every ``scripted:<path>`` rules file persona.toml names (its model and its
+    per-kind models): a broken one is a ModelSpecError naming the rule and field, reported
+    like any invalid persona, instead of a lane dead-lettered on its first turn. Only scripted
+    specs: beat never builds provider clients."""
+    specs = [config.model]
+    specs += [kind.model for kind in (config.heartbeat, config.dream) if kind and kind.model]
+    for spec in specs:
+        provider, _, rest = spec.partition(":")
+        if provider.strip().lower() == "scripted" and rest.strip() != BUILTIN:
+            resolve_model(spec, ModelConfig(), base_dir=home)
 
 
 def _unusable_bootstrap_file(path: str) -> tuple[str, str] | None:
@@ -215,9 +230,11 @@ class RegistrySync:
         return report
 
     def _load(self, home: Path) -> PersonaConfig:
-        """persona.toml, with its ``use`` of fleet MCP servers checked against the fleet file."""
+        """persona.toml, with its ``use`` of fleet MCP servers checked against the fleet file
+        and its scripted rules files loaded."""
         config = load_manifest(home)
         check_uses(config.tools, self._settings.mcp_servers)
+        _check_scripted(config, home)
         return config
 
     # -- disk -----------------------------------------------------------------------------
@@ -296,7 +313,7 @@ class RegistrySync:
             failed = PersonaRecord(
                 fingerprint, manifest_print, (), problem, "dream.cron", folder_print
             )
-        except (PersonaError, ValueError) as exc:
+        except (PersonaError, ModelSpecError, ValueError) as exc:
             key = str(getattr(exc, "key", None) or "")
             failed = PersonaRecord(fingerprint, manifest_print, (), str(exc), key, folder_print)
         except Exception as exc:  # whatever one persona's files do, the others are synced

@@ -474,3 +474,21 @@ def test_a_chmod_of_persona_toml_is_noticed(fleet: Fleet, persona_root: Path) ->
     os.chmod(home / "persona.toml", 0o600)
     sync.run()
     assert loader.calls == ["ava", "ava"]
+
+
+def test_a_broken_scripted_rules_file_makes_the_persona_invalid(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """model = "scripted:rules.toml" with a rules file that does not load: the persona is
+    invalid with the loader's reason (rule and field), not scheduled to be dead-lettered on its
+    first turn; a good file, or the built-in script, is fine."""
+    home = write_persona(persona_root, "ava", 'model = "scripted:rules.toml"\n' + EVERY_1M)
+    (home / "rules.toml").write_text('[[rules]]\ntxt = "typo"\n')
+    write_persona(persona_root, "bob", 'model = "scripted:builtin"\n' + EVERY_1M)
+    sync = RegistrySync(
+        client=fleet.client, keys=fleet.keys, registry=fleet.registry,
+        settings=fleet.settings, clock=fleet.clock,
+    )  # fmt: skip
+    assert sync.run().invalid == 1
+    assert set(schedule(redis_client, fleet)) == {"bob|heartbeat"}
+    assert "rules[0]" in registry_record(redis_client, fleet, "ava")["error"]

@@ -406,3 +406,12 @@ def test_bad_spend_keys_name_the_dotted_key_and_the_file(
     assert caught.value.key == key
     assert says in str(caught.value)
     assert str(path) in str(caught.value)
+
+
+def test_scripted_builtin_in_persona_toml_is_the_built_in_script(tmp_path: Path) -> None:
+    """model = "scripted:builtin" names the built-in script; it is not a rules file path
+    relative to the persona (it was made into <home>/builtin: "rules file not found")."""
+    write(tmp_path, 'model = "scripted:builtin"\n')
+    assert load_manifest(tmp_path).model == "scripted:builtin"
+    write(tmp_path, 'model = "scripted:rules.toml"\n')
+    assert load_manifest(tmp_path).model == f"scripted:{tmp_path / 'rules.toml'}"

@@ -365,8 +365,10 @@ def _model_key(table: _Table, name: str, home: Path | None) -> str | None:
     # A scripted path in persona.toml is relative to the persona directory, not to whatever
     # directory the worker happens to run in.
     if home is not None and value.startswith("scripted:"):
-        path = Path(value.removeprefix("scripted:"))
-        if not path.is_absolute():
+        rest = value.removeprefix("scripted:").strip()
+        path = Path(rest)
+        # "scripted:builtin" names the built-in script, not a file called builtin.
+        if rest != "builtin" and not path.is_absolute():
             value = f"scripted:{home / path}"
     return value
 
