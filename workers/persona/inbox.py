@@ -27,7 +27,7 @@ from typing import Any
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.heartbeat import HEARTBEAT_PROMPT
 
-__all__ = ["InboxItem", "inbox_text", "is_trusted", "render_inbox"]
+__all__ = ["InboxEntry", "InboxItem", "inbox_entries", "inbox_text", "is_trusted", "render_inbox"]
 
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
 # The framing render_inbox adds, line by line: what inbox_text() takes away again.
@@ -39,6 +39,9 @@ _FRAMING = re.compile(
     r"|\[END UNTRUSTED [0-9a-f]{8}\])$"
 )
 _MAX_LABEL = 200
+_PROVENANCE = re.compile(r"^- \{from: (?P<sender>[^\n]*), channel: (?P<channel>[^\n]*)\}$")
+_UNTRUSTED_START = re.compile(r"^\[UNTRUSTED [0-9a-f]{8}\] ")
+_UNTRUSTED_END = re.compile(r"^\[END UNTRUSTED [0-9a-f]{8}\]$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,3 +222,51 @@ def inbox_text(rendered: str) -> str:
         if not _FRAMING.match(line)
     ]
     return re.sub(r"\n{3,}", "\n\n", "\n".join(kept)).strip()
+
+
+@dataclass(frozen=True, slots=True)
+class InboxEntry:
+    """One item of a rendered inbox, read back: who sent it, where from, whether it was inside
+    the untrusted block, and its text."""
+
+    sender: str
+    channel: str
+    trusted: bool
+    text: str
+
+
+def inbox_entries(rendered: str) -> list[InboxEntry] | None:
+    """The items of a rendered inbox with their provenance (ticks left out); None when
+    ``rendered`` is not a rendered inbox. The dreamer's search shows each hit with it, so text
+    from outside the persona's tree is never presented as if the operator had said it."""
+    text = rendered.strip()
+    if text.startswith(HEARTBEAT_PROMPT):
+        text = text[len(HEARTBEAT_PROMPT) :].lstrip()
+    if not text.startswith("Inbox ("):
+        return None
+    entries: list[InboxEntry] = []
+    trusted = True
+    current: tuple[str, str, bool] | None = None
+    lines: list[str] = []
+
+    def close() -> None:
+        if current is not None:
+            body = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+            entries.append(InboxEntry(current[0], current[1], current[2], body))
+
+    for line in text.split("\n"):
+        found = _PROVENANCE.match(line)
+        if found is not None or _UNTRUSTED_START.match(line) or _UNTRUSTED_END.match(line):
+            close()
+            current, lines = None, []
+            if found is not None:
+                current = (found["sender"], found["channel"], trusted)
+            elif _UNTRUSTED_START.match(line):
+                trusted = False
+            else:
+                trusted = True
+            continue
+        if current is not None:
+            lines.append(line[2:] if line.startswith("  ") else line)
+    close()
+    return entries
