@@ -131,8 +131,6 @@ def test_absolute_scripted_model_is_kept(tmp_path: Path) -> None:
 
 
 BAD: list[tuple[str, str]] = [
-    ('[dream]\nevery = "1h"\ntimezone = "UTC"', "dream.timezone"),
-    ('[dream]\nevery = "1h"\nwindow = "5m"', "dream.window"),
     ("evrey = 1", "evrey"),
     ("does = 1", "does"),
     ("model = 5", "model"),

@@ -257,10 +257,6 @@ def _dream(table: _Table, home: Path | None) -> DreamSchedule:
         raise table.fail("cron", "cannot be combined with dream.every: choose one schedule")
     if every is None and cron is None:
         raise table.fail("every", 'is missing: [dream] needs every = "24h" or cron = "0 3 * * *"')
-    for only_cron in ("timezone", "window"):
-        if every is not None and only_cron in table.data:
-            # Accepting it would let the author believe it does something.
-            raise table.fail(only_cron, "only applies to dream.cron; dream.every ignores it")
     return DreamSchedule(
         every=every,
         cron=cron,
