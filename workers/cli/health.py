@@ -120,7 +120,9 @@ def fixed_since(
     fixed: list[tuple[str, str]] = []
     for lane in dead:
         error = str(fleet.lanes.status(lane).get("last_error") or "")
-        if not _config_error(error):
+        if not _config_error(error) or "'tools." in error:
+            # A tools error (an allow-list naming a tool the server lacks) shows only when the
+            # server runs: the check-up does not start servers, so it cannot say it is fixed.
             continue
         name, _role = fleet.registry.parse_lane(lane)
         if invalid is not None and name in invalid:

@@ -36,6 +36,7 @@ from workers.cli.health import (
 )
 from workers.fleet import Fleet
 from workers.fleet.breaker import BreakerState
+from workers.fleet.registry import DREAMER_SUFFIX
 from workers.fleet.scripts import redis_errors
 from workers.persona.locks import shared_claims_under
 
@@ -328,8 +329,10 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
 def _fixed_hint(fixed: Sequence[tuple[str, str]]) -> None:
     if fixed:
         lanes = ", ".join(lane for lane, _ in fixed)
+        dreamer = any(lane.endswith(DREAMER_SUFFIX) for lane, _ in fixed)
+        one = "PERSONA [--dreamer]" if dreamer else "PERSONA"
         click.echo(
             f"fixed since: {len(fixed)} dead-lettered lane(s) failed on a configuration error "
             f"that is fixed now ({lanes}): `soulfleet revive --all` (or `soulfleet revive "
-            "PERSONA`) takes them back"
+            f"{one}`; --dreamer for a -dreamer lane) takes them back"
         )
