@@ -8,7 +8,6 @@ holds the tokens the server reported" are checked end to end, not against a stub
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +21,9 @@ import redis
 from tests.support.fleet import openai_env
 from tests.support.providers import FakeProvider
 from tests.support.rig import TurnRig, turn_engine, write_persona
+from workers.fleet.errors import BudgetStopped
 from workers.persona.clock import VirtualClock
+from workers.persona.inbox import InboxItem
 from workers.persona.messages import Usage
 
 # The next 12:00 UTC: the day boundary is 12 h away, and the virtual clock runs ahead of the
@@ -214,17 +215,39 @@ def test_over_budget_skips_background_turns_but_not_conversations(rig: Rig) -> N
     assert len(rig.server.requests) == calls + 2
 
 
-def test_stop_refuses_a_conversation_and_tells_the_sender_why(rig: Rig) -> None:
-    """on_exceed = "stop": an over-budget persona refuses even a conversation; the reply to
-    the sender says the budget is used up and when it resets; no model call is made."""
+def test_stop_refuses_a_post_at_the_door_and_tells_the_sender_why(rig: Rig) -> None:
+    """on_exceed = "stop": a post to an over-budget persona is refused by Fleet.post itself,
+    saying the budget is used up and when it resets, so its sender still has the item (a turn
+    refusing it would have dropped it); nothing is queued and no model call is made."""
     rig.persona("ava", '[budget]\ndaily_tokens = 10\non_exceed = "stop"\n')
     rig.fleet.post("ava", "hello")
     assert rig.run_all() == ["done"]
     calls = len(rig.server.requests)
-    outcome = rig.fleet.post("ava", "again", reply=True)
+    with pytest.raises(BudgetStopped) as refused:
+        rig.fleet.post("ava", "again", reply=True)
+    assert "used its daily token budget (18 of 10 tokens" in str(refused.value)
+    assert f"{TOMORROW}T00:00+00:00" in str(refused.value)
+    assert "NOT accepted" in str(refused.value)
+    assert rig.fleet.status("ava")["inbox_depth"] == 0
+    assert rig.run_all() == []
+    assert len(rig.server.requests) == calls
+
+
+def test_an_item_accepted_before_the_budget_ran_out_is_refused_with_the_reason(rig: Rig) -> None:
+    """A post that raced the spend (accepted while the budget lasted, its turn started after):
+    the turn refuses it without a model call and whoever waits for a reply gets the reason."""
+    rig.persona("ava", '[budget]\ndaily_tokens = 10\non_exceed = "stop"\n')
+    rig.fleet.post("ava", "hello")
+    assert rig.run_all() == ["done"]
+    calls = len(rig.server.requests)
+    item = InboxItem.create("again", "external", "api", reply=True)
+    outcome = rig.fleet.lanes.post("ava", item, wake=True)  # what Fleet.post did a moment ago
+    assert outcome.turn_id is not None
+    assert outcome.turn_kind is not None
+    rig.fleet.publisher.publish("ava", outcome.turn_id, outcome.turn_kind)
     assert rig.run_all() == ["refused"]
     assert len(rig.server.requests) == calls
-    reply = rig.fleet.client.lrange(rig.fleet.keys.reply(outcome.item_id), 0, -1)
+    reply = rig.fleet.client.lrange(rig.fleet.keys.reply(item.id), 0, -1)
     assert len(reply) == 1
     assert "daily token budget used up (18 of 10 tokens" in str(reply[0])
     assert f"{TOMORROW}T00:00+00:00" in str(reply[0])
@@ -279,21 +302,11 @@ def _touch_after(path: Path, when: float) -> None:
         os.utime(target, (when - 1, when - 1))
 
 
-def test_a_run_to_a_stopped_persona_is_answered_with_the_reason(rig: Rig) -> None:
-    """Fleet.run to a persona whose budget stops every turn returns status refused, reason
-    budget, and the refusal as its text; no model call is made."""
+def test_a_run_to_a_stopped_persona_is_refused_with_the_reason(rig: Rig) -> None:
+    """Fleet.run to a persona whose budget stops every turn raises BudgetStopped with the
+    reason before anything is queued; no model call is made."""
     rig.persona("ava", '[budget]\ndaily_tokens = 0\non_exceed = "stop"\n')
-
-    def worker() -> None:
-        deadline = time.monotonic() + 30
-        while not rig.published.sent and time.monotonic() < deadline:
-            time.sleep(0.01)
-        rig.run_all()
-
-    thread = threading.Thread(target=worker)
-    thread.start()
-    reply = rig.fleet.run("ava", "hello", timeout=30)
-    thread.join()
-    assert (reply.status, reply.reason) == ("refused", "budget")
-    assert reply.text.startswith("daily token budget used up (0 of 0 tokens today")
+    with pytest.raises(BudgetStopped, match=r"used its daily token budget \(0 of 0 tokens"):
+        rig.fleet.run("ava", "hello", timeout=30)
+    assert rig.published.sent == []
     assert rig.server.requests == []

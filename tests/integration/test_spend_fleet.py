@@ -27,6 +27,7 @@ from beat.schedule import ScheduleSpec
 from tests.integration.conftest import Harness
 from tests.support.fleet import soak_seconds, wait_until
 from tests.support.providers import FakeProvider
+from workers.fleet.errors import BudgetStopped
 from workers.fleet.keys import schedule_member
 from workers.persona.messages import Usage
 from workers.persona.spend import usage_day
@@ -133,9 +134,13 @@ def test_a_200_persona_fleet_pays_only_for_the_calls_the_rules_allow(
     time.sleep(1.1)  # the seeded last_pass is in the past; files written from now on are new
     workers = [harness.worker("w1", concurrency=8), harness.worker("w2", concurrency=8)]
 
-    posted = [name for name, group in group_of.items() if group.post]
+    posted = [name for name, group in group_of.items() if group.post and group.toml != BEAT + STOP]
     for name in posted:
         fleet.post(name, f"Hello {name}, I moved to Oslo.", reply=True)
+    for name in (name for name, group in group_of.items() if group.toml == BEAT + STOP):
+        # A persona stopped by its budget refuses the post at the door: the sender keeps it.
+        with pytest.raises(BudgetStopped):
+            fleet.post(name, f"Hello {name}, I moved to Oslo.", reply=True)
     wait_until(
         lambda: len(_events(workers, "turn.end")) >= len(posted),
         timeout=120,
@@ -306,7 +311,7 @@ def _over_talk(name: str, seen: Observed, spec: ScheduleSpec | None) -> None:
 
 def _stop(name: str, seen: Observed, spec: ScheduleSpec | None) -> None:
     assert (seen.calls[name], seen.reasons(name)) == (0, {"budget"}), name
-    assert seen.refused[name] == 1, f"{name}: the conversation was refused"
+    assert seen.refused[name] == 0, f"{name}: the post was refused at the door, not by a turn"
 
 
 CHECKS: dict[str, Callable[[str, Observed, ScheduleSpec | None], None]] = {

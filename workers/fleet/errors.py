@@ -43,6 +43,7 @@ from workers.persona.errors import (
 from workers.settings import redact_url
 
 __all__ = [
+    "BudgetStopped",
     "EvictingRedis",
     "FleetError",
     "GateTimeout",
@@ -121,6 +122,22 @@ class UnknownPersona(FleetError):
         )
         self.name = name
         self.root = root
+
+
+class BudgetStopped(FleetError):
+    """The persona's daily budget is used up and says ``on_exceed = "stop"``: a post is
+    refused at the door, so the sender keeps it (a turn would refuse it without a reply)."""
+
+    retryable = False
+
+    def __init__(self, persona: str, spent: int, limit: int, resets: str) -> None:
+        super().__init__(
+            f"persona {persona!r} has used its daily token budget ({spent} of {limit} tokens "
+            f"today, on_exceed=stop): the item was NOT accepted and nothing was queued; the "
+            f"budget resets at {resets} (raise budget.daily_tokens in its persona.toml to "
+            "continue now)"
+        )
+        self.persona = persona
 
 
 class UnusablePersonaName(UnknownPersona):

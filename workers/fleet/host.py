@@ -27,20 +27,26 @@ import redis
 from workers.fleet.beats import Beat, Beats
 from workers.fleet.breaker import Breaker
 from workers.fleet.clients import fleet_client
-from workers.fleet.errors import LaneDeadLettered, RedisUnavailable, UnknownPersona
+from workers.fleet.errors import (
+    BudgetStopped,
+    LaneDeadLettered,
+    RedisUnavailable,
+    UnknownPersona,
+)
 from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
 from workers.fleet.outcomes import PostOutcome, Repair, RunReply, TickOutcome
 from workers.fleet.recovery import Backoff, Recovery
 from workers.fleet.registry import PersonaRegistry
 from workers.fleet.servertime import ServerClock
-from workers.fleet.spend import persona_budget, persona_models
+from workers.fleet.spend import next_reset, persona_budget, persona_models
 from workers.fleet.sweeps import SweepWrites
 from workers.fleet.usage import UsageLedger
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
 from workers.persona.manifest import load_manifest
 from workers.persona.session_files import SessionFiles
+from workers.persona.spend import budget_refuses
 from workers.settings import Settings, redact_url
 
 __all__ = ["Fleet", "Publisher", "RunReply"]
@@ -151,6 +157,7 @@ class Fleet:
         (nothing is dropped: the sender keeps the item) or ``ItemTooLarge``.
         """
         name = self.registry.resolve(persona)
+        self._refuse_if_stopped(name)
         if new_session:
             self.lanes.reset_session(name)
         item = InboxItem(
@@ -166,6 +173,17 @@ class Fleet:
         if outcome.turn_id is not None and outcome.turn_kind is not None:
             self.publisher.publish(name, outcome.turn_id, outcome.turn_kind)
         return outcome
+
+    def _refuse_if_stopped(self, name: str) -> None:
+        """A persona whose budget is used up with ``on_exceed = "stop"`` would refuse the turn
+        and lose the item: refuse the post instead, while its sender still has it."""
+        budget = persona_budget(self.registry.home(name), self.settings)
+        if budget.daily_tokens is None or budget.on_exceed != "stop":
+            return
+        spent = self.ledger.spent(name, self.ledger.today(budget.timezone))
+        if budget_refuses(budget, "interactive", spent):
+            resets = next_reset(budget, self.clock.time())
+            raise BudgetStopped(name, spent, budget.daily_tokens, resets)
 
     def tick(self, persona: str, kind: str = "heartbeat") -> TickOutcome:
         """What beat does: fold one tick into the lane; queue a turn only if it is idle."""
