@@ -23,9 +23,10 @@ from workers.persona.manifest import parse_manifest
 from workers.persona.mcp_hub import McpHub
 from workers.persona.mcp_transport import expand, stdio_parameters
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
+from workers.persona.python_tools import PythonTool
 from workers.persona.tool_config import McpServer
 from workers.persona.toolbox import Toolbox, ToolLimits, build_declared
-from workers.persona.tools import ToolResult
+from workers.persona.tools import FunctionTool, ToolResult
 from workers.persona.transcripts import FileTranscripts
 
 SOURCE = Path("/p/ava/persona.toml")
@@ -207,3 +208,29 @@ def test_env_and_header_values_expand_from_the_worker_environment(
     params = stdio_parameters(server)
     assert params.env == {"TOKEN": "s3cret"}
     assert "s3cret" not in server.describe()
+
+
+def _sleeps(arguments: object) -> ToolResult:
+    time.sleep(5)
+    return ToolResult("too late")
+
+
+def test_a_tool_call_never_outlasts_the_turn(tmp_path: Path) -> None:
+    """A tool whose own timeout is 10 minutes is still cut at the time its turn has left
+    (Budget.max_seconds, the fleet's SOULFLEET_TURN_MAX_SECONDS): the call ends as a timeout
+    error naming that, and the turn ends at its limit (it ran 10 minutes before)."""
+    slow = PythonTool(FunctionTool("slow", "sleeps", {"type": "object"}, _sleeps), timeout=600.0)
+    began = time.monotonic()
+    result = run_loop(
+        system="",
+        prompt="go",
+        tools=[slow],
+        model=_OneCall(ToolCall(id="c1", name="slow", arguments={})),
+        budget=Budget(max_seconds=0.5),
+        persona="ava",
+    )
+    assert time.monotonic() - began < 3
+    tool_message = next(m for m in result.messages if m.role == "tool")
+    assert "did not finish within the 0." in tool_message.content
+    assert "its turn had left" in tool_message.content
+    assert (result.status, result.limit) == ("incomplete", "max_seconds")

@@ -28,7 +28,7 @@ from workers.persona.errors import ModelError, TurnAborted
 from workers.persona.messages import Message, ToolCall, Usage
 from workers.persona.models import Model
 from workers.persona.reply_cap import cap_completion, oversize_result
-from workers.persona.tools import Tool, ToolResult, spec_of, tool_source
+from workers.persona.tools import Tool, ToolResult, spec_of, time_left, tool_source
 
 __all__ = ["Budget", "Limit", "RunResult", "Status", "run_loop", "set_tool_call_observer"]
 
@@ -205,6 +205,15 @@ class _Turn:
                 True,
                 "bad_arguments",
             )
+        left = self.budget.max_seconds - (self.clock.monotonic() - self.started)
+        if left <= 0:
+            return ToolResult(
+                f"error: tool {call.name!r} was not called: the turn's time "
+                f"({self.budget.max_seconds:g}s) is up",
+                True,
+                "timeout",
+            )
+        token = time_left().set(left)
         try:
             return tool.execute(call.arguments)
         except TurnAborted:
@@ -214,6 +223,8 @@ class _Turn:
             return ToolResult(
                 f"error: tool {call.name!r} failed: {type(exc).__name__}: {exc}", True, "raised"
             )
+        finally:
+            time_left().reset(token)
 
     def tool_message(self, call: ToolCall, result: ToolResult) -> Message:
         return Message(

@@ -24,7 +24,7 @@ from typing import Any
 
 from workers.persona.errors import PersonaConfigError
 from workers.persona.tool_config import PythonDecl
-from workers.persona.tools import Tool, ToolResult
+from workers.persona.tools import Tool, ToolResult, bounded_timeout
 
 __all__ = ["PythonTool", "resolve_ref"]
 
@@ -81,14 +81,18 @@ class PythonTool:
             except BaseException as exc:
                 box.append(exc)
 
+        timeout = bounded_timeout(self.timeout)
         thread = threading.Thread(target=work, name=f"tool-{self.name}", daemon=True)
         thread.start()
-        thread.join(self.timeout)
+        thread.join(timeout)
         if not box:
+            why = (
+                f"its {self.timeout:g}s timeout"
+                if timeout >= self.timeout
+                else f"the {timeout:g}s its turn had left"
+            )
             return ToolResult(
-                f"error: tool {self.name!r} did not finish within its {self.timeout:g}s timeout",
-                True,
-                "timeout",
+                f"error: tool {self.name!r} did not finish within {why}", True, "timeout"
             )
         outcome = box[0]
         if isinstance(outcome, BaseException):

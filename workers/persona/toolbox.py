@@ -32,7 +32,7 @@ from workers.persona.mcp_hub import McpHub
 from workers.persona.mcp_servers import FleetServer, unknown_use
 from workers.persona.python_tools import PythonTool, resolve_ref
 from workers.persona.tool_config import DEFAULT_TIMEOUT, McpDecl, McpServer, ToolsConfig
-from workers.persona.tools import Tool, ToolResult, tool_source
+from workers.persona.tools import Tool, ToolResult, bounded_timeout, tool_source
 
 __all__ = ["BoundedTool", "McpTool", "ToolLimits", "Toolbox", "build_declared", "valid_tool_name"]
 
@@ -99,7 +99,8 @@ class McpTool:
         self._hub = hub
 
     def execute(self, arguments: Mapping[str, Any]) -> ToolResult:
-        outcome = self._hub.call(self.server, self.remote, arguments, timeout=self.timeout)
+        timeout = bounded_timeout(self.timeout)  # never past the running turn's max_seconds
+        outcome = self._hub.call(self.server, self.remote, arguments, timeout=timeout)
         return ToolResult(outcome.output, outcome.is_error, outcome.failure)
 
 
