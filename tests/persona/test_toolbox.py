@@ -234,3 +234,18 @@ def test_a_tool_call_never_outlasts_the_turn(tmp_path: Path) -> None:
     assert "did not finish within the 0." in tool_message.content
     assert "its turn had left" in tool_message.content
     assert (result.status, result.limit) == ("incomplete", "max_seconds")
+
+
+def test_a_server_left_out_of_a_turn_is_counted_as_unavailable() -> None:
+    """A server that never starts is observed like a failed call (source mcp, outcome
+    unavailable), so soulfleet_tool_calls_total shows it, not only the log."""
+    seen: list[tuple[str, str, float]] = []
+    set_tool_call_observer(lambda source, outcome, seconds: seen.append((source, outcome, seconds)))
+    try:
+        box = Toolbox(tools=(), unavailable=(("time", "no-such-cmd", "not found"),))
+        with structlog.testing.capture_logs() as logs:
+            box.warn_unavailable("ava")
+    finally:
+        set_tool_call_observer(None)
+    assert seen == [("mcp", "unavailable", 0.0)]
+    assert [log["event"] for log in logs] == ["tool.server_unavailable"]

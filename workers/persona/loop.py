@@ -53,6 +53,13 @@ def set_tool_call_observer(observer: ToolCallObserver | None) -> None:
     _Observer.current = observer
 
 
+def observe_tool_outcome(source: str, outcome: str, seconds: float = 0.0) -> None:
+    """Report an outcome that is not a call the loop made (a server left out of a turn)."""
+    observer = _Observer.current
+    if observer is not None:
+        observer(source, outcome, seconds)
+
+
 @dataclass(frozen=True, slots=True)
 class Budget:
     """Per-turn limits. Model calls, tokens and wall time are checked before each model call;

@@ -27,6 +27,7 @@ from typing import Any
 import structlog
 
 from workers.persona.errors import PersonaConfigError
+from workers.persona.loop import observe_tool_outcome
 from workers.persona.mcp_calls import McpUnavailable
 from workers.persona.mcp_hub import McpHub
 from workers.persona.mcp_servers import FleetServer, unknown_use
@@ -72,6 +73,9 @@ class Toolbox:
                 command=server,
                 error=reason,
             )
+            # Counted like a failed call, so a server that never starts shows in the metrics
+            # (soulfleet_tool_calls_total{outcome="unavailable"}), not only in the logs.
+            observe_tool_outcome("mcp", "unavailable")
 
 
 class McpTool:
