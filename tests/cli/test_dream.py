@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from tests.cli.conftest import Invoke
-from tests.support.cli import PASSWORD, dead_letter, lanes_for
+from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for
 
 
 def test_dream_persona_queues_a_pass_on_the_dreamer_lane(
@@ -50,7 +51,7 @@ def test_dream_all_times_out_with_a_summary(invoke: Invoke, env: Mapping[str, st
     dead_letter(lanes_for(env), "milo-dreamer")
     result = invoke("dream", "--all", "--timeout", "0")
     assert result.exit_code == 1
-    assert "done: 0  failed: 1  still running: 2" in result.stdout
+    assert "done: 0  skipped: 0  failed: 1  still running: 2" in result.stdout
     assert "failed: milo-dreamer" in result.stdout
     assert "still running: ava-dreamer, nora-dreamer" in result.stdout
     assert lanes_for(env).status("ava-dreamer")["state"] == "queued"
@@ -93,3 +94,26 @@ def test_dream_all_skips_a_persona_whose_files_are_invalid(
     assert outcome["still_running"] == ["ava-dreamer", "nora-dreamer"]
     assert "skipped milo" in result.stderr
     assert lanes_for(env).status("milo-dreamer").get("state") in (None, "idle")
+
+
+def test_dream_all_counts_a_pass_that_ended_without_a_model_call_as_skipped(
+    invoke: Invoke, env: Mapping[str, str | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that ended 'skipped' (budget used up, nothing new) did not dream: --all lists it
+    as skipped, not done (it reported every budget-skipped dreamer as done)."""
+    lanes = lanes_for(env)
+    commit_turn(lanes, "ava-dreamer", "dreamt", kind="dream")
+    outcome = lanes.tick("nora-dreamer", kind="dream")
+    assert outcome.turn_id is not None
+    started = lanes.start("nora-dreamer", outcome.turn_id, "test-worker")
+    lanes.finish("nora-dreamer", started.fence, status="skipped", text="")
+    # The watch itself (polling the lanes until their passes end) is the integration tests'.
+    monkeypatch.setattr(
+        sys.modules["workers.cli.dream"],
+        "watch_batch",
+        lambda fleet, before, timeout: (["ava-dreamer", "nora-dreamer"], [], []),
+    )
+    result = invoke("dream", "--all", "--json")
+    outcome_json = json.loads(result.stdout)
+    assert outcome_json["done"] == ["ava-dreamer"]
+    assert outcome_json["skipped"] == ["nora-dreamer"]

@@ -136,19 +136,25 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
     dead = [o.lane for o in outcomes if o.outcome == "dead_lettered"]
     watched = {lane: last for lane, last in before.items() if lane not in dead}
     click.echo(f"dreaming: {len(watched)} dreamers woken ({len(dead)} dead-lettered)", err=True)
-    done, failed, running = watch_batch(fleet, watched, timeout=timeout)
+    ended, failed, running = watch_batch(fleet, watched, timeout=timeout)
     failed = sorted([*failed, *dead])
+    # A pass that ended without a model call (a used-up budget, nothing new) did not dream.
+    skipped = sorted(
+        lane for lane in ended if fleet.lanes.status(lane).get("last_status") == "skipped"
+    )
+    done = [lane for lane in ended if lane not in skipped]
     if as_json:
         click.echo(json.dumps({
-            "done": sorted(done), "failed": failed, "still_running": running,
-            "invalid": invalid,
+            "done": sorted(done), "skipped": skipped, "failed": failed,
+            "still_running": running, "invalid": invalid,
         }))  # fmt: skip
     else:
         click.echo(
-            f"done: {len(done)}  failed: {len(failed)}  still running: {len(running)}"
-            f"  invalid (not queued): {len(invalid)}"
+            f"done: {len(done)}  skipped: {len(skipped)}  failed: {len(failed)}  "
+            f"still running: {len(running)}  invalid (not queued): {len(invalid)}"
         )
-        for label, group in (("failed", failed), ("still running", running),
+        for label, group in (("skipped (budget used up, or nothing new)", skipped),
+                             ("failed", failed), ("still running", running),
                              ("invalid", sorted(invalid))):  # fmt: skip
             if group:
                 click.echo(f"{label}: {', '.join(group)}")
