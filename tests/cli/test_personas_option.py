@@ -56,6 +56,7 @@ def test_beats_refuses_and_status_honours_personas(
     refused = invoke("beats", "--personas", str(tmp_path))
     assert refused.exit_code == 2
     assert "drop --personas" in refused.stderr
+    assert "--personas" not in invoke("beats", "--help").stdout  # not offered, only refused
     other = tmp_path / "other"
     (other / "zed").mkdir(parents=True)
     payload = json.loads(invoke("status", "--json", "--personas", str(other)).stdout)

@@ -18,7 +18,7 @@ from types import FrameType
 import click
 
 from workers.cli.errors import BadInputError
-from workers.cli.group import cli_context, personas_option
+from workers.cli.group import cli_context
 from workers.fleet.beats import Beat, Beats
 
 __all__ = ["beats", "format_beat"]
@@ -63,7 +63,8 @@ def _stop_on_sigint_and_sigterm() -> None:
     "--count", "-n", type=click.IntRange(min=0), default=20, show_default=True,
     help="How many recent beats to print first.",
 )  # fmt: skip
-@personas_option
+# Accepted only to refuse it with the reason (the feed is fleet-wide), so not in --help.
+@click.option("--personas", type=click.Path(file_okay=False, path_type=Path), hidden=True)
 @click.pass_context
 def beats(
     ctx: click.Context, follow: bool, as_json: bool, count: int, personas: Path | None
