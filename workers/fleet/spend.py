@@ -20,8 +20,9 @@ from zoneinfo import ZoneInfo
 from workers.fleet.scripts import redis_errors
 from workers.fleet.usage import UsageLedger
 from workers.persona.agent import AgentDef
+from workers.persona.definitions import definitions
 from workers.persona.errors import PersonaError
-from workers.persona.manifest import PersonaConfig, load_manifest
+from workers.persona.manifest import PersonaConfig
 from workers.persona.spend import (
     DailyBudget,
     budget_refuses,
@@ -63,22 +64,27 @@ def next_reset(budget: DailyBudget, now: float) -> str:
     return midnight.isoformat(timespec="minutes")
 
 
+def _config(home: Path) -> PersonaConfig | None:
+    """The persona's parsed persona.toml (None when unreadable or invalid), from the process's
+    cache while the file is unchanged: Fleet.post reads the budget on every post."""
+    try:
+        return definitions.load(home)[1]
+    except PersonaError:
+        return None
+
+
 def persona_budget(home: Path, settings: Settings) -> DailyBudget:
     """The persona's effective budget, read from its persona.toml; an unreadable or invalid
     file means the fleet default (the registry reports the file's problem elsewhere)."""
-    try:
-        config = load_manifest(home)
-    except PersonaError:
-        return effective_budget(None, settings.daily_tokens)
-    return effective_budget(config.budget, settings.daily_tokens)
+    config = _config(home)
+    return effective_budget(None if config is None else config.budget, settings.daily_tokens)
 
 
 def persona_models(home: Path, settings: Settings) -> dict[str, str]:
     """The model spec each kind of turn of the persona uses ({} if persona.toml is invalid);
     ``inherit`` is shown as what it inherits."""
-    try:
-        config = load_manifest(home)
-    except PersonaError:
+    config = _config(home)
+    if config is None:
         return {}
     fallback = settings.model.default_spec or "scripted:builtin"
     models = {}
