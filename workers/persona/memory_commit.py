@@ -101,22 +101,22 @@ def _commit(
         if not isinstance(outcome, str):  # a refused write is left to its own writer
             state, message = outcome
             served.append((other.key, message))
-    if isinstance(own, str) and not served:
-        return Committed(ToolResult(own, is_error=True))
+    refused = isinstance(own, str)
+    result = ToolResult(own, is_error=True) if isinstance(own, str) else ToolResult(own[1])
+    if refused and not served:
+        return Committed(result)
     new = state or b""
     if ledger is None or not (keyed or served):
         replace_bytes(target.data, new)  # its directory is fsynced after the lock
-        return Committed(ToolResult(own[1]), target.directory, len(new))
+        return Committed(result, target.directory, len(new))
     atomic_write_bytes(target.data, new)
     answered = list(served)
-    if keyed and not isinstance(own, str):
-        answered.insert(0, (key, own[1]))
+    if keyed and not refused:
+        answered.insert(0, (key, result.output))
     if served:
         _log.info("memory.queued_writes_applied", path=target.relative, writes=len(served))
     flush = _record(ledger, answered) if answered else ""
-    if isinstance(own, str):
-        return Committed(ToolResult(own, is_error=True), flush, len(new))
-    return Committed(ToolResult(own[1]), flush, len(new), applied=keyed)
+    return Committed(result, flush, len(new), applied=keyed and not refused)
 
 
 def _record(ledger: WriteLedger, answered: list[tuple[str, str]]) -> str:
