@@ -39,10 +39,6 @@ from workers.settings import Settings
 __all__ = ["broker_pools", "make_app"]
 
 
-def _is_redis(url: str) -> bool:
-    return url.startswith(("redis://", "rediss://", "unix://"))
-
-
 def broker_pools(broker_url: str, concurrency: int) -> dict[str, Any]:
     """Celery settings that let ``concurrency`` pool slots ack and publish at the same time.
 
@@ -53,7 +49,7 @@ def broker_pools(broker_url: str, concurrency: int) -> dict[str, Any]:
     """
     size = connections_for(concurrency)
     pools: dict[str, Any] = {"broker_pool_limit": size}
-    if _is_redis(broker_url):
+    if broker.is_redis(broker_url):
         pools["max_connections"] = size
     return pools
 
@@ -63,7 +59,7 @@ def make_app(settings: Settings) -> Celery:
     celery_app = Celery("soulfleet", broker=settings.broker_url, include=["workers.tasks"])
     pools = broker_pools(settings.broker_url, settings.worker_concurrency)
     transport_options: dict[str, Any] = {}
-    if _is_redis(settings.broker_url):
+    if broker.is_redis(settings.broker_url):
         transport_options = {
             "visibility_timeout": settings.visibility_timeout,
             "global_keyprefix": f"{settings.key_prefix}broker:",

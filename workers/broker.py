@@ -25,9 +25,17 @@ import redis
 from kombu import transport as kombu_transport
 from kombu.transport import redis as kombu_redis
 
-__all__ = ["Channel", "Transport", "install"]
+__all__ = ["Channel", "Transport", "install", "is_redis"]
 
 _PATH = f"{__name__}:Transport"
+#: Broker URLs served by kombu's Redis transport (a Unix socket is ``redis+socket://``:
+#: :mod:`workers.broker_urls`).
+_REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
+
+
+def is_redis(broker_url: str) -> bool:
+    """Whether ``broker_url`` is a Redis broker (so Redis transport options apply)."""
+    return broker_url.startswith(_REDIS_SCHEMES)
 
 
 class Channel(kombu_redis.Channel):

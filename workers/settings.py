@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from workers.broker_urls import kombu_url
 from workers.persona.env import EnvReader
 from workers.persona.errors import SettingsError
 from workers.persona.mcp_servers import FleetServer, load_mcp_servers
@@ -150,7 +151,7 @@ class Settings:
         redis_raw = env.raw("REDIS_URL")
         redis_url = redis_raw or DEFAULT_REDIS_URL
         _check_redis_url("REDIS_URL", redis_url)
-        broker_url = env.text("CELERY_BROKER_URL", redis_url)
+        broker_url = kombu_url(env.text("CELERY_BROKER_URL", redis_url))
         if ambiguous_credentials(broker_url):
             raise SettingsError(
                 "CELERY_BROKER_URL",

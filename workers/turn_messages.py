@@ -31,6 +31,7 @@ from celery import Celery, signals
 from kombu.serialization import dumps as kombu_dumps
 from kombu.utils.json import dumps as envelope_dumps
 
+from workers.broker import is_redis
 from workers.queues import TURN_TASK, queue_name
 
 __all__ = ["PUSH_BATCH", "TurnMessages", "raw_publishing"]
@@ -54,7 +55,7 @@ def raw_publishing(app: Celery) -> bool:
     """Whether turn messages may be written straight to the broker (see the module doc)."""
     conf = app.conf
     return (
-        str(conf.broker_url or "").startswith(("redis://", "rediss://", "unix://"))
+        is_redis(str(conf.broker_url or ""))
         and not conf.task_send_sent_event
         and int(conf.task_protocol or 2) == 2
         and conf.task_serializer == "json"

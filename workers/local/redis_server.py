@@ -68,6 +68,7 @@ class RedisServer:
         binary: str | None = None,
         parent_death_signal: int | None = None,
         keep_fds: tuple[int, ...] = (),
+        unix_socket: Path | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port if port is not None else free_port()
@@ -77,10 +78,19 @@ class RedisServer:
         #: ``up`` passes SIGTERM (Redis flushes its AOF and exits when `up` dies) and its lock.
         self.parent_death_signal = parent_death_signal
         self.keep_fds = keep_fds
+        #: Also listen on this Unix socket (owner only), as well as on the TCP port.
+        self.unix_socket = unix_socket
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def unix_url(self) -> str:
+        """The ``unix://`` URL of :attr:`unix_socket` (ValueError when there is none)."""
+        if self.unix_socket is None:
+            raise ValueError("this redis-server listens on no Unix socket")
+        return f"unix://{self.unix_socket}?db=0"
 
     @property
     def log_path(self) -> Path:
@@ -104,6 +114,8 @@ class RedisServer:
             "--protected-mode",
             "yes",
         ]
+        if self.unix_socket is not None:
+            args += ["--unixsocket", str(self.unix_socket), "--unixsocketperm", "700"]
         if self.persistent:
             args += ["--appendonly", "yes", "--appendfsync", "everysec"]
         else:
