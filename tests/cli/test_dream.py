@@ -6,11 +6,13 @@ import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from tests.cli.conftest import Invoke
 from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for
+from workers.cli.dream import watch_batch
 
 
 def test_dream_persona_queues_a_pass_on_the_dreamer_lane(
@@ -117,3 +119,24 @@ def test_dream_all_counts_a_pass_that_ended_without_a_model_call_as_skipped(
     outcome_json = json.loads(result.stdout)
     assert outcome_json["done"] == ["ava-dreamer"]
     assert outcome_json["skipped"] == ["nora-dreamer"]
+
+
+def test_watch_batch_counts_a_pass_that_dead_lettered_its_dreamer_as_failed(
+    env: Mapping[str, str | None],
+) -> None:
+    """The failure that dead-letters a dreamer also moves its last_turn: the watch counted
+    that pass as done. A pass that failed and waits for its retry is still running; one that
+    committed is done."""
+    lanes = lanes_for(env)
+    watched = ["ava-dreamer", "milo-dreamer", "nora-dreamer"]
+    before = {lane: lanes.status(lane).get("last_turn") for lane in watched}
+    commit_turn(lanes, "ava-dreamer", "dreamt", kind="dream")
+    dead_letter(lanes, "milo-dreamer", error="ModelAuthError: no key")
+    outcome = lanes.tick("nora-dreamer", kind="dream")
+    assert outcome.turn_id is not None
+    started = lanes.start("nora-dreamer", outcome.turn_id, "test-worker")
+    lanes.fail("nora-dreamer", started.fence, error="timeout", backoff=(30.0, 60.0), jitter=1.0)
+    assert lanes.status("nora-dreamer")["state"] == "retry"
+    fleet = SimpleNamespace(lanes=lanes)
+    done, failed, running = watch_batch(fleet, before, timeout=0.0, poll=0.01)  # type: ignore[arg-type]
+    assert (done, failed, running) == (["ava-dreamer"], ["milo-dreamer"], ["nora-dreamer"])

@@ -41,7 +41,8 @@ def watch_batch(
 ) -> tuple[list[str], list[str], list[str]]:
     """Poll dreamer lanes until each is done or failed; return (done, failed, still running).
 
-    ``before`` maps each lane to its ``last_turn`` before the tick. The progress bar goes to
+    ``before`` maps each lane to its ``last_turn`` before the tick. A lane is failed once it is
+    dead-lettered; a pass that failed and waits for its retry is still running. The progress bar goes to
     stderr, so stdout carries only the summary.
     """
     pending = dict(before)
@@ -52,10 +53,12 @@ def watch_batch(
         while pending:
             for lane, last in list(pending.items()):
                 state = fleet.lanes.status(lane)
-                if state.get("last_turn") != last:
-                    done.append(lane)
-                elif state.get("state") == "dead":
+                # Dead first: the turn that dead-letters a lane also moves its last_turn. An
+                # attempt that failed and will be retried is still running.
+                if state.get("state") == "dead":
                     failed.append(lane)
+                elif state.get("last_turn") != last and state.get("last_status") != "error":
+                    done.append(lane)
                 else:
                     continue
                 del pending[lane]
