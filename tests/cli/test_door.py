@@ -223,3 +223,28 @@ def test_status_state_filter_and_a_revived_lane_clears_its_error(
     assert row.rstrip().endswith("-")
     assert "no personas in state dead" in invoke("status", "--state", "dead").stdout
     commit_turn(lanes, "ava", "ok")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("post", "milo", "hi \udcff"),
+        ("post", "milo", "hi", "--from", "x\udcff"),
+        ("run", "ava", "hi \udcff"),
+        ("init", "{root}/zoe\udcff"),
+    ],
+)
+def test_an_argument_that_is_not_utf8_is_refused_at_the_door(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path, args: tuple[str, ...]
+) -> None:
+    """A byte that is not UTF-8 in any argument (the shell hands it over; Python keeps it as a
+    lone surrogate) is one line naming the argument and the byte, exit 2, before the command
+    runs: it was a UnicodeEncodeError traceback from deep in the command, and `init` left a
+    half-made persona behind. Nothing is queued, nothing is created."""
+    before = sorted(path.name for path in fleet_root.iterdir())
+    result = invoke(*(arg.replace("{root}", str(fleet_root)) for arg in args))
+    assert result.exit_code == 2, result.output
+    assert "is not UTF-8 text (byte 0xff)" in result.stderr
+    assert "Traceback" not in result.output
+    assert sorted(path.name for path in fleet_root.iterdir()) == before
+    assert lanes_for(env).status("milo")["state"] == "idle"

@@ -42,8 +42,8 @@ def watch_batch(
     """Poll dreamer lanes until each is done or failed; return (done, failed, still running).
 
     ``before`` maps each lane to its ``last_turn`` before the tick. A lane is failed once it is
-    dead-lettered; a pass that failed and waits for its retry is still running. The progress bar goes to
-    stderr, so stdout carries only the summary.
+    dead-lettered; a pass that failed and waits for its retry is still running. The progress
+    bar goes to stderr, so stdout carries only the summary.
     """
     pending = dict(before)
     done: list[str] = []

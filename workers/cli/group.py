@@ -18,7 +18,7 @@ import click
 import structlog
 
 from workers.cli.context import CliContext
-from workers.cli.errors import translate
+from workers.cli.errors import BadInputError, translate
 
 __all__ = ["SoulfleetGroup", "cli_context", "personas_option", "quiet_logging"]
 
@@ -32,6 +32,17 @@ class SoulfleetGroup(click.Group):
     command's output, not a failure: the command stops quietly with exit 0, as ``cat`` does,
     instead of click's "Broken pipe" and exit 1.
     """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # Every argument of every command, checked at the door: a byte that is not UTF-8
+        # (which Python keeps as a lone surrogate) fails wherever the text is first encoded,
+        # deep in a command and after it may have written something (`init` left a
+        # half-made persona).
+        for arg in args:
+            refusal = _not_utf8(arg)
+            if refusal is not None:
+                raise BadInputError(refusal)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -47,6 +58,20 @@ class SoulfleetGroup(click.Group):
             if error is None:
                 raise
             raise error from exc
+
+
+def _not_utf8(arg: str) -> str | None:
+    """Why ``arg`` cannot be taken (None when it is UTF-8 text)."""
+    try:
+        arg.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        shown = os.fsencode(arg).decode("utf-8", "backslashreplace")
+        byte = ord(arg[exc.start]) - 0xDC00  # surrogateescape keeps byte b as U+DC00 + b
+        return (
+            f"argument '{shown}' is not UTF-8 text (byte {byte:#04x}): names, messages and "
+            "paths given to soulfleet must be UTF-8"
+        )
+    return None
 
 
 def _quiet_stdout() -> None:
