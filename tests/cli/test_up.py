@@ -13,13 +13,20 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import descendants, reaping, run_soulfleet, soulfleet_argv, subprocess_env
+from tests.support.cli import (
+    PASSWORD,
+    descendants,
+    reaping,
+    run_soulfleet,
+    soulfleet_argv,
+    subprocess_env,
+)
 from tests.support.fleet import wait_until
 from workers.cli.up import RESTARTS
 
@@ -203,3 +210,17 @@ def test_a_data_folder_reused_with_another_personas_root_is_warned_about(tmp_pat
         assert "WARNING   this Redis last served personas from" in second.text()
         second.process.send_signal(signal.SIGINT)
         second.process.wait(timeout=120)
+
+
+def test_up_with_an_unreachable_redis_url_says_to_unset_it_not_to_run_up(
+    tmp_path: Path, dead_redis_env: Mapping[str, str | None]
+) -> None:
+    """With REDIS_URL pointing at a Redis that does not answer, `up` fails naming REDIS_URL
+    (password masked) and says how to get the embedded Redis instead; the generic advice
+    ("start one with `soulfleet up`") was circular for a user who had just run it."""
+    result = run_soulfleet("up", "--data", str(tmp_path / "data"), env=dead_redis_env)
+    assert result.returncode == 1, result.stderr
+    assert "(REDIS_URL) is unavailable" in result.stderr
+    assert "unset REDIS_URL" in result.stderr
+    assert "start one with `soulfleet up`" not in result.stderr
+    assert PASSWORD not in result.stdout + result.stderr

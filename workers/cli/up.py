@@ -43,7 +43,7 @@ from workers.cli.launch import (
 from workers.cli.watch import LogTail, Reporter, follow_beats, live_status
 from workers.fleet import Fleet
 from workers.fleet.beats import Beat
-from workers.fleet.errors import EvictingRedis
+from workers.fleet.errors import EvictingRedis, RedisUnavailable
 from workers.fleet.eviction import check_eviction_policy
 from workers.local.datadir import AlreadyRunningError, DataDir, UpLock, UpState, default_data_dir
 from workers.local.demo import WELCOME_PERSONA, welcome_text
@@ -151,7 +151,7 @@ class _Up:
         settings = Settings.from_env(env)
         self.publisher = CeleryPublisher(settings)
         self.fleet = Fleet(settings, publisher=self.publisher)
-        self.fleet.ping()
+        _reach(self.fleet, settings)
         try:  # the children would refuse one by one; say it once, before starting any
             check_eviction_policy(
                 self.fleet.client, allow=settings.allow_eviction, url=redis_url, process="up"
@@ -340,3 +340,18 @@ class _Up:
         self.data.clear_state(os.getpid())
         if started:
             self.console.err("soulfleet up: stopped.")
+
+
+def _reach(fleet: Fleet, settings: Settings) -> None:
+    """Fail unless the fleet's Redis answers; a configured one that does not is named."""
+    try:
+        fleet.ping()
+    except RedisUnavailable as exc:
+        if not settings.redis_url_explicit:
+            raise
+        # The generic advice ("start one with `soulfleet up`") is circular here.
+        why = f" ({exc.detail})" if exc.detail else ""
+        raise CliError(
+            f"Redis at {exc.url} (REDIS_URL) is unavailable{why}: start that Redis, or "
+            "unset REDIS_URL and `soulfleet up` runs an embedded one"
+        ) from None
