@@ -224,3 +224,13 @@ def test_up_with_an_unreachable_redis_url_says_to_unset_it_not_to_run_up(
     assert "unset REDIS_URL" in result.stderr
     assert "start one with `soulfleet up`" not in result.stderr
     assert PASSWORD not in result.stdout + result.stderr
+
+
+def test_up_refuses_more_workers_than_one_host_runs(tmp_path: Path) -> None:
+    """`--workers` is bounded (1 to 32): `--workers 1000` started processes, 200 threads each,
+    until stopped; now it is a usage error before anything starts."""
+    env = subprocess_env({"REDIS_URL": None, "XDG_DATA_HOME": str(tmp_path / "xdg")})
+    result = run_soulfleet("up", "--workers", "1000", "--data", str(tmp_path / "data"), env=env)
+    assert result.returncode == 2, result.stderr
+    assert "1<=x<=32" in result.stderr
+    assert not (tmp_path / "data").exists()

@@ -59,6 +59,9 @@ STATUS_EVERY = 10.0
 #: within RESTART_WINDOW seconds; one that keeps failing stops `up`.
 RESTARTS = 3
 RESTART_WINDOW = 60.0
+#: `up` runs one host's fleet: each worker keeps 200 turns in flight by default, so 32 is far
+#: past what one host needs (`--workers 1000` had started 79 processes on 2 cores within 15 s).
+MAX_WORKERS = 32
 _TICK = 0.25
 
 
@@ -72,10 +75,10 @@ _TICK = 0.25
 @click.option(
     "--workers",
     "worker_count",
-    type=click.IntRange(min=1),
+    type=click.IntRange(min=1, max=MAX_WORKERS),
     default=1,
     show_default=True,
-    help="celery worker processes (thread pool each).",
+    help=f"celery worker processes (thread pool each; at most {MAX_WORKERS}).",
 )
 @click.option("--flower", is_flag=True, help="Also run Flower on 127.0.0.1.")
 @click.option(
