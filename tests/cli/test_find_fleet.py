@@ -8,6 +8,7 @@ single connection.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.cli import subprocess_env
+from tests.support.cli import lanes_for, run_soulfleet, subprocess_env, sync_registry
 from workers.cli.context import NO_FLEET
 from workers.local.datadir import DataDir, UpState
 from workers.local.redis_server import RedisServer
@@ -165,3 +166,24 @@ def test_an_unknown_persona_with_no_fleet_says_both(tmp_path: Path, fleet_root: 
     assert result.returncode == 2, result.stderr
     assert "unknown persona 'ghost'" in result.stderr
     assert NO_FLEET in result.stderr
+
+
+def test_with_redis_url_and_no_personas_root_the_fleets_recorded_root_is_used(
+    env: Mapping[str, str | None], fleet_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up` tells another shell to set REDIS_URL; with only that set (no SOULFLEET_PERSONAS,
+    no --personas), commands read the personas root beat recorded for the fleet's workers.
+    They read ./personas instead: `status` hid the fleet's personas and `post` refused them."""
+    sync_registry(env)  # beat's sync records the workers' root in Redis
+    bare = {**env, "SOULFLEET_PERSONAS": None}
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "personas" / "stranger").mkdir(parents=True)
+    (elsewhere / "personas" / "stranger" / "SOUL.md").write_text("You are a stranger.\n")
+    monkeypatch.chdir(elsewhere)
+    status = run_soulfleet("status", "--json", env=bare)
+    assert status.returncode == 0, status.stderr
+    listed = {row["persona"] for row in json.loads(status.stdout)["personas"]}
+    assert listed == {"ava", "milo", "nora"}
+    post = run_soulfleet("post", "nora", "hi", env=bare)
+    assert post.returncode == 0, post.stderr
+    assert lanes_for(env).status("nora")["state"] == "queued"

@@ -11,7 +11,8 @@ Resolution, first that applies (the README's "Which fleet" section says the same
   127.0.0.1:6379 is someone else's as often as not, and writing into it would "succeed".
 
 The personas root is ``--personas`` if given, else ``SOULFLEET_PERSONAS``, else the running
-``up``'s, else ``./personas``.
+``up``'s, else the one the fleet's workers serve (recorded in its Redis by beat), else
+``./personas``.
 
 Turns are published by :class:`workers.publisher.CeleryPublisher` with a Celery app built from THIS
 command's settings, not ``workers.celery.app`` (configured from ``os.environ`` at import): a CLI
@@ -32,13 +33,21 @@ import redis
 from workers.cli.errors import BadInputError, CliError
 from workers.fleet import Fleet
 from workers.fleet.errors import RedisUnavailable, UnknownPersona, UnusablePersonaName
+from workers.fleet.keys import Keys
 from workers.fleet.registry import PersonaRegistry, valid_persona_name
 from workers.local.datadir import DataDir, UpState, default_data_dir
 from workers.persona.checkup import check_persona
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 
-__all__ = ["NO_FLEET", "CliContext", "fleet_environ", "no_fleet_error", "persona_dir"]
+__all__ = [
+    "NO_FLEET",
+    "CliContext",
+    "fleet_environ",
+    "no_fleet_error",
+    "persona_dir",
+    "recorded_root",
+]
 
 NO_FLEET = "no fleet is running: start one with `soulfleet up`, or set REDIS_URL"
 
@@ -84,6 +93,23 @@ def fleet_environ(
     return env, adopted
 
 
+def recorded_root(settings: Settings) -> str | None:
+    """The personas root the fleet's workers serve, as beat's registry sync recorded it in
+    ``settings``' Redis; None when none is recorded or that Redis does not answer (the command
+    then says so itself when it needs the fleet)."""
+    try:
+        client = redis.Redis.from_url(
+            settings.redis_url, decode_responses=True, socket_connect_timeout=2, socket_timeout=2
+        )
+        try:
+            recorded = client.get(Keys(settings.key_prefix).registry_root)
+        finally:
+            client.close()
+    except (redis.RedisError, OSError, ValueError):
+        return None
+    return str(recorded) if recorded else None
+
+
 def persona_dir(arg: str, root: Path) -> Path:
     """A persona directory from a name under ``root`` or a path anywhere (``run --local``,
     ``soul``). A bare name prefers the root; a path (or a name the root lacks) is a path."""
@@ -111,7 +137,15 @@ class CliContext:
     def settings(self) -> Settings:
         if self._settings is None:
             env, self.adopted = fleet_environ(self.personas, self.environ)
-            self._settings = Settings.from_env(env)
+            settings = Settings.from_env(env)
+            if settings.redis_url_explicit and not (env.get("SOULFLEET_PERSONAS") or "").strip():
+                # No root was given: the fleet's own (what `up` prints REDIS_URL for) rather
+                # than ./personas, which hid its personas and refused posts to them.
+                served = recorded_root(settings)
+                if served is not None:
+                    env["SOULFLEET_PERSONAS"] = served
+                    settings = Settings.from_env(env)
+            self._settings = settings
         return self._settings
 
     @property
