@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.broker_urls import client_url, kombu_url
+from workers.broker_urls import kombu_url, redis_py_url
 from workers.settings import Settings
 
 
@@ -21,7 +21,7 @@ def test_credentials_and_other_parameters_are_kept_both_ways() -> None:
     url = "unix://user:p%40ss@/run/redis.sock?db=3&socket_timeout=5"
     kombu = kombu_url(url)
     assert kombu == "redis+socket://user:p%40ss@/run/redis.sock?virtual_host=3&socket_timeout=5"
-    assert client_url(kombu) == url
+    assert redis_py_url(kombu) == url
 
 
 @pytest.mark.parametrize(
@@ -31,7 +31,7 @@ def test_credentials_and_other_parameters_are_kept_both_ways() -> None:
 def test_tcp_and_other_urls_pass_through_unchanged(url: str) -> None:
     """Only the socket spellings differ between the two libraries."""
     assert kombu_url(url) == url
-    assert client_url(url) == url
+    assert redis_py_url(url) == url
 
 
 def test_settings_give_the_broker_the_kombu_spelling_of_a_unix_redis_url() -> None:

@@ -6,7 +6,7 @@ unix"), and redis-py has no ``redis+socket://``. A Redis on a Unix socket is
 ?virtual_host=N`` to kombu, which reads the database number from ``virtual_host`` (a ``db`` in
 its query is overridden). Settings hold the broker URL in kombu's spelling
 (:func:`kombu_url`); whatever talks to the broker's Redis with redis-py directly (the raw turn
-publisher) converts it back (:func:`client_url`). TCP URLs are the same to both and pass
+publisher) converts it back (:func:`redis_py_url`). TCP URLs are the same to both and pass
 through unchanged.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from workers.persona.urls import split_credentials
 
-__all__ = ["client_url", "kombu_url"]
+__all__ = ["kombu_url", "redis_py_url"]
 
 _KOMBU_SOCKET = "redis+socket"
 
@@ -24,7 +24,7 @@ def kombu_url(url: str) -> str:
     return _respell(url, "unix", _KOMBU_SOCKET, "db", "virtual_host")
 
 
-def client_url(url: str) -> str:
+def redis_py_url(url: str) -> str:
     """``url`` as redis-py takes it (``redis+socket://`` becomes ``unix://``)."""
     return _respell(url, _KOMBU_SOCKET, "unix", "virtual_host", "db")
 

@@ -22,7 +22,7 @@ from celery import Celery
 from kombu.exceptions import OperationalError as BrokerError
 
 from workers.app import make_app
-from workers.broker_urls import client_url
+from workers.broker_urls import redis_py_url
 from workers.fleet import Fleet
 from workers.fleet.clients import sized_client
 from workers.fleet.errors import RedisUnavailable
@@ -115,7 +115,7 @@ class CeleryPublisher:
                 self._messages = TurnMessages(app, self._prefix)
                 # Every pool thread may publish a follow-up at once: sized like the fleet's.
                 self._broker = sized_client(
-                    client_url(self._settings.broker_url), self._settings, client="publisher"
+                    redis_py_url(self._settings.broker_url), self._settings, client="publisher"
                 )
             messages, broker = self._messages, self._broker
         try:
