@@ -256,8 +256,42 @@ def test_items_that_arrive_during_a_turn_get_a_follow_up_even_without_ticks(
     assert report.outcome == "done"
     assert report.follow_up is not None
     assert rig.published.sent == [("ava", report.follow_up, "interactive")]
+    # Published, so the claim the commit took for the publisher is gone (beat would otherwise
+    # re-publish a message that merely waits in the broker).
+    assert rig.fleet.client.zcard(rig.fleet.keys.claimed) == 0
     assert rig.run_next() == "done"
     assert rig.fleet.status("ava")["state"] == "idle"
+
+
+def test_a_follow_up_not_yet_published_is_claimed_for_this_worker(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the commit that queues a follow-up and its publish, the lane is claimed for the
+    committing worker (finish.lua): a worker that dies there (here: its publish fails) leaves a
+    claim that lapses, and beat re-publishes the follow-up in seconds, not after
+    SOULFLEET_REAP_QUEUED_AFTER."""
+    rig.persona("ava", '[[rules]]\ntext = "ok"\n')
+    lanes = rig.executor.fleet.lanes
+    real_start = lanes.start
+
+    def start_then_a_post_arrives(lane: str, turn_id: str, worker: str) -> StartOutcome:
+        started = real_start(lane, turn_id, worker)
+        assert lanes.post(lane, _item("arrived meanwhile"), wake=True).outcome == "pending"
+        return started
+
+    def publisher_dies(lane: str, turn_id: str, kind: str) -> None:
+        raise RuntimeError("killed before the publish")
+
+    rig.fleet.post("ava", "first")
+    lane, turn_id, _ = rig.published.sent.pop()
+    monkeypatch.setattr(lanes, "start", start_then_a_post_arrives)
+    monkeypatch.setattr(rig.executor.fleet.publisher, "publish", publisher_dies)
+    with pytest.raises(RuntimeError):
+        rig.executor.execute(lane, turn_id)
+    follow_up = rig.fleet.status("ava")["turn_id"]
+    assert rig.fleet.status("ava")["state"] == "queued"
+    assert rig.fleet.client.get(rig.fleet.keys.claim("ava")) == f"test-worker|{follow_up}"
+    assert rig.fleet.client.zrange(rig.fleet.keys.claimed, 0, -1) == ["ava"]
 
 
 def test_an_interactive_reply_never_surfaces_as_a_beat(rig: Rig) -> None:

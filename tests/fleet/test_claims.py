@@ -98,3 +98,71 @@ def test_the_renewer_keeps_a_claim_alive_and_drops_it_quietly_once_gone(
         assert len(renewer) == 0
     finally:
         renewer.stop()
+
+
+def _running_with_a_follow_up(lanes: Lanes, lane: str) -> int:
+    """A started turn on ``lane`` with another item posted while it runs; returns its fence."""
+    started = lanes.start(lane, _queued(lanes, lane), "w1")
+    assert started.status == "started"
+    assert lanes.post(lane, item("while it ran"), wake=True).outcome == "pending"
+    return started.fence
+
+
+def test_a_follow_up_whose_publisher_died_is_republished_from_its_lapsed_claim(
+    lanes: Lanes, recovery: Recovery, clock: VirtualClock, redis_client: redis.Redis
+) -> None:
+    """finish.lua queues a follow-up and claims the lane for the worker that will publish it.
+    A worker killed after the commit and before the publish left the lane queued with its
+    message nowhere (found by the ops trial: 600 s, until SOULFLEET_REAP_QUEUED_AFTER); now
+    its claim lapses and one recovery pass re-publishes the follow-up's own turn id."""
+    fence = _running_with_a_follow_up(lanes, "ava")
+    finished = lanes.finish("ava", fence, status="done", text="ok", publisher="w1", claim_ttl=6)
+    assert finished.follow_up_turn_id is not None
+    assert redis_client.get(lanes.keys.claim("ava")) == f"w1|{finished.follow_up_turn_id}"
+    assert recovery.reap_claims() == []  # alive: the publisher may still be at it
+    clock.advance(7)
+    redis_client.delete(lanes.keys.claim("ava"))  # the PX TTL ran out: same state
+    repairs = recovery.reap_claims()
+    assert [(r.lane, r.reason, r.turn_id) for r in repairs] == [
+        ("ava", "claim_lapsed", finished.follow_up_turn_id)
+    ]
+    assert lanes.start("ava", finished.follow_up_turn_id, "w2").status == "started"
+
+
+def test_a_published_follow_up_drops_only_its_own_claim(
+    lanes: Lanes, recovery: Recovery, clock: VirtualClock, redis_client: redis.Redis
+) -> None:
+    """Once the follow-up is published its publisher drops the claim (unclaim.lua), so beat
+    never re-publishes a message that waits in a backlog; a claim the receiving worker took
+    meanwhile is that worker's and stays."""
+    fence = _running_with_a_follow_up(lanes, "ava")
+    follow = lanes.finish("ava", fence, status="done", text="", publisher="w1", claim_ttl=6)
+    assert follow.follow_up_turn_id is not None
+    assert lanes.unclaim("ava", follow.follow_up_turn_id, "w1")
+    assert redis_client.exists(lanes.keys.claim("ava")) == 0
+    assert redis_client.zcard(lanes.keys.claimed) == 0
+    clock.advance(3600)
+    assert recovery.reap_claims() == []
+
+    fence = _running_with_a_follow_up(lanes, "bob")
+    follow = lanes.finish("bob", fence, status="done", text="", publisher="w1", claim_ttl=6)
+    assert follow.follow_up_turn_id is not None
+    assert lanes.receive("bob", follow.follow_up_turn_id, "w2", ttl=6)  # w2 took it first
+    assert not lanes.unclaim("bob", follow.follow_up_turn_id, "w1")
+    assert redis_client.get(lanes.keys.claim("bob")) == f"w2|{follow.follow_up_turn_id}"
+
+
+def test_a_commit_without_a_publisher_or_follow_up_claims_nothing(
+    lanes: Lanes, redis_client: redis.Redis
+) -> None:
+    """No claim when nothing is queued, nor for a caller that names no publisher."""
+    started = lanes.start("ava", _queued(lanes, "ava"), "w1")
+    assert (
+        lanes.finish(
+            "ava", started.fence, status="done", text="", publisher="w1", claim_ttl=6
+        ).follow_up_turn_id
+        is None
+    )
+    fence = _running_with_a_follow_up(lanes, "bob")
+    assert lanes.finish("bob", fence, status="done", text="").follow_up_turn_id is not None
+    assert redis_client.zcard(lanes.keys.claimed) == 0

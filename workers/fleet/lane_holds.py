@@ -25,6 +25,14 @@ class LaneHolds(LaneStore):
         with redis_errors(self.client):
             return bool(self.scripts.receive(keys=keys, args=args))
 
+    def unclaim(self, lane: str, turn_id: str, worker: str) -> bool:
+        """Drop ``worker``'s claim on ``lane``'s turn ``turn_id`` (``unclaim.lua``), once the
+        message it claimed for is published; False when the claim is no longer its own (the
+        worker that took the message claimed it meanwhile, or it lapsed)."""
+        keys = [self.keys.claim(lane), self.keys.claimed]
+        with redis_errors(self.client):
+            return bool(self.scripts.unclaim(keys=keys, args=[lane, f"{worker}|{turn_id}"]))
+
     def renew_claims(self, lanes: Sequence[str], *, ttl: float) -> list[bool]:
         """Extend the receive claims of ``lanes`` (one round trip); False = already gone."""
         if not lanes:

@@ -190,6 +190,8 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         reply_ids: Sequence[str] = (),
         reply_extra: Mapping[str, object] | None = None,
         session: SessionCommit | None = None,
+        publisher: str = "",
+        claim_ttl: float = 0.0,
     ) -> FinishOutcome:
         """Commit the turn holding ``fence``; raise :class:`LeaseLost` (changing nothing) if
         it no longer holds the lane.
@@ -201,6 +203,10 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         limit) on its reply list. ``session`` makes the turn's session state current in the same
         step, if the lane's pointer is still the one the turn started from (a reset during the
         turn wins: outcome ``session="conflict"``).
+
+        ``publisher`` (with ``claim_ttl``) is who publishes a follow-up this commit queues: the
+        lane is claimed for it, as on receipt, so beat re-publishes the turn if the publisher
+        dies before it is out; it calls :meth:`unclaim` once it is. "" takes no claim.
         """
         beat_args: list[str] = []
         if beat is not None:
@@ -209,6 +215,7 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
             for name, value in fields.items():
                 beat_args += [name, _cut(str(value), self.beat_max_bytes)]
         keys = [*self.keys.lane_keys(lane), self.keys.beats]
+        keys += [self.keys.claim(lane), self.keys.claimed]
         keys += [self.keys.reply(item_id) for item_id in reply_ids]
         follow_up = new_turn_id()
         args: list[str | int] = [
@@ -219,6 +226,9 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         ]  # fmt: skip
         if session is not None:
             args += [session.base.state or "", session.base.epoch, session.state]
+        else:
+            args += ["", 0, ""]
+        args += [publisher, self._ms(claim_ttl)]
         with redis_errors(self.client):
             reply = self.scripts.finish(keys=keys, args=args)
         if reply[0] == "lost":

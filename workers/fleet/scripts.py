@@ -50,6 +50,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "reap_queued",
     "reap_claimed",
     "receive",
+    "unclaim",
     "release",
     "defer",
     "breaker_allow",
@@ -87,6 +88,7 @@ class Scripts:
     reap_queued: Script
     reap_claimed: Script
     receive: Script
+    unclaim: Script
     release: Script
     defer: Script
     breaker_allow: Script

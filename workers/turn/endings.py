@@ -16,7 +16,7 @@ import structlog
 from workers import metrics
 from workers.fleet import Fleet
 from workers.fleet.breaker import counts_against_provider
-from workers.fleet.errors import ProviderPaused, classify
+from workers.fleet.errors import FleetError, ProviderPaused, classify
 from workers.fleet.lease import LeaseHandle, Renewer
 from workers.fleet.outcomes import StartOutcome
 from workers.fleet.spend import Refusal
@@ -53,6 +53,16 @@ class Endings:
         handle = getattr(self._held, "lease", None)
         if handle is not None:
             self.renewer.unregister(handle)
+
+    def follow_up(self, lane: str, turn_id: str, kind: str) -> None:
+        """Publish the follow-up a commit queued (``Lanes.finish`` with this worker as its
+        ``publisher``), then drop the claim the commit took for it: were this worker killed in
+        between, the claim would lapse and beat would re-publish the turn within seconds."""
+        self.fleet.publisher.publish(lane, turn_id, kind)
+        try:
+            self.fleet.lanes.unclaim(lane, turn_id, self.worker_id)
+        except FleetError as exc:  # the claim lapses by itself: at worst one duplicate message
+            _log.warning("turn.unclaim_failed", follow_up=turn_id, error=str(exc))
 
     def fail(
         self,
@@ -201,9 +211,11 @@ class Endings:
             text=text,
             reply_ids=[item.id for item in started.items if item.reply],
             reply_extra={"reason": refusal.reason},
+            publisher=self.worker_id,
+            claim_ttl=self.settings.claim_ttl,
         )
         if finished.follow_up_turn_id and finished.follow_up_kind:
-            self.fleet.publisher.publish(lane, finished.follow_up_turn_id, finished.follow_up_kind)
+            self.follow_up(lane, finished.follow_up_turn_id, finished.follow_up_kind)
         self.end(
             lane,
             turn_id,

@@ -370,11 +370,13 @@ class TurnExecutor:
             reply_ids=[item.id for item in started.items if item.reply],
             reply_extra={"usage": result.usage.to_dict(), "limit": result.limit},
             session=session,
+            publisher=self.worker_id,
+            claim_ttl=self.settings.claim_ttl,
         )
         if role == "dreamer":
             self.guard.passed(lane, self.fleet.clock.time())
         if finished.follow_up_turn_id and finished.follow_up_kind:
-            self.fleet.publisher.publish(lane, finished.follow_up_turn_id, finished.follow_up_kind)
+            self.endings.follow_up(lane, finished.follow_up_turn_id, finished.follow_up_kind)
         if session is not None:
             self._collect(files, session, finished.session, plan.pointer)
         metrics.CACHED_INPUT_TOKENS.inc(result.usage.cached_input_tokens)

@@ -3,7 +3,8 @@
 --
 -- KEYS  [1] lane hash  [2] inbox list  [3] inflight list  [4] lease  [5] lanes:queued
 --       [6] lanes:running  [7] lanes:dead  (Keys.lane_keys(lane))  [8] beats stream
---       [9..] reply:<item id> lists, one per drained item that waits for a reply
+--       [9] claim:<lane>  [10] lanes:claimed
+--       [11..] reply:<item id> lists, one per drained item that waits for a reply
 -- ARGV  [1] lane name  [2] fence  [3] now (ms)  [4] status
 --       [5] reply JSON {text, status, ...} WITHOUT its closing "}" (turn_id is appended here)
 --       [6] last_text (<= 2000 chars)  [7] follow-up turn id (used only if one is queued)
@@ -11,6 +12,7 @@
 --       [11..10+n] beat field, value pairs (turn_id is added here, from the lane)
 --       [11+n] session base (the state name the turn started from, "" for none)
 --       [12+n] session epoch the turn saw  [13+n] new session state name ("": leave it)
+--       [14+n] who publishes a follow-up ("" for no claim)  [15+n] its claim ttl (ms)
 -- Reply {"lost"}: the fence is not current; NOTHING changed
 --     | {"idle", turn_id, beat_id, session}
 --     | {"queued", turn_id, beat_id, session, follow-up turn id, follow-up kind}
@@ -19,7 +21,11 @@
 --       "committed", or "conflict" (a reset happened during the turn: the state is dropped).
 -- Guarantees: one atomic step, so a beat is published, a reply pushed and the session state
 -- made current iff the turn commits (a crashed or fenced-out turn's state file is never
--- pointed to); the beats stream stays bounded (MAXLEN ~ beats_max).
+-- pointed to); the beats stream stays bounded (MAXLEN ~ beats_max). A follow-up queued here
+-- is claimed for its publisher, as receive.lua claims a taken message: a worker killed after
+-- this commit and before its publish leaves a claim that lapses, and beat re-publishes the
+-- turn within seconds (reap_claimed.lua) instead of after SOULFLEET_REAP_QUEUED_AFTER. The
+-- publisher deletes the claim once the message is out (unclaim.lua).
 local lane, inbox, inflight, lease = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queued, running, beats = KEYS[5], KEYS[6], KEYS[8]
 local name, fence, now = ARGV[1], ARGV[2], ARGV[3]
@@ -63,11 +69,11 @@ if (ARGV[s + 2] or '') ~= '' then
   end
 end
 
-if #KEYS > 8 then
+if #KEYS > 10 then
   -- ARGV[5] is a JSON object missing its closing brace: the turn id is appended as a string,
   -- so a large reply is copied once and never decoded or re-encoded inside Redis.
   local payload = ARGV[5] .. ',"turn_id":"' .. turn_id .. '"}'
-  for i = 9, #KEYS do
+  for i = 11, #KEYS do
     redis.call('RPUSH', KEYS[i], payload)
     redis.call('PEXPIRE', KEYS[i], ARGV[9])
   end
@@ -84,6 +90,11 @@ if waiting > 0 or ticks > 0 then
   redis.call('HSET', lane, 'state', 'queued', 'turn_id', ARGV[7], 'kind', kind,
              'queued_at', now)
   redis.call('ZADD', queued, now, name)
+  local publisher = ARGV[s + 3] or ''
+  if publisher ~= '' then
+    redis.call('SET', KEYS[9], publisher .. '|' .. ARGV[7], 'PX', ARGV[s + 4])
+    redis.call('ZADD', KEYS[10], now, name)
+  end
   return {'queued', turn_id, beat_id, session, ARGV[7], kind}
 end
 redis.call('HSET', lane, 'state', 'idle')
