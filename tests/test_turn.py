@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 
 from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.fleet.outcomes import StartOutcome
+from workers.persona.errors import PersonaError, PersonaFileError
 from workers.persona.inbox import InboxItem
 
 
@@ -125,8 +126,6 @@ def test_a_renewal_right_after_the_commit_is_not_reported_as_a_lost_lease(rig: R
     must not log ``lease.lost`` (it was the turn's own end), nor for a failed turn."""
     rig.persona("ava", '[[rules]]\ntext = "done"\n')
     rig.persona("bob", '[[rules]]\ntext = "done"\n', MEMORY_md="")
-    (rig.root / "bob" / "MEMORY.md").unlink()
-    (rig.root / "bob" / "MEMORY.md").mkdir()  # bob's turn fails: a permanent persona error
     lanes = rig.fleet.lanes
     finish, fail = lanes.finish, lanes.fail
 
@@ -146,6 +145,8 @@ def test_a_renewal_right_after_the_commit_is_not_reported_as_a_lost_lease(rig: R
         rig.fleet.post("ava", "hello", wake=True)
         assert rig.run_next() == "done"
         rig.fleet.post("bob", "hello", wake=True)
+        (rig.root / "bob" / "MEMORY.md").unlink()
+        (rig.root / "bob" / "MEMORY.md").mkdir()  # bob's turn fails: a permanent persona error
         assert rig.run_next() == "error"
     assert [e for e in logs if e["event"] == "lease.lost"] == []
     assert [e["event"] for e in logs if e["event"] == "turn.end"] == ["turn.end", "turn.end"]
@@ -156,9 +157,9 @@ def test_a_persona_that_cannot_be_composed_fails_only_its_own_turn(rig: Rig) -> 
     so the turn dead-letters at once (no retry published) with a reason naming the file and
     saying it was not retried; another persona is fine."""
     home = rig.persona("broken", '[[rules]]\ntext = "hi"\n')
-    (home / "MEMORY.md").mkdir()
     rig.persona("fine", '[[rules]]\ntext = "hi"\n')
     rig.fleet.post("broken", "hello", wake=True)
+    (home / "MEMORY.md").mkdir()  # broken after the post: post refuses an invalid persona
     assert rig.run_next() == "error"
     assert rig.published.sent == []
     status = rig.fleet.status("broken")
@@ -167,6 +168,24 @@ def test_a_persona_that_cannot_be_composed_fails_only_its_own_turn(rig: Rig) -> 
     assert "permanent failure, not retried" in str(status["last_error"])
     rig.fleet.post("fine", "hello", wake=True)
     assert rig.run_next() == "done"
+
+
+def test_the_host_api_refuses_a_post_to_a_persona_whose_files_are_invalid(rig: Rig) -> None:
+    """Fleet.post runs the persona's check-up, as the CLI does: a SOUL.md that is a directory
+    or a persona.toml that does not parse is refused with the reason, nothing queued (it was
+    queued, and the turn dead-lettered the lane until an operator revived it)."""
+    home = rig.persona("ava", '[[rules]]\ntext = "hi"\n')
+    (home / "SOUL.md").unlink(missing_ok=True)
+    (home / "SOUL.md").mkdir()
+    with pytest.raises(PersonaFileError, match=r"SOUL\.md"):
+        rig.fleet.post("ava", "hello", wake=True)
+    (home / "SOUL.md").rmdir()
+    (home / "persona.toml").write_text("[heartbeat\n", encoding="utf-8")
+    with pytest.raises(PersonaError, match=r"persona\.toml"):
+        rig.fleet.post("ava", "hello", wake=True)
+    assert rig.published.sent == []
+    assert rig.fleet.status("ava")["state"] == "idle"
+    assert rig.fleet.lanes.client.llen(rig.fleet.keys.inbox("ava")) == 0
 
 
 def test_transcripts_leading_out_of_the_home_fail_the_turn_with_the_reason(

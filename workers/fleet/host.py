@@ -42,6 +42,7 @@ from workers.fleet.servertime import ServerClock
 from workers.fleet.spend import next_reset, persona_budget, persona_models
 from workers.fleet.sweeps import SweepWrites
 from workers.fleet.usage import UsageLedger
+from workers.persona.checkup import check_persona
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
 from workers.persona.manifest import load_manifest
@@ -154,9 +155,13 @@ class Fleet:
 
         Raises :class:`~workers.fleet.errors.UnknownPersona`,
         :class:`~workers.fleet.errors.InboxFull`
-        (nothing is dropped: the sender keeps the item) or ``ItemTooLarge``.
+        (nothing is dropped: the sender keeps the item), ``ItemTooLarge``, or the
+        :class:`~workers.persona.errors.PersonaError` its files would fail its turn with (an
+        invalid persona.toml, a SOUL.md that is a directory, an unknown model spec): its lane
+        would only be dead-lettered, so the item is refused while its sender still has it.
         """
         name = self.registry.resolve(persona)
+        check_persona(self.registry.home(name), self.settings.model)
         self._refuse_if_stopped(name)
         if new_session:
             self.lanes.reset_session(name)
