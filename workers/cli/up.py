@@ -45,6 +45,7 @@ from workers.fleet import Fleet
 from workers.fleet.beats import Beat
 from workers.fleet.errors import EvictingRedis, RedisUnavailable
 from workers.fleet.eviction import check_eviction_policy
+from workers.fleet.persistence import warn_if_not_persistent
 from workers.local.datadir import AlreadyRunningError, DataDir, UpLock, UpState, default_data_dir
 from workers.local.demo import WELCOME_PERSONA, welcome_text
 from workers.local.redis_server import RedisServer, RedisServerError, free_port
@@ -159,6 +160,7 @@ class _Up:
             check_eviction_policy(
                 self.fleet.client, allow=settings.allow_eviction, url=redis_url, process="up"
             )
+            warn_if_not_persistent(self.fleet.client, url=redis_url, process="up")
         except EvictingRedis as exc:
             raise CliError(str(exc)) from None
         recorded = self.fleet.client.get(self.fleet.keys.registry_root)

@@ -24,6 +24,7 @@ import redis
 import structlog
 
 from workers.fleet.errors import EvictingRedis, RedisUnavailable
+from workers.fleet.persistence import warn_if_not_persistent
 from workers.settings import Settings, redact_url
 
 __all__ = [
@@ -76,7 +77,8 @@ def check_eviction_policy(client: redis.Redis, *, allow: bool, url: str, process
 
 def refuse_to_start_on_eviction(settings: Settings, process: str) -> None:
     """The start-up gate of workers and beat: exit (status 78, EX_CONFIG) with a message naming
-    ``maxmemory-policy`` when Redis may evict. An unreachable Redis is only logged
+    ``maxmemory-policy`` when Redis may evict; warn when it keeps nothing on disk
+    (:mod:`workers.fleet.persistence`). An unreachable Redis is only logged
     (``redis.policy_unchecked``): the process then waits for it like for any outage."""
     client = redis.Redis.from_url(
         settings.redis_url, decode_responses=True, socket_connect_timeout=5, socket_timeout=10
@@ -85,11 +87,12 @@ def refuse_to_start_on_eviction(settings: Settings, process: str) -> None:
         check_eviction_policy(
             client, allow=settings.allow_eviction, url=settings.redis_url, process=process
         )
+        warn_if_not_persistent(client, url=settings.redis_url, process=process)
     except EvictingRedis as exc:
         _log.error("redis.evicting_policy", process=process, policy=exc.policy, error=str(exc))
         print(f"soulfleet {process}: refusing to start: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_EVICTING) from None
-    except RedisUnavailable as exc:
+    except (RedisUnavailable, redis.ConnectionError, redis.TimeoutError) as exc:
         _log.warning("redis.policy_unchecked", process=process, error=str(exc))
     finally:
         client.close()
