@@ -31,6 +31,7 @@ __all__ = [
     "LAST_SWEEP",
     "LEASE_LOSSES",
     "MEMORY_LOCK_WAIT",
+    "MEMORY_WRITE_FAILURES",
     "MODEL_CALLS",
     "MODEL_CALL_SECONDS",
     "MODEL_TOKENS",
@@ -138,11 +139,22 @@ def observe_tool_call(source: str, outcome: str, seconds: float) -> None:
     TOOL_CALL_SECONDS.labels(source=source).observe(seconds)
 
 
+def observe_memory_failure(reason: str) -> None:
+    """The memory tool's failure observer (:func:`set_write_failure_observer`)."""
+    MEMORY_WRITE_FAILURES.labels(reason=reason).inc()
+
+
 LEASE_LOSSES = Counter(
     "soulfleet_lease_losses_total", "Turns stopped because their lane lease was lost."
 )
 INBOX_REJECTS = Counter(
     "soulfleet_inbox_rejects_total", "Posts refused because the lane's inbox was full."
+)
+MEMORY_WRITE_FAILURES = Counter(
+    "soulfleet_memory_write_failures_total",
+    "Memory tool writes that failed, by reason: full (the file is at its size cap), os_error "
+    "(read-only, no space, not permitted), lock_timeout, persona_file.",
+    ["reason"],
 )
 MEMORY_LOCK_WAIT = Histogram(
     "soulfleet_memory_lock_wait_seconds",

@@ -20,6 +20,7 @@ from workers.fleet.gate import Gate
 from workers.fleet.lease import Renewer
 from workers.persona.locks import set_lock_wait_observer
 from workers.persona.loop import set_tool_call_observer
+from workers.persona.memory import set_write_failure_observer
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 from workers.turn import TurnExecutor
@@ -91,8 +92,10 @@ def reset_runtime() -> None:
 def start_worker_services(
     settings: Settings, *, pool: str | None = None, concurrency: int | None = None
 ) -> None:
-    """Metrics endpoint, the memory-lock and tool-call observers; then warm the executor."""
+    """Metrics endpoint, the memory-lock, memory-failure and tool-call observers; then warm
+    the executor."""
     set_lock_wait_observer(metrics.MEMORY_LOCK_WAIT.observe)
+    set_write_failure_observer(metrics.observe_memory_failure)
     set_tool_call_observer(metrics.observe_tool_call)
     metrics.serve_metrics(settings.metrics_port, host=settings.metrics_host)
     executor()

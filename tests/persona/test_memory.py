@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,14 @@ from tests.support.memory import held_by_thread, ok
 from tests.support.persona import make_persona, tree
 from workers.persona.home import MAX_FILE_BYTES, compose_soul
 from workers.persona.locks import lock_file_for
-from workers.persona.memory import MAX_ENTRY_BYTES, MemoryTool, memory_tool
+from workers.persona.memory import (
+    MAX_ENTRY_BYTES,
+    MemoryTool,
+    _os_message,
+    memory_tool,
+    set_write_failure_observer,
+)
+from workers.persona.memory_spec import parse_request
 from workers.persona.tools import Tool
 
 
@@ -326,3 +334,47 @@ def test_a_write_the_filesystem_refuses_is_logged_as_a_warning(home: Path) -> No
     assert event["action"] == "add"
     assert event["persona"] == str(home)
     assert event["error"] == output
+
+
+@pytest.fixture
+def failures() -> Any:
+    """The reasons the write-failure observer heard, observer removed afterwards."""
+    heard: list[str] = []
+    set_write_failure_observer(heard.append)
+    yield heard
+    set_write_failure_observer(None)
+
+
+def test_a_full_memory_file_is_reported_to_the_operator_not_only_to_the_model(
+    home: Path, failures: list[str]
+) -> None:
+    """An add that would take MEMORY.md past its size cap is a warning with reason ``full``
+    and reaches the failure observer (the fleet's ``soulfleet_memory_write_failures_total``):
+    the ops trial found only an untold tool error. A replace whose text is not found is the
+    model's own mistake: neither logged nor counted."""
+    (home / "MEMORY.md").write_bytes(b"x" * (MAX_FILE_BYTES - 10))
+    tool = memory_tool(home)
+    with structlog.testing.capture_logs() as logs:
+        output = _error(tool, {"action": "add", "text": "one more thing to remember"})
+        _error(tool, {"action": "replace", "text": "absent", "with": "y"})
+    assert "limit" in output
+    [event] = [log for log in logs if log["event"] == "memory.write_failed"]
+    assert event["reason"] == "full"
+    assert event["log_level"] == "warning"
+    assert failures == ["full"]
+
+
+def test_a_refused_rename_names_the_memory_file_not_its_temp_file(home: Path) -> None:
+    """An immutable MEMORY.md makes the rename of the new version over it fail (EPERM, with
+    the temp file as the first path): the message names MEMORY.md and its real path, never
+    the hidden temp file."""
+    data = home / "MEMORY.md"
+    temp = home / ".MEMORY.md.49a504ada19733ae.tmp"
+    error = OSError(errno.EPERM, "Operation not permitted", str(temp), None, str(data))
+    request = parse_request({"action": "add", "text": "x"}, notes=False, max_entry_bytes=100)
+    assert not isinstance(request, str)
+    message = _os_message(request, error)
+    assert message == (
+        f"could not add MEMORY.md ({data}): Operation not permitted. Nothing was changed."
+    )
+    assert ".tmp" not in message

@@ -47,7 +47,7 @@ from __future__ import annotations
 import errno
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ from workers.persona.ledger import write_key
 from workers.persona.locks import DEFAULT_LOCK_TIMEOUT, LockMode, path_lock
 from workers.persona.memory_commit import Committed, commit
 from workers.persona.memory_edit import not_found
-from workers.persona.memory_paths import TargetCache
+from workers.persona.memory_paths import TargetCache, WriteTarget
 from workers.persona.memory_spec import (
     NOTES_DIR,
     MemoryRequest,
@@ -72,16 +72,21 @@ from workers.persona.memory_spec import (
 )
 from workers.persona.tools import ToolResult
 from workers.persona.write_queue import Handoff
-from workers.persona.writes import (
-    fsync_directory,
-    remove_stale_temps,
-)
+from workers.persona.writes import TEMP_SUFFIX, fsync_directory, remove_stale_temps
 
-__all__ = ["MAX_ENTRY_BYTES", "MemoryTool", "memory_tool", "valid_note_slug"]
+__all__ = [
+    "MAX_ENTRY_BYTES",
+    "MemoryTool",
+    "memory_tool",
+    "set_write_failure_observer",
+    "valid_note_slug",
+]
 
 #: The most bytes one entry (an add's ``text``, a replace's ``with``) may hold.
 MAX_ENTRY_BYTES = 16 * 1024
 _log = structlog.get_logger("soulfleet.memory")
+
+_failure_observer: Callable[[str], None] | None = None
 
 
 class MemoryTool:
@@ -151,16 +156,21 @@ class MemoryTool:
     def _failed(self, request: MemoryRequest, reason: str, error: str) -> None:
         # The model reads the error result, but the operator must hear of it too: a read-only
         # or full persona directory otherwise stops every memory write without a warning.
+        write = request.action not in ("list", "read")
         _log.warning(
-            "memory.write_failed"
-            if request.action not in ("list", "read")
-            else "memory.read_failed",
+            "memory.write_failed" if write else "memory.read_failed",
             action=request.action,
             target=request.target,
             persona=str(self.path),
             reason=reason,
             error=error,
         )
+        observer = _failure_observer
+        if write and observer is not None:
+            try:
+                observer(reason)
+            except Exception:  # a broken metrics hook must never break a memory write
+                _log.exception("memory.observer_failed")
 
     def _look(self, root: Path, request: MemoryRequest) -> ToolResult:
         return self._list(root) if request.action == "list" else self._read(root, request)
@@ -237,10 +247,19 @@ class MemoryTool:
                     )
         except LockTimeout as error:
             queued = handoff is not None and handoff.queued
+            self._failed(request, "lock_timeout", str(error))
             return ToolResult(_timeout_message(request, error, queued), is_error=True)
         if done is None:  # another writer applied it in a durable write and left the answer
             answer = "" if handoff is None or handoff.answer is None else handoff.answer
             done = Committed(ToolResult(answer), applied=keyed)
+        return self._settle(request, target, done, what)
+
+    def _settle(
+        self, request: MemoryRequest, target: WriteTarget, done: Committed, what: str
+    ) -> ToolResult:
+        """After the lock: report a full file, count the applied write, flush, log."""
+        if done.full:
+            self._failed(request, "full", done.result.output)
         if done.applied:
             self._applied[what] += 1
             if done.size < 0:
@@ -277,8 +296,21 @@ def _timeout_message(request: MemoryRequest, error: LockTimeout, queued: bool = 
     )
 
 
+def set_write_failure_observer(fn: Callable[[str], None] | None) -> None:
+    """Call ``fn(reason)`` for every memory write that failed for a reason the operator must
+    hear of: ``full`` (the file is at its size cap), ``os_error`` (read-only, no space, not
+    permitted), ``lock_timeout``, ``persona_file``. A text not found is the model's own
+    business and is not reported. None stops it."""
+    global _failure_observer  # noqa: PLW0603
+    _failure_observer = fn
+
+
 def _os_message(request: MemoryRequest, error: OSError) -> str:
-    where = error.filename or target_label(request.target)
+    # The failing path is often the hidden temp file or its rename; the model and the operator
+    # need the file they know (MEMORY.md), and the real path where it adds something.
+    path = os.fsdecode(error.filename2 or error.filename or "")
+    shown = "" if not path or path.endswith(TEMP_SUFFIX) else f" ({path})"
+    where = f"{target_label(request.target)}{shown}"
     hint = ""
     if error.errno in (errno.ENOSYS, errno.ENOLCK):
         hint = " This filesystem does not support flock: set SOULFLEET_LOCK_MODE=shared."

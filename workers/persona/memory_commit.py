@@ -28,7 +28,7 @@ from workers.persona.errors import PersonaError
 from workers.persona.files import read_prefix
 from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.ledger import WriteLedger
-from workers.persona.memory_edit import edit
+from workers.persona.memory_edit import FileFull, edit
 from workers.persona.memory_paths import WriteTarget
 from workers.persona.memory_spec import MemoryRequest
 from workers.persona.tools import ToolResult
@@ -51,6 +51,8 @@ class Committed:
     size: int = -1
     #: The caller's own keyed write is now applied (just now, or by an earlier attempt).
     applied: bool = False
+    #: The caller's own edit was refused because the file is full (:class:`FileFull`).
+    full: bool = False
 
 
 def commit(
@@ -102,13 +104,14 @@ def _commit(
             state, message = outcome
             served.append((other.key, message))
     refused = isinstance(own, str)
+    full = isinstance(own, FileFull)
     result = ToolResult(own, is_error=True) if isinstance(own, str) else ToolResult(own[1])
     if refused and not served:
-        return Committed(result)
+        return Committed(result, full=full)
     new = state or b""
     if ledger is None or not (keyed or served):
         replace_bytes(target.data, new)  # its directory is fsynced after the lock
-        return Committed(result, target.directory, len(new))
+        return Committed(result, target.directory, len(new), full=full)
     atomic_write_bytes(target.data, new)
     answered = list(served)
     if keyed and not refused:
@@ -116,7 +119,7 @@ def _commit(
     if served:
         _log.info("memory.queued_writes_applied", path=target.relative, writes=len(served))
     flush = _record(ledger, answered) if answered else ""
-    return Committed(result, flush, len(new), applied=keyed and not refused)
+    return Committed(result, flush, len(new), applied=keyed and not refused, full=full)
 
 
 def _record(ledger: WriteLedger, answered: list[tuple[str, str]]) -> str:

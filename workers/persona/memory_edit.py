@@ -12,10 +12,18 @@ from __future__ import annotations
 from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.memory_spec import MemoryRequest, target_label
 
-__all__ = ["drop_husk", "edit", "not_found"]
+__all__ = ["FileFull", "drop_husk", "edit", "not_found"]
 
 _NEXT = "It loads into your system prompt at the start of your next session."
 _NOTE_SAVED = "Notes are never loaded automatically: read it when you need it."
+
+
+class FileFull(str):
+    """An error message refusing an edit because the file is, or would be, over
+    :data:`~workers.persona.home.MAX_FILE_BYTES`: unlike a text not found, the operator must
+    hear of it (the persona can no longer remember anything there)."""
+
+    __slots__ = ()
 
 
 def edit(request: MemoryRequest, current: bytes | None) -> tuple[bytes, str] | str:
@@ -24,7 +32,7 @@ def edit(request: MemoryRequest, current: bytes | None) -> tuple[bytes, str] | s
     after = _NOTE_SAVED if request.target.startswith("note:") else _NEXT
     data = current or b""
     if len(data) > MAX_FILE_BYTES:
-        return (
+        return FileFull(
             f"{label} is larger than {MAX_FILE_BYTES} bytes, the most the memory tool edits "
             "(and the most a session loads). It cannot be changed with this tool until a person "
             "trims it. Nothing was changed."
@@ -46,7 +54,7 @@ def edit(request: MemoryRequest, current: bytes | None) -> tuple[bytes, str] | s
             new = drop_husk(data[:at] + data[at + len(needle) :], at)
             message = f"Removed the first occurrence from {label}. {after}"
     if len(new) > MAX_FILE_BYTES:
-        return (
+        return FileFull(
             f"this {request.action} would make {label} {len(new)} bytes, over the "
             f"{MAX_FILE_BYTES}-byte limit. Nothing was changed. Remove or shorten entries first."
         )
