@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import structlog
 
+from tests.support.python_tools import CALLS
 from workers.persona.agent import from_dir
 from workers.persona.dream_agent import dreamer
 from workers.persona.errors import PersonaConfigError
@@ -64,15 +65,21 @@ def test_a_python_tool_by_ref_and_by_factory() -> None:
         ("tests.support.python_tools:nothing", "has no attribute 'nothing'"),
         ("tests.support.python_tools:NOT_A_TOOL", "is not a Tool"),
         ("tests.support.python_tools:broken_factory", "raised RuntimeError: no weather today"),
+        ("tests.support.python_tools:unmarked_factory", "not marked as a tool factory"),
+        ("os:abort", "not marked as a tool factory"),
+        ("sys:exit", "not marked as a tool factory"),
     ],
 )
 def test_a_bad_ref_is_an_invalid_persona(ref: str, words: str) -> None:
-    """Missing module, missing attribute, not a Tool, a raising factory: each names the key."""
+    """Missing module, missing attribute, not a Tool, a raising factory, a callable not marked
+    with @tool_factory (never called: `os:abort` in a persona file crash-looped the worker that
+    validated it): each names the key."""
     with pytest.raises(PersonaConfigError) as caught:
         _build(_refs("tests.support.python_tools:shout", ref))
     assert caught.value.key == "tools.python[1].ref"
     assert words in caught.value.problem
     assert str(SOURCE) in str(caught.value)
+    assert CALLS == []
 
 
 def test_two_tools_with_one_name_are_an_error_naming_both() -> None:

@@ -6,9 +6,17 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from workers.persona.tools import FunctionTool, ToolResult
+from workers.persona.tools import FunctionTool, ToolResult, tool_factory
 
-__all__ = ["NOT_A_TOOL", "broken_factory", "make_shout", "shout", "slow"]
+__all__ = [
+    "CALLS",
+    "NOT_A_TOOL",
+    "broken_factory",
+    "make_shout",
+    "shout",
+    "slow",
+    "unmarked_factory",
+]
 
 _SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
 
@@ -20,6 +28,7 @@ def _shout(arguments: Mapping[str, Any]) -> ToolResult:
 shout = FunctionTool("shout", "Say the text in capitals.", _SCHEMA, _shout)
 
 
+@tool_factory
 def make_shout() -> FunctionTool:
     """A factory: ``ref`` may name a callable returning a Tool."""
     return FunctionTool("shout_made", "Say the text in capitals.", _SCHEMA, _shout)
@@ -35,5 +44,16 @@ slow = FunctionTool("slow", "Sleep, then answer.", {"type": "object"}, _slow)
 NOT_A_TOOL = 42
 
 
+@tool_factory
 def broken_factory() -> FunctionTool:
     raise RuntimeError("no weather today")
+
+
+#: How many times :func:`unmarked_factory` ran (a persona file must never make it run).
+CALLS: list[str] = []
+
+
+def unmarked_factory() -> FunctionTool:
+    """A callable returning a Tool, NOT marked with @tool_factory."""
+    CALLS.append("unmarked_factory")
+    return FunctionTool("unmarked", "Never built.", _SCHEMA, _shout)

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from workers.persona.runner import as_tool, run
     from workers.persona.session import SessionConfig, SessionState
     from workers.persona.session_files import current_session
-    from workers.persona.tools import Tool, ToolResult
+    from workers.persona.tools import Tool, ToolResult, tool_factory
     from workers.persona.transcripts import FileTranscripts, TranscriptStore
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "render_inbox",
     "run",
     "start_agent",
+    "tool_factory",
     "valid_note_slug",
 ]
 
@@ -95,6 +96,7 @@ _WHERE = {
     "current_session": "session_files",
     "Tool": "tools",
     "ToolResult": "tools",
+    "tool_factory": "tools",
     "FileTranscripts": "transcripts",
     "TranscriptStore": "transcripts",
 }

@@ -2,9 +2,11 @@
 
 ``ref = "package.module:attribute"`` names either a :class:`~workers.persona.tools.Tool` or a
 callable that takes no arguments and returns one (a factory, so a tool can read its own
-configuration when a turn builds it). The module must be importable by the worker (installed
-in its environment or on its ``PYTHONPATH``); the persona directory is never put on
-``sys.path``, because a shared worker must not import code a persona's files bring along.
+configuration when a turn builds it), marked with :func:`~workers.persona.tools.tool_factory`:
+an unmarked callable is refused, never called, or a persona file could name ``os:abort``. The
+module must be importable by the worker (installed in its environment or on its
+``PYTHONPATH``); the persona directory is never put on ``sys.path``, because a shared worker
+must not import code a persona's files bring along.
 
 Every problem with a ref (the module does not import, the attribute is missing, it is not a
 Tool, the factory raises) is a :class:`PersonaConfigError` naming ``tools.python[n].ref`` and
@@ -24,7 +26,7 @@ from typing import Any
 
 from workers.persona.errors import PersonaConfigError
 from workers.persona.tool_config import PythonDecl
-from workers.persona.tools import Tool, ToolResult, bounded_timeout
+from workers.persona.tools import Tool, ToolResult, bounded_timeout, is_tool_factory
 
 __all__ = ["PythonTool", "resolve_ref"]
 
@@ -44,9 +46,17 @@ def resolve_ref(decl: PythonDecl, source: object) -> Tool:
             raise PersonaConfigError(source, key, f"{module_name!r} has no attribute {attribute!r}")
         value = getattr(value, part)
     if not isinstance(value, Tool) and callable(value):
+        if not is_tool_factory(value):
+            raise PersonaConfigError(
+                source,
+                key,
+                f"{decl.ref} is a callable not marked as a tool factory: name a Tool, or a "
+                "function decorated with @workers.persona.tool_factory (only those are called: "
+                "a persona file must not run any function the worker can import)",
+            )
         try:
             value = value()
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise PersonaConfigError(
                 source, key, f"{decl.ref} raised {type(exc).__name__}: {exc}"
             ) from exc

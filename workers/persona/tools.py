@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from workers.persona.messages import ToolSpec
 
@@ -19,10 +19,29 @@ __all__ = [
     "Tool",
     "ToolResult",
     "bounded_timeout",
+    "is_tool_factory",
     "spec_of",
     "time_left",
+    "tool_factory",
     "tool_source",
 ]
+
+_FACTORY_MARK = "__soulfleet_tool_factory__"
+
+F = TypeVar("F", bound=Callable[[], Any])
+
+
+def tool_factory(fn: F) -> F:
+    """Mark ``fn`` (no arguments, returns a :class:`Tool`) as a factory a persona's
+    ``[[tools.python]] ref`` may name. Only marked callables are ever called: a persona file
+    must not be able to call any function the worker can import (``os:abort``, ``os:fork``)."""
+    setattr(fn, _FACTORY_MARK, True)
+    return fn
+
+
+def is_tool_factory(value: object) -> bool:
+    """Whether ``value`` was marked by :func:`tool_factory`."""
+    return callable(value) and getattr(value, _FACTORY_MARK, False) is True
 
 
 #: Seconds the running turn has left (its ``max_seconds``), while one of its tools runs; None
