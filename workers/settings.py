@@ -145,8 +145,12 @@ class Settings:
     hostname: str = field(default_factory=socket.gethostname)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Parse ``environ`` (default ``os.environ``); a bad value raises :class:`SettingsError`."""
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, model_reach: bool = True
+    ) -> Settings:
+        """Parse ``environ`` (default ``os.environ``); a bad value raises :class:`SettingsError`.
+
+        ``model_reach=False``: see :meth:`ModelConfig.from_env` (``reach``)."""
         env = EnvReader(os.environ if environ is None else environ)
         redis_raw = env.raw("REDIS_URL")
         redis_url = redis_raw or DEFAULT_REDIS_URL
@@ -163,7 +167,7 @@ class Settings:
             raise SettingsError("SOULFLEET_KEY_PREFIX", "must not contain white space")
 
         turn_max_seconds = env.duration("SOULFLEET_TURN_MAX_SECONDS", 600.0, minimum=1.0)
-        model = ModelConfig.from_env(os.environ if environ is None else environ)
+        model = ModelConfig.from_env(os.environ if environ is None else environ, reach=model_reach)
         # A model call may take its timeout on every try; the turn's wall budget is only
         # checked between steps, so the broker must not redeliver before both have run out.
         worst_turn = turn_max_seconds + model.timeout * (model.retries + 1)

@@ -248,3 +248,20 @@ def test_an_argument_that_is_not_utf8_is_refused_at_the_door(
     assert "Traceback" not in result.output
     assert sorted(path.name for path in fleet_root.iterdir()) == before
     assert lanes_for(env).status("milo")["state"] == "idle"
+
+
+def test_a_default_model_this_shell_cannot_reach_is_a_warning_for_commands_that_only_queue(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """SOULFLEET_MODEL names an Anthropic model and this shell has no ANTHROPIC_API_KEY (the
+    workers do): `status` and `post` warn and go on; they refused with exit 2, although they
+    never call the model. `run --local`, which calls it here, still refuses naming the key."""
+    shell = {**env, "SOULFLEET_MODEL": "anthropic:claude-x", "ANTHROPIC_API_KEY": ""}
+    status = invoke("status", environ=shell)
+    assert status.exit_code == 0, status.output
+    assert "warning: ANTHROPIC_API_KEY" in status.stderr
+    posted = invoke("post", "ava", "hi", "--no-wake", environ=shell)
+    assert posted.exit_code == 0, posted.output
+    local = invoke("run", "--local", str(fleet_root / "ava"), "hi", environ=shell)
+    assert local.exit_code == 2, local.output
+    assert "ANTHROPIC_API_KEY" in local.stderr

@@ -62,8 +62,16 @@ def cli(ctx: click.Context) -> None:
     state = ctx.ensure_object(CliContext)
     ctx.call_on_close(state.close)
     # Errors at the door: every setting is checked before any command does anything (exit 2
-    # naming the variable), including commands that would not otherwise read it.
-    Settings.from_env(state.environ)
+    # naming the variable), including commands that would not otherwise read it. A default
+    # model this shell cannot reach (no key here) is only a warning: the workers call it, and
+    # may well have the key (`up` and `run --local`, which call it, still refuse).
+    settings = Settings.from_env(state.environ, model_reach=False)
+    if settings.model.unreachable:
+        click.echo(
+            f"soulfleet: warning: {settings.model.unreachable} (the workers need it; "
+            "this command does not)",
+            err=True,
+        )
 
 
 for _command in (up, init, soul, tools, run, post, status, beats, dream, revive, session, usage):

@@ -137,14 +137,14 @@ class CliContext:
     def settings(self) -> Settings:
         if self._settings is None:
             env, self.adopted = fleet_environ(self.personas, self.environ)
-            settings = Settings.from_env(env)
+            settings = Settings.from_env(env, model_reach=False)
             if settings.redis_url_explicit and not (env.get("SOULFLEET_PERSONAS") or "").strip():
                 # No root was given: the fleet's own (what `up` prints REDIS_URL for) rather
                 # than ./personas, which hid its personas and refused posts to them.
                 served = recorded_root(settings)
                 if served is not None:
                     env["SOULFLEET_PERSONAS"] = served
-                    settings = Settings.from_env(env)
+                    settings = Settings.from_env(env, model_reach=False)
             self._settings = settings
         return self._settings
 

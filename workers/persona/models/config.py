@@ -39,22 +39,26 @@ def spec_problem(text: str) -> str | None:
     return None
 
 
-def _check_default(spec: str, anthropic_key: str) -> None:
+def _check_default(spec: str, anthropic_key: str) -> SettingsError | None:
+    """Raise for a spec of the wrong shape; RETURN what keeps this process from reaching the
+    model (a missing key or scripted file): an error for a process that calls it, only a
+    warning for one that does not (a CLI command in a shell without the workers' secrets)."""
     problem = spec_problem(spec)
     if problem is not None:
         raise SettingsError("SOULFLEET_MODEL", problem)
     provider, _, rest = spec.strip().partition(":")
     provider, rest = provider.strip().lower(), rest.strip()
     if provider == "anthropic" and not anthropic_key:
-        raise SettingsError(
+        return SettingsError(
             "ANTHROPIC_API_KEY", f"is required: SOULFLEET_MODEL is {spec.strip()!r}, and the "
             "Anthropic API refuses every call without a key"
         )  # fmt: skip
     if provider == "scripted" and rest != "builtin" and not Path(rest).expanduser().is_file():
-        raise SettingsError(
+        return SettingsError(
             "SOULFLEET_MODEL", f"names a scripted model file that does not exist: "
             f"{Path(rest).expanduser().resolve()} (a relative path means the working directory)"
         )  # fmt: skip
+    return None
 
 
 class Secret:
@@ -99,13 +103,24 @@ class ModelConfig:
     timeout: float = 300.0
     retries: int = 3
     max_output_tokens: int = 4096
+    #: What keeps THIS process from calling the default model, when parsed with
+    #: ``reach=False`` (a missing key, a missing scripted file): for a warning.
+    unreachable: str = ""
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> ModelConfig:
-        """Parse ``environ`` (default ``os.environ``); a bad value raises SettingsError."""
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, reach: bool = True
+    ) -> ModelConfig:
+        """Parse ``environ`` (default ``os.environ``); a bad value raises SettingsError.
+
+        ``reach=False`` is for a process that never calls the default model itself (a CLI
+        command that only queues work): a missing key or scripted file is then recorded in
+        :attr:`unreachable` instead of raised, since the workers may well have them."""
         env = EnvReader(os.environ if environ is None else environ)
         default_spec = env.text("SOULFLEET_MODEL", "")
-        _check_default(default_spec, env.text("ANTHROPIC_API_KEY", ""))
+        unreachable = _check_default(default_spec, env.text("ANTHROPIC_API_KEY", ""))
+        if unreachable is not None and reach:
+            raise unreachable
         return cls(
             default_spec=default_spec,
             openai_base_url=env.text("OPENAI_BASE_URL", "https://api.openai.com/v1"),
@@ -115,4 +130,5 @@ class ModelConfig:
             timeout=env.duration("SOULFLEET_MODEL_TIMEOUT", 300.0, minimum=0.1),
             retries=env.integer("SOULFLEET_MODEL_RETRIES", 3, minimum=0),
             max_output_tokens=env.integer("SOULFLEET_MODEL_MAX_OUTPUT_TOKENS", 4096, minimum=1),
+            unreachable="" if unreachable is None else str(unreachable),
         )
