@@ -117,3 +117,25 @@ def test_run_json_that_times_out_still_prints_json(invoke: Invoke) -> None:
     outcome = json.loads(result.stdout)
     assert (outcome["persona"], outcome["status"]) == ("ava", "timeout")
     assert "no answer from 'ava'" in outcome["error"]
+
+
+def test_a_turn_stopped_by_its_token_budget_names_the_setting(
+    invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """A turn that ends at a limit says which setting it was: a bare "max_tokens" was read
+    as the session's budget (session.max_tokens) or the model's output cap."""
+    home = tmp_path / "ava"
+    home.mkdir()
+    (home / "SOUL.md").write_text("You are ava.\n")
+    (home / "rules.toml").write_text(
+        "[[rules]]\nwhen = { tool_results = 0 }\n"
+        'calls = [{ tool = "memory", args = { action = "read" } }]\n'
+        '[[rules]]\ntext = "ok"\n'
+    )
+    (home / "persona.toml").write_text('model = "scripted:rules.toml"\n')
+    result = invoke(
+        "run", "--local", str(home), "hi", environ={**env, "SOULFLEET_TURN_MAX_TOKENS": "1"}
+    )
+    assert result.exit_code == 1, result.output
+    assert "turn ended incomplete: max_tokens (the turn's token budget, " in result.stderr
+    assert "SOULFLEET_TURN_MAX_TOKENS" in result.stderr

@@ -120,8 +120,20 @@ def run(
     if report["status"] != "done":
         why = report.get("limit") or report.get("error") or report.get("reason") or report["status"]
         if not as_json:
-            click.echo(f"soulfleet: turn ended {report['status']}: {why}", err=True)
+            hint = _LIMITS.get(str(report.get("limit") or ""), "")
+            click.echo(f"soulfleet: turn ended {report['status']}: {why}{hint}", err=True)
         ctx.exit(EXIT_FAILURE)
+
+
+#: What each of a turn's limits is, for the line that says a turn stopped at one: a bare
+#: "max_tokens" was read as the session's budget (session.max_tokens) or a model cap.
+_LIMITS = {
+    "max_tokens": " (the turn's token budget, SOULFLEET_TURN_MAX_TOKENS: counted after each "
+    "model call, input included, so a large soul or history uses it up quickly)",
+    "max_model_calls": " (the turn's model calls, SOULFLEET_TURN_MAX_MODEL_CALLS)",
+    "max_tool_calls": " (the turn's tool calls, SOULFLEET_TURN_MAX_TOOL_CALLS)",
+    "max_seconds": " (the turn's wall time, SOULFLEET_TURN_MAX_SECONDS)",
+}
 
 
 def _no_worker_hint(state: CliContext, name: str, timeout: float) -> Callable[[float], None]:
