@@ -183,8 +183,8 @@ class RedisUnavailable(FleetError):
         safe = redact_url(url)
         reason = f" ({detail})" if detail else ""
         super().__init__(
-            f"Redis at {safe} is unavailable{reason}; start one with `soulfleet up` "
-            "or point REDIS_URL at a running Redis"
+            f"Redis at {safe} is unavailable{reason}: check that it runs and that REDIS_URL "
+            "points at it (on one machine, `soulfleet up` starts a fleet with its own Redis)"
         )
         self.url = safe
         self.detail = detail
