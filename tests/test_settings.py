@@ -70,6 +70,7 @@ def test_values_are_read_and_the_object_is_frozen() -> None:
         ("SOULFLEET_RETRY_FOR", "six hours", "duration such as"),
         ("SOULFLEET_RETRY_FOR", "0.5s", "duration >= 1s"),
         ("SOULFLEET_RETRY_MAX", "infh", "duration"),
+        ("SOULFLEET_RETRY_MAX", "1s", "at least SOULFLEET_RETRY_BASE (2s), got 1s"),
         ("SOULFLEET_CLAIM_TTL", "0", "duration >= 1s"),
         ("SOULFLEET_BREAKER_FAILURE_RATIO", "1.5", "fraction in (0, 1]"),
         ("SOULFLEET_BREAKER_MIN_CALLS", "0", ">= 1"),

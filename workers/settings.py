@@ -184,7 +184,14 @@ class Settings:
         lease_ttl = env.duration("SOULFLEET_LEASE_TTL", 30.0, minimum=1.0)
         mcp_raw = env.raw("SOULFLEET_MCP_CONFIG")
         mcp_config = None if mcp_raw is None else Path(mcp_raw).expanduser()
+        retry_base = env.duration("SOULFLEET_RETRY_BASE", 2.0, minimum=0.001)
         retry_max = env.duration("SOULFLEET_RETRY_MAX", 300.0, minimum=0.001)
+        if retry_max < retry_base:
+            # The cap would silently win over the base: every retry waits at most the cap.
+            raise SettingsError(
+                "SOULFLEET_RETRY_MAX",
+                f"must be at least SOULFLEET_RETRY_BASE ({retry_base:g}s), got {retry_max:g}s",
+            )
         metrics_port = env.integer("SOULFLEET_METRICS_PORT", 0)
         if metrics_port > 65535:
             raise SettingsError("SOULFLEET_METRICS_PORT", f"must be a TCP port, got {metrics_port}")
@@ -243,7 +250,7 @@ class Settings:
             tool_result_max_bytes=env.integer(
                 "SOULFLEET_TOOL_RESULT_MAX_BYTES", 128 * 1024, minimum=1
             ),
-            retry_base=env.duration("SOULFLEET_RETRY_BASE", 2.0, minimum=0.001),
+            retry_base=retry_base,
             retry_max=retry_max,
             retry_for=env.duration("SOULFLEET_RETRY_FOR", 6 * 3600.0, minimum=1.0),
             claim_ttl=env.duration("SOULFLEET_CLAIM_TTL", 6.0, minimum=1.0),
