@@ -44,7 +44,7 @@ def test_resolve_accepts_a_name_or_a_path_inside_the_root(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(
     ("directory", "suggested"),
-    [("my persona", "my-persona"), ("zoë", "zo"), ("x-dreamer", "x"), ("a..b", "a.b")],
+    [("my persona", "my-persona"), ("zoë", "zo"), ("x-dreamer", "x_dreamer"), ("a..b", "a.b")],
 )
 def test_a_directory_with_an_unusable_name_says_so_and_suggests_one(
     tmp_path: Path, directory: str, suggested: str
@@ -62,6 +62,17 @@ def test_a_directory_with_an_unusable_name_says_so_and_suggests_one(
         assert "no directory" not in str(caught.value)
     assert registry.unusable_names() == [directory]
     assert registry.names() == []
+
+
+@pytest.mark.parametrize("arg", ["..", "."])
+def test_a_path_step_is_refused_without_rename_advice(tmp_path: Path, arg: str) -> None:
+    """`soulfleet post .. hi` named no directory to rename: the error used to suggest renaming
+    the personas root's parent ("rename it, for example to 'persona'")."""
+    registry = PersonaRegistry(tmp_path / "personas")
+    (tmp_path / "personas").mkdir()
+    with pytest.raises(UnknownPersona) as caught:
+        registry.resolve(arg)
+    assert "rename" not in str(caught.value)
 
 
 def test_lanes_round_trip() -> None:

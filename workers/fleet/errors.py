@@ -144,12 +144,18 @@ class UnusablePersonaName(UnknownPersona):
     """A directory under the personas root whose name cannot be a persona (lane) name."""
 
     def __init__(self, name: str, root: Path | str) -> None:
-        FleetError.__init__(
-            self,
+        rules = (
             f"{name!r} is not a usable persona name (letters, digits, '.', '_' and '-'; at "
-            f"most 64; no '..'; not ending in -dreamer), so the fleet skips the directory "
-            f"{os.path.join(str(root), name)}: rename it, for example to {_slug(name)!r}",
+            "most 64; no '..'; not ending in -dreamer)"
         )
+        if name.strip(".") == "":  # "", "." or "..": a path step, not a directory to rename
+            message = f"{rules}: name a persona directory under {root}"
+        else:
+            message = (
+                f"{rules}, so the fleet skips the directory {os.path.join(str(root), name)}: "
+                f"rename it, for example to {_slug(name)!r}"
+            )
+        FleetError.__init__(self, message)
         self.name = name
         self.root = root
 
@@ -158,7 +164,8 @@ def _slug(name: str) -> str:
     """A usable persona name close to ``name`` (a suggestion for a rename)."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).replace("..", ".").strip("-._")[:64]
     if slug.endswith("-dreamer"):
-        slug = slug[: -len("-dreamer")]
+        # Not the bare stem: "nora-dreamer" sits beside "nora" more often than not.
+        slug = slug[: -len("-dreamer")] + "_dreamer"
     return slug or "persona"
 
 
