@@ -265,3 +265,17 @@ def test_a_default_model_this_shell_cannot_reach_is_a_warning_for_commands_that_
     local = invoke("run", "--local", str(fleet_root / "ava"), "hi", environ=shell)
     assert local.exit_code == 2, local.output
     assert "ANTHROPIC_API_KEY" in local.stderr
+
+
+@pytest.mark.parametrize(
+    "args", [("post", "milo", ""), ("post", "milo", "  \n"), ("run", "milo", "")]
+)
+def test_an_empty_message_is_refused(
+    invoke: Invoke, env: Mapping[str, str | None], args: tuple[str, ...]
+) -> None:
+    """`post milo ""` queued an empty item and woke the persona for nothing: exit 2, nothing
+    queued."""
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert "is empty" in result.stderr
+    assert lanes_for(env).status("milo")["state"] == "idle"

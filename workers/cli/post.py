@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from workers.cli.errors import BadInputError
 from workers.cli.group import cli_context, personas_option
 
 __all__ = ["post"]
@@ -46,6 +47,9 @@ def post(
     personas: Path | None,
 ) -> None:
     """Put TEXT in PERSONA's inbox (and wake it unless --no-wake)."""
+    if not text.strip():
+        raise BadInputError("TEXT is empty: nothing to post (to wake a persona, `soulfleet dream` "
+                            "or its heartbeat; to read it, `soulfleet status`)")  # fmt: skip
     state = cli_context(ctx, personas)
     state.honour_personas("post")
     name = state.checked(persona)

@@ -78,6 +78,8 @@ def run(
     personas: Path | None,
 ) -> None:
     """Run PERSONA on PROMPT (continuing its session) and print its answer."""
+    if not prompt.strip():
+        raise BadInputError("PROMPT is empty: give the persona something to answer")
     state = cli_context(ctx, personas)
     if local:
         report = _local(
