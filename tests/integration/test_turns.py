@@ -253,11 +253,12 @@ def test_a_lane_that_always_fails_is_dead_lettered_with_its_reason(harness: Harn
     kept, and other personas are unaffected."""
     harness.configure(SOULFLEET_MAX_ATTEMPTS="3")
     broken = harness.persona("broken", rules=QUICK)
-    (broken / "MEMORY.md").mkdir()  # a directory where a file should be
     harness.persona("fine", rules='[[rules]]\ntext = "fine"\n')
+    harness.fleet.post("broken", "hello", wake=True)
+    # Broken after the post (a post to a persona whose files are invalid is refused):
+    (broken / "MEMORY.md").mkdir()  # a directory where a file should be
     harness.worker(concurrency=2)
 
-    harness.fleet.post("broken", "hello", wake=True)
     wait_until(
         lambda: harness.fleet.status("broken")["state"] == "dead", timeout=60, what="dead-letter"
     )
@@ -267,6 +268,7 @@ def test_a_lane_that_always_fails_is_dead_lettered_with_its_reason(harness: Harn
     assert len(harness.events("turn.start", lane="broken")) == 1
     assert status["inflight_items"] == 1, "the item is kept for after a revive"
 
+    (broken / "MEMORY.md").rmdir()  # fixed: the dead lane keeps posts until it is revived
     kept = harness.fleet.post("broken", "still accepted", wake=True)
     assert kept.outcome == "dead"
     assert kept.turn_id is None

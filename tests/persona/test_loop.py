@@ -281,6 +281,19 @@ def test_max_tokens() -> None:
     assert roles(result) == ["user", "assistant", "tool", "assistant", "tool"]
 
 
+def test_a_call_whose_input_alone_exceeds_the_token_budget_is_never_made() -> None:
+    """A soul estimated (chars / 4) over max_tokens is not sent at all: the budget was only
+    checked after a call, so a persona with a 3 MB MEMORY.md paid 524,904 tokens against a
+    400,000 cap. Under the budget, the same soul is sent."""
+    soul = "## MEMORY.md\n\n" + "x" * 4_000  # ~1,004 tokens
+    model = ReplayModel(says("hi", tokens=5))
+    result = loop(model, system=soul, budget=Budget(max_tokens=900))
+    assert (result.status, result.limit, result.model_calls) == ("incomplete", "max_tokens", 0)
+    assert model.calls == []
+    assert loop(ReplayModel(says("hi", tokens=5)), system=soul,
+                budget=Budget(max_tokens=1_200)).status == "done"  # fmt: skip
+
+
 def test_max_seconds_on_the_injected_clock() -> None:
     """Wall time is measured on the injected clock; past max_seconds the turn stops."""
     clock = VirtualClock()

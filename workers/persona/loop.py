@@ -28,6 +28,7 @@ from workers.persona.errors import ModelError, TurnAborted
 from workers.persona.messages import Message, ToolCall, Usage
 from workers.persona.models import Model
 from workers.persona.reply_cap import cap_completion, oversize_result
+from workers.persona.session import estimate_tokens
 from workers.persona.tools import Tool, ToolResult, spec_of, time_left, tool_source
 
 __all__ = ["Budget", "Limit", "RunResult", "Status", "run_loop", "set_tool_call_observer"]
@@ -274,9 +275,19 @@ def run_loop(
     )
     specs = [spec_of(tool) for tool in turn.tools.values()]
     before = tuple(history)
+    # The soul and history are sent on every call: estimated once (chars / 4, which rather
+    # underestimates than over), so a call whose input alone would exceed the budget is never
+    # made: the token budget was only checked after a call, and a 3 MB soul was sent whole.
+    sent_every_call = estimate_tokens(before, system)
     turn.emit(Message(role="user", content=prompt))
     while True:
         limit = turn.model_limit()
+        if limit is None:
+            estimate = sent_every_call + estimate_tokens(turn.messages)
+            if turn.usage.total_tokens + estimate > budget.max_tokens:
+                limit = "max_tokens"
+                _log.info("turn.input_over_budget", estimated_input_tokens=estimate,
+                          used=turn.usage.total_tokens, max_tokens=budget.max_tokens)  # fmt: skip
         if limit is not None:
             _log.info("turn.incomplete", limit=limit, model_calls=turn.model_calls)
             return turn.result("incomplete", limit=limit)
