@@ -236,3 +236,24 @@ def test_directories_with_unusable_names_are_named_not_silently_skipped(
     assert posted.exit_code == 2
     assert "'my persona' is not a usable persona name" in posted.stderr
     assert "for example to 'my-persona'" in posted.stderr
+
+
+def test_a_running_lane_says_for_how_long_and_one_persona_shows_its_whole_error(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A turn that hangs on its provider showed plain `running` for the whole model timeout:
+    the table now says for how long. The table of ONE persona shows its error uncut (it was
+    cut at 60 characters there too)."""
+    lanes = lanes_for(env)
+    turn_id = lanes.tick("ava", kind="heartbeat").turn_id
+    assert turn_id is not None
+    assert lanes.start("ava", turn_id, "w1").status == "started"
+    table = invoke("status")
+    assert table.exit_code == 0, table.output
+    [row] = [line for line in table.stdout.splitlines() if line.startswith("ava ")]
+    assert "running for " in row
+    long_error = "ModelTimeout: " + "the provider did not answer within the timeout " * 3
+    dead_letter(lanes, "milo", error=long_error)
+    one = invoke("status", "milo")
+    assert one.exit_code == 0, one.output
+    assert " ".join(long_error.split()) in " ".join(one.stdout.split())

@@ -160,7 +160,8 @@ def _states(entry: Mapping[str, Any]) -> set[str]:
     return states
 
 
-def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
+def _row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, ...]:
+    """One table row; ``whole_error`` keeps the error uncut (a table of one persona)."""
     last = "-"
     if entry.get("last_turn"):
         last = f"{entry.get('last_status') or '?'} {ago(entry.get('last_end'))}"
@@ -179,6 +180,9 @@ def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
         state = f"retry {_until(retry_at if isinstance(retry_at, float) else None, time.time())}"
     elif state == "deferred":
         state = f"deferred ({entry.get('provider') or '?'})"
+    elif entry.get("state") == "running":
+        # A turn held by a hanging provider looked like any other for its whole timeout.
+        state = f"{state} {_for(entry.get('started_at'))}".strip()
     tokens = str(entry.get("tokens_today", 0))
     if entry.get("daily_tokens") is not None:
         tokens += f"/{entry['daily_tokens']}"
@@ -191,8 +195,15 @@ def _row(entry: Mapping[str, Any]) -> tuple[str, ...]:
         tokens,
         last,
         dreamer_state,
-        error if len(error) <= 60 else error[:57] + "...",
+        error if whole_error or len(error) <= 60 else error[:57] + "...",
     )
+
+
+def _for(since: object) -> str:
+    """``"for 80s"`` since an epoch time, ``""`` for none."""
+    if not isinstance(since, (int, float)) or since <= 0:
+        return ""
+    return "for " + ago(since).removesuffix(" ago")
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> str:
@@ -243,7 +254,11 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
     claims = lock_claims(fleet, [name])
     if claims:
         entry["lock_claims"] = claims
-    click.echo(json.dumps(entry, ensure_ascii=False) if as_json else _table([_row(entry)]))
+    click.echo(
+        json.dumps(entry, ensure_ascii=False)
+        if as_json
+        else _table([_row(entry, whole_error=True)])
+    )
     if as_json:
         return
     if entry.get("last_text"):
