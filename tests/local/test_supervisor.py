@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -9,7 +10,7 @@ from functools import partial
 from pathlib import Path
 
 from tests.support.fleet import wait_until
-from workers.local.supervisor import Child, ChildSpec, Supervisor
+from workers.local.supervisor import Child, ChildSpec, Supervisor, readable
 
 # A child that says "ready", then on SIGTERM records when and exits (or ignores it).
 _CHILD = """
@@ -117,3 +118,21 @@ def test_a_crashed_childs_log_tail_never_shows_an_earlier_run(tmp_path: Path) ->
     wait_until(supervisor.crashed, timeout=30, what="the crash")
     assert child.log_tail() == "today"
     supervisor.stop_all()
+
+
+def test_a_crash_report_shows_json_log_lines_readably() -> None:
+    """`up` prints a dead child's last lines: its JSON log lines come out as
+    ``level event key=value`` with long values cut (they were ~20 raw JSON lines); other
+    lines (a traceback) unchanged."""
+    line = json.dumps({
+        "event": "turn.end", "level": "error", "timestamp": "2026-12-01T06:00:00Z",
+        "lane": "ava", "error": "x" * 500, "attempts": 3, "extra": None,
+    })  # fmt: skip
+    shown = readable(line)
+    assert shown.startswith("error turn.end lane=ava error=xxx")
+    assert "attempts=3" in shown
+    assert "timestamp" not in shown
+    assert "extra" not in shown
+    assert len(shown) < 220
+    assert readable("Traceback (most recent call last):") == "Traceback (most recent call last):"
+    assert readable("{not json") == "{not json"

@@ -27,6 +27,7 @@ Each child's stdout and stderr go to its own log file (JSON lines with
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -40,7 +41,7 @@ import structlog
 
 from workers.local.lifeline import die_with_parent
 
-__all__ = ["Child", "ChildSpec", "Supervisor"]
+__all__ = ["Child", "ChildSpec", "Supervisor", "readable"]
 
 _log = structlog.get_logger("soulfleet.supervisor")
 _POLL = 0.05
@@ -101,12 +102,42 @@ class Child:
                 text = log.read().decode("utf-8", errors="replace")
         except OSError:
             return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(readable(line) for line in text.splitlines()[-lines:])
 
     def close(self) -> None:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+
+
+#: Longest value shown per field of a JSON log line in a crash report.
+_FIELD_MAX = 160
+#: Fields a reader of a crash report does not need (they repeat on every line).
+_NOISE = frozenset({"event", "level", "log_level", "timestamp", "ts", "logger", "pid"})
+
+
+def readable(line: str) -> str:
+    """A JSON log line as ``level event key=value ...`` (values cut at 160 characters), for a
+    person reading why a child died; any other line as it is."""
+    if not line.startswith("{"):
+        return line
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line
+    if not isinstance(record, dict) or "event" not in record:
+        return line
+    level = record.get("level") or record.get("log_level") or "-"
+    fields = []
+    for key, value in record.items():
+        if key in _NOISE or value is None:
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        text = " ".join(text.split())
+        if len(text) > _FIELD_MAX:
+            text = text[: _FIELD_MAX - 3] + "..."
+        fields.append(f"{key}={text}")
+    return " ".join([str(level), str(record["event"]), *fields])
 
 
 class Supervisor:
