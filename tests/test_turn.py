@@ -252,13 +252,8 @@ def test_trust_is_what_the_host_says_not_what_the_sender_claims(rig: Rig) -> Non
     assert "{from: ava/x@evil.com, channel: api}" in block
 
 
-def test_items_that_arrive_during_a_turn_get_a_follow_up_even_without_ticks(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An item posted while a turn runs (right after its start drained the inbox, and no tick
-    at all) makes finish queue ONE interactive follow-up that answers it. (Fails if finish
-    queues a follow-up only for ticks.)"""
-    rig.persona("ava", '[[rules]]\ntext = "ok"\n')
+def _a_post_arrives_at_start(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the next turn's start be followed at once by a post to its lane (a follow-up)."""
     lanes = rig.executor.fleet.lanes
     real_start = lanes.start
 
@@ -268,10 +263,20 @@ def test_items_that_arrive_during_a_turn_get_a_follow_up_even_without_ticks(
         return started
 
     monkeypatch.setattr(lanes, "start", start_then_a_post_arrives)
+
+
+def test_items_that_arrive_during_a_turn_get_a_follow_up_even_without_ticks(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An item posted while a turn runs (right after its start drained the inbox, and no tick
+    at all) makes finish queue ONE interactive follow-up that answers it. (Fails if finish
+    queues a follow-up only for ticks.)"""
+    rig.persona("ava", '[[rules]]\ntext = "ok"\n')
     rig.fleet.post("ava", "first")
     lane, turn_id, _ = rig.published.sent.pop()
-    report = rig.executor.execute(lane, turn_id)
-    monkeypatch.setattr(lanes, "start", real_start)
+    with monkeypatch.context() as patch:
+        _a_post_arrives_at_start(rig, patch)
+        report = rig.executor.execute(lane, turn_id)
     assert report.outcome == "done"
     assert report.follow_up is not None
     assert rig.published.sent == [("ava", report.follow_up, "interactive")]
@@ -290,20 +295,13 @@ def test_a_follow_up_not_yet_published_is_claimed_for_this_worker(
     claim that lapses, and beat re-publishes the follow-up in seconds, not after
     SOULFLEET_REAP_QUEUED_AFTER."""
     rig.persona("ava", '[[rules]]\ntext = "ok"\n')
-    lanes = rig.executor.fleet.lanes
-    real_start = lanes.start
-
-    def start_then_a_post_arrives(lane: str, turn_id: str, worker: str) -> StartOutcome:
-        started = real_start(lane, turn_id, worker)
-        assert lanes.post(lane, _item("arrived meanwhile"), wake=True).outcome == "pending"
-        return started
 
     def publisher_dies(lane: str, turn_id: str, kind: str) -> None:
         raise RuntimeError("killed before the publish")
 
     rig.fleet.post("ava", "first")
     lane, turn_id, _ = rig.published.sent.pop()
-    monkeypatch.setattr(lanes, "start", start_then_a_post_arrives)
+    _a_post_arrives_at_start(rig, monkeypatch)
     monkeypatch.setattr(rig.executor.fleet.publisher, "publish", publisher_dies)
     with pytest.raises(RuntimeError):
         rig.executor.execute(lane, turn_id)
