@@ -46,6 +46,7 @@ import itertools
 from tests.support.fleet import (
     FleetProcess,
     fleet_env,
+    post_past_the_door,
     read_events,
     start_beat,
     start_worker,
@@ -162,10 +163,7 @@ def _files_run(url: str, *, with_bad: bool) -> None:
                 # Refused at the door (Fleet.post checks the files); a file can still turn
                 # bad between a post and its turn, so queue one behind the door's back.
                 refused += 1
-                item = InboxItem.create("hello", "bench", "api")
-                outcome = fleet.lanes.post(name, item, wake=True)
-                if outcome.turn_id is not None and outcome.turn_kind is not None:
-                    fleet.publisher.publish(name, outcome.turn_id, outcome.turn_kind)
+                post_past_the_door(fleet, name, "hello")
         print(f"posts to the bad personas refused at the door (Fleet.post): {refused}/{len(bad)}")
         time.sleep(RUN_SECONDS)
         status = subprocess.run(

@@ -20,9 +20,8 @@ import pytest
 
 from tests.cli.test_up_lifetime import _env
 from tests.support.cli import copy_demo, reaping, run_soulfleet, soulfleet_argv, subprocess_env
-from tests.support.fleet import read_events, wait_until
+from tests.support.fleet import post_past_the_door, read_events, wait_until
 from workers.local.redis_server import free_port
-from workers.persona.inbox import InboxItem
 from workers.publisher import connect
 from workers.settings import Settings
 
@@ -91,12 +90,7 @@ def test_up_console_errors_once_live_counts_metrics_and_a_revive(tmp_path: Path)
         fleet = connect(settings)
         (root / "milo" / "SOUL.md").unlink()
         (root / "milo" / "SOUL.md").mkdir()  # a directory where a file should be
-        # Behind the door (Fleet.post refuses a persona whose files are invalid): a file can
-        # still turn bad between a post and its turn.
-        queued = fleet.lanes.post("milo", InboxItem.create("hello", "host", "api"), wake=True)
-        assert queued.turn_id is not None
-        assert queued.turn_kind is not None
-        fleet.publisher.publish("milo", queued.turn_id, queued.turn_kind)
+        post_past_the_door(fleet, "milo", "hello")  # Fleet.post refuses broken files
         wait_until(lambda: fleet.lanes.status("milo")["state"] == "dead", timeout=DEADLINE,
                    what="milo dead-lettered")  # fmt: skip
         status_env = {**_env(tmp_path), "SOULFLEET_PERSONAS": str(root)}

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Harness
-from tests.support.fleet import spawn, wait_until
+from tests.support.fleet import post_past_the_door, spawn, wait_until
 from workers.local.redis_server import free_port
 
 pytestmark = pytest.mark.integration
@@ -75,7 +75,7 @@ def test_failed_turns_are_failures_in_flower_with_persona_kind_and_error(
     ava = wait_until(ava_seen, timeout=90, interval=3.0, what="ava's turn in Flower")
     assert "interactive" in str(ava[0]["kwargs"])
 
-    harness.fleet.post("nora", "hello", sender="test", channel="api")
+    post_past_the_door(harness.fleet, "nora", "hello")  # Fleet.post refuses broken files
     wait_until(lambda: harness.fleet.lanes.status("nora")["state"] == "dead", timeout=90,
                what="nora's lane to be dead-lettered")  # fmt: skip
     # The lane is dead a moment before the worker logs that turn's end.

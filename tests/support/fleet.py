@@ -20,11 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.providers import FakeProvider
+from workers.fleet import Fleet
+from workers.persona.inbox import InboxItem
 
 __all__ = [
     "FleetProcess",
     "fleet_env",
     "openai_env",
+    "post_past_the_door",
     "read_events",
     "soak_seconds",
     "spawn",
@@ -281,3 +284,14 @@ def soak_seconds(default: float) -> float:
     if value <= 0:
         raise ValueError(f"SOULFLEET_TEST_SOAK must be > 0, got {raw!r}")
     return value
+
+
+def post_past_the_door(fleet: Fleet, persona: str, text: str) -> str:
+    """Queue a turn for ``persona`` the way Fleet.post does, minus its check of the persona's
+    files (which refuses an invalid persona): for tests of what a WORKER does with a persona
+    whose files turned bad after a post. Returns the turn id."""
+    outcome = fleet.lanes.post(persona, InboxItem.create(text, "tester", "api"), wake=True)
+    assert outcome.turn_id is not None, outcome
+    assert outcome.turn_kind is not None, outcome
+    fleet.publisher.publish(persona, outcome.turn_id, outcome.turn_kind)
+    return outcome.turn_id
