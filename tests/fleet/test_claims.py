@@ -166,3 +166,29 @@ def test_a_commit_without_a_publisher_or_follow_up_claims_nothing(
     fence = _running_with_a_follow_up(lanes, "bob")
     assert lanes.finish("bob", fence, status="done", text="").follow_up_turn_id is not None
     assert redis_client.zcard(lanes.keys.claimed) == 0
+
+
+def test_a_retry_queued_at_once_is_claimed_for_its_publisher_like_a_follow_up(
+    lanes: Lanes, recovery: Recovery, clock: VirtualClock, redis_client: redis.Redis
+) -> None:
+    """A failure whose backoff comes out 0 queues the retry at once (fail.lua): claimed for the
+    worker that publishes it, so a worker killed before the publish is re-published from the
+    lapsed claim, not after SOULFLEET_REAP_QUEUED_AFTER; a published one drops the claim."""
+    started = lanes.start("ava", _queued(lanes, "ava"), "w1")
+    failed = lanes.fail("ava", started.fence, error="boom", publisher="w1", claim_ttl=6)
+    assert failed.retry_turn_id is not None
+    assert redis_client.get(lanes.keys.claim("ava")) == f"w1|{failed.retry_turn_id}"
+    clock.advance(7)
+    redis_client.delete(lanes.keys.claim("ava"))  # the PX TTL ran out: same state
+    [repair] = recovery.reap_claims()
+    assert (repair.lane, repair.reason, repair.turn_id) == (
+        "ava",
+        "claim_lapsed",
+        failed.retry_turn_id,
+    )
+
+    started = lanes.start("bob", _queued(lanes, "bob"), "w1")
+    failed = lanes.fail("bob", started.fence, error="boom", publisher="w1", claim_ttl=6)
+    assert failed.retry_turn_id is not None
+    assert lanes.unclaim("bob", failed.retry_turn_id, "w1")
+    assert redis_client.zrange(lanes.keys.claimed, 0, -1) == []

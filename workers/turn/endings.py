@@ -55,9 +55,10 @@ class Endings:
             self.renewer.unregister(handle)
 
     def follow_up(self, lane: str, turn_id: str, kind: str) -> None:
-        """Publish the follow-up a commit queued (``Lanes.finish`` with this worker as its
-        ``publisher``), then drop the claim the commit took for it: were this worker killed in
-        between, the claim would lapse and beat would re-publish the turn within seconds."""
+        """Publish the turn a commit or a failure queued (``Lanes.finish``/``Lanes.fail`` with
+        this worker as its ``publisher``), then drop the claim taken for it: were this worker
+        killed in between, the claim would lapse and beat would re-publish the turn within
+        seconds."""
         self.fleet.publisher.publish(lane, turn_id, kind)
         try:
             self.fleet.lanes.unclaim(lane, turn_id, self.worker_id)
@@ -89,13 +90,15 @@ class Endings:
             kind=kind,
             backoff=(settings.retry_base, settings.retry_max),
             retry_for=settings.retry_for,
+            publisher=self.worker_id,
+            claim_ttl=settings.claim_ttl,
         )
         if failed.dead:
             _log.error(
                 "turn.dead_lettered", attempts=started.attempt, failure=kind, reason=failed.reason
             )
         elif failed.retry_turn_id and failed.kind:
-            self.fleet.publisher.publish(lane, failed.retry_turn_id, failed.kind)
+            self.follow_up(lane, failed.retry_turn_id, failed.kind)
         self.end(
             lane,
             turn_id,

@@ -3,10 +3,12 @@
 --
 -- KEYS  [1] lane hash  [2] inbox  [3] inflight list  [4] lease  [5] lanes:queued
 --       [6] lanes:running  [7] lanes:dead  (Keys.lane_keys(lane))  [8] lanes:retry
+--       [9] claim:<lane>  [10] lanes:claimed
 -- ARGV  [1] lane name  [2] fence  [3] now (ms)  [4] error text  [5] retry turn id
 --       [6] max_attempts  [7] kind: "transient" | "permanent" | "unknown"
 --       [8] backoff base (ms; 0 = queue the retry now)  [9] backoff cap (ms)
 --       [10] jitter, a uniform random number in [0, 1) drawn by the caller  [11] retry_for (ms)
+--       [12] who publishes a retry queued now ("" for no claim)  [13] its claim ttl (ms)
 -- Reply {"lost"}: the fence is not current; NOTHING changed
 --     | {"dead", turn_id, kind, reason}: the lane is dead-lettered; reason is its last_error
 --     | {"queued", turn_id, kind, retry turn id}: queued again now (the delay came out 0)
@@ -19,7 +21,9 @@
 -- Guarantees: in-flight items and ticks are KEPT either way (the retry, or the turn after a
 -- revive, gets them first); last_error/last_error_at always say why. The backoff is
 -- exponential with full jitter: jitter * min(cap, base * 2^(failures - 1)), failures counting
--- this lane's failed turns since its last success.
+-- this lane's failed turns since its last success. A retry queued now is claimed for its
+-- publisher, as finish.lua claims a follow-up (a publisher killed before the publish leaves a
+-- claim that lapses, and beat re-publishes the turn).
 local lane, lease = KEYS[1], KEYS[4]
 local queued, running, dead, retry = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local name, fence, now, kind = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
@@ -66,4 +70,8 @@ if delay > 0 then
 end
 redis.call('HSET', lane, 'state', 'queued', 'turn_id', ARGV[5], 'queued_at', now)
 redis.call('ZADD', queued, now, name)
+if (ARGV[12] or '') ~= '' then
+  redis.call('SET', KEYS[9], ARGV[12] .. '|' .. ARGV[5], 'PX', ARGV[13])
+  redis.call('ZADD', KEYS[10], now, name)
+end
 return {'queued', turn_id, turn_kind, ARGV[5]}
