@@ -260,7 +260,11 @@ class CliContext:
         """:meth:`persona`, then the persona's check-up: invalid files fail HERE (exit 2, the
         reason named) before anything is queued; warnings (an empty soul) go to stderr."""
         name = self.persona(arg)
-        checkup = check_persona(self.registry.home(name), self.settings.model)
+        checkup = check_persona(
+            self.registry.home(name),
+            self.settings.model,
+            turn_max_tokens=self.settings.turn_max_tokens,
+        )
         for warning in checkup.warnings:
             click.echo(f"soulfleet: warning: {warning}", err=True)
         return name

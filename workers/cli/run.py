@@ -204,7 +204,10 @@ def _local(
     home = persona_dir(persona, settings.personas)
     # The same check-up as a fleet command: an invalid file (a cron that can never fire) exits
     # 2 naming the key, and an empty directory is a warning, not a silent empty soul.
-    for warning in check_persona(home, settings.model, model=model_spec).warnings:
+    checkup = check_persona(
+        home, settings.model, model=model_spec, turn_max_tokens=settings.turn_max_tokens
+    )
+    for warning in checkup.warnings:
         click.echo(f"soulfleet: warning: {warning}", err=True)
     result = run_persona(
         home,

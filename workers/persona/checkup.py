@@ -22,8 +22,9 @@ from workers.persona.home import BOOTSTRAP_ORDER
 from workers.persona.models.client import HTTPModel
 from workers.persona.models.config import ModelConfig
 from workers.persona.models.spec import resolve_model
+from workers.persona.session import estimate_tokens
 
-__all__ = ["Checkup", "check_persona", "empty_soul_warning"]
+__all__ = ["Checkup", "check_persona", "empty_soul_warning", "soul_over_budget_warning"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,15 @@ class Checkup:
     warnings: list[str] = field(default_factory=list)
 
 
+def soul_over_budget_warning(name: str, size: int, limit: int) -> str:
+    return (
+        f"persona {name}'s soul alone is about {size} tokens, over the turn budget "
+        f"(SOULFLEET_TURN_MAX_TOKENS={limit}): every turn ends before its model call "
+        "(limit max_tokens). Shrink MEMORY.md (or set memory_index_cap in persona.toml) or "
+        "raise the budget"
+    )
+
+
 def empty_soul_warning(name: str) -> str:
     return (
         f"persona {name} has none of the bootstrap files ({', '.join(BOOTSTRAP_ORDER)}): it "
@@ -42,16 +52,26 @@ def empty_soul_warning(name: str) -> str:
 
 
 def check_persona(
-    path: str | os.PathLike[str], config: ModelConfig | None = None, *, model: str | None = None
+    path: str | os.PathLike[str],
+    config: ModelConfig | None = None,
+    *,
+    model: str | None = None,
+    turn_max_tokens: int | None = None,
 ) -> Checkup:
     """Load ``path`` as a turn would; raise what a turn would fail with, else list warnings.
 
     ``model`` is a spec chosen over the persona's own (``run --local --model``).
+    ``turn_max_tokens`` (SOULFLEET_TURN_MAX_TOKENS) adds a warning when the soul alone is
+    estimated over it: every turn of the persona then ends before its model call.
     """
     agent = from_dir(path)
-    _soul, found = agent.soul()
+    soul, found = agent.soul()
     resolved = resolve_model(model or agent.model, config or ModelConfig(), base_dir=agent.home)
     warnings = [] if found else [empty_soul_warning(agent.name)]
+    if turn_max_tokens is not None:
+        size = estimate_tokens((), soul)
+        if size > turn_max_tokens:
+            warnings.append(soul_over_budget_warning(agent.name, size, turn_max_tokens))
     missing = resolved.missing_key if isinstance(resolved, HTTPModel) else None
     if missing is not None:
         # A warning, not an error: the workers may well have the key this shell lacks.

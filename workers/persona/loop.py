@@ -286,8 +286,16 @@ def run_loop(
             estimate = sent_every_call + estimate_tokens(turn.messages)
             if turn.usage.total_tokens + estimate > budget.max_tokens:
                 limit = "max_tokens"
-                _log.info("turn.input_over_budget", estimated_input_tokens=estimate,
-                          used=turn.usage.total_tokens, max_tokens=budget.max_tokens)  # fmt: skip
+                _log.warning(
+                    "turn.input_over_budget",
+                    persona=persona,
+                    estimated_input_tokens=estimate,
+                    used=turn.usage.total_tokens,
+                    max_tokens=budget.max_tokens,
+                    error="the next model call's input alone would exceed the turn's token "
+                    "budget, so it was not made: shrink the soul (MEMORY.md, or "
+                    "memory_index_cap) or the history, or raise SOULFLEET_TURN_MAX_TOKENS",
+                )
         if limit is not None:
             _log.info("turn.incomplete", limit=limit, model_calls=turn.model_calls)
             return turn.result("incomplete", limit=limit)

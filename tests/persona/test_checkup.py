@@ -1,0 +1,32 @@
+"""The persona check-up every front door runs: what fails a turn raises, what runs oddly warns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.persona import make_persona
+from workers.persona.checkup import check_persona
+from workers.persona.errors import PersonaFileError
+
+
+def test_a_soul_over_the_turn_budget_is_a_warning_naming_the_setting(tmp_path: Path) -> None:
+    """A soul estimated over SOULFLEET_TURN_MAX_TOKENS can never run a model call (the loop
+    refuses a call whose input alone exceeds the budget): the check-up says so, naming the
+    setting and what to shrink, before work is queued. Under the budget, or with no budget
+    given, there is no such warning."""
+    home = make_persona(tmp_path / "ava", {"SOUL.md": "You are ava.\n", "MEMORY.md": "m" * 40_000})
+    [warning] = check_persona(home, turn_max_tokens=5_000).warnings
+    assert "SOULFLEET_TURN_MAX_TOKENS=5000" in warning
+    assert "MEMORY.md" in warning
+    assert check_persona(home, turn_max_tokens=50_000).warnings == []
+    assert check_persona(home).warnings == []
+
+
+def test_an_invalid_file_raises_what_a_turn_would(tmp_path: Path) -> None:
+    """A directory where SOUL.md should be fails the check-up as it fails a turn."""
+    home = make_persona(tmp_path / "bob", {"MEMORY.md": "x\n"})
+    (home / "SOUL.md").mkdir()
+    with pytest.raises(PersonaFileError, match=r"SOUL\.md"):
+        check_persona(home)
