@@ -14,8 +14,9 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.integration.conftest import Harness
-from tests.support.fleet import wait_until
+from tests.support.fleet import post_past_the_door, wait_until
 from tests.support.mcp_helpers import SERVER_SCRIPT, new_tag, tagged_pids, wait_gone
+from workers.persona.errors import PersonaConfigError
 from workers.persona.transcripts import FileTranscripts
 
 pytestmark = pytest.mark.integration
@@ -155,7 +156,10 @@ def test_python_tools_by_ref_and_an_invalid_ref(harness: Harness) -> None:
     [missing] = harness.events("tool.server_unavailable", persona="lonely")
     assert "not found on PATH" in missing["error"]
 
-    harness.fleet.post("broken", "hello", wake=True)
+    # Refused at the door, the key named; queued behind it, the worker's turn fails the same.
+    with pytest.raises(PersonaConfigError, match=r"tools\.python\[0\]\.ref"):
+        harness.fleet.post("broken", "hello", wake=True)
+    post_past_the_door(harness.fleet, "broken", "hello")
     wait_until(lambda: harness.fleet.status("broken")["state"] == "dead", timeout=120, what="dead")
     error = str(harness.fleet.status("broken")["last_error"])
     assert "tools.python[0].ref" in error

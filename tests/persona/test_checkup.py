@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.persona import make_persona
 from workers.persona.checkup import check_persona
-from workers.persona.errors import PersonaFileError
+from workers.persona.errors import PersonaConfigError, PersonaFileError
 
 
 def test_a_soul_over_the_turn_budget_is_a_warning_naming_the_setting(tmp_path: Path) -> None:
@@ -30,3 +30,17 @@ def test_an_invalid_file_raises_what_a_turn_would(tmp_path: Path) -> None:
     (home / "SOUL.md").mkdir()
     with pytest.raises(PersonaFileError, match=r"SOUL\.md"):
         check_persona(home)
+
+
+def test_a_python_tool_ref_the_turn_would_refuse_fails_the_check_up(tmp_path: Path) -> None:
+    """`ref = "os:abort"` (a callable not marked as a tool factory) is refused here as the
+    turn's tool building refuses it: a post to such a persona was accepted and its lane
+    dead-lettered. A good ref passes."""
+    home = make_persona(tmp_path / "ava", {"SOUL.md": "You are ava.\n"})
+    (home / "persona.toml").write_text('[[tools.python]]\nref = "os:abort"\n')
+    with pytest.raises(PersonaConfigError, match="not marked as a tool factory"):
+        check_persona(home)
+    (home / "persona.toml").write_text(
+        '[[tools.python]]\nref = "tests.support.python_tools:shout"\n'
+    )
+    assert check_persona(home).agent.name == "ava"

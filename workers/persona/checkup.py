@@ -5,7 +5,8 @@ listing its personas), because a persona whose files are invalid can only fail i
 failed turn is retried until the lane is dead-lettered: the operator would learn about a typo
 from a dead lane minutes later instead of from the command that queued the work. The check is
 exactly what a turn does first: parse ``persona.toml`` (with the one cron parser), compose the
-soul, resolve the model spec. Nothing is written; no provider is called.
+soul, resolve Python tool refs and the model spec. Nothing is written; no provider is called,
+no MCP server started.
 
 Invalid is an exception (:class:`~workers.persona.errors.PersonaError` naming the file and key,
 or :class:`~workers.persona.errors.ModelSpecError`); odd but runnable is a warning string, such as
@@ -22,7 +23,9 @@ from workers.persona.home import BOOTSTRAP_ORDER
 from workers.persona.models.client import HTTPModel
 from workers.persona.models.config import ModelConfig
 from workers.persona.models.spec import resolve_model
+from workers.persona.python_tools import resolve_ref
 from workers.persona.session import estimate_tokens
+from workers.persona.tool_config import PythonDecl
 
 __all__ = ["Checkup", "check_persona", "empty_soul_warning", "soul_over_budget_warning"]
 
@@ -66,6 +69,12 @@ def check_persona(
     """
     agent = from_dir(path)
     soul, found = agent.soul()
+    # What building the turn's tools would refuse, short of starting MCP servers: a Python
+    # tool's ref (imported; only a Tool or a marked factory is accepted). A post to a persona
+    # with a bad ref was accepted here and dead-lettered its lane at the turn.
+    for decl in agent.declared.entries:
+        if isinstance(decl, PythonDecl):
+            resolve_ref(decl, agent.declared.source)
     resolved = resolve_model(model or agent.model, config or ModelConfig(), base_dir=agent.home)
     warnings = [] if found else [empty_soul_warning(agent.name)]
     if turn_max_tokens is not None:
