@@ -106,6 +106,15 @@ def test_a_new_entry_gets_its_phase_offset_first_due(
     assert due_ms == to_ms(spec.next_due(clock.time()))
 
 
+def test_a_sync_records_the_root_it_served_for_the_cli(fleet: Fleet, persona_root: Path) -> None:
+    """Before any beat synced, the fleet knows no served root; after, it is the real path of
+    the root beat scanned (what `up` and `post --personas` compare their own root with)."""
+    assert fleet.served_root() is None
+    write_persona(persona_root, "ava", None)
+    make_sync(fleet).run()
+    assert fleet.served_root() == persona_root.resolve()
+
+
 def test_sync_adds_a_persona_created_later(
     fleet: Fleet, persona_root: Path, redis_client: redis.Redis
 ) -> None:

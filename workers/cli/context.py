@@ -201,10 +201,9 @@ class CliContext:
     def fleet_root(self) -> Path | None:
         """The personas root the fleet's workers serve, as far as anyone recorded it: beat's
         newest registry sync, else the adopted `up`'s root; None when unknown."""
-        fleet = self.fleet()
-        recorded = fleet.client.get(fleet.keys.registry_root)
-        if recorded:
-            return Path(str(recorded))
+        served = self.fleet().served_root()
+        if served is not None:
+            return served
         if self.adopted is not None:
             return Path(self.adopted.personas).expanduser().resolve()
         return None

@@ -163,9 +163,8 @@ class _Up:
             warn_if_not_persistent(self.fleet.client, url=redis_url, process="up")
         except EvictingRedis as exc:
             raise CliError(str(exc)) from None
-        recorded = self.fleet.client.get(self.fleet.keys.registry_root)
-        served = str(recorded) if recorded else ""
-        if served and Path(served) != choice.root.resolve():
+        served = self.fleet.served_root()
+        if served is not None and served != choice.root.resolve():
             # Lanes are named by persona: a same-named persona under the new root would carry
             # on the old one's sessions pointer, spend and dead letters.
             echo(f"  WARNING   this Redis last served personas from {served}, not {choice.root}: "

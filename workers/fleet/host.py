@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import redis
@@ -420,6 +421,12 @@ class Fleet:
             "redis_memory_used": int(memory.get("used_memory", 0)),
             "redis_maxmemory": int(memory.get("maxmemory", 0)),
         }
+
+    def served_root(self) -> Path | None:
+        """The personas root the fleet's workers serve, as beat's newest registry sync recorded
+        it in this Redis; None when no beat has synced here."""
+        recorded = self._call(lambda: self.client.get(self.keys.registry_root))
+        return Path(str(recorded)) if recorded else None
 
     def ping(self) -> None:
         """Raise :class:`RedisUnavailable` (URL without its password) if Redis is down."""
