@@ -1,11 +1,12 @@
 """Benchmark the fleet end to end against bare Celery, and PRINT one side-by-side table.
 
 Run:  .venv/bin/python -m tests.bench.bench_fleet [--turns N] [--slow-turns N] [--latency S]
-      [--warmup N] [--repeat R] [--concurrency N] [--seconds S] [--keep]
+      [--warmup N] [--repeat R] [--pool P] [--concurrency N] [--seconds S] [--keep]
 
 Each repeat measures three figures, each on a fresh real worker process started as the README
 says (``celery -A ... worker -P <pool> -c <concurrency> -Q <the three queues>``, pool and
-concurrency from :class:`Settings`, so the defaults unless ``--concurrency``), each with its own
+concurrency from :class:`Settings`, so the defaults unless ``--pool``/``--concurrency``; "cpu ms"
+counts the pool's child processes too), each with its own
 throwaway key and queue prefix, and ALL with the same method: the queue is filled with N
 messages before the worker starts, and the clock runs from the ``--warmup``-th completion to
 the last, so neither publishing nor the worker's start-up and warm-up is counted:
@@ -63,6 +64,7 @@ from tests.support.fleet import REPO, fleet_env
 from tests.support.providers import FakeProvider
 from tests.support.redis import live_redis, reachable
 from workers.fleet import Fleet
+from workers.pools import POOLS
 from workers.publisher import CeleryPublisher
 from workers.queues import KINDS, queue_name
 from workers.settings import Settings
@@ -138,13 +140,11 @@ class _Worker:
         return fresh
 
     def cpu_seconds(self) -> float | None:
-        """User + system CPU the worker process has used so far (Linux ``/proc``; else None)."""
-        try:
-            stat = Path(f"/proc/{self.popen.pid}/stat").read_text()
-        except OSError:
-            return None
-        fields = stat.rsplit(")", 1)[1].split()  # the command name may contain spaces
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system CPU the worker has used so far: its process and, with the prefork
+        pool, its pool children (Linux ``/proc``; else None)."""
+        stats = [_stat_fields(pid) for pid in _group(self.popen.pid)]
+        ticks = [int(fields[11]) + int(fields[12]) for fields in stats if fields]
+        return sum(ticks) / os.sysconf("SC_CLK_TCK") if ticks else None
 
     def check(self, deadline: float, what: str) -> None:
         """Raise :class:`BenchError` with the log tail if the worker died or time is up."""
@@ -438,19 +438,40 @@ class _Monitor:
         ]
 
 
-def _local_ports(pid: int) -> set[str]:
-    """Local TCP ports of ``pid``'s sockets (Linux ``/proc``): which Redis clients are its."""
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/<pid>/stat`` after the command name (state, ppid, pgrp, ...); [] if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return []
+    return stat.rsplit(")", 1)[1].split()  # the command name may contain spaces
+
+
+def _group(leader: int) -> list[int]:
+    """The live processes of ``leader``'s process group (a worker started in its own session:
+    the worker and, with the prefork pool, its children)."""
+    try:
+        pids = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return [leader]
+    return [pid for pid in pids if (fields := _stat_fields(pid)) and int(fields[2]) == leader]
+
+
+def _local_ports(leader: int) -> set[str]:
+    """Local TCP ports of the sockets of ``leader``'s process group (Linux ``/proc``): which
+    Redis clients are the worker's, its prefork children's included."""
     inodes: set[str] = set()
-    with contextlib.suppress(OSError):
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            with contextlib.suppress(OSError):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith("socket:["):
-                    inodes.add(target[8:-1])
+    for pid in _group(leader):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if target.startswith("socket:["):
+                        inodes.add(target[8:-1])
     ports: set[str] = set()
     for table in ("tcp", "tcp6"):
         with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            for line in Path(f"/proc/{leader}/net/{table}").read_text().splitlines()[1:]:
                 fields = line.split()
                 if len(fields) > 9 and fields[9] in inodes:
                     ports.add(str(int(fields[1].rsplit(":", 1)[1], 16)))
@@ -592,6 +613,12 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--warmup", type=int, default=None, help="completions not timed (default turns / 10)")
     add("--repeat", type=int, default=3, help="repeats of the three phases (default 3)")
     add(
+        "--pool",
+        choices=POOLS,
+        default=None,
+        help="SOULFLEET_WORKER_POOL for every worker, bare and fleet (default: unset)",
+    )
+    add(
         "--concurrency",
         type=int,
         default=None,
@@ -731,6 +758,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _arguments(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     extra = {"SOULFLEET_WORKER_CONCURRENCY": str(args.concurrency)} if args.concurrency else {}
+    if args.pool:
+        extra["SOULFLEET_WORKER_POOL"] = args.pool
     configured = os.environ.get("REDIS_URL", "").strip() or None
     source = "REDIS_URL" if configured and reachable(configured) else "own redis-server"
     scratch = Path(tempfile.mkdtemp(prefix="sfbench-"))
