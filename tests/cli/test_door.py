@@ -111,6 +111,27 @@ def test_a_model_spec_naming_no_model_is_refused_at_post(
     _untouched(lanes_for(env), "milo")
 
 
+def test_a_use_of_an_mcp_server_the_fleet_lacks_is_refused_at_post_and_fixed_since_after(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """`[[tools.mcp]] use = "time"` with no SOULFLEET_MCP_CONFIG: post exits 2 naming the key
+    (it was accepted and the lane dead-lettered at its turn); once the use is gone, a lane that
+    died of it is listed as fixed since, with the revive advice."""
+    _break(fleet_root / "milo", '[[tools.mcp]]\nname = "clock"\nuse = "time"\n')
+    result = invoke("post", "milo", "hi")
+    assert result.exit_code == 2, result.output
+    assert "tools.mcp[0].use" in result.stderr
+    assert "SOULFLEET_MCP_CONFIG is not set" in result.stderr
+    lanes = lanes_for(env)
+    _untouched(lanes, "milo")
+    dead_letter(lanes, "milo", error=f"PersonaConfigError: {result.stderr.split('error: ')[-1]}")
+    assert "fixed since" not in invoke("status").stdout
+    _break(fleet_root / "milo", "")
+    fixed = invoke("status")
+    assert "fixed since: 1 dead-lettered lane(s)" in fixed.stdout, fixed.stdout
+    assert "(milo)" in fixed.stdout
+
+
 def test_run_local_rejects_a_cron_that_can_never_fire(invoke: Invoke, fleet_root: Path) -> None:
     """The one cron parser: `run --local` refuses `0 0 30 2 *` (Feb 30) naming dream.cron, as
     beat does, instead of running the persona."""
@@ -265,6 +286,25 @@ def test_a_default_model_this_shell_cannot_reach_is_a_warning_for_commands_that_
     local = invoke("run", "--local", str(fleet_root / "ava"), "hi", environ=shell)
     assert local.exit_code == 2, local.output
     assert "ANTHROPIC_API_KEY" in local.stderr
+    # One refusal, not a warning that "the workers" need the key before it.
+    assert "warning" not in local.stderr, local.stderr
+    assert local.stderr.count("ANTHROPIC_API_KEY") == 1, local.stderr
+
+
+def test_run_local_refuses_a_persona_model_whose_key_is_not_set_here(
+    invoke: Invoke, fleet_root: Path, env: Mapping[str, str | None]
+) -> None:
+    """persona.toml names an Anthropic model and this shell has no key: `run --local` calls the
+    model itself, so it exits 2 naming the key (it warned that the workers need it, ran, and
+    failed with ModelAuthError, exit 1); `--model` over it runs."""
+    _break(fleet_root / "ava", 'model = "anthropic:claude-x"\n')
+    shell = {**env, "ANTHROPIC_API_KEY": ""}
+    local = invoke("run", "--local", "ava", "hi", environ=shell)
+    assert local.exit_code == 2, local.output
+    assert "needs ANTHROPIC_API_KEY, which is not set" in local.stderr
+    assert "workers that run its turns" not in local.stderr
+    scripted = invoke("run", "--local", "ava", "hi", "--model", "scripted:builtin", environ=shell)
+    assert scripted.exit_code == 0, scripted.output
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import pytest
 from tests.support.persona import make_persona
 from workers.persona.checkup import check_persona
 from workers.persona.errors import PersonaConfigError, PersonaFileError
+from workers.persona.mcp_servers import parse_mcp_servers
 
 
 def test_a_soul_over_the_turn_budget_is_a_warning_naming_the_setting(tmp_path: Path) -> None:
@@ -43,4 +44,19 @@ def test_a_python_tool_ref_the_turn_would_refuse_fails_the_check_up(tmp_path: Pa
     (home / "persona.toml").write_text(
         '[[tools.python]]\nref = "tests.support.python_tools:shout"\n'
     )
+    assert check_persona(home).agent.name == "ava"
+
+
+def test_a_use_the_fleet_mcp_config_lacks_fails_the_check_up_given_that_config(
+    tmp_path: Path,
+) -> None:
+    """`use = "time"` with no fleet server of that name is refused, naming the key and the
+    servers known, as the turn's tool building refuses it; a config that has the server passes,
+    and without a fleet config in view (None) the use is not judged."""
+    home = make_persona(tmp_path / "ava", {"SOUL.md": "You are ava.\n"})
+    (home / "persona.toml").write_text('[[tools.mcp]]\nname = "clock"\nuse = "time"\n')
+    with pytest.raises(PersonaConfigError, match=r"tools\.mcp\[0\]\.use.*SOULFLEET_MCP_CONFIG"):
+        check_persona(home, mcp_servers={})
+    time_server = parse_mcp_servers('{"mcpServers": {"time": {"command": "mcp-server-time"}}}')
+    assert check_persona(home, mcp_servers=time_server).agent.name == "ava"
     assert check_persona(home).agent.name == "ava"

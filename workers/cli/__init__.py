@@ -28,7 +28,7 @@ from workers.cli.beats import beats
 from workers.cli.context import CliContext
 from workers.cli.dream import dream
 from workers.cli.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE
-from workers.cli.group import SoulfleetGroup, quiet_logging
+from workers.cli.group import SoulfleetGroup, calls_the_model, quiet_logging
 from workers.cli.init import init
 from workers.cli.post import post
 from workers.cli.revive import revive
@@ -64,9 +64,10 @@ def cli(ctx: click.Context) -> None:
     # Errors at the door: every setting is checked before any command does anything (exit 2
     # naming the variable), including commands that would not otherwise read it. A default
     # model this shell cannot reach (no key here) is only a warning: the workers call it, and
-    # may well have the key (`up` and `run --local`, which call it, still refuse).
+    # may well have the key. `up` and `run --local`, which call it, refuse it themselves: no
+    # warning about the workers first.
     settings = Settings.from_env(state.environ, model_reach=False)
-    if settings.model.unreachable:
+    if settings.model.unreachable and not calls_the_model(ctx):
         click.echo(
             f"soulfleet: warning: {settings.model.unreachable} (the workers need it; "
             "this command does not)",

@@ -263,6 +263,7 @@ class CliContext:
             self.registry.home(name),
             self.settings.model,
             turn_max_tokens=self.settings.turn_max_tokens,
+            mcp_servers=self.settings.mcp_servers,
         )
         for warning in checkup.warnings:
             click.echo(f"soulfleet: warning: {warning}", err=True)

@@ -128,7 +128,11 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
     invalid: dict[str, str] = {}
     for name in names:
         try:
-            check_persona(fleet.registry.home(name), state.settings.model)
+            check_persona(
+                fleet.registry.home(name),
+                state.settings.model,
+                mcp_servers=state.settings.mcp_servers,
+            )
         except (PersonaError, ModelError) as exc:
             invalid[name] = str(exc)
             click.echo(f"soulfleet: skipped {name}: {exc}", err=True)

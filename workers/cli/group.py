@@ -20,9 +20,26 @@ import structlog
 from workers.cli.context import CliContext
 from workers.cli.errors import BadInputError, translate
 
-__all__ = ["SoulfleetGroup", "cli_context", "personas_option", "quiet_logging"]
+__all__ = [
+    "SoulfleetGroup",
+    "calls_the_model",
+    "cli_context",
+    "personas_option",
+    "quiet_logging",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: ``ctx.meta`` key of the group's own arguments (the command's name and its arguments).
+COMMAND_LINE = "soulfleet.command_line"
+
+
+def calls_the_model(ctx: click.Context) -> bool:
+    """The invoked command calls the model from this process (``up``, whose workers are its
+    children, and ``run --local``) instead of leaving it to the fleet's workers."""
+    line: tuple[str, ...] = ctx.meta.get(COMMAND_LINE, ())
+    command = ctx.invoked_subcommand
+    return command == "up" or (command == "run" and "--local" in line)
 
 
 class SoulfleetGroup(click.Group):
@@ -42,6 +59,7 @@ class SoulfleetGroup(click.Group):
             refusal = _not_utf8(arg)
             if refusal is not None:
                 raise BadInputError(refusal)
+        ctx.meta[COMMAND_LINE] = tuple(args)
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:

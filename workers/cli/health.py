@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -102,6 +103,10 @@ def states_of(entry: Mapping[str, Any]) -> set[str]:
     return states
 
 
+#: Tools errors that only a running MCP server can show (see :func:`fixed_since`).
+_SERVER_ONLY = re.compile(r"key 'tools\.[^']*\.(allow|name)'|and so does")
+
+
 def _config_error(error: str) -> bool:
     return any(name in error for name in CONFIG_ERRORS)
 
@@ -120,15 +125,16 @@ def fixed_since(
     fixed: list[tuple[str, str]] = []
     for lane in dead:
         error = str(fleet.lanes.status(lane).get("last_error") or "")
-        if not _config_error(error) or "'tools." in error:
-            # A tools error (an allow-list naming a tool the server lacks) shows only when the
-            # server runs: the check-up does not start servers, so it cannot say it is fixed.
+        if not _config_error(error) or _SERVER_ONLY.search(error):
+            # Only a running server shows these (an allow-list naming a tool it lacks, a tool
+            # name it makes too long, a name two tools share): the check-up starts no servers,
+            # so it cannot say they are fixed.
             continue
         name, _role = fleet.registry.parse_lane(lane)
         if invalid is not None and name in invalid:
             continue
         try:
-            check_persona(fleet.registry.home(name), config)
+            check_persona(fleet.registry.home(name), config, mcp_servers=fleet.settings.mcp_servers)
         except (SoulfleetError, ValueError, OSError):
             continue
         fixed.append((lane, error))

@@ -250,7 +250,9 @@ def describe_personas(root: Path, settings: Settings) -> tuple[list[str], int]:
     lanes = 0
     for name in names:
         try:
-            checkup = check_persona(registry.home(name), settings.model)
+            checkup = check_persona(
+                registry.home(name), settings.model, mcp_servers=settings.mcp_servers
+            )
         except (PersonaError, ModelSpecError, ValueError) as exc:
             lines.append(f"{name:<{width}}  INVALID: {' '.join(str(exc).split())}")
             lanes += 1

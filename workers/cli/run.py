@@ -205,7 +205,12 @@ def _local(
     # The same check-up as a fleet command: an invalid file (a cron that can never fire) exits
     # 2 naming the key, and an empty directory is a warning, not a silent empty soul.
     checkup = check_persona(
-        home, settings.model, model=model_spec, turn_max_tokens=settings.turn_max_tokens
+        home,
+        settings.model,
+        model=model_spec,
+        turn_max_tokens=settings.turn_max_tokens,
+        mcp_servers=settings.mcp_servers,
+        calls_model=True,
     )
     for warning in checkup.warnings:
         click.echo(f"soulfleet: warning: {warning}", err=True)

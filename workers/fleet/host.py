@@ -162,7 +162,11 @@ class Fleet:
         would only be dead-lettered, so the item is refused while its sender still has it.
         """
         name = self.registry.resolve(persona)
-        check_persona(self.registry.home(name), self.settings.model)
+        check_persona(
+            self.registry.home(name),
+            self.settings.model,
+            mcp_servers=self.settings.mcp_servers,
+        )
         self._refuse_if_stopped(name)
         if new_session:
             self.lanes.reset_session(name)

@@ -16,10 +16,13 @@ a directory with no bootstrap file at all, which runs with an empty soul.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from workers.persona.agent import AgentDef, from_dir
+from workers.persona.errors import ModelSpecError
 from workers.persona.home import BOOTSTRAP_ORDER
+from workers.persona.mcp_servers import FleetServer, check_uses
 from workers.persona.models.client import HTTPModel
 from workers.persona.models.config import ModelConfig
 from workers.persona.models.spec import resolve_model
@@ -60,18 +63,27 @@ def check_persona(
     *,
     model: str | None = None,
     turn_max_tokens: int | None = None,
+    mcp_servers: Mapping[str, FleetServer] | None = None,
+    calls_model: bool = False,
 ) -> Checkup:
     """Load ``path`` as a turn would; raise what a turn would fail with, else list warnings.
 
     ``model`` is a spec chosen over the persona's own (``run --local --model``).
     ``turn_max_tokens`` (SOULFLEET_TURN_MAX_TOKENS) adds a warning when the soul alone is
     estimated over it: every turn of the persona then ends before its model call.
+    ``mcp_servers`` (the fleet's MCP config, SOULFLEET_MCP_CONFIG) checks that each ``use`` of
+    persona.toml names one of its servers; None skips that check (no fleet in view).
+    ``calls_model``: this process calls the model itself (``run --local``), so a model whose
+    API key is not set here is a :class:`ModelSpecError`, not a warning about the workers.
     """
     agent = from_dir(path)
     soul, found = agent.soul()
     # What building the turn's tools would refuse, short of starting MCP servers: a Python
-    # tool's ref (imported; only a Tool or a marked factory is accepted). A post to a persona
-    # with a bad ref was accepted here and dead-lettered its lane at the turn.
+    # tool's ref (imported; only a Tool or a marked factory is accepted) and a ``use`` of a
+    # server the fleet file lacks. A post to a persona with either was accepted here and
+    # dead-lettered its lane at the turn.
+    if mcp_servers is not None:
+        check_uses(agent.declared, mcp_servers)
     for decl in agent.declared.entries:
         if isinstance(decl, PythonDecl):
             resolve_ref(decl, agent.declared.source)
@@ -82,6 +94,12 @@ def check_persona(
         if size > turn_max_tokens:
             warnings.append(soul_over_budget_warning(agent.name, size, turn_max_tokens))
     missing = resolved.missing_key if isinstance(resolved, HTTPModel) else None
+    if missing is not None and calls_model:
+        raise ModelSpecError(
+            f"persona {agent.name}'s model {resolved.spec!r} needs {missing}, which is not set: "
+            "this command calls the model itself; set it, or leave the turn to the fleet's "
+            "workers (without --local)"
+        )
     if missing is not None:
         # A warning, not an error: the workers may well have the key this shell lacks.
         warnings.append(
