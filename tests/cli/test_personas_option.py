@@ -63,6 +63,23 @@ def test_beats_refuses_and_status_honours_personas(
     assert [entry["persona"] for entry in payload["personas"]] == ["zed"]
 
 
+def test_status_of_another_root_warns_that_its_lane_state_is_the_fleets_personas(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path, tmp_path: Path
+) -> None:
+    """status --personas OTHER lists OTHER's nora with the fleet's nora's lane state (lanes are
+    named by persona): a warning on stderr names both roots, stdout stays clean JSON; the
+    fleet's own root gets no warning."""
+    sync_registry(env)
+    other = copy_demo(tmp_path / "other")
+    result = invoke("status", "--json", "--personas", str(other))
+    assert result.exit_code == 0, result.output
+    assert f"serve personas from {fleet_root.resolve()}, not {other.resolve()}" in result.stderr
+    assert json.loads(result.stdout)["personas"]
+    one = invoke("status", "nora", "--personas", str(other))
+    assert "same-named persona there" in one.stderr
+    assert "warning" not in invoke("status", "--personas", str(fleet_root)).stderr
+
+
 def test_a_soulfleet_personas_other_than_the_fleets_is_refused_on_commands_that_send_work(
     invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
 ) -> None:

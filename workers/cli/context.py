@@ -255,6 +255,21 @@ class CliContext:
             f"{served}), or use `soulfleet run --local` for a directory anywhere"
         )
 
+    def foreign_root_warning(self) -> str | None:
+        """Why lane state shown for this command's personas root belongs to other personas:
+        the fleet's workers serve another root, and lanes are named by persona, so a
+        same-named persona there owns what Redis holds (None when the roots agree or the
+        fleet's root is unknown)."""
+        served = self.fleet_root()
+        mine = self.settings.personas.expanduser().resolve()
+        if served is None or served == mine:
+            return None
+        return (
+            f"the fleet's workers serve personas from {served}, not {mine}: the lane state shown "
+            f"for a persona here is that of its same-named persona there, if any. Drop "
+            "--personas (and SOULFLEET_PERSONAS) to see the fleet's own personas"
+        )
+
     def checked(self, arg: str) -> str:
         """:meth:`persona`, then the persona's check-up: invalid files fail HERE (exit 2, the
         reason named) before anything is queued; warnings (an empty soul) go to stderr."""

@@ -239,6 +239,9 @@ def status(
 ) -> None:
     """Show PERSONA's lanes, or every persona's plus fleet-wide counts."""
     state = cli_context(ctx, personas)
+    foreign = state.foreign_root_warning()
+    if foreign is not None:
+        click.echo(f"soulfleet: warning: {foreign}", err=True)
     if persona is not None:
         _status_one(state, persona, as_json=as_json)
     else:
