@@ -64,6 +64,18 @@ def test_post_directory_outside_the_root_says_so(invoke: Invoke, tmp_path: objec
     result = invoke("post", str(tmp_path), "hi")
     assert result.exit_code == 2
     assert "only reach personas under the fleet's root" in result.stderr
+    # One statement of where it is, not "no directory ... (that directory exists ...)".
+    assert "is a directory outside the personas root" in result.stderr
+    assert "no directory" not in result.stderr
+
+
+def test_a_path_that_does_not_exist_is_not_said_to_be_under_the_root(invoke: Invoke) -> None:
+    """`post /nonexistent hi` named "no directory '/nonexistent' under <root>", as though an
+    absolute path were looked up under the root: now it says there is no such directory."""
+    result = invoke("post", "/nonexistent/ava", "hi")
+    assert result.exit_code == 2
+    assert "no directory '/nonexistent/ava'; a persona is a subdirectory of" in result.stderr
+    assert "'/nonexistent/ava' under" not in result.stderr
 
 
 def test_post_inbox_full_exit_1(invoke: Invoke, env: Mapping[str, str | None]) -> None:

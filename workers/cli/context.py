@@ -185,13 +185,7 @@ class CliContext:
         except UnknownPersona as unknown:
             path = Path(arg).expanduser()
             if path.is_dir():
-                raise UnknownPersona(
-                    arg,
-                    f"{registry.root} (that directory exists, but fleet commands only reach "
-                    "personas under the fleet's root: start a fleet on its parent "
-                    "(`soulfleet up --personas DIR`), or use `soulfleet run --local` for a "
-                    "directory anywhere)",
-                ) from None
+                raise UnknownPersona(arg, registry.root, outside=True) from None
             if not self.settings.redis_url_explicit:
                 # No fleet was found to take the personas root from: say that too, since the
                 # usual cause is an `up` this command did not find (`up --data DIR`).

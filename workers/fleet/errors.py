@@ -115,11 +115,26 @@ class UnknownPersona(FleetError):
 
     retryable = False
 
-    def __init__(self, name: str, root: Path | str) -> None:
-        super().__init__(
-            f"unknown persona {name!r}: no directory {name!r} under {root} (the personas "
-            "root: SOULFLEET_PERSONAS or --personas); each persona is one subdirectory there"
-        )
+    def __init__(self, name: str, root: Path | str, *, outside: bool = False) -> None:
+        """``outside``: ``name`` is a directory that exists, but not under ``root``."""
+        shown = os.path.abspath(os.path.expanduser(root))  # "personas" alone reads oddly
+        root_is = f"the personas root {shown} (SOULFLEET_PERSONAS or --personas)"
+        if outside:
+            problem = (
+                f"{name!r} is a directory outside {root_is}, and fleet commands only reach "
+                "personas under the fleet's root: start a fleet on its parent (`soulfleet up "
+                "--personas DIR`), or use `soulfleet run --local` for a directory anywhere"
+            )
+        elif os.sep in name or name.startswith(("~", ".")):
+            problem = (
+                f"no directory {name!r}; a persona is a subdirectory of {root_is}, named "
+                "or given by its path"
+            )
+        else:
+            problem = (
+                f"no directory {name!r} under {root_is}; each persona is one subdirectory there"
+            )
+        super().__init__(f"unknown persona {name!r}: {problem}")
         self.name = name
         self.root = root
 
