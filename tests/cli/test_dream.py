@@ -57,6 +57,8 @@ def test_dream_all_times_out_with_a_summary(invoke: Invoke, env: Mapping[str, st
     assert "failed: milo-dreamer" in result.stdout
     assert "still running: ava-dreamer, nora-dreamer" in result.stdout
     assert lanes_for(env).status("ava-dreamer")["state"] == "queued"
+    # Not a terminal: no progress bar, whose bare label was left as a stray "dreaming" line.
+    assert [line for line in result.stderr.splitlines() if line.strip() == "dreaming"] == []
 
 
 @pytest.mark.parametrize("args", [(), ("ava", "--all")])

@@ -18,7 +18,9 @@ import json
 import sys
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Protocol
 
 import click
 
@@ -49,7 +51,7 @@ def watch_batch(
     done: list[str] = []
     failed: list[str] = []
     deadline = time.monotonic() + timeout
-    with click.progressbar(length=len(pending), label="dreaming", file=sys.stderr) as bar:
+    with _progress(len(pending)) as bar:
         while pending:
             for lane, last in list(pending.items()):
                 state = fleet.lanes.status(lane)
@@ -67,6 +69,23 @@ def watch_batch(
                 break
             time.sleep(poll)
     return done, failed, sorted(pending)
+
+
+class _Bar(Protocol):
+    def update(self, n_steps: int) -> None: ...
+
+
+class _NoBar:
+    def update(self, n_steps: int) -> None:
+        pass
+
+
+def _progress(length: int) -> AbstractContextManager[_Bar]:
+    """A progress bar on a terminal's stderr; elsewhere none (click printed its bare label,
+    a stray "dreaming" line in a log or a pipe)."""
+    if not sys.stderr.isatty():
+        return nullcontext(_NoBar())
+    return click.progressbar(length=length, label="dreaming", file=sys.stderr)
 
 
 @click.command()
