@@ -68,3 +68,13 @@ def test_soul_invalid_persona_toml_names_the_key(invoke: Invoke, fleet_root: Pat
     assert result.stderr.count("\n") == 1
     assert "heartbeat.evrey" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_a_directory_with_no_bootstrap_file_is_a_warning(invoke: Invoke, tmp_path: Path) -> None:
+    """`soulfleet soul /etc` printed an empty soul with no word that the directory is no
+    persona yet: the empty-soul warning `post` gives, on stderr; stdout stays the (empty) soul."""
+    result = invoke("soul", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert "has none of the bootstrap files" in result.stderr
+    assert "soulfleet init DIR" in result.stderr
+    assert result.stdout == "\n"

@@ -87,3 +87,13 @@ def test_a_bad_ref_is_an_invalid_persona(invoke: Invoke, tmp_path: Path) -> None
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1
     assert "persona.toml: key 'tools.python[0].ref' cannot import module" in result.stderr
+
+
+def test_a_persona_with_no_tools_says_so(invoke: Invoke, tmp_path: Path) -> None:
+    """`memory = false` and nothing declared: one line saying there are no tools (it printed
+    nothing at all, exit 0, which reads as a failure to list)."""
+    home = _persona(tmp_path, "memory = false\n")
+    result = invoke("tools", str(home))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "persona handy has no tools (memory = false, none declared)\n"
+    assert json.loads(invoke("tools", str(home), "--json").stdout)["tools"] == []

@@ -15,6 +15,7 @@ import click
 
 from workers.cli.context import persona_dir
 from workers.cli.group import cli_context
+from workers.persona.checkup import empty_soul_warning
 from workers.persona.home import compose_soul
 from workers.persona.manifest import load_manifest
 
@@ -42,4 +43,6 @@ def soul(ctx: click.Context, directory: str, as_json: bool) -> None:
         return
     size = len(text.encode("utf-8"))
     click.echo(f"found: {', '.join(found) or '(no bootstrap files)'} ({size} bytes)", err=True)
+    if not found:  # `soulfleet soul /etc` is a directory, not yet a persona: say so
+        click.echo(f"soulfleet: warning: {empty_soul_warning(path.resolve().name)}", err=True)
     click.echo(text)
