@@ -93,6 +93,16 @@ def test_a_bad_value_fails_loudly_naming_the_variable(variable: str, value: str,
     assert says in str(caught.value)
 
 
+def test_a_retry_base_over_the_default_cap_says_the_cap_is_its_default() -> None:
+    """SOULFLEET_RETRY_BASE=10m alone: the error is about SOULFLEET_RETRY_MAX, which the user
+    never set, so it says its 300s is the default and both ways out."""
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env({"SOULFLEET_RETRY_BASE": "10m"})
+    message = str(caught.value)
+    assert "got 300s (its default: it is not set)" in message
+    assert "raise SOULFLEET_RETRY_MAX or lower SOULFLEET_RETRY_BASE" in message
+
+
 def test_visibility_timeout_must_outlast_the_longest_turn() -> None:
     """A visibility timeout under twice the worst turn would let the broker redeliver turns
     that are still running: refused at start-up. The default follows the turn budget."""

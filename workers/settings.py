@@ -188,9 +188,12 @@ class Settings:
         retry_max = env.duration("SOULFLEET_RETRY_MAX", 300.0, minimum=0.001)
         if retry_max < retry_base:
             # The cap would silently win over the base: every retry waits at most the cap.
+            unset = env.raw("SOULFLEET_RETRY_MAX") is None
+            got = f"{retry_max:g}s (its default: it is not set)" if unset else f"{retry_max:g}s"
             raise SettingsError(
                 "SOULFLEET_RETRY_MAX",
-                f"must be at least SOULFLEET_RETRY_BASE ({retry_base:g}s), got {retry_max:g}s",
+                f"must be at least SOULFLEET_RETRY_BASE ({retry_base:g}s), got {got}; raise "
+                "SOULFLEET_RETRY_MAX or lower SOULFLEET_RETRY_BASE",
             )
         metrics_port = env.integer("SOULFLEET_METRICS_PORT", 0)
         if metrics_port > 65535:
