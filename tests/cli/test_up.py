@@ -191,6 +191,24 @@ def test_a_child_that_keeps_dying_stops_up(tmp_path: Path) -> None:
         assert not (running.data / "up.json").exists()
 
 
+def test_the_demo_welcome_is_posted_on_the_first_start_only(tmp_path: Path) -> None:
+    """Each start posted nora another identical `remember: soulfleet up started ...` item, and
+    MEMORY.md grew a line per start: now only the start that copies the demo posts it."""
+    memory = tmp_path / "xdg" / "soulfleet" / "personas" / "nora" / "MEMORY.md"
+    with start_up(tmp_path) as first:
+        wait_until(lambda: first.alive() and "memory  nora wrote MEMORY.md (add)" in first.text(),
+                   timeout=DEADLINE, what="the welcome written")  # fmt: skip
+        first.process.send_signal(signal.SIGINT)
+        assert first.process.wait(timeout=120) == 0, first.text()
+    with start_up(tmp_path, output_name="up2.out") as second:
+        wait_until(lambda: second.alive() and "is sweeping schedules" in second.text(),
+                   timeout=DEADLINE, what="the second start")  # fmt: skip
+        assert "posted  nora" not in second.text()
+        second.process.send_signal(signal.SIGINT)
+        assert second.process.wait(timeout=120) == 0, second.text()
+    assert memory.read_text("utf-8").count("soulfleet up started this fleet at") == 1
+
+
 def test_a_data_folder_reused_with_another_personas_root_is_warned_about(tmp_path: Path) -> None:
     """The data folder's Redis keeps lanes by persona name: starting `up` on it with another
     personas root says so in the banner (same-named personas would share lane state)."""

@@ -197,7 +197,9 @@ class _Up:
             echo(f"  flower    http://127.0.0.1:{flower_port}/ ({auth_note})")
         echo(f"  metrics   {metrics_line(specs, settings.metrics_host)}")
         echo("Ctrl-C stops everything.")
-        if choice.demo and (choice.root / WELCOME_PERSONA).is_dir():
+        # Once, when the demo is copied: on every start it piled one more identical
+        # `remember:` line into nora's MEMORY.md.
+        if choice.demo and WELCOME_PERSONA in choice.installed:
             text = welcome_text()
             self.fleet.post(WELCOME_PERSONA, text, sender="soulfleet-up", channel="cli")
             self.reporter.line("posted", f"{WELCOME_PERSONA} <- {text!r} (Fleet.post)")
