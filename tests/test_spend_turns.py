@@ -215,6 +215,28 @@ def test_over_budget_skips_background_turns_but_not_conversations(rig: Rig) -> N
     assert len(rig.server.requests) == calls + 2
 
 
+def test_a_post_behind_a_queued_heartbeat_is_a_conversation_not_a_skipped_beat(
+    rig: Rig,
+) -> None:
+    """A post that arrives while a heartbeat turn is queued shares that turn: the turn drains
+    it, so it is a conversation. Over a skip_background budget it was skipped as a heartbeat
+    and the post dropped with it (lane idle, inbox empty, no reply, no error); under
+    heartbeat.model it went to the heartbeat's model. Now it runs on the persona's model."""
+    toml = BUDGET_TOML.replace('every = "30m"', 'every = "30m"\nmodel = "openai:beat"')
+    rig.persona("ava", toml, HEARTBEAT_md="- water the plants\n")
+    for _ in range(2):  # 2 x 18 tokens = 36 >= 30: background turns are skipped from now
+        rig.fleet.post("ava", "hello")
+        assert rig.run_all() == ["done"]
+    rig.fleet.tick("ava")
+    assert rig.fleet.status("ava")["state"] == "queued"
+    rig.fleet.post("ava", "remember: the fern needs shade")
+    assert rig.run_all() == ["done"]
+    assert rig.models_seen()[-1] == "talk"
+    last = rig.server.bodies[-1]
+    assert "the fern needs shade" in str(last["messages"])
+    assert rig.fleet.status("ava")["inbox_depth"] == 0
+
+
 def test_stop_refuses_a_post_at_the_door_and_tells_the_sender_why(rig: Rig) -> None:
     """on_exceed = "stop": a post to an over-budget persona is refused by Fleet.post itself,
     saying the budget is used up and when it resets, so its sender still has the item (a turn

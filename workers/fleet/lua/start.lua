@@ -11,6 +11,7 @@
 --        last_pass, born, item JSON...}
 --       items: in-flight items left by a dead worker FIRST (recovered = their count), then the
 --       whole inbox in arrival order; ticks = in-flight ticks (recovered ones included).
+--       kind: the lane's, except that a heartbeat turn that drains items is "interactive".
 --       commits, session, session_epoch, last_pass: the lane's fields as this start found them
 --       (what the turn needs to know before its first write, in this one round trip; '' when
 --       unset). born: when this lane's state was created in Redis (ms; set by its first start,
@@ -75,9 +76,17 @@ redis.call('HSET', lane, 'ticks', 0, 'state', 'running', 'started_at', now, 'wor
 redis.call('ZREM', queued, name)
 redis.call('ZADD', running, tonumber(now) + tonumber(ARGV[5]), name)
 
-local reply = {'started', fence, attempt, f[5] or '', ticks, recovered,
-  f[6] or '', f[7] or '', f[8] or '', f[9] or '', born}
 local items = redis.call('LRANGE', inflight, 0, -1)
+-- A turn that drains inbox items is a conversation, whatever queued it: a post that arrived
+-- behind a queued heartbeat must get the conversation's model and budget rules (a heartbeat
+-- turn over budget is skipped, and its items with it).
+local kind = f[5] or ''
+if kind == 'heartbeat' and #items > 0 then
+  kind = 'interactive'
+  redis.call('HSET', lane, 'kind', kind)
+end
+local reply = {'started', fence, attempt, kind, ticks, recovered,
+  f[6] or '', f[7] or '', f[8] or '', f[9] or '', born}
 for i = 1, #items do
   reply[#reply + 1] = items[i]
 end
