@@ -93,6 +93,25 @@ def test_the_soul_is_frozen_for_the_session(home: Path) -> None:
     assert [m.content for m in model.calls[2].messages] == ["fresh start"]
 
 
+def test_a_session_whose_frozen_soul_is_over_its_budget_is_not_continued(home: Path) -> None:
+    """A soul frozen while MEMORY.md was huge (alone over session.max_tokens) would end every
+    later turn before its model call, even after MEMORY.md is trimmed, until someone reset the
+    session: the next turn starts a new session that reads the files as they are now."""
+    (home / "persona.toml").write_text("[session]\nmax_tokens = 2000\nkeep_tail = 500\n")
+    (home / "MEMORY.md").write_text("- a fact worth keeping\n" * 600, encoding="utf-8")
+    model = ReplayModel(recall)
+    run(home, "my name is Bob", model, session=True)
+    (home / "MEMORY.md").write_text("- trimmed\n", encoding="utf-8")
+    run(home, "hello again", model, session=True)
+    assert "a fact worth keeping" in model.calls[0].system
+    assert "a fact worth keeping" not in model.calls[1].system
+    assert "- trimmed" in model.calls[1].system
+    assert [m.content for m in model.calls[1].messages] == ["hello again"]
+    (home / "MEMORY.md").write_text("- trimmed again\n", encoding="utf-8")
+    run(home, "and again", model, session=True)  # a soul within budget stays frozen
+    assert model.calls[2].system == model.calls[1].system
+
+
 def test_idle_reset_on_a_virtual_clock(home: Path) -> None:
     """A turn within idle_reset of the last one continues; after it, a new session starts."""
     (home / "persona.toml").write_text('[session]\nidle_reset = "1h"\n', encoding="utf-8")

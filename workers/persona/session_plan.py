@@ -8,7 +8,9 @@ and the fleet's turn executor); only where the pointer lives differs (see
 
 * the committed state still going on (same reset epoch, not idle, no daily reset passed):
   continue it, its frozen soul and its history, compacted first if over budget;
-* otherwise a new session: the soul is composed NOW and frozen; no history. Its id is derived
+* otherwise a new session: the soul is composed NOW and frozen; no history. A session whose
+  frozen soul alone is over ``session.max_tokens`` is not continued either (reason
+  ``soul_over_budget``): no compaction could make its turns fit. Its id is derived
   from the ended session's id (:func:`~workers.persona.session.next_session_id`), so a retry
   of the turn, and silent beats before the session's first real turn, share one transcript.
 
@@ -42,6 +44,7 @@ from workers.persona.session import (
     Pointer,
     SessionConfig,
     SessionState,
+    estimate_tokens,
     new_session_id,
     next_session_id,
 )
@@ -71,7 +74,7 @@ class SessionPlan:
     base: SessionState | None
     started_at: float
     new: bool
-    reason: str  # continued | first | idle | daily | reset | missing | ephemeral
+    reason: str  # continued | first | idle | daily | reset | missing | soul_over_budget | ephemeral
     compaction: Compaction | None = None
     persist: bool = True
 
@@ -149,6 +152,12 @@ def plan_turn(
         reason = "reset"
     else:
         reason = config.expired(base, now)
+        if reason is None and estimate_tokens((), base.soul) > config.max_tokens:
+            # The session's soul was frozen at its start: alone over the session budget, no
+            # compaction can make a turn fit, and every turn would end before its model call
+            # (a MEMORY.md trimmed since would never be seen). A new session reads the files
+            # as they are now.
+            reason = "soul_over_budget"
     if reason is not None:
         soul, found = compose()
         if base is not None and config.idle_reset > 0:
