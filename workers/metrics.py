@@ -11,6 +11,8 @@ registers, so a fleet with many workers does not report the same lanes many time
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Iterable
 
 import structlog
@@ -258,10 +260,22 @@ class LaneStateCollector(Collector):
         )
 
 
+#: Seconds between attempts to bind a metrics port that was taken at start.
+METRICS_RETRY_EVERY = 10.0
+
+
 def serve_metrics(
-    port: int, *, host: str = "127.0.0.1", collector: Collector | None = None
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    collector: Collector | None = None,
+    retry_every: float = METRICS_RETRY_EVERY,
 ) -> bool:
-    """Serve ``/metrics`` on ``host:port`` (0 = off). A taken port is logged, never fatal.
+    """Serve ``/metrics`` on ``host:port`` (0 = off); True if it is served from now on.
+
+    A taken port is logged, never fatal, and tried again every ``retry_every`` seconds on a
+    daemon thread (0: never): a worker restarted while the old one still shuts down and holds
+    the port ran without metrics until its next restart, a blind spot nobody was told of twice.
 
     Loopback by default (``SOULFLEET_METRICS_HOST``): metrics are not secret, but a port open
     to the network is a choice the operator makes, not a default.
@@ -273,7 +287,26 @@ def serve_metrics(
     try:
         start_http_server(port, addr=host)
     except OSError as exc:
-        _log.error("metrics.port_unavailable", host=host, port=port, error=str(exc))
+        _log.error("metrics.port_unavailable", host=host, port=port, error=str(exc),
+                   retry_every=retry_every or None)  # fmt: skip
+        if retry_every > 0:
+            threading.Thread(
+                target=_serve_later, args=(port, host, retry_every),
+                name="soulfleet-metrics-retry", daemon=True,
+            ).start()  # fmt: skip
         return False
     _log.info("metrics.serving", host=host, port=port)
     return True
+
+
+def _serve_later(port: int, host: str, every: float) -> None:
+    tries = 1
+    while True:
+        time.sleep(every)
+        tries += 1
+        try:
+            start_http_server(port, addr=host)
+        except OSError:
+            continue
+        _log.info("metrics.serving", host=host, port=port, tries=tries)
+        return
