@@ -289,6 +289,11 @@ def test_a_default_model_this_shell_cannot_reach_is_a_warning_for_commands_that_
     # One refusal, not a warning that "the workers" need the key before it.
     assert "warning" not in local.stderr, local.stderr
     assert local.stderr.count("ANTHROPIC_API_KEY") == 1, local.stderr
+    # A persona with a model of its own never calls the default: run --local runs it.
+    _break(fleet_root / "ava", 'model = "scripted:builtin"\n')
+    own = invoke("run", "--local", str(fleet_root / "ava"), "hi", environ=shell)
+    assert own.exit_code == 0, own.output
+    assert "echo you: hi" in own.stdout
 
 
 def test_run_local_refuses_a_persona_model_whose_key_is_not_set_here(

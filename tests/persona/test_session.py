@@ -18,6 +18,7 @@ from workers.persona.clock import VirtualClock
 from workers.persona.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from workers.persona.driver import start_agent
 from workers.persona.errors import ModelServerError, PersonaConfigError
+from workers.persona.loop import Budget
 from workers.persona.manifest import load_manifest
 from workers.persona.messages import Completion, Usage
 from workers.persona.runner import run
@@ -110,6 +111,21 @@ def test_a_session_whose_frozen_soul_is_over_its_budget_is_not_continued(home: P
     (home / "MEMORY.md").write_text("- trimmed again\n", encoding="utf-8")
     run(home, "and again", model, session=True)  # a soul within budget stays frozen
     assert model.calls[2].system == model.calls[1].system
+
+
+def test_a_frozen_soul_over_the_turn_budget_is_not_continued_either(home: Path) -> None:
+    """session.max_tokens at its default, the turn budget smaller than the soul: the first turn
+    ends before its model call (input over budget) and its session keeps that soul; after
+    MEMORY.md is trimmed the next turn must read the files anew, not end the same way again."""
+    (home / "MEMORY.md").write_text("- a fact worth keeping\n" * 600, encoding="utf-8")
+    model = ReplayModel(recall)
+    budget = Budget(max_tokens=3000)
+    first = run(home, "my name is Bob", model, budget, session=True)
+    assert (first.status, first.limit, len(model.calls)) == ("incomplete", "max_tokens", 0)
+    (home / "MEMORY.md").write_text("- trimmed\n", encoding="utf-8")
+    second = run(home, "hello again", model, budget, session=True)
+    assert second.status == "done"
+    assert "- trimmed" in model.calls[0].system
 
 
 def test_idle_reset_on_a_virtual_clock(home: Path) -> None:

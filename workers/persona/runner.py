@@ -60,12 +60,17 @@ def model_for(
     """The model a turn of ``agent`` uses (precedence in the module docstring)."""
     if model is not None and not isinstance(model, str):
         return model
-    settings = config if config is not None else ModelConfig.from_env()
+    # Whether this process can reach the DEFAULT model (SOULFLEET_MODEL's key) matters only
+    # when the default is the one used: a persona with its own model ran nowhere while an
+    # unrelated default lacked its key.
+    settings = config if config is not None else ModelConfig.from_env(reach=False)
     if model is not None and model.strip().lower() not in ("", INHERIT):
         return resolve_model(model, settings)
     if agent.model.strip().lower() not in ("", INHERIT):
         # persona.toml's relative scripted paths mean the persona's own directory.
         return resolve_model(agent.model, settings, base_dir=agent.home)
+    if config is None:
+        settings = ModelConfig.from_env()  # the default is used: raises what keeps it away
     return resolve_model(None, settings)
 
 
@@ -110,6 +115,7 @@ def run_agent(
             now=used_clock.time(),
             incoming=prompt,
             model=model,
+            turn_tokens=(budget or Budget()).max_tokens,
         )
     else:
         plan = ephemeral_plan(agent.name, agent.soul, now=used_clock.time())

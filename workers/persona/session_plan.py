@@ -9,10 +9,11 @@ and the fleet's turn executor); only where the pointer lives differs (see
 * the committed state still going on (same reset epoch, not idle, no daily reset passed):
   continue it, its frozen soul and its history, compacted first if over budget;
 * otherwise a new session: the soul is composed NOW and frozen; no history. A session whose
-  frozen soul alone is over ``session.max_tokens`` is not continued either (reason
-  ``soul_over_budget``): no compaction could make its turns fit. Its id is derived
-  from the ended session's id (:func:`~workers.persona.session.next_session_id`), so a retry
-  of the turn, and silent beats before the session's first real turn, share one transcript.
+  frozen soul alone is over ``session.max_tokens`` (or the turn's token budget) is not
+  continued either (reason ``soul_over_budget``): no compaction could make its turns fit.
+  Its id is derived from the ended session's id
+  (:func:`~workers.persona.session.next_session_id`), so a retry of the turn, and silent beats
+  before the session's first real turn, share one transcript.
 
 :meth:`SessionPlan.conclude`, after the loop, decides what the session becomes:
 
@@ -143,8 +144,12 @@ def plan_turn(
     now: float,
     incoming: str,
     model: Model,
+    turn_tokens: int | None = None,
 ) -> SessionPlan:
-    """Continue ``base`` or start a new session (module doc); compaction happens here."""
+    """Continue ``base`` or start a new session (module doc); compaction happens here.
+
+    ``turn_tokens`` is the turn's token budget (``Budget.max_tokens``): a frozen soul over it,
+    as over ``session.max_tokens``, is not continued."""
     reason: str | None
     if base is None:
         reason = "first" if pointer.state is None else "missing"
@@ -152,9 +157,11 @@ def plan_turn(
         reason = "reset"
     else:
         reason = config.expired(base, now)
-        if reason is None and estimate_tokens((), base.soul) > config.max_tokens:
-            # The session's soul was frozen at its start: alone over the session budget, no
-            # compaction can make a turn fit, and every turn would end before its model call
+        limit = config.max_tokens if turn_tokens is None else min(config.max_tokens, turn_tokens)
+        if reason is None and estimate_tokens((), base.soul) > limit:
+            # The session's soul was frozen at its start: alone over the session's or the
+            # turn's budget, no compaction can make a turn fit, and every turn would end before
+            # its model call
             # (a MEMORY.md trimmed since would never be seen). A new session reads the files
             # as they are now.
             reason = "soul_over_budget"

@@ -285,6 +285,7 @@ class TurnExecutor:
             now=now,
             incoming=prompt,
             model=model,
+            turn_tokens=self.budget.max_tokens,
         )
 
     def _prepare(
