@@ -78,3 +78,6 @@ def test_a_directory_with_no_bootstrap_file_is_a_warning(invoke: Invoke, tmp_pat
     assert "has none of the bootstrap files" in result.stderr
     assert "soulfleet init DIR" in result.stderr
     assert result.stdout == "\n"
+    as_json = invoke("soul", str(tmp_path), "--json")
+    assert "has none of the bootstrap files" in as_json.stderr
+    assert as_json.stdout.strip() == '{"soul": "", "found": []}'

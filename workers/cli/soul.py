@@ -38,11 +38,11 @@ def soul(ctx: click.Context, directory: str, as_json: bool) -> None:
     if not path.is_dir():  # not a directory here: maybe a persona name under the root
         path = persona_dir(directory, cli_context(ctx).settings.personas)
     text, found = preview(path)
+    if not found:  # `soulfleet soul /etc` is a directory, not yet a persona: say so
+        click.echo(f"soulfleet: warning: {empty_soul_warning(path.resolve().name)}", err=True)
     if as_json:
         click.echo(json.dumps({"soul": text, "found": found}, ensure_ascii=False))
         return
     size = len(text.encode("utf-8"))
     click.echo(f"found: {', '.join(found) or '(no bootstrap files)'} ({size} bytes)", err=True)
-    if not found:  # `soulfleet soul /etc` is a directory, not yet a persona: say so
-        click.echo(f"soulfleet: warning: {empty_soul_warning(path.resolve().name)}", err=True)
     click.echo(text)
