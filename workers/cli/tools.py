@@ -72,7 +72,7 @@ def tools(ctx: click.Context, persona: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"tools": listed, "unavailable": unavailable}, ensure_ascii=False))
     else:
-        if not listed:  # `memory = false` and nothing declared: say so, not a blank answer
+        if not listed and not unavailable:  # `memory = false`, nothing declared: say so
             click.echo(f"persona {agent.name} has no tools (memory = false, none declared)")
         for entry in listed:
             where = f"mcp {entry['command']}" if "command" in entry else entry["source"]
