@@ -294,9 +294,9 @@ def run_loop(
                     max_tokens=budget.max_tokens,
                     error="the next model call's input alone would exceed the turn's token "
                     "budget, so it was not made: shrink the soul (MEMORY.md, or "
-                    "memory_index_cap) or the history, or raise SOULFLEET_TURN_MAX_TOKENS; a "
-                    "session keeps the soul it started with (up to session.max_tokens), so "
-                    "`soulfleet session reset PERSONA` makes the next turn read the files anew",
+                    "memory_index_cap) or the history, or raise SOULFLEET_TURN_MAX_TOKENS; "
+                    "when the history is what is over, `soulfleet session reset PERSONA` starts "
+                    "a new session (a soul over the budget starts one by itself)",
                 )
         if limit is not None:
             _log.info("turn.incomplete", limit=limit, model_calls=turn.model_calls)

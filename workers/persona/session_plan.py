@@ -161,9 +161,8 @@ def plan_turn(
         if reason is None and estimate_tokens((), base.soul) > limit:
             # The session's soul was frozen at its start: alone over the session's or the
             # turn's budget, no compaction can make a turn fit, and every turn would end before
-            # its model call
-            # (a MEMORY.md trimmed since would never be seen). A new session reads the files
-            # as they are now.
+            # its model call (a MEMORY.md trimmed since would never be seen). A new session
+            # reads the files as they are now.
             reason = "soul_over_budget"
     if reason is not None:
         soul, found = compose()
