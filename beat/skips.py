@@ -34,7 +34,7 @@ from workers.persona.errors import PersonaError
 from workers.persona.files import read_prefix
 from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.schedules import ActiveHours
-from workers.persona.spend import heartbeat_blank, nothing_new, usage_day
+from workers.persona.spend import heartbeat_blank, nothing_new, pass_times, usage_day
 
 __all__ = ["Claimed", "FileState", "HeartbeatFiles", "Skips"]
 
@@ -188,9 +188,9 @@ class Skips:
                 if reason is None and idle and not spec.opens_idle_window(item.due / 1000):
                     reason = "idle"
             if passed >= 0:
-                raw = values[passed]
-                last_pass = int(raw) / 1000 if raw else None
-                if reason is None and nothing_new(spec.home, spec.persona, last_pass):
+                times = pass_times(values[passed])
+                ended, began = (None, None) if times is None else times
+                if reason is None and nothing_new(spec.home, spec.persona, ended, began):
                     reason = "nothing_new"
             reasons.append(reason)
         if unseen:

@@ -293,7 +293,12 @@ def test_a_dream_with_nothing_new_since_its_last_pass_is_skipped(rig: Rig) -> No
     conversation or a note written after the pass makes the next one run."""
     home = rig.persona("ava", '[dream]\nevery = "1h"\n')
     rig.fleet.dream("ava")
+    began = rig.clock.time()
     assert rig.run_all() == ["done"]
+    # When the pass ended and when it began (what it could read): "<ended ms>:<began ms>".
+    recorded = rig.fleet.client.hget(rig.fleet.keys.lane("ava-dreamer"), "last_pass")
+    ended_ms, began_ms = (int(part) for part in str(recorded).split(":"))
+    assert began_ms == int(began * 1000) <= ended_ms
     time.sleep(0.01)
     rig.clock.advance(3600)
     rig.fleet.dream("ava")

@@ -15,6 +15,7 @@ from workers.persona.spend import (
     model_for_kind,
     newest_write,
     nothing_new,
+    pass_times,
     usage_day,
 )
 
@@ -110,3 +111,38 @@ def test_dream_news_reads_transcripts_and_notes(tmp_path: Path) -> None:
     assert nothing_new(tmp_path, "ava", 300)
     assert not nothing_new(tmp_path, "ava", 299)
     assert not nothing_new(tmp_path, "ava", None)
+
+
+def test_a_conversation_written_while_a_pass_ran_is_new_and_the_pass_own_notes_are_not(
+    tmp_path: Path,
+) -> None:
+    """A pass that began at 100 and ended at 200: a conversation written at 150 came after the
+    pass read the transcripts, so it is new (it was counted as folded, and skipped until
+    something else was written); a note written at 150 is the pass's own, not new."""
+    (tmp_path / "transcripts" / "ava").mkdir(parents=True)
+    (tmp_path / "memory").mkdir()
+    note = tmp_path / "memory" / "people.md"
+    note.write_text("- Tom likes tea\n")
+    os.utime(note, (150, 150))
+    for directory in ("transcripts/ava", "memory"):
+        os.utime(tmp_path / directory, (50, 50))
+    assert nothing_new(tmp_path, "ava", 200, began=100)
+    heard = tmp_path / "transcripts" / "ava" / "1.jsonl"
+    heard.write_text("{}\n")
+    os.utime(heard, (150, 150))
+    os.utime(tmp_path / "transcripts" / "ava", (50, 50))
+    assert not nothing_new(tmp_path, "ava", 200, began=100)
+    assert nothing_new(tmp_path, "ava", 200)  # without the start: the old reading, folded
+
+
+@pytest.mark.parametrize(
+    ("raw", "times"),
+    [(None, None), ("", None), (b"", None), ("200000:100000", (200.0, 100.0)),
+     (b"200000:100000", (200.0, 100.0)), ("200000", (200.0, 200.0))],
+)  # fmt: skip
+def test_pass_times_reads_ended_and_began_and_the_older_single_time(
+    raw: object, times: tuple[float, float] | None
+) -> None:
+    """``"<ended ms>:<began ms>"``; a bare time (written before the start was kept) is a pass
+    that began when it ended."""
+    assert pass_times(raw) == times

@@ -16,8 +16,8 @@ key                   type    holds
                               last_error_kind, failing_since, failures, retry_at, provider,
                               session (the current session state file's name), session_epoch
                               (bumped by a session reset), last_post (ms of the newest inbound
-                              post), last_pass (dreamer lanes: ms the newest pass that ran its
-                              model ended)
+                              post), last_pass (dreamer lanes: "<ended ms>:<began ms>" of the
+                              newest pass that ran its model)
 ``inbox:<lane>``      list    JSON inbox items waiting for the next turn (bounded)
 ``inflight:<lane>``   list    items drained by the running turn, kept until it finishes
 ``lease:<lane>``      string  ``<fence>:<worker>``, PX TTL; the running turn's lease

@@ -57,6 +57,7 @@ from workers.fleet.scripts import redis_errors
 from workers.persona.errors import FailureKind
 from workers.persona.inbox import InboxItem
 from workers.persona.session import Pointer
+from workers.persona.spend import pass_times
 
 __all__ = [
     "LAST_TEXT_MAX",
@@ -164,6 +165,7 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         fence, attempt, kind, ticks, recovered, commits, session, epoch, last_pass, born = reply[
             1:11
         ]
+        times = pass_times(last_pass)
         return StartOutcome(
             "started",
             fence=int(fence),
@@ -175,7 +177,8 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
             commits=int(commits or 0),
             session=str(session) if session else None,
             session_epoch=int(epoch or 0),
-            last_pass_ms=int(last_pass) if last_pass else None,
+            last_pass_ms=None if times is None else round(times[0] * 1000),
+            last_pass_began_ms=None if times is None else round(times[1] * 1000),
             born_ms=int(born),
         )
 

@@ -68,6 +68,8 @@ class StartOutcome:
     session: str | None = None
     session_epoch: int = 0
     last_pass_ms: int | None = None
+    #: When that pass began (epoch ms; None: never).
+    last_pass_began_ms: int | None = None
     #: When the lane's state was created in Redis (epoch ms): with ``commits``, the work id.
     born_ms: int = 0
 

@@ -124,11 +124,19 @@ class SpendGuard:
         """The persona's usage day now (its budget's time zone)."""
         return self.ledger.today(self.budget(persona).timezone)
 
-    def check(self, persona: AgentDef, kind: str, *, last_pass: float | None) -> Refusal | None:
+    def check(
+        self,
+        persona: AgentDef,
+        kind: str,
+        *,
+        last_pass: float | None,
+        last_pass_began: float | None = None,
+    ) -> Refusal | None:
         """A refusal for a turn of ``kind``, or None when it may call the model.
 
-        ``last_pass`` (epoch s, None: never): when the dreamer lane's newest pass that called
-        its model ended (the lane's ``LAST_PASS`` field, which a worker's turn start returns)."""
+        ``last_pass`` / ``last_pass_began`` (epoch s, None: never): when the dreamer lane's
+        newest pass that called its model ended / began (the lane's ``LAST_PASS`` field, which
+        a worker's turn start returns)."""
         budget = self.budget(persona)
         if budget.daily_tokens is not None:
             spent = self.ledger.spent(persona.name, self.ledger.today(budget.timezone))
@@ -142,7 +150,7 @@ class SpendGuard:
                     "skipped" if kind in ("heartbeat", "dream") else "refused"
                 )
                 return Refusal("budget", status, detail)
-        if kind == "dream" and nothing_new(persona.home, persona.name, last_pass):
+        if kind == "dream" and nothing_new(persona.home, persona.name, last_pass, last_pass_began):
             return Refusal(
                 "nothing_new",
                 "skipped",
@@ -151,9 +159,14 @@ class SpendGuard:
             )
         return None
 
-    def passed(self, lane: str, when: float) -> None:
-        """Record that a dream pass ended at ``when``. After the commit, on purpose: a crash in
-        between only means the next pass runs although nothing new came (never the reverse).
-        Skipped passes do not move it, so what they did not read still counts as new."""
+    def passed(self, lane: str, ended: float, began: float) -> None:
+        """Record that a dream pass ran from ``began`` to ``ended`` (``"<ended ms>:<began ms>"``,
+        :func:`~workers.persona.spend.pass_times`): a conversation written after ``began`` is
+        new to the next pass (this one could not read it), its own writes before ``ended`` are
+        not. After the commit, on purpose: a crash in between only means the next pass runs
+        although nothing new came (never the reverse). Skipped passes do not move it, so what
+        they did not read still counts as new."""
         with redis_errors(self.client):
-            self.client.hset(self.keys.lane(lane), LAST_PASS, int(when * 1000))
+            self.client.hset(
+                self.keys.lane(lane), LAST_PASS, f"{int(ended * 1000)}:{int(began * 1000)}"
+            )

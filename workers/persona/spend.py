@@ -27,6 +27,7 @@ from zoneinfo import ZoneInfo
 __all__ = [
     "BACKGROUND_KINDS",
     "DREAM_SOURCES",
+    "HEARD",
     "ON_EXCEED",
     "DailyBudget",
     "OnExceed",
@@ -37,6 +38,7 @@ __all__ = [
     "model_for_kind",
     "newest_write",
     "nothing_new",
+    "pass_times",
     "usage_day",
 ]
 
@@ -142,18 +144,36 @@ def usage_day(when: float, timezone: str = "UTC") -> str:
 #: What a dream pass reads: a write to any of these since the last pass is something new.
 #: Paths relative to the persona home; ``{persona}`` is the persona's name. A directory counts
 #: the files directly in it. A new source of a persona's experience is one more line here.
+#: :data:`HEARD` is what only others write (the persona's conversations): new when written
+#: after the pass BEGAN, since the pass could not read what came while it ran. The rest the
+#: dreamer writes itself: new only when written after the pass ended.
+HEARD: tuple[str, ...] = ("transcripts/{persona}",)  # the persona's own conversations and beats
 DREAM_SOURCES: tuple[str, ...] = (
-    "transcripts/{persona}",  # the persona's own conversations and beats
+    *HEARD,
     "memory",  # notes (memory/<slug>.md)
     "MEMORY.md",
     "USER.md",
 )
 
 
-def newest_write(home: str | os.PathLike[str], persona: str) -> float:
-    """The newest modification time (epoch seconds) among :data:`DREAM_SOURCES`; 0.0: none."""
+def pass_times(raw: object) -> tuple[float, float] | None:
+    """``(ended, began)`` (epoch s) of a dreamer lane's ``last_pass`` field, None when unset.
+
+    Stored as ``"<ended ms>:<began ms>"``; a bare ``"<ms>"`` (written before the start was
+    kept) reads as a pass that began when it ended."""
+    if raw is None or raw in (b"", ""):
+        return None
+    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    ended, _, began = text.partition(":")
+    return int(ended) / 1000, int(began or ended) / 1000
+
+
+def newest_write(
+    home: str | os.PathLike[str], persona: str, sources: tuple[str, ...] = DREAM_SOURCES
+) -> float:
+    """The newest modification time (epoch seconds) among ``sources``; 0.0: none."""
     newest = 0.0
-    for source in DREAM_SOURCES:
+    for source in sources:
         path = os.path.join(home, source.format(persona=persona))
         try:
             st = os.stat(path)
@@ -174,10 +194,21 @@ def newest_write(home: str | os.PathLike[str], persona: str) -> float:
     return newest
 
 
-def nothing_new(home: str | os.PathLike[str], persona: str, last_pass: float | None) -> bool:
-    """True when nothing in :data:`DREAM_SOURCES` was written after ``last_pass`` (epoch
-    seconds): a dream pass would only re-read what it already folded. A persona that never
-    dreamed (None) always has something new: its first pass runs."""
+def nothing_new(
+    home: str | os.PathLike[str],
+    persona: str,
+    last_pass: float | None,
+    began: float | None = None,
+) -> bool:
+    """True when nothing in :data:`DREAM_SOURCES` was written after the last pass (epoch
+    seconds: ``last_pass`` when it ended, ``began`` when it began, default the same): a dream
+    pass would only re-read what it already folded. A conversation written while the pass ran
+    is new (:data:`HEARD`); the pass's own writes are not. A persona that never dreamed (None)
+    always has something new: its first pass runs."""
     if last_pass is None:
         return False
-    return newest_write(home, persona) <= last_pass
+    heard_since = last_pass if began is None else min(began, last_pass)
+    if newest_write(home, persona, HEARD) > heard_since:
+        return False
+    written = tuple(source for source in DREAM_SOURCES if source not in HEARD)
+    return newest_write(home, persona, written) <= last_pass

@@ -307,7 +307,10 @@ class TurnExecutor:
         spec = resolved.spec
         self.endings.started(started, kind, spec)
         last_pass = None if started.last_pass_ms is None else started.last_pass_ms / 1000
-        refusal = self.guard.check(persona, kind, last_pass=last_pass)
+        began_pass = (
+            None if started.last_pass_began_ms is None else started.last_pass_began_ms / 1000
+        )
+        refusal = self.guard.check(persona, kind, last_pass=last_pass, last_pass_began=began_pass)
         if refusal is not None:
             return self.endings.refuse(
                 lane, turn_id, started, refusal, began, kind=kind, model=spec
@@ -374,8 +377,8 @@ class TurnExecutor:
             publisher=self.worker_id,
             claim_ttl=self.settings.claim_ttl,
         )
-        if role == "dreamer":
-            self.guard.passed(lane, self.fleet.clock.time())
+        if role == "dreamer":  # the plan was made before the pass read anything
+            self.guard.passed(lane, self.fleet.clock.time(), plan.started_at)
         if finished.follow_up_turn_id and finished.follow_up_kind:
             self.endings.follow_up(lane, finished.follow_up_turn_id, finished.follow_up_kind)
         if session is not None:
