@@ -85,6 +85,24 @@ def test_status_all_lists_every_persona_and_fleet_counts(
     assert "beat: never swept" in table
 
 
+def test_a_running_dream_pass_shows_how_long_it_has_run_not_when_the_last_ended(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """The DREAMER column paired the current state with the previous pass's end: a pass begun
+    a moment ago read "running 32s ago". Now a running pass reads "running for Ns" (N small),
+    and an idle dreamer still says when its last pass ended."""
+    lanes = lanes_for(env)
+    commit_turn(lanes, "nora-dreamer", "folded", kind="dream")
+    idle = next(line for line in invoke("status").stdout.splitlines() if line.startswith("nora"))
+    assert "idle 0s ago" in idle or "idle 1s ago" in idle, idle
+    queued = lanes.tick("nora-dreamer", kind="dream")
+    assert queued.turn_id is not None
+    lanes.start("nora-dreamer", queued.turn_id, "test-worker")
+    row = next(line for line in invoke("status").stdout.splitlines() if line.startswith("nora"))
+    assert "running for 0s" in row or "running for 1s" in row, row
+    assert "running 0s ago" not in row
+
+
 def test_status_unknown_persona_exit_2(invoke: Invoke) -> None:
     """An unknown persona: exit 2, one line."""
     result = invoke("status", "nobody")

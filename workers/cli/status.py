@@ -169,7 +169,11 @@ def _row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, .
     dreamer_state = "-"
     if isinstance(dreamer, Mapping):
         shown = dreamer.get("display_state") or dreamer.get("state", "idle")
-        dreamer_state = f"{shown} {ago(dreamer.get('last_end'))}".strip()
+        # A running or queued pass with how long it has been so, not the previous pass's end
+        # ("running 68s ago" read as running for 68 s while the pass had just begun).
+        since = {"running": "started_at", "queued": "queued_at"}.get(str(dreamer.get("state")))
+        when = _for(dreamer.get(since)) if since else ago(dreamer.get("last_end"))
+        dreamer_state = f"{shown} {when}".strip()
     error = " ".join(str(entry.get("error") or "-").split())
     home = entry.get("home")
     if home:  # the table is about this persona already: its path only costs width
