@@ -306,7 +306,7 @@ def test_a_dream_with_nothing_new_since_its_last_pass_is_skipped(rig: Rig) -> No
     rig.clock.advance(3600)
     rig.fleet.post("ava", "I moved to Oslo")  # a conversation: a new transcript
     rig.run_all()
-    _touch_after(home / "transcripts" / "ava", rig.clock.time())
+    _touch_after(home / "sessions" / "ava", rig.clock.time())
     rig.fleet.dream("ava")
     assert rig.run_all() == ["done"]
     rig.clock.advance(3600)
@@ -319,6 +319,34 @@ def test_a_dream_with_nothing_new_since_its_last_pass_is_skipped(rig: Rig) -> No
     rig.fleet.dream("ava")
     assert rig.run_all() == ["done"]
     assert rig.models_seen().count("talk") == 4  # three passes and one conversation
+
+
+def test_silent_heartbeats_are_nothing_new_to_a_dream(rig: Rig) -> None:
+    """A silent beat is logged in the persona's transcript for audit but adds nothing to its
+    conversation: counted as new (the transcript was the source), every scheduled dream of a
+    persona with a HEARTBEAT.md ran and was paid for. A conversation still is new."""
+    home = rig.persona(
+        "ava", '[heartbeat]\nevery = "30m"\n[dream]\nevery = "1h"\n',
+        HEARTBEAT_md="- check the plants\n",
+    )  # fmt: skip
+    rig.fleet.post("ava", "hello")
+    assert rig.run_all() == ["done"]
+    rig.clock.advance(60)
+    rig.fleet.dream("ava")
+    assert rig.run_all() == ["done"]
+    rig.clock.advance(600)
+    rig.fleet.tick("ava")
+    assert rig.run_all() == ["done"]  # the server answers HEARTBEAT_OK: a silent beat
+    _touch_after(home / "transcripts" / "ava", rig.clock.time())  # written after the pass
+    rig.clock.advance(3600)
+    rig.fleet.dream("ava")
+    assert rig.run_all() == ["skipped"]
+    rig.fleet.post("ava", "I moved to Oslo")
+    rig.run_all()
+    _touch_after(home / "sessions" / "ava", rig.clock.time())
+    rig.clock.advance(3600)
+    rig.fleet.dream("ava")
+    assert rig.run_all() == ["done"]
 
 
 def _touch_after(path: Path, when: float) -> None:

@@ -87,25 +87,27 @@ def test_the_usage_day_is_the_budget_time_zone_s() -> None:
     assert usage_day(when, "Asia/Tokyo") == "2026-03-11"
 
 
-def test_dream_news_reads_transcripts_and_notes(tmp_path: Path) -> None:
-    """The newest write among the persona's transcripts, memory notes, MEMORY.md and USER.md
-    decides; the dreamer's own transcripts and other files do not count; a persona that never
+def test_dream_news_reads_conversations_and_notes(tmp_path: Path) -> None:
+    """The newest write among the persona's session states (its committed conversation),
+    memory notes, MEMORY.md and USER.md decides; its transcripts (silent beats are logged
+    there), the dreamer's own session and other files do not count; a persona that never
     dreamed always has news."""
-    (tmp_path / "transcripts" / "ava").mkdir(parents=True)
-    (tmp_path / "transcripts" / "ava-dreamer").mkdir()
-    (tmp_path / "memory").mkdir()
+    for directory in ("sessions/ava", "sessions/ava-dreamer", "transcripts/ava", "memory"):
+        (tmp_path / directory).mkdir(parents=True)
     files = {
-        "transcripts/ava/1.jsonl": 100,
+        "sessions/ava/s1.f1.json": 100,
         "memory/people.md": 200,
         "MEMORY.md": 300,
-        "transcripts/ava-dreamer/2.jsonl": 900,
+        "transcripts/ava/s1.jsonl": 800,
+        "sessions/ava-dreamer/d1.f1.json": 900,
         "SOUL.md": 950,
     }
     for name, when in files.items():
         path = tmp_path / name
         path.write_text("x")
         os.utime(path, (when, when))
-    for directory in ("transcripts/ava", "transcripts/ava-dreamer", "memory", "transcripts"):
+    for directory in ("sessions/ava", "sessions/ava-dreamer", "sessions", "transcripts/ava",
+                      "memory"):  # fmt: skip
         os.utime(tmp_path / directory, (50, 50))
     assert newest_write(tmp_path, "ava") == 300
     assert nothing_new(tmp_path, "ava", 300)
@@ -119,18 +121,18 @@ def test_a_conversation_written_while_a_pass_ran_is_new_and_the_pass_own_notes_a
     """A pass that began at 100 and ended at 200: a conversation written at 150 came after the
     pass read the transcripts, so it is new (it was counted as folded, and skipped until
     something else was written); a note written at 150 is the pass's own, not new."""
-    (tmp_path / "transcripts" / "ava").mkdir(parents=True)
+    (tmp_path / "sessions" / "ava").mkdir(parents=True)
     (tmp_path / "memory").mkdir()
     note = tmp_path / "memory" / "people.md"
     note.write_text("- Tom likes tea\n")
     os.utime(note, (150, 150))
-    for directory in ("transcripts/ava", "memory"):
+    for directory in ("sessions/ava", "memory"):
         os.utime(tmp_path / directory, (50, 50))
     assert nothing_new(tmp_path, "ava", 200, began=100)
-    heard = tmp_path / "transcripts" / "ava" / "1.jsonl"
+    heard = tmp_path / "sessions" / "ava" / "s1.f2.json"
     heard.write_text("{}\n")
     os.utime(heard, (150, 150))
-    os.utime(tmp_path / "transcripts" / "ava", (50, 50))
+    os.utime(tmp_path / "sessions" / "ava", (50, 50))
     assert not nothing_new(tmp_path, "ava", 200, began=100)
     assert nothing_new(tmp_path, "ava", 200)  # without the start: the old reading, folded
 

@@ -154,8 +154,7 @@ class SpendGuard:
             return Refusal(
                 "nothing_new",
                 "skipped",
-                "nothing was written to the persona's transcripts or notes since its last "
-                "dream pass",
+                "no conversation was added and no note written since the persona's last dream pass",
             )
         return None
 

@@ -147,7 +147,11 @@ def usage_day(when: float, timezone: str = "UTC") -> str:
 #: :data:`HEARD` is what only others write (the persona's conversations): new when written
 #: after the pass BEGAN, since the pass could not read what came while it ran. The rest the
 #: dreamer writes itself: new only when written after the pass ended.
-HEARD: tuple[str, ...] = ("transcripts/{persona}",)  # the persona's own conversations and beats
+#: Conversations are read off the persona's session states, not its transcripts: a state file
+#: is written by every turn that adds to the conversation, and never by a silent heartbeat,
+#: whose lines do go to the transcript (for audit): with the transcripts, a persona with a
+#: HEARTBEAT.md had "something new" for every scheduled dream and paid for each.
+HEARD: tuple[str, ...] = ("sessions/{persona}",)
 DREAM_SOURCES: tuple[str, ...] = (
     *HEARD,
     "memory",  # notes (memory/<slug>.md)
