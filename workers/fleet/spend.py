@@ -29,6 +29,7 @@ from workers.persona.spend import (
     effective_budget,
     model_for_kind,
     nothing_new,
+    pass_field,
 )
 from workers.settings import Settings
 
@@ -159,13 +160,11 @@ class SpendGuard:
         return None
 
     def passed(self, lane: str, ended: float, began: float) -> None:
-        """Record that a dream pass ran from ``began`` to ``ended`` (``"<ended ms>:<began ms>"``,
-        :func:`~workers.persona.spend.pass_times`): a conversation written after ``began`` is
+        """Record that a dream pass ran from ``began`` to ``ended``
+        (:func:`~workers.persona.spend.pass_field`): a conversation written after ``began`` is
         new to the next pass (this one could not read it), its own writes before ``ended`` are
         not. After the commit, on purpose: a crash in between only means the next pass runs
         although nothing new came (never the reverse). Skipped passes do not move it, so what
         they did not read still counts as new."""
         with redis_errors(self.client):
-            self.client.hset(
-                self.keys.lane(lane), LAST_PASS, f"{int(ended * 1000)}:{int(began * 1000)}"
-            )
+            self.client.hset(self.keys.lane(lane), LAST_PASS, pass_field(ended, began))

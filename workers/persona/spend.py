@@ -29,6 +29,7 @@ __all__ = [
     "DREAM_SOURCES",
     "HEARD",
     "ON_EXCEED",
+    "WRITTEN",
     "DailyBudget",
     "OnExceed",
     "TurnKind",
@@ -38,6 +39,7 @@ __all__ = [
     "model_for_kind",
     "newest_write",
     "nothing_new",
+    "pass_field",
     "pass_times",
     "usage_day",
 ]
@@ -152,19 +154,25 @@ def usage_day(when: float, timezone: str = "UTC") -> str:
 #: whose lines do go to the transcript (for audit): with the transcripts, a persona with a
 #: HEARTBEAT.md had "something new" for every scheduled dream and paid for each.
 HEARD: tuple[str, ...] = ("sessions/{persona}",)
-DREAM_SOURCES: tuple[str, ...] = (
-    *HEARD,
+WRITTEN: tuple[str, ...] = (
     "memory",  # notes (memory/<slug>.md)
     "MEMORY.md",
     "USER.md",
 )
+DREAM_SOURCES: tuple[str, ...] = (*HEARD, *WRITTEN)
+
+
+def pass_field(ended: float, began: float) -> str:
+    """The ``last_pass`` field of a pass that ran from ``began`` to ``ended`` (epoch s); read
+    back by :func:`pass_times`."""
+    return f"{int(ended * 1000)}:{int(began * 1000)}"
 
 
 def pass_times(raw: object) -> tuple[float, float] | None:
     """``(ended, began)`` (epoch s) of a dreamer lane's ``last_pass`` field, None when unset.
 
-    Stored as ``"<ended ms>:<began ms>"``; a bare ``"<ms>"`` (written before the start was
-    kept) reads as a pass that began when it ended."""
+    Stored as ``"<ended ms>:<began ms>"`` (:func:`pass_field`); a bare ``"<ms>"`` (written
+    before the start was kept) reads as a pass that began when it ended."""
     if raw is None or raw in (b"", ""):
         return None
     text = raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -214,5 +222,4 @@ def nothing_new(
     heard_since = last_pass if began is None else min(began, last_pass)
     if newest_write(home, persona, HEARD) > heard_since:
         return False
-    written = tuple(source for source in DREAM_SOURCES if source not in HEARD)
-    return newest_write(home, persona, written) <= last_pass
+    return newest_write(home, persona, WRITTEN) <= last_pass
