@@ -27,7 +27,7 @@ MODES: tuple[LockMode, ...] = ("local", "shared")
 
 _HOLDER = """
 import os, signal, socket, sys
-if len(sys.argv) > 4:  # pretend to run on another host: filelock records this name
+if len(sys.argv) > 4:  # pretend to run on another host: the owner record names this host
     socket.gethostname = lambda: sys.argv[4]
 from workers.persona.locks import path_lock
 with path_lock(sys.argv[1], mode=sys.argv[2], timeout=30):
@@ -72,7 +72,7 @@ def test_lock_file_layout(tmp_path: Path) -> None:
     root = make_persona(tmp_path / "ava").resolve()
     assert lock_file_for(root, root / "MEMORY.md") == root / ".locks" / "MEMORY.md.lock"
     shared = lock_file_for(root, root / "MEMORY.md", "shared")
-    assert shared == root / ".locks" / "MEMORY.md.shared.lock"
+    assert shared == root / ".locks" / "MEMORY.md.claim"
     note = lock_file_for(root, root / "memory" / "ideas.md")
     assert note == root / ".locks" / "memory" / "ideas.md.lock"
     assert note.parent.is_dir()
@@ -242,12 +242,11 @@ def test_broken_observer_never_breaks_a_lock(tmp_path: Path) -> None:
 
 _CLAIM_ONLY = """
 import sys
-from filelock import StrictSoftFileLock
-lock = StrictSoftFileLock(sys.argv[1])
-lock.acquire(timeout=10)
+from workers.persona.shared_claims import acquire_claim, release_claim
+assert acquire_claim(sys.argv[1], None, may_break=False)
 print("held", flush=True)
 sys.stdin.readline()
-lock.release()
+release_claim(sys.argv[1])
 """
 
 

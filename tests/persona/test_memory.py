@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -277,12 +278,20 @@ def test_lock_timeout_is_an_error_result(home: Path) -> None:
 
 
 def test_shared_lock_mode_writes(home: Path) -> None:
-    """The shared (NFS-safe) lock mode edits the same way, with its own lock file."""
+    """The shared (NFS-safe) lock mode edits the same way, with its own lock files: the claim
+    exists only while a write holds it; this process's owner record (reused by its next write)
+    and the waiting room stay; no local-mode lock file is made."""
     tool = memory_tool(home, lock_mode="shared")
     ok(tool, action="add", text="over nfs")
     ok(tool, **{"action": "replace", "text": "nfs", "with": "a shared fs"})
     assert (home / "MEMORY.md").read_text() == "- over a shared fs\n"
-    assert (home / ".locks" / "MEMORY.md.shared.lock").exists()
+    locks = home / ".locks"
+    assert not (locks / "MEMORY.md.claim").exists()
+    assert not (locks / "MEMORY.md.lock").exists()
+    assert (locks / "MEMORY.md.claim.wait").exists()
+    records = list(locks.glob("MEMORY.md.claim.*.owner"))
+    assert len(records) == 1
+    assert records[0].read_text().split("\n")[1] == str(os.getpid())
 
 
 def test_bad_lock_mode_is_refused_at_construction(home: Path) -> None:

@@ -13,16 +13,16 @@ Why it is built this way:
   (:mod:`workers.persona.flock`): fast, and the kernel releases it the moment a holder dies.
   A filesystem without flock is a loud ``OSError`` (use ``"shared"``), never a silent switch
   to marker files that a crash would leave behind. Right for one host, or several hosts on a
-  filesystem whose locks are coherent across clients. ``"shared"`` is filelock's
-  :class:`~filelock.StrictSoftFileLock` (:mod:`workers.persona.shared_claims`): exclusion by
-  immutable claim files created with hard links, which works on NFS-like filesystems. Its
-  price: slower (about 25 opens and 15 stats per acquisition: 0.9 ms on a quiet local disk,
-  where local mode's flock takes 0.03-0.05 ms), and a holder that crashes mid-write leaves its
-  claim behind: this host's dead claims are broken by the next writer that finds the lock
-  contended, another host's stay until :func:`break_shared_lock` (``soulfleet status`` names
-  them). Never by age: age-based expiry could let two live writers overlap.
-  The two modes use different lock files (``.lock`` vs ``.shared.lock``) and do not exclude
-  each other: every worker on one persona filesystem must use the same mode.
+  filesystem whose locks are coherent across clients. ``"shared"`` is a claim file published
+  with a hard link (:mod:`workers.persona.shared_claims`), which excludes on NFS-like
+  filesystems: one ``link`` to acquire and one ``unlink`` to release, behind a per-host flock
+  waiting room. Its price: a holder that crashes mid-write leaves its claim behind: this
+  host's dead claims are broken by the next writer of the host, another host's stay until
+  :func:`break_shared_lock` (``soulfleet status`` names them). Never by age: age-based expiry
+  could let two live writers overlap.
+  The two modes use different lock files (``.lock`` vs ``.claim``) and do not exclude each
+  other: every worker on one persona filesystem must use the same mode (and, in shared mode,
+  the same claim protocol: the filelock claims of releases before issue 15's are not seen).
 * **A per-path threading lock in front.** Threads of one worker queue on an in-process lock first
   (cheap, fair enough), so only one thread per process ever touches the file lock.
 * **Every wait is bounded.** The timeout covers both stages and ends in :class:`LockTimeout`,
@@ -42,25 +42,24 @@ from pathlib import Path, PurePath
 from typing import Literal
 
 import structlog
-from filelock import BaseFileLock, StrictSoftFileLock, Timeout
 
 from workers.persona.errors import LockTimeout
 from workers.persona.files import confined
 from workers.persona.flock import flock_acquire, flock_release
 from workers.persona.shared_claims import (
-    acquire_shared,
-    break_dead_local_claims,
+    acquire_claim,
     break_shared_lock,
     enter_waiting_room,
+    release_claim,
     shared_lock_holders,
 )
 
 __all__ = [
+    "CLAIM_SUFFIX",
     "DEFAULT_LOCK_TIMEOUT",
     "LOCK_DIR",
     "LockMode",
     "LockTimeout",
-    "break_dead_local_claims",
     "break_shared_lock",
     "ledger_file_for",
     "lock_file_for",
@@ -76,22 +75,22 @@ LOCK_DIR = ".locks"
 DEFAULT_LOCK_TIMEOUT = 10.0
 #: How often a thread waiting for a path's gate checks whether its write was settled.
 _SETTLED_POLL = 0.001
-_SUFFIX: dict[LockMode, str] = {"local": ".lock", "shared": ".shared.lock"}
+#: The suffix of a shared-mode lock file (a claim: it exists only while a writer holds it).
+CLAIM_SUFFIX = ".claim"
+_SUFFIX: dict[LockMode, str] = {"local": ".lock", "shared": CLAIM_SUFFIX}
 
 _log = structlog.get_logger("soulfleet.locks")
 
 _observer: Callable[[float], None] | None = None
 _registry_guard = threading.Lock()
 _thread_locks: dict[str, threading.Lock] = {}
-_shared_locks: dict[str, BaseFileLock] = {}
 
 
 def _reset_after_fork() -> None:
     # A lock held by another thread at fork time would never be released in the child.
-    global _registry_guard, _thread_locks, _shared_locks  # noqa: PLW0603
+    global _registry_guard, _thread_locks  # noqa: PLW0603
     _registry_guard = threading.Lock()
     _thread_locks = {}
-    _shared_locks = {}
 
 
 if hasattr(os, "register_at_fork"):
@@ -159,17 +158,6 @@ def _thread_lock(key: str) -> threading.Lock:
         return lock
 
 
-def _shared_lock(lock_file: Path) -> BaseFileLock:
-    # One instance per lock file per process, reused: building one per acquisition cost about
-    # a third of it. Only the thread holding the path's gate ever uses it.
-    key = os.fspath(lock_file)
-    with _registry_guard:
-        lock = _shared_locks.get(key)
-        if lock is None:
-            lock = _shared_locks[key] = StrictSoftFileLock(lock_file)
-        return lock
-
-
 @contextmanager
 def path_lock(
     lock_file: str | os.PathLike[str],
@@ -206,7 +194,7 @@ def path_lock(
             return
     try:
         if checked == "shared":
-            with _shared_held(Path(name), deadline, timeout, start):
+            with _shared_held(name, deadline, timeout, start):
                 yield True
             return
         if not flock_acquire(name, deadline, contended, settled):
@@ -232,22 +220,18 @@ def _give_up(
 
 
 @contextmanager
-def _shared_held(
-    path: Path, deadline: float | None, timeout: float, start: float
-) -> Iterator[None]:
-    room = enter_waiting_room(path, deadline)
+def _shared_held(name: str, deadline: float | None, timeout: float, start: float) -> Iterator[None]:
+    room = enter_waiting_room(name, deadline)
     try:
-        lock = _shared_lock(path)
-        try:
-            acquire_shared(lock, path, deadline)
-        except Timeout:
+        # Only a writer in the room may break a dead claim: the room makes it the only one.
+        if not acquire_claim(name, deadline, may_break=room is not None):
             _observe(time.monotonic() - start)
-            raise LockTimeout(path, timeout, "shared", shared_lock_holders(path)) from None
+            raise LockTimeout(Path(name), timeout, "shared", shared_lock_holders(name))
         _observe(time.monotonic() - start)
         try:
             yield
         finally:
-            lock.release()
+            release_claim(name)
     finally:
         if room is not None:
             flock_release(room)

@@ -57,7 +57,7 @@ from workers.persona.errors import LockTimeout, PersonaError
 from workers.persona.files import confined, read_prefix
 from workers.persona.home import MAX_FILE_BYTES, persona_home
 from workers.persona.ledger import write_key
-from workers.persona.locks import DEFAULT_LOCK_TIMEOUT, LockMode, path_lock
+from workers.persona.locks import CLAIM_SUFFIX, DEFAULT_LOCK_TIMEOUT, LockMode, path_lock
 from workers.persona.memory_commit import Committed, commit
 from workers.persona.memory_edit import not_found
 from workers.persona.memory_paths import TargetCache, WriteTarget
@@ -82,6 +82,8 @@ __all__ = [
     "valid_note_slug",
 ]
 
+#: What link(2) answers where a filesystem has no hard links (shared lock mode needs them).
+_NO_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK)
 #: The most bytes one entry (an add's ``text``, a replace's ``with``) may hold.
 MAX_ENTRY_BYTES = 16 * 1024
 _log = structlog.get_logger("soulfleet.memory")
@@ -314,6 +316,8 @@ def _os_message(request: MemoryRequest, error: OSError) -> str:
     hint = ""
     if error.errno in (errno.ENOSYS, errno.ENOLCK):
         hint = " This filesystem does not support flock: set SOULFLEET_LOCK_MODE=shared."
+    elif error.errno in _NO_LINKS and path.endswith(CLAIM_SUFFIX):
+        hint = " This filesystem does not support hard links, which shared lock mode needs."
     problem = error.strerror or str(error)
     return f"could not {request.action} {where}: {problem}.{hint} Nothing was changed."
 

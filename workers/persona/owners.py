@@ -1,0 +1,80 @@
+"""Who owns a shared-mode claim, and whether that process is gone (from this host's view).
+
+A claim names its owner by host, pid and the process's start token. Only this host's
+processes can be checked; a pid alone is not enough, because pids are reused:
+
+* **The host** is the host name plus, inside a pid namespace other than the initial one (a
+  container), that namespace's inode: two containers that share a host name do not share
+  pids, so a claim from one must never be judged by the other's process table.
+* **The start token** is the boot id and the process's start time (``/proc/<pid>/stat``,
+  field 22, in clock ticks since boot): a later process that got the same pid (after a crash,
+  or a reboot) has another token. Where ``/proc`` is missing it is None and the pid decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+__all__ = ["Owner", "host_name", "start_token"]
+
+#: The inode Linux reserves for the initial pid namespace.
+_INITIAL_PID_NAMESPACE = 0xEFFFFFFC
+
+
+def host_name() -> str:
+    """This host's name as claims record it (with the pid namespace inside a container)."""
+    namespace = _INITIAL_PID_NAMESPACE
+    with contextlib.suppress(OSError):
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    name = socket.gethostname() or "?"
+    return name if namespace == _INITIAL_PID_NAMESPACE else f"{name}?pidns-{namespace:x}"
+
+
+def start_token(pid: int) -> int | None:
+    """Boot id and start time of process ``pid`` as one number; None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            boot_id = uuid.UUID(boot.read().strip()).int
+        return (boot_id << 64) | int(fields[19])  # field 22 of stat; 3 is the first after ")"
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        return True
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """One process, as a claim records it."""
+
+    pid: int
+    host: str
+    start: int | None
+
+    @classmethod
+    def current(cls) -> Owner:
+        pid = os.getpid()
+        return cls(pid, host_name(), start_token(pid))
+
+    def gone_here(self) -> bool:
+        """It ran on this host and no longer runs: its pid is free, or belongs to a process
+        started later. False for another host's process (it cannot be seen from here)."""
+        if self.host != host_name():
+            return False
+        if not _alive(self.pid):
+            return True
+        now = start_token(self.pid)
+        return self.start is not None and now is not None and now != self.start
