@@ -10,6 +10,7 @@ import pytest
 
 from tests.support.persona import expected_entries, make_persona, memory_worker, tree
 from workers.persona.locks import LockMode
+from workers.persona.shared_claims import queue_for
 
 # Process-level hammering: several seconds each, so outside the inner loop.
 pytestmark = pytest.mark.integration
@@ -73,11 +74,17 @@ def test_four_processes_lose_nothing(tmp_path: Path, target: str) -> None:
 
 
 def test_four_processes_shared_lock_mode(tmp_path: Path) -> None:
-    """The shared (NFS-safe) lock mode gives the same guarantee with 4 contending processes."""
+    """The shared (NFS-safe) lock mode gives the same guarantee with 4 contending processes,
+    and this host's writers share commits through this host's queue as in local mode."""
     home = make_persona(tmp_path / "ava")
     _run(home, "self", "shared")
     lines = (home / "MEMORY.md").read_text().splitlines()
     expected = [line for worker in range(WORKERS) for line in expected_entries(worker, ADDS)]
     assert Counter(lines) == Counter(expected)
     # No claim is left, nor any writer's owner record (each removes its own at exit).
-    assert tree(home) == {"MEMORY.md", ".locks", ".locks/MEMORY.md.claim.wait"}
+    queue = f".locks/{Path(queue_for(str(home / '.locks' / 'MEMORY.md.claim'))).name}"
+    beside = {".locks/MEMORY.md.claim.wait", ".locks/MEMORY.md.applied", queue}
+    assert tree(home) == {"MEMORY.md", ".locks", *beside}
+    assert (home / queue).stat().st_size == 0
+    handed_off = (home / ".locks" / "MEMORY.md.applied").read_text().count('{"key": "q')
+    assert handed_off > 0

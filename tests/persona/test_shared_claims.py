@@ -23,6 +23,7 @@ from workers.persona.shared_claims import (
     acquire_claim,
     break_shared_lock,
     encode_record,
+    queue_for,
     read_claim,
     release_claim,
     shared_lock_holders,
@@ -216,3 +217,16 @@ def test_a_claim_broken_while_held_is_not_removed_again_on_release(tmp_path: Pat
     assert [log["event"] for log in logs] == ["lock.claim_lost"]
     assert f"pid {os.getppid()} " in logs[0]["found"]
     assert Path(claim).exists()
+
+
+def test_each_host_queues_in_its_own_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writers that hand their write over queue in a file of their host only (appends are
+    whole only within one kernel), beside the claim; another host gets another file."""
+    claim = "/personas/ava/.locks/MEMORY.md.claim"
+    mine = queue_for(claim)
+    monkeypatch.setattr("socket.gethostname", lambda: "otherhost")
+    theirs = queue_for(claim)
+    assert mine != theirs
+    for queue in (mine, theirs):
+        assert queue.startswith("/personas/ava/.locks/MEMORY.md.")
+        assert queue.endswith(".queue")

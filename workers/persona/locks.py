@@ -172,18 +172,17 @@ def path_lock(
     Raises :class:`LockTimeout` when it is not acquired within ``timeout`` seconds (a negative
     timeout waits forever). OS errors from the lock file itself propagate. The body gets True.
 
-    Local mode only, for writers that hand their write to the holder (the memory tool:
+    For writers that hand their write to the holder (the memory tool:
     :mod:`workers.persona.write_queue`): ``contended`` is called once, before waiting, when
-    another thread or process holds the lock; ``settled`` is polled while waiting, and once it
-    returns True the wait ends and the body runs WITHOUT the lock, getting False.
+    another thread or process holds the lock (in shared mode: another of this host's, in the
+    waiting room); ``settled`` is polled while waiting, and once it returns True the wait ends
+    and the body runs WITHOUT the lock, getting False.
     """
     name = os.fspath(lock_file)  # a plain string on the hot path: Path only where needed
     checked = _checked(mode)
     start = time.monotonic()
     deadline = None if timeout < 0 else start + timeout
     gate = _thread_lock(name)
-    if checked != "local":
-        contended = settled = None
     if not gate.acquire(blocking=False):
         if contended is not None:
             contended()
@@ -194,8 +193,10 @@ def path_lock(
             return
     try:
         if checked == "shared":
-            with _shared_held(name, deadline, timeout, start):
-                yield True
+            with _shared_held(
+                name, deadline, timeout, start, contended=contended, settled=settled
+            ) as held:
+                yield held
             return
         if not flock_acquire(name, deadline, contended, settled):
             _give_up(name, timeout, checked, start, settled)
@@ -220,16 +221,31 @@ def _give_up(
 
 
 @contextmanager
-def _shared_held(name: str, deadline: float | None, timeout: float, start: float) -> Iterator[None]:
-    room = enter_waiting_room(name, deadline)
+def _shared_held(
+    name: str,
+    deadline: float | None,
+    timeout: float,
+    start: float,
+    *,
+    contended: Callable[[], object] | None,
+    settled: Callable[[], bool] | None,
+) -> Iterator[bool]:
+    room = enter_waiting_room(name, deadline, contended, settled)
     try:
+        if room is None and settled is not None and settled():
+            _observe(time.monotonic() - start)
+            yield False  # applied by this host's writer in the room
+            return
         # Only a writer in the room may break a dead claim: the room makes it the only one.
         if not acquire_claim(name, deadline, may_break=room is not None):
             _observe(time.monotonic() - start)
+            if settled is not None and settled():
+                yield False
+                return
             raise LockTimeout(Path(name), timeout, "shared", shared_lock_holders(name))
         _observe(time.monotonic() - start)
         try:
-            yield
+            yield True
         finally:
             release_claim(name)
     finally:

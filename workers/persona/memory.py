@@ -221,9 +221,7 @@ class MemoryTool:
 
     def _write(self, request: MemoryRequest) -> ToolResult:
         keyed = self.write_scope is not None
-        target = self._targets.locate(
-            self.path, request, self.lock_mode, ledger=keyed or self.lock_mode == "local"
-        )
+        target = self._targets.locate(self.path, request, self.lock_mode)
         if target is None:
             return ToolResult(not_found(request), is_error=True)
         parts = (request.action, request.target, request.text, request.with_ or "")
@@ -231,28 +229,24 @@ class MemoryTool:
         key = ""
         if self.write_scope is not None:
             key = write_key(self.write_scope, *parts, ordinal=self._applied[what] + 1)
-        handoff = None
-        if target.queue is not None and target.ledger is not None:
-            handoff = Handoff(target.queue, target.ledger, request, key, self.lock_timeout)
+        handoff = Handoff(target.queue, target.ledger, request, key, self.lock_timeout)
         done = None
         try:
             with path_lock(
                 target.lock, mode=self.lock_mode, timeout=self.lock_timeout,
-                contended=None if handoff is None else handoff.enqueue,
-                settled=None if handoff is None else handoff.settled,
+                contended=handoff.enqueue, settled=handoff.settled,
             ) as held:  # fmt: skip
                 if held:
                     self._sweep(target.data)
-                    key = key if handoff is None else handoff.key
+                    key = handoff.key
                     done = commit(
                         target, request, key=key, keyed=keyed, max_entry_bytes=MAX_ENTRY_BYTES
                     )
         except LockTimeout as error:
-            queued = handoff is not None and handoff.queued
             self._failed(request, "lock_timeout", str(error))
-            return ToolResult(_timeout_message(request, error, queued), is_error=True)
+            return ToolResult(_timeout_message(request, error, handoff.queued), is_error=True)
         if done is None:  # another writer applied it in a durable write and left the answer
-            answer = "" if handoff is None or handoff.answer is None else handoff.answer
+            answer = "" if handoff.answer is None else handoff.answer
             done = Committed(ToolResult(answer), applied=keyed)
         return self._settle(request, target, done, what)
 

@@ -60,17 +60,15 @@ def commit(
 ) -> Committed:
     """Run ``request`` against ``target`` while holding its lock. ``key`` is the ledger key it
     is answered under ("" for none); ``keyed`` says it is a turn's keyed write."""
-    ledger = None if target.ledger is None else WriteLedger(Path(target.ledger))
-    if ledger is not None and key:
+    ledger = WriteLedger(Path(target.ledger))
+    if key:
         before = ledger.answer(key)
         if before is not None:  # a retry of this turn's write, or another writer applied it
             return Committed(ToolResult(before), applied=keyed)
     current = read_prefix(target.data, MAX_FILE_BYTES)
     own = edit(request, current)
-    queued: list[QueuedWrite] = []
-    if target.queue is not None:
-        queued = take(target.queue, request.relative, max_entry_bytes)
-    if ledger is not None and (keyed or queued):
+    queued = take(target.queue, request.relative, max_entry_bytes)
+    if keyed or queued:
         try:
             ledger.prepare()  # a ledger that cannot take the line refuses a keyed write
         except OSError:
@@ -80,8 +78,7 @@ def commit(
     try:
         return _commit(target, own, current, key=key, keyed=keyed, ledger=ledger, queued=queued)
     finally:
-        if ledger is not None:
-            ledger.close()
+        ledger.close()
 
 
 def _commit(
@@ -91,13 +88,13 @@ def _commit(
     *,
     key: str,
     keyed: bool,
-    ledger: WriteLedger | None,
+    ledger: WriteLedger,
     queued: list[QueuedWrite],
 ) -> Committed:
     state = current if isinstance(own, str) else own[0]
     served: list[tuple[str, str]] = []
     for other in queued:
-        if other.key == key or (ledger is not None and ledger.answer(other.key) is not None):
+        if other.key == key or ledger.answer(other.key) is not None:
             continue  # our own entry, or one already applied (a retried turn's write)
         outcome = edit(other.request, state)
         if not isinstance(outcome, str):  # a refused write is left to its own writer
@@ -109,7 +106,7 @@ def _commit(
     if refused and not served:
         return Committed(result, full=full)
     new = state or b""
-    if ledger is None or not (keyed or served):
+    if not (keyed or served):
         replace_bytes(target.data, new)  # its directory is fsynced after the lock
         return Committed(result, target.directory, len(new), full=full)
     atomic_write_bytes(target.data, new)

@@ -30,6 +30,7 @@ from workers.persona.home import persona_home
 from workers.persona.ledger import LEDGER_SUFFIX
 from workers.persona.locks import LOCK_DIR, LockMode, ledger_file_for, lock_file_for, lock_name_for
 from workers.persona.memory_spec import NOTES_DIR, MemoryRequest
+from workers.persona.shared_claims import queue_for
 from workers.persona.write_queue import QUEUE_SUFFIX
 
 __all__ = ["TargetCache", "WriteTarget"]
@@ -51,9 +52,9 @@ class WriteTarget:
     #: The directory ``data`` lives in (fsynced after each write).
     directory: str
     lock: str
-    ledger: str | None
-    #: Where writers that find the lock taken queue their writes (local lock mode only).
-    queue: str | None
+    ledger: str
+    #: Where writers that find the lock taken queue their writes (in shared mode, this host's).
+    queue: str
     #: Directories that must still be directories (never symlinks) at these very paths.
     dirs: tuple[str, ...]
     #: Files that must not have become symlinks (absent is fine: a write creates them).
@@ -66,9 +67,7 @@ class TargetCache:
     def __init__(self) -> None:
         self._known: dict[str, WriteTarget] = {}
 
-    def locate(
-        self, path: Path, request: MemoryRequest, lock_mode: LockMode, *, ledger: bool
-    ) -> WriteTarget | None:
+    def locate(self, path: Path, request: MemoryRequest, lock_mode: LockMode) -> WriteTarget | None:
         """The target of ``request`` in the persona at ``path``; None for a replace/remove of a
         file that does not exist. Raises what the full resolution raises (PersonaError)."""
         known = self._known.get(request.relative)
@@ -84,19 +83,19 @@ class TargetCache:
             # Nothing to find in a file that is not there: answer without creating a lock file.
             return None
         lock = lock_file_for(root, data, lock_mode)
-        ledger_file = ledger_file_for(root, data) if ledger else None
+        ledger_file = ledger_file_for(root, data)
         target = WriteTarget(
             root, _identity(os.stat(root)), str(data), str(data.relative_to(root)),
             str(data.parent), str(lock),
-            None if ledger_file is None else str(ledger_file),
+            str(ledger_file),
             _queue_for(lock, lock_mode),
             dirs=tuple(str(root / d) for d in _parents(request.relative)),
-            files=tuple(str(p) for p in (data, lock, ledger_file) if p is not None),
+            files=(str(data), str(lock), str(ledger_file)),
         )  # fmt: skip
         literal = (
             data == root / request.relative
             and lock == root / lock_name_for(request.relative, lock_mode)
-            and ledger_file in (None, root / LOCK_DIR / f"{request.relative}{LEDGER_SUFFIX}")
+            and ledger_file == root / LOCK_DIR / f"{request.relative}{LEDGER_SUFFIX}"
         )
         if literal:
             if len(self._known) >= _MAX_CACHED:
@@ -105,9 +104,9 @@ class TargetCache:
         return target
 
 
-def _queue_for(lock: Path, lock_mode: LockMode) -> str | None:
-    if lock_mode != "local":
-        return None  # O_APPEND is not whole across NFS clients: shared mode never queues
+def _queue_for(lock: Path, lock_mode: LockMode) -> str:
+    if lock_mode == "shared":
+        return queue_for(str(lock))  # one per host: O_APPEND is not whole across NFS clients
     return str(lock)[: -len(lock.suffix)] + QUEUE_SUFFIX
 
 

@@ -33,17 +33,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import os
 import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 
 from workers.persona.flock import flock_acquire
-from workers.persona.owners import Owner
+from workers.persona.owners import Owner, host_name
 from workers.persona.writes import write_all
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "break_shared_lock",
     "encode_record",
     "enter_waiting_room",
+    "queue_for",
     "read_claim",
     "release_claim",
     "shared_lock_holders",
@@ -309,14 +312,27 @@ def _describe(found: tuple[tuple[int, int], Claim | str] | None) -> str:
     return owner.describe() if isinstance(owner, Claim) else owner
 
 
-def enter_waiting_room(claim: str, deadline: float | None) -> str | None:
+def enter_waiting_room(
+    claim: str,
+    deadline: float | None,
+    contended: Callable[[], object] | None = None,
+    settled: Callable[[], bool] | None = None,
+) -> str | None:
     """Queue this host's writers of ``claim`` on a flock; the room's path once in, or None
-    where flock is missing (ENOLCK, ENOSYS, a symlink) or not granted by ``deadline``."""
+    where flock is missing (ENOLCK, ENOSYS, a symlink), not granted by ``deadline``, or the
+    wait was ``settled`` (as :func:`workers.persona.flock.flock_acquire` takes them)."""
     room = f"{claim}{_ROOM_SUFFIX}"
     try:
-        return room if flock_acquire(room, deadline) else None
+        return room if flock_acquire(room, deadline, contended, settled) else None
     except OSError:
         return None
+
+
+def queue_for(claim: str) -> str:
+    """Where this host's writers of ``claim`` queue their writes for this host's holder: one
+    queue per host, since ``O_APPEND`` keeps appends whole only within one host's kernel."""
+    host = hashlib.sha256(host_name().encode()).hexdigest()[:12]
+    return f"{claim.removesuffix('.claim')}.{host}.queue"
 
 
 def shared_lock_holders(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
