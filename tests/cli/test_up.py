@@ -166,9 +166,14 @@ def test_a_child_that_dies_is_restarted_and_up_goes_on(tmp_path: Path) -> None:
         wait_until(lambda: _worker_pid(running) not in (None, first), timeout=DEADLINE,
                    what="a new worker")  # fmt: skip
         assert running.alive()
-        recorded = json.loads((running.data / "up.json").read_text())["children"]
-        assert _worker_pid(running) in recorded
-        assert first not in recorded
+        new = _worker_pid(running)
+
+        def recorded() -> list[int]:
+            return list(json.loads((running.data / "up.json").read_text())["children"])
+
+        # up.json is rewritten just after the new worker is spawned, not before.
+        wait_until(lambda: new in recorded(), timeout=DEADLINE, what="up.json naming it")
+        assert first not in recorded()
 
 
 def test_a_child_that_keeps_dying_stops_up(tmp_path: Path) -> None:
