@@ -11,7 +11,8 @@ The protocol (:mod:`workers.persona.locks` says when to use the mode):
   ``link``, releasing one ``unlink``: filelock's strict claims, used before issue 15, cost
   about 230 system calls per acquisition here.
 * **A lost reply is not a lost lock.** An NFS ``link`` that succeeded but whose reply was lost
-  answers EEXIST on the retry; the claim's inode is then compared with our record's.
+  answers EEXIST on the retry; our record then has a second link (it is linked nowhere but at
+  its claim), which one ``stat`` per look tells.
 * **A waiting room.** A host's writers queue on a flock (``<claim>.wait``) first and hold it
   across the write, so this host's contenders meet the claim one at a time and only writers of
   other hosts ever poll it. Where flock is missing (ENOLCK, ENOSYS) the claim alone decides.
@@ -235,7 +236,7 @@ def _acquire(claim: str, deadline: float | None, may_break: bool) -> bool:
     sleep = _FIRST_SLEEP
     next_check = 0.0
     while True:
-        record, mine = _record_for(claim)
+        record, _ = _record_for(claim)
         try:
             os.link(record, claim, follow_symlinks=False)
             return True
@@ -244,16 +245,20 @@ def _acquire(claim: str, deadline: float | None, may_break: bool) -> bool:
             continue
         except FileExistsError:
             pass
-        found = read_claim(claim)
-        if found is None:
-            continue  # released meanwhile
-        if found[0] == mine:  # our own link, whose reply was lost (NFS)
-            return True
+        try:
+            # Our record is linked only ever at its claim: a second link is our own link,
+            # whose reply was lost (NFS). One stat per look; the claim is read only below.
+            if os.stat(record, follow_symlinks=False).st_nlink > 1:
+                return True
+        except FileNotFoundError:
+            _forget(claim)
+            continue
         now = time.monotonic()
         if may_break and now >= next_check:
             next_check = now + _DEAD_CHECK_EVERY
-            if _break_if_dead(claim, *found):
-                continue
+            found = read_claim(claim)
+            if found is None or _break_if_dead(claim, *found):
+                continue  # released meanwhile, or a dead claim broken: try again now
         if deadline is not None and now >= deadline:
             return False
         time.sleep(sleep if deadline is None else max(0.0, min(sleep, deadline - now)))
