@@ -1,57 +1,28 @@
-"""shared_claims.py: hard-link claims, owner records, dead claims, the operator's break."""
+"""shared_claims.py: hard-link claims, dead claims, lost replies, the operator's break."""
 
 from __future__ import annotations
 
 import errno
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import structlog.testing
 
+from tests.support.claims import die, live_record, records_of
 from tests.support.persona import make_persona
 from workers.persona.locks import lock_file_for
 from workers.persona.memory import memory_tool
-from workers.persona.owners import Owner, host_name, start_token
+from workers.persona.owner_records import Claim, read_claim
+from workers.persona.owners import Owner, host_name
 from workers.persona.shared_claims import (
-    MAX_RECORDS,
-    Claim,
     acquire_claim,
     break_shared_lock,
-    encode_record,
     queue_for,
-    read_claim,
     release_claim,
     shared_lock_holders,
 )
-
-# Takes the claim (no waiting room), then dies holding it or after releasing it.
-_DIER = """
-import os, signal, sys
-from workers.persona.shared_claims import acquire_claim, release_claim
-assert acquire_claim(sys.argv[1], None, may_break=False)
-if sys.argv[2] == "after-release":
-    release_claim(sys.argv[1])
-print(os.getpid(), flush=True)
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
-def _die(claim: Path, how: str) -> int:
-    """Run _DIER; the pid of the process, now dead."""
-    done = subprocess.run(
-        [sys.executable, "-c", _DIER, str(claim), how], capture_output=True, text=True, check=False
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr
-    return int(done.stdout)
-
-
-def _records(claim: Path) -> list[Path]:
-    return sorted(claim.parent.glob(f"{claim.name}.*.owner"))
 
 
 def test_a_claim_is_a_hard_link_to_its_owner_record(tmp_path: Path) -> None:
@@ -60,7 +31,7 @@ def test_a_claim_is_a_hard_link_to_its_owner_record(tmp_path: Path) -> None:
     claim = tmp_path / "MEMORY.md.claim"
     assert acquire_claim(str(claim), time.monotonic() + 5, may_break=False)
     try:
-        (record,) = _records(claim)
+        (record,) = records_of(claim)
         assert claim.stat().st_ino == record.stat().st_ino
         found = read_claim(str(claim))
         assert found is not None
@@ -71,7 +42,7 @@ def test_a_claim_is_a_hard_link_to_its_owner_record(tmp_path: Path) -> None:
     finally:
         release_claim(str(claim))
     assert not claim.exists()
-    assert _records(claim) == [record]
+    assert records_of(claim) == [record]
     assert shared_lock_holders(claim) == ()
 
 
@@ -79,7 +50,7 @@ def test_a_held_claim_excludes_until_released(tmp_path: Path) -> None:
     """A claim of another live process (even one of this host, even for a taker allowed to
     break dead claims) makes a taker time out; once it is released the taker gets it."""
     claim = str(tmp_path / "MEMORY.md.claim")
-    os.link(_live_record(claim), claim)
+    os.link(live_record(claim), claim)
     began = time.monotonic()
     assert not acquire_claim(claim, time.monotonic() + 0.3, may_break=True)
     assert time.monotonic() - began >= 0.3
@@ -88,21 +59,12 @@ def test_a_held_claim_excludes_until_released(tmp_path: Path) -> None:
     release_claim(claim)
 
 
-def _live_record(claim: str) -> str:
-    """An owner record of another live process of this host (this test's parent, which
-    outlives the test), as that process would write it."""
-    pid, token = os.getppid(), "ab12" * 4
-    record = f"{claim}.{token}.owner"
-    Path(record).write_bytes(encode_record(Owner(pid, host_name(), start_token(pid)), token))
-    return record
-
-
 def test_a_dead_claim_is_broken_only_by_a_writer_in_the_waiting_room(tmp_path: Path) -> None:
     """A claim left by a dead process of this host blocks a taker that does not hold the
     waiting room (two breakers must never race); one that does breaks it, logs it, and
     removes the dead owner's record too."""
     claim = tmp_path / "MEMORY.md.claim"
-    pid = _die(claim, "holding")
+    pid = die(claim, "holding")
     assert f"pid {pid} " in shared_lock_holders(claim)[0]
     assert not acquire_claim(str(claim), time.monotonic() + 0.3, may_break=False)
     with structlog.testing.capture_logs() as logs:
@@ -116,22 +78,7 @@ def test_a_dead_claim_is_broken_only_by_a_writer_in_the_waiting_room(tmp_path: P
         assert f"pid {os.getpid()} " in holders[0]
     finally:
         release_claim(str(claim))
-    assert len(_records(claim)) == 1  # ours; the dead holder's went with its claim
-
-
-def test_records_of_dead_processes_are_removed_by_the_next_taker(tmp_path: Path) -> None:
-    """A process killed after releasing leaves its owner record; the next process of this host
-    to take that lock removes it (and leaves the records of live processes alone)."""
-    claim = tmp_path / "MEMORY.md.claim"
-    _die(claim, "after-release")
-    live = _live_record(str(claim))
-    assert len(_records(claim)) == 2
-    assert acquire_claim(str(claim), time.monotonic() + 5, may_break=False)
-    release_claim(str(claim))
-    records = _records(claim)
-    assert len(records) == 2
-    assert Path(live) in records
-    assert not claim.exists()
+    assert len(records_of(claim)) == 1  # ours; the dead holder's went with its claim
 
 
 def test_a_reply_lost_after_the_link_still_counts_as_held(tmp_path: Path) -> None:
@@ -140,37 +87,11 @@ def test_a_reply_lost_after_the_link_still_counts_as_held(tmp_path: Path) -> Non
     claim = str(tmp_path / "MEMORY.md.claim")
     assert acquire_claim(claim, time.monotonic() + 5, may_break=False)
     release_claim(claim)
-    (record,) = _records(Path(claim))
+    (record,) = records_of(Path(claim))
     os.link(record, claim)
     assert acquire_claim(claim, time.monotonic(), may_break=False)
     release_claim(claim)
     assert not Path(claim).exists()
-
-
-def test_a_removed_record_is_written_again(tmp_path: Path) -> None:
-    """Someone cleaning .locks removed our owner record: the next acquisition writes a new one."""
-    claim = tmp_path / "MEMORY.md.claim"
-    assert acquire_claim(str(claim), time.monotonic() + 5, may_break=False)
-    release_claim(str(claim))
-    (old,) = _records(claim)
-    old.unlink()
-    assert acquire_claim(str(claim), time.monotonic() + 5, may_break=False)
-    release_claim(str(claim))
-    (new,) = _records(claim)
-    assert new != old
-
-
-def test_a_process_keeps_at_most_max_records(tmp_path: Path) -> None:
-    """Taking many different locks leaves at most MAX_RECORDS owner records of this process:
-    the least recently used idle one is removed first."""
-    for index in range(MAX_RECORDS + 6):
-        claim = str(tmp_path / f"note-{index}.md.claim")
-        assert acquire_claim(claim, time.monotonic() + 5, may_break=False)
-        release_claim(claim)
-    records = list(tmp_path.glob("*.owner"))
-    assert len(records) <= MAX_RECORDS
-    assert any(path.name.startswith(f"note-{MAX_RECORDS + 5}.md.claim.") for path in records)
-    assert not any(path.name.startswith("note-0.md.claim.") for path in records)
 
 
 def test_an_unreadable_claim_blocks_is_named_and_can_be_broken(tmp_path: Path) -> None:
@@ -211,7 +132,7 @@ def test_a_claim_broken_while_held_is_not_removed_again_on_release(tmp_path: Pat
     claim = str(tmp_path / "MEMORY.md.claim")
     assert acquire_claim(claim, time.monotonic() + 5, may_break=False)
     assert break_shared_lock(claim)
-    os.link(_live_record(claim), claim)
+    os.link(live_record(claim), claim)
     with structlog.testing.capture_logs() as logs:
         release_claim(claim)
     assert [log["event"] for log in logs] == ["lock.claim_lost"]

@@ -3,13 +3,12 @@ filesystems, where ``flock`` may not exclude across clients).
 
 The protocol (:mod:`workers.persona.locks` says when to use the mode):
 
-* **A claim is a hard link.** Each process writes, once per lock, a small owner record beside
-  the lock (``<claim>.<token>.owner``: pid, host, process start time) and holds the lock while
-  that record is also linked at the claim path (``.locks/<file>.claim``). ``link(2)`` fails
-  with EEXIST when the name exists, atomically on the server, on NFS too; the record is
-  complete before it is published, so a reader never sees half a claim. Acquiring is one
-  ``link``, releasing one ``unlink``: filelock's strict claims, used before issue 15, cost
-  about 230 system calls per acquisition here.
+* **A claim is a hard link.** A process holds the lock while its owner record
+  (:mod:`workers.persona.owner_records`: pid, host, process start time) is also linked at the
+  claim path (``.locks/<file>.claim``). ``link(2)`` fails with EEXIST when the name exists,
+  atomically on the server, on NFS too. Acquiring is one ``link``, releasing one ``unlink``:
+  filelock's strict claims, used before issue 15, cost about 230 system calls per
+  acquisition here.
 * **A lost reply is not a lost lock.** An NFS ``link`` that succeeded but whose reply was lost
   answers EEXIST on the retry; our record then has a second link (it is linked nowhere but at
   its claim), which one ``stat`` per look tells.
@@ -24,197 +23,47 @@ The protocol (:mod:`workers.persona.locks` says when to use the mode):
   here); it stays until its owner releases it or an operator clears it with
   :func:`break_shared_lock` (``soulfleet status`` names it via :func:`shared_lock_holders`).
   Never by age: age-based expiry could let two live writers overlap.
-* **Owner records do not pile up.** A process keeps at most :data:`MAX_RECORDS` records (the
-  least recently used idle one is removed first) and removes its records at exit; records of
-  this host's dead processes (a SIGKILLed worker) are removed by the next process of the host
-  that takes the same lock.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import hashlib
 import os
-import secrets
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import structlog
 
 from workers.persona.flock import flock_acquire
-from workers.persona.owners import Owner, host_name
-from workers.persona.writes import write_all
+from workers.persona.owner_records import (
+    OWNER_SUFFIX,
+    Claim,
+    describe,
+    known_record,
+    read_claim,
+    record_for,
+    record_gone,
+    record_idle,
+)
+from workers.persona.owners import host_name
 
 __all__ = [
-    "CLAIM_MAGIC",
-    "MAX_RECORDS",
-    "OWNER_SUFFIX",
-    "Claim",
     "acquire_claim",
     "break_shared_lock",
-    "encode_record",
     "enter_waiting_room",
     "queue_for",
-    "read_claim",
     "release_claim",
     "shared_lock_holders",
 ]
 
-CLAIM_MAGIC = "soulfleet-claim-v1"
-OWNER_SUFFIX = ".owner"
-#: Owner records one process keeps between acquisitions.
-MAX_RECORDS = 64
 _ROOM_SUFFIX = ".wait"
 #: A contended acquisition looks for a dead holder this often.
 _DEAD_CHECK_EVERY = 0.5
 _FIRST_SLEEP = 0.00005
 _MAX_SLEEP = 0.002
-_RECORD_LIMIT = 1024
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 _log = structlog.get_logger("soulfleet.locks")
-
-_guard = threading.Lock()
-#: claim path -> (owner record path, its (device, inode)); most recently used last.
-_records: OrderedDict[str, tuple[str, tuple[int, int]]] = OrderedDict()
-#: Claims a thread of this process is acquiring or holding: their records are never evicted.
-_busy: set[str] = set()
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """Who holds a shared-mode lock, as its owner record says."""
-
-    owner: Owner
-    #: The random part of the owner record's name (``<claim>.<token>.owner``).
-    token: str
-
-    def describe(self) -> str:
-        host = self.owner.host if self.owner.host.isprintable() else repr(self.owner.host)
-        return f"held claim by pid {self.owner.pid} on {host}"
-
-
-def _forget_after_fork() -> None:
-    # The parent's records name the parent's pid: a child must write its own (and must not
-    # remove the parent's).
-    global _guard  # noqa: PLW0603
-    _guard = threading.Lock()
-    _records.clear()
-    _busy.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-@atexit.register
-def _remove_records() -> None:
-    with _guard:
-        for record, _ in _records.values():
-            with contextlib.suppress(OSError):
-                os.unlink(record)
-        _records.clear()
-
-
-def encode_record(owner: Owner, token: str) -> bytes:
-    """An owner record: magic, pid, host (hex), start token, the token of its name."""
-    start = "" if owner.start is None else str(owner.start)
-    fields = (CLAIM_MAGIC, str(owner.pid), owner.host.encode().hex(), start, token)
-    return ("\n".join(fields) + "\n").encode("ascii")
-
-
-def _decode(data: bytes) -> Claim | None:
-    try:
-        magic, pid, host, start, token, rest = data.decode("ascii").split("\n")
-        owner = Owner(int(pid), bytes.fromhex(host).decode(), int(start) if start else None)
-    except ValueError:  # UnicodeDecodeError included
-        return None
-    if magic != CLAIM_MAGIC or rest or owner.pid < 1 or not token.isalnum():
-        return None
-    return Claim(owner, token)
-
-
-def read_claim(claim: str) -> tuple[tuple[int, int], Claim | str] | None:
-    """The file at ``claim``: its (device, inode) and its owner, or a sentence saying why it
-    names none; None when there is no claim."""
-    try:
-        fd = os.open(claim, _READ)
-    except FileNotFoundError:
-        return None
-    except OSError as error:  # a symlink or a directory put there: it still blocks the link
-        return (0, 0), f"unreadable claim ({error.strerror or error})"
-    try:
-        found = os.fstat(fd)
-        owner = _decode(os.read(fd, _RECORD_LIMIT))
-    except OSError as error:  # a directory put there
-        return (0, 0), f"unreadable claim ({error.strerror or error})"
-    finally:
-        os.close(fd)
-    identity = (found.st_dev, found.st_ino)
-    return identity, owner or "unreadable claim (not a soulfleet owner record)"
-
-
-def _record_for(claim: str) -> tuple[str, tuple[int, int]]:
-    """This process's owner record for ``claim`` (written if needed), marked busy."""
-    with _guard:
-        known = _records.get(claim)
-        if known is not None:
-            _records.move_to_end(claim)
-            _busy.add(claim)
-            return known
-    token = secrets.token_hex(8)
-    record = f"{claim}.{token}{OWNER_SUFFIX}"
-    fd = os.open(record, _CREATE | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        write_all(fd, encode_record(Owner.current(), token))
-        found = os.fstat(fd)
-    finally:
-        os.close(fd)
-    known = record, (found.st_dev, found.st_ino)
-    _remove_dead_records(claim)
-    with _guard:
-        _records[claim] = known
-        _busy.add(claim)
-        idle = [name for name in _records if name not in _busy]
-        for name in idle[: max(0, len(_records) - MAX_RECORDS)]:
-            with contextlib.suppress(OSError):
-                os.unlink(_records.pop(name)[0])
-    return known
-
-
-def _remove_dead_records(claim: str) -> None:
-    """Remove the owner records for ``claim`` left by this host's dead processes."""
-    directory, name = os.path.split(claim)
-    prefix = f"{name}."
-    try:
-        with os.scandir(directory or ".") as entries:
-            stale = [
-                entry.path
-                for entry in entries
-                if entry.name.startswith(prefix) and entry.name.endswith(OWNER_SUFFIX)
-            ]
-    except OSError:
-        return
-    for record in stale:
-        found = read_claim(record)
-        if found is not None and isinstance(found[1], Claim) and found[1].owner.gone_here():
-            with contextlib.suppress(OSError):
-                os.unlink(record)
-
-
-def _forget(claim: str) -> None:
-    with _guard:
-        _records.pop(claim, None)
-
-
-def _done(claim: str) -> None:
-    with _guard:
-        _busy.discard(claim)
 
 
 def acquire_claim(claim: str, deadline: float | None, *, may_break: bool) -> bool:
@@ -226,9 +75,9 @@ def acquire_claim(claim: str, deadline: float | None, *, may_break: bool) -> boo
         if _acquire(claim, deadline, may_break):
             return True
     except BaseException:
-        _done(claim)
+        record_idle(claim)
         raise
-    _done(claim)
+    record_idle(claim)
     return False
 
 
@@ -236,12 +85,12 @@ def _acquire(claim: str, deadline: float | None, may_break: bool) -> bool:
     sleep = _FIRST_SLEEP
     next_check = 0.0
     while True:
-        record, _ = _record_for(claim)
+        record, _ = record_for(claim)
         try:
             os.link(record, claim, follow_symlinks=False)
             return True
         except FileNotFoundError:
-            _forget(claim)  # our record was removed: write a new one
+            record_gone(claim)  # our record was removed: write a new one
             continue
         except FileExistsError:
             pass
@@ -251,7 +100,7 @@ def _acquire(claim: str, deadline: float | None, may_break: bool) -> bool:
             if os.stat(record, follow_symlinks=False).st_nlink > 1:
                 return True
         except FileNotFoundError:
-            _forget(claim)
+            record_gone(claim)
             continue
         now = time.monotonic()
         if may_break and now >= next_check:
@@ -294,8 +143,7 @@ def _break_if_dead(claim: str, identity: tuple[int, int], owner: Claim | str) ->
 def release_claim(claim: str) -> None:
     """Release the lock taken by :func:`acquire_claim`; the owner record stays for next time."""
     try:
-        with _guard:
-            known = _records.get(claim)
+        known = known_record(claim)
         try:
             now = os.stat(claim, follow_symlinks=False)
         except FileNotFoundError:
@@ -305,16 +153,9 @@ def release_claim(claim: str) -> None:
         else:
             # An operator broke our claim while we held it (break_shared_lock): what is there
             # now, if anything, is someone else's.
-            _log.warning("lock.claim_lost", lock_file=claim, found=_describe(read_claim(claim)))
+            _log.warning("lock.claim_lost", lock_file=claim, found=describe(read_claim(claim)))
     finally:
-        _done(claim)
-
-
-def _describe(found: tuple[tuple[int, int], Claim | str] | None) -> str:
-    if found is None:
-        return "no claim"
-    owner = found[1]
-    return owner.describe() if isinstance(owner, Claim) else owner
+        record_idle(claim)
 
 
 def enter_waiting_room(
@@ -343,7 +184,7 @@ def queue_for(claim: str) -> str:
 def shared_lock_holders(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
     """Who holds a shared-mode lock: ``("held claim by pid N on host",)``, or ``()``."""
     found = read_claim(os.fspath(lock_file))
-    return () if found is None else (_describe(found),)
+    return () if found is None else (describe(found),)
 
 
 def break_shared_lock(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
@@ -360,6 +201,6 @@ def break_shared_lock(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
         os.unlink(claim)
     except FileNotFoundError:
         return ()  # its owner released it meanwhile
-    description = _describe(found)
+    description = describe(found)
     _log.warning("lock.claim_broken", lock_file=claim, claim=description)
     return (description,)

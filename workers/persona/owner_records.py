@@ -1,0 +1,200 @@
+"""Owner records of shared-mode claims: what a claim says about its holder, and the records
+each process keeps (:mod:`workers.persona.shared_claims` takes and releases the claims).
+
+* **One record per process and lock, reused.** A process writes a small record beside the
+  lock once (``<claim>.<token>.owner``: magic, pid, host, process start token, the token) and
+  links it at the claim path for each acquisition: the record is complete before it is
+  published, so a reader never sees half a claim, and acquiring is one ``link``.
+* **Records do not pile up.** A process keeps at most :data:`MAX_RECORDS` (the least recently
+  used idle one is removed first) and removes its records at exit; a forked child writes its
+  own. Records of this host's dead processes (a SIGKILLed worker, which runs no exit hooks)
+  are removed by the next process of the host that writes a record for the same lock.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import secrets
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from workers.persona.owners import Owner
+from workers.persona.writes import write_all
+
+__all__ = [
+    "CLAIM_MAGIC",
+    "MAX_RECORDS",
+    "OWNER_SUFFIX",
+    "Claim",
+    "describe",
+    "encode_record",
+    "known_record",
+    "read_claim",
+    "record_for",
+    "record_gone",
+    "record_idle",
+]
+
+CLAIM_MAGIC = "soulfleet-claim-v1"
+OWNER_SUFFIX = ".owner"
+#: Owner records one process keeps between acquisitions.
+MAX_RECORDS = 64
+_RECORD_LIMIT = 1024
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+_READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+_guard = threading.Lock()
+#: claim path -> (owner record path, its (device, inode)); most recently used last.
+_records: OrderedDict[str, tuple[str, tuple[int, int]]] = OrderedDict()
+#: Claims a thread of this process is acquiring or holding: their records are never evicted.
+_busy: set[str] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """Who holds a shared-mode lock, as its owner record says."""
+
+    owner: Owner
+    #: The random part of the owner record's name (``<claim>.<token>.owner``).
+    token: str
+
+    def describe(self) -> str:
+        host = self.owner.host if self.owner.host.isprintable() else repr(self.owner.host)
+        return f"held claim by pid {self.owner.pid} on {host}"
+
+
+def _forget_after_fork() -> None:
+    # The parent's records name the parent's pid: a child must write its own (and must not
+    # remove the parent's).
+    global _guard  # noqa: PLW0603
+    _guard = threading.Lock()
+    _records.clear()
+    _busy.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+@atexit.register
+def _remove_records() -> None:
+    with _guard:
+        for record, _ in _records.values():
+            with contextlib.suppress(OSError):
+                os.unlink(record)
+        _records.clear()
+
+
+def encode_record(owner: Owner, token: str) -> bytes:
+    """An owner record: magic, pid, host (hex), start token, the token of its name."""
+    start = "" if owner.start is None else str(owner.start)
+    fields = (CLAIM_MAGIC, str(owner.pid), owner.host.encode().hex(), start, token)
+    return ("\n".join(fields) + "\n").encode("ascii")
+
+
+def _decode(data: bytes) -> Claim | None:
+    try:
+        magic, pid, host, start, token, rest = data.decode("ascii").split("\n")
+        owner = Owner(int(pid), bytes.fromhex(host).decode(), int(start) if start else None)
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    if magic != CLAIM_MAGIC or rest or owner.pid < 1 or not token.isalnum():
+        return None
+    return Claim(owner, token)
+
+
+def read_claim(claim: str) -> tuple[tuple[int, int], Claim | str] | None:
+    """The file at ``claim``: its (device, inode) and its owner, or a sentence saying why it
+    names none; None when there is no claim."""
+    try:
+        fd = os.open(claim, _READ)
+    except FileNotFoundError:
+        return None
+    except OSError as error:  # a symlink or a directory put there: it still blocks the link
+        return (0, 0), f"unreadable claim ({error.strerror or error})"
+    try:
+        found = os.fstat(fd)
+        owner = _decode(os.read(fd, _RECORD_LIMIT))
+    except OSError as error:  # a directory put there
+        return (0, 0), f"unreadable claim ({error.strerror or error})"
+    finally:
+        os.close(fd)
+    identity = (found.st_dev, found.st_ino)
+    return identity, owner or "unreadable claim (not a soulfleet owner record)"
+
+
+def record_for(claim: str) -> tuple[str, tuple[int, int]]:
+    """This process's owner record for ``claim`` (written if needed), marked busy."""
+    with _guard:
+        known = _records.get(claim)
+        if known is not None:
+            _records.move_to_end(claim)
+            _busy.add(claim)
+            return known
+    token = secrets.token_hex(8)
+    record = f"{claim}.{token}{OWNER_SUFFIX}"
+    fd = os.open(record, _CREATE | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        write_all(fd, encode_record(Owner.current(), token))
+        found = os.fstat(fd)
+    finally:
+        os.close(fd)
+    known = record, (found.st_dev, found.st_ino)
+    _remove_dead_records(claim)
+    with _guard:
+        _records[claim] = known
+        _busy.add(claim)
+        idle = [name for name in _records if name not in _busy]
+        for name in idle[: max(0, len(_records) - MAX_RECORDS)]:
+            with contextlib.suppress(OSError):
+                os.unlink(_records.pop(name)[0])
+    return known
+
+
+def _remove_dead_records(claim: str) -> None:
+    """Remove the owner records for ``claim`` left by this host's dead processes."""
+    directory, name = os.path.split(claim)
+    prefix = f"{name}."
+    try:
+        with os.scandir(directory or ".") as entries:
+            stale = [
+                entry.path
+                for entry in entries
+                if entry.name.startswith(prefix) and entry.name.endswith(OWNER_SUFFIX)
+            ]
+    except OSError:
+        return
+    for record in stale:
+        found = read_claim(record)
+        if found is not None and isinstance(found[1], Claim) and found[1].owner.gone_here():
+            with contextlib.suppress(OSError):
+                os.unlink(record)
+
+
+def known_record(claim: str) -> tuple[str, tuple[int, int]] | None:
+    """This process's record for ``claim`` (path, (device, inode)), if it wrote one."""
+    with _guard:
+        return _records.get(claim)
+
+
+def record_gone(claim: str) -> None:
+    """Our record for ``claim`` was removed by someone: write a new one next time."""
+    with _guard:
+        _records.pop(claim, None)
+
+
+def record_idle(claim: str) -> None:
+    """No thread of ours is acquiring or holding ``claim``: its record may be evicted."""
+    with _guard:
+        _busy.discard(claim)
+
+
+def describe(found: tuple[tuple[int, int], Claim | str] | None) -> str:
+    """What :func:`read_claim` found, in words for logs, errors and ``soulfleet status``."""
+    if found is None:
+        return "no claim"
+    owner = found[1]
+    return owner.describe() if isinstance(owner, Claim) else owner
