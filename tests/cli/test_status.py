@@ -211,6 +211,8 @@ def test_status_lists_invalid_personas_with_their_reasons(
 _OTHER_HOST_WRITER = """
 import os, signal, socket, sys
 socket.gethostname = lambda: "otherhost"  # the claim records this host name
+import workers.persona.owners  # and another machine's kernel
+workers.persona.owners.boot_id = lambda: 0x1234
 from workers.persona.locks import lock_file_for, path_lock
 from pathlib import Path
 home = Path(sys.argv[1])
@@ -222,8 +224,9 @@ with path_lock(lock_file_for(home, home / "MEMORY.md", "shared"), mode="shared",
 def test_status_names_a_shared_lock_claim_left_by_another_host(
     invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
 ) -> None:
-    """In shared lock mode, a claim a crashed writer on ANOTHER host left on ava's MEMORY.md
-    (never broken automatically from here) is named by status: persona, file, pid and host."""
+    """A claim a crashed writer on ANOTHER machine left on ava's MEMORY.md (never broken
+    automatically from here) is named by status: persona, file, pid and host; also when the
+    operator's shell does not say SOULFLEET_LOCK_MODE=shared (the workers' setting may)."""
     (fleet_root / "ava" / "MEMORY.md").touch()
     done = subprocess.run(
         [sys.executable, "-c", _OTHER_HOST_WRITER, str(fleet_root / "ava")], check=False
@@ -231,13 +234,32 @@ def test_status_names_a_shared_lock_claim_left_by_another_host(
     assert done.returncode == -signal.SIGKILL
     shared = {**env, "SOULFLEET_LOCK_MODE": "shared"}
     table = invoke("status", environ=shared).stdout
-    assert "shared-mode lock claims (1; another host's stay until cleared):" in table
+    assert "shared-mode lock claims (1; one whose writer died on another machine stays" in table
     assert "  ava MEMORY.md: held claim by pid " in table
     assert "on otherhost" in table
     claims = json.loads(invoke("status", "ava", "--json", environ=shared).stdout)["lock_claims"]
     assert {(c["persona"], c["file"]) for c in claims} == {("ava", "MEMORY.md")}
     assert any(c["holder"].startswith("held claim by pid") for c in claims)
-    assert json.loads(invoke("status", "--json").stdout)["lock_claims"] == []  # local mode
+    local = json.loads(invoke("status", "--json").stdout)["lock_claims"]
+    assert [(c["persona"], c["file"]) for c in local] == [("ava", "MEMORY.md")]
+
+
+def test_status_lists_what_blocks_a_claim_path_and_not_an_older_releases_files(
+    invoke: Invoke, fleet_root: Path
+) -> None:
+    """Whatever sits at a claim path blocks writes, so status names it (a directory, a note's
+    claim); an older release's filelock claim files (``*.shared.lock.filelock/claims/``) are
+    not claims of this release and are not listed."""
+    locks = fleet_root / "ava" / ".locks"
+    (locks / "memory").mkdir(parents=True)
+    (locks / "memory" / "ideas.md.claim").mkdir()
+    old = locks / "MEMORY.md.shared.lock.filelock" / "claims"
+    old.mkdir(parents=True)
+    (old / "held-v1-0123456789abcdef0123456789abcdef.claim").write_text("old")
+    claims = json.loads(invoke("status", "ava", "--json").stdout)["lock_claims"]
+    assert [(c["file"], c["holder"]) for c in claims] == [
+        ("memory/ideas.md", "unreadable claim (Is a directory)")
+    ]
 
 
 def test_directories_with_unusable_names_are_named_not_silently_skipped(

@@ -27,8 +27,10 @@ MODES: tuple[LockMode, ...] = ("local", "shared")
 
 _HOLDER = """
 import os, signal, socket, sys
-if len(sys.argv) > 4:  # pretend to run on another host: the owner record names this host
+if len(sys.argv) > 4:  # pretend to run on another machine: its host name and kernel
     socket.gethostname = lambda: sys.argv[4]
+    import workers.persona.owners
+    workers.persona.owners.boot_id = lambda: 0x1234
 from workers.persona.locks import path_lock
 with path_lock(sys.argv[1], mode=sys.argv[2], timeout=30):
     print("held", os.getpid(), flush=True)

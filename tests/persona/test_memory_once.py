@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -102,7 +103,8 @@ def test_the_ledger_stays_bounded(home: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_a_keyed_write_appends_one_line_to_the_ledger(home: Path) -> None:
-    """Recording a write appends to the ledger in place (no rename): same inode."""
+    """Recording a write appends to the ledger in place (no rename): same inode; its intent
+    (before the rename) and its answer (after it), one line each."""
     _run(home, "ava:1", {"action": "add", "text": "first"})
     ledger = home / ".locks" / "MEMORY.md.applied"
     inode, before = ledger.stat().st_ino, ledger.read_bytes()
@@ -110,7 +112,9 @@ def test_a_keyed_write_appends_one_line_to_the_ledger(home: Path) -> None:
     assert ledger.stat().st_ino == inode
     after = ledger.read_bytes()
     assert after.startswith(before)
-    assert after.count(b"\n") == before.count(b"\n") + 1
+    intent, answer = after[len(before) :].splitlines()
+    assert intent.startswith(b'{"intent": [')
+    assert answer.startswith(b'{"key": ')
 
 
 def test_a_torn_last_ledger_line_costs_no_later_entry(home: Path) -> None:
@@ -245,3 +249,46 @@ def test_no_ledger_yet_and_no_way_to_create_it_refuses_the_write(
     assert output.startswith("ERROR could not add")
     assert locks in output
     assert (home / "MEMORY.md").read_text() == "# Memory\n"
+
+
+_DIES_MID_COMMIT = """
+import os, signal, sys
+import workers.persona.ledger as ledger
+import workers.persona.memory_commit as commit
+from workers.persona.memory import memory_tool
+if sys.argv[2] == "after-rename":  # the new MEMORY.md is in place, its answer not recorded
+    commit._record = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
+else:  # the intent is written, the rename never happens
+    intend = ledger.WriteLedger.intend
+    def dying(self, *args):
+        intend(self, *args)
+        os.kill(os.getpid(), signal.SIGKILL)
+    ledger.WriteLedger.intend = dying
+memory_tool(sys.argv[1], write_scope="ava:9").execute(
+    {"action": "add", "text": "The sky is green."}
+)
+"""
+
+
+@pytest.mark.parametrize("when", ["after-rename", "before-rename"])
+def test_a_writer_killed_mid_commit_leaves_its_write_applied_once(home: Path, when: str) -> None:
+    """A worker SIGKILLed between its durable write and its ledger answer (or just before the
+    rename): the retried turn finds the intent it left, sees whether the rename happened,
+    and either answers from it (the write is not applied twice) or applies the write (it was
+    never applied)."""
+    ledger = home / ".locks" / "MEMORY.md.applied"
+    ok = _run(home, "ava:1", {"action": "add", "text": "an earlier write"})  # a ledger exists
+    assert ok[0].startswith("Added")
+    done = subprocess.run([sys.executable, "-c", _DIES_MID_COMMIT, str(home), when], check=False)
+    assert done.returncode == -signal.SIGKILL
+    assert ledger.read_text().splitlines()[-1].startswith('{"intent": [')
+    before = (home / "MEMORY.md").read_text().count("The sky is green.")
+    assert before == (1 if when == "after-rename" else 0)
+    retry = _run(home, "ava:9", ADD)
+    assert retry[0].startswith("Added an entry")
+    assert (home / "MEMORY.md").read_text().count("The sky is green.") == 1
+    kinds = [next(iter(json.loads(line))) for line in ledger.read_text().splitlines()]
+    if when == "after-rename":  # finished by the retry, which is then answered from it
+        assert kinds[-2:] == ["intent", "key"]
+    else:  # voided, then applied by the retry
+        assert kinds[-4:] == ["intent", "void", "intent", "key"]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -49,3 +53,39 @@ def test_a_process_keeps_at_most_max_records(tmp_path: Path) -> None:
     assert len(records) <= MAX_RECORDS
     assert any(path.name.startswith(f"note-{MAX_RECORDS + 5}.md.claim.") for path in records)
     assert not any(path.name.startswith("note-0.md.claim.") for path in records)
+
+
+_FORKING_OWNER = """
+import os, signal, sys, time
+import workers.persona.owners
+workers.persona.owners.host_name = lambda: "box?pidns-f00d"  # judged by its lock, not its pid
+from workers.persona.shared_claims import acquire_claim
+assert acquire_claim(sys.argv[1], None, may_break=False)
+child = os.fork()
+if child == 0:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # let the test's read of our parent's output end
+    os.dup2(devnull, 2)
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_forked_child_does_not_keep_its_parents_records_locked(tmp_path: Path) -> None:
+    """A child forked by a claim's owner closes the record descriptors it inherited: once the
+    owner dies, its claim reads as dead though the child lives on."""
+    claim = tmp_path / "MEMORY.md.claim"
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKING_OWNER, str(claim)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    child = int(done.stdout)
+    try:
+        os.kill(child, 0)  # still running
+        assert acquire_claim(str(claim), time.monotonic() + 5, may_break=True)
+        release_claim(str(claim))
+    finally:
+        os.kill(child, signal.SIGKILL)

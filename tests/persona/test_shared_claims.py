@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -11,6 +14,7 @@ import pytest
 import structlog.testing
 
 from tests.support.claims import die, live_record, records_of
+from tests.support.memory import held_by_child
 from tests.support.persona import make_persona
 from workers.persona.locks import lock_file_for
 from workers.persona.memory import memory_tool
@@ -140,14 +144,77 @@ def test_a_claim_broken_while_held_is_not_removed_again_on_release(tmp_path: Pat
     assert Path(claim).exists()
 
 
-def test_each_host_queues_in_its_own_file(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Writers that hand their write over queue in a file of their host only (appends are
-    whole only within one kernel), beside the claim; another host gets another file."""
+def test_each_machine_queues_in_its_own_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writers that hand their write over queue in a file of their kernel only (appends are
+    whole only within one kernel), beside the claim: another machine (another boot id) gets
+    another file, another container on this machine (another host name) the same one."""
     claim = "/personas/ava/.locks/MEMORY.md.claim"
     mine = queue_for(claim)
-    monkeypatch.setattr("socket.gethostname", lambda: "otherhost")
+    monkeypatch.setattr("socket.gethostname", lambda: "othercontainer")
+    assert queue_for(claim) == mine
+    monkeypatch.setattr("workers.persona.shared_claims.boot_id", lambda: 0x1234)
     theirs = queue_for(claim)
     assert mine != theirs
     for queue in (mine, theirs):
         assert queue.startswith("/personas/ava/.locks/MEMORY.md.")
         assert queue.endswith(".queue")
+
+
+_OTHER_NAMESPACE = """
+import os, signal, socket, sys
+socket.gethostname = lambda: "box"  # this kernel, another pid namespace's host name
+import workers.persona.owners
+workers.persona.owners.host_name = lambda: "box?pidns-f00d"
+from workers.persona.shared_claims import acquire_claim
+assert acquire_claim(sys.argv[1], None, may_break=False)
+print("held", os.getpid(), flush=True)
+if sys.argv[2] == "crash":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.stdin.readline()
+"""
+
+
+def test_a_claim_from_another_pid_namespace_of_this_kernel_is_judged_by_its_lock(
+    tmp_path: Path,
+) -> None:
+    """A container restarted after a crash keeps its host name but gets a new pid namespace:
+    its old claim names a pid that means nothing here. On the same kernel the owner's lock on
+    its record tells: held while the owner lives (the claim stays), gone once it died (the
+    claim is broken)."""
+    claim = tmp_path / "MEMORY.md.claim"
+    with held_by_child(_OTHER_NAMESPACE, str(claim), "wait"):
+        holders = shared_lock_holders(claim)
+        assert len(holders) == 1
+        assert holders[0].endswith("on box?pidns-f00d")
+        assert not acquire_claim(str(claim), time.monotonic() + 0.3, may_break=True)
+    assert acquire_claim(str(claim), time.monotonic() + 5, may_break=True)  # released
+    release_claim(str(claim))
+    done = subprocess.run(
+        [sys.executable, "-c", _OTHER_NAMESPACE, str(claim), "crash"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == -signal.SIGKILL
+    assert shared_lock_holders(claim)[0].endswith("on box?pidns-f00d")
+    assert not acquire_claim(str(claim), time.monotonic() + 0.3, may_break=False)
+    with structlog.testing.capture_logs() as logs:
+        assert acquire_claim(str(claim), time.monotonic() + 5, may_break=True)
+    release_claim(str(claim))
+    assert [log["claim"] for log in logs if log["event"] == "lock.dead_claim_broken"] == [
+        f"held claim by pid {done.stdout.split()[1]} on box?pidns-f00d"
+    ]
+
+
+def test_breaking_a_claim_removes_its_owners_record_and_whatever_blocks_the_path(
+    tmp_path: Path,
+) -> None:
+    """break_shared_lock removes the claim and the record it was linked to (another machine's
+    dead writer would never remove it); an empty directory at the claim path goes too."""
+    claim = tmp_path / "MEMORY.md.claim"
+    record = live_record(str(claim))
+    os.link(record, claim)
+    assert len(break_shared_lock(claim)) == 1
+    assert not claim.exists()
+    assert not Path(record).exists()
+    claim.mkdir()
+    assert break_shared_lock(claim) == ("unreadable claim (Is a directory)",)
+    assert not claim.exists()

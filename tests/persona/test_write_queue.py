@@ -187,9 +187,12 @@ def test_a_waiting_writer_is_served_by_the_next_holder(home: Path) -> None:
     assert results == dict.fromkeys(("b", "c"), added + "next session.")
     lines = (home / "MEMORY.md").read_text().splitlines()
     assert sorted(lines) == ["- b", "- before", "- c"]
-    ledger = (home / ".locks" / "MEMORY.md.applied").read_text().splitlines()
-    assert len(ledger) == 1  # one writer was answered through the ledger
-    assert json.loads(ledger[0])["key"].startswith("q")
+    applied = home / ".locks" / "MEMORY.md.applied"
+    ledger = [json.loads(line) for line in applied.read_text().splitlines()]
+    answers = [line for line in ledger if "key" in line]
+    assert len(answers) == 1  # one writer was answered through the ledger
+    assert answers[0]["key"].startswith("q")
+    assert "intent" in ledger[-2]  # written before the batch's rename
     assert _queue(home).stat().st_size == 0
 
 

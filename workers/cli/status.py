@@ -115,12 +115,11 @@ def _until(when: float | None, now: float) -> str:
 
 
 def lock_claims(fleet: Fleet, names: Sequence[str]) -> list[dict[str, str]]:
-    """Claims on shared-mode memory locks (SOULFLEET_LOCK_MODE=shared only): what blocks a
-    persona's memory writes. This host's dead writers are cleared automatically, so a claim
-    listed for long is a live writer or a crashed one on ANOTHER host (clear it with
-    ``break_shared_lock`` once that host's process is known gone)."""
-    if fleet.settings.lock_mode != "shared":
-        return []
+    """Claims on shared-mode memory locks: what blocks a persona's memory writes. Looked for
+    whatever this shell's SOULFLEET_LOCK_MODE says (the workers' may differ). Dead writers of
+    this machine are cleared automatically, so a claim listed for long is a live writer or a
+    crashed one on ANOTHER machine (clear it with ``break_shared_lock`` once that process is
+    known gone)."""
     return [
         {"persona": name, "file": data, "holder": holder}
         for name in names
@@ -130,7 +129,10 @@ def lock_claims(fleet: Fleet, names: Sequence[str]) -> list[dict[str, str]]:
 
 def _echo_claims(claims: Sequence[Mapping[str, str]]) -> None:
     if claims:
-        click.echo(f"shared-mode lock claims ({len(claims)}; another host's stay until cleared):")
+        click.echo(
+            f"shared-mode lock claims ({len(claims)}; one whose writer died on another machine "
+            "stays until cleared, runbook 'Locks'):"
+        )
         for claim in claims:
             click.echo(f"  {claim['persona']} {claim['file']}: {claim['holder']}")
 

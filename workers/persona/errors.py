@@ -150,7 +150,7 @@ class LockTimeout(PersonaError):
     def __init__(
         self, path: object, timeout: float, mode: str, holders: tuple[str, ...] = ()
     ) -> None:
-        held = f"; held by {', '.join(holders)}" if holders else ""
+        held = f": {', '.join(holders)}" if holders else ""
         super().__init__(f"{path}: lock not acquired within {timeout:g}s ({mode} lock mode{held})")
         self.path = path
         self.timeout = timeout

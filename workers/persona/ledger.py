@@ -27,7 +27,15 @@ a third fsync under the lock, and fleet turns always keep a ledger). What that g
 narrow: a process that dies (a SIGKILL, an OOM kill, a lost lease: what retries turns) leaves
 its appended line in the page cache, where the retry reads it; only a crash of the whole machine
 within the filesystem's commit interval (seconds) can forget the newest lines, and then a
-retried turn repeats those writes once. A created or compacted ledger is still written whole,
+retried turn repeats those writes once.
+
+A writer that dies between its rename and its answers (a SIGKILL in those microseconds) would
+leave the write applied but unrecorded: its retry, or the queued writers it served, would then
+apply it a second time. So just before the rename it appends an intent
+(:meth:`WriteLedger.intend`: the answers it will record and the new file's inode and size),
+and every holder first settles a ledger that ends with one (:meth:`WriteLedger.settle`): if the data file is the one
+the intent names, the rename happened and its answers are recorded; otherwise it never did and
+the intent is voided. A created or compacted ledger is still written whole,
 fsynced and renamed (:meth:`WriteLedger.record` leaves its directory fsync to the caller, after
 the lock), so a compaction can never leave a torn or empty ledger.
 """
@@ -50,6 +58,9 @@ __all__ = ["LEDGER_SUFFIX", "MAX_ENTRIES", "WriteLedger", "find_answer", "write_
 LEDGER_SUFFIX = ".applied"
 _APPEND = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 MAX_ENTRIES = 512
+#: How an intent line starts (:meth:`WriteLedger.intend`), and the line that voids one.
+_INTENT_PREFIX = b'{"intent"'
+_VOID_LINE = b'{"void": true}\n'
 _MAX_BYTES = 512 * 1024
 
 _log = structlog.get_logger("soulfleet.memory")
@@ -70,6 +81,8 @@ class WriteLedger:
         self._loaded = False
         self._raw: bytes | None = None
         self._fd: int | None = None
+        #: :meth:`intend` created the ledger: its directory must be fsynced after the lock.
+        self._created = False
 
     def prepare(self) -> None:
         """Before the write it will record: make sure the ledger can take its line, or raise
@@ -98,6 +111,67 @@ class WriteLedger:
 
     def _entries(self) -> list[tuple[str, str]]:
         return _parsed((self._bytes() or b"")[:_MAX_BYTES])
+
+    def intend(self, identity: tuple[int, int], answered: list[tuple[str, str]]) -> None:
+        """Before a keyed or batched write's rename: note what it will answer and what the data
+        file will be once renamed (``identity``: inode, size). If the writer dies before the
+        answers are recorded, the next holder finishes its work (:meth:`settle`). Appended
+        without an fsync, like the answers."""
+        raw = self._bytes()
+        line = _intent_line(identity, answered)
+        if raw is None:  # a new ledger is written whole, like any created persona file
+            remove_stale_temps(self.path)
+            replace_bytes(self.path, line)
+            self._raw, self._created = line, True
+            return
+        data = (b"" if not raw or raw.endswith(b"\n") else b"\n") + line
+        fd = self._fd if self._fd is not None else os.open(self.path, _APPEND)
+        try:
+            write_all(fd, data)
+        finally:
+            if fd != self._fd:
+                os.close(fd)
+        self._raw = raw + data
+
+    def settle(self, data: str) -> None:
+        """Finish a commit whose writer died between its intent and its answers (its ledger
+        ends with the intent): if the data file is what the intent named, the rename happened
+        and its answers are recorded now (so neither its waiters nor a retry apply those
+        writes again); otherwise it never happened and the intent is voided. Call first,
+        under the lock."""
+        raw = self._bytes()
+        if not raw:
+            return
+        body = raw.rstrip(b"\n")
+        last = body[body.rfind(b"\n") + 1 :]
+        if not last.startswith(_INTENT_PREFIX):
+            return
+        intent = _parse_intent(last)
+        try:
+            info = os.stat(data, follow_symlinks=False)
+            renamed = intent is not None and (info.st_ino, info.st_size) == intent[0]
+        except FileNotFoundError:
+            renamed = False
+        if intent is not None and renamed:
+            _log.warning(
+                "memory.commit_finished",
+                path=str(self.path),
+                writes=len(intent[1]),
+                reason="its writer died after the write, before recording its answers",
+            )
+            self.record_all(intent[1])
+            return
+        self._append(_VOID_LINE)
+
+    def _append(self, line: bytes) -> None:
+        raw = self._bytes() or b""
+        data = (b"" if not raw or raw.endswith(b"\n") else b"\n") + line
+        fd = os.open(self.path, _APPEND)
+        try:
+            write_all(fd, data)
+        finally:
+            os.close(fd)
+        self._raw = raw + data
 
     def answer(self, key: str) -> str | None:
         """What the write with ``key`` answered when it was applied, or None if it never was."""
@@ -137,7 +211,7 @@ class WriteLedger:
             replaced = False
         self._raw = data
         _log.debug("memory.ledger_recorded", path=str(self.path), lines=data.count(b"\n"))
-        return replaced
+        return replaced or self._created
 
 
 def find_answer(raw: bytes, key: str) -> str | None:
@@ -161,6 +235,22 @@ def _parsed(raw: bytes) -> list[tuple[str, str]]:
         except (ValueError, KeyError, TypeError):
             continue  # a torn or hand-edited line: forgetting one key is the safe side
     return entries
+
+
+def _intent_line(identity: tuple[int, int], answered: list[tuple[str, str]]) -> bytes:
+    record = {"intent": list(identity), "answers": [list(pair) for pair in answered]}
+    return (json.dumps(record, ensure_ascii=False) + "\n").encode()
+
+
+def _parse_intent(line: bytes) -> tuple[tuple[int, int], list[tuple[str, str]]] | None:
+    """An intent line's (inode, size) and answers; None for a torn or hand-edited one."""
+    try:
+        record = json.loads(line)
+        inode, size = record["intent"]
+        answers = [(str(key), str(message)) for key, message in record["answers"]]
+        return (int(inode), int(size)), answers
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _line(key: str, message: str) -> bytes:

@@ -17,7 +17,7 @@ Why it is built this way:
   with a hard link (:mod:`workers.persona.shared_claims`), which excludes on NFS-like
   filesystems: one ``link`` to acquire and one ``unlink`` to release, behind a per-host flock
   waiting room. Its price: a holder that crashes mid-write leaves its claim behind: this
-  host's dead claims are broken by the next writer of the host, another host's stay until
+  machine's dead claims are broken by its next writer, another machine's stay until
   :func:`break_shared_lock` (``soulfleet status`` names them). Never by age: age-based expiry
   could let two live writers overlap.
   The two modes use different lock files (``.lock`` vs ``.claim``) and do not exclude each
@@ -46,6 +46,7 @@ import structlog
 from workers.persona.errors import LockTimeout
 from workers.persona.files import confined
 from workers.persona.flock import flock_acquire, flock_release
+from workers.persona.memory_spec import NOTES_DIR
 from workers.persona.shared_claims import (
     acquire_claim,
     break_shared_lock,
@@ -174,7 +175,7 @@ def path_lock(
 
     For writers that hand their write to the holder (the memory tool:
     :mod:`workers.persona.write_queue`): ``contended`` is called once, before waiting, when
-    another thread or process holds the lock (in shared mode: another of this host's, in the
+    another thread or process holds the lock (in shared mode: another of this machine's, in the
     waiting room); ``settled`` is polled while waiting, and once it returns True the wait ends
     and the body runs WITHOUT the lock, getting False.
     """
@@ -234,7 +235,7 @@ def _shared_held(
     try:
         if room is None and settled is not None and settled():
             _observe(time.monotonic() - start)
-            yield False  # applied by this host's writer in the room
+            yield False  # applied by this machine's writer in the room
             return
         # Only a writer in the room may break a dead claim: the room makes it the only one.
         if not acquire_claim(name, deadline, may_break=room is not None):
@@ -275,16 +276,20 @@ def _wait_gate(
 def shared_claims_under(root: str | os.PathLike[str]) -> list[tuple[str, str]]:
     """Every claim on a shared-mode lock under ``<root>/.locks``: (data path, who holds it).
 
-    For ``soulfleet status``: a claim that stays is a writer at work, or one on another host
-    that crashed (this host's dead claims are broken automatically)."""
-    locks = Path(root) / LOCK_DIR
+    For ``soulfleet status``: a claim that stays is a writer at work, or one whose writer died
+    where its death cannot be seen from here (another machine; or this one without flock).
+    Only where claims live (``.locks/`` and ``.locks/memory/``, one per data file), whatever
+    is at the claim path, so an older release's files under ``*.filelock/`` are not listed."""
+    locks = os.path.join(root, LOCK_DIR)
     found: list[tuple[str, str]] = []
-    if not locks.is_dir():
-        return found
-    suffix = _SUFFIX["shared"]
-    for lock_file in sorted(locks.rglob(f"*{suffix}")):
-        if not lock_file.is_file():
+    for sub in ("", NOTES_DIR):  # the notes' locks mirror memory/<slug>.md
+        try:
+            with os.scandir(os.path.join(locks, sub)) as entries:
+                names = sorted(e.name for e in entries if e.name.endswith(f".md{CLAIM_SUFFIX}"))
+        except OSError:  # no .locks (or no notes) yet
             continue
-        data = str(lock_file.relative_to(locks))[: -len(suffix)]
-        found.extend((data, holder) for holder in shared_lock_holders(lock_file))
+        for name in names:
+            data = os.path.join(sub, name[: -len(CLAIM_SUFFIX)])
+            claim = os.path.join(locks, sub, name)
+            found.extend((data, holder) for holder in shared_lock_holders(claim))
     return found

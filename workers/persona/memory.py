@@ -35,7 +35,7 @@ Why it looks like this:
   what that gives up: after a machine crash, a retry may repeat a write, never lose one). Paths
   are resolved once per target and only re-checked per call
   (:mod:`workers.persona.memory_paths`).
-* **Contending writers share one commit (issue 15, local lock mode).** A writer that finds the
+* **Contending writers share one commit (issue 15).** A writer that finds the
   lock taken queues its write (:mod:`workers.persona.write_queue`); the next holder applies the
   queue with its own write in one durable replace (:mod:`workers.persona.memory_commit`) and
   leaves each queued writer its answer in the ledger, where the waiter reads it without
@@ -276,7 +276,7 @@ class MemoryTool:
 
 
 def _timeout_message(request: MemoryRequest, error: LockTimeout, queued: bool = False) -> str:
-    holders = f" It is held by: {', '.join(error.holders)}." if error.holders else ""
+    holders = f" Its lock: {', '.join(error.holders)}." if error.holders else ""
     label = target_label(request.target)
     outcome = "Nothing was changed; try again in a moment."
     if queued:
@@ -287,8 +287,9 @@ def _timeout_message(request: MemoryRequest, error: LockTimeout, queued: bool = 
     return (
         f"{label} is busy: its write lock ({error.path}, {error.mode} "
         f"mode) was not acquired within {error.timeout:g}s.{holders} {outcome} If it persists, "
-        "an operator should follow the README runbook 'Persona directory > Locks' (in shared "
-        "lock mode, a crashed writer's claim must be cleared with break_shared_lock)."
+        "an operator should follow ops/runbook.md 'Lock timeouts on a shared filesystem' (in "
+        "shared lock mode, a claim left by a writer that crashed on another machine must be "
+        "cleared with break_shared_lock)."
     )
 
 

@@ -3,7 +3,8 @@
 :mod:`workers.persona.memory` parses the call, resolves the target and takes the lock; this
 module runs under it and decides what reaches the disk:
 
-* **Replay first.** A write whose key the ledger already holds (a retried turn repeating it,
+* **Settle, then replay.** A ledger ending with an intent (a holder that died between its
+  rename and its answers) is settled first (:mod:`workers.persona.ledger` says how). A write whose key the ledger already holds (a retried turn repeating it,
   or a queued write another holder applied) is answered from the ledger, nothing written.
 * **Then the edit, then the queue.** The file is read once, the writer's own edit applied, and
   only then the queue taken (:mod:`workers.persona.write_queue`): as late as possible, so the
@@ -14,7 +15,8 @@ module runs under it and decides what reaches the disk:
   and renamed under the lock and the directory is fsynced after it (the caller does that). A
   keyed write, or a batch that answers queued writers, fsyncs the directory under the lock:
   the ledger line may only reach the disk after the write it records, and a waiter returns its
-  answer as soon as it reads it. The lines are then appended in one write.
+  answer as soon as it reads it. The intent is appended just before the rename, the answers
+  after it, each in one write.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def commit(
     """Run ``request`` against ``target`` while holding its lock. ``key`` is the ledger key it
     is answered under ("" for none); ``keyed`` says it is a turn's keyed write."""
     ledger = WriteLedger(Path(target.ledger))
+    ledger.settle(target.data)  # a holder that died mid-commit: finish or void its work first
     if key:
         before = ledger.answer(key)
         if before is not None:  # a retry of this turn's write, or another writer applied it
@@ -109,10 +112,12 @@ def _commit(
     if not (keyed or served):
         replace_bytes(target.data, new)  # its directory is fsynced after the lock
         return Committed(result, target.directory, len(new), full=full)
-    atomic_write_bytes(target.data, new)
     answered = list(served)
     if keyed and not refused:
         answered.insert(0, (key, result.output))
+    atomic_write_bytes(
+        target.data, new, before_rename=lambda renamed: ledger.intend(renamed, answered)
+    )
     if served:
         _log.info("memory.queued_writes_applied", path=target.relative, writes=len(served))
     flush = _record(ledger, answered) if answered else ""

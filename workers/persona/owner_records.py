@@ -5,23 +5,31 @@ each process keeps (:mod:`workers.persona.shared_claims` takes and releases the 
   lock once (``<claim>.<token>.owner``: magic, pid, host, process start token, the token) and
   links it at the claim path for each acquisition: the record is complete before it is
   published, so a reader never sees half a claim, and acquiring is one ``link``.
+* **A record is locked while its process lives.** Its process holds a shared ``flock`` on the
+  record from writing it until it removes it; the kernel lets go the moment the process dies.
+  So whether a claim's owner is gone can be told on its own kernel even from another pid
+  namespace (:func:`owner_gone`): a container restarted after a crash keeps its host name but
+  gets a new namespace, whose pids say nothing about the old one's. Descriptors are
+  ``O_CLOEXEC``, and a forked child closes the ones it inherited (else the parent's records
+  would stay locked by the child after the parent died).
 * **Records do not pile up.** A process keeps at most :data:`MAX_RECORDS` (the least recently
   used idle one is removed first) and removes its records at exit; a forked child writes its
-  own. Records of this host's dead processes (a SIGKILLed worker, which runs no exit hooks)
-  are removed by the next process of the host that writes a record for the same lock.
+  own. Records of dead processes of this kernel (a SIGKILLed worker, which runs no exit hooks)
+  are removed by the next process of the kernel that writes a record for the same lock.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import fcntl
 import os
 import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from workers.persona.owners import Owner
+from workers.persona.owners import Owner, host_name
 from workers.persona.writes import write_all
 
 __all__ = [
@@ -32,6 +40,7 @@ __all__ = [
     "describe",
     "encode_record",
     "known_record",
+    "owner_gone",
     "read_claim",
     "record_for",
     "record_gone",
@@ -43,14 +52,30 @@ OWNER_SUFFIX = ".owner"
 #: Owner records one process keeps between acquisitions.
 MAX_RECORDS = 64
 _RECORD_LIMIT = 1024
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 _guard = threading.Lock()
-#: claim path -> (owner record path, its (device, inode)); most recently used last.
-_records: OrderedDict[str, tuple[str, tuple[int, int]]] = OrderedDict()
+#: claim path -> our record for it; most recently used last.
+_records: OrderedDict[str, _Kept] = OrderedDict()
 #: Claims a thread of this process is acquiring or holding: their records are never evicted.
 _busy: set[str] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """One of this process's owner records: its path, (device, inode) and locked descriptor."""
+
+    path: str
+    identity: tuple[int, int]
+    fd: int
+
+    def drop(self, *, remove: bool) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        if remove:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +92,12 @@ class Claim:
 
 
 def _forget_after_fork() -> None:
-    # The parent's records name the parent's pid: a child must write its own (and must not
-    # remove the parent's).
+    # The parent's records name the parent's pid: a child writes its own, never removes the
+    # parent's, and closes the inherited descriptors, which would keep them locked.
     global _guard  # noqa: PLW0603
     _guard = threading.Lock()
+    for kept in _records.values():
+        kept.drop(remove=False)
     _records.clear()
     _busy.clear()
 
@@ -82,9 +109,8 @@ if hasattr(os, "register_at_fork"):
 @atexit.register
 def _remove_records() -> None:
     with _guard:
-        for record, _ in _records.values():
-            with contextlib.suppress(OSError):
-                os.unlink(record)
+        for kept in _records.values():
+            kept.drop(remove=True)
         _records.clear()
 
 
@@ -127,49 +153,81 @@ def read_claim(claim: str) -> tuple[tuple[int, int], Claim | str] | None:
 
 
 def record_for(claim: str) -> tuple[str, tuple[int, int]]:
-    """This process's owner record for ``claim`` (written if needed), marked busy."""
+    """This process's owner record for ``claim`` (written and locked if needed), marked busy:
+    its path and (device, inode)."""
     with _guard:
         known = _records.get(claim)
         if known is not None:
             _records.move_to_end(claim)
             _busy.add(claim)
-            return known
+            return known.path, known.identity
     token = secrets.token_hex(8)
     record = f"{claim}.{token}{OWNER_SUFFIX}"
-    fd = os.open(record, _CREATE | getattr(os, "O_CLOEXEC", 0), 0o644)
+    fd = os.open(record, _CREATE, 0o644)
     try:
         write_all(fd, encode_record(Owner.current(), token))
+        fcntl.flock(fd, fcntl.LOCK_SH)  # held until the record is dropped or we die
         found = os.fstat(fd)
-    finally:
+    except BaseException:
         os.close(fd)
-    known = record, (found.st_dev, found.st_ino)
-    _remove_dead_records(claim)
+        with contextlib.suppress(OSError):
+            os.unlink(record)
+        raise
+    kept = _Kept(record, (found.st_dev, found.st_ino), fd)
+    _remove_dead_records(claim, record)
     with _guard:
-        _records[claim] = known
+        _records[claim] = kept
         _busy.add(claim)
         idle = [name for name in _records if name not in _busy]
         for name in idle[: max(0, len(_records) - MAX_RECORDS)]:
-            with contextlib.suppress(OSError):
-                os.unlink(_records.pop(name)[0])
-    return known
+            _records.pop(name).drop(remove=True)
+    return kept.path, kept.identity
 
 
-def _remove_dead_records(claim: str) -> None:
-    """Remove the owner records for ``claim`` left by this host's dead processes."""
+def owner_gone(path: str, identity: tuple[int, int], claim: Claim) -> bool:
+    """Whether the process that wrote the record ``claim`` read at ``path`` (as ``identity``)
+    is gone, as far as this host can tell: by pid and start time in our own pid namespace, by
+    the record's lock on our kernel in another one; never for another kernel's process."""
+    if claim.owner.gone_here():
+        return True
+    if claim.owner.host == host_name() or not claim.owner.on_this_kernel():
+        return False
+    try:
+        fd = os.open(path, _READ)
+    except OSError:
+        return False
+    try:
+        found = os.fstat(fd)
+        if (found.st_dev, found.st_ino) != identity:
+            return False  # not the record that was judged: look again
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False  # its owner holds it (or flock is missing here: never guess)
+    finally:
+        os.close(fd)  # also lets go of a lock just taken
+    return True
+
+
+def _remove_dead_records(claim: str, mine: str) -> None:
+    """Remove the owner records for ``claim`` left by dead processes of this kernel."""
     directory, name = os.path.split(claim)
     prefix = f"{name}."
     try:
         with os.scandir(directory or ".") as entries:
-            stale = [
+            records = [
                 entry.path
                 for entry in entries
-                if entry.name.startswith(prefix) and entry.name.endswith(OWNER_SUFFIX)
+                if entry.name.startswith(prefix)
+                and entry.name.endswith(OWNER_SUFFIX)
+                and entry.path != mine
             ]
     except OSError:
         return
-    for record in stale:
+    for record in records:
         found = read_claim(record)
-        if found is not None and isinstance(found[1], Claim) and found[1].owner.gone_here():
+        if found is None or not isinstance(found[1], Claim):
+            continue
+        if owner_gone(record, found[0], found[1]):
             with contextlib.suppress(OSError):
                 os.unlink(record)
 
@@ -177,13 +235,16 @@ def _remove_dead_records(claim: str) -> None:
 def known_record(claim: str) -> tuple[str, tuple[int, int]] | None:
     """This process's record for ``claim`` (path, (device, inode)), if it wrote one."""
     with _guard:
-        return _records.get(claim)
+        known = _records.get(claim)
+    return None if known is None else (known.path, known.identity)
 
 
 def record_gone(claim: str) -> None:
     """Our record for ``claim`` was removed by someone: write a new one next time."""
     with _guard:
-        _records.pop(claim, None)
+        known = _records.pop(claim, None)
+    if known is not None:
+        known.drop(remove=False)
 
 
 def record_idle(claim: str) -> None:

@@ -9,11 +9,16 @@ processes can be checked; a pid alone is not enough, because pids are reused:
 * **The start token** is the boot id and the process's start time (``/proc/<pid>/stat``,
   field 22, in clock ticks since boot): a later process that got the same pid (after a crash,
   or a reboot) has another token. Where ``/proc`` is missing it is None and the pid decides.
+* **The kernel.** The boot id in the start token names the running kernel, which containers
+  share: a claim from another pid namespace of THIS kernel (a container that was restarted
+  keeps its host name but gets a new namespace) cannot be judged by pid, but it can by a lock
+  the kernel holds for its owner (:mod:`workers.persona.owner_records`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import uuid
@@ -34,14 +39,25 @@ def host_name() -> str:
     return name if namespace == _INITIAL_PID_NAMESPACE else f"{name}?pidns-{namespace:x}"
 
 
+@functools.cache
+def boot_id() -> int | None:
+    """The running kernel's boot id (shared by every container on it); None where unreadable."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            return uuid.UUID(boot.read().strip()).int
+    except (OSError, ValueError):
+        return None
+
+
 def start_token(pid: int) -> int | None:
     """Boot id and start time of process ``pid`` as one number; None where it cannot be read."""
+    boot = boot_id()
+    if boot is None:
+        return None
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             fields = stat.read().rpartition(b")")[2].split()
-        with open("/proc/sys/kernel/random/boot_id") as boot:
-            boot_id = uuid.UUID(boot.read().strip()).int
-        return (boot_id << 64) | int(fields[19])  # field 22 of stat; 3 is the first after ")"
+        return (boot << 64) | int(fields[19])  # field 22 of stat; 3 is the first after ")"
     except (OSError, ValueError, IndexError):
         return None
 
@@ -68,6 +84,11 @@ class Owner:
     def current(cls) -> Owner:
         pid = os.getpid()
         return cls(pid, host_name(), start_token(pid))
+
+    def on_this_kernel(self) -> bool:
+        """It ran on the kernel running here (this machine, this boot), in any pid namespace."""
+        boot = boot_id()
+        return boot is not None and self.start is not None and self.start >> 64 == boot
 
     def gone_here(self) -> bool:
         """It ran on this host and no longer runs: its pid is free, or belongs to a process

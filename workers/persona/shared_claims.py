@@ -12,17 +12,21 @@ The protocol (:mod:`workers.persona.locks` says when to use the mode):
 * **A lost reply is not a lost lock.** An NFS ``link`` that succeeded but whose reply was lost
   answers EEXIST on the retry; our record then has a second link (it is linked nowhere but at
   its claim), which one ``stat`` per look tells.
-* **A waiting room.** A host's writers queue on a flock (``<claim>.wait``) first and hold it
-  across the write, so this host's contenders meet the claim one at a time and only writers of
-  other hosts ever poll it. Where flock is missing (ENOLCK, ENOSYS) the claim alone decides.
-* **Dead claims of this host are broken, by one writer at a time.** A writer that finds the
-  claim held by a process of this host that is gone (its pid no longer runs, or now belongs to
-  a later process) removes it, but only while it holds the waiting room: every writer that may
-  break this host's claims waits there, so the claim it judged dead is still the one it
-  removes. A claim from another host is never touched (its processes cannot be seen from
-  here); it stays until its owner releases it or an operator clears it with
-  :func:`break_shared_lock` (``soulfleet status`` names it via :func:`shared_lock_holders`).
-  Never by age: age-based expiry could let two live writers overlap.
+* **A waiting room.** A machine's writers queue on a flock (``<claim>.wait``) first and hold
+  it across the write, so this machine's contenders (containers included: they share the
+  kernel) meet the claim one at a time and only writers of other machines ever poll it. Where
+  flock is missing (ENOLCK, ENOSYS) the claim alone decides.
+* **Dead claims of this machine are broken, by one writer at a time.** A writer that finds the
+  claim held by a process of this machine that is gone
+  (:func:`~workers.persona.owner_records.owner_gone`: by pid and start time in our pid
+  namespace, by the lock the kernel held for it in another one) removes it, but only while it
+  holds the waiting room: every writer that may break this machine's claims waits there, so
+  the claim it judged dead is still the one it removes. Without a waiting room (no flock) no
+  claim is broken: an operator clears it. A claim from another machine is never touched (its
+  processes cannot be seen from here); it stays until its owner releases it or an operator
+  clears it with :func:`break_shared_lock` (``soulfleet status`` names it via
+  :func:`shared_lock_holders`). Never by age: age-based expiry could let two live writers
+  overlap.
 """
 
 from __future__ import annotations
@@ -41,12 +45,13 @@ from workers.persona.owner_records import (
     Claim,
     describe,
     known_record,
+    owner_gone,
     read_claim,
     record_for,
     record_gone,
     record_idle,
 )
-from workers.persona.owners import host_name
+from workers.persona.owners import boot_id, host_name
 
 __all__ = [
     "acquire_claim",
@@ -69,7 +74,7 @@ _log = structlog.get_logger("soulfleet.locks")
 def acquire_claim(claim: str, deadline: float | None, *, may_break: bool) -> bool:
     """Take the shared-mode lock at ``claim`` by ``deadline`` (monotonic; None waits forever).
     False when the deadline passed first. ``may_break``: this caller holds the waiting room,
-    so it may remove a claim of a dead process of this host. Pair a True with
+    so it may remove a claim of a dead process of this machine. Pair a True with
     :func:`release_claim`; call only from the thread holding the path's in-process gate."""
     try:
         if _acquire(claim, deadline, may_break):
@@ -116,8 +121,8 @@ def _acquire(claim: str, deadline: float | None, may_break: bool) -> bool:
 
 def _break_if_dead(claim: str, identity: tuple[int, int], owner: Claim | str) -> bool:
     """Remove ``claim`` if it is the claim read as ``identity`` and its owner is a dead process
-    of this host. Only while holding the waiting room (see the module docstring)."""
-    if not isinstance(owner, Claim) or not owner.owner.gone_here():
+    of this machine. Only while holding the waiting room (see the module docstring)."""
+    if not isinstance(owner, Claim) or not owner_gone(claim, identity, owner):
         return False
     try:
         now = os.stat(claim, follow_symlinks=False)
@@ -127,15 +132,12 @@ def _break_if_dead(claim: str, identity: tuple[int, int], owner: Claim | str) ->
         return True  # someone else's claim now: look again
     with contextlib.suppress(FileNotFoundError):
         os.unlink(claim)
-    record = f"{claim}.{owner.token}{OWNER_SUFFIX}"
-    with contextlib.suppress(OSError):
-        if os.stat(record, follow_symlinks=False).st_ino == identity[1]:
-            os.unlink(record)
+    _remove_record(claim, owner, identity)
     _log.warning(
         "lock.dead_claim_broken",
         lock_file=claim,
         claim=owner.describe(),
-        reason="its process no longer runs on this host",
+        reason="its process no longer runs on this machine",
     )
     return True
 
@@ -164,7 +166,7 @@ def enter_waiting_room(
     contended: Callable[[], object] | None = None,
     settled: Callable[[], bool] | None = None,
 ) -> str | None:
-    """Queue this host's writers of ``claim`` on a flock; the room's path once in, or None
+    """Queue this machine's writers of ``claim`` on a flock; the room's path once in, or None
     where flock is missing (ENOLCK, ENOSYS, a symlink), not granted by ``deadline``, or the
     wait was ``settled`` (as :func:`workers.persona.flock.flock_acquire` takes them)."""
     room = f"{claim}{_ROOM_SUFFIX}"
@@ -175,10 +177,14 @@ def enter_waiting_room(
 
 
 def queue_for(claim: str) -> str:
-    """Where this host's writers of ``claim`` queue their writes for this host's holder: one
-    queue per host, since ``O_APPEND`` keeps appends whole only within one host's kernel."""
-    host = hashlib.sha256(host_name().encode()).hexdigest()[:12]
-    return f"{claim.removesuffix('.claim')}.{host}.queue"
+    """Where this machine's writers of ``claim`` queue their writes for this machine's holder:
+    one queue per kernel (its boot id; the host name where that is unreadable), since
+    ``O_APPEND`` keeps appends whole only within one kernel. Containers on one machine share
+    it, as they share the waiting room."""
+    kernel = boot_id()
+    name = host_name() if kernel is None else f"{kernel:032x}"
+    digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+    return f"{claim.removesuffix('.claim')}.{digest}.queue"
 
 
 def shared_lock_holders(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
@@ -188,19 +194,34 @@ def shared_lock_holders(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
 
 
 def break_shared_lock(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
-    """Remove the claim on a shared-mode lock; returns what was removed.
+    """Remove the claim on a shared-mode lock, and its owner's record; returns what was removed.
 
-    For operators, after a holder on another host crashed mid-write: first make sure the
+    For operators, after a holder on another machine crashed mid-write: first make sure the
     process named in :func:`shared_lock_holders` is not running, or two writers may overlap.
+    Whatever else blocks the claim path goes too (an empty directory, a symlink, a stray file).
     """
     claim = os.fspath(lock_file)
     found = read_claim(claim)
     if found is None:
         return ()
     try:
-        os.unlink(claim)
+        if os.path.isdir(claim) and not os.path.islink(claim):
+            os.rmdir(claim)  # not ours: only an empty one, whatever put it there
+        else:
+            os.unlink(claim)
     except FileNotFoundError:
         return ()  # its owner released it meanwhile
+    owner = found[1]
+    if isinstance(owner, Claim):
+        _remove_record(claim, owner, found[0])
     description = describe(found)
     _log.warning("lock.claim_broken", lock_file=claim, claim=description)
     return (description,)
+
+
+def _remove_record(claim: str, owner: Claim, identity: tuple[int, int]) -> None:
+    """Remove the owner record a broken claim was linked to (if it still is that file)."""
+    record = f"{claim}.{owner.token}{OWNER_SUFFIX}"
+    with contextlib.suppress(OSError):
+        if os.stat(record, follow_symlinks=False).st_ino == identity[1]:
+            os.unlink(record)

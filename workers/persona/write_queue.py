@@ -13,8 +13,10 @@ itself, exactly as before.
 
 What keeps it safe:
 
-* **Local lock mode only.** The queue is appended with ``O_APPEND``, which one host's kernel
-  keeps whole and ordered; across NFS clients it does not, so shared mode never queues.
+* **One kernel's writers per queue.** The queue is appended with ``O_APPEND``, which one
+  kernel keeps whole and ordered; across NFS clients it does not, so in shared mode each
+  machine has its own queue (:func:`workers.persona.shared_claims.queue_for`), taken only by a
+  holder on that machine.
 * **Taking is reading then truncating, under the lock.** An append that lands between the two
   is lost from the queue; its writer is still waiting with the write in hand and applies it.
   A torn last line (an append in progress) is left out the same way.

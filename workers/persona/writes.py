@@ -20,6 +20,7 @@ import os
 import random
 import re
 import stat
+from collections.abc import Callable
 
 __all__ = [
     "TEMP_SUFFIX",
@@ -50,13 +51,20 @@ def fsync_directory(directory: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def atomic_write_bytes(
+    path: str | os.PathLike[str],
+    data: bytes,
+    *,
+    before_rename: Callable[[tuple[int, int]], None] | None = None,
+) -> None:
     """Replace ``path`` with ``data`` atomically and durably.
 
     The new file keeps the permission bits of the file it replaces (0o644, less the umask, for a
     new one). ``path`` is written as given: confine it first with :func:`confined`.
+    ``before_rename`` gets the new file's (inode, size) once its bytes are on disk, just before
+    it replaces ``path``: what ``path`` will show once the rename happened.
     """
-    replace_bytes(path, data)
+    replace_bytes(path, data, before_rename=before_rename)
     fsync_directory(os.path.dirname(os.fspath(path)) or ".")
 
 
@@ -81,7 +89,12 @@ def create_bytes(path: str | os.PathLike[str], data: bytes) -> None:
     fsync_directory(os.path.dirname(target) or ".")
 
 
-def replace_bytes(path: str | os.PathLike[str], data: bytes) -> None:
+def replace_bytes(
+    path: str | os.PathLike[str],
+    data: bytes,
+    *,
+    before_rename: Callable[[tuple[int, int]], None] | None = None,
+) -> None:
     """:func:`atomic_write_bytes` without the final directory fsync: the new bytes are on disk
     (fsynced before the rename, so a crash leaves the old file or the new one, never a mix),
     but the rename itself is durable only after :func:`fsync_directory` of ``path``'s parent.
@@ -107,7 +120,10 @@ def replace_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             if attempt == _TEMP_ATTEMPTS - 1:
                 raise
     try:
+        inode = os.fstat(fd).st_ino if before_rename is not None else 0
         write_synced(fd, data, mode=mode)
+        if before_rename is not None:
+            before_rename((inode, len(data)))
         os.replace(temp, target)
     except BaseException:
         with contextlib.suppress(OSError):

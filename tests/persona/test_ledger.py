@@ -1,0 +1,33 @@
+"""ledger.py: intents a writer leaves before its rename, settled by the next holder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from workers.persona.ledger import WriteLedger
+
+
+def test_settle_records_a_dead_writers_answers_only_if_its_rename_happened(
+    tmp_path: Path,
+) -> None:
+    """A ledger ending with an intent (its writer died before recording the answers): settle
+    records them when the data file is the one the intent names (so a queued writer waiting
+    for its answer finds it), and voids the intent when it is not (a torn intent too)."""
+    data = tmp_path / "MEMORY.md"
+    data.write_text("- queued entry\n")
+    info = data.stat()
+    path = tmp_path / "MEMORY.md.applied"
+    writer = WriteLedger(path)
+    writer.intend((info.st_ino, info.st_size), [("qabc", "Added.")])
+    later = WriteLedger(path)
+    assert later.answer("qabc") is None
+    later.settle(str(data))
+    assert WriteLedger(path).answer("qabc") == "Added."
+    WriteLedger(path).intend((info.st_ino + 1, info.st_size), [("qdef", "Added.")])
+    WriteLedger(path).settle(str(data))
+    assert WriteLedger(path).answer("qdef") is None
+    assert path.read_bytes().endswith(b'{"void": true}\n')
+    with path.open("ab") as torn:
+        torn.write(b'{"intent": [1, ')
+    WriteLedger(path).settle(str(data))
+    assert path.read_bytes().endswith(b'{"intent": [1, \n{"void": true}\n')
