@@ -33,11 +33,11 @@ A writer that dies between its rename and its answers (a SIGKILL in those micros
 leave the write applied but unrecorded: its retry, or the queued writers it served, would then
 apply it a second time. So just before the rename it appends an intent
 (:meth:`WriteLedger.intend`: the answers it will record and the new file's inode and size),
-and every holder first settles a ledger that ends with one (:meth:`WriteLedger.settle`): if the data file is the one
-the intent names, the rename happened and its answers are recorded; otherwise it never did and
-the intent is voided. A created or compacted ledger is still written whole,
-fsynced and renamed (:meth:`WriteLedger.record` leaves its directory fsync to the caller, after
-the lock), so a compaction can never leave a torn or empty ledger.
+and every holder first settles a ledger that ends with one (:meth:`WriteLedger.settle`): if
+the data file is the one the intent names, the rename happened and its answers are recorded;
+otherwise it never did and the intent is voided. A created or compacted ledger is still
+written whole, fsynced and renamed (:meth:`WriteLedger.record` leaves its directory fsync to
+the caller, after the lock), so a compaction can never leave a torn or empty ledger.
 """
 
 from __future__ import annotations

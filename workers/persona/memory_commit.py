@@ -4,8 +4,9 @@
 module runs under it and decides what reaches the disk:
 
 * **Settle, then replay.** A ledger ending with an intent (a holder that died between its
-  rename and its answers) is settled first (:mod:`workers.persona.ledger` says how). A write whose key the ledger already holds (a retried turn repeating it,
-  or a queued write another holder applied) is answered from the ledger, nothing written.
+  rename and its answers) is settled first (:mod:`workers.persona.ledger` says how). A write
+  whose key the ledger already holds (a retried turn repeating it, or a queued write another
+  holder applied) is answered from the ledger, nothing written.
 * **Then the edit, then the queue.** The file is read once, the writer's own edit applied, and
   only then the queue taken (:mod:`workers.persona.write_queue`): as late as possible, so the
   writes queued while the previous holder's fsyncs ran join this one. Each queued write is
