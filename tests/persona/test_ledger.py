@@ -31,3 +31,18 @@ def test_settle_records_a_dead_writers_answers_only_if_its_rename_happened(
         torn.write(b'{"intent": [1, ')
     WriteLedger(path).settle(str(data))
     assert path.read_bytes().endswith(b'{"intent": [1, \n{"void": true}\n')
+
+
+def test_settle_finds_an_intent_longer_than_the_tail_it_reads_first(tmp_path: Path) -> None:
+    """Settling reads only the ledger's end at first; an intent line longer than that (a
+    batch of many queued writes) is still found and finished."""
+    data = tmp_path / "MEMORY.md"
+    data.write_text("- entries\n")
+    info = data.stat()
+    path = tmp_path / "MEMORY.md.applied"
+    path.write_text('{"key": "older", "message": "Added."}\n')
+    answers = [(f"q{n:031x}", "Added an entry. " * 8) for n in range(20)]
+    WriteLedger(path).intend((info.st_ino, info.st_size), answers)
+    assert len(path.read_bytes().splitlines()[-1]) > 1024
+    WriteLedger(path).settle(str(data))
+    assert WriteLedger(path).answer(answers[-1][0]) == answers[-1][1]

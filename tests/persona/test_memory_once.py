@@ -85,18 +85,22 @@ def test_a_refused_write_is_not_recorded(home: Path) -> None:
 
 
 def test_the_ledger_stays_bounded(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """However many keyed writes, the ledger holds at most twice MAX_ENTRIES lines (appended
-    until then, then compacted to the newest MAX_ENTRIES) and always answers the newest
-    MAX_ENTRIES (shrunk to 8 here so the test makes 40 writes, not 1,100)."""
+    """However many keyed writes, the ledger holds at most twice MAX_ENTRIES answers (appended
+    until then, each after its intent line, then compacted to the newest MAX_ENTRIES, intents
+    dropped) and always answers the newest MAX_ENTRIES (shrunk to 8 here so the test makes 40
+    writes, not 1,100)."""
     assert MAX_ENTRIES >= 256  # a turn's writes (SOULFLEET_TURN_MAX_TOOL_CALLS, 64) all fit
     monkeypatch.setattr(workers.persona.ledger, "MAX_ENTRIES", 8)
     ledger = home / ".locks" / "MEMORY.md.applied"
-    sizes = []
+    answers, lines = [], []
     for n in range(40):
         assert not _run(home, "ava:9", {"action": "add", "text": f"fact {n}"})[0].startswith("ERR")
-        sizes.append(len(ledger.read_text().splitlines()))
-    assert max(sizes) == 16
-    assert 8 in sizes  # compacted, not only appended
+        text = ledger.read_text()
+        answers.append(text.count('{"key"'))
+        lines.append(len(text.splitlines()))
+    assert max(answers) == 16
+    assert 8 in answers  # compacted, not only appended
+    assert max(lines) <= 2 * 16
     for n in range(32, 40):
         assert _run(home, "ava:9", {"action": "add", "text": f"fact {n}"})[0].startswith("Added")
         assert (home / "MEMORY.md").read_text().count(f"fact {n}\n") == 1

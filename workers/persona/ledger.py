@@ -46,6 +46,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 from pathlib import Path
 
 import structlog
@@ -61,6 +62,9 @@ MAX_ENTRIES = 512
 #: How an intent line starts (:meth:`WriteLedger.intend`), and the line that voids one.
 _INTENT_PREFIX = b'{"intent"'
 _VOID_LINE = b'{"void": true}\n'
+#: How much of a ledger's end :meth:`WriteLedger.settle` reads to find a trailing intent.
+_TAIL_BYTES = 256
+_TAIL = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_BYTES = 512 * 1024
 
 _log = structlog.get_logger("soulfleet.memory")
@@ -80,6 +84,8 @@ class WriteLedger:
         self.path = path
         self._loaded = False
         self._raw: bytes | None = None
+        #: What this object appended since it read the ledger (:meth:`_append`).
+        self._after = b""
         self._fd: int | None = None
         #: :meth:`intend` created the ledger: its directory must be fsynced after the lock.
         self._created = False
@@ -103,10 +109,13 @@ class WriteLedger:
             os.close(fd)
 
     def _bytes(self) -> bytes | None:
-        """The ledger's bytes (read once); None when there is no ledger yet."""
+        """The ledger's bytes (read once, then what this object appended); None when there is
+        no ledger yet."""
         if not self._loaded:
             self._raw = read_prefix(self.path, _MAX_BYTES)
             self._loaded = True
+        if self._after:  # only after a settle recorded a dead writer's answers, in a commit
+            return (self._raw or b"") + self._after
         return self._raw
 
     def _entries(self) -> list[tuple[str, str]]:
@@ -124,14 +133,7 @@ class WriteLedger:
             replace_bytes(self.path, line)
             self._raw, self._created = line, True
             return
-        data = (b"" if not raw or raw.endswith(b"\n") else b"\n") + line
-        fd = self._fd if self._fd is not None else os.open(self.path, _APPEND)
-        try:
-            write_all(fd, data)
-        finally:
-            if fd != self._fd:
-                os.close(fd)
-        self._raw = raw + data
+        self._append(line, fd=self._fd)
 
     def settle(self, data: str) -> None:
         """Finish a commit whose writer died between its intent and its answers (its ledger
@@ -139,14 +141,10 @@ class WriteLedger:
         and its answers are recorded now (so neither its waiters nor a retry apply those
         writes again); otherwise it never happened and the intent is voided. Call first,
         under the lock."""
-        raw = self._bytes()
-        if not raw:
+        tail = self._raw if self._loaded else self._tail()
+        if not tail or not _last_line(tail).startswith(_INTENT_PREFIX):
             return
-        body = raw.rstrip(b"\n")
-        last = body[body.rfind(b"\n") + 1 :]
-        if not last.startswith(_INTENT_PREFIX):
-            return
-        intent = _parse_intent(last)
+        intent = _parse_intent(_last_line(self._bytes() or b""))
         try:
             info = os.stat(data, follow_symlinks=False)
             renamed = intent is not None and (info.st_ino, info.st_size) == intent[0]
@@ -163,15 +161,41 @@ class WriteLedger:
             return
         self._append(_VOID_LINE)
 
-    def _append(self, line: bytes) -> None:
-        raw = self._bytes() or b""
-        data = (b"" if not raw or raw.endswith(b"\n") else b"\n") + line
-        fd = os.open(self.path, _APPEND)
+    def _tail(self) -> bytes | None:
+        """The ledger's last bytes, enough to tell whether it ends with an intent (most
+        commits need nothing more); None without a ledger, which then is not read again."""
         try:
-            write_all(fd, data)
+            fd = os.open(self.path, _TAIL)
+        except FileNotFoundError:
+            self._loaded, self._raw = True, None
+            return None
+        except OSError:
+            return None  # whoever needs the ledger reads it and says what is wrong
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return None
+            start = max(0, info.st_size - _TAIL_BYTES)
+            tail = os.pread(fd, _TAIL_BYTES, start)
         finally:
             os.close(fd)
-        self._raw = raw + data
+        if start and b"\n" not in tail.rstrip(b"\n"):
+            return self._bytes()  # the last line starts further back: read it all
+        return tail
+
+    def _append(self, line: bytes, *, fd: int | None = None) -> None:
+        """Append ``line`` (on a fresh line after a torn one) to the loaded ledger, through
+        ``fd`` when given. What was appended is kept apart from the bytes read, so a long
+        ledger is never copied to add a line to it."""
+        written = self._after or self._raw or b""
+        data = (b"" if not written or written.endswith(b"\n") else b"\n") + line
+        target = fd if fd is not None else os.open(self.path, _APPEND)
+        try:
+            write_all(target, data)
+        finally:
+            if target != fd:
+                os.close(target)
+        self._after += data
 
     def answer(self, key: str) -> str | None:
         """What the write with ``key`` answered when it was applied, or None if it never was."""
@@ -190,35 +214,31 @@ class WriteLedger:
 
     def record_all(self, answered: list[tuple[str, str]]) -> bool:
         """:meth:`record` for several writes at once (one append): (key, message) pairs."""
-        raw = self._bytes()
+        raw = self._raw if self._loaded else self._bytes()
         lines = b"".join(_line(key, message) for key, message in answered)
-        count = 0 if raw is None else raw.count(b"\n")
-        if raw is None or count >= 2 * MAX_ENTRIES or len(raw) + len(lines) > _MAX_BYTES:
+        # Answers only (intents do not count), without joining what was read and appended.
+        count = 0 if raw is None else raw.count(b'{"key"') + self._after.count(b'{"key"')
+        size = 0 if raw is None else len(raw) + len(self._after)
+        if raw is None or count >= 2 * MAX_ENTRIES or size + len(lines) > _MAX_BYTES:
             entries = [*self._entries(), *answered][-MAX_ENTRIES:]
             data = b"".join(_line(k, m) for k, m in entries)
             remove_stale_temps(self.path)
             replace_bytes(self.path, data)
+            self._raw, self._after = data, b""
             replaced = True
         else:
-            # A crash mid-append leaves a torn last line: start ours on a fresh one.
-            data = raw + (b"" if not raw or raw.endswith(b"\n") else b"\n") + lines
-            fd = self._fd if self._fd is not None else os.open(self.path, _APPEND)
-            try:
-                write_all(fd, data[len(raw) :])
-            finally:
-                if fd != self._fd:  # opened here, not by prepare()
-                    os.close(fd)
+            self._append(lines, fd=self._fd)  # after a torn last line, on a fresh one
             replaced = False
-        self._raw = data
-        _log.debug("memory.ledger_recorded", path=str(self.path), lines=data.count(b"\n"))
+        _log.debug("memory.ledger_recorded", path=str(self.path), lines=len(answered))
         return replaced or self._created
 
 
 def find_answer(raw: bytes, key: str) -> str | None:
     """The message recorded for ``key`` in ledger bytes ``raw`` (the newest), or None."""
     # Nearly every write is new: a key absent from the bytes needs no parsing (parsing up to
-    # 1,024 lines on every write cost a fleet turn's add more than its fsyncs).
-    if key.encode("ascii", "replace") not in raw:
+    # 1,024 lines on every write cost a fleet turn's add more than its fsyncs). Looked for as
+    # _line writes it, so the intent naming a waiter's key does not make each look parse.
+    if b'"key": ' + json.dumps(key).encode() not in raw:
         return None
     for known, message in reversed(_parsed(raw)):
         if known == key:
@@ -240,6 +260,11 @@ def _parsed(raw: bytes) -> list[tuple[str, str]]:
 def _intent_line(identity: tuple[int, int], answered: list[tuple[str, str]]) -> bytes:
     record = {"intent": list(identity), "answers": [list(pair) for pair in answered]}
     return (json.dumps(record, ensure_ascii=False) + "\n").encode()
+
+
+def _last_line(raw: bytes) -> bytes:
+    body = raw.rstrip(b"\n")
+    return body[body.rfind(b"\n") + 1 :]
 
 
 def _parse_intent(line: bytes) -> tuple[tuple[int, int], list[tuple[str, str]]] | None:
