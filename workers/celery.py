@@ -29,6 +29,7 @@ from workers import runtime
 from workers.app import broker_pools, make_app
 from workers.fleet.eviction import refuse_to_start_on_eviction
 from workers.logs import configure_logging
+from workers.persona.shared_claims import check_hard_links
 from workers.pools import effective_concurrency, refusal
 from workers.queues import TURN_TASK
 from workers.settings import Settings, SettingsError
@@ -36,6 +37,8 @@ from workers.settings import Settings, SettingsError
 __all__ = ["app", "make_app", "settings"]
 
 _log = structlog.get_logger("soulfleet.worker")
+#: EX_CONFIG from sysexits.h, as for an evicting Redis: the setup is wrong, not the program.
+_EX_CONFIG = 78
 
 
 def _settings_or_exit() -> Settings:
@@ -107,6 +110,10 @@ def _worker_init(**_: Any) -> None:
     # Before the pool starts or a message is taken: never run turns on an evicting Redis.
     configure_logging(settings.log_format, settings.log_level)
     refuse_to_start_on_eviction(settings, "worker")
+    if settings.lock_mode == "shared" and (problem := check_hard_links(settings.personas)):
+        _log.error("locks.no_hard_links", personas=str(settings.personas), error=problem)
+        print(f"soulfleet worker: refusing to start: {problem}", file=sys.stderr, flush=True)
+        raise SystemExit(_EX_CONFIG)
 
 
 @worker_process_init.connect

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import structlog.testing
 
+import workers.celery
 from tests.support.claims import die, live_record, records_of
 from tests.support.memory import held_by_child
 from tests.support.persona import make_persona
@@ -23,6 +25,7 @@ from workers.persona.owners import Owner, host_name
 from workers.persona.shared_claims import (
     acquire_claim,
     break_shared_lock,
+    check_hard_links,
     queue_for,
     release_claim,
     shared_lock_holders,
@@ -218,3 +221,36 @@ def test_breaking_a_claim_removes_its_owners_record_and_whatever_blocks_the_path
     claim.mkdir()
     assert break_shared_lock(claim) == ("unreadable claim (Is a directory)",)
     assert not claim.exists()
+
+
+def test_a_directory_whose_filesystem_has_hard_links_passes_the_start_check(
+    tmp_path: Path,
+) -> None:
+    """check_hard_links finds nothing wrong on a filesystem with hard links (this one), and
+    leaves nothing behind; a directory it cannot write to is not judged."""
+    assert check_hard_links(tmp_path) is None
+    assert list(tmp_path.iterdir()) == []
+    assert check_hard_links(tmp_path / "missing") is None
+
+
+def test_a_filesystem_without_hard_links_is_refused_at_worker_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Where link(2) is refused, a shared-mode worker refuses to start (exit 78, EX_CONFIG)
+    naming the personas directory and the setting, instead of failing every memory write."""
+
+    def refuse(src: str, dst: str, **_: object) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted", src, None, dst)
+
+    monkeypatch.setattr(os, "link", refuse)
+    assert "without hard links (Operation not permitted)" in (check_hard_links(tmp_path) or "")
+    assert list(tmp_path.iterdir()) == []
+    shared = dataclasses.replace(workers.celery.settings, lock_mode="shared", personas=tmp_path)
+    monkeypatch.setattr(workers.celery, "settings", shared)
+    monkeypatch.setattr(workers.celery, "refuse_to_start_on_eviction", lambda *_: None)
+    with pytest.raises(SystemExit) as exited:
+        workers.celery._worker_init()
+    assert exited.value.code == 78
+    err = capsys.readouterr().err
+    assert "soulfleet worker: refusing to start:" in err
+    assert "SOULFLEET_LOCK_MODE=shared needs for its claims" in err

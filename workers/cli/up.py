@@ -50,6 +50,7 @@ from workers.local.datadir import AlreadyRunningError, DataDir, UpLock, UpState,
 from workers.local.demo import WELCOME_PERSONA, welcome_text
 from workers.local.redis_server import RedisServer, RedisServerError, free_port
 from workers.local.supervisor import Child, Supervisor
+from workers.persona.shared_claims import check_hard_links
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings, redact_url
 
@@ -163,6 +164,8 @@ class _Up:
             warn_if_not_persistent(self.fleet.client, url=redis_url, process="up")
         except EvictingRedis as exc:
             raise CliError(str(exc)) from None
+        if settings.lock_mode == "shared" and (problem := check_hard_links(choice.root)):
+            raise CliError(f"{problem}: use SOULFLEET_LOCK_MODE=local there (one host)")
         served = self.fleet.served_root()
         if served is not None and served != choice.root.resolve():
             # Lanes are named by persona: a same-named persona under the new root would carry

@@ -70,6 +70,7 @@ from workers.persona.memory_spec import (
     target_label,
     valid_note_slug,
 )
+from workers.persona.shared_claims import NO_LINKS
 from workers.persona.tools import ToolResult
 from workers.persona.write_queue import Handoff
 from workers.persona.writes import TEMP_SUFFIX, fsync_directory, remove_stale_temps
@@ -82,8 +83,6 @@ __all__ = [
     "valid_note_slug",
 ]
 
-#: What link(2) answers where a filesystem has no hard links (shared lock mode needs them).
-_NO_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK)
 #: The most bytes one entry (an add's ``text``, a replace's ``with``) may hold.
 MAX_ENTRY_BYTES = 16 * 1024
 _log = structlog.get_logger("soulfleet.memory")
@@ -311,7 +310,7 @@ def _os_message(request: MemoryRequest, error: OSError) -> str:
     hint = ""
     if error.errno in (errno.ENOSYS, errno.ENOLCK):
         hint = " This filesystem does not support flock: set SOULFLEET_LOCK_MODE=shared."
-    elif error.errno in _NO_LINKS and path.endswith(CLAIM_SUFFIX):
+    elif error.errno in NO_LINKS and path.endswith(CLAIM_SUFFIX):
         hint = " This filesystem does not support hard links, which shared lock mode needs."
     problem = error.strerror or str(error)
     return f"could not {request.action} {where}: {problem}.{hint} Nothing was changed."

@@ -32,6 +32,7 @@ The protocol (:mod:`workers.persona.locks` says when to use the mode):
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import time
@@ -54,14 +55,18 @@ from workers.persona.owner_records import (
 from workers.persona.owners import boot_id, host_name
 
 __all__ = [
+    "NO_LINKS",
     "acquire_claim",
     "break_shared_lock",
+    "check_hard_links",
     "enter_waiting_room",
     "queue_for",
     "release_claim",
     "shared_lock_holders",
 ]
 
+#: What link(2) answers where a filesystem has no hard links.
+NO_LINKS = (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK)
 _ROOM_SUFFIX = ".wait"
 #: A contended acquisition looks for a dead holder this often.
 _DEAD_CHECK_EVERY = 0.5
@@ -225,3 +230,30 @@ def _remove_record(claim: str, owner: Claim, identity: tuple[int, int]) -> None:
     with contextlib.suppress(OSError):
         if os.stat(record, follow_symlinks=False).st_ino == identity[1]:
             os.unlink(record)
+
+
+def check_hard_links(directory: str | os.PathLike[str]) -> str | None:
+    """Why shared lock mode cannot work in ``directory`` (its filesystem refuses hard links),
+    or None. For start-up, so a worker says so at once, not at its first memory write: a file
+    is made, linked and both removed. A directory that cannot be written to is not judged
+    (None): each persona's own directory is what writes need."""
+    base = os.path.join(directory, f".soulfleet-link-check-{os.getpid()}-{time.monotonic_ns()}")
+    try:
+        fd = os.open(base, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    os.close(fd)
+    try:
+        os.link(base, f"{base}.link")
+    except OSError as error:
+        if error.errno in NO_LINKS:
+            return (
+                f"{os.fspath(directory)} is on a filesystem without hard links "
+                f"({error.strerror}), which SOULFLEET_LOCK_MODE=shared needs for its claims"
+            )
+        return None
+    finally:
+        for leftover in (base, f"{base}.link"):
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
+    return None
