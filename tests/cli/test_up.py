@@ -257,3 +257,32 @@ def test_up_refuses_more_workers_than_one_host_runs(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     assert "1<=x<=32" in result.stderr
     assert not (tmp_path / "data").exists()
+
+
+_NO_HARD_LINKS = """
+import errno, os
+def _refuse(src, dst, **_):
+    raise OSError(errno.EPERM, "Operation not permitted", src, None, dst)
+os.link = _refuse  # as on a filesystem without hard links
+"""
+
+
+@pytest.mark.integration
+def test_up_in_shared_lock_mode_refuses_personas_without_hard_links(tmp_path: Path) -> None:
+    """`SOULFLEET_LOCK_MODE=shared soulfleet up` on a personas directory whose filesystem
+    refuses hard links exits 1 naming the problem and the way out, before starting a child."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_NO_HARD_LINKS)
+    data = tmp_path / "data"
+    env: dict[str, str | None] = {
+        "REDIS_URL": None,
+        "XDG_DATA_HOME": str(tmp_path / "xdg"),
+        "SOULFLEET_LOCK_MODE": "shared",
+        "PYTHONPATH": str(site),
+    }
+    done = run_soulfleet("up", "--data", str(data), env=env, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "filesystem without hard links (Operation not permitted)" in done.stderr
+    assert "use SOULFLEET_LOCK_MODE=local there" in done.stderr
+    assert not list(data.rglob("worker-*.log"))
