@@ -139,3 +139,17 @@ def test_a_turn_stopped_by_its_token_budget_names_the_setting(
     assert result.exit_code == 1, result.output
     assert "turn ended incomplete: max_tokens (the turn's token budget, " in result.stderr
     assert "SOULFLEET_TURN_MAX_TOKENS" in result.stderr
+
+
+def test_run_local_locks_memory_as_the_fleet_is_configured(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """With SOULFLEET_LOCK_MODE=shared, `run --local` takes the shared-mode claim like the
+    fleet's workers (local flock would not exclude them): no local lock file is made."""
+    shared = {**env, "SOULFLEET_LOCK_MODE": "shared"}
+    result = invoke("run", "nora", "remember: the kettle is blue", "--local", environ=shared)
+    assert result.exit_code == 0, result.output
+    locks = fleet_root / "nora" / ".locks"
+    assert (locks / "MEMORY.md.claim.wait").exists()
+    assert not (locks / "MEMORY.md.lock").exists()
+    assert "- the kettle is blue" in (fleet_root / "nora" / "MEMORY.md").read_text("utf-8")

@@ -234,7 +234,7 @@ def test_status_names_a_shared_lock_claim_left_by_another_host(
     assert done.returncode == -signal.SIGKILL
     shared = {**env, "SOULFLEET_LOCK_MODE": "shared"}
     table = invoke("status", environ=shared).stdout
-    assert "shared-mode lock claims (1; one whose writer died on another machine stays" in table
+    assert "shared-mode lock claims (1; one whose writer died on another machine, or" in table
     assert "  ava MEMORY.md: held claim by pid " in table
     assert "on otherhost" in table
     claims = json.loads(invoke("status", "ava", "--json", environ=shared).stdout)["lock_claims"]

@@ -57,8 +57,9 @@ def test_a_process_keeps_at_most_max_records(tmp_path: Path) -> None:
 
 _FORKING_OWNER = """
 import os, signal, sys, time
-import workers.persona.owners
-workers.persona.owners.host_name = lambda: "box?pidns-f00d"  # judged by its lock, not its pid
+import socket
+import workers.persona.owners  # judged by its lock, not its pid
+workers.persona.owners.host_name = lambda: socket.gethostname() + "?pidns-f00d"
 from workers.persona.shared_claims import acquire_claim
 assert acquire_claim(sys.argv[1], None, may_break=False)
 child = os.fork()

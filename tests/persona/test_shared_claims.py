@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,12 +18,12 @@ import structlog.testing
 
 import workers.celery
 from tests.support.claims import die, live_record, records_of
-from tests.support.memory import held_by_child
+from tests.support.memory import held_by_child, ok
 from tests.support.persona import make_persona
 from workers.persona.locks import lock_file_for
 from workers.persona.memory import memory_tool
-from workers.persona.owner_records import Claim, read_claim
-from workers.persona.owners import Owner, host_name
+from workers.persona.owner_records import Claim, encode_record, read_claim
+from workers.persona.owners import Owner, boot_id, host_name
 from workers.persona.shared_claims import (
     acquire_claim,
     break_shared_lock,
@@ -163,11 +165,13 @@ def test_each_machine_queues_in_its_own_file(monkeypatch: pytest.MonkeyPatch) ->
         assert queue.endswith(".queue")
 
 
+#: How a process of this machine in another pid namespace names its host.
+_OTHER = f"{socket.gethostname()}?pidns-f00d"
+
 _OTHER_NAMESPACE = """
 import os, signal, socket, sys
-socket.gethostname = lambda: "box"  # this kernel, another pid namespace's host name
-import workers.persona.owners
-workers.persona.owners.host_name = lambda: "box?pidns-f00d"
+import workers.persona.owners  # this machine and kernel, another pid namespace
+workers.persona.owners.host_name = lambda: socket.gethostname() + "?pidns-f00d"
 from workers.persona.shared_claims import acquire_claim
 assert acquire_claim(sys.argv[1], None, may_break=False)
 print("held", os.getpid(), flush=True)
@@ -188,7 +192,7 @@ def test_a_claim_from_another_pid_namespace_of_this_kernel_is_judged_by_its_lock
     with held_by_child(_OTHER_NAMESPACE, str(claim), "wait"):
         holders = shared_lock_holders(claim)
         assert len(holders) == 1
-        assert holders[0].endswith("on box?pidns-f00d")
+        assert holders[0].endswith(f"on {_OTHER}")
         assert not acquire_claim(str(claim), time.monotonic() + 0.3, may_break=True)
     assert acquire_claim(str(claim), time.monotonic() + 5, may_break=True)  # released
     release_claim(str(claim))
@@ -197,13 +201,13 @@ def test_a_claim_from_another_pid_namespace_of_this_kernel_is_judged_by_its_lock
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == -signal.SIGKILL
-    assert shared_lock_holders(claim)[0].endswith("on box?pidns-f00d")
+    assert shared_lock_holders(claim)[0].endswith(f"on {_OTHER}")
     assert not acquire_claim(str(claim), time.monotonic() + 0.3, may_break=False)
     with structlog.testing.capture_logs() as logs:
         assert acquire_claim(str(claim), time.monotonic() + 5, may_break=True)
     release_claim(str(claim))
     assert [log["claim"] for log in logs if log["event"] == "lock.dead_claim_broken"] == [
-        f"held claim by pid {done.stdout.split()[1]} on box?pidns-f00d"
+        f"held claim by pid {done.stdout.split()[1]} on {_OTHER}"
     ]
 
 
@@ -254,3 +258,66 @@ def test_a_filesystem_without_hard_links_is_refused_at_worker_start(
     err = capsys.readouterr().err
     assert "soulfleet worker: refusing to start:" in err
     assert "SOULFLEET_LOCK_MODE=shared needs for its claims" in err
+
+
+def test_shared_mode_works_where_flock_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a filesystem without flock (NFSv3 without lockd: ENOLCK) the claim alone excludes:
+    writes go on, and the owner record says its lock cannot be relied on."""
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    home_dir = make_persona(tmp_path / "ava")
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    ok(memory_tool(home_dir, lock_mode="shared"), action="add", text="over nfs v3")
+    assert "- over nfs v3" in (home_dir / "MEMORY.md").read_text()
+    (record,) = (home_dir / ".locks").glob("MEMORY.md.claim.*.owner")
+    assert record.read_text().splitlines()[-1] == "0"
+
+
+def test_shared_mode_works_with_nfs4_lock_semantics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NFSv4 turns flock into POSIX locks, which refuse a shared lock on a file opened
+    write-only and an exclusive one on a file opened read-only (EBADF): owner records are
+    opened read-write, so writes go on and the record's lock holds."""
+    real = fcntl.flock
+
+    def nfs4(fd: int, operation: int) -> None:
+        mode = fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE
+        if (operation & fcntl.LOCK_SH and mode == os.O_WRONLY) or (
+            operation & fcntl.LOCK_EX and mode == os.O_RDONLY
+        ):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        real(fd, operation)
+
+    home_dir = make_persona(tmp_path / "ava")
+    monkeypatch.setattr(fcntl, "flock", nfs4)
+    ok(memory_tool(home_dir, lock_mode="shared"), action="add", text="over nfs v4")
+    (record,) = (home_dir / ".locks").glob("MEMORY.md.claim.*.owner")
+    assert record.read_text().splitlines()[-1] == "1"
+
+
+def _record(claim: Path, host: str, boot: int, *, locked: bool) -> str:
+    """An owner record of a process that ran on ``host`` in the boot ``boot`` (pid 4242)."""
+    owner = Owner(4242, host, (boot << 64) | 12345)
+    path = f"{claim}.cafe0000cafe0000.owner"
+    Path(path).write_bytes(encode_record(owner, "cafe0000cafe0000", locked=locked))
+    return path
+
+
+def test_a_claim_from_an_earlier_boot_of_this_machine_is_broken(tmp_path: Path) -> None:
+    """A container's claim left before this machine rebooted (another pid namespace, another
+    boot id, this host name) is broken: every process of an earlier boot is gone. Another
+    machine's (another host name) is not, whatever its boot id."""
+    claim = tmp_path / "MEMORY.md.claim"
+    earlier = (boot_id() or 0) ^ 1
+    os.link(_record(claim, f"{socket.gethostname()}?pidns-beef", earlier, locked=True), claim)
+    assert acquire_claim(str(claim), time.monotonic() + 5, may_break=True)
+    release_claim(str(claim))
+    for leftover in tmp_path.glob("*.owner"):
+        leftover.unlink()
+    os.link(_record(claim, "othermachine?pidns-beef", earlier, locked=True), claim)
+    assert not acquire_claim(str(claim), time.monotonic() + 0.3, may_break=True)

@@ -45,5 +45,6 @@ def live_record(claim: str) -> str:
     outlives the test), as that process would write it."""
     pid, token = os.getppid(), "ab12" * 4
     record = f"{claim}.{token}.owner"
-    Path(record).write_bytes(encode_record(Owner(pid, host_name(), start_token(pid)), token))
+    owner = Owner(pid, host_name(), start_token(pid))
+    Path(record).write_bytes(encode_record(owner, token, locked=False))
     return record

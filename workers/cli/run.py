@@ -221,6 +221,8 @@ def _local(
         budget,
         mcp_servers=settings.mcp_servers,
         session="new" if new else True,
+        lock_mode=settings.lock_mode,
+        lock_timeout=settings.lock_timeout,
     )
     return {
         "persona": home.resolve().name,

@@ -130,8 +130,9 @@ def lock_claims(fleet: Fleet, names: Sequence[str]) -> list[dict[str, str]]:
 def _echo_claims(claims: Sequence[Mapping[str, str]]) -> None:
     if claims:
         click.echo(
-            f"shared-mode lock claims ({len(claims)}; one whose writer died on another machine "
-            "stays until cleared, runbook 'Locks'):"
+            f"shared-mode lock claims ({len(claims)}; one whose writer died on another machine, "
+            "or where flock is missing, stays until cleared: ops/runbook.md 'Lock timeouts on "
+            "a shared filesystem'):"
         )
         for claim in claims:
             click.echo(f"  {claim['persona']} {claim['file']}: {claim['holder']}")

@@ -52,7 +52,10 @@ OWNER_SUFFIX = ".owner"
 #: Owner records one process keeps between acquisitions.
 MAX_RECORDS = 64
 _RECORD_LIMIT = 1024
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# Read-write: NFSv4 turns flock into POSIX locks, which refuse a shared lock on a file
+# opened write-only and an exclusive one on a file opened read-only (EBADF).
+_CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_PROBE = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 _guard = threading.Lock()
@@ -85,6 +88,8 @@ class Claim:
     owner: Owner
     #: The random part of the owner record's name (``<claim>.<token>.owner``).
     token: str
+    #: Its owner holds a flock on the record while it lives (where flock works).
+    locked: bool = False
 
     def describe(self) -> str:
         host = self.owner.host if self.owner.host.isprintable() else repr(self.owner.host)
@@ -114,22 +119,25 @@ def _remove_records() -> None:
         _records.clear()
 
 
-def encode_record(owner: Owner, token: str) -> bytes:
-    """An owner record: magic, pid, host (hex), start token, the token of its name."""
+def encode_record(owner: Owner, token: str, *, locked: bool) -> bytes:
+    """An owner record: magic, pid, host (hex), start token, the token of its name, and
+    whether its owner holds the record's flock ("1") or could not take it ("0")."""
     start = "" if owner.start is None else str(owner.start)
     fields = (CLAIM_MAGIC, str(owner.pid), owner.host.encode().hex(), start, token)
-    return ("\n".join(fields) + "\n").encode("ascii")
+    return ("\n".join((*fields, "1" if locked else "0")) + "\n").encode("ascii")
 
 
 def _decode(data: bytes) -> Claim | None:
     try:
-        magic, pid, host, start, token, rest = data.decode("ascii").split("\n")
+        magic, pid, host, start, token, locked, rest = data.decode("ascii").split("\n")
         owner = Owner(int(pid), bytes.fromhex(host).decode(), int(start) if start else None)
     except ValueError:  # UnicodeDecodeError included
         return None
     if magic != CLAIM_MAGIC or rest or owner.pid < 1 or not token.isalnum():
         return None
-    return Claim(owner, token)
+    if locked not in ("0", "1"):
+        return None
+    return Claim(owner, token, locked == "1")
 
 
 def read_claim(claim: str) -> tuple[tuple[int, int], Claim | str] | None:
@@ -165,8 +173,12 @@ def record_for(claim: str) -> tuple[str, tuple[int, int]]:
     record = f"{claim}.{token}{OWNER_SUFFIX}"
     fd = os.open(record, _CREATE, 0o644)
     try:
-        write_all(fd, encode_record(Owner.current(), token))
-        fcntl.flock(fd, fcntl.LOCK_SH)  # held until the record is dropped or we die
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # held until the record is dropped or we die
+            locked = True
+        except OSError:  # no flock here (ENOLCK): the record says so, and no one relies on it
+            locked = False
+        write_all(fd, encode_record(Owner.current(), token, locked=locked))
         found = os.fstat(fd)
     except BaseException:
         os.close(fd)
@@ -184,16 +196,22 @@ def record_for(claim: str) -> tuple[str, tuple[int, int]]:
     return kept.path, kept.identity
 
 
-def owner_gone(path: str, identity: tuple[int, int], claim: Claim) -> bool:
+def owner_gone(path: str, identity: tuple[int, int], claim: Claim) -> bool:  # noqa: PLR0911
     """Whether the process that wrote the record ``claim`` read at ``path`` (as ``identity``)
-    is gone, as far as this host can tell: by pid and start time in our own pid namespace, by
-    the record's lock on our kernel in another one; never for another kernel's process."""
-    if claim.owner.gone_here():
-        return True
-    if claim.owner.host == host_name() or not claim.owner.on_this_kernel():
+    is gone, as far as this machine can tell: by pid and start time in our own pid namespace;
+    by the record's flock in another namespace of our kernel; by its boot id when this machine
+    has rebooted since; never for another machine's process."""
+    owner = claim.owner
+    if owner.host == host_name():  # our pid namespace: its pid and start time decide
+        return owner.gone_here()
+    if owner.machine != Owner.current_machine():
         return False
+    if owner.before_this_boot():
+        return True  # every process of an earlier boot is gone
+    if not owner.on_this_kernel() or not claim.locked:
+        return False  # its lock cannot tell (no flock where it ran): never guess
     try:
-        fd = os.open(path, _READ)
+        fd = os.open(path, _PROBE)
     except OSError:
         return False
     try:
@@ -202,7 +220,7 @@ def owner_gone(path: str, identity: tuple[int, int], claim: Claim) -> bool:
             return False  # not the record that was judged: look again
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return False  # its owner holds it (or flock is missing here: never guess)
+        return False  # its owner holds it (or flock fails here: never guess)
     finally:
         os.close(fd)  # also lets go of a lock just taken
     return True

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 __all__ = ["Owner", "host_name", "start_token"]
 
+#: Between a host name and its pid namespace's inode (hex) in :func:`host_name`.
+_NAMESPACE_MARK = "?pidns-"
 #: The inode Linux reserves for the initial pid namespace.
 _INITIAL_PID_NAMESPACE = 0xEFFFFFFC
 
@@ -36,7 +38,7 @@ def host_name() -> str:
     with contextlib.suppress(OSError):
         namespace = os.stat("/proc/self/ns/pid").st_ino
     name = socket.gethostname() or "?"
-    return name if namespace == _INITIAL_PID_NAMESPACE else f"{name}?pidns-{namespace:x}"
+    return name if namespace == _INITIAL_PID_NAMESPACE else f"{name}{_NAMESPACE_MARK}{namespace:x}"
 
 
 @functools.cache
@@ -80,10 +82,26 @@ class Owner:
     host: str
     start: int | None
 
+    @staticmethod
+    def current_machine() -> str:
+        """This machine's host name, without our pid namespace."""
+        return host_name().partition(_NAMESPACE_MARK)[0]
+
     @classmethod
     def current(cls) -> Owner:
         pid = os.getpid()
         return cls(pid, host_name(), start_token(pid))
+
+    @property
+    def machine(self) -> str:
+        """The host name without the pid namespace: which machine (host names must differ
+        between the machines sharing a personas filesystem)."""
+        return self.host.partition(_NAMESPACE_MARK)[0]
+
+    def before_this_boot(self) -> bool:
+        """It ran on another boot than the running one (known from both boot ids)."""
+        boot = boot_id()
+        return boot is not None and self.start is not None and self.start >> 64 != boot
 
     def on_this_kernel(self) -> bool:
         """It ran on the kernel running here (this machine, this boot), in any pid namespace."""

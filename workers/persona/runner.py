@@ -186,6 +186,8 @@ def run(
     clock: Clock | None = None,
     mcp_servers: Mapping[str, FleetServer] | None = None,
     session: SessionMode = False,
+    lock_mode: LockMode = "local",
+    lock_timeout: float = 10.0,
 ) -> RunResult:
     """Run the persona at ``path`` once on ``prompt`` (synchronous; never dreams).
 
@@ -195,7 +197,9 @@ def run(
 
     The persona's declared tools (persona.toml ``[tools]``) are built for this run: its MCP
     servers are started, and stopped when the run ends. ``mcp_servers`` are the fleet servers a
-    ``use`` may name (the CLI passes ``SOULFLEET_MCP_CONFIG``'s).
+    ``use`` may name (the CLI passes ``SOULFLEET_MCP_CONFIG``'s). ``lock_mode`` and
+    ``lock_timeout`` are the memory locks' (the CLI passes ``SOULFLEET_LOCK_MODE``'s: a
+    persona on a shared filesystem must lock as the fleet's workers do).
 
     Raises PersonaNotFound / PersonaConfigError for an unusable directory or tool configuration
     and ModelSpecError for a model spec naming no model; everything that goes wrong during the
@@ -203,8 +207,11 @@ def run(
     """
     agent = from_dir(path)
     chosen = model_for(agent, model)
+    locks: dict[str, Any] = {"lock_mode": lock_mode, "lock_timeout": lock_timeout}
     if not agent.declared.entries:
-        return run_agent(agent, prompt, model=chosen, budget=budget, clock=clock, session=session)
+        return run_agent(
+            agent, prompt, model=chosen, budget=budget, clock=clock, session=session, **locks
+        )
     hub = McpHub()
     try:
         box = build_declared(
@@ -222,6 +229,7 @@ def run(
             clock=clock,
             declared=box.tools,
             session=session,
+            **locks,
         )
     finally:
         hub.close()
