@@ -207,11 +207,11 @@ def run(
     """
     agent = from_dir(path)
     chosen = model_for(agent, model)
-    locks: dict[str, Any] = {"lock_mode": lock_mode, "lock_timeout": lock_timeout}
     if not agent.declared.entries:
         return run_agent(
-            agent, prompt, model=chosen, budget=budget, clock=clock, session=session, **locks
-        )
+            agent, prompt, model=chosen, budget=budget, clock=clock, session=session,
+            lock_mode=lock_mode, lock_timeout=lock_timeout,
+        )  # fmt: skip
     hub = McpHub()
     try:
         box = build_declared(
@@ -229,7 +229,8 @@ def run(
             clock=clock,
             declared=box.tools,
             session=session,
-            **locks,
+            lock_mode=lock_mode,
+            lock_timeout=lock_timeout,
         )
     finally:
         hub.close()
