@@ -108,12 +108,16 @@ class WriteLedger:
             fd, self._fd = self._fd, None
             os.close(fd)
 
-    def _bytes(self) -> bytes | None:
-        """The ledger's bytes (read once, then what this object appended); None when there is
-        no ledger yet."""
+    def _read(self) -> bytes | None:
+        """The ledger's bytes as read (once); None when there is no ledger yet."""
         if not self._loaded:
             self._raw = read_prefix(self.path, _MAX_BYTES)
             self._loaded = True
+        return self._raw
+
+    def _bytes(self) -> bytes | None:
+        """The ledger's bytes as read, then what this object appended (None: no ledger)."""
+        self._read()
         if self._after:  # only after a settle recorded a dead writer's answers, in a commit
             return (self._raw or b"") + self._after
         return self._raw
@@ -214,7 +218,7 @@ class WriteLedger:
 
     def record_all(self, answered: list[tuple[str, str]]) -> bool:
         """:meth:`record` for several writes at once (one append): (key, message) pairs."""
-        raw = self._raw if self._loaded else self._bytes()
+        raw = self._read()
         lines = b"".join(_line(key, message) for key, message in answered)
         # Answers only (intents do not count), without joining what was read and appended.
         count = 0 if raw is None else raw.count(b'{"key"') + self._after.count(b'{"key"')

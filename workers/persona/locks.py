@@ -47,6 +47,7 @@ from workers.persona.errors import LockTimeout
 from workers.persona.files import confined
 from workers.persona.flock import flock_acquire, flock_release
 from workers.persona.memory_spec import NOTES_DIR
+from workers.persona.owner_records import CLAIM_SUFFIX
 from workers.persona.shared_claims import (
     acquire_claim,
     break_shared_lock,
@@ -76,8 +77,6 @@ LOCK_DIR = ".locks"
 DEFAULT_LOCK_TIMEOUT = 10.0
 #: How often a thread waiting for a path's gate checks whether its write was settled.
 _SETTLED_POLL = 0.001
-#: The suffix of a shared-mode lock file (a claim: it exists only while a writer holds it).
-CLAIM_SUFFIX = ".claim"
 _SUFFIX: dict[LockMode, str] = {"local": ".lock", "shared": CLAIM_SUFFIX}
 
 _log = structlog.get_logger("soulfleet.locks")
@@ -213,12 +212,19 @@ def path_lock(
 
 
 def _give_up(
-    name: str, timeout: float, mode: LockMode, start: float, settled: Callable[[], bool] | None
+    name: str,
+    timeout: float,
+    mode: LockMode,
+    start: float,
+    settled: Callable[[], bool] | None,
+    *,
+    holders: Callable[[str], tuple[str, ...]] | None = None,
 ) -> None:
-    """A wait ended without the lock: raise :class:`LockTimeout`, unless it was settled."""
+    """A wait ended without the lock: raise :class:`LockTimeout` (naming the ``holders`` of
+    ``name`` where they can be told), unless it was settled."""
     _observe(time.monotonic() - start)
     if settled is None or not settled():
-        raise LockTimeout(Path(name), timeout, mode)
+        raise LockTimeout(Path(name), timeout, mode, () if holders is None else holders(name))
 
 
 @contextmanager
@@ -239,11 +245,9 @@ def _shared_held(
             return
         # Only a writer in the room may break a dead claim: the room makes it the only one.
         if not acquire_claim(name, deadline, may_break=room is not None):
-            _observe(time.monotonic() - start)
-            if settled is not None and settled():
-                yield False
-                return
-            raise LockTimeout(Path(name), timeout, "shared", shared_lock_holders(name))
+            _give_up(name, timeout, "shared", start, settled, holders=shared_lock_holders)
+            yield False
+            return
         _observe(time.monotonic() - start)
         try:
             yield True

@@ -106,7 +106,7 @@ class TargetCache:
 
 def _queue_for(lock: Path, lock_mode: LockMode) -> str:
     if lock_mode == "shared":
-        return queue_for(str(lock))  # one per host: O_APPEND is not whole across NFS clients
+        return queue_for(str(lock))  # one per machine: O_APPEND is not whole across NFS clients
     return str(lock)[: -len(lock.suffix)] + QUEUE_SUFFIX
 
 

@@ -34,6 +34,7 @@ from workers.persona.writes import write_all
 
 __all__ = [
     "CLAIM_MAGIC",
+    "CLAIM_SUFFIX",
     "MAX_RECORDS",
     "OWNER_SUFFIX",
     "Claim",
@@ -45,9 +46,13 @@ __all__ = [
     "record_for",
     "record_gone",
     "record_idle",
+    "record_path",
+    "remove_record",
 ]
 
 CLAIM_MAGIC = "soulfleet-claim-v1"
+#: The suffix of a shared-mode lock file (a claim: it exists only while a writer holds it).
+CLAIM_SUFFIX = ".claim"
 OWNER_SUFFIX = ".owner"
 #: Owner records one process keeps between acquisitions.
 MAX_RECORDS = 64
@@ -119,6 +124,19 @@ def _remove_records() -> None:
         _records.clear()
 
 
+def record_path(claim: str, token: str) -> str:
+    """Where the owner record named by ``token`` lives, beside ``claim``."""
+    return f"{claim}.{token}{OWNER_SUFFIX}"
+
+
+def remove_record(claim: str, owner: Claim, identity: tuple[int, int]) -> None:
+    """Remove the owner record a broken claim was linked to (if it still is that file)."""
+    record = record_path(claim, owner.token)
+    with contextlib.suppress(OSError):
+        if os.stat(record, follow_symlinks=False).st_ino == identity[1]:
+            os.unlink(record)
+
+
 def encode_record(owner: Owner, token: str, *, locked: bool) -> bytes:
     """An owner record: magic, pid, host (hex), start token, the token of its name, and
     whether its owner holds the record's flock ("1") or could not take it ("0")."""
@@ -170,7 +188,7 @@ def record_for(claim: str) -> tuple[str, tuple[int, int]]:
             _busy.add(claim)
             return known.path, known.identity
     token = secrets.token_hex(8)
-    record = f"{claim}.{token}{OWNER_SUFFIX}"
+    record = record_path(claim, token)
     fd = os.open(record, _CREATE, 0o644)
     try:
         try:
@@ -227,7 +245,7 @@ def owner_gone(path: str, identity: tuple[int, int], claim: Claim) -> bool:  # n
 
 
 def _remove_dead_records(claim: str, mine: str) -> None:
-    """Remove the owner records for ``claim`` left by dead processes of this kernel."""
+    """Remove the owner records for ``claim`` left by dead processes of this machine."""
     directory, name = os.path.split(claim)
     prefix = f"{name}."
     try:

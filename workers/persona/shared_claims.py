@@ -42,7 +42,7 @@ import structlog
 
 from workers.persona.flock import flock_acquire
 from workers.persona.owner_records import (
-    OWNER_SUFFIX,
+    CLAIM_SUFFIX,
     Claim,
     describe,
     known_record,
@@ -51,8 +51,10 @@ from workers.persona.owner_records import (
     record_for,
     record_gone,
     record_idle,
+    remove_record,
 )
 from workers.persona.owners import boot_id, host_name
+from workers.persona.write_queue import QUEUE_SUFFIX
 
 __all__ = [
     "NO_LINKS",
@@ -137,7 +139,7 @@ def _break_if_dead(claim: str, identity: tuple[int, int], owner: Claim | str) ->
         return True  # someone else's claim now: look again
     with contextlib.suppress(FileNotFoundError):
         os.unlink(claim)
-    _remove_record(claim, owner, identity)
+    remove_record(claim, owner, identity)
     _log.warning(
         "lock.dead_claim_broken",
         lock_file=claim,
@@ -189,7 +191,7 @@ def queue_for(claim: str) -> str:
     kernel = boot_id()
     name = host_name() if kernel is None else f"{kernel:032x}"
     digest = hashlib.sha256(name.encode()).hexdigest()[:12]
-    return f"{claim.removesuffix('.claim')}.{digest}.queue"
+    return f"{claim.removesuffix(CLAIM_SUFFIX)}.{digest}{QUEUE_SUFFIX}"
 
 
 def shared_lock_holders(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
@@ -218,18 +220,10 @@ def break_shared_lock(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
         return ()  # its owner released it meanwhile
     owner = found[1]
     if isinstance(owner, Claim):
-        _remove_record(claim, owner, found[0])
+        remove_record(claim, owner, found[0])
     description = describe(found)
     _log.warning("lock.claim_broken", lock_file=claim, claim=description)
     return (description,)
-
-
-def _remove_record(claim: str, owner: Claim, identity: tuple[int, int]) -> None:
-    """Remove the owner record a broken claim was linked to (if it still is that file)."""
-    record = f"{claim}.{owner.token}{OWNER_SUFFIX}"
-    with contextlib.suppress(OSError):
-        if os.stat(record, follow_symlinks=False).st_ino == identity[1]:
-            os.unlink(record)
 
 
 def check_hard_links(directory: str | os.PathLike[str]) -> str | None:
