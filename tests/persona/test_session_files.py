@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from structlog.testing import capture_logs
 from workers.persona.errors import PersonaFileError
 from workers.persona.messages import Message
 from workers.persona.session import SessionState
-from workers.persona.session_files import SessionFiles
+from workers.persona.session_files import RETIRE_LIST_EVERY, SessionFiles
 
 
 def _state(text: str) -> SessionState:
@@ -60,3 +61,67 @@ def test_a_fifo_under_a_state_name_is_refused_not_blocked_on(tmp_path: Path) -> 
     with capture_logs() as logs:
         assert files.read("s2.f1.json") is None
     assert [e["event"] for e in logs] == ["session.state_missing"]
+
+
+def _names(home: Path) -> set[str]:
+    return {p.name for p in (home / "sessions" / "ava").iterdir()}
+
+
+def _files(home: Path, *names: str) -> SessionFiles:
+    files = SessionFiles(home, "ava")
+    for name in names:
+        session, tag, _ = name.split(".")
+        files.write(replace(_state(tag), id=session), tag)
+    return files
+
+
+def test_retire_keeps_the_newest_two_states_and_lists_nothing_between_consecutive_fences(
+    tmp_path: Path,
+) -> None:
+    """Fence 7 over fence 6 of the same session: the state fence 6 was committed over (fence
+    5's) goes by name, fence 6's stays for a reader that took the old pointer. No listing: a
+    stray older state, which only a listing would find, is still there, and library files too."""
+    files = _files(tmp_path, "s1.f2.json", "s1.f5.json", "s1.f6.json", "s1.f7.json",
+                   "s1.l1a2b.json")  # fmt: skip
+    assert files.retire("s1.f7.json", "s1.f6.json") == 1
+    assert _names(tmp_path) == {"s1.f2.json", "s1.f6.json", "s1.f7.json", "s1.l1a2b.json"}
+
+
+def test_retire_after_a_gap_lists_the_directory(tmp_path: Path) -> None:
+    """Fence 9 over fence 6: the starts in between may have left states (a fenced-out turn, a
+    crash after the write), so every fleet state but the two newest goes; library files stay."""
+    files = _files(tmp_path, "s1.f5.json", "s1.f6.json", "s1.f7.json", "s1.f8.json",
+                   "s1.f9.json", "s1.l1a2b.json")  # fmt: skip
+    assert files.retire("s1.f9.json", "s1.f6.json") == 3
+    assert _names(tmp_path) == {"s1.f6.json", "s1.f9.json", "s1.l1a2b.json"}
+
+
+def test_retire_lists_when_the_guess_finds_nothing(tmp_path: Path) -> None:
+    """Fence 6 started a new session over fence 5's state of another: the guessed name
+    (``s1.f5``) is not there, so the directory is listed and ``s0.f5`` goes."""
+    files = _files(tmp_path, "s0.f5.json", "s1.f6.json", "s1.f7.json")
+    assert files.retire("s1.f7.json", "s1.f6.json") == 1
+    assert _names(tmp_path) == {"s1.f6.json", "s1.f7.json"}
+
+
+def test_retire_at_the_lanes_first_fences(tmp_path: Path) -> None:
+    """Fence 1 (nothing before it) and fence 2 over fence 1 delete nothing and list nothing;
+    a later fence without a previous state (a reset, a failed first turn) lists."""
+    files = _files(tmp_path, "s1.f1.json")
+    assert files.retire("s1.f1.json", None) == 0
+    _files(tmp_path, "s1.f2.json", "s9.f0.json")
+    assert files.retire("s1.f2.json", "s1.f1.json") == 0
+    assert _names(tmp_path) == {"s9.f0.json", "s1.f1.json", "s1.f2.json"}
+    _files(tmp_path, "s2.f4.json")
+    assert files.retire("s2.f4.json", None) == 3
+    assert _names(tmp_path) == {"s2.f4.json"}
+
+
+def test_retire_lists_every_so_many_fences(tmp_path: Path) -> None:
+    """Even between consecutive fences, a fence that is a multiple of RETIRE_LIST_EVERY lists,
+    so a stray an earlier failed clean-up left behind does not stay for ever."""
+    n = RETIRE_LIST_EVERY
+    files = _files(tmp_path, "s1.f2.json", f"s1.f{n - 2}.json", f"s1.f{n - 1}.json",
+                   f"s1.f{n}.json")  # fmt: skip
+    assert files.retire(f"s1.f{n}.json", f"s1.f{n - 1}.json") == 2
+    assert _names(tmp_path) == {f"s1.f{n - 1}.json", f"s1.f{n}.json"}

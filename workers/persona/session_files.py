@@ -11,7 +11,8 @@ random ``l<hex>`` for the in-process library), and only then is it made current 
 pointer. A turn that crashes, fails or is fenced out before that leaves an orphan file that no
 reader ever looks at, so the session holds only committed turns and a retry starts from the
 same state (issue 11 rule 6). Compaction keeps a state bounded (``max_tokens``), so rewriting
-it per turn is bounded too. Old files are collected after a commit (:meth:`collect`).
+it per turn is bounded too. Old files are collected after a commit (:meth:`collect`; the fleet's
+:meth:`retire` skips the directory listing when no start came between two commits).
 
 The pointer is where the two runtimes differ. The fleet keeps it in the lane's Redis hash and
 moves it inside ``finish.lua``, the same fenced step that commits the turn. The library keeps
@@ -44,6 +45,7 @@ from workers.persona.writes import atomic_write_bytes, create_bytes
 __all__ = [
     "MAX_STATE_BYTES",
     "POINTER_NAME",
+    "RETIRE_LIST_EVERY",
     "SESSIONS_DIR",
     "FilePointer",
     "SessionFiles",
@@ -57,7 +59,19 @@ MAX_STATE_BYTES = 64 * 1024 * 1024
 POINTER_NAME = "CURRENT"
 _STATE = re.compile(r"([A-Za-z0-9_][A-Za-z0-9._-]*)\.([fl][0-9a-z]+)\.json")
 
+#: :meth:`SessionFiles.retire` lists the lane's directory at least once in this many fences.
+RETIRE_LIST_EVERY = 64
+
 _log = structlog.get_logger("soulfleet.session")
+
+
+def _fleet_fence(name: str) -> int | None:
+    """The fence in a fleet state's name (``<id>.f<fence>.json``); None for any other name."""
+    match = _STATE.fullmatch(name)
+    if match is None or not match.group(2).startswith("f"):
+        return None
+    digits = match.group(2)[1:]
+    return int(digits) if digits.isdigit() else None
 
 
 def library_tag() -> str:
@@ -122,6 +136,34 @@ class SessionFiles:
             return
         with contextlib.suppress(FileNotFoundError, PersonaFileError):
             os.unlink(confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{name}"))
+
+    def retire(self, current: str, previous: str | None) -> int:
+        """After the fleet committed ``current`` over ``previous``: delete the fleet's state
+        files other than those two (``previous`` stays for a reader that took the pointer just
+        before the commit), as :meth:`collect` does; returns how many went.
+
+        After every commit the lane holds at most its two newest states, plus what starts that
+        did not commit left behind. So when ``previous`` is the state of the fence just before
+        ``current``'s, no start came between them, and the one file to delete is the state
+        ``previous`` was committed over: when that was the fence before it in the same session,
+        it goes by name and the turn is spared listing the directory. Any other case (a gap: a
+        failed or fenced-out start, a silent beat, a reset; a new session; a guess that finds
+        nothing) lists the directory, as does every ``RETIRE_LIST_EVERY``-th fence, in case an
+        earlier clean-up failed.
+        """
+        fence = _fleet_fence(current)
+        if fence is not None and fence % RETIRE_LIST_EVERY != 0:
+            if previous is None:
+                if fence == 1:  # the lane's first start: nothing before it
+                    return 0
+            elif _fleet_fence(previous) == fence - 1:
+                if fence == 2:  # previous is fence 1's: nothing older exists
+                    return 0
+                guess = f"{previous.split('.', 1)[0]}.f{fence - 2}.json"
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError, PersonaFileError):
+                    os.unlink(confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{guess}"))
+                    return 1
+        return self.collect({current, previous or ""}, tag_prefix="f")
 
     def collect(self, keep: set[str], *, tag_prefix: str) -> int:
         """Delete this runtime's (``tag_prefix``: "f" fleet, "l" library) state files except

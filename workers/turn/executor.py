@@ -411,7 +411,7 @@ class TurnExecutor:
     ) -> None:
         try:
             if outcome == "committed":
-                files.collect({session.state, base.state or ""}, tag_prefix="f")
+                files.retire(session.state, base.state)
             else:
                 _log.warning("session.reset_during_turn", state=session.state)
                 files.discard(session.state)
