@@ -10,7 +10,7 @@ import pytest
 
 from workers.persona.errors import ModelSpecError
 from workers.persona.messages import Completion, Message, ToolSpec
-from workers.persona.models import Model
+from workers.persona.models import Model, spec
 from workers.persona.models.anthropic import AnthropicModel
 from workers.persona.models.config import ModelConfig, Secret
 from workers.persona.models.openai import OpenAIModel
@@ -97,6 +97,38 @@ def test_a_scripted_model_is_parsed_once_and_follows_edits(tmp_path: Path) -> No
     again = resolve_model("scripted:rules.json", CONFIG, base_dir=tmp_path)
     assert again is not first
     assert answer(again) == "second"
+
+
+def test_scripted_models_of_a_large_fleet_stay_parsed(tmp_path: Path) -> None:
+    """The cache holds a rules file per persona for a fleet of thousands: 1,000 personas'
+    scripts are each parsed once (it held 64)."""
+    homes = [tmp_path / f"p{i}" for i in range(1000)]
+    first = {}
+    for home in homes:
+        home.mkdir()
+        write_script(home / "rules.json", home.name)
+        first[home] = resolve_model("scripted:rules.json", CONFIG, base_dir=home)
+    assert all(resolve_model("scripted:rules.json", CONFIG, base_dir=h) is first[h] for h in homes)
+
+
+def test_the_least_recently_used_script_leaves_the_cache_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the cache is full the script used longest ago goes, not the one parsed first."""
+    monkeypatch.setattr(spec, "SCRIPTED_MAX", 3)
+    monkeypatch.setattr(spec, "_scripted", {})  # this process's cache, empty
+    homes = {name: tmp_path / name for name in "abcd"}
+    models = {}
+    for name, home in homes.items():
+        home.mkdir()
+        write_script(home / "rules.json", name)
+    for name in "abc":
+        models[name] = resolve_model("scripted:rules.json", CONFIG, base_dir=homes[name])
+    resolve_model("scripted:rules.json", CONFIG, base_dir=homes["a"])  # a: used again
+    resolve_model("scripted:rules.json", CONFIG, base_dir=homes["d"])  # full: b goes
+    assert resolve_model("scripted:rules.json", CONFIG, base_dir=homes["a"]) is models["a"]
+    assert resolve_model("scripted:rules.json", CONFIG, base_dir=homes["c"]) is models["c"]
+    assert resolve_model("scripted:rules.json", CONFIG, base_dir=homes["b"]) is not models["b"]
 
 
 def test_scripted_relative_path_defaults_to_cwd(

@@ -30,7 +30,15 @@ from workers.persona.models.anthropic import AnthropicModel
 from workers.persona.models.config import ACCEPTED_FORMS, PROVIDERS, ModelConfig
 from workers.persona.models.openai import OpenAIModel
 
-__all__ = ["ACCEPTED_FORMS", "BUILTIN", "INHERIT", "PAID_PROVIDERS", "provider_of", "resolve_model"]
+__all__ = [
+    "ACCEPTED_FORMS",
+    "BUILTIN",
+    "INHERIT",
+    "PAID_PROVIDERS",
+    "SCRIPTED_MAX",
+    "provider_of",
+    "resolve_model",
+]
 
 INHERIT = "inherit"
 BUILTIN = "builtin"
@@ -38,6 +46,9 @@ BUILTIN = "builtin"
 PAID_PROVIDERS = ("openai", "anthropic")
 _PROVIDERS = PROVIDERS
 _CACHE_MAX = 64
+#: Parsed rules files kept per process: one per persona with its own script, so sized like the
+#: persona definitions' cache (a fleet of scripted personas otherwise re-parses every turn).
+SCRIPTED_MAX = 4096
 
 _cache: dict[tuple[object, ...], OpenAIModel | AnthropicModel] = {}
 _cache_lock = threading.Lock()
@@ -106,10 +117,11 @@ def _scripted_model(path: Path) -> Model:
     with _cache_lock:
         cached = _scripted.get(path)
         if cached is not None and cached[0] == version:
+            _scripted[path] = _scripted.pop(path)  # most recently used last
             return cached[1]
     model = ScriptedModel.from_path(path)
     with _cache_lock:
-        if len(_scripted) >= _CACHE_MAX and path not in _scripted:
+        if len(_scripted) >= SCRIPTED_MAX and path not in _scripted:
             _scripted.pop(next(iter(_scripted)))
         _scripted[path] = (version, model)
     return model
