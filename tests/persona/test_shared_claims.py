@@ -20,6 +20,7 @@ import workers.celery
 from tests.support.claims import die, live_record, records_of
 from tests.support.memory import held_by_child, ok
 from tests.support.persona import make_persona
+from workers.persona.errors import PersonaFileError
 from workers.persona.locks import lock_file_for
 from workers.persona.memory import memory_tool
 from workers.persona.owner_records import Claim, encode_record, read_claim
@@ -225,6 +226,19 @@ def test_breaking_a_claim_removes_its_owners_record_and_whatever_blocks_the_path
     claim.mkdir()
     assert break_shared_lock(claim) == ("unreadable claim (Is a directory)",)
     assert not claim.exists()
+
+
+def test_a_directory_with_files_at_the_claim_path_is_named_and_left_alone(
+    tmp_path: Path,
+) -> None:
+    """break_shared_lock does not delete what someone put in a directory at the claim path: it
+    raises PersonaFileError naming the path and what to do, and the files stay."""
+    claim = tmp_path / "MEMORY.md.claim"
+    claim.mkdir()
+    (claim / "notes.txt").write_text("keep me")
+    with pytest.raises(PersonaFileError, match=r"directory with files in it.*move it away"):
+        break_shared_lock(claim)
+    assert (claim / "notes.txt").read_text() == "keep me"
 
 
 def test_a_directory_whose_filesystem_has_hard_links_passes_the_start_check(

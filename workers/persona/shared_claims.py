@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 import structlog
 
+from workers.persona.errors import PersonaFileError
 from workers.persona.flock import flock_acquire
 from workers.persona.owner_records import (
     CLAIM_SUFFIX,
@@ -205,7 +206,8 @@ def break_shared_lock(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
 
     For operators, after a holder on another machine crashed mid-write: first make sure the
     process named in :func:`shared_lock_holders` is not running, or two writers may overlap.
-    Whatever else blocks the claim path goes too (an empty directory, a symlink, a stray file).
+    Whatever else blocks the claim path goes too (an empty directory, a symlink, a stray file);
+    a directory with files in it is left alone (:class:`PersonaFileError` says so).
     """
     claim = os.fspath(lock_file)
     found = read_claim(claim)
@@ -218,6 +220,14 @@ def break_shared_lock(lock_file: str | os.PathLike[str]) -> tuple[str, ...]:
             os.unlink(claim)
     except FileNotFoundError:
         return ()  # its owner released it meanwhile
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        raise PersonaFileError(
+            claim,
+            "is a directory with files in it, not a claim: soulfleet never made it and does not "
+            "delete what is inside; look at its contents, move it away, and writes resume",
+        ) from None
     owner = found[1]
     if isinstance(owner, Claim):
         remove_record(claim, owner, found[0])
