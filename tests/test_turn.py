@@ -22,6 +22,9 @@ from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.fleet.outcomes import StartOutcome
 from workers.persona.errors import PersonaError, PersonaFileError
 from workers.persona.inbox import InboxItem
+from workers.persona.loop import RunResult
+from workers.persona.messages import Usage
+from workers.turn.endings import incomplete_note
 
 
 class Rig(TurnRig):
@@ -365,3 +368,41 @@ def test_the_fleet_dreamer_searches_its_own_persona_and_nothing_else(rig: Rig) -
 
 def _item(text: str) -> InboxItem:
     return InboxItem(text=text, sender="tester", channel="api", id=uuid.uuid4().hex, at=1.0)
+
+
+def test_a_soul_over_the_token_budget_leaves_a_note_for_the_operator(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """Every turn of a persona whose soul alone is over SOULFLEET_TURN_MAX_TOKENS ends
+    incomplete without a model call; the lane keeps a note saying why and what to do (status
+    shows it). A turn that runs normally again clears the note."""
+    env = {"SOULFLEET_TURN_MAX_TOKENS": "200"}
+    with turn_engine(redis_url, key_prefix, tmp_path, env, gate_limit=1) as engine:
+        rig = Rig(*engine, tmp_path)
+        home = rig.persona("huge", '[[rules]]\ntext = "ok"\n', soul="x " * 2000)
+        rig.fleet.post("huge", "hello", sender="test")
+        assert rig.run_all() == ["incomplete"]
+        note = rig.fleet.status("huge")["last_note"]
+        assert isinstance(note, str)
+        assert "over the turn's token budget" in note
+        assert "SOULFLEET_TURN_MAX_TOKENS" in note
+        (home / "SOUL.md").write_text("small again")
+        rig.fleet.post("huge", "hello again", sender="test")
+        assert rig.run_all() == ["done"]
+        assert rig.fleet.status("huge")["last_note"] is None
+
+
+def test_the_note_of_an_incomplete_turn_names_its_limit_and_setting() -> None:
+    """A turn stopped by a budget names the limit and its setting; one whose input alone was
+    over the token budget (no model call) says what to shrink; any other ending has no note."""
+    usage = Usage(0, 0)
+    calls = RunResult("", "incomplete", usage, (), limit="max_tool_calls", model_calls=3)
+    assert incomplete_note(calls) == (
+        "incomplete: stopped by its max_tool_calls limit (SOULFLEET_TURN_MAX_TOOL_CALLS)"
+    )
+    spent = RunResult("", "incomplete", usage, (), limit="max_tokens", model_calls=2)
+    assert "SOULFLEET_TURN_MAX_TOKENS" in incomplete_note(spent)
+    assert "no model call" not in incomplete_note(spent)
+    blocked = RunResult("", "incomplete", usage, (), limit="max_tokens", model_calls=0)
+    assert "no model call was made" in incomplete_note(blocked)
+    assert incomplete_note(RunResult("hi", "done", usage, ())) == ""

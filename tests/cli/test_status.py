@@ -297,3 +297,25 @@ def test_a_running_lane_says_for_how_long_and_one_persona_shows_its_whole_error(
     one = invoke("status", "milo")
     assert one.exit_code == 0, one.output
     assert " ".join(long_error.split()) in " ".join(one.stdout.split())
+
+
+def test_a_turn_that_ended_short_is_explained_where_an_error_would_be(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """An incomplete turn's note (a soul over the token budget: no model call, every turn) is
+    shown in the LAST ERROR column and as ``note`` in --json, while ``error`` stays null (the
+    turn committed); the next turn that ends without one clears it."""
+    lanes = lanes_for(env)
+    note = "incomplete: the input alone (soul + session) is over the turn's token budget"
+    commit_turn(lanes, "ava", "", status="incomplete", note=note)
+    table = invoke("status")
+    [row] = [line for line in table.stdout.splitlines() if line.startswith("ava ")]
+    assert "incomplete" in row
+    assert "input alone" in row
+    payload = json.loads(invoke("status", "ava", "--json").stdout)
+    assert payload["error"] is None
+    assert payload["note"] == payload["last_note"] == note
+    commit_turn(lanes, "ava", "fine again")
+    payload = json.loads(invoke("status", "ava", "--json").stdout)
+    assert payload["note"] is None
+    assert payload["last_note"] is None

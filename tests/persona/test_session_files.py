@@ -104,17 +104,16 @@ def test_retire_lists_when_the_guess_finds_nothing(tmp_path: Path) -> None:
     assert _names(tmp_path) == {"s1.f6.json", "s1.f7.json"}
 
 
-def test_retire_at_the_lanes_first_fences(tmp_path: Path) -> None:
-    """Fence 1 (nothing before it) and fence 2 over fence 1 delete nothing and list nothing;
-    a later fence without a previous state (a reset, a failed first turn) lists."""
-    files = _files(tmp_path, "s1.f1.json")
-    assert files.retire("s1.f1.json", None) == 0
-    _files(tmp_path, "s1.f2.json", "s9.f0.json")
-    assert files.retire("s1.f2.json", "s1.f1.json") == 0
-    assert _names(tmp_path) == {"s9.f0.json", "s1.f1.json", "s1.f2.json"}
-    _files(tmp_path, "s2.f4.json")
-    assert files.retire("s2.f4.json", None) == 3
-    assert _names(tmp_path) == {"s2.f4.json"}
+def test_retire_at_the_lanes_first_fences_lists(tmp_path: Path) -> None:
+    """A lane's first commits list the directory (once or twice per lane): fence 1 has no
+    previous state, and fence 2's guess (fence 0) finds nothing. So a lane whose Redis state
+    was lost, and whose fences start again at 1, clears what its earlier life left at once."""
+    files = _files(tmp_path, "s0.f7.json", "s0.f8.json", "s1.f1.json", "s1.l1a2b.json")
+    assert files.retire("s1.f1.json", None) == 2
+    assert _names(tmp_path) == {"s1.f1.json", "s1.l1a2b.json"}
+    _files(tmp_path, "s1.f2.json", "s9.f5.json")
+    assert files.retire("s1.f2.json", "s1.f1.json") == 1
+    assert _names(tmp_path) == {"s1.f1.json", "s1.f2.json", "s1.l1a2b.json"}
 
 
 def test_retire_lists_every_so_many_fences(tmp_path: Path) -> None:

@@ -156,7 +156,15 @@ def sync_registry(environ: Mapping[str, str | None]) -> None:
         client.close()
 
 
-def commit_turn(lanes: Lanes, lane: str, text: str, *, kind: str = "heartbeat") -> str:
+def commit_turn(
+    lanes: Lanes,
+    lane: str,
+    text: str,
+    *,
+    kind: str = "heartbeat",
+    status: str = "done",
+    note: str = "",
+) -> str:
     """Run one real lane turn (tick, start, finish) that surfaces ``text`` as a beat unless it
     is a dreamer lane; return the turn id."""
     outcome = lanes.tick(lane, kind=kind)
@@ -166,7 +174,7 @@ def commit_turn(lanes: Lanes, lane: str, text: str, *, kind: str = "heartbeat") 
     beat = None
     if not lane.endswith("-dreamer"):
         beat = {"persona": lane, "text": text, "turn_id": outcome.turn_id, "time": "1700000000.5"}
-    lanes.finish(lane, started.fence, status="done", text=text, beat=beat)
+    lanes.finish(lane, started.fence, status=status, text=text, beat=beat, note=note)
     return outcome.turn_id
 
 

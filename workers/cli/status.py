@@ -139,12 +139,16 @@ def _echo_claims(claims: Sequence[Mapping[str, str]]) -> None:
 
 
 def _annotate(entry: dict[str, Any], invalid: Mapping[str, str], root: Path) -> dict[str, Any]:
-    """Add ``invalid`` (beat's reason), ``error`` (the current one) and ``display_state``."""
+    """Add ``invalid`` (beat's reason), ``error`` (the current one), ``note`` (without an
+    error, how the newest turn ended short: ``last_note``) and ``display_state``."""
     reason = invalid.get(str(entry.get("persona")))
     entry.setdefault("home", str(root / str(entry.get("persona"))))
     if reason:
         entry["invalid"] = reason
     entry["error"] = reason or current_error(entry)
+    # No error, but the newest turn ended short for a reason that repeats (a soul over the
+    # token budget ends every turn without a model call): shown where an error would be.
+    entry["note"] = None if entry["error"] else entry.get("last_note")
     entry["display_state"] = display_state(entry)
     dreamer = entry.get("dreamer")
     if isinstance(dreamer, dict):
@@ -177,7 +181,7 @@ def _row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, .
         since = {"running": "started_at", "queued": "queued_at"}.get(str(dreamer.get("state")))
         when = _for(dreamer.get(since)) if since else ago(dreamer.get("last_end"))
         dreamer_state = f"{shown} {when}".strip()
-    error = " ".join(str(entry.get("error") or "-").split())
+    error = " ".join(str(entry.get("error") or entry.get("note") or "-").split())
     home = entry.get("home")
     if home:  # the table is about this persona already: its path only costs width
         error = error.replace(f"{home}{os.sep}", "")

@@ -63,6 +63,7 @@ class LaneReports(LaneStore):
             "last_status": fields.get("last_status"),
             "last_text": fields.get("last_text"),
             "last_end": when("last_end"),
+            "last_note": fields.get("last_note"),
             "last_error": fields.get("last_error"),
             "last_error_at": when("last_error_at"),
             "last_error_kind": fields.get("last_error_kind"),

@@ -195,6 +195,7 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         session: SessionCommit | None = None,
         publisher: str = "",
         claim_ttl: float = 0.0,
+        note: str = "",
     ) -> FinishOutcome:
         """Commit the turn holding ``fence``; raise :class:`LeaseLost` (changing nothing) if
         it no longer holds the lane.
@@ -210,6 +211,9 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         ``publisher`` (with ``claim_ttl``) is who publishes a follow-up this commit queues: the
         lane is claimed for it, as on receipt, so beat re-publishes the turn if the publisher
         dies before it is out; it calls :meth:`unclaim` once it is. "" takes no claim.
+
+        ``note`` (cut to ``LAST_TEXT_MAX``) is kept as the lane's ``last_note`` until a turn
+        ends without one: why the turn ended short, for ``soulfleet status``.
         """
         beat_args: list[str] = []
         if beat is not None:
@@ -231,7 +235,7 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
             args += [session.base.state or "", session.base.epoch, session.state]
         else:
             args += ["", 0, ""]
-        args += [publisher, self._ms(claim_ttl)]
+        args += [publisher, self._ms(claim_ttl), note[:LAST_TEXT_MAX]]
         with redis_errors(self.client):
             reply = self.scripts.finish(keys=keys, args=args)
         if reply[0] == "lost":

@@ -142,27 +142,28 @@ class SessionFiles:
         files other than those two (``previous`` stays for a reader that took the pointer just
         before the commit), as :meth:`collect` does; returns how many went.
 
-        After every commit the lane holds at most its two newest states, plus what starts that
-        did not commit left behind. So when ``previous`` is the state of the fence just before
-        ``current``'s, no start came between them, and the one file to delete is the state
-        ``previous`` was committed over: when that was the fence before it in the same session,
-        it goes by name and the turn is spared listing the directory. Any other case (a gap: a
-        failed or fenced-out start, a silent beat, a reset; a new session; a guess that finds
-        nothing) lists the directory, as does every ``RETIRE_LIST_EVERY``-th fence, in case an
-        earlier clean-up failed.
+        Only a start that did not commit leaves a state file no pointer names, and the fence
+        only moves by a start (or the reaper taking a lapsed turn back). So when ``previous``
+        is the state of the fence just before ``current``'s, nothing came between them, and
+        the one file to delete is the state ``previous`` was committed over: when that was the
+        fence before it in the same session, it goes by name and the turn is spared listing
+        the directory. Every other case (a gap: a failed or fenced-out start, a silent beat,
+        a reset; a new session; a guess that finds nothing) lists the directory. Files a
+        commit could not clean up (a crash between the commit and this call, an ``OSError``
+        here, a lane whose Redis state was lost and whose fences started again) are left to
+        the listing every ``RETIRE_LIST_EVERY``-th fence: at most that many commits later.
         """
         fence = _fleet_fence(current)
-        if fence is not None and fence % RETIRE_LIST_EVERY != 0:
-            if previous is None:
-                if fence == 1:  # the lane's first start: nothing before it
-                    return 0
-            elif _fleet_fence(previous) == fence - 1:
-                if fence == 2:  # previous is fence 1's: nothing older exists
-                    return 0
-                guess = f"{previous.split('.', 1)[0]}.f{fence - 2}.json"
-                with contextlib.suppress(FileNotFoundError, NotADirectoryError, PersonaFileError):
-                    os.unlink(confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{guess}"))
-                    return 1
+        if (
+            fence is not None
+            and fence % RETIRE_LIST_EVERY != 0
+            and previous is not None
+            and _fleet_fence(previous) == fence - 1
+        ):
+            guess = f"{previous.split('.', 1)[0]}.f{fence - 2}.json"
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError, PersonaFileError):
+                os.unlink(confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{guess}"))
+                return 1
         return self.collect({current, previous or ""}, tag_prefix="f")
 
     def collect(self, keep: set[str], *, tag_prefix: str) -> int:

@@ -1,8 +1,9 @@
-"""How a started turn ends when it does not commit a model's answer, and the lines every turn
-logs: ``turn.start`` and ``turn.end`` (with the metrics), a failure by kind (retried with
-backoff, or dead-lettered), a deferral behind an open provider breaker, a refusal by the spend
-guard. Each ending first stops renewing the turn's lease (:meth:`Endings.release_lease`): the
-script that ends the turn deletes it, and a renewal landing in between must not read as a loss.
+"""How a started turn ends when it does not commit a model's answer (and the note a turn that
+ended short leaves for ``soulfleet status``), and the lines every turn logs: ``turn.start``
+and ``turn.end`` (with the metrics), a failure by kind (retried with backoff, or
+dead-lettered), a deferral behind an open provider breaker, a refusal by the spend guard. Each
+ending first stops renewing the turn's lease (:meth:`Endings.release_lease`): the script that
+ends the turn deletes it, and a renewal landing in between must not read as a loss.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from workers.fleet.lease import LeaseHandle, Renewer
 from workers.fleet.outcomes import StartOutcome
 from workers.fleet.spend import Refusal
 from workers.logs import monotonic_wall_time
+from workers.persona.loop import RunResult
 from workers.settings import Settings
 from workers.turn.report import TurnReport
 
-__all__ = ["Endings"]
+__all__ = ["Endings", "incomplete_note"]
 
 _log = structlog.get_logger("soulfleet.turn")
 
@@ -231,3 +233,23 @@ class Endings:
             follow_up=finished.follow_up_turn_id,
         )
         return TurnReport(lane, turn_id, refusal.status, text, finished.follow_up_turn_id)
+
+
+def incomplete_note(result: RunResult) -> str:
+    """What an operator should know about a turn that ended short ("" for any other): a turn
+    stopped by a budget answered its items with what it had, and one whose input alone was
+    over the token budget made no model call at all, which repeats every turn until the soul
+    or the session shrinks."""
+    if result.status != "incomplete":
+        return ""
+    if result.limit == "max_tokens" and result.model_calls == 0:
+        return (
+            "incomplete: the input alone (soul + session) is over the turn's token budget, so "
+            "no model call was made; shrink MEMORY.md (or set memory_index_cap), run "
+            "`soulfleet session reset PERSONA`, or raise SOULFLEET_TURN_MAX_TOKENS"
+        )
+    if result.limit is None:
+        return "incomplete"
+    return (
+        f"incomplete: stopped by its {result.limit} limit (SOULFLEET_TURN_{result.limit.upper()})"
+    )

@@ -72,7 +72,7 @@ from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
 from workers.persona.transcripts import FileTranscripts
 from workers.settings import Settings
 from workers.turn.claims import Claims
-from workers.turn.endings import Endings
+from workers.turn.endings import Endings, incomplete_note
 from workers.turn.kit import TurnKit, paused, wrote_log
 from workers.turn.report import TurnReport
 
@@ -376,6 +376,7 @@ class TurnExecutor:
             session=session,
             publisher=self.worker_id,
             claim_ttl=self.settings.claim_ttl,
+            note=incomplete_note(result),
         )
         if role == "dreamer":  # the plan was made before the pass read anything
             self.guard.passed(lane, self.fleet.clock.time(), plan.started_at)

@@ -13,6 +13,8 @@
 --       [11+n] session base (the state name the turn started from, "" for none)
 --       [12+n] session epoch the turn saw  [13+n] new session state name ("": leave it)
 --       [14+n] who publishes a follow-up ("" for no claim)  [15+n] its claim ttl (ms)
+--       [16+n] a note on how the turn ended that an operator must act on ("": none; an
+--              incomplete turn's reason), kept as last_note until a turn ends without one
 -- Reply {"lost"}: the fence is not current; NOTHING changed
 --     | {"idle", turn_id, beat_id, session}
 --     | {"queued", turn_id, beat_id, session, follow-up turn id, follow-up kind}
@@ -44,6 +46,12 @@ redis.call('HINCRBY', lane, 'commits', 1)
 redis.call('HSET', lane, 'inflight_ticks', 0, 'attempts', 0, 'lost', 0,
            'last_turn', turn_id, 'last_status', ARGV[4], 'last_text', ARGV[6], 'last_end', now)
 redis.call('ZREM', running, name)
+local note = ARGV[16 + tonumber(ARGV[10])] or ''
+if note ~= '' then
+  redis.call('HSET', lane, 'last_note', note)
+else
+  redis.call('HDEL', lane, 'last_note')
+end
 
 local beat_id = ''
 local n = tonumber(ARGV[10])
