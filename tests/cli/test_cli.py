@@ -50,12 +50,15 @@ def test_up_with_an_unreachable_redis_fails_before_starting_anything(
     invoke: Invoke, dead_redis_env: Mapping[str, str | None], fleet_root: Path, tmp_path: Path
 ) -> None:
     """`up` pointed at a dead REDIS_URL exits 1 naming it without password; no state is left.
-    Its banner tells other shells how to find an `up` on a data dir that is not the default."""
+    Its banner tells other shells how to find an `up` on a data dir that is not the default,
+    and, on a Redis of the user's own, what they need besides it (prefixes, personas)."""
     data = tmp_path / "data"
     result = invoke("up", "--data", str(data), "--personas", str(fleet_root),
                     environ=dead_redis_env)  # fmt: skip
     assert result.exit_code == 1
     assert f"other shells: SOULFLEET_DATA={data.resolve()} soulfleet status" in result.output
+    needed = f"SOULFLEET_KEY_PREFIX={dead_redis_env['SOULFLEET_KEY_PREFIX']}"
+    assert f"other shells: REDIS_URL=(as here) {needed}" in result.output
     assert PASSWORD not in result.output
     assert "soulfleet: error: Redis at redis://:***@127.0.0.1:" in result.stderr
     assert not (data / "up.json").exists()

@@ -53,6 +53,8 @@ def test_run_with_no_worker_says_so_within_seconds(env: Mapping[str, str | None]
     assert result.returncode == 1, result.stderr
     assert "no worker is consuming" in result.stderr
     assert ".interactive" in result.stderr
+    assert "the same REDIS_URL, SOULFLEET_KEY_PREFIX" in result.stderr  # a shell's typo
+    assert f"SOULFLEET_QUEUE_PREFIX (here {env['SOULFLEET_QUEUE_PREFIX']!r})" in result.stderr
     assert lanes_for(env).status("ava")["state"] == "queued"
 
 

@@ -30,7 +30,7 @@ from workers.cli.group import cli_context, personas_option
 from workers.persona.checkup import check_persona
 from workers.persona.loop import Budget
 from workers.queues import queue_name
-from workers.settings import Settings
+from workers.settings import Settings, redact_url
 
 __all__ = ["NO_WORKER_HINT_AFTER", "run"]
 
@@ -170,10 +170,14 @@ def _no_worker_hint(state: CliContext, name: str, timeout: float) -> Callable[[f
         publisher = state.publisher
         if publisher is None or publisher.consumers("interactive"):
             return
-        queue = queue_name(state.settings.queue_prefix, "interactive")
+        settings = state.settings
+        queue = queue_name(settings.queue_prefix, "interactive")
         click.echo(
-            f"soulfleet: no worker is consuming {queue}: start one (`soulfleet up`, or "
-            f"`celery -A workers worker -Q {queue},...`); {still}",
+            f"soulfleet: no worker is consuming {queue} on {redact_url(settings.redis_url)}: "
+            f"start one (`soulfleet up`, or `celery -A workers worker -Q {queue},...`), or, if "
+            "a fleet is running, give this shell the same REDIS_URL, SOULFLEET_KEY_PREFIX "
+            f"(here {settings.key_prefix!r}) and SOULFLEET_QUEUE_PREFIX (here "
+            f"{settings.queue_prefix!r}) as its workers; {still}",
             err=True,
         )
 

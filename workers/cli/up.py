@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+import shlex
 import signal
 import threading
 import time
@@ -152,6 +153,10 @@ class _Up:
             # Other shells look for a running `up` in the default data dir only.
             echo(f"  other shells: SOULFLEET_DATA={self.data.root} soulfleet status")
         redis_url = self._redis_url(settings)
+        if settings.redis_url_explicit:
+            # Without the embedded Redis, other shells find this fleet only through what it
+            # was started with (a prefix left out posts to a queue no worker reads).
+            echo(f"  other shells: {other_shells(settings, choice.root)} soulfleet status")
         env["REDIS_URL"] = redis_url
         settings = Settings.from_env(env)
         self.publisher = CeleryPublisher(settings)
@@ -364,3 +369,16 @@ def _reach(fleet: Fleet, settings: Settings) -> None:
             f"Redis at {exc.url} (REDIS_URL) is unavailable{why}: start that Redis, or "
             "unset REDIS_URL and `soulfleet up` runs an embedded one"
         ) from None
+
+
+def other_shells(settings: Settings, personas: Path) -> str:
+    """The environment another shell needs to reach this fleet (REDIS_URL by name: its
+    password is never printed)."""
+    default = Settings()
+    parts = ["REDIS_URL=(as here)"]
+    if settings.key_prefix != default.key_prefix:
+        parts.append(f"SOULFLEET_KEY_PREFIX={shlex.quote(settings.key_prefix)}")
+    if settings.queue_prefix != default.queue_prefix:
+        parts.append(f"SOULFLEET_QUEUE_PREFIX={shlex.quote(settings.queue_prefix)}")
+    parts.append(f"SOULFLEET_PERSONAS={shlex.quote(str(personas))}")
+    return " ".join(parts)
