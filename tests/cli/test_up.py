@@ -286,3 +286,23 @@ def test_up_in_shared_lock_mode_refuses_personas_without_hard_links(tmp_path: Pa
     assert "filesystem without hard links (Operation not permitted)" in done.stderr
     assert "use SOULFLEET_LOCK_MODE=local there" in done.stderr
     assert not list(data.rglob("worker-*.log"))
+
+
+def test_a_dead_embedded_redis_stops_up_and_says_what_was_lost(tmp_path: Path) -> None:
+    """SIGKILL of the embedded redis-server: `up` names it, says the fleet stops and how to
+    start it again on the same data, stops its children and exits 1; it does not claim an AOF
+    flush that a dead Redis could not do."""
+    with start_up(tmp_path) as running:
+        wait_until(lambda: running.alive() and "ready   worker-1" in running.text(),
+                   timeout=DEADLINE, what="worker-1 ready")  # fmt: skip
+        servers = [c for c in descendants(running.process.pid) if "redis-server" in c.cmdline]
+        assert len(servers) == 1, servers
+        children = descendants(running.process.pid)
+        os.kill(servers[0].pid, signal.SIGKILL)
+        assert running.process.wait(timeout=120) == 1, running.text()
+        text = running.text()
+        assert "the embedded redis-server exited unexpectedly (code -9" in text
+        assert "`soulfleet up` again restarts it on the same data" in text
+        assert "redis had already exited (code -9)" in text
+        assert "AOF flushed" not in text
+        assert [c for c in children if c.alive()] == []

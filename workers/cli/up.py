@@ -319,7 +319,10 @@ class _Up:
             return True
         assert self.redis is not None
         self.reporter.line("error", f"the embedded redis-server exited unexpectedly (code "
-                           f"{process.returncode}); see {self.redis.log_path}")  # fmt: skip
+                           f"{process.returncode}; see {self.redis.log_path}): stopping the fleet, "
+                           "which cannot run without it; `soulfleet up` again restarts it on the "
+                           "same data (the AOF keeps all but at most its last second of "
+                           "writes)")  # fmt: skip
         return False
 
     def _drain(self, beats: queue.Queue[Beat | Exception]) -> None:
@@ -349,8 +352,15 @@ class _Up:
         if self.fleet is not None:
             self.fleet.client.close()
         if self.redis is not None:
+            process = self.redis.process
+            died = process is not None and process.poll() is not None
             self.redis.stop()
-            self.console.err("  redis stopped (AOF flushed)")
+            if died:
+                assert process is not None
+                self.console.err(f"  redis had already exited (code {process.returncode}): "
+                                 "at most its last second of writes is lost")  # fmt: skip
+            else:
+                self.console.err("  redis stopped (AOF flushed)")
         self.data.clear_state(os.getpid())
         if started:
             self.console.err("soulfleet up: stopped.")
