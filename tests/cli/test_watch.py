@@ -67,6 +67,20 @@ def test_reporter_spend_skips_are_not_errors() -> None:
     assert lines[0].endswith("skip    ava: turn skipped (budget), no model call")
 
 
+def test_an_input_over_the_token_budget_is_an_error_line_once_per_lane() -> None:
+    """The worker's turn.input_over_budget warning repeats on every turn of a persona whose
+    soul is over the budget: `up` shows it once as an error naming the setting, then counts."""
+    reporter, lines = _reporter()
+    over = {"event": "turn.input_over_budget", "level": "warning", "lane": "huge",
+            "estimated_input_tokens": 524791, "max_tokens": 400000}  # fmt: skip
+    reporter.events([over, over])
+    assert len(lines) == 1
+    assert "huge: turn incomplete, no model call" in lines[0]
+    assert "524791 tokens, over the turn's budget of 400000" in lines[0]
+    assert "SOULFLEET_TURN_MAX_TOKENS" in lines[0]
+    assert reporter.tally.errors == 2
+
+
 def test_reporter_beats_errors_and_status_line() -> None:
     """Beats are printed and counted; failed turns and other errors once each; status sums up."""
     reporter, lines = _reporter()

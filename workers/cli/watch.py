@@ -8,9 +8,10 @@ turns the events worth a person's attention into one short line each:
 - ``memory``  a persona wrote its memory (``memory.write``);
 - ``dream``   a dreamer pass logged to ``memory/log.md``;
 - ``silent``  the FIRST silent heartbeat (later ones are only counted: silence is the default);
-- ``error``   a failed or dead-lettered turn, an invalid persona, and any other error-level
-              line: each DISTINCT error once, tagged ``[E1]``, ``[E2]`` …; repeats are only
-              counted, and the status line says ``E1 x5`` (a crash loop must not flood the
+- ``error``   a failed or dead-lettered turn, an invalid persona, a turn whose input alone is
+              over its token budget (no model call: it repeats every turn), and any other
+              error-level line: each DISTINCT error once, tagged ``[E1]``, ``[E2]`` …; repeats
+              are only counted, and the status line says ``E1 x5`` (a crash loop must not flood the
               terminal, and five retries of one failure are one problem);
 - ``fixed``   beat found a persona valid again (its dead lanes still need a revive);
 - ``beat``    a surfaced beat, from the beats stream (the same feed ``soulfleet beats`` reads);
@@ -188,6 +189,15 @@ class Reporter:
                 "fixed",
                 f"persona {persona_name} is valid again; a lane of it that was dead-lettered "
                 f"stays dead until `soulfleet revive {persona_name}`",
+            )
+        elif name == "turn.input_over_budget":
+            # A warning in the worker, but it repeats on every turn until someone acts.
+            self.error(
+                ("over_budget", lane),
+                f"{lane or '?'}: turn incomplete, no model call: its input alone is about "
+                f"{event.get('estimated_input_tokens', '?')} tokens, over the turn's budget of "
+                f"{event.get('max_tokens', '?')} (SOULFLEET_TURN_MAX_TOKENS); shrink MEMORY.md "
+                "or the session (`soulfleet session reset`)",
             )
         elif event.get("level") in ("error", "critical"):
             self._other_error(source, str(name))
