@@ -9,6 +9,9 @@ import pytest
 
 from tests.cli.conftest import Invoke
 from tests.support.cli import PASSWORD
+from workers.cli.up import other_shells
+from workers.local.datadir import default_data_dir
+from workers.settings import Settings
 
 PINNED = ("up", "init", "soul", "run", "post", "status", "beats", "dream")
 
@@ -50,13 +53,13 @@ def test_up_with_an_unreachable_redis_fails_before_starting_anything(
     invoke: Invoke, dead_redis_env: Mapping[str, str | None], fleet_root: Path, tmp_path: Path
 ) -> None:
     """`up` pointed at a dead REDIS_URL exits 1 naming it without password; no state is left.
-    Its banner tells other shells how to find an `up` on a data dir that is not the default,
-    and, on a Redis of the user's own, what they need besides it (prefixes, personas)."""
+    On a Redis of the user's own its banner tells other shells what they need besides it
+    (prefixes, personas), and not the data dir, which does not lead them there."""
     data = tmp_path / "data"
     result = invoke("up", "--data", str(data), "--personas", str(fleet_root),
                     environ=dead_redis_env)  # fmt: skip
     assert result.exit_code == 1
-    assert f"other shells: SOULFLEET_DATA={data.resolve()} soulfleet status" in result.output
+    assert "SOULFLEET_DATA" not in result.output
     needed = f"SOULFLEET_KEY_PREFIX={dead_redis_env['SOULFLEET_KEY_PREFIX']}"
     assert f"other shells: REDIS_URL=(as here) {needed}" in result.output
     assert PASSWORD not in result.output
@@ -73,3 +76,30 @@ def test_up_with_a_missing_personas_root_is_bad_input(invoke: Invoke, tmp_path: 
     assert "typo" in result.stderr
     assert result.stderr.count("\n") == 1
     assert not (data / "redis").exists() or not any((data / "redis").iterdir())
+
+
+def test_other_shells_are_told_what_they_need_to_find_this_fleet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Embedded Redis: nothing on the default data dir, SOULFLEET_DATA on another. A Redis of
+    the user's own: REDIS_URL by name (never its password), the prefixes that differ from the
+    defaults, and the personas root, shell-quoted."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("SOULFLEET_DATA", raising=False)
+    default = default_data_dir().expanduser().resolve()
+    personas = tmp_path / "my personas"
+    embedded = Settings.from_env({})
+    assert other_shells(embedded, default, personas) is None
+    assert other_shells(embedded, tmp_path / "d", personas) == f"SOULFLEET_DATA={tmp_path}/d"
+    own = Settings.from_env({"REDIS_URL": f"redis://:{PASSWORD}@db:6379/0"})
+    assert other_shells(own, default, personas) == (
+        f"REDIS_URL=(as here) SOULFLEET_PERSONAS='{personas}'"
+    )
+    url = f"redis://:{PASSWORD}@db:6379/0"
+    prefixes = {"SOULFLEET_KEY_PREFIX": "t2:", "SOULFLEET_QUEUE_PREFIX": "t2"}
+    prefixed = Settings.from_env({"REDIS_URL": url, **prefixes})
+    needed = other_shells(prefixed, tmp_path / "d", personas)
+    assert needed == (
+        f"REDIS_URL=(as here) SOULFLEET_KEY_PREFIX=t2: SOULFLEET_QUEUE_PREFIX=t2 "
+        f"SOULFLEET_PERSONAS='{personas}'"
+    )

