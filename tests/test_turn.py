@@ -397,12 +397,13 @@ def test_the_note_of_an_incomplete_turn_names_its_limit_and_setting() -> None:
     over the token budget (no model call) says what to shrink; any other ending has no note."""
     usage = Usage(0, 0)
     calls = RunResult("", "incomplete", usage, (), limit="max_tool_calls", model_calls=3)
-    assert incomplete_note(calls) == (
+    assert incomplete_note(calls, "ava") == (
         "incomplete: stopped by its max_tool_calls limit (SOULFLEET_TURN_MAX_TOOL_CALLS)"
     )
     spent = RunResult("", "incomplete", usage, (), limit="max_tokens", model_calls=2)
-    assert "SOULFLEET_TURN_MAX_TOKENS" in incomplete_note(spent)
-    assert "no model call" not in incomplete_note(spent)
+    assert "SOULFLEET_TURN_MAX_TOKENS" in incomplete_note(spent, "ava")
+    assert "no model call" not in incomplete_note(spent, "ava")
     blocked = RunResult("", "incomplete", usage, (), limit="max_tokens", model_calls=0)
-    assert "no model call was made" in incomplete_note(blocked)
-    assert incomplete_note(RunResult("hi", "done", usage, ())) == ""
+    assert "no model call was made" in incomplete_note(blocked, "ava")
+    assert "`soulfleet session reset ava`" in incomplete_note(blocked, "ava")
+    assert incomplete_note(RunResult("hi", "done", usage, ()), "ava") == ""

@@ -197,7 +197,8 @@ class Reporter:
                 f"{lane or '?'}: turn incomplete, no model call: its input alone is about "
                 f"{event.get('estimated_input_tokens', '?')} tokens, over the turn's budget of "
                 f"{event.get('max_tokens', '?')} (SOULFLEET_TURN_MAX_TOKENS); shrink MEMORY.md "
-                "or the session (`soulfleet session reset`)",
+                "(or set memory_index_cap in persona.toml) or, if the history is what is long, "
+                f"`soulfleet session reset {lane.removesuffix(DREAMER_SUFFIX) or 'PERSONA'}`",
             )
         elif event.get("level") in ("error", "critical"):
             self._other_error(source, str(name))

@@ -235,7 +235,7 @@ class Endings:
         return TurnReport(lane, turn_id, refusal.status, text, finished.follow_up_turn_id)
 
 
-def incomplete_note(result: RunResult) -> str:
+def incomplete_note(result: RunResult, persona: str) -> str:
     """What an operator should know about a turn that ended short ("" for any other): a turn
     stopped by a budget answered its items with what it had, and one whose input alone was
     over the token budget made no model call at all, which repeats every turn until the soul
@@ -245,8 +245,9 @@ def incomplete_note(result: RunResult) -> str:
     if result.limit == "max_tokens" and result.model_calls == 0:
         return (
             "incomplete: the input alone (soul + session) is over the turn's token budget, so "
-            "no model call was made; shrink MEMORY.md (or set memory_index_cap), run "
-            "`soulfleet session reset PERSONA`, or raise SOULFLEET_TURN_MAX_TOKENS"
+            "no model call was made; shrink MEMORY.md (or set memory_index_cap in "
+            f"persona.toml), start a new session if the history is what is long (`soulfleet "
+            f"session reset {persona}`), or raise SOULFLEET_TURN_MAX_TOKENS"
         )
     if result.limit is None:
         return "incomplete"

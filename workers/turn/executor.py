@@ -376,7 +376,7 @@ class TurnExecutor:
             session=session,
             publisher=self.worker_id,
             claim_ttl=self.settings.claim_ttl,
-            note=incomplete_note(result),
+            note=incomplete_note(result, agent.name),
         )
         if role == "dreamer":  # the plan was made before the pass read anything
             self.guard.passed(lane, self.fleet.clock.time(), plan.started_at)
