@@ -501,3 +501,23 @@ def test_a_broken_scripted_rules_file_makes_the_persona_invalid(
     assert sync.run().invalid == 1
     assert set(schedule(redis_client, fleet)) == {"bob|heartbeat"}
     assert "rules[0]" in registry_record(redis_client, fleet, "ava")["error"]
+
+
+def test_a_model_spec_in_no_accepted_form_makes_the_persona_invalid(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """A typo in a provider (``openai-typo:``) or a model with no name is an invalid persona
+    naming the spec, as a post to it is refused; a well-formed openai spec passes
+    (beat builds no provider client, so a missing API key is not its business)."""
+    write_persona(persona_root, "ava", 'model = "openai-typo:gpt-4o-mini"\n' + EVERY_1M)
+    write_persona(persona_root, "cat", 'model = "anthropic:"\n' + EVERY_1M)
+    write_persona(persona_root, "bob", 'model = "openai:gpt-4o-mini"\n' + EVERY_1M)
+    sync = RegistrySync(
+        client=fleet.client, keys=fleet.keys, registry=fleet.registry,
+        settings=fleet.settings, clock=fleet.clock,
+    )  # fmt: skip
+    assert sync.run().invalid == 2
+    assert set(schedule(redis_client, fleet)) == {"bob|heartbeat"}
+    error = registry_record(redis_client, fleet, "ava")["error"]
+    assert "key 'model' is not a model spec ('openai-typo:gpt-4o-mini')" in error
+    assert "got 'anthropic:'" in registry_record(redis_client, fleet, "cat")["error"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -48,6 +49,26 @@ def test_revive_queues_a_dead_lettered_lane_again(
     assert status["state"] == "queued"
     assert status["attempts"] == 0
     assert status["inflight_items"] == 1
+
+
+def test_revive_of_a_persona_still_broken_is_refused_and_the_lane_stays_dead(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """A lane dead-lettered by a bad model spec, revived before the fix, was queued only to die
+    again: `revive` now refuses with the persona.toml error (exit 2), as `post` does; once
+    fixed it revives."""
+    fleet = _dead_letter(env, "nora")
+    toml = fleet_root / "nora" / "persona.toml"
+    good = toml.read_text()
+    toml.write_text(re.sub(r'(?m)^model = ".*"$', 'model = "openai-typo:gpt-4o-mini"', good))
+    assert "openai-typo" in toml.read_text()
+    result = invoke("revive", "nora")
+    assert result.exit_code == 2, result.output
+    assert "is not a model spec ('openai-typo:gpt-4o-mini')" in result.stderr
+    assert fleet.lanes.status("nora")["state"] == "dead"
+    toml.write_text(good)
+    assert invoke("revive", "nora").exit_code == 0
+    assert fleet.lanes.status("nora")["state"] == "queued"
 
 
 def test_revive_of_a_lane_that_is_not_dead_fails_clearly(invoke: Invoke) -> None:

@@ -336,8 +336,15 @@ class Fleet:
         return beats
 
     def revive(self, persona: str, *, dreamer: bool = False) -> TickOutcome:
-        """Take a dead-lettered lane back into service (its kept items run first)."""
+        """Take a dead-lettered lane back into service (its kept items run first).
+
+        Raises the :class:`~workers.persona.errors.PersonaError` its files would fail its turn
+        with, as :meth:`post` does: a lane revived before its persona is fixed would only be
+        dead-lettered again, and lose the attempt's record of why."""
         name = self.registry.resolve(persona)
+        check_persona(
+            self.registry.home(name), self.settings.model, mcp_servers=self.settings.mcp_servers
+        )
         lane = self.registry.lane_of(name, "dreamer" if dreamer else "persona")
         outcome = self.lanes.revive(lane)
         if outcome.outcome == "queued" and outcome.turn_id and outcome.turn_kind:

@@ -60,6 +60,7 @@ from workers.persona.cron import CronError, parse_cron
 from workers.persona.errors import PersonaConfigError, PersonaFileError, PersonaNotFound
 from workers.persona.files import read_prefix
 from workers.persona.home import DEFAULT_INDEX_CAP
+from workers.persona.models.config import spec_problem
 from workers.persona.schedules import (
     ActiveHours,
     DreamSchedule,
@@ -358,6 +359,11 @@ def _model_key(table: _Table, name: str, home: Path | None) -> str | None:
             f'must be "inherit" or a spec such as "openai:<model>", "anthropic:<model>" or '
             f'"scripted:<path>", got {value!r}',
         )
+    # A provider no client exists for (``openai-typo:``) fails here, as SOULFLEET_MODEL does
+    # at process start: beat reports the persona invalid and `soul` refuses it, instead of a
+    # lane dead-lettered by its first turn.
+    if (problem := spec_problem(value)) is not None:
+        raise table.fail(name, problem)
     # A scripted path in persona.toml is relative to the persona directory, not to whatever
     # directory the worker happens to run in.
     if home is not None and value.startswith("scripted:"):
