@@ -305,4 +305,5 @@ def test_a_dead_embedded_redis_stops_up_and_says_what_was_lost(tmp_path: Path) -
         assert "`soulfleet up` again restarts it on the same data" in text
         assert "redis had already exited (code -9)" in text
         assert "AOF flushed" not in text
+        assert "REDIS_URL" not in text  # the beats feed's generic advice does not apply
         assert [c for c in children if c.alive()] == []

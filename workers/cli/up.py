@@ -308,6 +308,10 @@ class _Up:
         redis = self.redis.process.pid if self.redis and self.redis.process else None
         return tuple(pid for pid in (redis, *self.supervisor.pids()) if pid is not None)
 
+    def _redis_gone(self) -> bool:
+        process = self.redis.process if self.redis is not None else None
+        return process is not None and process.poll() is not None
+
     def _redis_running(self) -> bool:
         process = self.redis.process if self.redis is not None else None
         if process is None or process.poll() is None:
@@ -327,7 +331,12 @@ class _Up:
             except queue.Empty:
                 return
             if isinstance(item, Exception):
-                self.reporter.line("error", f"beats feed stopped: {item}")
+                if self._redis_gone():
+                    # Its generic advice (set REDIS_URL, start `soulfleet up`) is wrong here:
+                    # the line about the embedded Redis says what happened.
+                    self.reporter.line("error", "beats feed stopped: the embedded Redis is gone")
+                else:
+                    self.reporter.line("error", f"beats feed stopped: {item}")
             else:
                 self.reporter.beat(item)
 
