@@ -81,3 +81,17 @@ def test_a_directory_with_no_bootstrap_file_is_a_warning(invoke: Invoke, tmp_pat
     as_json = invoke("soul", str(tmp_path), "--json")
     assert "has none of the bootstrap files" in as_json.stderr
     assert as_json.stdout.strip() == '{"soul": "", "found": []}'
+
+
+def test_a_soul_over_the_turn_budget_is_a_warning_naming_the_setting(
+    invoke: Invoke, fleet_root: Path
+) -> None:
+    """A soul whose estimate is over SOULFLEET_TURN_MAX_TOKENS can never reach its model: the
+    preview says so on stderr (the soul still goes to stdout); under the budget, no warning."""
+    home = fleet_root / "ava"
+    (home / "MEMORY.md").write_text("- a remembered fact, written again and again\n" * 400)
+    over = invoke("soul", str(home), environ={"SOULFLEET_TURN_MAX_TOKENS": "1000"})
+    assert over.exit_code == 0, over.output
+    assert "over the turn budget (SOULFLEET_TURN_MAX_TOKENS=1000)" in over.stderr
+    assert "a remembered fact" in over.stdout
+    assert "over the turn budget" not in invoke("soul", str(home)).stderr
