@@ -12,7 +12,8 @@ key                   type    holds
 ``lane:<lane>``       hash    state (idle|queued|running|dead), turn_id, kind, tick_kind,
                               fence, ticks, inflight_ticks, attempts, lost (crashes in this
                               run of attempts), last_error, last_error_at, last_turn,
-                              last_status, last_text, last_end, queued_at, started_at, worker,
+                              last_status, last_text, last_note (why the newest turn ended
+                              short, if it did), last_end, queued_at, started_at, worker,
                               last_error_kind, failing_since, failures, retry_at, provider,
                               session (the current session state file's name), session_epoch
                               (bumped by a session reset), last_post (ms of the newest inbound
