@@ -6,7 +6,7 @@ and, on Linux, behind a tiny launcher that sets ``PR_SET_PDEATHSIG``: the death 
 even when the worker is SIGKILLed and never runs its shutdown. It gets only the SDK's safe
 environment (PATH, HOME, …) plus its own ``env``, never the worker's secrets; ``${VAR}`` in
 ``env`` and ``headers`` values is read from the worker's environment, so tokens stay out of
-persona files.
+persona files, and its stderr reaches ours with them masked (:mod:`workers.persona.mcp_stderr`).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from mcp import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from workers.persona.mcp_calls import McpUnavailable
+from workers.persona.mcp_stderr import StderrRelay, secrets_for
 from workers.persona.tool_config import McpServer
 
 __all__ = ["MAX_HTTP_MESSAGE", "Watched", "expand", "open_transport", "stdio_parameters"]
@@ -74,8 +75,17 @@ def stdio_parameters(server: McpServer) -> StdioServerParameters:
 async def open_transport(server: McpServer, errlog: TextIO) -> AsyncIterator[tuple[Any, Any]]:
     """The (read, write) streams to ``server``, closed (the server stopped) on exit."""
     if server.transport == "stdio":
-        async with stdio_client(stdio_parameters(server), errlog=errlog) as streams:
-            yield streams
+        # Its stderr reaches ours through a relay that masks the worker's secrets.
+        raw = [value for _, value in (*server.env, *server.headers)]
+        relay = StderrRelay(os.path.basename(str(server.command)), secrets_for(raw), errlog)
+        try:
+            async with stdio_client(stdio_parameters(server), errlog=relay.writer) as streams:
+                yield streams
+        finally:
+            relay.close()
+            # The server has exited: let its last lines through before whoever reads our
+            # stderr moves on (off the loop, which serves every other session meanwhile).
+            await asyncio.to_thread(relay.join, 2.0)
         return
     headers = {name: expand(value) for name, value in server.headers}
     async with (

@@ -1,0 +1,79 @@
+"""mcp_stderr.py: a stdio MCP server's stderr reaches ours with the worker's secrets masked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workers.persona.manifest import parse_manifest
+from workers.persona.mcp_hub import McpHub
+from workers.persona.mcp_stderr import StderrRelay, secrets_for
+from workers.persona.toolbox import ToolLimits, build_declared
+
+KEY = "sk-TESTSECRETkey0123456789"
+
+
+def test_the_secrets_are_what_var_carried_and_what_secret_names_hold() -> None:
+    """${VAR} values the server was given, values of *KEY*/*TOKEN*/*PASSWORD* variables and a
+    password inside a URL are secrets; short values and ordinary variables are not."""
+    environ = {
+        "MY_TOKEN_SOURCE": "tok-abcdef-123456",
+        "PLAIN": "not-a-secret-value",
+        "OPENAI_API_KEY": KEY,
+        "REDIS_URL": "redis://:p%40ss-word-1@db:6379/0",
+        "DB_PASS": "hunter2-long",
+        "SHORT_KEY": "abc",
+    }
+    found = secrets_for(["Bearer ${MY_TOKEN_SOURCE}", "plain"], environ)
+    assert set(found) == {
+        "tok-abcdef-123456", KEY, "p%40ss-word-1", "p@ss-word-1", "hunter2-long",
+    }  # fmt: skip
+    assert found == sorted(found, key=len, reverse=True)
+
+
+def test_a_server_printing_its_environment_has_the_secrets_masked(tmp_path: Path) -> None:
+    """A child writing a token and its whole environment to stderr: every line reaches our
+    stderr prefixed with the server's name, the token masked wherever it appears."""
+    out_path = tmp_path / "stderr.txt"
+    with out_path.open("w", encoding="utf-8") as out:
+        relay = StderrRelay("leaky", [KEY], out)
+        script = "import os, sys; print('LEAKED-' + os.environ['TOKEN'], file=sys.stderr)"
+        subprocess.run([sys.executable, "-c", script], env={"TOKEN": KEY}, stderr=relay.writer,
+                       check=True)  # fmt: skip
+        relay.close()
+        relay.join(timeout=10)
+    text = out_path.read_text()
+    assert "[mcp leaky] LEAKED-***" in text
+    assert KEY not in text
+
+
+@pytest.mark.integration
+def test_a_persona_mcp_server_cannot_write_the_api_key_into_the_worker_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the hub, as a turn starts it: a server given ${OPENAI_API_KEY} that echoes it and
+    its environment to stderr and exits is named unavailable, and the worker's stderr holds its
+    lines with the key masked."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    log = tmp_path / "worker-stderr.txt"
+    toml = (
+        '[[tools.mcp]]\nname = "leak"\ncommand = "sh"\n'
+        'args = ["-c", "echo LEAKED-$TOKEN >&2; env >&2; exit 3"]\n'
+        'env = { TOKEN = "${OPENAI_API_KEY}" }\n'
+    )
+    with log.open("w", encoding="utf-8") as errlog:
+        hub = McpHub(start_timeout=30, errlog=errlog)
+        try:
+            config = parse_manifest(toml, source=Path("persona.toml"))
+            box = build_declared(config.tools, hub=hub, limits=ToolLimits())
+            assert box.tools == ()
+            assert box.unavailable
+        finally:
+            hub.close()
+    text = log.read_text()
+    assert "[mcp sh] LEAKED-***" in text
+    assert "TOKEN=***" in text
+    assert KEY not in text

@@ -1,0 +1,91 @@
+"""A stdio MCP server's stderr, relayed line by line to ours with the worker's secrets masked.
+
+Why not hand the server our stderr descriptor, as the SDK would: a server that logs its
+configuration, its environment or a rejected token (``env >&2`` in a wrapper script is enough)
+wrote the API key it was given through ``${OPENAI_API_KEY}`` straight into the worker's log.
+Here the server writes into a pipe; a daemon thread reads it, replaces every secret with
+``***`` and writes each line to our stderr, prefixed with the server's name so an operator
+knows whose complaint it is.
+
+The secrets are what the server was given through ``${VAR}`` in its ``env`` and ``headers``
+(the reason that syntax exists is to carry tokens), and the values of the worker's own
+variables whose names say they hold one (``*KEY*``, ``*TOKEN*``, ``*SECRET*``,
+``*PASSWORD*``, ``*PASS``) or that carry a password in a URL (``REDIS_URL``). Values shorter
+than :data:`MIN_SECRET` are not masked: replacing every ``1`` or ``on`` would garble the lines
+and protect nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from typing import TextIO
+from urllib.parse import unquote, urlsplit
+
+__all__ = ["MIN_SECRET", "StderrRelay", "secrets_for"]
+
+#: The shortest value treated as a secret.
+MIN_SECRET = 6
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASS$|CREDENTIAL", re.IGNORECASE)
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_REDACTED = "***"
+
+
+def secrets_for(values: Iterable[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """What to mask in the stderr of a server configured with ``values`` (its raw ``env`` and
+    ``headers`` values, ``${VAR}`` unexpanded), longest first (a secret containing another is
+    masked whole)."""
+    env = os.environ if environ is None else environ
+    found: set[str] = set()
+    for value in values:
+        for name in _VAR.findall(value):
+            found.add(env.get(name, ""))
+    for name, value in env.items():
+        if _SECRET_NAME.search(name):
+            found.add(value)
+        if "://" in value and "@" in value:
+            with contextlib.suppress(ValueError):
+                password = urlsplit(value).password
+                if password:
+                    found.update((password, unquote(password)))
+    return sorted((s for s in found if len(s) >= MIN_SECRET), key=len, reverse=True)
+
+
+class StderrRelay:
+    """A pipe whose write end a server gets as its stderr (:attr:`writer`), relayed to
+    ``out`` by a daemon thread until every writer has closed it."""
+
+    def __init__(self, name: str, secrets: Iterable[str], out: TextIO) -> None:
+        self._name = name
+        self._secrets = tuple(secrets)
+        self._out = out
+        read_fd, write_fd = os.pipe()
+        self._reader = os.fdopen(read_fd, "rb")
+        #: Give this to the child as its stderr; :meth:`close` drops our copy of it.
+        self.writer: TextIO = os.fdopen(write_fd, "w", encoding="utf-8", errors="replace")
+        self._thread = threading.Thread(target=self._relay, name=f"mcp-stderr-{name}", daemon=True)
+        self._thread.start()
+
+    def _mask(self, line: str) -> str:
+        for secret in self._secrets:
+            line = line.replace(secret, _REDACTED)
+        return line
+
+    def _relay(self) -> None:
+        with self._reader:
+            for raw in self._reader:
+                line = self._mask(raw.decode("utf-8", errors="replace").rstrip("\n"))
+                with contextlib.suppress(OSError, ValueError):
+                    self._out.write(f"[mcp {self._name}] {line}\n")
+                    self._out.flush()
+
+    def close(self) -> None:
+        """Drop our write end: the relay ends once the server's copy closes too (it exited)."""
+        with contextlib.suppress(OSError):
+            self.writer.close()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
