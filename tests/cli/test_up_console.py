@@ -20,7 +20,12 @@ import pytest
 
 from tests.cli.test_up_lifetime import _env
 from tests.support.cli import copy_demo, reaping, run_soulfleet, soulfleet_argv, subprocess_env
-from tests.support.fleet import post_past_the_door, read_events, wait_until
+from tests.support.fleet import (
+    post_past_the_door,
+    read_events,
+    revive_past_the_door,
+    wait_until,
+)
 from workers.local.redis_server import free_port
 from workers.publisher import connect
 from workers.settings import Settings
@@ -94,8 +99,13 @@ def test_up_console_errors_once_live_counts_metrics_and_a_revive(tmp_path: Path)
         wait_until(lambda: fleet.lanes.status("milo")["state"] == "dead", timeout=DEADLINE,
                    what="milo dead-lettered")  # fmt: skip
         status_env = {**_env(tmp_path), "SOULFLEET_PERSONAS": str(root)}
-        # Revived while still broken: the same error again (a permanent one dead-letters at once).
-        assert run_soulfleet("revive", "milo", env=status_env).returncode == 0
+        # `revive` refuses a persona still broken (exit 2, the file's error) ...
+        refused = run_soulfleet("revive", "milo", env=status_env)
+        assert refused.returncode == 2, refused.stderr
+        assert "SOUL.md" in refused.stderr
+        # ... so the lane runs again past that check: the same error again (a permanent one
+        # dead-letters at once), which the console counts instead of printing twice.
+        revive_past_the_door(fleet, "milo")
         wait_until(lambda: fleet.lanes.status("milo")["state"] == "dead"
                    and len(_failures(data)) >= 2, timeout=DEADLINE,
                    what="milo dead-lettered again")  # fmt: skip

@@ -295,3 +295,16 @@ def post_past_the_door(fleet: Fleet, persona: str, text: str) -> str:
     assert outcome.turn_kind is not None, outcome
     fleet.publisher.publish(persona, outcome.turn_id, outcome.turn_kind)
     return outcome.turn_id
+
+
+def revive_past_the_door(fleet: Fleet, persona: str) -> str:
+    """Revive ``persona``'s dead lane the way Fleet.revive does, minus its check of the
+    persona's files (which refuses a persona still broken): for tests of what a worker does
+    when a lane runs again while its files are bad (the files turned bad after the revive).
+    Returns the turn id."""
+    outcome = fleet.lanes.revive(persona)
+    assert outcome.outcome == "queued", outcome
+    assert outcome.turn_id is not None, outcome
+    assert outcome.turn_kind is not None, outcome
+    fleet.publisher.publish(persona, outcome.turn_id, outcome.turn_kind)
+    return outcome.turn_id
