@@ -407,3 +407,24 @@ def test_the_note_of_an_incomplete_turn_names_its_limit_and_setting() -> None:
     assert "no model call was made" in incomplete_note(blocked, "ava")
     assert "`soulfleet session reset ava`" in incomplete_note(blocked, "ava")
     assert incomplete_note(RunResult("hi", "done", usage, ()), "ava") == ""
+
+
+def test_a_lone_surrogate_from_the_model_does_not_fail_the_turn(rig: Rig) -> None:
+    """A reply and tool arguments carrying a lone surrogate (valid JSON: "\\ud800") failed the
+    transcript write, and the turn was retried (paid again) until dead-lettered: now the text
+    is repaired to U+FFFD and the turn is done, its memory entry and transcript written."""
+    rules = {"rules": [
+        {"when": {"tool_results": 0},
+         "calls": [{"tool": "memory", "args": {"action": "add", "text": "odd \ud800 entry"}}]},
+        {"when": {"tool_results": 1}, "text": "hi \ud800 there"},
+    ]}  # fmt: skip
+    home = write_persona(rig.root, "odd", "scripted:rules.json")
+    (home / "rules.json").write_text(json.dumps(rules))  # ensure_ascii: the escape "\\ud800"
+    assert "\\ud800" in (home / "rules.json").read_text()
+    rig.fleet.post("odd", "hello", sender="test")
+    assert rig.run_all() == ["done"]
+    assert "odd \ufffd entry" in (home / "MEMORY.md").read_text(encoding="utf-8")
+    assert rig.fleet.status("odd")["last_text"] == "hi \ufffd there"
+    transcripts = list((home / "transcripts").rglob("*.jsonl"))
+    assert transcripts
+    assert "hi \ufffd there" in transcripts[0].read_text(encoding="utf-8")

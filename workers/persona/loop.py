@@ -30,6 +30,7 @@ from workers.persona.models import Model
 from workers.persona.reply_cap import cap_completion, oversize_result
 from workers.persona.session import estimate_tokens
 from workers.persona.tools import Tool, ToolResult, spec_of, time_left, tool_source
+from workers.persona.well_formed import well_formed, well_formed_completion
 
 __all__ = ["Budget", "Limit", "RunResult", "Status", "run_loop", "set_tool_call_observer"]
 
@@ -237,7 +238,7 @@ class _Turn:
     def tool_message(self, call: ToolCall, result: ToolResult) -> Message:
         return Message(
             role="tool",
-            content=result.output,
+            content=well_formed(result.output, part="tool_result"),
             tool_call_id=call.id,
             name=call.name,
             is_error=result.is_error,
@@ -311,7 +312,7 @@ def run_loop(
                 "error", error=f"model call failed ({type(exc).__name__}): {exc}", cause=exc
             )
         turn.model_calls += 1
-        completion = cap_completion(completion, budget.max_reply_bytes)
+        completion = cap_completion(well_formed_completion(completion), budget.max_reply_bytes)
         turn.usage = turn.usage + completion.usage
         turn.text = completion.text
         turn.emit(completion.as_message())
