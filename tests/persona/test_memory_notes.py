@@ -63,6 +63,9 @@ def test_note_replace_remove_read(home: Path) -> None:
     ok(tool, **{"action": "replace", "target": "note:ideas", "text": "alpha", "with": "gamma"})
     ok(tool, action="remove", target="note:ideas", text="beta")
     assert ok(tool, action="read", target="note:ideas") == "- gamma\n"
+    # A note is a document read on demand, not part of the soul: it keeps its line breaks.
+    ok(tool, **{"action": "replace", "target": "note:ideas", "text": "gamma", "with": "g\nh"})
+    assert ok(tool, action="read", target="note:ideas") == "- g\nh\n"
 
 
 def test_read_self_user_and_missing(home: Path) -> None:

@@ -49,7 +49,8 @@ def edit(request: MemoryRequest, current: bytes | None) -> tuple[bytes, str] | s
             return not_found(request)
         if request.action == "replace":
             new = data[:at] + request.with_.encode("utf-8") + data[at + len(needle) :]
-            message = f"Replaced the first occurrence in {label}. {after}"
+            note = " (newlines in with were collapsed to spaces)" if request.collapsed else ""
+            message = f"Replaced the first occurrence in {label}{note}. {after}"
         else:
             new = drop_husk(data[:at] + data[at + len(needle) :], at)
             message = f"Removed the first occurrence from {label}. {after}"

@@ -237,6 +237,12 @@ def _checked(arguments: Mapping[Any, Any], *, notes: bool, max_entry_bytes: int)
         one_line = _LINE_BREAKS.sub(" ", text.strip())
         collapsed, text = one_line != text.strip(), one_line
         _bounded("text", text, max_entry_bytes)
+    elif action == "replace" and with_ and target in _FILES:
+        # MEMORY.md and USER.md are composed into the soul line by line: a replacement that
+        # brought its own line breaks could start a line of its own, a forged "## IDENTITY.md"
+        # section header included. Notes are documents, read on demand: they keep theirs.
+        one_line = _LINE_BREAKS.sub(" ", with_)
+        collapsed, with_ = one_line != with_, one_line
     _bounded("with", with_ or "", max_entry_bytes)
     return MemoryRequest(action, target, relative, text, with_ or "", collapsed)
 
