@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 
@@ -16,6 +17,7 @@ from tests.support.providers import (
 )
 from workers.persona.errors import (
     ModelAuthError,
+    ModelError,
     ModelResponseError,
     ModelServerError,
     ModelTimeout,
@@ -292,6 +294,24 @@ def test_401_is_auth_error_without_the_key(
     assert caught.value.__cause__ is None
     assert len(openai_server.requests) == 1
     assert clock.sleeps == []
+
+
+def test_a_password_in_the_base_url_is_masked_in_every_form_it_is_echoed_in(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """OPENAI_BASE_URL with user:password (a proxy): httpx sends them as a Basic credential, and
+    a server quoting the header, or the password, never gets either into the error."""
+    password = "base%40pass-SECRET"
+    basic = base64.b64encode(b"u:base@pass-SECRET").decode()
+    url = openai_server.base_url.replace("http://", f"http://u:{password}@")
+    echo = f"bad header Authorization: Basic {basic}; password base@pass-SECRET or {password}"
+    openai_server.enqueue(error_reply("openai", 400, echo))
+    with pytest.raises(ModelError) as caught:
+        make(url, clock).complete(system="", messages=[Message("user", "hi")], tools=[])
+    message = str(caught.value)
+    assert basic not in message
+    assert "SECRET" not in message
+    assert "Authorization: Basic ***" in message
 
 
 def test_401_without_key_says_it_is_unset(
