@@ -61,7 +61,8 @@ def test_up_with_an_unreachable_redis_fails_before_starting_anything(
     assert result.exit_code == 1
     assert "SOULFLEET_DATA" not in result.output
     needed = f"SOULFLEET_KEY_PREFIX={dead_redis_env['SOULFLEET_KEY_PREFIX']}"
-    assert f"other shells: REDIS_URL=(as here) {needed}" in result.output
+    hidden = 'REDIS_URL="<the URL given to this up; not printed: it holds a password>"'
+    assert f"other shells: {hidden} {needed}" in result.output
     assert PASSWORD not in result.output
     assert "soulfleet: error: Redis at redis://:***@127.0.0.1:" in result.stderr
     assert not (data / "up.json").exists()
@@ -82,8 +83,9 @@ def test_other_shells_are_told_what_they_need_to_find_this_fleet(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Embedded Redis: nothing on the default data dir, SOULFLEET_DATA on another. A Redis of
-    the user's own: REDIS_URL by name (never its password), the prefixes that differ from the
-    defaults, and the personas root, shell-quoted."""
+    the user's own: REDIS_URL (as it is when it holds no password, so the line can be pasted;
+    else a placeholder), the prefixes that differ from the defaults, and the personas root,
+    shell-quoted."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("SOULFLEET_DATA", raising=False)
     default = default_data_dir().expanduser().resolve()
@@ -92,14 +94,17 @@ def test_other_shells_are_told_what_they_need_to_find_this_fleet(
     assert other_shells(embedded, default, personas) is None
     assert other_shells(embedded, tmp_path / "d", personas) == f"SOULFLEET_DATA={tmp_path}/d"
     own = Settings.from_env({"REDIS_URL": f"redis://:{PASSWORD}@db:6379/0"})
-    assert other_shells(own, default, personas) == (
-        f"REDIS_URL=(as here) SOULFLEET_PERSONAS='{personas}'"
+    hidden = 'REDIS_URL="<the URL given to this up; not printed: it holds a password>"'
+    assert other_shells(own, default, personas) == f"{hidden} SOULFLEET_PERSONAS='{personas}'"
+    open_url = Settings.from_env({"REDIS_URL": "redis://db:6379/15"})
+    assert other_shells(open_url, default, personas) == (
+        f"REDIS_URL=redis://db:6379/15 SOULFLEET_PERSONAS='{personas}'"
     )
     url = f"redis://:{PASSWORD}@db:6379/0"
     prefixes = {"SOULFLEET_KEY_PREFIX": "t2:", "SOULFLEET_QUEUE_PREFIX": "t2"}
     prefixed = Settings.from_env({"REDIS_URL": url, **prefixes})
     needed = other_shells(prefixed, tmp_path / "d", personas)
     assert needed == (
-        f"REDIS_URL=(as here) SOULFLEET_KEY_PREFIX=t2: SOULFLEET_QUEUE_PREFIX=t2 "
+        f"{hidden} SOULFLEET_KEY_PREFIX=t2: SOULFLEET_QUEUE_PREFIX=t2 "
         f"SOULFLEET_PERSONAS='{personas}'"
     )

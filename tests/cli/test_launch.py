@@ -128,17 +128,27 @@ def test_flower_turns_task_events_on(tmp_path: Path) -> None:
 
 
 def test_describe_personas_warns_of_an_empty_soul_and_a_bad_model(tmp_path: Path) -> None:
-    """An empty persona directory is listed with a warning; a model spec naming no model is
-    INVALID at start, as a turn would find it."""
+    """An empty persona directory is listed with its warning; a model spec naming no model is
+    INVALID at start, as a turn would find it; a soul over the token budget and a model whose
+    key this shell lacks are each named as such (one label for every warning had called them
+    all an empty soul)."""
     root = tmp_path / "personas"
     (root / "blank").mkdir(parents=True)
     (root / "odd").mkdir()
     (root / "odd" / "persona.toml").write_text('model = "foo:bar"\n', encoding="utf-8")
-    lines, _ = describe_personas(root, Settings.from_env({}))
-    assert "WARNING: no bootstrap files, so an empty soul" in lines[0]
-    assert lines[1].startswith("odd")
-    assert "INVALID" in lines[1]
-    assert "foo:bar" in lines[1]
+    (root / "paid").mkdir()
+    (root / "paid" / "SOUL.md").write_text("You are paid.\n")
+    (root / "paid" / "persona.toml").write_text('model = "anthropic:claude-x"\n')
+    (root / "wordy").mkdir()
+    (root / "wordy" / "SOUL.md").write_text("word " * 4000)
+    settings = Settings.from_env({"SOULFLEET_TURN_MAX_TOKENS": "1000"})
+    lines = dict(line.split(maxsplit=1) for line in describe_personas(root, settings)[0])
+    assert "WARNING: persona blank has none of the bootstrap files" in lines["blank"]
+    assert "INVALID" in lines["odd"]
+    assert "ANTHROPIC_API_KEY, which is not set here" in lines["paid"]
+    assert "empty soul" not in lines["paid"]
+    assert "over the turn budget (SOULFLEET_TURN_MAX_TOKENS=1000)" in lines["wordy"]
+    assert "foo:bar" in lines["odd"]
 
 
 def test_flower_gets_basic_auth_generated_once_and_never_printed(tmp_path: Path) -> None:

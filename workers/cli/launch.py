@@ -251,7 +251,10 @@ def describe_personas(root: Path, settings: Settings) -> tuple[list[str], int]:
     for name in names:
         try:
             checkup = check_persona(
-                registry.home(name), settings.model, mcp_servers=settings.mcp_servers
+                registry.home(name),
+                settings.model,
+                mcp_servers=settings.mcp_servers,
+                turn_max_tokens=settings.turn_max_tokens,
             )
         except (PersonaError, ModelSpecError, ValueError) as exc:
             lines.append(f"{name:<{width}}  INVALID: {' '.join(str(exc).split())}")
@@ -270,8 +273,9 @@ def describe_personas(root: Path, settings: Settings) -> tuple[list[str], int]:
                 else f"cron {dream.cron!r} {dream.timezone}"
             )
             parts.append(f"dream {when}")
-        if checkup.warnings:
-            parts.append("WARNING: no bootstrap files, so an empty soul")
+        # Each warning as the check words it (an empty soul, a soul over the token budget, a
+        # model key this shell lacks): one label for all of them had named the wrong problem.
+        parts += [f"WARNING: {' '.join(warning.split())}" for warning in checkup.warnings]
         lines.append(f"{name:<{width}}  " + "; ".join(parts))
     for skipped in registry.unusable_names():
         lines.append(f"{skipped!r}  SKIPPED: {UnusablePersonaName(skipped, root)}")

@@ -391,13 +391,17 @@ def other_shells(settings: Settings, data: Path, personas: Path) -> str | None:
     With the embedded Redis, other commands find a running ``up`` through its data dir (only
     the default one unless told: SOULFLEET_DATA). On a Redis of the user's own they find it
     only through what it was started with (a prefix left out posts to a queue no worker
-    reads); REDIS_URL is named, never printed (its password)."""
+    reads); REDIS_URL is printed only when it holds no password."""
     if not settings.redis_url_explicit:
         if data == default_data_dir().expanduser().resolve():
             return None
         return f"SOULFLEET_DATA={shlex.quote(str(data))}"
     default = Settings()
-    parts = ["REDIS_URL=(as here)"]
+    url = settings.redis_url
+    if redact_url(url) == url:  # no password in it: the line can be pasted as it is
+        parts = [f"REDIS_URL={shlex.quote(url)}"]
+    else:
+        parts = ['REDIS_URL="<the URL given to this up; not printed: it holds a password>"']
     if settings.key_prefix != default.key_prefix:
         parts.append(f"SOULFLEET_KEY_PREFIX={shlex.quote(settings.key_prefix)}")
     if settings.queue_prefix != default.queue_prefix:
