@@ -125,6 +125,26 @@ def test_revive_all_takes_back_every_dead_lane(
     assert fleet.lanes.counts()["dead"] == 0
 
 
+def test_revive_all_leaves_a_persona_whose_files_still_fail_and_names_it(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """`--all` revives the lanes that can run and leaves dead, with the error `post` would
+    give, a lane whose persona still fails (it would only die again); --json lists it."""
+    fleet = _permanent(env, "nora", "HTTP 401")
+    _permanent(env, "milo", "SOUL.md is a directory")
+    (fleet_root / "milo" / "SOUL.md").unlink()
+    (fleet_root / "milo" / "SOUL.md").mkdir()
+    result = invoke("revive", "--all")
+    assert result.exit_code == 0, result.output
+    assert "revived 1 dead-lettered lane(s)" in result.stdout
+    assert "not revived: milo, whose files still fail: PersonaFileError" in result.stdout
+    assert fleet.lanes.status("nora")["state"] == "queued"
+    assert fleet.lanes.status("milo")["state"] == "dead"
+    payload = json.loads(invoke("revive", "--all", "--json").stdout)
+    assert [entry["lane"] for entry in payload["still_broken"]] == ["milo"]
+    assert "SOUL.md" in payload["still_broken"][0]["error"]
+
+
 def test_revive_needs_a_persona_or_all_but_not_both(invoke: Invoke) -> None:
     """No target, or a persona with --all, is a usage error (exit 2) that says what to pass."""
     assert invoke("revive").exit_code == 2

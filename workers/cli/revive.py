@@ -7,7 +7,9 @@ persona files), by transient failures that lasted ``SOULFLEET_RETRY_FOR``, or by
 the cause first (``soulfleet status PERSONA`` shows the last error), then revive: the attempt
 count resets and one turn is queued, which runs the kept items first. After a fleet-wide
 incident, ``--all`` revives every dead lane, and ``--reason TEXT`` only those whose last error
-contains TEXT (case-insensitive), e.g. ``--reason "HTTP 401"`` once the key is fixed.
+contains TEXT (case-insensitive), e.g. ``--reason "HTTP 401"`` once the key is fixed. A lane
+whose persona's files still fail the check ``post`` makes is not revived (a single ``revive``
+exits 2 with the error; ``--all`` names it and goes on): it would only die again.
 """
 
 from __future__ import annotations
@@ -80,14 +82,19 @@ def _revive_all(state: CliContext, reason: str | None, *, as_json: bool) -> None
     fleet = state.fleet()
     revived = fleet.revive_dead(reason=reason)
     orphans = fleet.orphaned_dead()
+    broken = fleet.broken_dead()
     if as_json:
         lanes = [{"lane": outcome.lane, "turn_id": outcome.turn_id} for outcome in revived]
-        click.echo(json.dumps({"revived": lanes, "reason": reason, "persona_gone": orphans}))
+        still = [{"lane": lane, "error": error} for lane, error in broken]
+        click.echo(json.dumps({"revived": lanes, "reason": reason, "persona_gone": orphans,
+                               "still_broken": still}))  # fmt: skip
         return
     for outcome in revived:
         click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued")
     matching = f" whose last error contains {reason!r}" if reason is not None else ""
     click.echo(f"revived {len(revived)} dead-lettered lane(s){matching}")
+    for lane, error in broken:
+        click.echo(f"not revived: {lane}, whose files still fail: {' '.join(error.split())}")
     if orphans:
         click.echo(
             f"not revived: {len(orphans)} dead lane(s) whose persona directory is gone "

@@ -352,11 +352,14 @@ class Fleet:
         return outcome
 
     def revive_dead(self, *, reason: str | None = None) -> list[TickOutcome]:
-        """Revive every dead-lettered lane whose persona still exists, or only those whose last
+        """Revive every dead-lettered lane whose persona still exists and passes the check
+        :meth:`post` makes (:meth:`broken_dead` names the others), or only those whose last
         error contains ``reason`` (case-insensitive); returns what was queued (and published)."""
         lanes: list[str] = self._call(lambda: self.client.zrange(self.keys.dead, 0, -1))
-        # A lane whose persona directory is gone would only be dead-lettered again.
+        # A lane whose persona directory is gone, or whose files still fail, would only be
+        # dead-lettered again.
         lanes = [lane for lane in lanes if self._persona_exists(lane)]
+        lanes = [lane for lane in lanes if self._check_error(lane) is None]
         if reason is not None and lanes:
             pipe = self.client.pipeline(transaction=False)
             for lane in lanes:
@@ -379,6 +382,23 @@ class Fleet:
         them so the dead count adds up."""
         lanes: list[str] = self._call(lambda: self.client.zrange(self.keys.dead, 0, -1))
         return [lane for lane in lanes if not self._persona_exists(lane)]
+
+    def broken_dead(self) -> list[tuple[str, str]]:
+        """Dead-lettered lanes whose persona's files still fail the check :meth:`post` makes,
+        with that error: :meth:`revive_dead` leaves them dead until the files are fixed."""
+        lanes: list[str] = self._call(lambda: self.client.zrange(self.keys.dead, 0, -1))
+        found = [(lane, self._check_error(lane)) for lane in lanes if self._persona_exists(lane)]
+        return [(lane, error) for lane, error in found if error is not None]
+
+    def _check_error(self, lane: str) -> str | None:
+        name, _role = self.registry.parse_lane(lane)
+        try:
+            check_persona(
+                self.registry.home(name), self.settings.model, mcp_servers=self.settings.mcp_servers
+            )
+        except Exception as exc:  # whatever its files would fail its turn with
+            return f"{type(exc).__name__}: {exc}"
+        return None
 
     def _persona_exists(self, lane: str) -> bool:
         name, _role = self.registry.parse_lane(lane)
