@@ -319,3 +319,32 @@ def test_a_turn_that_ended_short_is_explained_where_an_error_would_be(
     payload = json.loads(invoke("status", "ava", "--json").stdout)
     assert payload["note"] is None
     assert payload["last_note"] is None
+
+
+def test_a_running_turn_whose_lease_is_not_renewed_is_flagged(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A worker killed mid-turn left `running for 33s` looking alive until its lease lapsed:
+    once the lease has gone unrenewed for over half its TTL (a live worker renews every
+    third), the row says so and when it lapses (when beat's reaper takes the lane back);
+    a freshly renewed lease says nothing."""
+    settings = settings_for(env)
+    lanes = lanes_for(env)
+    turn_id = lanes.tick("ava", kind="heartbeat").turn_id
+    assert turn_id is not None
+    assert lanes.start("ava", turn_id, "w1").status == "started"
+
+    def row() -> str:
+        table = invoke("status")
+        assert table.exit_code == 0, table.output
+        [line] = [line for line in table.stdout.splitlines() if line.startswith("ava ")]
+        return line
+
+    assert "lease not renewed" not in row()
+    left_ms = int(settings.lease_ttl * 1000 * 0.2)  # 80% of the TTL without a renewal
+    lanes.client.pexpire(Keys(settings.key_prefix).lease("ava"), left_ms)
+    silent = round(settings.lease_ttl - left_ms / 1000)
+    assert f"(lease not renewed for {silent}s, lapses in " in row()
+    payload = json.loads(invoke("status", "ava", "--json").stdout)
+    assert payload["lease_silent"] == silent
+    assert 0 < payload["lease_left"] <= left_ms / 1000

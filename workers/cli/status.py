@@ -138,7 +138,9 @@ def _echo_claims(claims: Sequence[Mapping[str, str]]) -> None:
             click.echo(f"  {claim['persona']} {claim['file']}: {claim['holder']}")
 
 
-def _annotate(entry: dict[str, Any], invalid: Mapping[str, str], root: Path) -> dict[str, Any]:
+def _annotate(
+    entry: dict[str, Any], invalid: Mapping[str, str], root: Path, lease_ttl: float
+) -> dict[str, Any]:
     """Add ``invalid`` (beat's reason), ``error`` (the current one), ``note`` (without an
     error, how the newest turn ended short: ``last_note``) and ``display_state``."""
     reason = invalid.get(str(entry.get("persona")))
@@ -150,13 +152,26 @@ def _annotate(entry: dict[str, Any], invalid: Mapping[str, str], root: Path) -> 
     # token budget ends every turn without a model call): shown where an error would be.
     entry["note"] = None if entry["error"] else entry.get("last_note")
     entry["display_state"] = display_state(entry)
+    entry["lease_silent"] = _lease_silent(entry, lease_ttl)
     dreamer = entry.get("dreamer")
     if isinstance(dreamer, dict):
         dreamer["error"] = current_error(dreamer)
         dreamer["display_state"] = display_state(dreamer)
+        dreamer["lease_silent"] = _lease_silent(dreamer, lease_ttl)
         if entry["error"] is None and dreamer["error"]:
             entry["error"] = f"dreamer: {dreamer['error']}"
     return entry
+
+
+def _lease_silent(entry: Mapping[str, Any], lease_ttl: float) -> float | None:
+    """Seconds since a running turn's lease was last renewed, once that is over half the TTL
+    (a live worker renews every third of it): its worker has probably died, and beat's reaper
+    takes the lane back when the lease lapses. None while it is renewed, or not running."""
+    left = entry.get("lease_left")
+    if entry.get("state") != "running" or not isinstance(left, int | float):
+        return None
+    silent = lease_ttl - float(left)
+    return round(silent) if silent > lease_ttl / 2 else None
 
 
 def _states(entry: Mapping[str, Any]) -> set[str]:
@@ -194,6 +209,10 @@ def _row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, .
     elif entry.get("state") == "running":
         # A turn held by a hanging provider looked like any other for its whole timeout.
         state = f"{state} {_for(entry.get('started_at'))}".strip()
+        silent, left = entry.get("lease_silent"), entry.get("lease_left")
+        if silent is not None and isinstance(left, int | float):
+            # A killed worker's turn looked alive until its lease lapsed (30 s by default).
+            state += f" (lease not renewed for {silent:.0f}s, lapses in {left:.0f}s)"
     tokens = str(entry.get("tokens_today", 0))
     if entry.get("daily_tokens") is not None:
         tokens += f"/{entry['daily_tokens']}"
@@ -263,7 +282,7 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
     name = state.persona(persona)
     fleet = state.fleet()
     invalid = invalid_personas(fleet, [name])
-    entry = _annotate(fleet.status(name), invalid, fleet.registry.root)
+    entry = _annotate(fleet.status(name), invalid, fleet.registry.root, fleet.settings.lease_ttl)
     why = invalid.get(name)
     claims = lock_claims(fleet, [name])
     if claims:
@@ -293,7 +312,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
         )
     invalid = invalid_personas(fleet)
     entries = [
-        _annotate(fleet.status(name), invalid, fleet.registry.root)
+        _annotate(fleet.status(name), invalid, fleet.registry.root, fleet.settings.lease_ttl)
         for name in fleet.registry.names()
     ]
     shown = [entry for entry in entries if only is None or only in _states(entry)]

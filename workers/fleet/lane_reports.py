@@ -37,7 +37,8 @@ class LaneReports(LaneStore):
             pipe.hgetall(self.keys.lane(lane))
             pipe.llen(self.keys.inbox(lane))
             pipe.llen(self.keys.inflight(lane))
-            fields, inbox_depth, inflight = pipe.execute()
+            pipe.pttl(self.keys.lease(lane))
+            fields, inbox_depth, inflight, lease_ms = pipe.execute()
 
         def num(name: str) -> int:
             return int(fields.get(name) or 0)
@@ -57,6 +58,9 @@ class LaneReports(LaneStore):
             "queued_at": when("queued_at"),
             "started_at": when("started_at"),
             "worker": fields.get("worker"),
+            # Seconds the running turn's lease has left (None: no lease): a live worker renews
+            # it every SOULFLEET_LEASE_TTL / 3, so it only runs low when the worker went quiet.
+            "lease_left": int(lease_ms) / 1000 if int(lease_ms) >= 0 else None,
             "fence": num("fence"),
             "attempts": num("attempts"),
             "last_turn": fields.get("last_turn"),
