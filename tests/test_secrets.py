@@ -8,6 +8,7 @@ variable; and a real Redis with such a password is reached with its percent-enco
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from urllib.parse import quote
@@ -20,7 +21,7 @@ from workers.cli.errors import translate
 from workers.fleet.errors import RedisUnavailable
 from workers.local.redis_server import RedisServer, free_port
 from workers.persona.models.http import redact_url as redact_model_url
-from workers.persona.urls import scrub
+from workers.persona.urls import credential_forms, scrub
 from workers.settings import Settings, SettingsError, redact_url
 
 PASSWORDS = ["p@ss/w:rd", "p", "@", "/", ":", "%", "p%40ss", "pa:ss@w0rd/x%y", "@@/::%%pp"]
@@ -73,6 +74,16 @@ def test_a_raw_slash_question_mark_or_hash_is_refused_naming_the_variable(passwo
         assert "percent-encode" in message
         for fragment in _fragments(password):
             assert fragment not in message, (fragment, message)
+
+
+def test_credential_forms_come_from_the_one_parser() -> None:
+    """A URL's password as written, decoded and as a Basic credential, split where this
+    module splits (the last '@'): urlsplit would have found the password 'p' here and leaked
+    the rest. A URL without a password has no forms."""
+    raw = "redis://u:p@ss/w%3Ard@127.0.0.1:6390/0"
+    basic = base64.b64encode(b"u:p@ss/w:rd").decode()
+    assert credential_forms(raw) == ("p@ss/w%3Ard", "p@ss/w:rd", basic)
+    assert credential_forms("redis://127.0.0.1:6379/0") == ()
 
 
 def test_translate_scrubs_decoded_and_raw_passwords() -> None:

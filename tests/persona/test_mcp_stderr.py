@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 from workers.persona.manifest import parse_manifest
 from workers.persona.mcp_hub import McpHub
 from workers.persona.mcp_stderr import StderrRelay, secrets_for
+from workers.persona.mcp_transport import referenced
 from workers.persona.toolbox import ToolLimits, build_declared
 
 KEY = "sk-TESTSECRETkey0123456789"
@@ -27,9 +29,10 @@ def test_the_secrets_are_what_var_carried_and_what_secret_names_hold() -> None:
         "DB_PASS": "hunter2-long",
         "SHORT_KEY": "abc",
     }
-    found = secrets_for(["Bearer ${MY_TOKEN_SOURCE}", "plain"], environ)
+    found = secrets_for(referenced(["Bearer ${MY_TOKEN_SOURCE}", "plain"]), environ)
+    basic = base64.b64encode(b":p@ss-word-1").decode()  # the URL's password as Basic auth
     assert set(found) == {
-        "tok-abcdef-123456", KEY, "p%40ss-word-1", "p@ss-word-1", "hunter2-long",
+        "tok-abcdef-123456", KEY, "p%40ss-word-1", "p@ss-word-1", basic, "hunter2-long",
     }  # fmt: skip
     assert found == sorted(found, key=len, reverse=True)
 

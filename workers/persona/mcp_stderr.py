@@ -7,10 +7,11 @@ Here the server writes into a pipe; a daemon thread reads it, replaces every sec
 ``***`` and writes each line to our stderr, prefixed with the server's name so an operator
 knows whose complaint it is.
 
-The secrets are what the server was given through ``${VAR}`` in its ``env`` and ``headers``
-(the reason that syntax exists is to carry tokens), and the values of the worker's own
-variables whose names say they hold one (``*KEY*``, ``*TOKEN*``, ``*SECRET*``,
-``*PASSWORD*``, ``*PASS``) or that carry a password in a URL (``REDIS_URL``). Values shorter
+The secrets are the variables the server was given through ``${VAR}`` in its ``env`` and
+``headers`` (the reason that syntax exists is to carry tokens; the transport names them), and
+the values of the worker's own variables whose names say they hold one (``*KEY*``,
+``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*PASS``) or that carry a password in a URL
+(``REDIS_URL``: every form :func:`~workers.persona.urls.credential_forms` knows). Values shorter
 than :data:`MIN_SECRET` are not masked: replacing every ``1`` or ``on`` would garble the lines
 and protect nothing.
 """
@@ -23,34 +24,27 @@ import re
 import threading
 from collections.abc import Iterable, Mapping
 from typing import TextIO
-from urllib.parse import unquote, urlsplit
+
+from workers.persona.urls import credential_forms
 
 __all__ = ["MIN_SECRET", "StderrRelay", "secrets_for"]
 
 #: The shortest value treated as a secret.
 MIN_SECRET = 6
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASS$|CREDENTIAL", re.IGNORECASE)
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _REDACTED = "***"
 
 
-def secrets_for(values: Iterable[str], environ: Mapping[str, str] | None = None) -> list[str]:
-    """What to mask in the stderr of a server configured with ``values`` (its raw ``env`` and
-    ``headers`` values, ``${VAR}`` unexpanded), longest first (a secret containing another is
-    masked whole)."""
+def secrets_for(names: Iterable[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """What to mask in the stderr of a server given the variables ``names`` (its ``${VAR}``
+    references), longest first (a secret containing another is masked whole)."""
     env = os.environ if environ is None else environ
-    found: set[str] = set()
-    for value in values:
-        for name in _VAR.findall(value):
-            found.add(env.get(name, ""))
+    found = {env.get(name, "") for name in names}
     for name, value in env.items():
         if _SECRET_NAME.search(name):
             found.add(value)
-        if "://" in value and "@" in value:
-            with contextlib.suppress(ValueError):
-                password = urlsplit(value).password
-                if password:
-                    found.update((password, unquote(password)))
+        if "://" in value:
+            found.update(credential_forms(value))
     return sorted((s for s in found if len(s) >= MIN_SECRET), key=len, reverse=True)
 
 

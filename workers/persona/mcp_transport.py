@@ -17,7 +17,7 @@ import platform
 import re
 import shutil
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from typing import Any, TextIO
 
@@ -29,7 +29,14 @@ from workers.persona.mcp_calls import McpUnavailable
 from workers.persona.mcp_stderr import StderrRelay, secrets_for
 from workers.persona.tool_config import McpServer
 
-__all__ = ["MAX_HTTP_MESSAGE", "Watched", "expand", "open_transport", "stdio_parameters"]
+__all__ = [
+    "MAX_HTTP_MESSAGE",
+    "Watched",
+    "expand",
+    "open_transport",
+    "referenced",
+    "stdio_parameters",
+]
 
 # The SDK drops an HTTP session whose server sends one SSE event over 1 MiB. A big result should
 # reach the result cap (a clear "too large" error the model can act on), so the transport only
@@ -49,6 +56,11 @@ _PDEATHSIG = platform.system() == "Linux"
 def expand(value: str) -> str:
     """``${VAR}`` from the worker's environment (tokens stay out of committed config)."""
     return _VAR.sub(lambda match: os.environ.get(match.group(1), ""), value)
+
+
+def referenced(values: Iterable[str]) -> list[str]:
+    """The variables ``${VAR}`` in ``values`` names: what :func:`expand` hands the server."""
+    return [name for value in values for name in _VAR.findall(value)]
 
 
 def _resolve(command: str) -> str:
@@ -76,8 +88,8 @@ async def open_transport(server: McpServer, errlog: TextIO) -> AsyncIterator[tup
     """The (read, write) streams to ``server``, closed (the server stopped) on exit."""
     if server.transport == "stdio":
         # Its stderr reaches ours through a relay that masks the worker's secrets.
-        raw = [value for _, value in (*server.env, *server.headers)]
-        relay = StderrRelay(os.path.basename(str(server.command)), secrets_for(raw), errlog)
+        names = referenced(value for _, value in (*server.env, *server.headers))
+        relay = StderrRelay(os.path.basename(str(server.command)), secrets_for(names), errlog)
         try:
             async with stdio_client(stdio_parameters(server), errlog=relay.writer) as streams:
                 yield streams

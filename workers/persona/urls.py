@@ -14,6 +14,7 @@ password), so it can refuse it naming the variable instead of connecting somewhe
 
 from __future__ import annotations
 
+import base64
 import re
 from dataclasses import dataclass
 from urllib.parse import unquote
@@ -21,6 +22,7 @@ from urllib.parse import unquote
 __all__ = [
     "Credentials",
     "ambiguous_credentials",
+    "credential_forms",
     "mask_credentials",
     "scrub",
     "split_credentials",
@@ -81,6 +83,20 @@ def mask_credentials(url: str, *, keep_user: bool = True) -> str:
     user = parts.user if keep_user else ""
     masked = f"{user}:***" if (user or ":" in parts.userinfo) else "***"
     return f"{parts.scheme}://{masked}@{rest}"
+
+
+def credential_forms(url: str) -> tuple[str, ...]:
+    """Every form ``url``'s password can be echoed back in: as written, percent-decoded, and
+    as the ``Basic`` credential an HTTP client sends for the userinfo (a proxy's error page may
+    quote the header). Empty when the URL carries no password."""
+    parts = split_credentials(url)
+    password = parts.password
+    if not password or parts.userinfo is None:
+        return ()
+    user, _, secret = parts.userinfo.partition(":")
+    pair = f"{unquote(user)}:{unquote(secret)}"
+    basic = base64.b64encode(pair.encode("utf-8")).decode("ascii")
+    return (password, unquote(password), basic)
 
 
 def ambiguous_credentials(url: str) -> bool:

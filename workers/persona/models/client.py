@@ -10,19 +10,18 @@ The retry and error policy itself stays in :mod:`.http`; this module only wires 
 
 from __future__ import annotations
 
-import base64
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
-from urllib.parse import unquote, urlsplit
 
 from workers.persona.clock import Clock
 from workers.persona.errors import ModelResponseError, ModelSpecError
 from workers.persona.messages import Completion
 from workers.persona.models.config import ModelConfig
 from workers.persona.models.http import ProviderHTTP, RetryPolicy, check_base_url
+from workers.persona.urls import credential_forms
 
 __all__ = ["Endpoint", "HTTPModel", "MalformedAnswer", "token_count"]
 
@@ -93,7 +92,7 @@ class HTTPModel(ABC):
                 **endpoint.auth_headers,
             },
             key_env=endpoint.key_env,
-            secrets=(endpoint.key, *url_credentials(self._base_url)),
+            secrets=(endpoint.key, *credential_forms(self._base_url)),
             policy=RetryPolicy(
                 timeout=config.timeout, retries=config.retries, max_wait=max_retry_wait
             ),
@@ -139,19 +138,3 @@ class HTTPModel(ABC):
             return parse(data)
         except MalformedAnswer as exc:
             raise self._http.error(ModelResponseError, str(exc)) from None
-
-
-def url_credentials(url: str) -> tuple[str, ...]:
-    """The forms a password in ``url``'s userinfo can be echoed back in: as written, decoded,
-    and as the ``Basic`` credential httpx sends for it (a proxy's error page may quote the
-    header). None when the URL has no password."""
-    try:
-        parts = urlsplit(url)
-        user, password = parts.username, parts.password
-    except ValueError:
-        return ()
-    if not password:
-        return ()
-    decoded = f"{unquote(user or '')}:{unquote(password)}"
-    basic = base64.b64encode(decoded.encode("utf-8")).decode("ascii")
-    return (password, unquote(password), basic)
