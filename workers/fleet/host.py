@@ -162,11 +162,7 @@ class Fleet:
         would only be dead-lettered, so the item is refused while its sender still has it.
         """
         name = self.registry.resolve(persona)
-        check_persona(
-            self.registry.home(name),
-            self.settings.model,
-            mcp_servers=self.settings.mcp_servers,
-        )
+        self._check(name)
         self._refuse_if_stopped(name)
         if new_session:
             self.lanes.reset_session(name)
@@ -342,9 +338,7 @@ class Fleet:
         with, as :meth:`post` does: a lane revived before its persona is fixed would only be
         dead-lettered again, and lose the attempt's record of why."""
         name = self.registry.resolve(persona)
-        check_persona(
-            self.registry.home(name), self.settings.model, mcp_servers=self.settings.mcp_servers
-        )
+        self._check(name)
         lane = self.registry.lane_of(name, "dreamer" if dreamer else "persona")
         outcome = self.lanes.revive(lane)
         if outcome.outcome == "queued" and outcome.turn_id and outcome.turn_kind:
@@ -390,12 +384,16 @@ class Fleet:
         found = [(lane, self._check_error(lane)) for lane in lanes if self._persona_exists(lane)]
         return [(lane, error) for lane, error in found if error is not None]
 
+    def _check(self, name: str) -> None:
+        """Raise what persona ``name``'s files would fail its turn with (post, revive)."""
+        check_persona(
+            self.registry.home(name), self.settings.model, mcp_servers=self.settings.mcp_servers
+        )
+
     def _check_error(self, lane: str) -> str | None:
         name, _role = self.registry.parse_lane(lane)
         try:
-            check_persona(
-                self.registry.home(name), self.settings.model, mcp_servers=self.settings.mcp_servers
-            )
+            self._check(name)
         except Exception as exc:  # whatever its files would fail its turn with
             return f"{type(exc).__name__}: {exc}"
         return None
