@@ -15,10 +15,9 @@ import click
 
 from workers.cli.context import persona_dir
 from workers.cli.group import cli_context
-from workers.persona.checkup import empty_soul_warning, soul_over_budget_warning
+from workers.persona.checkup import empty_soul_warning, soul_budget_warning
 from workers.persona.home import compose_soul
 from workers.persona.manifest import load_manifest
-from workers.persona.session import estimate_tokens
 
 __all__ = ["preview", "soul"]
 
@@ -42,10 +41,9 @@ def soul(ctx: click.Context, directory: str, as_json: bool) -> None:
     text, found = preview(path)
     if not found:  # `soulfleet soul /etc` is a directory, not yet a persona: say so
         click.echo(f"soulfleet: warning: {empty_soul_warning(path.resolve().name)}", err=True)
-    size = estimate_tokens((), text)
-    if size > settings.turn_max_tokens:  # every turn would end before its model call
-        warning = soul_over_budget_warning(path.resolve().name, size, settings.turn_max_tokens)
-        click.echo(f"soulfleet: warning: {warning}", err=True)
+    # Every turn would end before its model call.
+    if over := soul_budget_warning(path.resolve().name, text, settings.turn_max_tokens):
+        click.echo(f"soulfleet: warning: {over}", err=True)
     if as_json:
         click.echo(json.dumps({"soul": text, "found": found}, ensure_ascii=False))
         return

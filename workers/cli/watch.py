@@ -39,6 +39,7 @@ from workers.cli.health import invalid_personas
 from workers.fleet import Fleet
 from workers.fleet.beats import Beat, Beats
 from workers.fleet.registry import DREAMER_SUFFIX
+from workers.persona.checkup import input_over_budget_remedy
 
 __all__ = ["LogTail", "Reporter", "Tally", "follow_beats", "live_status"]
 
@@ -196,9 +197,8 @@ class Reporter:
                 ("over_budget", lane),
                 f"{lane or '?'}: turn incomplete, no model call: its input alone is about "
                 f"{event.get('estimated_input_tokens', '?')} tokens, over the turn's budget of "
-                f"{event.get('max_tokens', '?')} (SOULFLEET_TURN_MAX_TOKENS); shrink MEMORY.md "
-                "(or set memory_index_cap in persona.toml) or, if the history is what is long, "
-                f"`soulfleet session reset {lane.removesuffix(DREAMER_SUFFIX) or 'PERSONA'}`",
+                f"{event.get('max_tokens', '?')} (SOULFLEET_TURN_MAX_TOKENS); "
+                + input_over_budget_remedy(lane.removesuffix(DREAMER_SUFFIX) or "PERSONA"),
             )
         elif event.get("level") in ("error", "critical"):
             self._other_error(source, str(name))

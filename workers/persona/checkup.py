@@ -50,6 +50,21 @@ def soul_over_budget_warning(name: str, size: int, limit: int) -> str:
     )
 
 
+def soul_budget_warning(name: str, soul: str, limit: int) -> str | None:
+    """:func:`soul_over_budget_warning` when ``soul`` alone is estimated over ``limit``."""
+    size = estimate_tokens((), soul)
+    return soul_over_budget_warning(name, size, limit) if size > limit else None
+
+
+def input_over_budget_remedy(persona: str) -> str:
+    """What to do when a turn's input alone is over its token budget (no model call made)."""
+    return (
+        "shrink MEMORY.md (or set memory_index_cap in persona.toml), start a new session if "
+        f"the history is what is long (`soulfleet session reset {persona}`), or raise "
+        "SOULFLEET_TURN_MAX_TOKENS"
+    )
+
+
 def empty_soul_warning(name: str) -> str:
     return (
         f"persona {name} has none of the bootstrap files ({', '.join(BOOTSTRAP_ORDER)}): it "
@@ -89,10 +104,10 @@ def check_persona(
             resolve_ref(decl, agent.declared.source)
     resolved = resolve_model(model or agent.model, config or ModelConfig(), base_dir=agent.home)
     warnings = [] if found else [empty_soul_warning(agent.name)]
-    if turn_max_tokens is not None:
-        size = estimate_tokens((), soul)
-        if size > turn_max_tokens:
-            warnings.append(soul_over_budget_warning(agent.name, size, turn_max_tokens))
+    if turn_max_tokens is not None and (
+        over := soul_budget_warning(agent.name, soul, turn_max_tokens)
+    ):
+        warnings.append(over)
     missing = resolved.missing_key if isinstance(resolved, HTTPModel) else None
     if missing is not None and calls_model:
         raise ModelSpecError(

@@ -22,6 +22,7 @@ from workers.fleet.lease import LeaseHandle, Renewer
 from workers.fleet.outcomes import StartOutcome
 from workers.fleet.spend import Refusal
 from workers.logs import monotonic_wall_time
+from workers.persona.checkup import input_over_budget_remedy
 from workers.persona.loop import RunResult
 from workers.settings import Settings
 from workers.turn.report import TurnReport
@@ -245,9 +246,7 @@ def incomplete_note(result: RunResult, persona: str) -> str:
     if result.limit == "max_tokens" and result.model_calls == 0:
         return (
             "incomplete: the input alone (soul + session) is over the turn's token budget, so "
-            "no model call was made; shrink MEMORY.md (or set memory_index_cap in "
-            f"persona.toml), start a new session if the history is what is long (`soulfleet "
-            f"session reset {persona}`), or raise SOULFLEET_TURN_MAX_TOKENS"
+            f"no model call was made; {input_over_budget_remedy(persona)}"
         )
     if result.limit is None:
         return "incomplete"
