@@ -308,17 +308,18 @@ class _Up:
         redis = self.redis.process.pid if self.redis and self.redis.process else None
         return tuple(pid for pid in (redis, *self.supervisor.pids()) if pid is not None)
 
-    def _redis_gone(self) -> bool:
+    def _redis_exit(self) -> int | None:
+        """The embedded Redis's exit code once it has exited; None while it runs (or none)."""
         process = self.redis.process if self.redis is not None else None
-        return process is not None and process.poll() is not None
+        return None if process is None else process.poll()
 
     def _redis_running(self) -> bool:
-        process = self.redis.process if self.redis is not None else None
-        if process is None or process.poll() is None:
+        code = self._redis_exit()
+        if code is None:
             return True
         assert self.redis is not None
         self.reporter.line("error", f"the embedded redis-server exited unexpectedly (code "
-                           f"{process.returncode}; see {self.redis.log_path}): stopping the fleet, "
+                           f"{code}; see {self.redis.log_path}): stopping the fleet, "
                            "which cannot run without it; `soulfleet up` again restarts it on the "
                            "same data (the AOF keeps all but at most its last second of "
                            "writes)")  # fmt: skip
@@ -331,7 +332,7 @@ class _Up:
             except queue.Empty:
                 return
             if isinstance(item, Exception):
-                if self._redis_gone():
+                if self._redis_exit() is not None:
                     # Its generic advice (set REDIS_URL, start `soulfleet up`) is wrong here:
                     # the line about the embedded Redis says what happened.
                     self.reporter.line("error", "beats feed stopped: the embedded Redis is gone")
@@ -356,12 +357,10 @@ class _Up:
         if self.fleet is not None:
             self.fleet.client.close()
         if self.redis is not None:
-            process = self.redis.process
-            died = process is not None and process.poll() is not None
+            code = self._redis_exit()
             self.redis.stop()
-            if died:
-                assert process is not None
-                self.console.err(f"  redis had already exited (code {process.returncode}): "
+            if code is not None:
+                self.console.err(f"  redis had already exited (code {code}): "
                                  "at most its last second of writes is lost")  # fmt: skip
             else:
                 self.console.err("  redis stopped (AOF flushed)")

@@ -46,7 +46,8 @@ redis.call('HINCRBY', lane, 'commits', 1)
 redis.call('HSET', lane, 'inflight_ticks', 0, 'attempts', 0, 'lost', 0,
            'last_turn', turn_id, 'last_status', ARGV[4], 'last_text', ARGV[6], 'last_end', now)
 redis.call('ZREM', running, name)
-local note = ARGV[16 + tonumber(ARGV[10])] or ''
+local n = tonumber(ARGV[10])
+local note = ARGV[16 + n] or ''
 if note ~= '' then
   redis.call('HSET', lane, 'last_note', note)
 else
@@ -54,7 +55,6 @@ else
 end
 
 local beat_id = ''
-local n = tonumber(ARGV[10])
 if n > 0 then
   local fields = {}
   for i = 11, 10 + n do
