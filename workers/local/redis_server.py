@@ -28,6 +28,7 @@ from pathlib import Path
 from types import TracebackType
 
 from workers.local.lifeline import die_with_parent
+from workers.persona.writes import atomic_write_bytes
 
 __all__ = [
     "WRITTEN_BY",
@@ -225,11 +226,8 @@ class RedisServer:
         version = server_version(self.binary)
         if version is None:
             return
-        record = json.dumps({"version": _dotted(version), "binary": self.binary})
-        path = self.data_dir / WRITTEN_BY
-        temp = path.with_suffix(".tmp")
-        temp.write_text(record + "\n", encoding="utf-8")
-        os.replace(temp, path)
+        record = json.dumps({"version": _dotted(version), "binary": self.binary}) + "\n"
+        atomic_write_bytes(self.data_dir / WRITTEN_BY, record.encode("utf-8"))
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
