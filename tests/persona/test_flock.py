@@ -10,6 +10,7 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,33 @@ def test_descriptors_are_bounded_and_a_held_lock_keeps_its_own(tmp_path: Path) -
         [sys.executable, "-c", _TRY, str(held)], capture_output=True, text=True, check=True
     )
     assert other.stdout.strip() == "got it"
+
+
+def test_a_waiter_served_while_it_slept_does_not_take_the_freed_lock(tmp_path: Path) -> None:
+    """A writer whose queued write was applied while it waited (``settled``) must not take
+    the lock once it is free: it would only hold up the writers still waiting (issue 15).
+    The body runs without the lock and gets False."""
+    lock = tmp_path / "MEMORY.md.lock"
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with path_lock(lock, mode="local", timeout=5):
+            entered.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    entered.wait(10)
+    served: list[bool] = []
+
+    def queue_and_get_served() -> None:
+        served.append(True)  # the holder applied this writer's write...
+        release.set()
+        holder.join(10)  # ...and let go of the lock before the writer looks again
+
+    with path_lock(
+        lock, mode="local", timeout=5, contended=queue_and_get_served,
+        settled=lambda: bool(served),
+    ) as held:  # fmt: skip
+        pass
+    assert held is False

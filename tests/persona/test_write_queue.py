@@ -4,6 +4,7 @@ own writer, so nothing is lost or applied twice."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.memory import held_by_thread, ok
-from workers.persona import write_queue
+from workers.persona import memory, write_queue, writes
 from workers.persona.ledger import WriteLedger, write_key
 from workers.persona.locks import lock_file_for
 from workers.persona.memory import MAX_ENTRY_BYTES, memory_tool
@@ -270,3 +271,95 @@ def test_shared_lock_mode_never_queues(home: Path) -> None:
     writer.join(10)
     assert (home / "MEMORY.md").read_text() == "- s\n"
     assert not _queue(home).exists()
+
+
+# --- when the batch's rename is made durable -------------------------------------------------
+
+
+class _DirectoryFsyncs:
+    """Records each fsync of a directory: which, on which thread, whether the write lock of
+    MEMORY.md was free at that moment, and whether the ledger held ``answer_key`` yet."""
+
+    def __init__(self, home: Path, monkeypatch: pytest.MonkeyPatch, answer_key: str) -> None:
+        self.lock = _memory_lock(home)
+        self.ledger = home.resolve() / ".locks" / "MEMORY.md.applied"
+        self.answer_key = answer_key
+        self.calls: list[tuple[str, int, bool, bool]] = []
+        real = writes.fsync_directory
+
+        def record(directory: str | os.PathLike[str]) -> None:
+            answered = WriteLedger(self.ledger).answer(self.answer_key) is not None
+            self.calls.append(
+                (os.fspath(directory), threading.get_ident(), self._lock_free(), answered)
+            )
+            real(directory)
+
+        monkeypatch.setattr(writes, "fsync_directory", record)
+        monkeypatch.setattr(memory, "fsync_directory", record)
+
+    def _lock_free(self) -> bool:
+        fd = os.open(self.lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # closing lets go of a lock this probe took
+        return True
+
+    def of(self, directory: Path) -> list[tuple[int, bool, bool]]:
+        return [(t, free, answered) for d, t, free, answered in self.calls if d == str(directory)]
+
+
+def test_a_batch_of_handoff_writes_makes_its_rename_durable_after_the_lock(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that answers only handoff writes renames under the lock and fsyncs its
+    directory after letting go, so the next holder's fsyncs overlap it (issue 15). Its
+    queued writer is answered before that fsync, so the writer makes it durable itself."""
+    enqueue(str(_queue(home)), "qqueued", _ADD, _until())
+    fsyncs = _DirectoryFsyncs(home, monkeypatch, "qqueued")
+    ok(memory_tool(home), action="add", text="own")
+    assert (home / "MEMORY.md").read_text() == "- own\n- queued entry\n"
+    assert [(free, answered) for _, free, answered in fsyncs.of(home.resolve())] == [(True, True)]
+
+
+def test_a_batch_holding_a_keyed_write_is_durable_before_its_answers(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's keyed write in the batch: a retry trusts its answer, so the directory is
+    fsynced under the lock before any answer reaches the ledger."""
+    ok(memory_tool(home), action="add", text="before")
+    enqueue(str(_queue(home)), "qqueued", _ADD, _until())
+    fsyncs = _DirectoryFsyncs(home, monkeypatch, "qqueued")
+    ok(memory_tool(home, write_scope="ava:1"), action="add", text="own")
+    assert [(free, answered) for _, free, answered in fsyncs.of(home.resolve())] == [(False, False)]
+
+
+def test_a_served_writer_makes_the_holders_rename_durable_before_it_answers(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two writers queue behind a held lock; one applies both. Each fsyncs the directory
+    before it returns, the served one too: the holder's own fsync may not have run yet when
+    the served writer reads its answer."""
+    ok(memory_tool(home), action="add", text="before")
+    fsyncs = _DirectoryFsyncs(home, monkeypatch, "")
+    threads: list[int] = []
+
+    def write(text: str) -> None:
+        threads.append(threading.get_ident())
+        ok(memory_tool(home), action="add", text=text)
+
+    writers = [threading.Thread(target=write, args=(text,)) for text in ("b", "c")]
+    try:
+        with held_by_thread(_memory_lock(home)):
+            writers[0].start()
+            _wait_for(lambda: _queued_lines(home) == 1, "the first writer to queue")
+            writers[1].start()
+            _wait_for(lambda: _queued_lines(home) == 2, "the second writer to queue")
+    finally:
+        for writer in writers:
+            writer.join(10)
+    assert sorted((home / "MEMORY.md").read_text().splitlines()) == ["- b", "- before", "- c"]
+    synced = fsyncs.of(home.resolve())
+    assert sorted(thread for thread, _, _ in synced) == sorted(threads), fsyncs.calls

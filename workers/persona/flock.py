@@ -22,6 +22,8 @@ closes the lock file on every acquisition and walks its own reentrancy and fork 
 * **Waiting is bounded.** ``LOCK_NB`` is retried with a short, growing sleep (0.05 ms doubling to
   1 ms: a writer holds the lock for about one fsync, so a longer sleep would leave it idle)
   until the deadline; a filesystem without flock raises its ``OSError`` (ENOSYS, ENOLCK).
+  A waiter whose queued write the holder applied (``settled``) stops before its next try,
+  even if the lock is free by then: taking it would only hold up the writers still waiting.
 """
 
 from __future__ import annotations
@@ -129,6 +131,8 @@ def _wait(
 ) -> bool:
     sleep = _FIRST_SLEEP
     while True:
+        if contended is None and settled is not None and settled():
+            return False  # served while asleep: taking the lock now would only hold up others
         fd = _checkout(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -138,8 +142,6 @@ def _wait(
             if contended is not None:
                 contended()
                 contended = None
-            elif settled is not None and settled():
-                return False
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return False

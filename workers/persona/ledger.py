@@ -241,12 +241,19 @@ def find_answer(raw: bytes, key: str) -> str | None:
     """The message recorded for ``key`` in ledger bytes ``raw`` (the newest), or None."""
     # Nearly every write is new: a key absent from the bytes needs no parsing (parsing up to
     # 1,024 lines on every write cost a fleet turn's add more than its fsyncs). Looked for as
-    # _line writes it, so the intent naming a waiter's key does not make each look parse.
-    if b'"key": ' + json.dumps(key).encode() not in raw:
-        return None
-    for known, message in reversed(_parsed(raw)):
-        if known == key:
-            return message
+    # _line writes it, at the start of a line's record, so the intent naming a waiter's key
+    # (or a message quoting one) is never taken for its answer.
+    needle = b'{"key": ' + json.dumps(key).encode() + b","
+    end = len(raw)
+    while (found := raw.rfind(needle, 0, end)) >= 0:
+        # Only the newest line that holds the key is parsed (a served waiter that took the
+        # lock anyway parsed the whole ledger under it: half a millisecond per write).
+        start = raw.rfind(b"\n", 0, found) + 1
+        stop = raw.find(b"\n", found)
+        entry = _parsed(raw[start : len(raw) if stop < 0 else stop])
+        if entry and entry[0][0] == key:
+            return entry[0][1]
+        end = found  # a torn or hand-edited line: look further back
     return None
 
 

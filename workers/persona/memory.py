@@ -29,17 +29,18 @@ Why it looks like this:
 * **Short critical sections (issue 15).** The new bytes are fsynced before the rename, under the
   lock; the directory fsync that makes the rename durable runs after the lock is released (the
   tool answers only after it). The next writer reads the renamed file, so whichever rename a
-  crash keeps holds every entry acknowledged before it. With a ledger the data directory is
-  fsynced under the lock as before, since the ledger must never be durable ahead of its write;
+  crash keeps holds every entry acknowledged before it. With a keyed write (a turn's) the data
+  directory is fsynced under the lock, since its ledger line must never be durable ahead of it;
   its line is then appended without an fsync of its own (:mod:`workers.persona.ledger` says
   what that gives up: after a machine crash, a retry may repeat a write, never lose one). Paths
   are resolved once per target and only re-checked per call
   (:mod:`workers.persona.memory_paths`).
 * **Contending writers share one commit (issue 15).** A writer that finds the
   lock taken queues its write (:mod:`workers.persona.write_queue`); the next holder applies the
-  queue with its own write in one durable replace (:mod:`workers.persona.memory_commit`) and
-  leaves each queued writer its answer in the ledger, where the waiter reads it without
-  waiting for the lock. Anything not answered there, its writer applies itself.
+  queue with its own write in one replace (:mod:`workers.persona.memory_commit`) and leaves
+  each queued writer its answer in the ledger, where the waiter reads it without waiting for
+  the lock. A served writer fsyncs the directory itself before it answers (the holder's may
+  not have run yet). Anything not answered there, its writer applies itself.
 """
 
 from __future__ import annotations
@@ -244,9 +245,11 @@ class MemoryTool:
         except LockTimeout as error:
             self._failed(request, "lock_timeout", str(error))
             return ToolResult(_timeout_message(request, error, handoff.queued), is_error=True)
-        if done is None:  # another writer applied it in a durable write and left the answer
+        if done is None:  # another writer applied it and left the answer
             answer = "" if handoff.answer is None else handoff.answer
-            done = Committed(ToolResult(answer), applied=keyed)
+            # Its rename may not be durable yet (the holder fsyncs the directory after the
+            # lock): this writer fsyncs it too before it reports the write as saved.
+            done = Committed(ToolResult(answer), target.directory, applied=keyed)
         return self._settle(request, target, done, what)
 
     def _settle(
@@ -261,13 +264,13 @@ class MemoryTool:
                 _log.info("memory.write_replayed", action=request.action,
                           target=request.target, scope=self.write_scope)  # fmt: skip
         # Outside the lock, so the next writer's read-modify-write overlaps this flush.
-        if done.flush == target.directory:
+        if done.flush:
             fsync_directory(done.flush)
-        elif done.flush:
+        if done.flush_ledger:
             try:
-                fsync_directory(done.flush)
+                fsync_directory(done.flush_ledger)
             except OSError as exc:  # the write is durable: only a retry could repeat it now
-                _log.warning("memory.ledger_failed", path=done.flush, error=str(exc))
+                _log.warning("memory.ledger_failed", path=done.flush_ledger, error=str(exc))
         if done.size >= 0:
             _log.info("memory.write", action=request.action, target=request.target,
                       path=target.relative, bytes=done.size)  # fmt: skip

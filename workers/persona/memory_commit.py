@@ -12,12 +12,17 @@ module runs under it and decides what reaches the disk:
   writes queued while the previous holder's fsyncs ran join this one. Each queued write is
   applied in order on top, unless the ledger already holds its key; one that its edit refuses
   (text not found, over the cap) is left to its own writer, which gets that answer itself.
-* **One durable replace for all.** Without a ledger line to write, the new bytes are fsynced
-  and renamed under the lock and the directory is fsynced after it (the caller does that). A
-  keyed write, or a batch that answers queued writers, fsyncs the directory under the lock:
-  the ledger line may only reach the disk after the write it records, and a waiter returns its
-  answer as soon as it reads it. The intent is appended just before the rename, the answers
-  after it, each in one write.
+* **One durable replace for all.** The new bytes are fsynced and renamed under the lock. The
+  directory fsync that makes the rename durable runs after the lock is released, by the
+  holder and by each queued writer it answered (which does it before it reports its write as
+  saved), so the next holder's fsyncs overlap it as independent writers' would (issue 15: a
+  batch that fsynced its directory under the lock held the lock for two fsyncs, and four
+  writers of one file ran at half the rate of four writers of four files). The intent is
+  appended just before the rename, the answers after it, each in one write.
+* **A keyed write is stricter.** When the batch holds a turn's keyed write (its own, or a
+  queued one), the directory is fsynced under the lock before the answers are appended: a
+  keyed answer is what a retried turn trusts, so it may only reach the disk after the write it
+  records. A handoff answer is read only by its waiter, within milliseconds, and never again.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from workers.persona.memory_edit import FileFull, edit
 from workers.persona.memory_paths import WriteTarget
 from workers.persona.memory_spec import MemoryRequest
 from workers.persona.tools import ToolResult
-from workers.persona.write_queue import QueuedWrite, take
+from workers.persona.write_queue import QueuedWrite, is_handoff_key, take
 from workers.persona.writes import atomic_write_bytes, replace_bytes
 
 __all__ = ["Committed", "commit"]
@@ -48,10 +53,13 @@ class Committed:
     """What a locked write did."""
 
     result: ToolResult
-    #: The directory to fsync once the lock is released ("" for none).
+    #: The data file's directory, to fsync once the lock is released ("" for none).
     flush: str = ""
     #: The bytes written, or -1 when nothing was.
     size: int = -1
+    #: The ledger's directory (it was created or compacted), to fsync after the lock ("" for
+    #: none): the write itself is durable without it.
+    flush_ledger: str = ""
     #: The caller's own keyed write is now applied (just now, or by an earlier attempt).
     applied: bool = False
     #: The caller's own edit was refused because the file is full (:class:`FileFull`).
@@ -68,7 +76,8 @@ def commit(
     if key:
         before = ledger.answer(key)
         if before is not None:  # a retry of this turn's write, or another writer applied it
-            return Committed(ToolResult(before), applied=keyed)
+            # (whose directory fsync may still be running: it is made durable before the answer)
+            return Committed(ToolResult(before), target.directory, applied=keyed)
     current = read_prefix(target.data, MAX_FILE_BYTES)
     own = edit(request, current)
     queued = take(target.queue, request.relative, max_entry_bytes)
@@ -98,8 +107,13 @@ def _commit(
     state = current if isinstance(own, str) else own[0]
     served: list[tuple[str, str]] = []
     for other in queued:
-        if other.key == key or ledger.answer(other.key) is not None:
-            continue  # our own entry, or one already applied (a retried turn's write)
+        if other.key == key:
+            continue  # our own entry
+        # A handoff key is answered only by the holder that takes its entry from the queue,
+        # and an entry is taken once: only a turn's write key can be applied already (by an
+        # earlier attempt of the turn), so only those pay a look through the ledger.
+        if not is_handoff_key(other.key) and ledger.answer(other.key) is not None:
+            continue
         outcome = edit(other.request, state)
         if not isinstance(outcome, str):  # a refused write is left to its own writer
             state, message = outcome
@@ -116,13 +130,20 @@ def _commit(
     answered = list(served)
     if keyed and not refused:
         answered.insert(0, (key, result.output))
-    atomic_write_bytes(
-        target.data, new, before_rename=lambda renamed: ledger.intend(renamed, answered)
-    )
+    strict = keyed or not all(is_handoff_key(other) for other, _ in served)
+    write = atomic_write_bytes if strict else replace_bytes
+    write(target.data, new, before_rename=lambda renamed: ledger.intend(renamed, answered))
     if served:
         _log.info("memory.queued_writes_applied", path=target.relative, writes=len(served))
-    flush = _record(ledger, answered) if answered else ""
-    return Committed(result, flush, len(new), applied=keyed and not refused, full=full)
+    flush = "" if strict else target.directory
+    return Committed(
+        result,
+        flush,
+        len(new),
+        flush_ledger=_record(ledger, answered) if answered else "",
+        applied=keyed and not refused,
+        full=full,
+    )
 
 
 def _record(ledger: WriteLedger, answered: list[tuple[str, str]]) -> str:

@@ -5,9 +5,10 @@ fsyncs, so 4 processes adding to one MEMORY.md ran at under half the rate at whi
 replace 4 separate files (those share the journal's commits). A writer that finds the lock
 taken now appends its write to ``.locks/<file>.queue`` before it waits; whoever holds the lock
 next takes the queue and applies every queued write in the same durable replace as its own
-(one fsync of the data, one of the directory, for the whole batch), and records each one's
-answer in the write ledger (:mod:`workers.persona.ledger`) under the queued write's key. When
-the waiter gets the lock it finds its answer there and returns it; if it is not there (the
+(one fsync of the data for the whole batch, under the lock; the directory's after it, see
+:mod:`workers.persona.memory_commit`), and records each one's answer in the write ledger
+(:mod:`workers.persona.ledger`) under the queued write's key. The waiter, watching the ledger
+while it waits, finds its answer there, fsyncs the directory and returns; if it is not there (the
 holder took the queue before the append, a crash, an expired entry), it applies its write
 itself, exactly as before.
 
@@ -54,6 +55,7 @@ __all__ = [
     "Handoff",
     "QueuedWrite",
     "enqueue",
+    "is_handoff_key",
     "take",
 ]
 
@@ -64,6 +66,8 @@ SERVE_MARGIN = 2.0
 #: The most queue bytes one holder reads (a 16 KiB entry fits 64 times).
 MAX_QUEUE_BYTES = 1024 * 1024
 _ACTIONS = frozenset({"add", "replace", "remove"})
+#: How far past the size a taker saw it reads, for the appends that land meanwhile.
+_TAKE_SLACK = 64 * 1024
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW
 _TAKE = os.O_RDWR | _NOFOLLOW
@@ -140,6 +144,12 @@ class Handoff:
         return self.answer is not None
 
 
+def is_handoff_key(key: str) -> bool:
+    """Whether ``key`` was made for handing off an unkeyed write (not a turn's write key: its
+    answer is read once, by its waiter, and never looked up again)."""
+    return key.startswith(_HANDOFF_PREFIX)
+
+
 def _mark(path: str) -> tuple[int, int]:
     try:
         info = os.stat(path, follow_symlinks=False)
@@ -184,13 +194,16 @@ def take(path: str, relative: str, max_entry_bytes: int) -> list[QueuedWrite]:
     applying, in queue order. Call only while holding the data file's lock. An unreadable or
     missing queue is an empty one (its writers apply their own writes)."""
     try:
-        if os.stat(path, follow_symlinks=False).st_size == 0:
+        size = os.stat(path, follow_symlinks=False).st_size
+        if size == 0:
             return []
         fd = os.open(path, _TAKE)
     except OSError:
         return []
     try:
-        raw = os.read(fd, MAX_QUEUE_BYTES)
+        # What the stat saw, and room for the appends since (a read of the whole bound would
+        # allocate a megabyte per commit); whatever lies beyond is truncated away below.
+        raw = os.read(fd, min(MAX_QUEUE_BYTES, size + _TAKE_SLACK))
         os.ftruncate(fd, 0)
     except OSError:
         return []
