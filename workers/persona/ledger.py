@@ -47,7 +47,6 @@ import hashlib
 import json
 import os
 import stat
-from pathlib import Path
 
 import structlog
 
@@ -80,8 +79,9 @@ def write_key(scope: str, *parts: str, ordinal: int) -> str:
 class WriteLedger:
     """The ledger file of one data path. Use it only while holding that path's write lock."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        # A plain string: building a Path cost every commit more than its ledger reads.
+        self.path = os.fspath(path)
         self._loaded = False
         self._raw: bytes | None = None
         #: What this object appended since it read the ledger (:meth:`_append`).
@@ -98,8 +98,9 @@ class WriteLedger:
         Opens the ledger for appending (kept for :meth:`record`; :meth:`close` it), or, with no
         ledger yet, checks that its directory is writable."""
         if self._bytes() is None:
-            if not os.access(self.path.parent, os.W_OK | os.X_OK):
-                raise PermissionError(errno.EACCES, "Permission denied", str(self.path.parent))
+            parent = os.path.dirname(self.path)
+            if not os.access(parent, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "Permission denied", parent)
             return
         self._fd = os.open(self.path, _APPEND)
 
@@ -157,7 +158,7 @@ class WriteLedger:
         if intent is not None and renamed:
             _log.warning(
                 "memory.commit_finished",
-                path=str(self.path),
+                path=self.path,
                 writes=len(intent[1]),
                 reason="its writer died after the write, before recording its answers",
             )
@@ -233,7 +234,7 @@ class WriteLedger:
         else:
             self._append(lines, fd=self._fd)  # after a torn last line, on a fresh one
             replaced = False
-        _log.debug("memory.ledger_recorded", path=str(self.path), lines=len(answered))
+        _log.debug("memory.ledger_recorded", path=self.path, lines=len(answered))
         return replaced or self._created
 
 

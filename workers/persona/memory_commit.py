@@ -27,8 +27,8 @@ module runs under it and decides what reaches the disk:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import structlog
 
@@ -71,7 +71,7 @@ def commit(
 ) -> Committed:
     """Run ``request`` against ``target`` while holding its lock. ``key`` is the ledger key it
     is answered under ("" for none); ``keyed`` says it is a turn's keyed write."""
-    ledger = WriteLedger(Path(target.ledger))
+    ledger = WriteLedger(target.ledger)
     ledger.settle(target.data)  # a holder that died mid-commit: finish or void its work first
     if key:
         before = ledger.answer(key)
@@ -149,8 +149,8 @@ def _commit(
 def _record(ledger: WriteLedger, answered: list[tuple[str, str]]) -> str:
     """Record applied writes; the directory to fsync after the lock ("" for none)."""
     try:
-        return str(ledger.path.parent) if ledger.record_all(answered) else ""
+        return os.path.dirname(ledger.path) if ledger.record_all(answered) else ""
     except (OSError, PersonaError) as exc:
         # The write itself succeeded: answer so. Only a retry could repeat it now.
-        _log.warning("memory.ledger_failed", path=str(ledger.path), error=str(exc))
+        _log.warning("memory.ledger_failed", path=ledger.path, error=str(exc))
         return ""
