@@ -15,11 +15,15 @@ from pathlib import Path
 import pytest
 
 from tests.support.memory import held_by_thread, ok
+from workers.persona import ledger as ledger_module
 from workers.persona import memory, write_queue, writes
 from workers.persona.ledger import WriteLedger, write_key
-from workers.persona.locks import lock_file_for
+from workers.persona.locks import lock_file_for, path_lock
 from workers.persona.memory import MAX_ENTRY_BYTES, memory_tool
-from workers.persona.memory_spec import MemoryRequest
+from workers.persona.memory_commit import commit
+from workers.persona.memory_paths import TargetCache, WriteTarget
+from workers.persona.memory_spec import MemoryRequest, parse_request
+from workers.persona.tools import ToolResult
 from workers.persona.write_queue import Handoff, enqueue, take
 
 _ADD = MemoryRequest("add", "self", "MEMORY.md", "queued entry")
@@ -363,3 +367,67 @@ def test_a_served_writer_makes_the_holders_rename_durable_before_it_answers(
     assert sorted((home / "MEMORY.md").read_text().splitlines()) == ["- b", "- before", "- c"]
     synced = fsyncs.of(home.resolve())
     assert sorted(thread for thread, _, _ in synced) == sorted(threads), fsyncs.calls
+
+
+def test_a_keyed_write_queued_twice_is_applied_once(home: Path) -> None:
+    """A turn's attempt killed while its write waited in the queue, then its retry queuing the
+    same write under the same key: the holder that takes both applies it once."""
+    ok(memory_tool(home), action="add", text="before")
+    key = write_key("ava:7", "add", "self", "the turn's fact", "", ordinal=1)
+    fact = MemoryRequest("add", "self", "MEMORY.md", "the turn's fact")
+    for _attempt in range(2):
+        enqueue(str(_queue(home)), key, fact, _until())
+    ok(memory_tool(home), action="add", text="third writer")
+    assert (home / "MEMORY.md").read_text() == "- before\n- third writer\n- the turn's fact\n"
+
+
+def _stalled_writer(home: Path, text: str) -> tuple[WriteTarget, MemoryRequest, Handoff]:
+    """A writer that queued ``text`` behind the lock and then stalled: its target, its
+    request and its side of the queue, as the memory tool holds them."""
+    request = parse_request({"action": "add", "text": text}, notes=False, max_entry_bytes=64)
+    assert isinstance(request, MemoryRequest)
+    target = TargetCache().locate(home.resolve(), request, "local")
+    assert target is not None
+    handoff = Handoff(target.queue, target.ledger, request, "", 60.0)
+    handoff.enqueue()
+    assert handoff.queued
+    return target, request, handoff
+
+
+def _resume(target: WriteTarget, request: MemoryRequest, handoff: Handoff) -> ToolResult:
+    """The stalled writer wakes up, finds the lock free and takes it, as path_lock would."""
+    with path_lock(target.lock, timeout=5):
+        return commit(
+            target, request, key=handoff.key, keyed=False, max_entry_bytes=64, handoff=handoff
+        ).result
+
+
+def test_a_stalled_writer_whose_answer_was_compacted_away_does_not_apply_it_again(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer stopped after a holder applied its queued write, while so many writes went by
+    that the ledger was compacted and its answer dropped: when it resumes and gets the lock
+    it cannot tell whether its write was applied, so it does not apply it again; it says the
+    write may have been applied and to read the file first."""
+    monkeypatch.setattr(ledger_module, "MAX_ENTRIES", 8)
+    ok(memory_tool(home, write_scope="ava:1"), action="add", text="before")  # a ledger exists
+    target, request, handoff = _stalled_writer(home, "stalled writer")
+    ok(memory_tool(home), action="add", text="holder")  # applies the queued write, answers it
+    for index in range(20):  # compacts the ledger to its newest 8 answers
+        ok(memory_tool(home, write_scope="ava:2"), action="add", text=f"later {index}")
+    assert not handoff.settled()
+    result = _resume(target, request, handoff)
+    assert result.is_error
+    assert "may have been applied: read MEMORY.md before you try again" in result.output
+    assert (home / "MEMORY.md").read_text().count("- stalled writer\n") == 1
+
+
+def test_a_writer_whose_taken_write_went_unanswered_on_its_ledger_applies_it(home: Path) -> None:
+    """The same writer when the ledger it queued on is still in place: no answer there means
+    no holder applied the write (one took it and died), so it applies the write itself."""
+    ok(memory_tool(home, write_scope="ava:1"), action="add", text="before")
+    target, request, handoff = _stalled_writer(home, "mine")
+    assert len(take(target.queue, "MEMORY.md", MAX_ENTRY_BYTES)) == 1  # the taker dies
+    result = _resume(target, request, handoff)
+    assert not result.is_error, result.output
+    assert (home / "MEMORY.md").read_text() == "- before\n- mine\n"

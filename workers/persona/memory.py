@@ -240,8 +240,9 @@ class MemoryTool:
                     self._sweep(target.data)
                     key = handoff.key
                     done = commit(
-                        target, request, key=key, keyed=keyed, max_entry_bytes=MAX_ENTRY_BYTES
-                    )
+                        target, request, key=key, keyed=keyed,
+                        max_entry_bytes=MAX_ENTRY_BYTES, handoff=handoff,
+                    )  # fmt: skip
         except LockTimeout as error:
             self._failed(request, "lock_timeout", str(error))
             return ToolResult(_timeout_message(request, error, handoff.queued), is_error=True)
@@ -265,7 +266,10 @@ class MemoryTool:
                           target=request.target, scope=self.write_scope)  # fmt: skip
         # Outside the lock, so the next writer's read-modify-write overlaps this flush.
         if done.flush:
-            fsync_directory(done.flush)
+            try:
+                fsync_directory(done.flush)
+            except OSError as error:
+                return self._unflushed(request, done.result, error)
         if done.flush_ledger:
             try:
                 fsync_directory(done.flush_ledger)
@@ -275,6 +279,18 @@ class MemoryTool:
             _log.info("memory.write", action=request.action, target=request.target,
                       path=target.relative, bytes=done.size)  # fmt: skip
         return done.result
+
+    def _unflushed(self, request: MemoryRequest, result: ToolResult, error: OSError) -> ToolResult:
+        """The write was made (the file shows it) but its directory fsync failed: say so, not
+        "nothing was changed", which would have the model repeat an applied write."""
+        label = target_label(request.target)
+        problem = error.strerror or str(error)
+        message = (
+            f"{label} was changed, but flushing it to disk failed ({problem}): the change may "
+            "not survive a crash of the machine. Do not repeat it; read the file to check it."
+        )
+        self._failed(request, "os_error", message)
+        return result if result.is_error else ToolResult(message, is_error=True)
 
 
 def _timeout_message(request: MemoryRequest, error: LockTimeout, queued: bool = False) -> str:

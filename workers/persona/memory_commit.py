@@ -38,9 +38,9 @@ from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.ledger import WriteLedger
 from workers.persona.memory_edit import FileFull, edit
 from workers.persona.memory_paths import WriteTarget
-from workers.persona.memory_spec import MemoryRequest
+from workers.persona.memory_spec import MemoryRequest, target_label
 from workers.persona.tools import ToolResult
-from workers.persona.write_queue import QueuedWrite, is_handoff_key, take
+from workers.persona.write_queue import Handoff, QueuedWrite, is_handoff_key, take
 from workers.persona.writes import atomic_write_bytes, replace_bytes
 
 __all__ = ["Committed", "commit"]
@@ -67,10 +67,17 @@ class Committed:
 
 
 def commit(
-    target: WriteTarget, request: MemoryRequest, *, key: str, keyed: bool, max_entry_bytes: int
+    target: WriteTarget,
+    request: MemoryRequest,
+    *,
+    key: str,
+    keyed: bool,
+    max_entry_bytes: int,
+    handoff: Handoff | None = None,
 ) -> Committed:
     """Run ``request`` against ``target`` while holding its lock. ``key`` is the ledger key it
-    is answered under ("" for none); ``keyed`` says it is a turn's keyed write."""
+    is answered under ("" for none); ``keyed`` says it is a turn's keyed write; ``handoff`` is
+    the writer's side of the queue, if it may have queued the write before it got the lock."""
     ledger = WriteLedger(target.ledger)
     ledger.settle(target.data)  # a holder that died mid-commit: finish or void its work first
     if key:
@@ -81,6 +88,10 @@ def commit(
     current = read_prefix(target.data, MAX_FILE_BYTES)
     own = edit(request, current)
     queued = take(target.queue, request.relative, max_entry_bytes)
+    if handoff is not None and handoff.untraceable(queued):
+        _log.warning("memory.handoff_untraceable", path=target.relative, key=key,
+                     reason="the ledger was compacted while this writer waited")  # fmt: skip
+        own = _untraceable(request)
     if keyed or queued:
         try:
             ledger.prepare()  # a ledger that cannot take the line refuses a keyed write
@@ -106,9 +117,13 @@ def _commit(
 ) -> Committed:
     state = current if isinstance(own, str) else own[0]
     served: list[tuple[str, str]] = []
+    # Keys this batch has seen: a turn's attempt killed while its write waited in the queue,
+    # then its retry queuing the same write, leaves one key in the queue twice.
+    seen = {key}
     for other in queued:
-        if other.key == key:
-            continue  # our own entry
+        if other.key in seen:
+            continue  # our own entry, or a write already in this batch
+        seen.add(other.key)
         # A handoff key is answered only by the holder that takes its entry from the queue,
         # and an entry is taken once: only a turn's write key can be applied already (by an
         # earlier attempt of the turn), so only those pay a look through the ledger.
@@ -143,6 +158,16 @@ def _commit(
         flush_ledger=_record(ledger, answered) if answered else "",
         applied=keyed and not refused,
         full=full,
+    )
+
+
+def _untraceable(request: MemoryRequest) -> str:
+    label = target_label(request.target)
+    return (
+        f"this {request.action} was handed to the writer holding {label}'s lock while it "
+        "waited, and whether that writer applied it is no longer on record (this writer was "
+        f"held up for a long time meanwhile). It may have been applied: read {label} before "
+        "you try again."
     )
 
 

@@ -24,6 +24,11 @@ What keeps it safe:
 * **Queued writes are checked again** by the holder (:func:`take`), as the model's arguments
   are, and must name the holder's own file. A line that fails is ignored (its writer applies
   its write itself).
+* **Applied once.** A key queued twice (a turn's attempt killed while its write waited, then
+  its retry) is applied once per batch (:mod:`workers.persona.memory_commit`). A writer whose
+  entry another holder took and whose answer is not in the ledger applies its write itself
+  only if the ledger is still the one it queued on (:meth:`Handoff.untraceable`): after a
+  compaction the answer may have been dropped, and it says the write may have been applied.
 * **Bounded in time.** Each entry carries its writer's deadline (wall clock). The holder applies
   only entries with at least :data:`SERVE_MARGIN` seconds left, so a writer that gives up
   ("lock not acquired") is, short of a holder stalled that long mid-write, not served behind
@@ -104,6 +109,9 @@ class Handoff:
         self.key = key
         self.until = None if timeout < 0 else time.time() + timeout
         self.queued = False
+        #: The ledger's inode when the write was queued (-1: there was no ledger), for
+        #: :meth:`untraceable`.
+        self.queued_on = -1
         #: What the holder that applied the write answered (set by :meth:`settled`).
         self.answer: str | None = None
         self._seen: tuple[int, int] = (-1, 0)  # the ledger's (inode, bytes read so far)
@@ -118,7 +126,25 @@ class Handoff:
         except OSError as exc:  # only an optimisation: the write is applied by its own writer
             _log.debug("memory.queue_failed", path=self.queue, error=str(exc))
             return
-        self.key, self.queued = key, True
+        self.key, self.queued, self.queued_on = key, True, self._seen[0]
+
+    def untraceable(self, taken: list[QueuedWrite]) -> bool:
+        """Whether this writer, now holding the lock with its answer not in the ledger, can no
+        longer tell if its queued write was applied. Its entry was taken from the queue by
+        another holder (it is not among ``taken``), and the ledger was compacted since it
+        queued (a new inode), which may have dropped the answer: a writer stalled that long
+        (a stopped process, a starved CPU) must not apply its write a second time. With the
+        ledger it queued on still in place, a missing answer means its write was not
+        applied (its holder died before the rename, or left it to its own writer)."""
+        if not self.queued or any(write.key == self.key for write in taken):
+            return False
+        try:
+            inode = os.stat(self.ledger, follow_symlinks=False).st_ino
+        except FileNotFoundError:
+            return False  # no ledger: nothing was answered, nothing compacted
+        except OSError:
+            return True
+        return inode != self.queued_on  # a ledger created since may have been compacted too
 
     def settled(self) -> bool:
         """Whether a holder applied the queued write: its answer is in the ledger. Reads only
