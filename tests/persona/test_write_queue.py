@@ -169,15 +169,9 @@ def _queued_lines(home: Path) -> int:
     return queue.read_bytes().count(b"\n") if queue.exists() else 0
 
 
-def test_a_waiting_writer_is_served_by_the_next_holder(home: Path) -> None:
-    """Two writers queue behind a held lock; whichever gets it applies both in one write and
-    the other returns the answer it left in the ledger. Each entry lands once."""
-    ok(memory_tool(home), action="add", text="before")
-    results: dict[str, str] = {}
-
-    def write(text: str) -> None:
-        results[text] = memory_tool(home).execute({"action": "add", "text": text}).output
-
+def _queue_two_behind_a_held_lock(home: Path, write: Callable[[str], None]) -> None:
+    """Run ``write("b")`` and ``write("c")`` on two threads that both queue behind a held
+    lock, then let the lock go and wait for both."""
     writers = [threading.Thread(target=write, args=(text,)) for text in ("b", "c")]
     try:
         with held_by_thread(_memory_lock(home)):
@@ -188,6 +182,18 @@ def test_a_waiting_writer_is_served_by_the_next_holder(home: Path) -> None:
     finally:
         for writer in writers:
             writer.join(10)
+
+
+def test_a_waiting_writer_is_served_by_the_next_holder(home: Path) -> None:
+    """Two writers queue behind a held lock; whichever gets it applies both in one write and
+    the other returns the answer it left in the ledger. Each entry lands once."""
+    ok(memory_tool(home), action="add", text="before")
+    results: dict[str, str] = {}
+
+    def write(text: str) -> None:
+        results[text] = memory_tool(home).execute({"action": "add", "text": text}).output
+
+    _queue_two_behind_a_held_lock(home, write)
     added = "Added an entry to MEMORY.md. It loads into your system prompt at the start of your "
     assert results == dict.fromkeys(("b", "c"), added + "next session.")
     lines = (home / "MEMORY.md").read_text().splitlines()
@@ -354,16 +360,7 @@ def test_a_served_writer_makes_the_holders_rename_durable_before_it_answers(
         threads.append(threading.get_ident())
         ok(memory_tool(home), action="add", text=text)
 
-    writers = [threading.Thread(target=write, args=(text,)) for text in ("b", "c")]
-    try:
-        with held_by_thread(_memory_lock(home)):
-            writers[0].start()
-            _wait_for(lambda: _queued_lines(home) == 1, "the first writer to queue")
-            writers[1].start()
-            _wait_for(lambda: _queued_lines(home) == 2, "the second writer to queue")
-    finally:
-        for writer in writers:
-            writer.join(10)
+    _queue_two_behind_a_held_lock(home, write)
     assert sorted((home / "MEMORY.md").read_text().splitlines()) == ["- b", "- before", "- c"]
     synced = fsyncs.of(home.resolve())
     assert sorted(thread for thread, _, _ in synced) == sorted(threads), fsyncs.calls
