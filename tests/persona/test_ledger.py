@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workers.persona.ledger import WriteLedger, find_answer
+import pytest
+
+from workers.persona import ledger as ledger_module
+from workers.persona.ledger import WriteLedger, find_answer, ledger_identity
 
 
 def test_settle_records_a_dead_writers_answers_only_if_its_rename_happened(
@@ -60,3 +63,31 @@ def test_an_answer_is_the_newest_whole_line_recorded_under_its_key() -> None:
     intent = b'{"intent": [1, 2], "answers": [["qnew", "Added."]]}\n'
     assert find_answer(raw + intent, "qnew") is None
     assert find_answer(raw, "qab") is None  # a prefix of a key is another key
+
+
+def test_a_created_or_compacted_ledger_names_a_new_generation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends keep a ledger's identity; creating or compacting it gives it a new generation
+    in its first line, told apart even when the new file gets the old inode number back (a
+    waiter uses it to know whether its answer could have been dropped)."""
+    monkeypatch.setattr(ledger_module, "MAX_ENTRIES", 2)
+    path = tmp_path / "MEMORY.md.applied"
+    assert ledger_identity(str(path)) is None
+    WriteLedger(path).record_all([("qa", "Added.")])
+    created = ledger_identity(str(path))
+    assert created is not None
+    assert len(created[1]) == 16
+    for key in ("qb", "qc", "qd"):
+        WriteLedger(path).record_all([(key, "Added.")])
+    assert ledger_identity(str(path)) == created  # appended
+    WriteLedger(path).record_all([("qe", "Added.")])  # 2 x MAX_ENTRIES: the newest 2 are kept
+    compacted = ledger_identity(str(path))
+    assert compacted is not None
+    assert compacted[1] != created[1]
+    assert WriteLedger(path).answer("qa") is None
+    assert WriteLedger(path).answer("qe") == "Added."
+    same_inode = path.read_bytes().replace(compacted[1].encode(), b"0" * 16)
+    with path.open("r+b") as rewritten:  # as if a compaction had reused the inode number
+        rewritten.write(same_inode)
+    assert ledger_identity(str(path)) == (compacted[0], "0" * 16)

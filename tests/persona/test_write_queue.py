@@ -428,3 +428,24 @@ def test_a_writer_whose_taken_write_went_unanswered_on_its_ledger_applies_it(hom
     result = _resume(target, request, handoff)
     assert not result.is_error, result.output
     assert (home / "MEMORY.md").read_text() == "- before\n- mine\n"
+
+
+def test_a_compaction_that_reused_the_ledgers_inode_is_still_seen(home: Path) -> None:
+    """ext4 hands a freed inode number straight back: a ledger compacted (here: rewritten in
+    place, as if it got its old inode back) without the stalled writer's answer must still
+    count as compacted, by its new generation, and the write is not applied twice."""
+    ok(memory_tool(home, write_scope="ava:1"), action="add", text="before")
+    target, request, handoff = _stalled_writer(home, "stalled writer")
+    ok(memory_tool(home), action="add", text="holder")  # applies the queued write, answers it
+    ledger = Path(target.ledger)
+    kept = [
+        line
+        for line in ledger.read_bytes().splitlines(keepends=True)
+        if handoff.key.encode() not in line and not line.startswith(b'{"generation"')
+    ]
+    with ledger.open("r+b") as rewritten:
+        rewritten.truncate(0)
+        rewritten.write(b'{"generation": "' + b"1" * 16 + b'"}\n' + b"".join(kept))
+    result = _resume(target, request, handoff)
+    assert result.is_error
+    assert (home / "MEMORY.md").read_text().count("- stalled writer\n") == 1

@@ -12,7 +12,9 @@ It also carries the answers a holder leaves for writers whose queued writes it a
 them while they wait.
 
 Where and how big: one small file per data path, beside its lock under ``<persona>/.locks/``
-(``.locks/MEMORY.md.applied``), JSON lines of ``{"key", "message"}``. Each write appends its
+(``.locks/MEMORY.md.applied``), JSON lines of ``{"key", "message"}`` after a first line naming
+the file's generation (``{"generation": "<16 hex>"}``, new at each creation and compaction:
+:func:`ledger_identity`). Each write appends its
 line, with no fsync of its own (issue 15, below); when the file holds twice
 :data:`MAX_ENTRIES` lines it is rewritten atomically with the newest :data:`MAX_ENTRIES` (a
 turn makes at most ``SOULFLEET_TURN_MAX_TOOL_CALLS`` writes; a retry comes within minutes), so
@@ -46,6 +48,7 @@ import errno
 import hashlib
 import json
 import os
+import secrets
 import stat
 
 import structlog
@@ -53,7 +56,14 @@ import structlog
 from workers.persona.files import read_prefix
 from workers.persona.writes import remove_stale_temps, replace_bytes, write_all
 
-__all__ = ["LEDGER_SUFFIX", "MAX_ENTRIES", "WriteLedger", "find_answer", "write_key"]
+__all__ = [
+    "LEDGER_SUFFIX",
+    "MAX_ENTRIES",
+    "WriteLedger",
+    "find_answer",
+    "ledger_identity",
+    "write_key",
+]
 
 LEDGER_SUFFIX = ".applied"
 _APPEND = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -61,6 +71,8 @@ MAX_ENTRIES = 512
 #: How an intent line starts (:meth:`WriteLedger.intend`), and the line that voids one.
 _INTENT_PREFIX = b'{"intent"'
 _VOID_LINE = b'{"void": true}\n'
+#: How a ledger's first line starts: the generation a creation or compaction gave it.
+_GENERATION_PREFIX = b'{"generation": "'
 #: How much of a ledger's end :meth:`WriteLedger.settle` reads to find a trailing intent.
 _TAIL_BYTES = 256
 _TAIL = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -134,9 +146,10 @@ class WriteLedger:
         raw = self._bytes()
         line = _intent_line(identity, answered)
         if raw is None:  # a new ledger is written whole, like any created persona file
+            data = _generation_line() + line
             remove_stale_temps(self.path)
-            replace_bytes(self.path, line)
-            self._raw, self._created = line, True
+            replace_bytes(self.path, data)
+            self._raw, self._created = data, True
             return
         self._append(line, fd=self._fd)
 
@@ -226,7 +239,7 @@ class WriteLedger:
         size = 0 if raw is None else len(raw) + len(self._after)
         if raw is None or count >= 2 * MAX_ENTRIES or size + len(lines) > _MAX_BYTES:
             entries = [*self._entries(), *answered][-MAX_ENTRIES:]
-            data = b"".join(_line(k, m) for k, m in entries)
+            data = _generation_line() + b"".join(_line(k, m) for k, m in entries)
             remove_stale_temps(self.path)
             replace_bytes(self.path, data)
             self._raw, self._after = data, b""
@@ -236,6 +249,31 @@ class WriteLedger:
             replaced = False
         _log.debug("memory.ledger_recorded", path=self.path, lines=len(answered))
         return replaced or self._created
+
+
+def ledger_identity(path: str) -> tuple[int, str] | None:
+    """Which ledger is at ``path``: its inode and the generation its first line names ("" for
+    a ledger written before generations); None when there is none. A created or compacted
+    ledger starts with a new random generation, so a waiter can tell a compaction (which may
+    have dropped its answer) from appends, even when the new file reuses the old inode number
+    (ext4 does that at once)."""
+    try:
+        fd = os.open(path, _TAIL)
+    except FileNotFoundError:
+        return None
+    try:
+        info = os.fstat(fd)
+        head = os.pread(fd, len(_GENERATION_PREFIX) + 64, 0) if stat.S_ISREG(info.st_mode) else b""
+    finally:
+        os.close(fd)
+    generation = ""
+    if head.startswith(_GENERATION_PREFIX):
+        generation = head[len(_GENERATION_PREFIX) :].split(b'"', 1)[0].decode("ascii", "replace")
+    return info.st_ino, generation
+
+
+def _generation_line() -> bytes:
+    return _GENERATION_PREFIX + secrets.token_hex(8).encode() + b'"}\n'
 
 
 def find_answer(raw: bytes, key: str) -> str | None:

@@ -19,8 +19,11 @@ What keeps it safe:
   machine has its own queue (:func:`workers.persona.shared_claims.queue_for`), taken only by a
   holder on that machine.
 * **Taking is reading then truncating, under the lock.** An append that lands between the two
-  is lost from the queue; its writer is still waiting with the write in hand and applies it.
-  A torn last line (an append in progress) is left out the same way.
+  is lost from the queue; its writer is still waiting with the write in hand and applies it
+  (or, if the ledger was compacted meanwhile, says the write may have been applied: it can no
+  longer tell). A torn last line (an append in progress) is left out the same way. Taking
+  always consumes what it read: a writer holding the lock takes its own entry with the rest,
+  so it is never left behind for the next holder to apply again after its writer did.
 * **Queued writes are checked again** by the holder (:func:`take`), as the model's arguments
   are, and must name the holder's own file. A line that fails is ignored (its writer applies
   its write itself).
@@ -49,7 +52,7 @@ import time
 
 import structlog
 
-from workers.persona.ledger import find_answer
+from workers.persona.ledger import find_answer, ledger_identity
 from workers.persona.memory_spec import MemoryRequest, parse_request
 from workers.persona.writes import write_all
 
@@ -109,9 +112,9 @@ class Handoff:
         self.key = key
         self.until = None if timeout < 0 else time.time() + timeout
         self.queued = False
-        #: The ledger's inode when the write was queued (-1: there was no ledger), for
+        #: Which ledger there was when the write was queued (None: none), for
         #: :meth:`untraceable`.
-        self.queued_on = -1
+        self.queued_on: tuple[int, str] | None = None
         #: What the holder that applied the write answered (set by :meth:`settled`).
         self.answer: str | None = None
         self._seen: tuple[int, int] = (-1, 0)  # the ledger's (inode, bytes read so far)
@@ -122,29 +125,30 @@ class Handoff:
         key = self.key or f"{_HANDOFF_PREFIX}{random.getrandbits(124):031x}"
         try:
             self._seen = _mark(self.ledger)
+            queued_on = ledger_identity(self.ledger)
             enqueue(self.queue, key, self.request, self.until)
         except OSError as exc:  # only an optimisation: the write is applied by its own writer
             _log.debug("memory.queue_failed", path=self.queue, error=str(exc))
             return
-        self.key, self.queued, self.queued_on = key, True, self._seen[0]
+        self.key, self.queued, self.queued_on = key, True, queued_on
 
     def untraceable(self, taken: list[QueuedWrite]) -> bool:
         """Whether this writer, now holding the lock with its answer not in the ledger, can no
         longer tell if its queued write was applied. Its entry was taken from the queue by
         another holder (it is not among ``taken``), and the ledger was compacted since it
-        queued (a new inode), which may have dropped the answer: a writer stalled that long
-        (a stopped process, a starved CPU) must not apply its write a second time. With the
-        ledger it queued on still in place, a missing answer means its write was not
+        queued (a new generation), which may have dropped the answer: a writer stalled that
+        long (a stopped process, a starved CPU) must not apply its write a second time. With
+        the ledger it queued on still in place, a missing answer means its write was not
         applied (its holder died before the rename, or left it to its own writer)."""
         if not self.queued or any(write.key == self.key for write in taken):
             return False
         try:
-            inode = os.stat(self.ledger, follow_symlinks=False).st_ino
-        except FileNotFoundError:
-            return False  # no ledger: nothing was answered, nothing compacted
+            now = ledger_identity(self.ledger)
         except OSError:
             return True
-        return inode != self.queued_on  # a ledger created since may have been compacted too
+        # No ledger now: nothing was answered. One created since it queued may have been
+        # compacted already, so only the very ledger it queued on is proof.
+        return now is not None and now != self.queued_on
 
     def settled(self) -> bool:
         """Whether a holder applied the queued write: its answer is in the ledger. Reads only
@@ -220,16 +224,15 @@ def take(path: str, relative: str, max_entry_bytes: int) -> list[QueuedWrite]:
     applying, in queue order. Call only while holding the data file's lock. An unreadable or
     missing queue is an empty one (its writers apply their own writes)."""
     try:
-        size = os.stat(path, follow_symlinks=False).st_size
-        if size == 0:
+        if os.stat(path, follow_symlinks=False).st_size == 0:
             return []
         fd = os.open(path, _TAKE)
     except OSError:
         return []
     try:
-        # What the stat saw, and room for the appends since (a read of the whole bound would
-        # allocate a megabyte per commit); whatever lies beyond is truncated away below.
-        raw = os.read(fd, min(MAX_QUEUE_BYTES, size + _TAKE_SLACK))
+        # What is there, and room for appends landing meanwhile (a read of the whole bound
+        # would allocate a megabyte per commit); whatever lies beyond is truncated away.
+        raw = os.read(fd, min(MAX_QUEUE_BYTES, os.fstat(fd).st_size + _TAKE_SLACK))
         os.ftruncate(fd, 0)
     except OSError:
         return []
