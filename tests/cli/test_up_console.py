@@ -83,7 +83,7 @@ def test_up_console_errors_once_live_counts_metrics_and_a_revive(tmp_path: Path)
         ports = [int(p) for p in re.findall(r"http://127\.0\.0\.1:(\d+)/metrics", text())]
         assert sorted(ports) == [base, base + 1], text()
         for port in ports:
-            wait_until(partial(_listening, port), timeout=30, what=f"port {port}")
+            wait_until(partial(_listening, port), timeout=DEADLINE, what=f"port {port}")
             assert _listening(port) == {"0100007F"}, (port, _listening(port))
 
         state = json.loads((data / "up.json").read_text())
