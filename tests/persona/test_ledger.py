@@ -77,17 +77,23 @@ def test_a_created_or_compacted_ledger_names_a_new_generation(
     WriteLedger(path).record_all([("qa", "Added.")])
     created = ledger_identity(str(path))
     assert created is not None
-    assert len(created[1]) == 16
+    assert len(created.generation) == 16
     for key in ("qb", "qc", "qd"):
         WriteLedger(path).record_all([(key, "Added.")])
-    assert ledger_identity(str(path)) == created  # appended
+    appended = ledger_identity(str(path))
+    assert appended is not None
+    assert appended.same_ledger(created)
     WriteLedger(path).record_all([("qe", "Added.")])  # 2 x MAX_ENTRIES: the newest 2 are kept
     compacted = ledger_identity(str(path))
     assert compacted is not None
-    assert compacted[1] != created[1]
+    assert compacted.generation != created.generation
+    assert not compacted.same_ledger(created)
     assert WriteLedger(path).answer("qa") is None
     assert WriteLedger(path).answer("qe") == "Added."
-    same_inode = path.read_bytes().replace(compacted[1].encode(), b"0" * 16)
+    same_inode = path.read_bytes().replace(compacted.generation.encode(), b"0" * 16)
     with path.open("r+b") as rewritten:  # as if a compaction had reused the inode number
         rewritten.write(same_inode)
-    assert ledger_identity(str(path)) == (compacted[0], "0" * 16)
+    rewritten_identity = ledger_identity(str(path))
+    assert rewritten_identity is not None
+    assert (rewritten_identity.inode, rewritten_identity.generation) == (compacted.inode, "0" * 16)
+    assert not rewritten_identity.same_ledger(compacted)

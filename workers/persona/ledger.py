@@ -50,6 +50,7 @@ import json
 import os
 import secrets
 import stat
+from typing import NamedTuple
 
 import structlog
 
@@ -59,6 +60,7 @@ from workers.persona.writes import remove_stale_temps, replace_bytes, write_all
 __all__ = [
     "LEDGER_SUFFIX",
     "MAX_ENTRIES",
+    "LedgerIdentity",
     "WriteLedger",
     "find_answer",
     "ledger_identity",
@@ -251,12 +253,29 @@ class WriteLedger:
         return replaced or self._created
 
 
-def ledger_identity(path: str) -> tuple[int, str] | None:
-    """Which ledger is at ``path``: its inode and the generation its first line names ("" for
-    a ledger written before generations); None when there is none. A created or compacted
-    ledger starts with a new random generation, so a waiter can tell a compaction (which may
-    have dropped its answer) from appends, even when the new file reuses the old inode number
-    (ext4 does that at once)."""
+class LedgerIdentity(NamedTuple):
+    """Which ledger is at a path, and how long it was when looked at."""
+
+    inode: int
+    #: What its first line names ("" for a ledger written before generations): new at each
+    #: creation and compaction.
+    generation: str
+    size: int
+
+    def same_ledger(self, other: LedgerIdentity | None) -> bool:
+        """Whether ``other`` is this very ledger (appended to since, perhaps, never
+        compacted): the inode alone cannot tell, since ext4 hands a freed inode number
+        straight back to the next file."""
+        return other is not None and (self.inode, self.generation) == (
+            other.inode,
+            other.generation,
+        )
+
+
+def ledger_identity(path: str) -> LedgerIdentity | None:
+    """Which ledger is at ``path`` (None when there is none). A created or compacted ledger
+    starts with a new random generation, so a waiter can tell a compaction (which may have
+    dropped its answer) from appends, even when the new file reuses the old inode number."""
     try:
         fd = os.open(path, _TAIL)
     except FileNotFoundError:
@@ -269,7 +288,7 @@ def ledger_identity(path: str) -> tuple[int, str] | None:
     generation = ""
     if head.startswith(_GENERATION_PREFIX):
         generation = head[len(_GENERATION_PREFIX) :].split(b'"', 1)[0].decode("ascii", "replace")
-    return info.st_ino, generation
+    return LedgerIdentity(info.st_ino, generation, info.st_size)
 
 
 def _generation_line() -> bytes:

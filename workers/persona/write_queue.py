@@ -52,7 +52,7 @@ import time
 
 import structlog
 
-from workers.persona.ledger import find_answer, ledger_identity
+from workers.persona.ledger import LedgerIdentity, find_answer, ledger_identity
 from workers.persona.memory_spec import MemoryRequest, parse_request
 from workers.persona.writes import write_all
 
@@ -114,7 +114,7 @@ class Handoff:
         self.queued = False
         #: Which ledger there was when the write was queued (None: none), for
         #: :meth:`untraceable`.
-        self.queued_on: tuple[int, str] | None = None
+        self.queued_on: LedgerIdentity | None = None
         #: What the holder that applied the write answered (set by :meth:`settled`).
         self.answer: str | None = None
         self._seen: tuple[int, int] = (-1, 0)  # the ledger's (inode, bytes read so far)
@@ -124,13 +124,14 @@ class Handoff:
             return  # no holder would apply it in time: this writer applies its own write
         key = self.key or f"{_HANDOFF_PREFIX}{random.getrandbits(124):031x}"
         try:
-            self._seen = _mark(self.ledger)
             queued_on = ledger_identity(self.ledger)
             enqueue(self.queue, key, self.request, self.until)
         except OSError as exc:  # only an optimisation: the write is applied by its own writer
             _log.debug("memory.queue_failed", path=self.queue, error=str(exc))
             return
         self.key, self.queued, self.queued_on = key, True, queued_on
+        if queued_on is not None:  # its answer can only come after this: read from here on
+            self._seen = (queued_on.inode, queued_on.size)
 
     def untraceable(self, taken: list[QueuedWrite]) -> bool:
         """Whether this writer, now holding the lock with its answer not in the ledger, can no
@@ -148,7 +149,7 @@ class Handoff:
             return True
         # No ledger now: nothing was answered. One created since it queued may have been
         # compacted already, so only the very ledger it queued on is proof.
-        return now is not None and now != self.queued_on
+        return now is not None and not now.same_ledger(self.queued_on)
 
     def settled(self) -> bool:
         """Whether a holder applied the queued write: its answer is in the ledger. Reads only
