@@ -80,9 +80,8 @@ def _revive_all(state: CliContext, reason: str | None, *, as_json: bool) -> None
     if reason is not None and not reason.strip():
         raise BadInputError("--reason needs some text to match in the last error")
     fleet = state.fleet()
-    revived = fleet.revive_dead(reason=reason)
+    revived, broken = fleet.revive_dead(reason=reason)
     orphans = fleet.orphaned_dead()
-    broken = fleet.broken_dead()
     if as_json:
         lanes = [{"lane": outcome.lane, "turn_id": outcome.turn_id} for outcome in revived]
         still = [{"lane": lane, "error": error} for lane, error in broken]

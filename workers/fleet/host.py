@@ -345,30 +345,44 @@ class Fleet:
             self.publisher.publish(lane, outcome.turn_id, outcome.turn_kind)
         return outcome
 
-    def revive_dead(self, *, reason: str | None = None) -> list[TickOutcome]:
+    def revive_dead(
+        self, *, reason: str | None = None
+    ) -> tuple[list[TickOutcome], list[tuple[str, str]]]:
         """Revive every dead-lettered lane whose persona still exists and passes the check
-        :meth:`post` makes (:meth:`broken_dead` names the others), or only those whose last
-        error contains ``reason`` (case-insensitive); returns what was queued (and published)."""
+        :meth:`post` makes, or only those whose last error contains ``reason``
+        (case-insensitive). Returns what was queued (and published), and the lanes left dead
+        because their persona's files still fail that check, each with its error (whatever
+        ``reason``): they would only be dead-lettered again."""
         lanes: list[str] = self._call(lambda: self.client.zrange(self.keys.dead, 0, -1))
-        # A lane whose persona directory is gone, or whose files still fail, would only be
-        # dead-lettered again.
         lanes = [lane for lane in lanes if self._persona_exists(lane)]
-        lanes = [lane for lane in lanes if self._check_error(lane) is None]
+        errors_of: dict[str, str | None] = {}  # one check per persona, for both its lanes
+        broken: list[tuple[str, str]] = []
+        revivable: list[str] = []
+        for lane in lanes:
+            name, _role = self.registry.parse_lane(lane)
+            if name not in errors_of:
+                errors_of[name] = self._check_error(name)
+            error = errors_of[name]
+            if error is None:
+                revivable.append(lane)
+            else:
+                broken.append((lane, error))
+        lanes = revivable
         if reason is not None and lanes:
             pipe = self.client.pipeline(transaction=False)
             for lane in lanes:
                 pipe.hget(self.keys.lane(lane), "last_error")
-            errors = self._call(pipe.execute)
+            last_errors = self._call(pipe.execute)
             needle = reason.lower()
             lanes = [
                 lane
-                for lane, error in zip(lanes, errors, strict=True)
+                for lane, error in zip(lanes, last_errors, strict=True)
                 if needle in str(error or "").lower()
             ]
         outcomes = [self.lanes.revive(lane) for lane in lanes]
         queued = [o for o in outcomes if o.outcome == "queued" and o.turn_id and o.turn_kind]
         self.publisher.publish_many([(o.lane, str(o.turn_id), str(o.turn_kind)) for o in queued])
-        return queued
+        return queued, broken
 
     def orphaned_dead(self) -> list[str]:
         """Dead-lettered lanes whose persona directory is gone (deleted or renamed). They are
@@ -377,21 +391,13 @@ class Fleet:
         lanes: list[str] = self._call(lambda: self.client.zrange(self.keys.dead, 0, -1))
         return [lane for lane in lanes if not self._persona_exists(lane)]
 
-    def broken_dead(self) -> list[tuple[str, str]]:
-        """Dead-lettered lanes whose persona's files still fail the check :meth:`post` makes,
-        with that error: :meth:`revive_dead` leaves them dead until the files are fixed."""
-        lanes: list[str] = self._call(lambda: self.client.zrange(self.keys.dead, 0, -1))
-        found = [(lane, self._check_error(lane)) for lane in lanes if self._persona_exists(lane)]
-        return [(lane, error) for lane, error in found if error is not None]
-
     def _check(self, name: str) -> None:
         """Raise what persona ``name``'s files would fail its turn with (post, revive)."""
         check_persona(
             self.registry.home(name), self.settings.model, mcp_servers=self.settings.mcp_servers
         )
 
-    def _check_error(self, lane: str) -> str | None:
-        name, _role = self.registry.parse_lane(lane)
+    def _check_error(self, name: str) -> str | None:
         try:
             self._check(name)
         except Exception as exc:  # whatever its files would fail its turn with
