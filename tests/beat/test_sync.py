@@ -20,6 +20,7 @@ from workers.fleet import Fleet
 from workers.persona.clock import VirtualClock
 from workers.persona.manifest import PersonaConfig, load_manifest
 from workers.persona.mcp_servers import parse_mcp_servers
+from workers.settings import Settings
 
 EVERY_1M = '[heartbeat]\nevery = "1m"\n'
 EVERY_2M = '[heartbeat]\nevery = "2m"\n'
@@ -48,6 +49,18 @@ def make_sync(fleet: Fleet, loader: CountingLoader | None = None) -> RegistrySyn
         settings=fleet.settings,
         clock=fleet.clock,
         loader=loader or CountingLoader(),
+    )
+
+
+def checking_sync(fleet: Fleet, settings: Settings | None = None) -> RegistrySync:
+    """A sync with its own loader, as beat runs it: it checks each persona's model spec and
+    tools, which make_sync's counting loader skips."""
+    return RegistrySync(
+        client=fleet.client,
+        keys=fleet.keys,
+        registry=fleet.registry,
+        settings=settings or fleet.settings,
+        clock=fleet.clock,
     )
 
 
@@ -318,13 +331,7 @@ def test_invalid_tool_config_is_an_invalid_persona(
     write_persona(persona_root, "ava", EVERY_1M + '[[tools.mcp]]\nuse = "time"\n')
     write_persona(persona_root, "bob", EVERY_1M + '[[tools.mcp]]\nname = "x"\nargs = ["a"]\n')
     write_persona(persona_root, "cyd", EVERY_1M + '[[tools.mcp]]\nuse = "github"\n')
-    sync = RegistrySync(
-        client=fleet.client,
-        keys=fleet.keys,
-        registry=fleet.registry,
-        settings=settings,
-        clock=fleet.clock,
-    )
+    sync = checking_sync(fleet, settings)
     report = sync.run()
     assert report.invalid == 2
     assert set(schedule(redis_client, fleet)) == {"ava|heartbeat"}
@@ -494,10 +501,7 @@ def test_a_broken_scripted_rules_file_makes_the_persona_invalid(
     home = write_persona(persona_root, "ava", 'model = "scripted:rules.toml"\n' + EVERY_1M)
     (home / "rules.toml").write_text('[[rules]]\ntxt = "typo"\n')
     write_persona(persona_root, "bob", 'model = "scripted:builtin"\n' + EVERY_1M)
-    sync = RegistrySync(
-        client=fleet.client, keys=fleet.keys, registry=fleet.registry,
-        settings=fleet.settings, clock=fleet.clock,
-    )  # fmt: skip
+    sync = checking_sync(fleet)
     assert sync.run().invalid == 1
     assert set(schedule(redis_client, fleet)) == {"bob|heartbeat"}
     assert "rules[0]" in registry_record(redis_client, fleet, "ava")["error"]
@@ -512,10 +516,7 @@ def test_a_model_spec_in_no_accepted_form_makes_the_persona_invalid(
     write_persona(persona_root, "ava", 'model = "openai-typo:gpt-4o-mini"\n' + EVERY_1M)
     write_persona(persona_root, "cat", 'model = "anthropic:"\n' + EVERY_1M)
     write_persona(persona_root, "bob", 'model = "openai:gpt-4o-mini"\n' + EVERY_1M)
-    sync = RegistrySync(
-        client=fleet.client, keys=fleet.keys, registry=fleet.registry,
-        settings=fleet.settings, clock=fleet.clock,
-    )  # fmt: skip
+    sync = checking_sync(fleet)
     assert sync.run().invalid == 2
     assert set(schedule(redis_client, fleet)) == {"bob|heartbeat"}
     error = registry_record(redis_client, fleet, "ava")["error"]
