@@ -76,24 +76,35 @@ def _serve(conn: Connection, worker: int, barriers: dict[int, Barrier]) -> None:
         if command is None:
             return
         processes, floor_dir, home, lock_mode, ledger = command
-        scope = f"bench-turn-{worker}" if ledger else None
-        tool = memory_tool(home, lock_mode=lock_mode, lock_timeout=120.0, write_scope=scope)
         barrier = barriers[processes]
-        spent = {"floor": 0.0, "add": 0.0}
-        barrier.wait()
-        for block in range(OPS // BLOCK):
-            for kind in ("floor", "add"):
-                began = time.perf_counter()
-                for index in range(block * BLOCK, (block + 1) * BLOCK):
-                    if kind == "floor":
-                        _floor_op(floor_dir, worker, index)
-                        continue
-                    result = tool.execute({"action": "add", "text": f"worker {worker} #{index}"})
-                    if result.is_error:
-                        raise RuntimeError(result.output)
-                barrier.wait()
-                spent[kind] += time.perf_counter() - began
-        conn.send((spent["floor"], spent["add"]))
+        try:
+            conn.send(_measure(worker, barrier, floor_dir=floor_dir, home=home,
+                               lock_mode=lock_mode, ledger=ledger))  # fmt: skip
+        except Exception as exc:  # say what failed, and free the others from the barrier
+            barrier.abort()
+            conn.send(f"worker {worker}: {type(exc).__name__}: {exc}")
+
+
+def _measure(
+    worker: int, barrier: Barrier, *, floor_dir: str, home: str, lock_mode: LockMode, ledger: bool
+) -> tuple[float, float]:
+    scope = f"bench-turn-{worker}" if ledger else None
+    tool = memory_tool(home, lock_mode=lock_mode, lock_timeout=120.0, write_scope=scope)
+    spent = {"floor": 0.0, "add": 0.0}
+    barrier.wait()
+    for block in range(OPS // BLOCK):
+        for kind in ("floor", "add"):
+            began = time.perf_counter()
+            for index in range(block * BLOCK, (block + 1) * BLOCK):
+                if kind == "floor":
+                    _floor_op(floor_dir, worker, index)
+                    continue
+                result = tool.execute({"action": "add", "text": f"worker {worker} #{index}"})
+                if result.is_error:
+                    raise RuntimeError(f"memory add failed: {result.output}")
+            barrier.wait()
+            spent[kind] += time.perf_counter() - began
+    return spent["floor"], spent["add"]
 
 
 class _Pool:
@@ -120,6 +131,9 @@ class _Pool:
         for conn in self.conns[:processes]:
             conn.send((processes, str(floor_dir), str(home), lock_mode, ledger))
         results = [conn.recv() for conn in self.conns[:processes]]
+        failures = [result for result in results if isinstance(result, str)]
+        if failures:  # a worker that died would leave this process waiting forever
+            raise SystemExit("bench_memory: " + "; ".join(failures))
         floor_seconds, add_seconds = results[0]
         entries = (home / "MEMORY.md").read_bytes().count(b"\n")
         if entries != processes * OPS:

@@ -83,11 +83,16 @@ def test_a_created_or_compacted_ledger_names_a_new_generation(
     appended = ledger_identity(str(path))
     assert appended is not None
     assert appended.same_ledger(created)
+    assert (appended.since, appended.kept_from) == ("", 0)  # created, never compacted
+    before = path.read_bytes()
     WriteLedger(path).record_all([("qe", "Added.")])  # 2 x MAX_ENTRIES: the newest 2 are kept
     compacted = ledger_identity(str(path))
     assert compacted is not None
     assert compacted.generation != created.generation
     assert not compacted.same_ledger(created)
+    # It names what it replaced, and from where in it every answer was kept (qd's line on).
+    assert compacted.since == created.generation
+    assert compacted.kept_from == before.index(b'{"key": "qd"')
     assert WriteLedger(path).answer("qa") is None
     assert WriteLedger(path).answer("qe") == "Added."
     same_inode = path.read_bytes().replace(compacted.generation.encode(), b"0" * 16)
@@ -97,3 +102,24 @@ def test_a_created_or_compacted_ledger_names_a_new_generation(
     assert rewritten_identity is not None
     assert (rewritten_identity.inode, rewritten_identity.generation) == (compacted.inode, "0" * 16)
     assert not rewritten_identity.same_ledger(compacted)
+
+
+def test_answers_another_process_appended_count_toward_compaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process counts a ledger's answers from where it last counted them: lines other
+    processes appended since are counted too, so the ledger is compacted at twice
+    MAX_ENTRIES answers whoever wrote them."""
+    monkeypatch.setattr(ledger_module, "MAX_ENTRIES", 2)
+    path = tmp_path / "MEMORY.md.applied"
+    WriteLedger(path).record_all([("qa", "Added.")])
+    WriteLedger(path).record_all([("qb", "Added.")])  # counted here: 1 answer before it
+    created = ledger_identity(str(path))
+    with path.open("ab") as other:  # another process's two answers
+        other.write(b'{"key": "qc", "message": "Added."}\n{"key": "qd", "message": "Added."}\n')
+    WriteLedger(path).record_all([("qe", "Added.")])  # 4 answers before it: compacts
+    compacted = ledger_identity(str(path))
+    assert compacted is not None
+    assert not compacted.same_ledger(created)
+    assert WriteLedger(path).answer("qd") == "Added."
+    assert WriteLedger(path).answer("qc") is None

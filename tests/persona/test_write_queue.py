@@ -17,7 +17,7 @@ import pytest
 from tests.support.memory import held_by_thread, ok
 from workers.persona import ledger as ledger_module
 from workers.persona import memory, write_queue, writes
-from workers.persona.ledger import WriteLedger, write_key
+from workers.persona.ledger import WriteLedger, ledger_identity, write_key
 from workers.persona.locks import lock_file_for, path_lock
 from workers.persona.memory import MAX_ENTRY_BYTES, memory_tool
 from workers.persona.memory_commit import commit
@@ -428,6 +428,45 @@ def test_a_writer_whose_taken_write_went_unanswered_on_its_ledger_applies_it(hom
     result = _resume(target, request, handoff)
     assert not result.is_error, result.output
     assert (home / "MEMORY.md").read_text() == "- before\n- mine\n"
+
+
+def test_a_write_dropped_from_the_queue_across_a_compaction_that_kept_its_answers_is_applied(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take that read the queue just before this writer's append and truncated it just
+    after drops the entry unread. When the ledger was compacted once meanwhile but kept every
+    answer appended since the writer queued, a missing answer still proves the write was not
+    applied: the writer applies it, instead of a false "may have been applied" (seen ~1 in
+    10,000 adds of 4 processes to one file)."""
+    monkeypatch.setattr(ledger_module, "MAX_ENTRIES", 8)
+    for index in range(12):  # 12 answers: the 16th in the ledger makes the next write compact
+        ok(memory_tool(home, write_scope="ava:1"), action="add", text=f"earlier {index}")
+    target, request, handoff = _stalled_writer(home, "dropped")
+    Path(target.queue).write_bytes(b"")  # the racing take truncated the queue past the entry
+    for index in range(5):  # the 5th compacts: the newest 7 answers kept, all from before
+        ok(memory_tool(home, write_scope="ava:2"), action="add", text=f"later {index}")
+    identity = ledger_identity(target.ledger)
+    assert identity is not None
+    assert handoff.queued_on is not None
+    assert identity.since == handoff.queued_on.generation  # compacted once since it queued
+    result = _resume(target, request, handoff)
+    assert not result.is_error, result.output
+    assert (home / "MEMORY.md").read_text().count("- dropped\n") == 1
+
+
+def test_a_write_dropped_from_the_queue_while_a_new_ledger_was_created_is_applied(
+    home: Path,
+) -> None:
+    """The same race on a file with no ledger yet when the writer queued: a ledger created
+    since and never compacted holds every answer, so no answer means not applied."""
+    ok(memory_tool(home), action="add", text="before")  # unkeyed and alone: no ledger
+    target, request, handoff = _stalled_writer(home, "dropped")
+    assert handoff.queued_on is None
+    Path(target.queue).write_bytes(b"")
+    ok(memory_tool(home, write_scope="ava:1"), action="add", text="keyed")  # creates one
+    result = _resume(target, request, handoff)
+    assert not result.is_error, result.output
+    assert (home / "MEMORY.md").read_text() == "- before\n- keyed\n- dropped\n"
 
 
 def test_a_compaction_that_reused_the_ledgers_inode_is_still_seen(home: Path) -> None:

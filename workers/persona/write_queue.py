@@ -135,21 +135,31 @@ class Handoff:
 
     def untraceable(self, taken: list[QueuedWrite]) -> bool:
         """Whether this writer, now holding the lock with its answer not in the ledger, can no
-        longer tell if its queued write was applied. Its entry was taken from the queue by
-        another holder (it is not among ``taken``), and the ledger was compacted since it
-        queued (a new generation), which may have dropped the answer: a writer stalled that
-        long (a stopped process, a starved CPU) must not apply its write a second time. With
-        the ledger it queued on still in place, a missing answer means its write was not
-        applied (its holder died before the rename, or left it to its own writer)."""
+        longer tell if its queued write was applied. Its entry left the queue without it (a
+        holder took it, or a take dropped an append racing it), and the ledger was compacted
+        in a way that may have dropped the answer: a writer stalled that long (a stopped
+        process, a starved CPU) must not apply its write a second time.
+
+        A missing answer still means the write was not applied (its holder died before the
+        rename, left it to its own writer, or never read it) when the ledger is the one it
+        queued on, or a ledger created since and never compacted, or one compaction of the
+        ledger it queued on that kept every answer appended after it queued (without this, a
+        compaction during an ordinary wait turned ~1 in 10,000 contended adds into a false
+        "may have been applied")."""
         if not self.queued or any(write.key == self.key for write in taken):
             return False
         try:
             now = ledger_identity(self.ledger)
         except OSError:
             return True
-        # No ledger now: nothing was answered. One created since it queued may have been
-        # compacted already, so only the very ledger it queued on is proof.
-        return now is not None and not now.same_ledger(self.queued_on)
+        if now is None or now.same_ledger(self.queued_on):
+            return False  # no ledger now: nothing was answered
+        if self.queued_on is None:
+            return now.since != ""  # created since it queued: provable until compacted
+        kept_all = now.since == self.queued_on.generation != "" and (
+            now.kept_from <= self.queued_on.size
+        )
+        return not kept_all
 
     def settled(self) -> bool:
         """Whether a holder applied the queued write: its answer is in the ledger. Reads only
