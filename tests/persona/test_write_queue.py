@@ -437,7 +437,7 @@ def test_a_write_dropped_from_the_queue_across_a_compaction_that_kept_its_answer
     after drops the entry unread. When the ledger was compacted once meanwhile but kept every
     answer appended since the writer queued, a missing answer still proves the write was not
     applied: the writer applies it, instead of a false "may have been applied" (seen ~1 in
-    10,000 adds of 4 processes to one file)."""
+    25,000 adds of 4 processes to one file)."""
     monkeypatch.setattr(ledger_module, "MAX_ENTRIES", 8)
     for index in range(12):  # 12 answers: the 16th in the ledger makes the next write compact
         ok(memory_tool(home, write_scope="ava:1"), action="add", text=f"earlier {index}")
@@ -454,19 +454,42 @@ def test_a_write_dropped_from_the_queue_across_a_compaction_that_kept_its_answer
     assert (home / "MEMORY.md").read_text().count("- dropped\n") == 1
 
 
-def test_a_write_dropped_from_the_queue_while_a_new_ledger_was_created_is_applied(
-    home: Path,
+def test_a_turns_retry_whose_earlier_answer_a_compaction_dropped_is_not_applied_again(
+    home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same race on a file with no ledger yet when the writer queued: a ledger created
-    since and never compacted holds every answer, so no answer means not applied."""
-    ok(memory_tool(home), action="add", text="before")  # unkeyed and alone: no ledger
-    target, request, handoff = _stalled_writer(home, "dropped")
-    assert handoff.queued_on is None
-    Path(target.queue).write_bytes(b"")
-    ok(memory_tool(home, write_scope="ava:1"), action="add", text="keyed")  # creates one
-    result = _resume(target, request, handoff)
-    assert not result.is_error, result.output
-    assert (home / "MEMORY.md").read_text() == "- before\n- keyed\n- dropped\n"
+    """A turn's key can be answered before its retry queues (the turn's first attempt wrote
+    it): a holder takes the retry's entry and skips it as already applied, then one compaction
+    keeps everything since the retry queued but drops that older answer. The retry must not
+    apply the write again (it says it may have been applied), unlike a handoff key, whose
+    answer can only come after it queued."""
+    monkeypatch.setattr(ledger_module, "MAX_ENTRIES", 4)
+    for index in range(4):
+        ok(memory_tool(home, write_scope=f"filler:{index}"), action="add", text=f"filler {index}")
+    ok(memory_tool(home, write_scope="ava:7"), action="add", text="the turn's fact")  # attempt 1
+    ok(memory_tool(home, write_scope="filler:x"), action="add", text="filler x")
+    request = parse_request(
+        {"action": "add", "text": "the turn's fact"}, notes=False, max_entry_bytes=64
+    )
+    assert isinstance(request, MemoryRequest)
+    target = TargetCache().locate(home.resolve(), request, "local")
+    assert target is not None
+    key = write_key("ava:7", "add", "self", "the turn's fact", "", ordinal=1)
+    retry = Handoff(target.queue, target.ledger, request, key, 60.0)
+    retry.enqueue()  # attempt 2 queues behind a held lock, then stalls
+    for index in range(4, 7):  # the first takes and skips it; the third compacts
+        ok(memory_tool(home, write_scope=f"filler:{index}"), action="add", text=f"filler {index}")
+    identity = ledger_identity(target.ledger)
+    assert identity is not None
+    assert retry.queued_on is not None
+    assert identity.since == retry.queued_on.generation
+    assert identity.kept_from <= retry.queued_on.size
+    with path_lock(target.lock, timeout=5):
+        result = commit(
+            target, request, key=retry.key, keyed=True, max_entry_bytes=64, handoff=retry
+        ).result
+    assert result.is_error
+    assert "may have been applied" in result.output
+    assert (home / "MEMORY.md").read_text().count("- the turn's fact\n") == 1
 
 
 def test_a_compaction_that_reused_the_ledgers_inode_is_still_seen(home: Path) -> None:

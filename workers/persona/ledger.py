@@ -91,6 +91,8 @@ _ANSWER = b'{"key"'
 _counted: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
 _counted_guard = threading.Lock()
 _COUNTED_MAX = 4096
+#: A compaction's ``kept_from`` when it cannot vouch for any offset (beyond any ledger's size).
+_UNPROVABLE = 1 << 62
 
 _log = structlog.get_logger("soulfleet.memory")
 
@@ -158,7 +160,7 @@ class WriteLedger:
         keep = max(0, MAX_ENTRIES - len(answered))
         kept = entries[len(entries) - keep :] if keep else []
         if len(whole) > _MAX_BYTES:  # answers past the bound were never read: none is provable
-            kept_from = len(whole) + 1
+            kept_from = _UNPROVABLE
         elif len(kept) == len(entries):
             kept_from = 0
         else:

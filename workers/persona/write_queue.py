@@ -142,10 +142,12 @@ class Handoff:
 
         A missing answer still means the write was not applied (its holder died before the
         rename, left it to its own writer, or never read it) when the ledger is the one it
-        queued on, or a ledger created since and never compacted, or one compaction of the
-        ledger it queued on that kept every answer appended after it queued (without this, a
-        compaction during an ordinary wait turned ~1 in 10,000 contended adds into a false
-        "may have been applied")."""
+        queued on; and, for a handoff key (made when the write queued, so answered only after
+        that), after one compaction of the ledger it queued on that kept every answer appended
+        since it queued (without this, a compaction during an ordinary wait turned ~1 in
+        25,000 contended adds into a false "may have been applied"). Not for a turn's key: an
+        earlier attempt of the turn may have been answered before the retry queued, and that
+        older answer may be the one the compaction dropped."""
         if not self.queued or any(write.key == self.key for write in taken):
             return False
         try:
@@ -154,8 +156,8 @@ class Handoff:
             return True
         if now is None or now.same_ledger(self.queued_on):
             return False  # no ledger now: nothing was answered
-        if self.queued_on is None:
-            return now.since != ""  # created since it queued: provable until compacted
+        if self.queued_on is None or not is_handoff_key(self.key):
+            return True
         kept_all = now.since == self.queued_on.generation != "" and (
             now.kept_from <= self.queued_on.size
         )
