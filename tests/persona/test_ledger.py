@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from workers.persona import ledger as ledger_module
-from workers.persona.ledger import WriteLedger, find_answer, ledger_identity
+from workers.persona.ledger import WriteLedger
+from workers.persona.ledger_lines import ledger_identity
 
 
 def test_settle_records_a_dead_writers_answers_only_if_its_rename_happened(
@@ -49,20 +50,6 @@ def test_settle_finds_an_intent_longer_than_the_tail_it_reads_first(tmp_path: Pa
     assert len(path.read_bytes().splitlines()[-1]) > 1024
     WriteLedger(path).settle(str(data))
     assert WriteLedger(path).answer(answers[-1][0]) == answers[-1][1]
-
-
-def test_an_answer_is_the_newest_whole_line_recorded_under_its_key() -> None:
-    """find_answer parses only lines that start with the key's record: the newest one wins, a
-    torn or hand-edited line holding the key is passed over for an older whole one, and a key
-    named only inside another line (an intent listing a waiter's key) is no answer."""
-    line = b'{"key": "qabc", "message": "%s"}\n'
-    raw = line % b"first" + b'{"key": "other", "message": "x"}\n' + line % b"second"
-    assert find_answer(raw, "qabc") == "second"
-    assert find_answer(raw + b'{"key": "qabc", "message": "cut sh', "qabc") == "second"
-    assert find_answer(raw + b'junk {"key": "qabc", "message": "no"}\n', "qabc") == "second"
-    intent = b'{"intent": [1, 2], "answers": [["qnew", "Added."]]}\n'
-    assert find_answer(raw + intent, "qnew") is None
-    assert find_answer(raw, "qab") is None  # a prefix of a key is another key
 
 
 def test_a_created_or_compacted_ledger_names_a_new_generation(

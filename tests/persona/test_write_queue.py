@@ -17,7 +17,8 @@ import pytest
 from tests.support.memory import held_by_thread, ok
 from workers.persona import ledger as ledger_module
 from workers.persona import memory, write_queue, writes
-from workers.persona.ledger import WriteLedger, ledger_identity, write_key
+from workers.persona.ledger import WriteLedger, write_key
+from workers.persona.ledger_lines import ledger_identity
 from workers.persona.locks import lock_file_for, path_lock
 from workers.persona.memory import MAX_ENTRY_BYTES, memory_tool
 from workers.persona.memory_commit import commit

@@ -13,14 +13,12 @@ them while they wait.
 
 Where and how big: one small file per data path, beside its lock under ``<persona>/.locks/``
 (``.locks/MEMORY.md.applied``), JSON lines of ``{"key", "message"}`` after a first line naming
-the file's generation (``{"generation": "<16 hex>"}``, new at each creation and compaction:
-:func:`ledger_identity`; a compacted one also names the generation it replaced, ``"since"``,
-and ``"kept_from"``, the offset in that one from which it kept every answer). Each write
-appends its line, with no fsync of its own (issue 15, below); when the file holds twice
-:data:`MAX_ENTRIES` answers (counted from where this process last counted) it is rewritten
-atomically with the newest :data:`MAX_ENTRIES` (a turn makes at most
-``SOULFLEET_TURN_MAX_TOOL_CALLS`` writes; a retry comes within minutes), so it never grows
-past that. A line torn by a crash mid-append is skipped when read (forgetting
+the file's generation, new at each creation and compaction (what each line says:
+:mod:`workers.persona.ledger_lines`). Each write appends its line, with no fsync of its own
+(issue 15, below); when the file holds twice :data:`MAX_ENTRIES` answers (counted from where
+this process last counted) it is rewritten atomically with the newest :data:`MAX_ENTRIES` (a
+turn makes at most ``SOULFLEET_TURN_MAX_TOOL_CALLS`` writes; a retry comes within minutes), so
+it never grows past that. A line torn by a crash mid-append is skipped when read (forgetting
 one key is the safe side), and the next append starts on a fresh line. Read through the
 bounded reader; created and compacted atomically like every persona file.
 
@@ -50,49 +48,42 @@ import errno
 import hashlib
 import json
 import os
-import secrets
 import stat
-import threading
-from collections import OrderedDict
-from typing import NamedTuple
 
 import structlog
 
 from workers.persona.files import read_prefix
+from workers.persona.ledger_lines import (
+    INTENT_PREFIX,
+    UNPROVABLE,
+    VOID_LINE,
+    answer_line,
+    answers_in,
+    count_answers,
+    find_answer,
+    generation_line,
+    generation_of,
+    intent_line,
+    last_line,
+    parse_intent,
+    parsed_at,
+)
 from workers.persona.writes import remove_stale_temps, replace_bytes, write_all
 
 __all__ = [
     "LEDGER_SUFFIX",
     "MAX_ENTRIES",
-    "LedgerIdentity",
     "WriteLedger",
-    "find_answer",
-    "ledger_identity",
     "write_key",
 ]
 
 LEDGER_SUFFIX = ".applied"
 _APPEND = os.O_WRONLY | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 MAX_ENTRIES = 512
-#: How an intent line starts (:meth:`WriteLedger.intend`), and the line that voids one.
-_INTENT_PREFIX = b'{"intent"'
-_VOID_LINE = b'{"void": true}\n'
-#: How a ledger's first line starts: the generation a creation or compaction gave it.
-_GENERATION_PREFIX = b'{"generation": "'
 #: How much of a ledger's end :meth:`WriteLedger.settle` reads to find a trailing intent.
 _TAIL_BYTES = 256
-#: How much of a ledger's start :func:`ledger_identity` reads: its whole first line.
-_HEAD_BYTES = 256
 _TAIL = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAX_BYTES = 512 * 1024
-#: How an answer line starts (what :func:`_line` writes): counted to know when to compact.
-_ANSWER = b'{"key"'
-#: Ledgers whose answers this process counted: (path, generation) -> (bytes counted, answers).
-_counted: OrderedDict[tuple[str, str], tuple[int, int]] = OrderedDict()
-_counted_guard = threading.Lock()
-_COUNTED_MAX = 4096
-#: A compaction's ``kept_from`` when it cannot vouch for any offset (beyond any ledger's size).
-_UNPROVABLE = 1 << 62
 
 _log = structlog.get_logger("soulfleet.memory")
 
@@ -156,17 +147,17 @@ class WriteLedger:
         one it replaces and from where in it every answer was kept, then the newest answers
         (:data:`MAX_ENTRIES` with ``answered``, which the caller appends)."""
         whole = self._bytes() or b""
-        entries = _parsed_at(whole[:_MAX_BYTES])
+        entries = parsed_at(whole[:_MAX_BYTES])
         keep = max(0, MAX_ENTRIES - len(answered))
         kept = entries[len(entries) - keep :] if keep else []
         if len(whole) > _MAX_BYTES:  # answers past the bound were never read: none is provable
-            kept_from = _UNPROVABLE
+            kept_from = UNPROVABLE
         elif len(kept) == len(entries):
             kept_from = 0
         else:
             kept_from = kept[0][0] if kept else len(whole)
-        head = _generation_line(since=_generation(whole), kept_from=kept_from)
-        return head + b"".join(_line(key, message) for _, key, message in kept)
+        head = generation_line(since=generation_of(whole), kept_from=kept_from)
+        return head + b"".join(answer_line(key, message) for _, key, message in kept)
 
     def intend(self, identity: tuple[int, int], answered: list[tuple[str, str]]) -> None:
         """Before a keyed or batched write's rename: note what it will answer and what the data
@@ -174,9 +165,9 @@ class WriteLedger:
         answers are recorded, the next holder finishes its work (:meth:`settle`). Appended
         without an fsync, like the answers."""
         raw = self._bytes()
-        line = _intent_line(identity, answered)
+        line = intent_line(identity, answered)
         if raw is None:  # a new ledger is written whole, like any created persona file
-            data = _generation_line() + line
+            data = generation_line() + line
             remove_stale_temps(self.path)
             replace_bytes(self.path, data)
             self._raw, self._created = data, True
@@ -190,9 +181,9 @@ class WriteLedger:
         writes again); otherwise it never happened and the intent is voided. Call first,
         under the lock."""
         tail = self._raw if self._loaded else self._tail()
-        if not tail or not _last_line(tail).startswith(_INTENT_PREFIX):
+        if not tail or not last_line(tail).startswith(INTENT_PREFIX):
             return
-        intent = _parse_intent(_last_line(self._bytes() or b""))
+        intent = parse_intent(last_line(self._bytes() or b""))
         try:
             info = os.stat(data, follow_symlinks=False)
             renamed = intent is not None and (info.st_ino, info.st_size) == intent[0]
@@ -207,7 +198,7 @@ class WriteLedger:
             )
             self.record_all(intent[1])
             return
-        self._append(_VOID_LINE)
+        self._append(VOID_LINE)
 
     def _tail(self) -> bytes | None:
         """The ledger's last bytes, enough to tell whether it ends with an intent (most
@@ -263,13 +254,13 @@ class WriteLedger:
     def record_all(self, answered: list[tuple[str, str]]) -> bool:
         """:meth:`record` for several writes at once (one append): (key, message) pairs."""
         raw = self._read()
-        lines = b"".join(_line(key, message) for key, message in answered)
+        lines = b"".join(answer_line(key, message) for key, message in answered)
         # Answers only (intents do not count), without joining what was read and appended.
-        count = 0 if raw is None else _answers(self.path, raw) + self._after.count(_ANSWER)
+        count = 0 if raw is None else count_answers(self.path, raw) + answers_in(self._after)
         size = 0 if raw is None else len(raw) + len(self._after)
         if raw is None or count >= 2 * MAX_ENTRIES or size + len(lines) > _MAX_BYTES:
-            data = self._compacted(answered) if raw is not None else _generation_line()
-            data += b"".join(_line(k, m) for k, m in answered)
+            data = self._compacted(answered) if raw is not None else generation_line()
+            data += b"".join(answer_line(k, m) for k, m in answered)
             remove_stale_temps(self.path)
             replace_bytes(self.path, data)
             self._raw, self._after = data, b""
@@ -279,165 +270,3 @@ class WriteLedger:
             replaced = False
         _log.debug("memory.ledger_recorded", path=self.path, lines=len(answered))
         return replaced or self._created
-
-
-class LedgerIdentity(NamedTuple):
-    """Which ledger is at a path, and how long it was when looked at."""
-
-    inode: int
-    #: What its first line names ("" for a ledger written before generations): new at each
-    #: creation and compaction.
-    generation: str
-    size: int
-    #: For a compacted ledger, the generation it replaced ("" for a created one) and the
-    #: offset in that one from which every answer was kept.
-    since: str = ""
-    kept_from: int = 0
-
-    def same_ledger(self, other: LedgerIdentity | None) -> bool:
-        """Whether ``other`` is this very ledger (appended to since, perhaps, never
-        compacted): the inode alone cannot tell, since ext4 hands a freed inode number
-        straight back to the next file."""
-        return other is not None and (self.inode, self.generation) == (
-            other.inode,
-            other.generation,
-        )
-
-
-def ledger_identity(path: str) -> LedgerIdentity | None:
-    """Which ledger is at ``path`` (None when there is none). A created or compacted ledger
-    starts with a new random generation, so a waiter can tell a compaction (which may have
-    dropped its answer) from appends, even when the new file reuses the old inode number."""
-    try:
-        fd = os.open(path, _TAIL)
-    except FileNotFoundError:
-        return None
-    try:
-        info = os.fstat(fd)
-        head = os.pread(fd, _HEAD_BYTES, 0) if stat.S_ISREG(info.st_mode) else b""
-    finally:
-        os.close(fd)
-    since, kept_from = _lineage(head)
-    return LedgerIdentity(info.st_ino, _generation(head), info.st_size, since, kept_from)
-
-
-def _lineage(head: bytes) -> tuple[str, int]:
-    """What a compacted ledger's first line says it replaced: (generation, kept from)."""
-    if not head.startswith(_GENERATION_PREFIX) or b'"since"' not in head:
-        return "", 0
-    try:
-        record = json.loads(head[: head.index(b"\n")])
-        return str(record["since"]), int(record["kept_from"])
-    except (ValueError, KeyError, TypeError):
-        return "", 0
-
-
-def _generation(raw: bytes) -> str:
-    """The generation a ledger's first line names ("" for none)."""
-    if not raw.startswith(_GENERATION_PREFIX):
-        return ""
-    end = raw.find(b'"', len(_GENERATION_PREFIX), len(_GENERATION_PREFIX) + 64)
-    return "" if end < 0 else raw[len(_GENERATION_PREFIX) : end].decode("ascii", "replace")
-
-
-def _answers(path: str, raw: bytes) -> int:
-    """How many answer lines ledger bytes ``raw`` (read from ``path``) hold.
-
-    Counted from where this process last counted the same ledger: between compactions a
-    ledger is only appended to, and each compaction names a new generation, so only the bytes
-    appended since need counting (counting a whole ledger, ~200 KiB of answers, took ~0.1 ms
-    under the lock on every commit that recorded one: issue 15). A ledger without a
-    generation, or one shorter than counted (replaced by hand), is counted whole."""
-    generation = _generation(raw)
-    if not generation:
-        return raw.count(_ANSWER)
-    key = (path, generation)
-    with _counted_guard:
-        seen = _counted.get(key)
-    if seen is not None and seen[0] <= len(raw):
-        # From just before the counted end: an answer cut there was not counted yet.
-        count = seen[1] + raw.count(_ANSWER, max(0, seen[0] - len(_ANSWER) + 1))
-    else:
-        count = raw.count(_ANSWER)
-    with _counted_guard:
-        _counted[key] = (len(raw), count)
-        _counted.move_to_end(key)
-        while len(_counted) > _COUNTED_MAX:
-            _counted.popitem(last=False)
-    return count
-
-
-def _generation_line(*, since: str = "", kept_from: int = 0) -> bytes:
-    """A created ledger's first line, or a compacted one's: then it also names the generation
-    it replaced (``since``) and the offset in it from which every answer was kept."""
-    line = _GENERATION_PREFIX + secrets.token_hex(8).encode() + b'"'
-    if since:
-        line += b', "since": ' + json.dumps(since).encode() + b', "kept_from": %d' % kept_from
-    return line + b"}\n"
-
-
-def find_answer(raw: bytes, key: str) -> str | None:
-    """The message recorded for ``key`` in ledger bytes ``raw`` (the newest), or None."""
-    # Nearly every write is new: a key absent from the bytes needs no parsing (parsing up to
-    # 1,024 lines on every write cost a fleet turn's add more than its fsyncs). Looked for as
-    # _line writes it, at the start of a line's record, so the intent naming a waiter's key
-    # (or a message quoting one) is never taken for its answer.
-    needle = b'{"key": ' + json.dumps(key).encode() + b","
-    end = len(raw)
-    while (found := raw.rfind(needle, 0, end)) >= 0:
-        # Only the newest line that holds the key is parsed (a served waiter that took the
-        # lock anyway parsed the whole ledger under it: half a millisecond per write).
-        start = raw.rfind(b"\n", 0, found) + 1
-        stop = raw.find(b"\n", found)
-        entry = _parsed(raw[start : len(raw) if stop < 0 else stop])
-        if entry and entry[0][0] == key:
-            return entry[0][1]
-        end = found  # a torn or hand-edited line: look further back
-    return None
-
-
-def _parsed_at(raw: bytes) -> list[tuple[int, str, str]]:
-    """:func:`_parsed` with each answer's offset in ``raw``."""
-    entries: list[tuple[int, str, str]] = []
-    offset = 0
-    for line in raw.splitlines(keepends=True):
-        for key, message in _parsed(line):
-            entries.append((offset, key, message))
-        offset += len(line)
-    return entries
-
-
-def _parsed(raw: bytes) -> list[tuple[str, str]]:
-    entries: list[tuple[str, str]] = []
-    for line in raw.splitlines():
-        try:
-            record = json.loads(line)
-            entries.append((str(record["key"]), str(record["message"])))
-        except (ValueError, KeyError, TypeError):
-            continue  # a torn or hand-edited line: forgetting one key is the safe side
-    return entries
-
-
-def _intent_line(identity: tuple[int, int], answered: list[tuple[str, str]]) -> bytes:
-    record = {"intent": list(identity), "answers": [list(pair) for pair in answered]}
-    return (json.dumps(record, ensure_ascii=False) + "\n").encode()
-
-
-def _last_line(raw: bytes) -> bytes:
-    body = raw.rstrip(b"\n")
-    return body[body.rfind(b"\n") + 1 :]
-
-
-def _parse_intent(line: bytes) -> tuple[tuple[int, int], list[tuple[str, str]]] | None:
-    """An intent line's (inode, size) and answers; None for a torn or hand-edited one."""
-    try:
-        record = json.loads(line)
-        inode, size = record["intent"]
-        answers = [(str(key), str(message)) for key, message in record["answers"]]
-        return (int(inode), int(size)), answers
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _line(key: str, message: str) -> bytes:
-    return (json.dumps({"key": key, "message": message}, ensure_ascii=False) + "\n").encode()

@@ -52,7 +52,7 @@ import time
 
 import structlog
 
-from workers.persona.ledger import LedgerIdentity, find_answer, ledger_identity
+from workers.persona.ledger_lines import LedgerIdentity, find_answer, ledger_identity
 from workers.persona.memory_spec import MemoryRequest, parse_request
 from workers.persona.writes import write_all
 
