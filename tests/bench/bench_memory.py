@@ -7,7 +7,9 @@ file, fsync it, rename it over the target, fsync the directory, with no lock and
 measured with 1 process, and with 4 processes each replacing its own file in one directory (the
 journal then commits several writers' fsyncs together). Memory ``add`` is measured the same way:
 1 process, and 4 processes adding to ONE MEMORY.md, in both lock modes; and, for information,
-local adds with a write ledger (what a fleet turn pays: its work id keys each write). Within
+local adds with a write ledger (what a fleet turn pays: its work id keys each write), the
+ledger filled first to the middle of its steady size (:data:`STEADY_ANSWERS` answers: a
+persona that has run a while keeps 512 to 1,024, and each keyed write reads them). Within
 each run, blocks of floor operations and of adds alternate (all processes pass a barrier
 between blocks), so both see the same load on this shared machine; each ratio (goal >= 0.8,
 issue 15) is the median over rounds. With strace installed it also prints the system calls one
@@ -34,12 +36,17 @@ import structlog
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from workers.persona.ledger import WriteLedger, write_key
 from workers.persona.locks import LockMode
 from workers.persona.memory import memory_tool
+from workers.persona.memory_paths import TargetCache
+from workers.persona.memory_spec import MemoryRequest, parse_request
 
-__all__ = ["GOAL", "main", "syscalls_per_add"]
+__all__ = ["GOAL", "STEADY_ANSWERS", "main", "syscalls_per_add"]
 
 GOAL = 0.8
+#: Answers in a ledger at the middle of its steady size (MAX_ENTRIES to 2 x MAX_ENTRIES).
+STEADY_ANSWERS = 768
 OPS = 200
 BLOCK = 10
 ROUNDS = 3
@@ -107,6 +114,25 @@ def _measure(
     return spent["floor"], spent["add"]
 
 
+def _steady_ledger(home: Path) -> None:
+    """Give ``home``'s MEMORY.md the ledger a persona that has run a while has."""
+    request = parse_request({"action": "add", "text": "x"}, notes=False, max_entry_bytes=64)
+    assert isinstance(request, MemoryRequest)
+    target = TargetCache().locate(home.resolve(), request, "local")
+    assert target is not None
+    os.makedirs(os.path.dirname(target.ledger), exist_ok=True)
+    message = (  # what an add answers
+        "Added an entry to MEMORY.md. It loads into your system prompt at the start of your "
+        "next session."
+    )
+    WriteLedger(target.ledger).record_all(
+        [
+            (write_key("earlier-turn", str(index), ordinal=1), message)
+            for index in range(STEADY_ANSWERS)
+        ]
+    )
+
+
 class _Pool:
     def __init__(self, size: int) -> None:
         context = get_context("spawn")
@@ -128,6 +154,8 @@ class _Pool:
         floor_dir, home = root / "floor", root / "home"
         floor_dir.mkdir()
         home.mkdir()
+        if ledger:
+            _steady_ledger(home)
         for conn in self.conns[:processes]:
             conn.send((processes, str(floor_dir), str(home), lock_mode, ledger))
         results = [conn.recv() for conn in self.conns[:processes]]
@@ -219,7 +247,7 @@ def main() -> None:
         lock_mode, processes, ledger = case
         ratio = statistics.median(ratios[case])
         if ledger:
-            how = "with a write ledger (fleet turns), for information"
+            how = f"with a write ledger of {STEADY_ANSWERS} answers (fleet turns), for information"
         else:
             calls = syscalls[lock_mode]
             extra = "" if calls is None else f"; {calls:.0f} syscalls per add"
