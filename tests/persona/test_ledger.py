@@ -8,7 +8,7 @@ import pytest
 
 from workers.persona import ledger as ledger_module
 from workers.persona.ledger import WriteLedger
-from workers.persona.ledger_lines import ledger_identity
+from workers.persona.ledger_lines import UNPROVABLE, ledger_identity
 
 
 def test_settle_records_a_dead_writers_answers_only_if_its_rename_happened(
@@ -110,3 +110,22 @@ def test_answers_another_process_appended_count_toward_compaction(
     assert not compacted.same_ledger(created)
     assert WriteLedger(path).answer("qd") == "Added."
     assert WriteLedger(path).answer("qc") is None
+
+
+def test_a_compaction_of_a_ledger_past_its_bound_vouches_for_no_offset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ledger longer than its read bound (answers past it were never read) is compacted with
+    a kept_from beyond any offset: no waiter may take a missing answer for "not applied"."""
+    monkeypatch.setattr(ledger_module, "MAX_ENTRIES", 100_000)  # compacted by size, not count
+    path = tmp_path / "MEMORY.md.applied"
+    WriteLedger(path).record_all([("qa", "Added.")])
+    with path.open("ab") as grown:
+        for index in range(5_000):
+            grown.write(b'{"key": "k%d", "message": "%s"}\n' % (index, b"x" * 100))
+    assert path.stat().st_size > 512 * 1024
+    WriteLedger(path).record_all([("qz", "Added.")])
+    compacted = ledger_identity(str(path))
+    assert compacted is not None
+    assert compacted.since != ""
+    assert compacted.kept_from == UNPROVABLE

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from workers.persona.ledger_lines import (
     answer_line,
+    count_answers,
     find_answer,
     generation_line,
     generation_of,
     intent_line,
     last_line,
+    ledger_identity,
     parse_intent,
     parsed_at,
 )
@@ -28,16 +32,45 @@ def test_an_answer_is_the_newest_whole_line_recorded_under_its_key() -> None:
     assert find_answer(raw, "qab") is None  # a prefix of a key is another key
 
 
-def test_a_compacted_ledgers_first_line_names_what_it_replaced() -> None:
+def test_a_compacted_ledgers_first_line_names_what_it_replaced(tmp_path: Path) -> None:
     """A created ledger's first line names only its generation; a compacted one's also names
     the generation it replaced and the offset from which it kept every answer, and the
     generation is read back from either."""
     created = generation_line()
     compacted = generation_line(since="ab" * 8, kept_from=123)
     assert len(generation_of(created)) == 16
+    assert len(generation_of(compacted)) == 16
     assert generation_of(compacted) != generation_of(created)
-    assert b'"since": "abababababababab", "kept_from": 123' in compacted
     assert b"since" not in created
+    path = tmp_path / "MEMORY.md.applied"
+    path.write_bytes(compacted + answer_line("qa", "Added."))
+    identity = ledger_identity(str(path))
+    assert identity is not None
+    assert (identity.generation, identity.since, identity.kept_from) == (
+        generation_of(compacted),
+        "ab" * 8,
+        123,
+    )
+    path.write_bytes(created)
+    assert ledger_identity(str(path)) == (
+        path.stat().st_ino,
+        generation_of(created),
+        len(created),
+        "",
+        0,
+    )
+
+
+def test_answers_are_counted_from_where_this_process_last_counted(tmp_path: Path) -> None:
+    """A ledger counted once is counted on from where the count stopped, an answer whose
+    start the first count cut through included; a new generation is counted afresh."""
+    path = str(tmp_path / "MEMORY.md.applied")
+    head = generation_line()
+    first, second = answer_line("qa", "Added."), answer_line("qb", "Added.")
+    assert count_answers(path, head + first + second[:3]) == 1  # cut inside '{"key"'
+    assert count_answers(path, head + first + second) == 2
+    assert count_answers(path, head + first + second + first) == 3
+    assert count_answers(path, generation_line() + first) == 1
 
 
 def test_answers_and_intents_read_back_as_written() -> None:

@@ -444,7 +444,7 @@ def test_a_write_dropped_from_the_queue_across_a_compaction_that_kept_its_answer
         ok(memory_tool(home, write_scope="ava:1"), action="add", text=f"earlier {index}")
     target, request, handoff = _stalled_writer(home, "dropped")
     Path(target.queue).write_bytes(b"")  # the racing take truncated the queue past the entry
-    for index in range(5):  # the 5th compacts: the newest 7 answers kept, all from before
+    for index in range(5):  # the 5th compacts, keeping from "earlier 9" on: all since it queued
         ok(memory_tool(home, write_scope="ava:2"), action="add", text=f"later {index}")
     identity = ledger_identity(target.ledger)
     assert identity is not None

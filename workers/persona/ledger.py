@@ -3,7 +3,7 @@
 Why it exists: a fleet turn that wrote memory and then failed (a model error, a killed worker,
 a lost lease) is retried, and the retry replays the same conversation, so the model repeats the
 same write. Without a record, ``add`` would put the entry in MEMORY.md twice. A write made with
-an idempotency key (:meth:`key`: the turn's work id, the write itself, and how many identical
+an idempotency key (:func:`write_key`: the turn's work id, the write itself, and how many identical
 writes came before it in this attempt) is recorded here in the same critical section as the
 write, so a retried identical write is answered exactly as before and not applied again.
 
@@ -245,7 +245,7 @@ class WriteLedger:
         """Remember that ``key`` was applied and answered ``message``.
 
         Appends one line, not fsynced (see the module), and returns False. A new ledger, or
-        one at twice :data:`MAX_ENTRIES` lines, is instead written whole (newest
+        one at twice :data:`MAX_ENTRIES` answers, is instead written whole (newest
         :data:`MAX_ENTRIES`), fsynced and renamed into place, and True says so: then fsync its
         directory (:func:`~workers.persona.writes.fsync_directory`) once the write lock is
         released."""

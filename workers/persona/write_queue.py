@@ -20,18 +20,20 @@ What keeps it safe:
   holder on that machine.
 * **Taking is reading then truncating, under the lock.** An append that lands between the two
   is lost from the queue; its writer is still waiting with the write in hand and applies it
-  (or, if the ledger was compacted meanwhile, says the write may have been applied: it can no
-  longer tell). A torn last line (an append in progress) is left out the same way. Taking
-  always consumes what it read: a writer holding the lock takes its own entry with the rest,
-  so it is never left behind for the next holder to apply again after its writer did.
+  (unless the ledger was compacted meanwhile in a way that may have dropped its answer: then
+  it says the write may have been applied, :meth:`Handoff.untraceable`). A torn last line (an
+  append in progress) is left out the same way. Taking always consumes what it read: a writer
+  holding the lock takes its own entry with the rest, so it is never left behind for the next
+  holder to apply again after its writer did.
 * **Queued writes are checked again** by the holder (:func:`take`), as the model's arguments
   are, and must name the holder's own file. A line that fails is ignored (its writer applies
   its write itself).
 * **Applied once.** A key queued twice (a turn's attempt killed while its write waited, then
   its retry) is applied once per batch (:mod:`workers.persona.memory_commit`). A writer whose
   entry another holder took and whose answer is not in the ledger applies its write itself
-  only if the ledger is still the one it queued on (:meth:`Handoff.untraceable`): after a
-  compaction the answer may have been dropped, and it says the write may have been applied.
+  only if no answer can have left the ledger since (:meth:`Handoff.untraceable`: the ledger is
+  the one it queued on, or, for an unkeyed write, one compaction of it kept every answer
+  appended since it queued); otherwise it says the write may have been applied.
 * **Bounded in time.** Each entry carries its writer's deadline (wall clock). The holder applies
   only entries with at least :data:`SERVE_MARGIN` seconds left, so a writer that gives up
   ("lock not acquired") is, short of a holder stalled that long mid-write, not served behind
@@ -155,7 +157,7 @@ class Handoff:
         except OSError:
             return True
         if now is None or now.same_ledger(self.queued_on):
-            return False  # no ledger now: nothing was answered
+            return False  # no ledger now, or the very one it queued on: nothing was dropped
         if self.queued_on is None or not is_handoff_key(self.key):
             return True
         kept_all = now.since == self.queued_on.generation != "" and (
