@@ -455,42 +455,55 @@ def test_a_write_dropped_from_the_queue_across_a_compaction_that_kept_its_answer
     assert (home / "MEMORY.md").read_text().count("- dropped\n") == 1
 
 
-def test_a_turns_retry_whose_earlier_answer_a_compaction_dropped_is_not_applied_again(
+def test_a_turns_retry_of_an_applied_write_answers_as_before_without_the_lock(
+    home: Path,
+) -> None:
+    """A turn's retry finds the lock taken, and its write already applied by the turn's first
+    attempt: it answers what the first attempt was answered, at once, without queueing the
+    write or waiting for the lock (nor can a compaction drop that answer while it waits)."""
+    first = ok(memory_tool(home, write_scope="ava:7"), action="add", text="the turn's fact")
+    with held_by_thread(_memory_lock(home)):
+        retry = memory_tool(home, write_scope="ava:7", lock_timeout=3)
+        began = time.monotonic()
+        again = retry.execute({"action": "add", "text": "the turn's fact"})
+        waited = time.monotonic() - began
+    assert not again.is_error, again.output
+    assert again.output == first
+    assert waited < 1.0  # answered while the lock was still held (lock_timeout is 3 s)
+    assert not _queue(home).exists() or _queue(home).read_bytes() == b""
+    assert (home / "MEMORY.md").read_text().count("- the turn's fact\n") == 1
+
+
+def test_a_turns_write_dropped_from_the_queue_across_a_compaction_that_kept_its_answers_is_applied(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A turn's key can be answered before its retry queues (the turn's first attempt wrote
-    it): a holder takes the retry's entry and skips it as already applied, then one compaction
-    keeps everything since the retry queued but drops that older answer. The retry must not
-    apply the write again (it says it may have been applied), unlike a handoff key, whose
-    answer can only come after it queued."""
-    monkeypatch.setattr(ledger_module, "MAX_ENTRIES", 4)
-    for index in range(4):
-        ok(memory_tool(home, write_scope=f"filler:{index}"), action="add", text=f"filler {index}")
-    ok(memory_tool(home, write_scope="ava:7"), action="add", text="the turn's fact")  # attempt 1
-    ok(memory_tool(home, write_scope="filler:x"), action="add", text="filler x")
-    request = parse_request(
-        {"action": "add", "text": "the turn's fact"}, notes=False, max_entry_bytes=64
-    )
+    """A turn's write that was not applied when it queued (its key not in the ledger then),
+    dropped from the queue by a racing take, across one compaction that kept every answer
+    since: no answer means not applied, as for an unkeyed write, and it is applied once."""
+    monkeypatch.setattr(ledger_module, "MAX_ENTRIES", 8)
+    for index in range(12):
+        ok(memory_tool(home, write_scope=f"filler:{index}"), action="add", text=f"earlier {index}")
+    request = parse_request({"action": "add", "text": "dropped"}, notes=False, max_entry_bytes=64)
     assert isinstance(request, MemoryRequest)
     target = TargetCache().locate(home.resolve(), request, "local")
     assert target is not None
-    key = write_key("ava:7", "add", "self", "the turn's fact", "", ordinal=1)
-    retry = Handoff(target.queue, target.ledger, request, key, 60.0)
-    retry.enqueue()  # attempt 2 queues behind a held lock, then stalls
-    for index in range(4, 7):  # the first takes and skips it; the third compacts
-        ok(memory_tool(home, write_scope=f"filler:{index}"), action="add", text=f"filler {index}")
+    key = write_key("ava:9", "add", "self", "dropped", "", ordinal=1)
+    handoff = Handoff(target.queue, target.ledger, request, key, 60.0)
+    handoff.enqueue()
+    assert handoff.queued
+    Path(target.queue).write_bytes(b"")  # the racing take truncated the queue past the entry
+    for index in range(5):  # the 5th compacts, keeping from "earlier 9" on: all since it queued
+        ok(memory_tool(home, write_scope="later"), action="add", text=f"later {index}")
     identity = ledger_identity(target.ledger)
     assert identity is not None
-    assert retry.queued_on is not None
-    assert identity.since == retry.queued_on.generation
-    assert identity.kept_from <= retry.queued_on.size
+    assert handoff.queued_on is not None
+    assert identity.since == handoff.queued_on.generation
     with path_lock(target.lock, timeout=5):
         result = commit(
-            target, request, key=retry.key, keyed=True, max_entry_bytes=64, handoff=retry
+            target, request, key=handoff.key, keyed=True, max_entry_bytes=64, handoff=handoff
         ).result
-    assert result.is_error
-    assert "may have been applied" in result.output
-    assert (home / "MEMORY.md").read_text().count("- the turn's fact\n") == 1
+    assert not result.is_error, result.output
+    assert (home / "MEMORY.md").read_text().count("- dropped\n") == 1
 
 
 def test_a_compaction_that_reused_the_ledgers_inode_is_still_seen(home: Path) -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "intent_line",
     "last_line",
     "ledger_identity",
+    "ledger_snapshot",
     "parse_intent",
     "parsed_at",
 ]
@@ -51,6 +52,8 @@ UNPROVABLE = 1 << 62
 _GENERATION_PREFIX = b'{"generation": "'
 #: How much of a ledger's start :func:`ledger_identity` reads: its whole first line.
 _HEAD_BYTES = 256
+#: The most of a ledger :func:`ledger_snapshot` reads (the ledger's own bound, and one byte).
+_SNAPSHOT_BYTES = 512 * 1024 + 1
 _READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 #: How an answer line starts (what :func:`answer_line` writes): counted to know when to compact.
 _ANSWER = b'{"key"'
@@ -98,6 +101,27 @@ def ledger_identity(path: str) -> LedgerIdentity | None:
         os.close(fd)
     since, kept_from = _lineage(head)
     return LedgerIdentity(info.st_ino, generation_of(head), info.st_size, since, kept_from)
+
+
+def ledger_snapshot(path: str) -> tuple[LedgerIdentity, bytes] | None:
+    """:func:`ledger_identity` and the ledger's whole lines, read through one descriptor: its
+    size is where those lines end, so an answer not among them is appended after it (None
+    when there is no ledger, or it cannot be read whole within its bound)."""
+    try:
+        fd = os.open(path, _READ)
+    except FileNotFoundError:
+        return None
+    try:
+        info = os.fstat(fd)
+        raw = os.pread(fd, _SNAPSHOT_BYTES, 0) if stat.S_ISREG(info.st_mode) else b""
+    finally:
+        os.close(fd)
+    if not raw or len(raw) == _SNAPSHOT_BYTES:
+        return None
+    whole = raw[: raw.rfind(b"\n") + 1]  # a line being appended is after the snapshot
+    since, kept_from = _lineage(whole[:_HEAD_BYTES])
+    identity = LedgerIdentity(info.st_ino, generation_of(whole), len(whole), since, kept_from)
+    return identity, whole
 
 
 def _lineage(head: bytes) -> tuple[str, int]:

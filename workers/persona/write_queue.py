@@ -32,8 +32,10 @@ What keeps it safe:
   its retry) is applied once per batch (:mod:`workers.persona.memory_commit`). A writer whose
   entry another holder took and whose answer is not in the ledger applies its write itself
   only if no answer can have left the ledger since (:meth:`Handoff.untraceable`: the ledger is
-  the one it queued on, or, for an unkeyed write, one compaction of it kept every answer
-  appended since it queued); otherwise it says the write may have been applied.
+  the one it queued on, or one compaction of it kept every answer appended since it queued
+  and none was there before); otherwise it says the write may have been applied. A turn's
+  retry looks for its key in the ledger before it queues: a write an earlier attempt applied
+  is answered as before at once, without the lock (:meth:`Handoff.enqueue`).
 * **Bounded in time.** Each entry carries its writer's deadline (wall clock). The holder applies
   only entries with at least :data:`SERVE_MARGIN` seconds left, so a writer that gives up
   ("lock not acquired") is, short of a holder stalled that long mid-write, not served behind
@@ -54,7 +56,12 @@ import time
 
 import structlog
 
-from workers.persona.ledger_lines import LedgerIdentity, find_answer, ledger_identity
+from workers.persona.ledger_lines import (
+    LedgerIdentity,
+    find_answer,
+    ledger_identity,
+    ledger_snapshot,
+)
 from workers.persona.memory_spec import MemoryRequest, parse_request
 from workers.persona.writes import write_all
 
@@ -117,21 +124,37 @@ class Handoff:
         #: Which ledger there was when the write was queued (None: none), for
         #: :meth:`untraceable`.
         self.queued_on: LedgerIdentity | None = None
-        #: What the holder that applied the write answered (set by :meth:`settled`).
+        #: What the holder that applied the write answered (set by :meth:`settled`), or what
+        #: an earlier attempt of the turn was answered (set by :meth:`enqueue`).
         self.answer: str | None = None
+        #: No answer under the key was in the ledger it queued on: one can only come after.
+        self.fresh = False
         self._seen: tuple[int, int] = (-1, 0)  # the ledger's (inode, bytes read so far)
 
     def enqueue(self) -> None:
         if self.until is not None and self.until - time.time() < SERVE_MARGIN:
             return  # no holder would apply it in time: this writer applies its own write
         key = self.key or f"{_HANDOFF_PREFIX}{random.getrandbits(124):031x}"
+        fresh = not self.key  # made just now: nothing can have answered it yet
         try:
-            queued_on = ledger_identity(self.ledger)
+            if fresh:
+                queued_on = ledger_identity(self.ledger)
+            else:
+                # A turn's key: an earlier attempt of the turn may have applied this write.
+                # Its answer then needs no lock (a retry answers as before), and if it is not
+                # there, any answer comes after this read (what untraceable relies on).
+                seen = ledger_snapshot(self.ledger)
+                queued_on = None if seen is None else seen[0]
+                if seen is not None:
+                    self.answer = find_answer(seen[1], key)
+                    if self.answer is not None:
+                        return  # settled: path_lock stops waiting, the write is not queued
+                    fresh = True
             enqueue(self.queue, key, self.request, self.until)
         except OSError as exc:  # only an optimisation: the write is applied by its own writer
             _log.debug("memory.queue_failed", path=self.queue, error=str(exc))
             return
-        self.key, self.queued, self.queued_on = key, True, queued_on
+        self.key, self.queued, self.queued_on, self.fresh = key, True, queued_on, fresh
         if queued_on is not None:  # its answer can only come after this: read from here on
             self._seen = (queued_on.inode, queued_on.size)
 
@@ -144,12 +167,13 @@ class Handoff:
 
         A missing answer still means the write was not applied (its holder died before the
         rename, left it to its own writer, or never read it) when the ledger is the one it
-        queued on; and, for a handoff key (made when the write queued, so answered only after
-        that), after one compaction of the ledger it queued on that kept every answer appended
-        since it queued (without this, a compaction during an ordinary wait turned ~1 in
-        25,000 contended adds into a false "may have been applied"). Not for a turn's key: an
-        earlier attempt of the turn may have been answered before the retry queued, and that
-        older answer may be the one the compaction dropped."""
+        queued on; and, for a key no answer held when it queued (a handoff key, made then; a
+        turn's key that :meth:`enqueue` looked for and did not find), after one compaction of
+        the ledger it queued on that kept every answer appended since it queued (without this,
+        a compaction during an ordinary wait turned ~1 in 25,000 contended adds into a false
+        "may have been applied"). A turn's key answered before it queued would be answered
+        at once instead; one not looked for stays here (its older answer may be the one the
+        compaction dropped)."""
         if not self.queued or any(write.key == self.key for write in taken):
             return False
         try:
@@ -158,7 +182,7 @@ class Handoff:
             return True
         if now is None or now.same_ledger(self.queued_on):
             return False  # no ledger now, or the very one it queued on: nothing was dropped
-        if self.queued_on is None or not is_handoff_key(self.key):
+        if self.queued_on is None or not self.fresh:
             return True
         kept_all = now.since == self.queued_on.generation != "" and (
             now.kept_from <= self.queued_on.size
