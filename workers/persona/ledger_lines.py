@@ -90,15 +90,10 @@ def ledger_identity(path: str) -> LedgerIdentity | None:
     """Which ledger is at ``path`` (None when there is none). A created or compacted ledger
     starts with a new random generation, so a waiter can tell a compaction (which may have
     dropped its answer) from appends, even when the new file reuses the old inode number."""
-    try:
-        fd = os.open(path, _READ)
-    except FileNotFoundError:
+    read = _read_start(path, _HEAD_BYTES)
+    if read is None:
         return None
-    try:
-        info = os.fstat(fd)
-        head = os.pread(fd, _HEAD_BYTES, 0) if stat.S_ISREG(info.st_mode) else b""
-    finally:
-        os.close(fd)
+    info, head = read
     since, kept_from = _lineage(head)
     return LedgerIdentity(info.st_ino, generation_of(head), info.st_size, since, kept_from)
 
@@ -107,21 +102,30 @@ def ledger_snapshot(path: str) -> tuple[LedgerIdentity, bytes] | None:
     """:func:`ledger_identity` and the ledger's whole lines, read through one descriptor: its
     size is where those lines end, so an answer not among them is appended after it (None
     when there is no ledger, or it cannot be read whole within its bound)."""
-    try:
-        fd = os.open(path, _READ)
-    except FileNotFoundError:
+    read = _read_start(path, _SNAPSHOT_BYTES)
+    if read is None:
         return None
-    try:
-        info = os.fstat(fd)
-        raw = os.pread(fd, _SNAPSHOT_BYTES, 0) if stat.S_ISREG(info.st_mode) else b""
-    finally:
-        os.close(fd)
+    info, raw = read
     if not raw or len(raw) == _SNAPSHOT_BYTES:
         return None
     whole = raw[: raw.rfind(b"\n") + 1]  # a line being appended is after the snapshot
     since, kept_from = _lineage(whole[:_HEAD_BYTES])
     identity = LedgerIdentity(info.st_ino, generation_of(whole), len(whole), since, kept_from)
     return identity, whole
+
+
+def _read_start(path: str, limit: int) -> tuple[os.stat_result, bytes] | None:
+    """The ledger's status and up to ``limit`` bytes from its start, through one descriptor
+    (no bytes for anything but a regular file); None when there is no ledger."""
+    try:
+        fd = os.open(path, _READ)
+    except FileNotFoundError:
+        return None
+    try:
+        info = os.fstat(fd)
+        return info, os.pread(fd, limit, 0) if stat.S_ISREG(info.st_mode) else b""
+    finally:
+        os.close(fd)
 
 
 def _lineage(head: bytes) -> tuple[str, int]:

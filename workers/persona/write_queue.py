@@ -121,23 +121,21 @@ class Handoff:
         self.key = key
         self.until = None if timeout < 0 else time.time() + timeout
         self.queued = False
-        #: Which ledger there was when the write was queued (None: none), for
-        #: :meth:`untraceable`.
+        #: Which ledger there was when the write was queued (None: none, or a turn's key that
+        #: could not be looked for in it), for :meth:`untraceable`. No answer under the key
+        #: was in it: one can only come after its size.
         self.queued_on: LedgerIdentity | None = None
         #: What the holder that applied the write answered (set by :meth:`settled`), or what
         #: an earlier attempt of the turn was answered (set by :meth:`enqueue`).
         self.answer: str | None = None
-        #: No answer under the key was in the ledger it queued on: one can only come after.
-        self.fresh = False
         self._seen: tuple[int, int] = (-1, 0)  # the ledger's (inode, bytes read so far)
 
     def enqueue(self) -> None:
         if self.until is not None and self.until - time.time() < SERVE_MARGIN:
             return  # no holder would apply it in time: this writer applies its own write
         key = self.key or f"{_HANDOFF_PREFIX}{random.getrandbits(124):031x}"
-        fresh = not self.key  # made just now: nothing can have answered it yet
         try:
-            if fresh:
+            if not self.key:  # made just now: nothing can have answered it yet
                 queued_on = ledger_identity(self.ledger)
             else:
                 # A turn's key: an earlier attempt of the turn may have applied this write.
@@ -149,12 +147,11 @@ class Handoff:
                     self.answer = find_answer(seen[1], key)
                     if self.answer is not None:
                         return  # settled: path_lock stops waiting, the write is not queued
-                    fresh = True
             enqueue(self.queue, key, self.request, self.until)
         except OSError as exc:  # only an optimisation: the write is applied by its own writer
             _log.debug("memory.queue_failed", path=self.queue, error=str(exc))
             return
-        self.key, self.queued, self.queued_on, self.fresh = key, True, queued_on, fresh
+        self.key, self.queued, self.queued_on = key, True, queued_on
         if queued_on is not None:  # its answer can only come after this: read from here on
             self._seen = (queued_on.inode, queued_on.size)
 
@@ -167,13 +164,12 @@ class Handoff:
 
         A missing answer still means the write was not applied (its holder died before the
         rename, left it to its own writer, or never read it) when the ledger is the one it
-        queued on; and, for a key no answer held when it queued (a handoff key, made then; a
-        turn's key that :meth:`enqueue` looked for and did not find), after one compaction of
-        the ledger it queued on that kept every answer appended since it queued (without this,
-        a compaction during an ordinary wait turned ~1 in 25,000 contended adds into a false
-        "may have been applied"). A turn's key answered before it queued would be answered
-        at once instead; one not looked for stays here (its older answer may be the one the
-        compaction dropped)."""
+        queued on; and after one compaction of the ledger it queued on that kept every answer
+        appended since it queued, since no answer under its key was in that ledger (a handoff
+        key is made at enqueue; a turn's key :meth:`enqueue` looked for and did not find).
+        Without this, a compaction during an ordinary wait turned ~1 in 25,000 contended adds
+        into a false "may have been applied". With no ledger to look in when it queued, a
+        ledger created and compacted since may have dropped its answer."""
         if not self.queued or any(write.key == self.key for write in taken):
             return False
         try:
@@ -182,7 +178,7 @@ class Handoff:
             return True
         if now is None or now.same_ledger(self.queued_on):
             return False  # no ledger now, or the very one it queued on: nothing was dropped
-        if self.queued_on is None or not self.fresh:
+        if self.queued_on is None:
             return True
         kept_all = now.since == self.queued_on.generation != "" and (
             now.kept_from <= self.queued_on.size
