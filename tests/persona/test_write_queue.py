@@ -25,7 +25,7 @@ from workers.persona.memory_commit import commit
 from workers.persona.memory_paths import TargetCache, WriteTarget
 from workers.persona.memory_spec import MemoryRequest, parse_request
 from workers.persona.tools import ToolResult
-from workers.persona.write_queue import Handoff, enqueue, take
+from workers.persona.write_queue import Handoff, enqueue, is_handoff_key, take
 
 _ADD = MemoryRequest("add", "self", "MEMORY.md", "queued entry")
 
@@ -379,14 +379,17 @@ def test_a_keyed_write_queued_twice_is_applied_once(home: Path) -> None:
     assert (home / "MEMORY.md").read_text() == "- before\n- third writer\n- the turn's fact\n"
 
 
-def _stalled_writer(home: Path, text: str) -> tuple[WriteTarget, MemoryRequest, Handoff]:
+def _stalled_writer(
+    home: Path, text: str, key: str = ""
+) -> tuple[WriteTarget, MemoryRequest, Handoff]:
     """A writer that queued ``text`` behind the lock and then stalled: its target, its
-    request and its side of the queue, as the memory tool holds them."""
+    request and its side of the queue, as the memory tool holds them (``key``: a turn's write
+    key, "" for an unkeyed write)."""
     request = parse_request({"action": "add", "text": text}, notes=False, max_entry_bytes=64)
     assert isinstance(request, MemoryRequest)
     target = TargetCache().locate(home.resolve(), request, "local")
     assert target is not None
-    handoff = Handoff(target.queue, target.ledger, request, "", 60.0)
+    handoff = Handoff(target.queue, target.ledger, request, key, 60.0)
     handoff.enqueue()
     assert handoff.queued
     return target, request, handoff
@@ -396,8 +399,26 @@ def _resume(target: WriteTarget, request: MemoryRequest, handoff: Handoff) -> To
     """The stalled writer wakes up, finds the lock free and takes it, as path_lock would."""
     with path_lock(target.lock, timeout=5):
         return commit(
-            target, request, key=handoff.key, keyed=False, max_entry_bytes=64, handoff=handoff
+            target,
+            request,
+            key=handoff.key,
+            keyed=not is_handoff_key(handoff.key),
+            max_entry_bytes=64,
+            handoff=handoff,
         ).result
+
+
+def _drop_across_one_compaction(home: Path, target: WriteTarget, handoff: Handoff) -> None:
+    """A take racing the stalled writer's append drops its entry unread, then 5 writes: with
+    12 answers in the ledger before it queued and MAX_ENTRIES 8, the 5th compacts, keeping
+    from "earlier 9" on: every answer since it queued."""
+    Path(target.queue).write_bytes(b"")  # the racing take truncated the queue past the entry
+    for index in range(5):
+        ok(memory_tool(home, write_scope="later"), action="add", text=f"later {index}")
+    identity = ledger_identity(target.ledger)
+    assert identity is not None
+    assert handoff.queued_on is not None
+    assert identity.since == handoff.queued_on.generation  # compacted once since it queued
 
 
 def test_a_stalled_writer_whose_answer_was_compacted_away_does_not_apply_it_again(
@@ -443,13 +464,7 @@ def test_a_write_dropped_from_the_queue_across_a_compaction_that_kept_its_answer
     for index in range(12):  # 12 answers: the 16th in the ledger makes the next write compact
         ok(memory_tool(home, write_scope="ava:1"), action="add", text=f"earlier {index}")
     target, request, handoff = _stalled_writer(home, "dropped")
-    Path(target.queue).write_bytes(b"")  # the racing take truncated the queue past the entry
-    for index in range(5):  # the 5th compacts, keeping from "earlier 9" on: all since it queued
-        ok(memory_tool(home, write_scope="ava:2"), action="add", text=f"later {index}")
-    identity = ledger_identity(target.ledger)
-    assert identity is not None
-    assert handoff.queued_on is not None
-    assert identity.since == handoff.queued_on.generation  # compacted once since it queued
+    _drop_across_one_compaction(home, target, handoff)
     result = _resume(target, request, handoff)
     assert not result.is_error, result.output
     assert (home / "MEMORY.md").read_text().count("- dropped\n") == 1
@@ -483,25 +498,10 @@ def test_a_turns_write_dropped_from_the_queue_across_a_compaction_that_kept_its_
     monkeypatch.setattr(ledger_module, "MAX_ENTRIES", 8)
     for index in range(12):
         ok(memory_tool(home, write_scope=f"filler:{index}"), action="add", text=f"earlier {index}")
-    request = parse_request({"action": "add", "text": "dropped"}, notes=False, max_entry_bytes=64)
-    assert isinstance(request, MemoryRequest)
-    target = TargetCache().locate(home.resolve(), request, "local")
-    assert target is not None
     key = write_key("ava:9", "add", "self", "dropped", "", ordinal=1)
-    handoff = Handoff(target.queue, target.ledger, request, key, 60.0)
-    handoff.enqueue()
-    assert handoff.queued
-    Path(target.queue).write_bytes(b"")  # the racing take truncated the queue past the entry
-    for index in range(5):  # the 5th compacts, keeping from "earlier 9" on: all since it queued
-        ok(memory_tool(home, write_scope="later"), action="add", text=f"later {index}")
-    identity = ledger_identity(target.ledger)
-    assert identity is not None
-    assert handoff.queued_on is not None
-    assert identity.since == handoff.queued_on.generation
-    with path_lock(target.lock, timeout=5):
-        result = commit(
-            target, request, key=handoff.key, keyed=True, max_entry_bytes=64, handoff=handoff
-        ).result
+    target, request, handoff = _stalled_writer(home, "dropped", key)
+    _drop_across_one_compaction(home, target, handoff)
+    result = _resume(target, request, handoff)
     assert not result.is_error, result.output
     assert (home / "MEMORY.md").read_text().count("- dropped\n") == 1
 
