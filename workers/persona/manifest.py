@@ -50,11 +50,8 @@ from __future__ import annotations
 
 import re
 import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import time
 from pathlib import Path
-from typing import Any
 
 from workers.persona.cron import CronError, parse_cron
 from workers.persona.errors import PersonaConfigError, PersonaFileError, PersonaNotFound
@@ -75,6 +72,7 @@ from workers.persona.session import (
     parse_reset_duration,
 )
 from workers.persona.spend import ON_EXCEED, DailyBudget
+from workers.persona.toml_table import TomlTable
 from workers.persona.tool_config import ToolsConfig, parse_tools
 
 __all__ = [
@@ -95,7 +93,6 @@ MANIFEST_NAME = "persona.toml"
 #: A persona.toml is a few lines; anything past this is a mistake, refused before it is parsed.
 MANIFEST_MAX_BYTES = 256 * 1024
 
-_HHMM = re.compile(r"([01]\d|2[0-3]):([0-5]\d)")
 # A spec is "inherit" or "<provider>:<rest>"; which providers exist is models/spec.py's call.
 _MODEL_SPEC = re.compile(r"[a-z][a-z0-9_-]*:\S.*", re.DOTALL)
 
@@ -120,95 +117,16 @@ class PersonaConfig:
     budget: DailyBudget | None = None
 
 
-class _Table:
-    """One TOML table being read: tracks its dotted prefix and refuses keys nobody read."""
-
-    def __init__(self, data: Mapping[str, Any], prefix: str, source: object) -> None:
-        self.data = data
-        self.prefix = prefix
-        self.source = source
-
-    def key(self, name: str) -> str:
-        return f"{self.prefix}.{name}" if self.prefix else name
-
-    def fail(self, name: str, problem: str) -> PersonaConfigError:
-        return _error(self.key(name), problem, self.source)
-
-    def check_keys(self, allowed: tuple[str, ...]) -> None:
-        for name in self.data:
-            if name not in allowed:
-                raise self.fail(name, f"is not a known key (known here: {', '.join(allowed)})")
-
-    def string(self, name: str, default: str | None = None) -> str | None:
-        value = self.data.get(name, default)
-        if value is not None and not isinstance(value, str):
-            raise self.fail(name, f"must be a string, got {value!r}")
-        return value
-
-    def boolean(self, name: str, default: bool) -> bool:
-        value = self.data.get(name, default)
-        if not isinstance(value, bool):
-            raise self.fail(name, f"must be true or false, got {value!r}")
-        return value
-
-    def natural(self, name: str) -> int:
-        value = self.data.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise self.fail(name, f"must be a whole number >= 0, got {value!r}")
-        return value
-
-    def positive_int(self, name: str, default: int) -> int:
-        value = self.data.get(name, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise self.fail(name, f"must be a positive integer, got {value!r}")
-        return value
-
-    def table(self, name: str) -> _Table | None:
-        value = self.data.get(name)
-        if value is None:
-            return None
-        if not isinstance(value, dict):
-            raise self.fail(name, f"must be a table, got {value!r}")
-        return _Table(value, self.key(name), self.source)
-
-    def duration(self, name: str) -> float | None:
-        if name not in self.data:
-            return None
-        return parse_duration(self.data[name], key=self.key(name), source=self.source)
-
-    def timezone(self, name: str) -> str:
-        value = self.string(name, "UTC")
-        if not valid_timezone(value):
-            raise self.fail(
-                name, f'must be an IANA time zone such as "Europe/Berlin", got {value!r}'
-            )
-        assert value is not None
-        return value
-
-
-def _clock_time(table: _Table, name: str, *, allow_24: bool) -> time:
-    value = table.data.get(name)
-    if value is None:
-        raise table.fail(name, 'is required ("HH:MM")')
-    if isinstance(value, str):
-        if allow_24 and value == "24:00":
-            return time(0, 0)
-        match = _HHMM.fullmatch(value)
-        if match is not None:
-            return time(int(match.group(1)), int(match.group(2)))
-    raise table.fail(name, f'must be a 24-hour "HH:MM" string such as "08:00", got {value!r}')
-
-
-def _active_hours(table: _Table) -> ActiveHours:
+def _active_hours(table: TomlTable) -> ActiveHours:
     table.check_keys(("start", "end", "timezone"))
     return ActiveHours(
-        start=_clock_time(table, "start", allow_24=False),
-        end=_clock_time(table, "end", allow_24=True),
+        start=table.clock_time("start", allow_24=False),
+        end=table.clock_time("end", allow_24=True),
         timezone=table.timezone("timezone"),
     )
 
 
-def _heartbeat(table: _Table, home: Path | None) -> HeartbeatSchedule:
+def _heartbeat(table: TomlTable, home: Path | None) -> HeartbeatSchedule:
     table.check_keys(("every", "active_hours", "model", "idle_after", "idle_every"))
     every = table.duration("every")
     if every is None:
@@ -230,7 +148,7 @@ def _heartbeat(table: _Table, home: Path | None) -> HeartbeatSchedule:
     )
 
 
-def _cron(table: _Table) -> str | None:
+def _cron(table: TomlTable) -> str | None:
     value = table.data.get("cron")
     if value is None:
         return None
@@ -250,7 +168,7 @@ def _cron(table: _Table) -> str | None:
     return expression
 
 
-def _dream(table: _Table, home: Path | None) -> DreamSchedule:
+def _dream(table: TomlTable, home: Path | None) -> DreamSchedule:
     table.check_keys(("every", "cron", "timezone", "window", "instructions", "model"))
     every = table.duration("every")
     cron = _cron(table)
@@ -268,14 +186,14 @@ def _dream(table: _Table, home: Path | None) -> DreamSchedule:
     )
 
 
-def _kind_model(table: _Table, home: Path | None) -> str | None:
+def _kind_model(table: TomlTable, home: Path | None) -> str | None:
     """``heartbeat.model`` / ``dream.model``; "inherit" there means "not set": fall back to the
     fleet's per-kind default, then the persona's model."""
     value = _model_key(table, "model", home)
     return None if value == "inherit" else value
 
 
-def _budget(table: _Table) -> DailyBudget:
+def _budget(table: TomlTable) -> DailyBudget:
     table.check_keys(("daily_tokens", "on_exceed", "timezone"))
     on_exceed = table.string("on_exceed", "skip_background")
     if on_exceed not in ON_EXCEED:
@@ -288,7 +206,7 @@ def _budget(table: _Table) -> DailyBudget:
     )
 
 
-def _session(table: _Table) -> SessionConfig:
+def _session(table: TomlTable) -> SessionConfig:
     table.check_keys(
         ("idle_reset", "daily_reset", "timezone", "max_tokens", "keep_tail", "flush_to_memory")
     )
@@ -303,9 +221,7 @@ def _session(table: _Table) -> SessionConfig:
             )
         idle = parsed
     daily = (
-        None
-        if "daily_reset" not in table.data
-        else _clock_time(table, "daily_reset", allow_24=False)
+        None if "daily_reset" not in table.data else table.clock_time("daily_reset", allow_24=False)
     )
     max_tokens = table.positive_int("max_tokens", DEFAULT_MAX_TOKENS)
     keep_tail = None
@@ -327,7 +243,7 @@ def _session(table: _Table) -> SessionConfig:
     )
 
 
-def _index_cap(root: _Table) -> tuple[int, int] | None:
+def _index_cap(root: TomlTable) -> tuple[int, int] | None:
     value = root.data.get("memory_index_cap", False)
     if isinstance(value, bool):
         return DEFAULT_INDEX_CAP if value else None
@@ -336,7 +252,7 @@ def _index_cap(root: _Table) -> tuple[int, int] | None:
             "memory_index_cap",
             f"must be true, false or a table {{ max_lines = N, max_bytes = N }}, got {value!r}",
         )
-    table = _Table(value, "memory_index_cap", root.source)
+    table = TomlTable(value, "memory_index_cap", root.source)
     table.check_keys(("max_lines", "max_bytes"))
     return (
         table.positive_int("max_lines", DEFAULT_INDEX_CAP[0]),
@@ -344,12 +260,12 @@ def _index_cap(root: _Table) -> tuple[int, int] | None:
     )
 
 
-def _model(root: _Table, home: Path | None) -> str:
+def _model(root: TomlTable, home: Path | None) -> str:
     value = _model_key(root, "model", home)
     return "inherit" if value is None else value
 
 
-def _model_key(table: _Table, name: str, home: Path | None) -> str | None:
+def _model_key(table: TomlTable, name: str, home: Path | None) -> str | None:
     value = table.string(name)
     if value is None:
         return None
@@ -382,7 +298,7 @@ def parse_manifest(text: str, *, home: Path | None = None, source: object = None
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise _error(None, f"is not valid TOML: {exc}", source) from exc
-    root = _Table(data, "", source)
+    root = TomlTable(data, "", source)
     known = ("does", "model", "memory", "notes", "memory_index_cap", "heartbeat", "dream")
     root.check_keys((*known, "budget", "tools", "session"))
     heartbeat = root.table("heartbeat")

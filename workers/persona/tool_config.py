@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from workers.persona.errors import PersonaConfigError
-from workers.persona.schedules import parse_duration
+from workers.persona.toml_table import TomlTable
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -55,7 +55,6 @@ DEFAULT_TIMEOUT = 30.0
 # prefix short enough leaves the tool part room. "__" inside a prefix would make names ambiguous.
 _PREFIX = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9-]*(?:_[a-zA-Z0-9-]+)*")
 _PREFIX_MAX = 32
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _REF = re.compile(r"[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _HEADER = re.compile(r"^\s*\[\[\s*tools\s*\.\s*(mcp|python)\s*\]\]", re.MULTILINE)
 
@@ -123,117 +122,68 @@ def _fail(source: object, key: str, problem: str) -> PersonaConfigError:
     return PersonaConfigError(source, key, problem)
 
 
-def _check_keys(table: Mapping[str, Any], key: str, allowed: tuple[str, ...], src: object) -> None:
-    for name in table:
-        if name not in allowed:
-            raise _fail(
-                src, f"{key}.{name}", f"is not a known key (known here: {', '.join(allowed)})"
-            )
-
-
-def _string(table: Mapping[str, Any], key: str, name: str, src: object) -> str | None:
-    value = table.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise _fail(src, f"{key}.{name}", f"must be a non-empty string, got {value!r}")
-    return value
-
-
-def _strings(table: Mapping[str, Any], key: str, name: str, src: object) -> tuple[str, ...] | None:
-    value = table.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise _fail(src, f"{key}.{name}", f"must be a list of strings, got {value!r}")
-    return tuple(value)
-
-
-def _pairs(
-    table: Mapping[str, Any], key: str, name: str, src: object, *, env: bool
-) -> tuple[tuple[str, str], ...]:
-    value = table.get(name, {})
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise _fail(src, f"{key}.{name}", f"must be a table of strings, got {value!r}")
-    for item in value:
-        if env and _ENV_NAME.fullmatch(item) is None:
-            raise _fail(src, f"{key}.{name}.{item}", "is not a valid environment variable name")
-    return tuple(sorted(value.items()))
-
-
 def server_from_table(table: Mapping[str, Any], key: str, src: object) -> McpServer:
     """``command`` (+ ``args``, ``env``) or ``url`` (+ ``headers``) -> :class:`McpServer`."""
-    command = _string(table, key, "command", src)
-    url = _string(table, key, "url", src)
+    return _server(TomlTable(table, key, src))
+
+
+def _server(table: TomlTable) -> McpServer:
+    command = table.string("command", blank=False)
+    url = table.string("url", blank=False)
     if command is not None and url is not None:
-        raise _fail(src, f"{key}.url", "cannot be combined with command: a server is one or other")
+        raise table.fail("url", "cannot be combined with command: a server is one or other")
     if url is not None:
         if not url.startswith(("http://", "https://")):
-            raise _fail(src, f"{key}.url", f"must be an http:// or https:// URL, got {url!r}")
+            raise table.fail("url", f"must be an http:// or https:// URL, got {url!r}")
         for name in ("args", "env"):
-            if name in table:
-                raise _fail(src, f"{key}.{name}", "only applies to a stdio server (command)")
-        return McpServer("http", url=url, headers=_pairs(table, key, "headers", src, env=False))
+            if name in table.data:
+                raise table.fail(name, "only applies to a stdio server (command)")
+        return McpServer("http", url=url, headers=table.pairs("headers", env=False))
     if command is None:
-        raise _fail(
-            src,
-            f"{key}.command",
+        raise table.fail(
+            "command",
             'is missing: a server needs command = "..." (stdio) or url = "http://..." (HTTP)',
         )
-    if "headers" in table:
-        raise _fail(src, f"{key}.headers", "only applies to an HTTP server (url)")
+    if "headers" in table.data:
+        raise table.fail("headers", "only applies to an HTTP server (url)")
     return McpServer(
         "stdio",
         command=command,
-        args=_strings(table, key, "args", src) or (),
-        env=_pairs(table, key, "env", src, env=True),
+        args=table.strings("args") or (),
+        env=table.pairs("env", env=True),
     )
 
 
-def _timeout(table: Mapping[str, Any], key: str, src: object) -> float | None:
-    if "timeout" not in table:
-        return None
-    return parse_duration(table["timeout"], key=f"{key}.timeout", source=src)
-
-
-def _mcp(table: object, key: str, src: object) -> McpDecl:
-    if not isinstance(table, dict):
-        raise _fail(src, key, f"must be a table, got {table!r}")
-    use = _string(table, key, "use", src)
+def _mcp(value: object, key: str, src: object) -> McpDecl:
+    table = TomlTable.of(value, key, src)
+    use = table.string("use", blank=False)
     if use is not None:
-        _check_keys(table, key, ("use", "name", "allow", "timeout"), src)
+        table.check_keys(("use", "name", "allow", "timeout"))
     else:
-        _check_keys(
-            table,
-            key,
-            ("name", "command", "args", "env", "url", "headers", "allow", "timeout"),
-            src,
-        )
-    name = _string(table, key, "name", src) or use
+        table.check_keys(("name", "command", "args", "env", "url", "headers", "allow", "timeout"))
+    name = table.string("name", blank=False) or use
     if name is None:
-        raise _fail(src, f"{key}.name", 'is missing: the prefix of the tool names (name = "time")')
+        raise table.fail("name", 'is missing: the prefix of the tool names (name = "time")')
     if not valid_prefix(name):
-        raise _fail(
-            src,
-            f"{key}.name",
+        raise table.fail(
+            "name",
             f"must be 1-{_PREFIX_MAX} letters, digits, '-' or single '_' (it prefixes tool names "
             f"as <name>__<tool>), got {name!r}",
         )
-    allow = _strings(table, key, "allow", src)
-    server = None if use is not None else server_from_table(table, key, src)
-    return McpDecl(key, name, server, use, allow, _timeout(table, key, src))
+    allow = table.strings("allow")
+    server = None if use is not None else _server(table)
+    return McpDecl(key, name, server, use, allow, table.duration("timeout"))
 
 
-def _python(table: object, key: str, src: object) -> PythonDecl:
-    if not isinstance(table, dict):
-        raise _fail(src, key, f"must be a table, got {table!r}")
-    _check_keys(table, key, ("ref", "timeout"), src)
-    ref = _string(table, key, "ref", src)
+def _python(value: object, key: str, src: object) -> PythonDecl:
+    table = TomlTable.of(value, key, src)
+    table.check_keys(("ref", "timeout"))
+    ref = table.string("ref", blank=False)
     if ref is None:
-        raise _fail(src, f"{key}.ref", 'is missing: ref = "package.module:attribute"')
+        raise table.fail("ref", 'is missing: ref = "package.module:attribute"')
     if _REF.fullmatch(ref) is None:
-        raise _fail(src, f"{key}.ref", f'must look like "package.module:attribute", got {ref!r}')
-    return PythonDecl(key, ref, _timeout(table, key, src))
+        raise table.fail("ref", f'must look like "package.module:attribute", got {ref!r}')
+    return PythonDecl(key, ref, table.duration("timeout"))
 
 
 def _file_order(text: str, mcp: int, python: int) -> list[str] | None:
@@ -248,9 +198,8 @@ def parse_tools(value: object, *, text: str = "", source: object = None) -> Tool
     """Validate the ``tools`` table of persona.toml (``text`` is the file, for the order)."""
     if value is None:
         return ToolsConfig(source=source)
-    if not isinstance(value, dict):
-        raise _fail(source, "tools", f"must be a table, got {value!r}")
-    _check_keys(value, "tools", ("mcp", "python"), source)
+    TomlTable.of(value, "tools", source).check_keys(("mcp", "python"))
+    assert isinstance(value, dict)  # TomlTable.of refused anything else
     groups: dict[str, list[ToolDecl]] = {}
     for kind in value:
         items = value[kind]
