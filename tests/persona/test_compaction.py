@@ -330,3 +330,50 @@ def test_when_the_newest_exchange_alone_is_over_budget_nothing_is_summarized() -
                    dialect="openai")  # fmt: skip
     assert done is None
     assert model.calls == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        Completion(text="", usage=Usage(700, 0), stop_reason="length"),
+        Completion(text="  \n ", usage=Usage(700, 3), stop_reason="stop"),
+        Completion(
+            text="",
+            tool_calls=(ToolCall("c1", "memory", {}),),
+            usage=Usage(700, 9),
+            stop_reason="tool_calls",
+        ),
+    ],
+    ids=["empty-at-length", "blank", "tool-calls-only"],
+)
+def test_an_empty_summary_keeps_the_whole_history_and_still_counts_the_call(
+    answer: Completion,
+) -> None:
+    """A summary call that answers with no text (a reasoning model out of output tokens, a
+    content filter, a tool call instead of prose) would replace the older part with nothing:
+    the history is kept whole, not marked compacted, and the paid call's usage still counts."""
+    history = make_session(random.Random(11), 40)
+    config = SessionConfig(max_tokens=estimate_tokens(history) // 2, keep_tail=50)
+    done = compact(history, system="", incoming="x", config=config, model=ReplayModel(answer),
+                   dialect="openai")  # fmt: skip
+    assert done is not None
+    assert done.applied is False
+    assert done.history == tuple(history)
+    assert done.usage == answer.usage
+    assert done.summarized == 0
+
+
+def test_a_summary_cut_off_by_the_output_limit_is_kept_and_says_so() -> None:
+    """``length`` / ``max_tokens``: what the model wrote is kept (refusing it would let the
+    session grow past its budget turn after turn), marked so the persona knows it ends early."""
+    history = make_session(random.Random(12), 40)
+    config = SessionConfig(max_tokens=estimate_tokens(history) // 2, keep_tail=50)
+    for reason in ("length", "max_tokens"):
+        answer = Completion(text="They met on Monday and", usage=Usage(5, 5), stop_reason=reason)
+        done = compact(history, system="", incoming="x", config=config,
+                       model=ReplayModel(answer), dialect="openai")  # fmt: skip
+        assert done is not None
+        assert done.applied
+        summary = done.history[0].content
+        assert "They met on Monday and" in summary
+        assert f"[summary cut off by the model's output limit ({reason})]" in summary

@@ -273,6 +273,33 @@ def test_compaction_through_run_counts_the_summary_call(home: Path) -> None:
         assert result.usage.input_tokens >= 1000
 
 
+def test_an_empty_summary_loses_no_history_and_is_charged(home: Path) -> None:
+    """A summary call that comes back empty leaves the conversation whole: the next turn still
+    sees the first message, the session records no compaction, and the turn that paid for the
+    empty summary counts it (usage and model_calls)."""
+    (home / "persona.toml").write_text(
+        "[session]\nmax_tokens = 400\nkeep_tail = 100\n", encoding="utf-8"
+    )
+
+    def answer(seen: Call) -> Completion:
+        if seen.system == SUMMARY_INSTRUCTIONS:
+            return Completion(text="", usage=Usage(1000, 0), stop_reason="length")
+        return recall(seen)
+
+    model = ReplayModel(answer)
+    run(home, "my name is Zed " + "blah " * 80, model, session=True)
+    results = [run(home, f"message {n} " + "blah " * 80, model, session=True) for n in range(4)]
+    assert any(c.system == SUMMARY_INSTRUCTIONS for c in model.calls)
+    charged = [r for r in results if r.model_calls == 2]
+    assert charged
+    assert all(r.usage.input_tokens >= 1000 for r in charged)
+    state = current_session(home, "ava")
+    assert state is not None
+    assert state.compactions == 0
+    assert not any(m.content.startswith(SUMMARY_PREFIX) for m in state.messages)
+    assert run(home, "what is my name?", model, session=True).text == "Zed"
+
+
 @pytest.mark.parametrize(
     ("table", "key"),
     [

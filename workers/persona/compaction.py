@@ -27,7 +27,11 @@ Where the tail starts (the two invariants, dialect-neutral as SPEC §7F words th
   it could doubled a persona's model calls.
 
 The summary itself is cut to half the budget: a model answering with megabytes would otherwise
-send them with every later call.
+send them with every later call. An answer with no text (only tool calls, or an empty reply
+from a content filter or a reasoning model out of output tokens) replaces nothing: the history
+is kept whole and the call is still counted. A summary the model cut off at its output limit
+(``length``, ``max_tokens``) is kept, marked as cut, with a warning: it still holds the older
+part's start, and refusing it would leave the session to grow past its budget.
 
 The summary is written by the persona's own model (its ``Model``, so in the fleet the call
 goes through the turn gate like any other) and its usage is reported for the turn's totals.
@@ -61,6 +65,9 @@ __all__ = [
 
 _log = structlog.get_logger("soulfleet.compaction")
 
+# Stop reasons meaning "the output limit ended the answer" (OpenAI, Anthropic).
+_CUT_OFF = frozenset({"length", "max_tokens"})
+
 SUMMARY_PREFIX = "[Summary of the earlier part of this conversation, written when it was compacted]"
 
 SUMMARY_INSTRUCTIONS = (
@@ -81,7 +88,10 @@ FLUSH_REMINDER = (
 
 @dataclass(frozen=True)
 class Compaction:
-    """The compacted history and what producing it cost."""
+    """The compacted history and what producing it cost.
+
+    ``applied`` is False when the summary call was paid for but gave nothing to keep (an empty
+    answer): ``history`` is then the history unchanged, and only ``usage`` counts."""
 
     history: tuple[Message, ...]
     usage: Usage
@@ -89,6 +99,7 @@ class Compaction:
     kept: int
     tokens_before: int
     tokens_after: int
+    applied: bool = True
 
 
 def boundaries(messages: Sequence[Message], dialect: Dialect) -> list[int]:
@@ -202,7 +213,26 @@ def compact(
     except ModelError as exc:
         _log.warning("session.compaction_failed", error=f"{type(exc).__name__}: {exc}")
         return None
-    summary = Message("user", f"{SUMMARY_PREFIX}\n\n{_bounded(completion.text.strip(), config)}")
+    text = completion.text.strip()
+    if not text:
+        _log.warning(
+            "session.compaction_failed",
+            error="the summary came back empty",
+            stop_reason=completion.stop_reason,
+            tool_calls=len(completion.tool_calls),
+            hint="the history is kept whole; the next turn over budget tries again",
+        )
+        stay = tuple(history)
+        return Compaction(stay, completion.usage, 0, len(stay), before, before, applied=False)
+    if completion.stop_reason in _CUT_OFF:
+        _log.warning(
+            "session.summary_cut_off",
+            stop_reason=completion.stop_reason,
+            summary_chars=len(text),
+            hint="the model's output limit ended the summary; what it wrote is kept",
+        )
+        text += f"\n[summary cut off by the model's output limit ({completion.stop_reason})]"
+    summary = Message("user", f"{SUMMARY_PREFIX}\n\n{_bounded(text, config)}")
     reminder = (Message("user", FLUSH_REMINDER),) if config.flush_to_memory else ()
     compacted = (summary, *reminder, *tail)
     after = estimate_tokens(compacted, system)

@@ -111,7 +111,7 @@ class SessionPlan:
             state = self.base
         if silent_beat:
             return state
-        if self.compaction is not None:
+        if self.compaction is not None and self.compaction.applied:
             state = replace(state, compactions=state.compactions + 1)
         return state.appended(messages, now=now, history=self.history)
 
