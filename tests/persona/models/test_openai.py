@@ -25,6 +25,7 @@ from workers.persona.errors import (
 )
 from workers.persona.messages import Message, ToolSpec, Usage
 from workers.persona.models import Model
+from workers.persona.models.client import MAX_TOKEN_COUNT
 from workers.persona.models.config import ModelConfig, Secret
 from workers.persona.models.openai import OpenAIModel
 
@@ -361,3 +362,16 @@ def test_cached_prompt_tokens_are_reported_apart(
         system="", messages=[Message("user", "hi")], tools=[]
     )
     assert completion.usage == Usage(120, 3, cached_input_tokens=100)
+
+
+def test_absurd_token_counts_read_as_the_maximum(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """A broken or hostile endpoint reporting 1e17 tokens: the count reads as MAX_TOKEN_COUNT
+    (more than any budget, so spend stops; a number Redis and the metrics can add), never a
+    figure that fails the usage record after the call was paid."""
+    openai_server.enqueue(openai_completion("hi", prompt_tokens=10**17, completion_tokens=10**20))
+    completion = make(openai_server.base_url, clock).complete(
+        system="", messages=[Message("user", "hi")], tools=[]
+    )
+    assert completion.usage == Usage(MAX_TOKEN_COUNT, MAX_TOKEN_COUNT)

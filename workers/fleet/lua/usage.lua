@@ -14,6 +14,15 @@ local persona, model, kind = ARGV[1], ARGV[2], ARGV[3]
 local input, output = tonumber(ARGV[4]), tonumber(ARGV[5])
 local cached, written = tonumber(ARGV[6]), tonumber(ARGV[7])
 
+-- Checked before the first write: a script that fails half-way keeps what it wrote (the marker
+-- set and some counters added), so the call's retry would count nothing.
+for i = 4, 7 do
+  local n = tonumber(ARGV[i])
+  if not n or n < 0 or n > 1e12 or n ~= math.floor(n) then
+    return redis.error_reply('usage.lua: ARGV[' .. i .. '] is not a token count: ' .. ARGV[i])
+  end
+end
+
 if not redis.call('SET', marker, '1', 'NX', 'PX', ARGV[9]) then
   return -1
 end

@@ -31,9 +31,20 @@ class MalformedAnswer(Exception):
     ModelResponseError with the provider's name, so it never leaves a client."""
 
 
+#: No real call comes near this; a count above it is a broken or hostile endpoint's.
+MAX_TOKEN_COUNT = 1_000_000_000
+
+
 def token_count(value: object) -> int:
-    """A usage count as the provider sent it, or 0 when it is absent, not whole or not > 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+    """A usage count as the provider sent it, or 0 when it is absent, not whole or not > 0.
+
+    A count above :data:`MAX_TOKEN_COUNT` reads as that maximum: still more than any daily
+    budget (so the spend guard stops as it should), and a number every counter downstream
+    (Redis ``HINCRBY``, the metrics) takes; ``1e17`` failed the usage record after the call
+    was paid, and the retry paid again."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return min(value, MAX_TOKEN_COUNT)
+    return 0
 
 
 @dataclass(frozen=True, slots=True)
