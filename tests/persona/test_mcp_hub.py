@@ -27,6 +27,7 @@ from tests.support.mcp_helpers import (
 )
 from workers.persona.manifest import parse_manifest
 from workers.persona.mcp_hub import McpHub
+from workers.persona.tool_config import McpServer
 from workers.persona.toolbox import Toolbox, ToolLimits, build_declared
 from workers.persona.tools import Tool
 
@@ -215,3 +216,60 @@ def test_a_killed_worker_takes_its_stdio_servers_with_it(tmp_path: Path) -> None
         if holder.poll() is None:
             holder.kill()
     assert tagged_pids(tag) == []
+
+
+def _hanging(name: str) -> str:
+    """A stdio "server" that never answers initialize (it sleeps; one process per name)."""
+    return (
+        f'[[tools.mcp]]\nname = "{name}"\ncommand = "{sys.executable}"\n'
+        f'args = ["-c", "import time; time.sleep(600)  # {name}"]\n'
+    )
+
+
+def test_servers_hanging_at_start_cost_a_turn_its_wait_not_each_start_budget() -> None:
+    """Two servers that never finish starting, a turn that allows 2 s: the turn waits ~2 s for
+    both together (side by side, not one start budget after the other), both are left out
+    naming why, and their starts go on. Once those starts have failed, a turn that allows 20 s
+    waits only the 2 s a server that failed before is given: a server hanging at every start
+    costs each turn 2 s, not a start budget."""
+    hub = McpHub(start_timeout=4.0)
+    try:
+        config = parse_manifest(_hanging("one") + _hanging("two"), source=Path("persona.toml"))
+        began = time.monotonic()
+        box = build_declared(config.tools, hub=hub, wait=2.0)
+        took = time.monotonic() - began
+        assert box.tools == ()
+        assert [prefix for prefix, _, _ in box.unavailable] == ["one", "two"]
+        assert all("still starting after 2s" in reason for _, _, reason in box.unavailable)
+        assert took < 2.0 + 1.5  # both at once: not 4 s, not 8
+        # Listings see the first starts fail at their 4 s budget (then the hung processes'
+        # teardown): each waits the start's budget at most meanwhile.
+        deadline = time.monotonic() + 30.0
+        reasons = ["not listed yet"]
+        while not all("did not start within 4s" in reason for reason in reasons):
+            assert time.monotonic() < deadline, reasons
+            began = time.monotonic()
+            listed = build_declared(config.tools, hub=hub, wait=20.0)
+            reasons = [reason for _, _, reason in listed.unavailable]
+            assert time.monotonic() - began < 4.0 + 1.5
+        began = time.monotonic()
+        again = build_declared(config.tools, hub=hub, wait=20.0)
+        took = time.monotonic() - began
+        assert [prefix for prefix, _, _ in again.unavailable] == ["one", "two"]
+        assert all("still starting after 2s" in reason for _, _, reason in again.unavailable)
+        assert took < 2.0 + 1.5
+    finally:
+        hub.close()
+
+
+def test_a_call_waits_for_a_start_no_longer_than_its_timeout(hub: McpHub) -> None:
+    """A tool whose server died and hangs on its restart: the next call is an error within the
+    call's own timeout (the start included), not the hub's whole start budget."""
+    server = McpServer("stdio", command=sys.executable,
+                       args=("-c", "import time; time.sleep(600)"))  # fmt: skip
+    began = time.monotonic()
+    outcome = hub.call(server, "anything", {}, timeout=1.5)
+    assert time.monotonic() - began < 1.5 + 3.0
+    assert outcome.is_error
+    assert outcome.failure == "unavailable"
+    assert "still starting after 1.5s" in outcome.output

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -229,3 +231,18 @@ def test_a_persona_tool_inside_another_agents_loop(tmp_path: Path) -> None:
         system="", prompt="ask ava", tools=(persona, RecordingTool()), model=outer, budget=Budget()
     )
     assert result.text == "relayed: Ava says hi"
+
+
+def test_a_server_hanging_at_start_counts_against_the_turns_time(tmp_path: Path) -> None:
+    """A declared MCP server that never finishes starting: the turn waits for it no longer
+    than its own max_seconds (not the hub's 30 s start budget), and that wait comes out of
+    the turn's time, so the turn ends at its limit instead of running a full budget after."""
+    hang = f'[[tools.mcp]]\nname = "hang"\ncommand = "{sys.executable}"\n'
+    hang += 'args = ["-c", "import time; time.sleep(600)"]\n'
+    home = make_persona(tmp_path, manifest=hang)
+    began = time.monotonic()
+    result = run(home, "hi", ReplayModel(says("hello")), budget=Budget(max_seconds=3))
+    took = time.monotonic() - began
+    assert result.status == "incomplete"
+    assert result.limit == "max_seconds"
+    assert took < 3 + 15  # the wait, then closing the hung server (its 15 s bound at most)

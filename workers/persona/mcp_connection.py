@@ -14,6 +14,10 @@ What the model and the operator can rely on:
 - A dead server is noticed (its stream ends) and restarted by the next call. Starts that keep
   failing back off (0 s, then 1, 2, 4 … up to 30 s) so a broken server costs a fast error
   result per call, not a process spawn per call; the first successful call resets it.
+- A start has its own budget (the hub's ``start_timeout``), but no caller waits past its own
+  bound for it: a turn listing tools waits what the turn allows, a call its ``timeout`` (the
+  start included), and anyone at most 2 s for a server that failed before. A start a caller
+  gave up on goes on for the callers after it.
 - A timed-out call is cancelled (the SDK sends ``notifications/cancelled``) and the server is
   pinged: a server that answers stays (other turns' calls are in flight on it), one that does
   not is wedged and is restarted.
@@ -45,6 +49,8 @@ _log = structlog.get_logger("soulfleet.mcp")
 
 _BACKOFF_MAX = 30.0
 _PROBE_MAX = 5.0
+#: The most a caller waits for a start after the server failed before (see _ensure).
+_RETRY_WAIT = 2.0
 
 
 def _text_of(result: mcp_types.CallToolResult) -> str:
@@ -77,26 +83,41 @@ class McpConnection:
         self.last_error = ""
 
     # -- lifecycle ----------------------------------------------------------------------------
-    async def tools(self, budget: float) -> tuple[McpToolInfo, ...]:
-        """The server's tools (listed at start); starts the server if needed."""
-        await self._ensure(budget)
+    async def tools(self, budget: float, wait: float | None = None) -> tuple[McpToolInfo, ...]:
+        """The server's tools (listed at start); starts the server if needed (see _ensure)."""
+        await self._ensure(budget, wait)
         return self._tools
 
-    async def _ensure(self, budget: float) -> ClientSession:
+    async def _ensure(self, budget: float, wait: float | None = None) -> ClientSession:
+        """The session, starting the server if needed: the start gets ``budget`` seconds,
+        the caller waits ``wait`` at most (None: the whole start). A caller that stops waiting
+        leaves the start running for the callers after it. After a failure the wait is
+        :data:`_RETRY_WAIT` at most: a server that hangs at every start costs each turn that
+        long, not a whole start budget."""
         if self._session is not None:
             return self._session
         loop = asyncio.get_running_loop()
+        if wait is None:
+            wait = budget
+        if self._failures:
+            wait = min(wait, _RETRY_WAIT)
         if self._starting is None:
-            wait = self._retry_at - loop.time()
-            if wait > 0:
-                raise McpUnavailable(f"{self.last_error} (next start attempt in {wait:.1f}s)")
+            backoff = self._retry_at - loop.time()
+            if backoff > 0:
+                raise McpUnavailable(f"{self.last_error} (next start attempt in {backoff:.1f}s)")
             self._starting = loop.create_future()
             # Retrieved here so a start nobody waits for any more never logs "never retrieved".
             self._starting.add_done_callback(lambda done: done.cancelled() or done.exception())
             self._stop = asyncio.Event()
             self._runner = loop.create_task(self._run(self._starting, self._stop, budget))
         try:
-            return await asyncio.shield(self._starting)
+            async with asyncio.timeout(wait):
+                return await asyncio.shield(self._starting)
+        except TimeoutError:
+            raise McpUnavailable(
+                f"still starting after {wait:g}s (it has {budget:g}s to start; once it is up "
+                "its tools are offered again)"
+            ) from None
         except McpUnavailable:
             raise
         except Exception as exc:  # the runner reports start failures as McpUnavailable
@@ -189,9 +210,12 @@ class McpConnection:
     async def call(
         self, tool: str, arguments: Mapping[str, Any], *, timeout: float, budget: float
     ) -> CallOutcome:
-        """Call ``tool``; never raises (except for the caller's own cancellation)."""
+        """Call ``tool``; never raises (except for the caller's own cancellation). ``timeout``
+        bounds the whole call, a start of the server included."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         try:
-            session = await self._ensure(budget)
+            session = await self._ensure(budget, timeout)
         except McpUnavailable as exc:
             return CallOutcome(
                 f"error: MCP server {self.label!r} is unavailable: {exc}. The tool was not run; "
@@ -199,8 +223,9 @@ class McpConnection:
                 True,
                 "unavailable",
             )
+        left = timeout - (loop.time() - began)
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(max(0.0, left)):
                 result = await session.call_tool(tool, dict(arguments))
         except TimeoutError:
             asyncio.get_running_loop().create_task(self._probe(session, timeout))

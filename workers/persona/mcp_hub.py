@@ -22,7 +22,7 @@ import contextlib
 import os
 import sys
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import structlog
@@ -114,22 +114,46 @@ class McpHub:
         except concurrent.futures.CancelledError:  # close() cancelled it: the worker is stopping
             raise McpUnavailable("the worker is shutting down") from None
 
-    def tools(self, server: McpServer) -> tuple[McpToolInfo, ...]:
-        """The server's tools, starting it if needed; McpUnavailable says why it cannot."""
-        connection = self._connection(server)
+    def tools(self, server: McpServer, wait: float | None = None) -> tuple[McpToolInfo, ...]:
+        """The server's tools, starting it if needed; McpUnavailable says why it cannot.
+        ``wait``: the most seconds to wait for a start (default ``start_timeout``)."""
+        found = self.tools_of([server], wait)[0]
+        if isinstance(found, McpUnavailable):
+            raise found
+        return found
+
+    def tools_of(
+        self, servers: Sequence[McpServer], wait: float | None = None
+    ) -> list[tuple[McpToolInfo, ...] | McpUnavailable]:
+        """:meth:`tools` of several servers, started side by side: a turn declaring two slow
+        servers waits for the slower, not for both in turn."""
         budget = self.start_timeout
-        return self._submit(connection.tools(budget), budget + _GRACE)
+        bound = budget if wait is None else min(wait, budget)
+        connections = [self._connection(server) for server in servers]
+
+        async def each(connection: McpConnection) -> tuple[McpToolInfo, ...] | McpUnavailable:
+            try:
+                return await connection.tools(budget, bound)
+            except McpUnavailable as exc:
+                return exc
+
+        async def every() -> list[tuple[McpToolInfo, ...] | McpUnavailable]:
+            return list(await asyncio.gather(*(each(c) for c in connections)))
+
+        try:
+            return self._submit(every(), bound + _GRACE)
+        except McpUnavailable as exc:
+            return [exc for _ in servers]
 
     def call(
         self, server: McpServer, tool: str, arguments: Mapping[str, Any], *, timeout: float
     ) -> CallOutcome:
         """Call ``tool`` on ``server``; never raises, never waits much past ``timeout``."""
         connection = self._connection(server)
-        budget = self.start_timeout
         try:
             return self._submit(
-                connection.call(tool, arguments, timeout=timeout, budget=budget),
-                timeout + budget + _GRACE,
+                connection.call(tool, arguments, timeout=timeout, budget=self.start_timeout),
+                timeout + _GRACE,
             )
         except McpUnavailable as exc:
             return CallOutcome(f"error: {tool!r} was not run: {exc}", True, "unavailable")

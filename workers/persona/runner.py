@@ -23,7 +23,9 @@ scripted model. ``"inherit"`` (or an empty string) at any level defers to the ne
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import structlog
@@ -214,12 +216,18 @@ def run(
         )  # fmt: skip
     hub = McpHub()
     try:
+        limits = budget or Budget()
+        listing = time.monotonic()
         box = build_declared(
             agent.declared,
             hub=hub,
             fleet=mcp_servers,
             reserved=("memory",) if agent.memory else (),
+            wait=limits.max_seconds,
         )
+        # Servers' starts come out of the turn's time, as in the fleet.
+        took = time.monotonic() - listing
+        budget = replace(limits, max_seconds=max(0.0, limits.max_seconds - took))
         box.warn_unavailable(agent.name)
         return run_agent(
             agent,

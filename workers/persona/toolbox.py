@@ -28,7 +28,7 @@ import structlog
 
 from workers.persona.errors import PersonaConfigError
 from workers.persona.loop import observe_tool_outcome
-from workers.persona.mcp_calls import McpUnavailable
+from workers.persona.mcp_calls import McpToolInfo, McpUnavailable
 from workers.persona.mcp_hub import McpHub
 from workers.persona.mcp_servers import FleetServer, unknown_use
 from workers.persona.python_tools import PythonTool, resolve_ref
@@ -157,9 +157,14 @@ def _server_of(
 
 
 def _mcp_tools(
-    decl: McpDecl, server: McpServer, timeout: float, hub: McpHub, source: object
+    decl: McpDecl,
+    server: McpServer,
+    timeout: float,
+    hub: McpHub,
+    *,
+    listed: tuple[McpToolInfo, ...],
+    source: object,
 ) -> list[tuple[str, Tool]]:
-    listed = hub.tools(server)
     if decl.allow is not None:
         have = {info.name for info in listed}
         missing = [name for name in decl.allow if name not in have]
@@ -201,8 +206,11 @@ def build_declared(
     fleet: Mapping[str, FleetServer] | None = None,
     limits: ToolLimits | None = None,
     reserved: tuple[str, ...] = ("memory",),
+    wait: float | None = None,
 ) -> Toolbox:
-    """The declared tools in file order (starting MCP servers as needed).
+    """The declared tools in file order (starting MCP servers as needed, side by side, waiting
+    ``wait`` seconds at most for them: default the hub's ``start_timeout``; a server not up by
+    then is left out of this turn, and its start goes on for the next).
 
     ``reserved`` are names the runtime adds itself (``memory``): a declared tool may not take
     them. Raises PersonaConfigError for configuration the fleet, the environment or a server
@@ -210,18 +218,25 @@ def build_declared(
     """
     source = config.source
     bounds = limits or ToolLimits()
+    servers = {
+        decl.key: found
+        for decl in config.entries
+        if isinstance(decl, McpDecl) and (found := _server_of(decl, fleet or {}, source))
+    }
+    distinct = list(dict.fromkeys(server for server, _ in servers.values()))
+    listings = dict(zip(distinct, hub.tools_of(distinct, wait) if distinct else [], strict=True))
     named: list[tuple[str, Tool]] = []
     unavailable: list[tuple[str, str, str]] = []
     for decl in config.entries:
         if isinstance(decl, McpDecl):
-            found = _server_of(decl, fleet or {}, source)
-            if found is None:
+            if decl.key not in servers:
                 continue
-            server, timeout = found
-            try:
-                named.extend(_mcp_tools(decl, server, timeout, hub, source))
-            except McpUnavailable as exc:
-                unavailable.append((decl.name, server.describe(), str(exc)))
+            server, timeout = servers[decl.key]
+            listed = listings[server]
+            if isinstance(listed, McpUnavailable):
+                unavailable.append((decl.name, server.describe(), str(listed)))
+            else:
+                named.extend(_mcp_tools(decl, server, timeout, hub, listed=listed, source=source))
             continue
         tool = resolve_ref(decl, source)
         if not valid_tool_name(tool.name):

@@ -162,10 +162,11 @@ class TurnExecutor:
         spec = resolved.spec
         try:
             agent = self.kit.agent(persona, role, spec)
+            declared, budget = self.kit.declared(agent, role, self.budget)
             tools = agent.toolset(
                 lock_mode=self.settings.lock_mode,
                 lock_timeout=self.settings.lock_timeout,
-                declared=self.kit.declared(agent, role),
+                declared=declared,
                 # One id for every attempt at this turn's work: a retry repeating a memory
                 # write is answered as before instead of applying it twice.
                 write_scope=work_id(lane, started.commits, started.born_ms),
@@ -220,7 +221,7 @@ class TurnExecutor:
                 prompt=prompt,
                 tools=tools,
                 model=model,
-                budget=self.budget,
+                budget=budget,
                 on_message=record,
                 guard=guard,
                 persona=agent.name,

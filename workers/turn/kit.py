@@ -17,7 +17,7 @@ from workers.fleet.spend import SpendGuard
 from workers.fleet.usage import MeteredModel
 from workers.persona.agent import AgentDef
 from workers.persona.dream_agent import dreamer
-from workers.persona.loop import RunResult
+from workers.persona.loop import Budget, RunResult
 from workers.persona.mcp_hub import McpHub
 from workers.persona.memory import memory_tool
 from workers.persona.models import Model
@@ -61,19 +61,26 @@ class TurnKit:
             model=spec,
         )
 
-    def declared(self, agent: AgentDef, role: str) -> tuple[Tool, ...]:
-        """The persona's persona.toml tools; a dreamer never gets them (docs/persona.md §4)."""
+    def declared(
+        self, agent: AgentDef, role: str, budget: Budget
+    ) -> tuple[tuple[Tool, ...], Budget]:
+        """The persona's persona.toml tools (a dreamer never gets them: docs/persona.md §4),
+        and ``budget`` less the time their servers took to start: the turn's ``max_seconds``
+        covers the wait for them too, so a server that hangs at start cannot stretch it."""
         if role == "dreamer" or not agent.declared.entries:
-            return ()
+            return (), budget
+        began = time.monotonic()
         box = build_declared(
             agent.declared,
             hub=self.tool_hub,
             fleet=self.settings.mcp_servers,
             limits=self.tool_limits,
             reserved=("memory",) if agent.memory else (),
+            wait=budget.max_seconds,
         )
         box.warn_unavailable(agent.name)
-        return box.tools
+        left = max(0.0, budget.max_seconds - (time.monotonic() - began))
+        return box.tools, replace(budget, max_seconds=left)
 
     def model(self, resolved: Model, kind: str, call_prefix: str, persona: AgentDef) -> GatedModel:
         """``resolved`` (the turn start resolved it once), metered and behind the gate."""
