@@ -95,3 +95,14 @@ def test_a_soul_over_the_turn_budget_is_a_warning_naming_the_setting(
     assert "over the turn budget (SOULFLEET_TURN_MAX_TOKENS=1000)" in over.stderr
     assert "a remembered fact" in over.stdout
     assert "over the turn budget" not in invoke("soul", str(home)).stderr
+
+
+def test_soul_refuses_what_a_turn_would_fail_with(invoke: Invoke, fleet_root: Path) -> None:
+    """A scripted rules file that does not exist passed `soul` (exit 0) while `post` refused
+    it and the turn would dead-letter: `soul` refuses it too, exit 2, naming the file."""
+    home = fleet_root / "ava"
+    (home / "persona.toml").write_text('model = "scripted:nope.toml"\n', encoding="utf-8")
+    result = invoke("soul", str(home))
+    assert result.exit_code == 2, result.output
+    assert "nope.toml" in result.stderr
+    assert result.stdout == ""

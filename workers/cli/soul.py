@@ -15,7 +15,7 @@ import click
 
 from workers.cli.context import persona_dir
 from workers.cli.group import cli_context
-from workers.persona.checkup import empty_soul_warning, soul_budget_warning
+from workers.persona.checkup import check_persona
 from workers.persona.home import compose_soul
 from workers.persona.manifest import load_manifest
 
@@ -38,12 +38,18 @@ def soul(ctx: click.Context, directory: str, as_json: bool) -> None:
     settings = cli_context(ctx).settings
     if not path.is_dir():  # not a directory here: maybe a persona name under the root
         path = persona_dir(directory, settings.personas)
+    # Refuses what a turn would fail with (a model spec or rules file that cannot load, a
+    # Python tool that does not import, a `use` the fleet lacks), as `post` does; warns on an
+    # empty soul (`soulfleet soul /etc`), a soul over the turn budget, a key this shell lacks.
+    checkup = check_persona(
+        path,
+        settings.model,
+        turn_max_tokens=settings.turn_max_tokens,
+        mcp_servers=settings.mcp_servers,
+    )
+    for warning in checkup.warnings:
+        click.echo(f"soulfleet: warning: {warning}", err=True)
     text, found = preview(path)
-    if not found:  # `soulfleet soul /etc` is a directory, not yet a persona: say so
-        click.echo(f"soulfleet: warning: {empty_soul_warning(path.resolve().name)}", err=True)
-    # Every turn would end before its model call.
-    if over := soul_budget_warning(path.resolve().name, text, settings.turn_max_tokens):
-        click.echo(f"soulfleet: warning: {over}", err=True)
     if as_json:
         click.echo(json.dumps({"soul": text, "found": found}, ensure_ascii=False))
         return
