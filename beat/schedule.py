@@ -102,6 +102,9 @@ class ScheduleSpec:
     #: the persona's daily token budget (None: none) and the zone its day is counted in.
     budget: int | None = None
     budget_timezone: str = "UTC"
+    #: what the persona's budget does when used up (``budget.on_exceed``): under
+    #: ``skip_background`` a heartbeat whose inbox holds items still runs (a conversation).
+    on_exceed: str = "skip_background"
     #: heartbeat only: seconds without an inbound post before beats stretch to idle_every.
     idle_after: float | None = None
     idle_every: float | None = None
@@ -180,6 +183,8 @@ class ScheduleSpec:
             data["active"] = [self.active_start, self.active_end, self.active_timezone]
         if self.budget is not None:
             data["budget"] = [self.budget, self.budget_timezone]
+            if self.on_exceed != "skip_background":  # specs stored before it had none
+                data["budget"].append(self.on_exceed)
         if self.idle_after is not None:
             data["idle"] = [self.idle_after, self.idle_every]
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
@@ -215,6 +220,7 @@ class ScheduleSpec:
                 active_timezone=active[2],
                 budget=None if budget[0] is None else int(budget[0]),
                 budget_timezone=str(budget[1]),
+                on_exceed=str(budget[2]) if len(budget) > 2 else "skip_background",
                 idle_after=None if idle[0] is None else float(idle[0]),
                 idle_every=None if idle[1] is None else float(idle[1]),
             )
@@ -244,6 +250,7 @@ def specs_for(
                 active_timezone=None if hours is None else hours.timezone,
                 budget=budget.daily_tokens,
                 budget_timezone=budget.timezone,
+                on_exceed=budget.on_exceed,
                 idle_after=heartbeat.idle_after,
                 idle_every=heartbeat.idle_every,
             )

@@ -9,7 +9,8 @@ Reasons, in the order they are checked (each logged as ``tick.skipped`` and coun
   answer is cached by the file's mtime and size), ``invalid_heartbeat_file`` (a FIFO, a device
   or an unreadable file at that name: never opened in a way that could block);
 - from Redis, in one script call per batch (none when no item needs one): ``budget``
-  (today's tokens at or over the persona's daily budget), ``idle`` (no inbound post for
+  (today's tokens at or over the persona's daily budget; under ``skip_background`` not for a
+  heartbeat whose inbox holds items: that turn is a conversation), ``idle`` (no inbound post for
   ``idle_after``: only the first slot of each ``idle_every`` window ticks), ``nothing_new`` (a
   dream with nothing written to the persona's transcripts or notes since its last pass).
 
@@ -193,6 +194,7 @@ class Skips:
                 if reason is None and nothing_new(spec.home, spec.persona, ended, began):
                     reason = "nothing_new"
             reasons.append(reason)
+        self._conversations_go_on(items, reasons)
         if unseen:
             # A persona nobody ever posted to counts as posted to when beat first saw it.
             pipe = self.client.pipeline(transaction=False)
@@ -200,6 +202,28 @@ class Skips:
                 pipe.hsetnx(self.keys.lane(lane), "last_post", int(now * 1000))
             pipe.execute()
         return reasons
+
+    def _conversations_go_on(self, items: Sequence[Claimed], reasons: list[str | None]) -> None:
+        """Un-skip a budget-skipped heartbeat whose inbox holds items, under
+        ``skip_background``: its turn is a conversation, which that rule lets run (an item
+        posted without waking the persona otherwise waited for the budget's reset). One
+        pipelined LLEN per such lane: only over-budget personas pay it."""
+        over = [
+            n
+            for n, (item, reason) in enumerate(zip(items, reasons, strict=True))
+            if reason == "budget"
+            and item.spec is not None
+            and item.spec.kind == "heartbeat"
+            and item.spec.on_exceed == "skip_background"
+        ]
+        if not over:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for n in over:
+            pipe.llen(self.keys.inbox(items[n].lane))
+        for n, depth in zip(over, pipe.execute(), strict=True):
+            if int(depth) > 0:
+                reasons[n] = None
 
     def _reads(
         self, items: Sequence[Claimed], now: float

@@ -18,6 +18,7 @@ from tests.beat.test_sweep import skipped, sync
 from tests.support.beat import RecordingPublisher, lane_ticks, write_persona
 from workers.fleet import Fleet
 from workers.persona.clock import VirtualClock
+from workers.persona.inbox import InboxItem
 from workers.persona.messages import Usage
 from workers.persona.spend import heartbeat_blank, usage_day
 
@@ -98,6 +99,34 @@ def test_a_persona_over_its_daily_budget_is_skipped_with_reason_budget(
     publisher.sent.clear()
     fleet.client.delete(fleet.keys.lane("saver"), fleet.keys.lane("saver-dreamer"))
     assert sweeper.run().emitted == 4
+
+
+@pytest.mark.parametrize("case", [("skip_background", True), ("stop", False)])
+def test_an_over_budget_heartbeat_with_items_waiting_ticks_under_skip_background(
+    fleet: Fleet,
+    persona_root: Path,
+    clock: VirtualClock,
+    publisher: RecordingPublisher,
+    case: tuple[str, bool],
+) -> None:
+    """An item posted without waking the persona waits for its next heartbeat. Over budget
+    under ``skip_background`` that turn is a conversation, which the rule lets run: the tick
+    goes through (it was skipped, and the item waited for the budget's reset). Under ``stop``
+    nothing runs until the reset, so the tick is still skipped. An empty inbox: skipped."""
+    on_exceed, ticks = case
+    budget = f'[budget]\ndaily_tokens = 100\non_exceed = "{on_exceed}"\n'
+    write_persona(persona_root, "spender", EVERY_1M + budget)
+    write_persona(persona_root, "idler", EVERY_1M + budget)
+    sync(fleet)
+    day = usage_day(clock.time())
+    for persona in ("spender", "idler"):
+        fleet.ledger.record(persona=persona, day=day, call_id=f"{persona}-seed",
+                            model="openai:m", kind="interactive", usage=Usage(100, 0))  # fmt: skip
+    fleet.lanes.post("spender", InboxItem("later", "ops", "cli", "i1", clock.time()), wake=False)
+    clock.advance(61)
+    report = Sweeper(fleet).run()
+    assert publisher.lanes() == (["spender"] if ticks else [])
+    assert report.skipped == (1 if ticks else 2)
 
 
 def test_an_idle_persona_beats_once_per_idle_every_until_a_post_arrives(
