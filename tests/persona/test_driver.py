@@ -115,7 +115,7 @@ def test_post_waits_for_the_next_turn_and_keeps_provenance(tmp_path: Path) -> No
     assert driver.pending == (1, 0)
     clock.advance(10)
     assert driver.turns == 1
-    assert "Inbox (2 entries, oldest first):" in model.prompts[0]
+    assert "Inbox (2 entries, oldest first within each part):" in model.prompts[0]
     assert "- {from: door-bot, channel: webhook}\n  the parcel arrived" in model.prompts[0]
     assert "[UNTRUSTED " in model.prompts[0]
 

@@ -43,13 +43,15 @@ def test_render_one_trusted_item() -> None:
 
 
 def test_render_mixed_trusted_untrusted_and_ticks() -> None:
-    """Ticks first, then trusted items, then untrusted ones inside the nonce-marked block."""
+    """Ticks first, then trusted items, then untrusted ones inside the nonce-marked block; the
+    header says the order holds within each part (an older untrusted entry comes after a newer
+    trusted one)."""
     assert render_inbox(
         [EMAIL, OWN, SLACK, DREAMER], 2, persona="ava", tick_channel="heartbeat"
     ) == (
         f"{PROMPT}\n"
         "\n"
-        "Inbox (5 entries, oldest first):\n"
+        "Inbox (5 entries, oldest first within each part):\n"
         "\n"
         "- tick x2 {from: ava, channel: heartbeat}\n"
         "\n"

@@ -32,7 +32,7 @@ __all__ = ["InboxEntry", "InboxItem", "inbox_entries", "inbox_text", "is_trusted
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]+")
 # The framing render_inbox adds, line by line: what inbox_text() takes away again.
 _FRAMING = re.compile(
-    r"^(?:Inbox \(\d+ entr(?:y|ies), oldest first\):"
+    r"^(?:Inbox \(\d+ entr(?:y|ies), oldest first(?: within each part)?\):"
     r"|- tick x\d+ \{from: [^\n]*\}"
     r"|- \{from: [^\n]*, channel: [^\n]*\}"
     r"|\[UNTRUSTED [0-9a-f]{8}\] [^\n]*"
@@ -170,7 +170,9 @@ def render_inbox(
     Layout (blocks separated by one blank line; no trailing newline)::
 
         <HEARTBEAT_PROMPT>                         only when ticks > 0
-        Inbox (N entries, oldest first):           N = items + 1 if ticks else items
+        Inbox (N entries, oldest first):           N = items + 1 if ticks else items;
+                                                   "oldest first within each part" when
+                                                   own-side and untrusted entries both come
         - tick xT {from: <persona>, channel: <tick_channel>}
         - {from: <sender>, channel: <channel>}     trusted items, each text line indented
           <text>
@@ -188,7 +190,10 @@ def render_inbox(
     blocks: list[str] = []
     if ticks:
         blocks.append(HEARTBEAT_PROMPT)
-    blocks.append(f"Inbox ({count} {'entry' if count == 1 else 'entries'}, oldest first):")
+    # Own-side entries render before the untrusted block whatever their age: with both, the
+    # order holds within each part only, and the header must not claim more.
+    order = "oldest first within each part" if untrusted and (trusted or ticks) else "oldest first"
+    blocks.append(f"Inbox ({count} {'entry' if count == 1 else 'entries'}, {order}):")
     if ticks:
         blocks.append(f"- tick x{ticks} {{from: {who}, channel: {_label(tick_channel)}}}")
     blocks.extend(_entry(item) for item in trusted)
