@@ -25,6 +25,21 @@ def test_a_soul_over_the_turn_budget_is_a_warning_naming_the_setting(tmp_path: P
     assert check_persona(home).warnings == []
 
 
+def test_a_soul_over_session_max_tokens_warns_that_no_conversation_goes_on(
+    tmp_path: Path,
+) -> None:
+    """``[session] max_tokens = 10`` was accepted without a word, and every turn then started
+    a new session (the frozen soul alone over the session budget): the check-up every front
+    door runs says so, naming the key; with room for the soul, no such warning."""
+    home = make_persona(tmp_path / "ava", {"SOUL.md": "You are ava. " * 20})
+    (home / "persona.toml").write_text("[session]\nmax_tokens = 10\n", encoding="utf-8")
+    [warning] = check_persona(home).warnings
+    assert "session.max_tokens (10)" in warning
+    assert "every turn starts a new session" in warning
+    (home / "persona.toml").write_text("[session]\nmax_tokens = 1000\n", encoding="utf-8")
+    assert check_persona(home).warnings == []
+
+
 def test_an_invalid_file_raises_what_a_turn_would(tmp_path: Path) -> None:
     """A directory where SOUL.md should be fails the check-up as it fails a turn."""
     home = make_persona(tmp_path / "bob", {"MEMORY.md": "x\n"})

@@ -108,6 +108,13 @@ def check_persona(
         over := soul_budget_warning(agent.name, soul, turn_max_tokens)
     ):
         warnings.append(over)
+    if (size := estimate_tokens((), soul)) > agent.session.max_tokens:
+        warnings.append(
+            f"persona {agent.name}'s soul alone is about {size} tokens, over its "
+            f"session.max_tokens ({agent.session.max_tokens}): no conversation can go on (every "
+            "turn starts a new session and remembers nothing said before); raise [session] "
+            "max_tokens in its persona.toml, or shrink the soul"
+        )
     missing = resolved.missing_key if isinstance(resolved, HTTPModel) else None
     if missing is not None and calls_model:
         raise ModelSpecError(
