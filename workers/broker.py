@@ -9,7 +9,8 @@ connection of its own (connections come from the channel's pool for each command
 pipeline is made per call), so one client per channel and pool serves every thread; it is made
 again whenever the channel replaces its pool (after a connection error).
 
-It also keeps a lost broker connection from killing the worker (see :meth:`Channel._create_client`).
+It also keeps a lost broker connection (see :meth:`Channel._create_client`) or a full Redis
+(see :class:`Transport`) from killing the worker.
 
 Installed for ``redis://`` and ``rediss://`` by :func:`install`, which :func:`workers.app.make_app`
 calls: kombu picks a transport by the URL's scheme, so its alias table is the one place to say
@@ -69,9 +70,21 @@ class Channel(kombu_redis.Channel):
 
 
 class Transport(kombu_redis.Transport):
-    """kombu's Redis transport with :class:`Channel`."""
+    """kombu's Redis transport with :class:`Channel`, and a full Redis taken as a lost one."""
 
     Channel = Channel
+
+    # A Redis at its maxmemory under noeviction refuses kombu's writes (the unacked-restore
+    # mutex at connect, a delivered message's bookkeeping) with OutOfMemoryError, a
+    # ResponseError: Celery took it as unrecoverable and the worker exited, at every restart
+    # too, until memory was freed (a crash loop; `soulfleet up` gave up and stopped the fleet).
+    # As a connection error (Celery reads the class's tuple), the consumer retries with backoff
+    # and consumes again once Redis has room; lanes whose message was lost meanwhile are
+    # re-published by the reaper.
+    connection_errors = (
+        redis.exceptions.OutOfMemoryError,
+        *kombu_redis.Transport.connection_errors,
+    )
 
 
 def install() -> None:

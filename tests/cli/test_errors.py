@@ -57,3 +57,20 @@ def test_messages_are_one_line_and_bugs_are_not_translated() -> None:
     error = CliError("first line\n  second line")
     assert error.message == "first line second line"
     assert translate(KeyError("bug")) is None
+
+
+def test_a_full_redis_says_so_and_what_to_do() -> None:
+    """A refusal by a Redis at its maxmemory (alone or inside a pipeline's error) names the
+    cause and the fix, not only Redis's own words."""
+    for exc in (
+        redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'."),
+        redis.ResponseError(
+            "Command # 1 (HGETALL k) of pipeline caused error: OOM command not allowed when "
+            "used memory > 'maxmemory'."
+        ),
+    ):
+        error = translate(exc)
+        assert error is not None
+        assert error.message.startswith("Redis is full")
+        assert "CONFIG SET maxmemory" in error.message
+        assert "runbook" in error.message

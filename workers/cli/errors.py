@@ -97,6 +97,13 @@ def translate(exc: BaseException, *, redis_url: str | None = None) -> CliError |
     return error
 
 
+def _redis_full(exc: BaseException) -> bool:
+    """A refusal by a Redis at its maxmemory (alone, or as a pipeline's command error)."""
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or (
+        isinstance(exc, redis.ResponseError) and "maxmemory" in str(exc)
+    )
+
+
 def _translate(exc: BaseException, redis_url: str | None) -> CliError | None:
     message: str | None = None
     if isinstance(exc, CliError):
@@ -110,6 +117,12 @@ def _translate(exc: BaseException, redis_url: str | None) -> CliError | None:
         # as Redis being down, and gets the same message.
         url = redact_url(redis_url) if redis_url else "the configured Redis"
         message = str(RedisUnavailable(url, one_line(str(exc))))
+    elif _redis_full(exc):
+        message = (
+            f"Redis is full (used memory over its maxmemory) and refuses writes: "
+            f"{one_line(str(exc))}. Give it room (`redis-cli CONFIG SET maxmemory <more>`), "
+            'then find what grew: ops/runbook.md "Redis memory near its limit"'
+        )
     elif isinstance(exc, redis.RedisError):
         message = f"Redis refused a command: {exc}"
     elif isinstance(exc, TimeoutError):

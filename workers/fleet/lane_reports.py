@@ -31,9 +31,14 @@ class LaneReports(LaneStore):
     """The read side of :class:`~workers.fleet.lanes.Lanes`."""
 
     def status(self, lane: str) -> dict[str, object]:
-        """One consistent snapshot of the lane for people (the CLI, ``Fleet.status``)."""
+        """A snapshot of the lane for people (the CLI, ``Fleet.status``), in one round trip.
+
+        Not a MULTI block: a full Redis (noeviction at maxmemory) refuses every command queued
+        in MULTI, reads included, and ``status`` is what an operator runs to see why the fleet
+        stopped. The four reads may straddle a change (an item drained between the hash and
+        the inbox length); the next call shows the settled state."""
         with redis_errors(self.client):
-            pipe = self.client.pipeline(transaction=True)
+            pipe = self.client.pipeline(transaction=False)
             pipe.hgetall(self.keys.lane(lane))
             pipe.llen(self.keys.inbox(lane))
             pipe.llen(self.keys.inflight(lane))
