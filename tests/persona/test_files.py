@@ -10,7 +10,7 @@ import pytest
 
 from tests.support.persona import make_persona
 from workers.persona import files
-from workers.persona.errors import PersonaFileError
+from workers.persona.errors import PersonaFileError, PersonaNotFound
 from workers.persona.files import confined, read_prefix, real_root
 
 # --- confined ------------------------------------------------------------------------------
@@ -210,3 +210,21 @@ def test_read_prefix_without_follow_refuses_symlinks(tmp_path: Path) -> None:
     assert read_prefix(tmp_path / "link.jsonl", 10) == b"x"
     with pytest.raises(PersonaFileError, match="symlink"):
         read_prefix(tmp_path / "link.jsonl", 10, follow_symlinks=False)
+
+
+def test_make_dirs_creates_below_the_root_and_never_the_root(tmp_path: Path) -> None:
+    """Nested directories under the persona directory are made; a persona directory renamed
+    away meanwhile is NOT made again as an empty stub (PersonaNotFound, nothing created); a
+    directory outside the root is refused."""
+    home = tmp_path / "ava"
+    home.mkdir()
+    made = files.make_dirs(home, home / "sessions" / "ava")
+    assert made.is_dir()
+    files.make_dirs(home, home / "sessions" / "ava")  # exists: fine
+    real = Path(real_root(home))  # cached, as a turn's calls see it
+    home.rename(tmp_path / "ava-renamed")
+    with pytest.raises(PersonaNotFound, match="moved or deleted"):
+        files.make_dirs(home, real / "transcripts" / "ava")
+    assert not home.exists()
+    with pytest.raises(PersonaFileError, match="outside the persona directory"):
+        files.make_dirs(tmp_path / "ava-renamed", tmp_path / "elsewhere")

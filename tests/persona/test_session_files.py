@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from workers.persona.errors import PersonaFileError
+from workers.persona.errors import PersonaFileError, PersonaNotFound
 from workers.persona.messages import Message
 from workers.persona.session import SessionState
 from workers.persona.session_files import RETIRE_LIST_EVERY, SessionFiles
@@ -124,3 +124,16 @@ def test_retire_lists_every_so_many_fences(tmp_path: Path) -> None:
                    f"s1.f{n}.json")  # fmt: skip
     assert files.retire(f"s1.f{n}.json", f"s1.f{n - 1}.json") == 2
     assert _names(tmp_path) == {f"s1.f{n - 1}.json", f"s1.f{n}.json"}
+
+
+def test_a_home_renamed_mid_turn_is_not_brought_back(tmp_path: Path) -> None:
+    """The persona directory is renamed (or deleted) while a turn runs: the turn's state write
+    fails naming it, instead of making ``<old home>/sessions/<lane>/`` again as a stub that
+    status would list as a persona and post would accept items for."""
+    home = tmp_path / "ava"
+    home.mkdir()
+    files = SessionFiles(home, "ava")
+    home.rename(tmp_path / "moved")
+    with pytest.raises(PersonaNotFound):
+        files.write(_state("hello"), "f1")
+    assert not home.exists()

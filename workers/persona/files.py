@@ -25,12 +25,13 @@ import stat
 import time
 from pathlib import Path
 
-from workers.persona.errors import PersonaFileError
+from workers.persona.errors import PersonaFileError, PersonaNotFound
 
 __all__ = [
     "ROOT_CACHE_SECONDS",
     "confined",
     "file_kind",
+    "make_dirs",
     "read_prefix",
     "real_root",
     "regular_file_problem",
@@ -81,6 +82,33 @@ def confined(root: str | os.PathLike[str], relative: str | os.PathLike[str]) -> 
                 )
             return Path(real)
     return Path(path)
+
+
+def make_dirs(root: str | os.PathLike[str], directory: str | os.PathLike[str]) -> Path:
+    """Create ``directory`` (inside ``root``) and its missing parents, never ``root`` itself.
+
+    ``mkdir(parents=True)`` brought a persona directory renamed or deleted mid-turn back as an
+    empty stub holding only the turn's ``sessions/`` or ``transcripts/`` (``status`` then listed
+    it, ``post`` accepted items for it). Here a missing ``root`` is :class:`PersonaNotFound`.
+    """
+    base = Path(real_root(root))
+    target = Path(directory)
+    try:
+        relative = target.relative_to(base)
+    except ValueError:
+        raise PersonaFileError(target, f"is outside the persona directory {base}") from None
+    current = base
+    for part in relative.parts:
+        current = current / part
+        try:
+            os.mkdir(current)
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            if not os.path.isdir(root):
+                raise PersonaNotFound(root, "it was moved or deleted") from None
+            raise
+    return target
 
 
 #: How long :func:`real_root` trusts a root's resolved path (see there).

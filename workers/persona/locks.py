@@ -44,7 +44,7 @@ from typing import Literal
 import structlog
 
 from workers.persona.errors import LockTimeout
-from workers.persona.files import confined
+from workers.persona.files import confined, make_dirs
 from workers.persona.flock import flock_acquire, flock_release
 from workers.persona.memory_spec import NOTES_DIR
 from workers.persona.owner_records import CLAIM_SUFFIX
@@ -123,7 +123,7 @@ def lock_file_for(
     """
     real_root = Path(root).resolve()
     lock = confined(real_root, lock_name_for(Path(data).relative_to(real_root), mode))
-    lock.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(real_root, lock.parent)
     # mkdir may have followed a symlink created meanwhile; check the result, not the intent.
     return confined(real_root, lock.relative_to(real_root))
 
@@ -138,7 +138,7 @@ def ledger_file_for(root: str | os.PathLike[str], data: str | os.PathLike[str]) 
     real_root = Path(root).resolve()
     relative = Path(data).relative_to(real_root)
     ledger = confined(real_root, PurePath(LOCK_DIR) / f"{relative}.applied")
-    ledger.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(real_root, ledger.parent)
     return confined(real_root, ledger.relative_to(real_root))
 
 

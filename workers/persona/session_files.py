@@ -36,7 +36,7 @@ from pathlib import Path
 import structlog
 
 from workers.persona.errors import PersonaFileError
-from workers.persona.files import confined, read_prefix, real_root
+from workers.persona.files import confined, make_dirs, read_prefix, real_root
 from workers.persona.locks import LockMode, lock_file_for, path_lock
 from workers.persona.session import Pointer, SessionState
 from workers.persona.transcripts import valid_transcript_name
@@ -104,7 +104,7 @@ class SessionFiles:
         try:
             create_bytes(target, data)
         except FileNotFoundError:  # the lane's first state: make its directory, once
-            self.directory.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.home, self.directory)
             create_bytes(confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{name}"), data)
         return name
 
@@ -210,12 +210,12 @@ class FilePointer:
             return Pointer()
 
     def _write(self, pointer: Pointer) -> None:
-        self.files.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.files.home, self.files.directory)
         data = {"state": pointer.state, "epoch": pointer.epoch}
         atomic_write_bytes(self._path(), (json.dumps(data) + "\n").encode())
 
     def _locked(self) -> contextlib.AbstractContextManager[bool]:
-        self.files.directory.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.files.home, self.files.directory)
         lock = lock_file_for(self.files.home, self._path(), self.lock_mode)
         return path_lock(lock, mode=self.lock_mode, timeout=self.lock_timeout)
 

@@ -45,7 +45,7 @@ import structlog
 from workers.persona import transcript_listings
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import PersonaFileError, PersonaNotFound
-from workers.persona.files import confined, real_root
+from workers.persona.files import confined, make_dirs, real_root
 from workers.persona.transcript_layout import (
     MAX_TRANSCRIPT_BYTES,
     TRANSCRIPTS_DIR,
@@ -193,7 +193,7 @@ class FileTranscripts:
         # directory leading out of the home would otherwise make even the mkdir land outside.
         self._dirs.pop(lane, None)
         lane_dir = self._confined(lane)
-        lane_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self._home, lane_dir)
         return lane_dir
 
     def _confined(self, lane: str) -> Path:
