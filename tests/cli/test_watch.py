@@ -143,3 +143,18 @@ def test_a_persona_valid_again_is_announced_with_how_to_revive() -> None:
     assert lines[0].split()[1] == "fixed"
     assert "persona nora is valid again" in lines[0]
     assert "`soulfleet revive nora`" in lines[0]
+
+
+def test_another_error_line_carries_its_reason_and_hint() -> None:
+    """`up` printed only the event name of other errors ("beat: beat.task_failed (see its
+    log)"), so the operator had to open the log to learn why: the line now carries the
+    event's ``error`` and ``hint``."""
+    reporter, lines = _reporter()
+    reporter.event({
+        "event": "redis.evicting_policy", "level": "error", "_source": "beat",
+        "error": "maxmemory-policy is allkeys-lru",
+        "hint": "CONFIG SET maxmemory-policy noeviction",
+    })  # fmt: skip
+    [line] = lines
+    assert "beat: redis.evicting_policy: maxmemory-policy is allkeys-lru; CONFIG SET" in line
+    assert line.endswith("(see its log)")

@@ -201,12 +201,16 @@ class Reporter:
                 + input_over_budget_remedy(lane.removesuffix(DREAMER_SUFFIX) or "PERSONA"),
             )
         elif event.get("level") in ("error", "critical"):
-            self._other_error(source, str(name))
+            self._other_error(source, str(name), event)
 
-    def _other_error(self, source: str, message: str) -> None:
-        self.error(
-            ("log", source, message[:120]), f"{source}: {_short(message, 240)} (see its log)"
-        )
+    def _other_error(
+        self, source: str, message: str, event: Mapping[str, Any] | None = None
+    ) -> None:
+        # The event name alone ("beat.task_failed") says what failed, not why: the line carries
+        # the event's own reason and hint when it has them (the log keeps the whole record).
+        detail = [str(event[key]) for key in ("error", "hint") if event and event.get(key)]
+        text = f"{message}: {'; '.join(detail)}" if detail else message
+        self.error(("log", source, message[:120]), f"{source}: {_short(text, 400)} (see its log)")
 
     def _memory(self, event: Mapping[str, Any], lane: str, persona: str) -> None:
         self.tally.memory_writes += 1
