@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
 import redis
 from prometheus_client import REGISTRY
 
 from beat.reaper import Reaper
 from tests.beat.conftest import Events
-from tests.support.beat import RecordingPublisher
+from tests.support.beat import RecordingPublisher, write_persona
 from workers.fleet import Fleet
+from workers.fleet.errors import RedisUnavailable
 from workers.persona.clock import VirtualClock
 
 
@@ -80,3 +85,50 @@ def test_a_healthy_fleet_needs_no_repairs(
     assert publisher.sent == sent
     [done] = events.named("reaper.done")
     assert done["repaired"] == 0
+
+
+class _RefusingBroker(RecordingPublisher):
+    """A broker that refuses every wake-up until ``refuse`` is cleared."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refuse = True
+
+    def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None:
+        if self.refuse and turns:
+            raise RedisUnavailable("redis://broker:6379/1", "Connection refused")
+        super().publish_many(turns)
+
+
+def test_a_post_whose_wake_up_is_refused_is_kept_and_sent_by_the_next_reaper_pass(
+    fleet: Fleet, persona_root: Path, events: Events
+) -> None:
+    """The broker refuses the wake-up of a post that queued a turn: the item is in the inbox,
+    so the post returns (saying the wake-up was not sent) instead of raising, which told the
+    sender to post again (a duplicate). The lane goes to the reaper's NEXT pass, not its
+    600 s wait for a message that may be slow, and that pass sends the same turn."""
+    write_persona(persona_root, "ava")
+    broker = _RefusingBroker()
+    fleet.publisher = broker
+    outcome = fleet.post("ava", "hello", wake=True)
+    assert outcome.outcome == "queued"
+    assert outcome.unsent is not None
+    assert "Connection refused" in outcome.unsent
+    assert fleet.status("ava")["inbox_depth"] == 1
+    broker.refuse = False
+    report = Reaper(fleet).run()  # no clock advance: well inside SOULFLEET_REAP_QUEUED_AFTER
+    assert [(r.lane, r.turn_id) for r in report.repairs] == [("ava", outcome.turn_id)]
+    assert broker.sent == [("ava", outcome.turn_id, "interactive")]
+
+
+def test_ticks_whose_wake_ups_are_refused_go_to_the_next_reaper_pass(fleet: Fleet) -> None:
+    """Beat's publish of ticked turns fails (and raises, as before: beat logs it); the lanes
+    are queued all the same, and the reaper's next pass sends them instead of waiting 600 s."""
+    broker = _RefusingBroker()
+    fleet.publisher = broker
+    with pytest.raises(RedisUnavailable):
+        fleet.tick_lanes([("ava", "heartbeat"), ("bob", "heartbeat")])
+    broker.refuse = False
+    report = Reaper(fleet).run()
+    assert sorted(r.lane for r in report.repairs) == ["ava", "bob"]
+    assert sorted(lane for lane, _, _ in broker.sent) == ["ava", "bob"]

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import pytest
 
 from tests.cli.conftest import Invoke
-from tests.support.cli import PASSWORD, lanes_for
+from tests.support.cli import PASSWORD, closed_port_url, lanes_for
 from workers.persona.inbox import InboxItem
 
 
@@ -40,6 +40,23 @@ def test_post_wake_queues_an_interactive_turn(
     assert status["state"] == "queued"
     assert status["kind"] == "interactive"
     assert f"turn {status['turn_id']} queued" in result.stdout
+
+
+def test_a_post_whose_broker_refuses_is_accepted_and_says_not_to_post_again(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """The broker (CELERY_BROKER_URL, here a port nobody listens on) refuses the wake-up after
+    the item is in the inbox: exit 0, saying the wake-up was not sent, that the reaper sends
+    it, and not to post again (exit 1 made a sender post twice)."""
+    refusing = {**env, "CELERY_BROKER_URL": closed_port_url()}
+    result = invoke("post", "milo", "wake up", environ=refusing)
+    assert result.exit_code == 0, result.output
+    assert "wake-up could not be sent" in result.stdout
+    assert "Do not post again" in result.stdout
+    status = lanes_for(env).status("milo")
+    assert status["inbox_depth"] == 1
+    assert status["state"] == "queued"
+    assert status["queued_at"] == 0.0  # handed to the reaper's next pass
 
 
 def test_post_accepts_a_path_inside_the_root(invoke: Invoke, env: Mapping[str, str | None]) -> None:

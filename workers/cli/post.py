@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from workers.cli.errors import BadInputError
+from workers.cli.errors import BadInputError, one_line
 from workers.cli.group import cli_context, personas_option
 
 __all__ = ["post"]
@@ -60,9 +60,17 @@ def post(
         click.echo(json.dumps({
             "persona": name, "lane": outcome.lane, "item_id": outcome.item_id,
             "outcome": outcome.outcome, "turn_id": outcome.turn_id, "depth": outcome.depth,
+            "unsent": outcome.unsent,
         }))  # fmt: skip
         return
-    if outcome.outcome == "queued":
+    if outcome.outcome == "queued" and outcome.unsent is not None:
+        # Accepted all the same: posting again would put the item in twice.
+        what = (
+            f"turn {outcome.turn_id} queued, but its wake-up could not be sent "
+            f"({one_line(outcome.unsent)}); beat's reaper sends it within "
+            f"SOULFLEET_REAP_INTERVAL. Do not post again"
+        )
+    elif outcome.outcome == "queued":
         what = f"turn {outcome.turn_id} queued"
     elif outcome.outcome == "dead":
         what = f"lane is dead-lettered: the item is kept; `soulfleet status {name}` says why"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -177,8 +178,23 @@ class Fleet:
         )
         outcome = self.lanes.post(name, item, wake=wake)
         if outcome.turn_id is not None and outcome.turn_kind is not None:
-            self.publisher.publish(name, outcome.turn_id, outcome.turn_kind)
+            try:
+                self.publisher.publish(name, outcome.turn_id, outcome.turn_kind)
+            except RedisUnavailable as exc:
+                # The item is in the inbox and the turn queued: raising would tell the sender
+                # to post again (a duplicate). The reaper's next pass sends the wake-up.
+                self.lanes.unsent([(name, outcome.turn_id)], str(exc))
+                return replace(outcome, unsent=str(exc))
         return outcome
+
+    def _send(self, turns: Sequence[tuple[str, str, str]]) -> None:
+        """Publish ``turns``; when the broker refuses, hand them to the reaper's next pass
+        (not its 600 s wait for a lost message), then raise as before."""
+        try:
+            self.publisher.publish_many(turns)
+        except RedisUnavailable as exc:
+            self.lanes.unsent([(lane, turn_id) for lane, turn_id, _ in turns], str(exc))
+            raise
 
     def _refuse_if_stopped(self, name: str) -> None:
         """A persona whose budget is used up with ``on_exceed = "stop"`` would refuse the turn
@@ -204,7 +220,7 @@ class Fleet:
     def tick_lanes(self, pairs: Sequence[tuple[str, str]]) -> list[TickOutcome]:
         """Tick many ``(lane, kind)`` pairs in pipelined round trips and publish what queued."""
         outcomes = self.lanes.tick_many(pairs)
-        self.publisher.publish_many(
+        self._send(
             [
                 (o.lane, o.turn_id, o.turn_kind)
                 for o in outcomes
@@ -342,7 +358,7 @@ class Fleet:
         lane = self.registry.lane_of(name, "dreamer" if dreamer else "persona")
         outcome = self.lanes.revive(lane)
         if outcome.outcome == "queued" and outcome.turn_id and outcome.turn_kind:
-            self.publisher.publish(lane, outcome.turn_id, outcome.turn_kind)
+            self._send([(lane, outcome.turn_id, outcome.turn_kind)])
         return outcome
 
     def revive_dead(
@@ -381,7 +397,7 @@ class Fleet:
             ]
         outcomes = [self.lanes.revive(lane) for lane in lanes]
         queued = [o for o in outcomes if o.outcome == "queued" and o.turn_id and o.turn_kind]
-        self.publisher.publish_many([(o.lane, str(o.turn_id), str(o.turn_kind)) for o in queued])
+        self._send([(o.lane, str(o.turn_id), str(o.turn_kind)) for o in queued])
         return queued, broken
 
     def orphaned_dead(self) -> list[str]:
@@ -416,13 +432,13 @@ class Fleet:
         """beat's fast pass: queue retries whose backoff is over, re-publish turns whose
         claiming worker died, resume lanes a closed breaker deferred; publish them all."""
         repairs = self.recovery.run()
-        self.publisher.publish_many([(r.lane, r.turn_id, r.kind) for r in repairs])
+        self._send([(r.lane, r.turn_id, r.kind) for r in repairs])
         return repairs
 
     def reap(self) -> list[Repair]:
         """Re-queue stranded lanes (lost messages, dead workers) and publish their turns."""
         repairs = self.lanes.reap(queued_after=self.settings.reap_queued_after)
-        self.publisher.publish_many([(r.lane, r.turn_id, r.kind) for r in repairs])
+        self._send([(r.lane, r.turn_id, r.kind) for r in repairs])
         return repairs
 
     def lane_counts(self) -> dict[str, int]:

@@ -5,6 +5,7 @@ that re-checks the lane, so a lane that moved on meanwhile is left alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import structlog
@@ -36,6 +37,31 @@ class LaneRepairs(LaneStore):
             return TickOutcome(lane, "revive", "coalesced")
         _log.info("lane.revived", lane=lane, turn_id=turn_id)
         return TickOutcome(lane, "revive", "queued", str(reply[1]), str(reply[2]))
+
+    def unsent(self, turns: Sequence[tuple[str, str]], error: str) -> int:
+        """Hand ``(lane, turn id)`` turns whose wake-up could not be published to the reaper's
+        next pass (see ``unsent.lua``) instead of its 600 s wait for a lost message. Never
+        raises (the caller is already handling the publish failure); returns how many were
+        marked. Logged as ``turn.unsent`` per lane, with ``error``."""
+        calls = [
+            ScriptCall(self.scripts.unsent, self.keys.lane_keys(lane), [lane, turn_id])
+            for lane, turn_id in turns
+        ]
+        try:
+            replies = run_scripts(self.client, calls, isolated=True)
+        except Exception as exc:  # Redis is the trouble too: the 600 s reaper path remains
+            _log.error("turn.unsent_not_marked", lanes=len(turns), error=str(exc))
+            return 0
+        marked = 0
+        for (lane, turn_id), reply in zip(turns, replies, strict=True):
+            if reply == 1:
+                marked += 1
+                _log.warning(
+                    "turn.unsent", lane=lane, turn_id=turn_id, error=error,
+                    hint="its wake-up is sent again by beat's next reaper pass "
+                    "(SOULFLEET_REAP_INTERVAL)",
+                )  # fmt: skip
+        return marked
 
     def reap(self, *, queued_after: float, limit: int = 1000) -> list[Repair]:
         """Re-queue lanes stranded by a dead worker or a lost message (the caller publishes).

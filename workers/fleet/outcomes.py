@@ -36,6 +36,9 @@ class PostOutcome:
     depth: int
     turn_id: str | None = None
     turn_kind: str | None = None
+    #: why the queued turn's wake-up could not be sent (the broker refused): the item is kept
+    #: and the reaper's next pass sends it (SOULFLEET_REAP_INTERVAL); None when it was sent.
+    unsent: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

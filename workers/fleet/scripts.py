@@ -49,6 +49,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "reap_running",
     "reap_queued",
     "reap_claimed",
+    "unsent",
     "receive",
     "unclaim",
     "release",
@@ -87,6 +88,7 @@ class Scripts:
     reap_running: Script
     reap_queued: Script
     reap_claimed: Script
+    unsent: Script
     receive: Script
     unclaim: Script
     release: Script
