@@ -170,3 +170,25 @@ def test_dead_lanes_of_a_removed_persona_are_named_and_never_revived(
     status = invoke("status", "--state", "dead")
     assert "dead lanes of removed personas (1, their directories are gone" in status.stdout
     assert json.loads(invoke("status", "--json").stdout)["dead_persona_gone"] == ["milo"]
+
+
+def test_forget_gone_removes_only_dead_lanes_of_removed_personas(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """A dead lane whose persona directory is gone was never revived and never left the dead
+    set (the dead-lettered alert fired for ever). `revive --forget-gone` removes it and the
+    items it kept, saying how many; a dead lane of a persona still there is left alone."""
+    fleet = _dead_letter(env, "nora")
+    _dead_letter(env, "milo")
+    shutil.rmtree(fleet_root / "milo")
+    result = invoke("revive", "--forget-gone")
+    assert result.exit_code == 0, result.output
+    assert "forgot milo: its persona directory is gone; 1 kept item(s) dropped" in result.stdout
+    assert "forgot 1 dead lane(s) of removed personas" in result.stdout
+    assert fleet.orphaned_dead() == []
+    assert fleet.lanes.status("milo")["state"] == "idle"  # no lane hash left
+    assert fleet.client.zscore(fleet.keys.dead, "milo") is None
+    assert fleet.lanes.status("nora")["state"] == "dead"
+    again = json.loads(invoke("revive", "--forget-gone", "--json").stdout)
+    assert again == {"forgotten": []}
+    assert invoke("revive", "nora", "--forget-gone").exit_code == 2

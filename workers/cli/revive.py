@@ -9,7 +9,9 @@ count resets and one turn is queued, which runs the kept items first. After a fl
 incident, ``--all`` revives every dead lane, and ``--reason TEXT`` only those whose last error
 contains TEXT (case-insensitive), e.g. ``--reason "HTTP 401"`` once the key is fixed. A lane
 whose persona's files still fail the check ``post`` makes is not revived (a single ``revive``
-exits 2 with the error; ``--all`` names it and goes on): it would only die again.
+exits 2 with the error; ``--all`` names it and goes on): it would only die again. A dead lane
+whose persona directory is gone is never revived; ``--forget-gone`` removes such lanes and the
+items they kept (otherwise they stay dead-lettered, and in the alert, for ever).
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ __all__ = ["revive"]
     metavar="TEXT",
     help="Revive only dead lanes whose last error contains TEXT (implies --all).",
 )
+@click.option(
+    "--forget-gone",
+    is_flag=True,
+    help="Remove dead lanes whose persona directory is gone, with their kept items.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @personas_option
 @click.pass_context
@@ -45,12 +52,18 @@ def revive(
     dreamer: bool,
     every: bool,
     reason: str | None,
+    forget_gone: bool,
     as_json: bool,
     personas: Path | None,
 ) -> None:
     """Queue a dead-lettered lane of PERSONA again (its kept items run first)."""
     state = cli_context(ctx, personas)
     state.honour_personas("revive")
+    if forget_gone:
+        if persona is not None or dreamer or every or reason is not None:
+            raise BadInputError("--forget-gone takes no PERSONA, --dreamer, --all or --reason")
+        _forget_gone(state, as_json=as_json)
+        return
     if every or reason is not None:
         if persona is not None or dreamer:
             raise BadInputError("give PERSONA (and --dreamer) or --all/--reason, not both")
@@ -98,5 +111,17 @@ def _revive_all(state: CliContext, reason: str | None, *, as_json: bool) -> None
         click.echo(
             f"not revived: {len(orphans)} dead lane(s) whose persona directory is gone "
             f"({', '.join(orphans)}); they would only fail again. Restore the directory under "
-            f"{fleet.registry.root} to revive one."
+            f"{fleet.registry.root} to revive one, or remove them with "
+            "`soulfleet revive --forget-gone`."
         )
+
+
+def _forget_gone(state: CliContext, *, as_json: bool) -> None:
+    forgotten = state.fleet().forget_gone()
+    if as_json:
+        click.echo(json.dumps({"forgotten": [{"lane": lane, "items_dropped": n}
+                                             for lane, n in forgotten]}))  # fmt: skip
+        return
+    for lane, dropped in forgotten:
+        click.echo(f"forgot {lane}: its persona directory is gone; {dropped} kept item(s) dropped")
+    click.echo(f"forgot {len(forgotten)} dead lane(s) of removed personas")

@@ -407,6 +407,19 @@ class Fleet:
         lanes: list[str] = self._call(lambda: self.client.zrange(self.keys.dead, 0, -1))
         return [lane for lane in lanes if not self._persona_exists(lane)]
 
+    def forget_gone(self) -> list[tuple[str, int]]:
+        """Remove every dead-lettered lane whose persona directory is gone (see
+        :meth:`orphaned_dead`), with the items it kept: they could only fail again. Returns
+        ``(lane, items dropped)`` per lane removed. A persona restored meanwhile is skipped."""
+        forgotten: list[tuple[str, int]] = []
+        for lane in self.orphaned_dead():
+            if self._persona_exists(lane):
+                continue
+            dropped = self.lanes.forget(lane)
+            if dropped is not None:
+                forgotten.append((lane, dropped))
+        return forgotten
+
     def _check(self, name: str) -> None:
         """Raise what persona ``name``'s files would fail its turn with (post, revive)."""
         check_persona(

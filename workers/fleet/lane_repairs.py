@@ -38,6 +38,17 @@ class LaneRepairs(LaneStore):
         _log.info("lane.revived", lane=lane, turn_id=turn_id)
         return TickOutcome(lane, "revive", "queued", str(reply[1]), str(reply[2]))
 
+    def forget(self, lane: str) -> int | None:
+        """Remove dead-lettered ``lane`` and the items it kept (``forget.lua``): for a lane
+        whose persona is gone. Returns how many items were dropped; None when the lane is not
+        dead (nothing changed)."""
+        with redis_errors(self.client):
+            reply = self.scripts.forget(keys=self.keys.lane_keys(lane), args=[lane])
+        if reply[0] != "forgotten":
+            return None
+        _log.warning("lane.forgotten", lane=lane, items_dropped=int(reply[1]))
+        return int(reply[1])
+
     def unsent(self, turns: Sequence[tuple[str, str]], error: str) -> int:
         """Hand ``(lane, turn id)`` turns whose wake-up could not be published to the reaper's
         next pass (see ``unsent.lua``) instead of its 600 s wait for a lost message. Never

@@ -46,6 +46,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "finish",
     "fail",
     "revive",
+    "forget",
     "reap_running",
     "reap_queued",
     "reap_claimed",
@@ -85,6 +86,7 @@ class Scripts:
     finish: Script
     fail: Script
     revive: Script
+    forget: Script
     reap_running: Script
     reap_queued: Script
     reap_claimed: Script
