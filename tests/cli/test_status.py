@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -83,6 +84,24 @@ def test_status_all_lists_every_persona_and_fleet_counts(
     assert [line.split()[0] for line in table.splitlines()[1:4]] == ["ava", "milo", "nora"]
     assert "lanes: 1 queued, 0 running, 0 dead" in table
     assert "beat: never swept" in table
+
+
+def test_a_beat_that_stopped_sweeping_is_called_out(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """beat sweeps every second: "last sweep 100s ago" alone read as fine. Past 30 s (or ten
+    sweep intervals) the line says beat may have stopped and what that stops; a fresh sweep
+    gets no such warning."""
+    lanes = lanes_for(env)
+    last = lanes.keys.last_sweep
+    lanes.client.set(last, json.dumps({"at": time.time() - 100}))
+    stale = [line for line in invoke("status").stdout.splitlines() if line.startswith("beat:")]
+    assert len(stale) == 1
+    assert "STOPPED?" in stale[0]
+    assert "SOULFLEET_SWEEP_INTERVAL" in stale[0]
+    lanes.client.set(last, json.dumps({"at": time.time()}))
+    fresh = [line for line in invoke("status").stdout.splitlines() if line.startswith("beat:")]
+    assert fresh == ["beat: last sweep 0s ago"]
 
 
 def test_a_running_dream_pass_shows_how_long_it_has_run_not_when_the_last_ended(

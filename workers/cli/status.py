@@ -366,12 +366,29 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     )
     for line in breaker_lines(breakers):
         click.echo(line)
-    click.echo(
-        "beat: never swept (is `celery -A workers beat` running?)"
-        if beat is None
-        else f"beat: last sweep {ago(beat.get('at') or beat.get('time'))}"
-    )
+    click.echo(_beat_line(beat, state.settings.sweep_interval))
     _fixed_hint(fixed)
+
+
+#: Sweeps missed before ``status`` calls beat stopped (with a floor for slow sweeps of big
+#: fleets); the SoulfleetBeatNotSweeping alert says the same after 60 s.
+_STALE_SWEEPS = 10
+_STALE_FLOOR = 30.0
+
+
+def _beat_line(beat: Mapping[str, Any] | None, sweep_interval: float) -> str:
+    if beat is None:
+        return "beat: never swept (is `celery -A workers beat` running?)"
+    at = beat.get("at") or beat.get("time")
+    line = f"beat: last sweep {ago(at)}"
+    if isinstance(at, (int, float)) and at > 0:
+        late = time.time() - float(at)
+        if late > max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval):
+            line += (
+                f": STOPPED? it sweeps every {sweep_interval:g}s (SOULFLEET_SWEEP_INTERVAL); no "
+                "heartbeat, dream or retry is queued meanwhile: check the beat process and its log"
+            )
+    return line
 
 
 def _fixed_hint(fixed: Sequence[tuple[str, str]]) -> None:
