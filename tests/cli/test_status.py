@@ -367,3 +367,10 @@ def test_a_running_turn_whose_lease_is_not_renewed_is_flagged(
     payload = json.loads(invoke("status", "ava", "--json").stdout)
     assert payload["lease_silent"] == silent
     assert 0 < payload["lease_left"] <= left_ms / 1000
+    # The lease gone altogether (lapsed, or lost with a Redis restart): a bare "running for
+    # 60s" looked alive; the row says the reaper takes it back.
+    lanes.client.delete(Keys(settings.key_prefix).lease("ava"))
+    assert "(lease lapsed: beat's reaper takes the lane back at its next pass)" in row()
+    assert json.loads(invoke("status", "ava", "--json").stdout)["lease_silent"] == round(
+        settings.lease_ttl
+    )

@@ -168,8 +168,12 @@ def _lease_silent(entry: Mapping[str, Any], lease_ttl: float) -> float | None:
     (a live worker renews every third of it): its worker has probably died, and beat's reaper
     takes the lane back when the lease lapses. None while it is renewed, or not running."""
     left = entry.get("lease_left")
-    if entry.get("state") != "running" or not isinstance(left, int | float):
+    if entry.get("state") != "running":
         return None
+    if not isinstance(left, int | float):
+        # Running without a lease: it lapsed (or a Redis restart lost it) and the reaper's
+        # next pass takes the lane back. Silent for the whole TTL at least.
+        return round(lease_ttl)
     silent = lease_ttl - float(left)
     return round(silent) if silent > lease_ttl / 2 else None
 
@@ -213,6 +217,8 @@ def _row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, .
         if silent is not None and isinstance(left, int | float):
             # A killed worker's turn looked alive until its lease lapsed (30 s by default).
             state += f" (lease not renewed for {silent:.0f}s, lapses in {left:.0f}s)"
+        elif silent is not None:
+            state += " (lease lapsed: beat's reaper takes the lane back at its next pass)"
     tokens = str(entry.get("tokens_today", 0))
     if entry.get("daily_tokens") is not None:
         tokens += f"/{entry['daily_tokens']}"
