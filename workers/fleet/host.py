@@ -270,12 +270,20 @@ class Fleet:
                 )
             wait = min(remaining, 2.0)
             reply_key = self.keys.reply(outcome.item_id)
-            popped = self._call(
-                lambda key=reply_key, wait=wait: self.client.blpop([key], timeout=wait)
-            )
+            try:
+                popped = self._call(
+                    lambda key=reply_key, wait=wait: self.client.blpop([key], timeout=wait)
+                )
+                status = {} if popped else self.lanes.status(name)
+            except RedisUnavailable:
+                # The prompt is posted and its turn goes on without us; the reply waits in
+                # Redis (SOULFLEET_REPLY_TTL): a blip shorter than the timeout loses nothing.
+                if time.monotonic() + 1.0 >= deadline:
+                    raise
+                time.sleep(1.0)
+                continue
             if popped:
                 return RunReply.from_json(popped[1])
-            status = self.lanes.status(name)
             if status.get("state") == "dead":
                 raise LaneDeadLettered(name, str(status.get("last_error") or "unknown error"))
 
