@@ -48,14 +48,20 @@ def test_beats_json_piped_into_head_exits_0_quietly(
 @pytest.mark.integration
 def test_run_with_no_worker_says_so_within_seconds(env: Mapping[str, str | None]) -> None:
     """No worker consumes the interactive queue: `run` says so on stderr after a few seconds
-    (not after its whole timeout), then times out with exit 1; the item stays queued."""
+    (not after its whole timeout), then times out with exit 1; the item stays queued, and the
+    turn is handed to the reaper's next pass (queued_at 0): a running fleet on this Redis with
+    another queue prefix (a shell's typo) sends it to its own workers instead of leaving the
+    persona blocked for SOULFLEET_REAP_QUEUED_AFTER."""
     result = run_soulfleet("run", "ava", "hello?", "--timeout", "10", env=env, timeout=90)
     assert result.returncode == 1, result.stderr
     assert "no worker is consuming" in result.stderr
     assert ".interactive" in result.stderr
     assert "the same REDIS_URL, SOULFLEET_KEY_PREFIX" in result.stderr  # a shell's typo
     assert f"SOULFLEET_QUEUE_PREFIX (here {env['SOULFLEET_QUEUE_PREFIX']!r})" in result.stderr
-    assert lanes_for(env).status("ava")["state"] == "queued"
+    assert "handed to that fleet's reaper" in result.stderr
+    status = lanes_for(env).status("ava")
+    assert status["state"] == "queued"
+    assert status["queued_at"] == 0.0
 
 
 @pytest.mark.integration

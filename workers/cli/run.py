@@ -172,12 +172,20 @@ def _no_worker_hint(state: CliContext, name: str, timeout: float) -> Callable[[f
             return
         settings = state.settings
         queue = queue_name(settings.queue_prefix, "interactive")
+        # The lane may be a running fleet's (same Redis and key prefix, another queue prefix):
+        # its message sits in a queue nobody reads, and the persona waited for the reaper's
+        # 600 s. Handed to the reaper's next pass, a beat of that fleet sends it to its own
+        # workers' queue; with no fleet at all nothing changes.
+        turn_id = lane.get("turn_id")
+        if isinstance(turn_id, str) and turn_id:
+            state.fleet().lanes.unsent([(name, turn_id)], f"no worker consumes {queue}")
         click.echo(
             f"soulfleet: no worker is consuming {queue} on {redact_url(settings.redis_url)}: "
             f"start one (`soulfleet up`, or `celery -A workers worker -Q {queue},...`), or, if "
             "a fleet is running, give this shell the same REDIS_URL, SOULFLEET_KEY_PREFIX "
             f"(here {settings.key_prefix!r}) and SOULFLEET_QUEUE_PREFIX (here "
-            f"{settings.queue_prefix!r}) as its workers; {still}",
+            f"{settings.queue_prefix!r}) as its workers (the turn is handed to that fleet's "
+            f"reaper meanwhile, which sends it to its own workers); {still}",
             err=True,
         )
 
