@@ -97,6 +97,16 @@ def make_dirs(root: str | os.PathLike[str], directory: str | os.PathLike[str]) -
         relative = target.relative_to(base)
     except ValueError:
         raise PersonaFileError(target, f"is outside the persona directory {base}") from None
+    if not relative.parts:  # the root itself: never made here
+        return target
+    try:  # the common case, one system call: it exists already, or only it is missing
+        os.mkdir(target)
+    except FileExistsError:
+        return target
+    except FileNotFoundError:
+        pass
+    else:
+        return target
     current = base
     for part in relative.parts:
         current = current / part
