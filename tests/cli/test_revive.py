@@ -8,8 +8,11 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+import pytest
+
 from tests.cli.conftest import Invoke
 from workers.fleet import Fleet
+from workers.fleet.errors import FleetError
 from workers.settings import Settings
 
 
@@ -192,3 +195,35 @@ def test_forget_gone_removes_only_dead_lanes_of_removed_personas(
     again = json.loads(invoke("revive", "--forget-gone", "--json").stdout)
     assert again == {"forgotten": []}
     assert invoke("revive", "nora", "--forget-gone").exit_code == 2
+
+
+def test_forget_gone_refuses_when_every_persona_would_look_gone(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path, tmp_path: Path
+) -> None:
+    """A personas root that is missing or empty (a volume not mounted) makes every persona
+    look gone: `--forget-gone` refuses and removes nothing. So does a root other than the one
+    beat's registry sync recorded for this Redis."""
+    fleet = _dead_letter(env, "nora")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for root in (tmp_path / "not-mounted", empty):
+        result = invoke("revive", "--forget-gone", environ={**env, "SOULFLEET_PERSONAS": str(root)})
+        assert result.exit_code == 1, result.output
+        assert "refusing to forget" in result.stderr
+        assert "nothing was removed" in result.stderr
+    other = tmp_path / "other"
+    shutil.copytree(fleet_root, other)
+    shutil.rmtree(other / "nora")
+    fleet.client.set(fleet.keys.registry_root, str(fleet_root))
+    result = invoke("revive", "--forget-gone", environ={**env, "SOULFLEET_PERSONAS": str(other)})
+    assert result.exit_code == 2, result.output  # the CLI's own check of the served root
+    assert "the fleet's workers read them from" in result.stderr
+    elsewhere = Settings.from_env({**{k: v for k, v in env.items() if v is not None},
+                                   "SOULFLEET_PERSONAS": str(other)})  # fmt: skip
+    library = Fleet(elsewhere, publisher=_Recorder())
+    try:
+        with pytest.raises(FleetError, match="the fleet's beat serves"):
+            library.forget_gone()  # the library's own refusal
+    finally:
+        library.client.close()
+    assert fleet.lanes.status("nora")["state"] == "dead"

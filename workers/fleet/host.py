@@ -31,6 +31,7 @@ from workers.fleet.breaker import Breaker
 from workers.fleet.clients import fleet_client
 from workers.fleet.errors import (
     BudgetStopped,
+    FleetError,
     LaneDeadLettered,
     RedisUnavailable,
     UnknownPersona,
@@ -418,7 +419,25 @@ class Fleet:
     def forget_gone(self) -> list[tuple[str, int]]:
         """Remove every dead-lettered lane whose persona directory is gone (see
         :meth:`orphaned_dead`), with the items it kept: they could only fail again. Returns
-        ``(lane, items dropped)`` per lane removed. A persona restored meanwhile is skipped."""
+        ``(lane, items dropped)`` per lane removed. A persona restored meanwhile is skipped.
+
+        Refuses (:class:`FleetError`, nothing removed) when this process may be looking at the
+        wrong directory, where every persona would look gone: a personas root that is missing
+        or holds no persona (a volume not mounted), or one other than the root beat's newest
+        registry sync recorded for this Redis."""
+        root = self.registry.root
+        if not root.is_dir() or not self.registry.names():
+            raise FleetError(
+                f"refusing to forget: the personas root {root} is missing or holds no persona, "
+                "so every persona would look gone (a volume not mounted, a wrong "
+                "SOULFLEET_PERSONAS?); nothing was removed"
+            )
+        served = self.served_root()
+        if served is not None and served.resolve() != root.resolve():
+            raise FleetError(
+                f"refusing to forget: this shell's personas root is {root}, but the fleet's beat "
+                f"serves {served}; run it with SOULFLEET_PERSONAS={served}; nothing was removed"
+            )
         forgotten: list[tuple[str, int]] = []
         for lane in self.orphaned_dead():
             if self._persona_exists(lane):
