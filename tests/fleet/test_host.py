@@ -14,8 +14,8 @@ from workers.local.redis_server import RedisServer
 def test_run_rides_out_a_redis_blip_and_gets_its_reply(tmp_path: Path) -> None:
     """Redis goes away for a couple of seconds while ``run`` waits for its reply (the turn goes
     on without the caller, and its reply waits in Redis): ``run`` keeps waiting within its
-    timeout and returns the reply, instead of failing on the first refused BLPOP and losing
-    it."""
+    timeout and returns the reply, instead of failing on the first refused BLPOP (or the first
+    read of its ``on_wait`` hook, as the CLI's reads the lane) and losing it."""
     root = tmp_path / "personas"
     write_persona(root, "ava")
     server = RedisServer(tmp_path / "redis", persistent=True).start()
@@ -39,7 +39,11 @@ def test_run_rides_out_a_redis_blip_and_gets_its_reply(tmp_path: Path) -> None:
     helper = threading.Thread(target=blip_then_answer, daemon=True)
     try:
         helper.start()
-        reply = fleet.run("ava", "are you there?", timeout=30)
+
+        def look(_: float) -> None:  # reads Redis as the CLI's hook does: the blip hits it too
+            fleet.lanes.status("ava")
+
+        reply = fleet.run("ava", "are you there?", timeout=30, on_wait=look)
         assert replied.is_set()
         assert (reply.text, reply.status) == ("still here", "done")
     finally:

@@ -27,6 +27,7 @@ import click
 from workers.cli.context import CliContext, persona_dir
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import cli_context, personas_option
+from workers.fleet.errors import RedisUnavailable
 from workers.persona.checkup import check_persona
 from workers.persona.loop import Budget
 from workers.queues import queue_name
@@ -152,7 +153,10 @@ def _no_worker_hint(state: CliContext, name: str, timeout: float) -> Callable[[f
         nonlocal asked, told_error
         if waited < NO_WORKER_HINT_AFTER or (asked and told_error):
             return
-        lane = state.fleet().lanes.status(name)
+        try:
+            lane = state.fleet().lanes.status(name)
+        except RedisUnavailable:
+            return  # a blip: Fleet.run waits it out, and this hook asks again next time
         failed_at = lane.get("last_error_at")
         if not told_error and isinstance(failed_at, float) and failed_at >= since:
             told_error = True

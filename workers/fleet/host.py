@@ -261,8 +261,6 @@ class Fleet:
         deadline = started + timeout
         name = outcome.lane
         while True:
-            if on_wait is not None:
-                on_wait(time.monotonic() - started)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(
@@ -272,13 +270,16 @@ class Fleet:
             wait = min(remaining, 2.0)
             reply_key = self.keys.reply(outcome.item_id)
             try:
+                if on_wait is not None:
+                    on_wait(time.monotonic() - started)
                 popped = self._call(
                     lambda key=reply_key, wait=wait: self.client.blpop([key], timeout=wait)
                 )
                 status = {} if popped else self.lanes.status(name)
             except RedisUnavailable:
-                # The prompt is posted and its turn goes on without us; the reply waits in
-                # Redis (SOULFLEET_REPLY_TTL): a blip shorter than the timeout loses nothing.
+                # The prompt is posted and its turn goes on without us; its reply is pushed
+                # to Redis (kept SOULFLEET_REPLY_TTL) once Redis is back: a blip shorter than
+                # the timeout is waited out (on_wait's own reads of Redis included).
                 if time.monotonic() + 1.0 >= deadline:
                     raise
                 time.sleep(1.0)
