@@ -273,3 +273,18 @@ def test_a_call_waits_for_a_start_no_longer_than_its_timeout(hub: McpHub) -> Non
     assert outcome.is_error
     assert outcome.failure == "unavailable"
     assert "still starting after 1.5s" in outcome.output
+
+
+def test_a_call_after_a_crash_waits_for_the_restart_within_its_timeout(hub: McpHub) -> None:
+    """A server whose every start takes ~3 s crashes mid-call: the next call (30 s timeout)
+    waits for the restart and is answered. Only a server whose last START failed is given
+    the short 2 s wait; a crash of a running one is not a failed start."""
+    tag = new_tag()
+    server = McpServer("stdio", command=sys.executable,
+                       args=(str(SERVER_SCRIPT), "--tag", tag, "--start-delay", "3"))  # fmt: skip
+    hub.tools(server)
+    crashed = hub.call(server, "crash", {}, timeout=10)
+    assert crashed.failure == "server_died"
+    answered = hub.call(server, "echo", {"text": "back"}, timeout=30)
+    assert not answered.is_error, answered.output
+    assert "back" in answered.output

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import time
 
 from mcp.server.mcpserver import MCPServer
 
@@ -63,7 +64,9 @@ def main() -> None:
     parser.add_argument("--http", type=int, default=0, help="serve streamable HTTP on this port")
     # Ignored by the server: a marker in its command line so tests can count its processes.
     parser.add_argument("--tag", default="")
+    parser.add_argument("--start-delay", type=float, default=0.0, help="seconds before serving")
     args = parser.parse_args()
+    time.sleep(args.start_delay)  # a slow server: its start takes this long, every time
     if args.http:
         server.run("streamable-http", host="127.0.0.1", port=args.http)
     else:

@@ -16,7 +16,7 @@ What the model and the operator can rely on:
   result per call, not a process spawn per call; the first successful call resets it.
 - A start has its own budget (the hub's ``start_timeout``), but no caller waits past its own
   bound for it: a turn listing tools waits what the turn allows, a call its ``timeout`` (the
-  start included), and anyone at most 2 s for a server that failed before. A start a caller
+  start included), and anyone at most 2 s for a server whose last start failed. A start a caller
   gave up on goes on for the callers after it.
 - A timed-out call is cancelled (the SDK sends ``notifications/cancelled``) and the server is
   pinged: a server that answers stays (other turns' calls are in flight on it), one that does
@@ -49,7 +49,7 @@ _log = structlog.get_logger("soulfleet.mcp")
 
 _BACKOFF_MAX = 30.0
 _PROBE_MAX = 5.0
-#: The most a caller waits for a start after the server failed before (see _ensure).
+#: The most a caller waits for a start after the last start failed (see _ensure).
 _RETRY_WAIT = 2.0
 
 
@@ -78,6 +78,9 @@ class McpConnection:
         self._runner: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
         self._failures = 0
+        #: starts that failed since the last one that worked (a server that died while
+        #: running does not count: its restart is waited for like any start)
+        self._failed_starts = 0
         self._retry_at = 0.0
         self.starts = 0
         self.last_error = ""
@@ -91,7 +94,7 @@ class McpConnection:
     async def _ensure(self, budget: float, wait: float | None = None) -> ClientSession:
         """The session, starting the server if needed: the start gets ``budget`` seconds,
         the caller waits ``wait`` at most (None: the whole start). A caller that stops waiting
-        leaves the start running for the callers after it. After a failure the wait is
+        leaves the start running for the callers after it. After a failed start the wait is
         :data:`_RETRY_WAIT` at most: a server that hangs at every start costs each turn that
         long, not a whole start budget."""
         if self._session is not None:
@@ -99,7 +102,7 @@ class McpConnection:
         loop = asyncio.get_running_loop()
         if wait is None:
             wait = budget
-        if self._failures:
+        if self._failed_starts:
             wait = min(wait, _RETRY_WAIT)
         if self._starting is None:
             backoff = self._retry_at - loop.time()
@@ -155,6 +158,7 @@ class McpConnection:
                 except TimeoutError:
                     raise McpUnavailable(f"did not start within {budget:g}s") from None
                 self._session, self.starts, self._starting = session, self.starts + 1, None
+                self._failed_starts = 0
                 ready.set_result(session)
                 _log.info("mcp.started", server=self.label, tools=len(self._tools))
                 waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(ended.wait())]
@@ -169,6 +173,7 @@ class McpConnection:
         except (Exception, asyncio.CancelledError) as exc:
             problem = str(exc) if isinstance(exc, McpUnavailable) else _describe(exc)
             if not ready.done():
+                self._failed_starts += 1
                 self._died(f"could not start: {problem}")
                 ready.set_exception(McpUnavailable(self.last_error))
             elif not stop.is_set():
