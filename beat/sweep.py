@@ -278,7 +278,9 @@ class Sweeper:
             raise RuntimeError(f"sweep script answered {len(codes)} ticks for {len(ticking)}")
         if "q" in codes:
             base = applied.base
-            self._fleet.publisher.publish_many(
+            # Through Fleet.send: a broker that refuses hands the turns to the reaper's next
+            # pass (they are queued in Redis already), not its 600 s wait for a lost message.
+            self._fleet.send(
                 [
                     (ticking[i].lane, f"{base}{i:08x}", ticking[i].kind)
                     for i, code in enumerate(codes)

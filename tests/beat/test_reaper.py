@@ -10,7 +10,9 @@ import redis
 from prometheus_client import REGISTRY
 
 from beat.reaper import Reaper
+from beat.sweep import Sweeper
 from tests.beat.conftest import Events
+from tests.beat.test_sweep import sync
 from tests.support.beat import RecordingPublisher, write_persona
 from workers.fleet import Fleet
 from workers.fleet.errors import RedisUnavailable
@@ -132,3 +134,22 @@ def test_ticks_whose_wake_ups_are_refused_go_to_the_next_reaper_pass(fleet: Flee
     report = Reaper(fleet).run()
     assert sorted(r.lane for r in report.repairs) == ["ava", "bob"]
     assert sorted(lane for lane, _, _ in broker.sent) == ["ava", "bob"]
+
+
+def test_a_sweep_whose_wake_ups_are_refused_hands_them_to_the_next_reaper_pass(
+    fleet: Fleet, persona_root: Path, clock: VirtualClock
+) -> None:
+    """Scheduled heartbeats ticked by beat's sweep, their publish refused: the lanes are
+    queued all the same, and the reaper's next pass sends them (the sweep published around
+    Fleet.send, so they waited 600 s)."""
+    write_persona(persona_root, "ava", '[heartbeat]\nevery = "1m"\n')
+    sync(fleet)
+    broker = _RefusingBroker()
+    fleet.publisher = broker
+    clock.advance(61)
+    with pytest.raises(RedisUnavailable):
+        Sweeper(fleet).run()
+    broker.refuse = False
+    report = Reaper(fleet).run()
+    assert [r.lane for r in report.repairs] == ["ava"]
+    assert [lane for lane, _, _ in broker.sent] == ["ava"]

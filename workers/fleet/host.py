@@ -188,7 +188,7 @@ class Fleet:
                 return replace(outcome, unsent=str(exc))
         return outcome
 
-    def _send(self, turns: Sequence[tuple[str, str, str]]) -> None:
+    def send(self, turns: Sequence[tuple[str, str, str]]) -> None:
         """Publish ``turns``; when the broker refuses, hand them to the reaper's next pass
         (not its 600 s wait for a lost message), then raise as before."""
         try:
@@ -221,7 +221,7 @@ class Fleet:
     def tick_lanes(self, pairs: Sequence[tuple[str, str]]) -> list[TickOutcome]:
         """Tick many ``(lane, kind)`` pairs in pipelined round trips and publish what queued."""
         outcomes = self.lanes.tick_many(pairs)
-        self._send(
+        self.send(
             [
                 (o.lane, o.turn_id, o.turn_kind)
                 for o in outcomes
@@ -368,7 +368,7 @@ class Fleet:
         lane = self.registry.lane_of(name, "dreamer" if dreamer else "persona")
         outcome = self.lanes.revive(lane)
         if outcome.outcome == "queued" and outcome.turn_id and outcome.turn_kind:
-            self._send([(lane, outcome.turn_id, outcome.turn_kind)])
+            self.send([(lane, outcome.turn_id, outcome.turn_kind)])
         return outcome
 
     def revive_dead(
@@ -407,7 +407,7 @@ class Fleet:
             ]
         outcomes = [self.lanes.revive(lane) for lane in lanes]
         queued = [o for o in outcomes if o.outcome == "queued" and o.turn_id and o.turn_kind]
-        self._send([(o.lane, str(o.turn_id), str(o.turn_kind)) for o in queued])
+        self.send([(o.lane, str(o.turn_id), str(o.turn_kind)) for o in queued])
         return queued, broken
 
     def orphaned_dead(self) -> list[str]:
@@ -473,13 +473,13 @@ class Fleet:
         """beat's fast pass: queue retries whose backoff is over, re-publish turns whose
         claiming worker died, resume lanes a closed breaker deferred; publish them all."""
         repairs = self.recovery.run()
-        self._send([(r.lane, r.turn_id, r.kind) for r in repairs])
+        self.send([(r.lane, r.turn_id, r.kind) for r in repairs])
         return repairs
 
     def reap(self) -> list[Repair]:
         """Re-queue stranded lanes (lost messages, dead workers) and publish their turns."""
         repairs = self.lanes.reap(queued_after=self.settings.reap_queued_after)
-        self._send([(r.lane, r.turn_id, r.kind) for r in repairs])
+        self.send([(r.lane, r.turn_id, r.kind) for r in repairs])
         return repairs
 
     def lane_counts(self) -> dict[str, int]:
