@@ -116,6 +116,7 @@ def test_a_post_whose_wake_up_is_refused_is_kept_and_sent_by_the_next_reaper_pas
     assert outcome.outcome == "queued"
     assert outcome.unsent is not None
     assert "Connection refused" in outcome.unsent
+    assert outcome.resend_soon
     assert fleet.status("ava")["inbox_depth"] == 1
     broker.refuse = False
     report = Reaper(fleet).run()  # no clock advance: well inside SOULFLEET_REAP_QUEUED_AFTER

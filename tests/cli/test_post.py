@@ -52,6 +52,7 @@ def test_a_post_whose_broker_refuses_is_accepted_and_says_not_to_post_again(
     result = invoke("post", "milo", "wake up", environ=refusing)
     assert result.exit_code == 0, result.output
     assert "wake-up could not be sent" in result.stdout
+    assert "at its next pass (SOULFLEET_REAP_INTERVAL)" in result.stdout
     assert "Do not post again" in result.stdout
     status = lanes_for(env).status("milo")
     assert status["inbox_depth"] == 1

@@ -60,15 +60,19 @@ def post(
         click.echo(json.dumps({
             "persona": name, "lane": outcome.lane, "item_id": outcome.item_id,
             "outcome": outcome.outcome, "turn_id": outcome.turn_id, "depth": outcome.depth,
-            "unsent": outcome.unsent,
+            "unsent": outcome.unsent, "resend_soon": outcome.resend_soon,
         }))  # fmt: skip
         return
     if outcome.outcome == "queued" and outcome.unsent is not None:
         # Accepted all the same: posting again would put the item in twice.
+        when = (
+            "at its next pass (SOULFLEET_REAP_INTERVAL)"
+            if outcome.resend_soon
+            else "once the turn has waited SOULFLEET_REAP_QUEUED_AFTER"
+        )
         what = (
             f"turn {outcome.turn_id} queued, but its wake-up could not be sent "
-            f"({one_line(outcome.unsent)}); beat's reaper sends it within "
-            f"SOULFLEET_REAP_INTERVAL. Do not post again"
+            f"({one_line(outcome.unsent)}); beat's reaper sends it {when}. Do not post again"
         )
     elif outcome.outcome == "queued":
         what = f"turn {outcome.turn_id} queued"

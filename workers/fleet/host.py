@@ -184,8 +184,8 @@ class Fleet:
             except RedisUnavailable as exc:
                 # The item is in the inbox and the turn queued: raising would tell the sender
                 # to post again (a duplicate). The reaper's next pass sends the wake-up.
-                self.lanes.unsent([(name, outcome.turn_id)], str(exc))
-                return replace(outcome, unsent=str(exc))
+                marked = self.lanes.unsent([(name, outcome.turn_id)], str(exc))
+                return replace(outcome, unsent=str(exc), resend_soon=marked == 1)
         return outcome
 
     def send(self, turns: Sequence[tuple[str, str, str]]) -> None:

@@ -65,7 +65,9 @@ class LaneRepairs(LaneStore):
             return 0
         marked = 0
         for (lane, turn_id), reply in zip(turns, replies, strict=True):
-            if reply == 1:
+            if isinstance(reply, Exception):
+                _log.error("turn.unsent_not_marked", lane=lane, turn_id=turn_id, error=str(reply))
+            elif reply == 1:
                 marked += 1
                 _log.warning(
                     "turn.unsent", lane=lane, turn_id=turn_id, error=error,

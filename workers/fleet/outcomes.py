@@ -36,9 +36,12 @@ class PostOutcome:
     depth: int
     turn_id: str | None = None
     turn_kind: str | None = None
-    #: why the queued turn's wake-up could not be sent (the broker refused): the item is kept
-    #: and the reaper's next pass sends it (SOULFLEET_REAP_INTERVAL); None when it was sent.
+    #: why the queued turn's wake-up could not be sent (the broker refused); None when it was
+    #: sent. The item is kept either way: the reaper sends the turn at its next pass
+    #: (SOULFLEET_REAP_INTERVAL) when ``resend_soon``, else once it has waited
+    #: SOULFLEET_REAP_QUEUED_AFTER (Redis refused that mark too).
     unsent: str | None = None
+    resend_soon: bool = False
 
 
 @dataclass(frozen=True, slots=True)
