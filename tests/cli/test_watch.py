@@ -158,3 +158,8 @@ def test_another_error_line_carries_its_reason_and_hint() -> None:
     [line] = lines
     assert "beat: redis.evicting_policy: maxmemory-policy is allkeys-lru; CONFIG SET" in line
     assert line.endswith("(see its log)")
+    failed = {"event": "beat.task_failed", "level": "error", "_source": "beat"}
+    reporter.events([{**failed, "error": "OOM"}, {**failed, "error": "OOM"}])
+    reporter.event({**failed, "error": "Connection refused"})
+    assert [line.split()[2] for line in lines] == ["[E1]", "[E2]", "[E3]"]
+    assert "Connection refused" in lines[-1]  # its own line, not a repeat of the OOM one

@@ -210,7 +210,9 @@ class Reporter:
         # the event's own reason and hint when it has them (the log keeps the whole record).
         detail = [str(event[key]) for key in ("error", "hint") if event and event.get(key)]
         text = f"{message}: {'; '.join(detail)}" if detail else message
-        self.error(("log", source, message[:120]), f"{source}: {_short(text, 400)} (see its log)")
+        # Keyed by the reason too: a second beat.task_failed with another cause is its own error.
+        key = ("log", source, message[:120], str(event.get("error", ""))[:200] if event else "")
+        self.error(key, f"{source}: {_short(text, 400)} (see its log)")
 
     def _memory(self, event: Mapping[str, Any], lane: str, persona: str) -> None:
         self.tally.memory_writes += 1
