@@ -72,6 +72,7 @@ class Reaper:
             repaired=len(report.repairs),
             lease_expired=report.by_reason().get("lease_expired", 0),
             queued_too_long=report.by_reason().get("queued_too_long", 0),
+            unsent=report.by_reason().get("unsent", 0),
             seconds=round(report.seconds, 6),
         )
         return report

@@ -119,8 +119,11 @@ def test_a_post_whose_wake_up_is_refused_is_kept_and_sent_by_the_next_reaper_pas
     assert outcome.resend_soon
     assert fleet.status("ava")["inbox_depth"] == 1
     broker.refuse = False
+    assert fleet.lane_counts()["stuck_queued"] == 0  # waiting for the next pass, not stuck
     report = Reaper(fleet).run()  # no clock advance: well inside SOULFLEET_REAP_QUEUED_AFTER
-    assert [(r.lane, r.turn_id) for r in report.repairs] == [("ava", outcome.turn_id)]
+    assert [(r.lane, r.turn_id, r.reason) for r in report.repairs] == [
+        ("ava", outcome.turn_id, "unsent")
+    ]
     assert broker.sent == [("ava", outcome.turn_id, "interactive")]
 
 

@@ -491,7 +491,9 @@ class Fleet:
         pipe.zcard(self.keys.running)
         pipe.zcard(self.keys.dead)
         pipe.zcount(self.keys.running, "-inf", now_ms)
-        pipe.zcount(self.keys.queued, "-inf", stale_ms)
+        # From score 1: a lane marked unsent (score 0) waits for the reaper's next pass, and
+        # is not stuck in the runbook's sense (nobody consuming its queue).
+        pipe.zcount(self.keys.queued, 1, stale_ms)
         pipe.get(self.keys.registry_lanes)
         pipe.info("memory")
         pipe.zcard(self.keys.retry)

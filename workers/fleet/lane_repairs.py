@@ -105,14 +105,16 @@ class LaneRepairs(LaneStore):
         # Isolated: one lane whose keys are broken must not stop the repair of every other.
         replies = run_scripts(self.client, calls, isolated=True)
         repairs: list[Repair] = []
-        reasons: list[Literal["lease_expired", "queued_too_long"]] = []
+        reasons: list[Literal["lease_expired", "queued_too_long", "unsent"]] = []
         reasons += ["lease_expired"] * len(running)
         reasons += ["queued_too_long"] * len(queued)
-        for lane, reason, reply in zip([*running, *queued], reasons, replies, strict=True):
+        for lane, found, reply in zip([*running, *queued], reasons, replies, strict=True):
             if isinstance(reply, Exception):
-                _log.error("lane.reap_failed", lane=lane, reason=reason, error=str(reply))
+                _log.error("lane.reap_failed", lane=lane, reason=found, error=str(reply))
                 continue
             if reply[0] == "repaired":
+                # A refused wake-up sent again is not a lost message.
+                reason = "unsent" if len(reply) > 3 and reply[3] == "unsent" else found
                 repairs.append(Repair(lane, reason, str(reply[1]), str(reply[2])))
                 metrics.REAPER_REPAIRS.labels(reason=reason).inc()
                 _log.warning("lane.reaped", lane=lane, reason=reason, turn_id=reply[1])

@@ -110,7 +110,9 @@ class Repair:
     """A stranded lane the reaper re-queued; the caller publishes ``turn_id`` on ``kind``."""
 
     lane: str
-    reason: Literal["lease_expired", "queued_too_long", "claim_lapsed", "retry_due", "resumed"]
+    reason: Literal[
+        "lease_expired", "queued_too_long", "unsent", "claim_lapsed", "retry_due", "resumed"
+    ]
     turn_id: str
     kind: str
 
