@@ -100,8 +100,9 @@ def test_a_beat_that_stopped_sweeping_is_called_out(
     assert "STOPPED?" in stale[0]
     assert "SOULFLEET_SWEEP_INTERVAL" in stale[0]
     lanes.client.set(last, json.dumps({"at": time.time()}))
-    fresh = [line for line in invoke("status").stdout.splitlines() if line.startswith("beat:")]
-    assert fresh == ["beat: last sweep 0s ago"]
+    [fresh] = [line for line in invoke("status").stdout.splitlines() if line.startswith("beat:")]
+    assert fresh.startswith("beat: last sweep ")
+    assert "STOPPED?" not in fresh
 
 
 def test_a_running_dream_pass_shows_how_long_it_has_run_not_when_the_last_ended(
