@@ -26,15 +26,14 @@ from typing import Any, Protocol
 
 import redis
 
+from workers.fleet import dead_letters
 from workers.fleet.beats import Beat, Beats
 from workers.fleet.breaker import Breaker
 from workers.fleet.clients import fleet_client
 from workers.fleet.errors import (
     BudgetStopped,
-    FleetError,
     LaneDeadLettered,
     RedisUnavailable,
-    UnknownPersona,
 )
 from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
@@ -164,7 +163,7 @@ class Fleet:
         would only be dead-lettered, so the item is refused while its sender still has it.
         """
         name = self.registry.resolve(persona)
-        self._check(name)
+        self.check(name)
         self._refuse_if_stopped(name)
         if new_session:
             self.lanes.reset_session(name)
@@ -364,7 +363,7 @@ class Fleet:
         with, as :meth:`post` does: a lane revived before its persona is fixed would only be
         dead-lettered again, and lose the attempt's record of why."""
         name = self.registry.resolve(persona)
-        self._check(name)
+        self.check(name)
         lane = self.registry.lane_of(name, "dreamer" if dreamer else "persona")
         outcome = self.lanes.revive(lane)
         if outcome.outcome == "queued" and outcome.turn_id and outcome.turn_kind:
@@ -374,100 +373,22 @@ class Fleet:
     def revive_dead(
         self, *, reason: str | None = None
     ) -> tuple[list[TickOutcome], list[tuple[str, str]]]:
-        """Revive every dead-lettered lane whose persona still exists and passes the check
-        :meth:`post` makes, or only those whose last error contains ``reason``
-        (case-insensitive). Returns what was queued (and published), and the lanes left dead
-        because their persona's files still fail that check, each with its error (whatever
-        ``reason``): they would only be dead-lettered again."""
-        lanes: list[str] = self._call(lambda: self.client.zrange(self.keys.dead, 0, -1))
-        lanes = [lane for lane in lanes if self._persona_exists(lane)]
-        errors_of: dict[str, str | None] = {}  # one check per persona, for both its lanes
-        broken: list[tuple[str, str]] = []
-        revivable: list[str] = []
-        for lane in lanes:
-            name, _role = self.registry.parse_lane(lane)
-            if name not in errors_of:
-                errors_of[name] = self._check_error(name)
-            error = errors_of[name]
-            if error is None:
-                revivable.append(lane)
-            else:
-                broken.append((lane, error))
-        lanes = revivable
-        if reason is not None and lanes:
-            pipe = self.client.pipeline(transaction=False)
-            for lane in lanes:
-                pipe.hget(self.keys.lane(lane), "last_error")
-            last_errors = self._call(pipe.execute)
-            needle = reason.lower()
-            lanes = [
-                lane
-                for lane, error in zip(lanes, last_errors, strict=True)
-                if needle in str(error or "").lower()
-            ]
-        outcomes = [self.lanes.revive(lane) for lane in lanes]
-        queued = [o for o in outcomes if o.outcome == "queued" and o.turn_id and o.turn_kind]
-        self.send([(o.lane, str(o.turn_id), str(o.turn_kind)) for o in queued])
-        return queued, broken
+        """:func:`workers.fleet.dead_letters.revive_dead` on this fleet."""
+        return dead_letters.revive_dead(self, reason=reason)
 
     def orphaned_dead(self) -> list[str]:
-        """Dead-lettered lanes whose persona directory is gone (deleted or renamed). They are
-        never revived by :meth:`revive_dead` (they could only fail again); ``status`` names
-        them so the dead count adds up."""
-        lanes: list[str] = self._call(lambda: self.client.zrange(self.keys.dead, 0, -1))
-        return [lane for lane in lanes if not self._persona_exists(lane)]
+        """:func:`workers.fleet.dead_letters.orphaned_dead` on this fleet."""
+        return dead_letters.orphaned_dead(self)
 
     def forget_gone(self) -> list[tuple[str, int]]:
-        """Remove every dead-lettered lane whose persona directory is gone (see
-        :meth:`orphaned_dead`), with the items it kept: they could only fail again. Returns
-        ``(lane, items dropped)`` per lane removed. A persona restored meanwhile is skipped.
+        """:func:`workers.fleet.dead_letters.forget_gone` on this fleet."""
+        return dead_letters.forget_gone(self)
 
-        Refuses (:class:`FleetError`, nothing removed) when this process may be looking at the
-        wrong directory, where every persona would look gone: a personas root that is missing
-        or holds no persona (a volume not mounted), or one other than the root beat's newest
-        registry sync recorded for this Redis."""
-        root = self.registry.root
-        if not root.is_dir() or not self.registry.names():
-            raise FleetError(
-                f"refusing to forget: the personas root {root} is missing or holds no persona, "
-                "so every persona would look gone (a volume not mounted, a wrong "
-                "SOULFLEET_PERSONAS?); nothing was removed"
-            )
-        served = self.served_root()
-        if served is not None and served.resolve() != root.resolve():
-            raise FleetError(
-                f"refusing to forget: this shell's personas root is {root}, but the fleet's beat "
-                f"serves {served}; run it with SOULFLEET_PERSONAS={served}; nothing was removed"
-            )
-        forgotten: list[tuple[str, int]] = []
-        for lane in self.orphaned_dead():
-            if self._persona_exists(lane):
-                continue
-            dropped = self.lanes.forget(lane)
-            if dropped is not None:
-                forgotten.append((lane, dropped))
-        return forgotten
-
-    def _check(self, name: str) -> None:
+    def check(self, name: str) -> None:
         """Raise what persona ``name``'s files would fail its turn with (post, revive)."""
         check_persona(
             self.registry.home(name), self.settings.model, mcp_servers=self.settings.mcp_servers
         )
-
-    def _check_error(self, name: str) -> str | None:
-        try:
-            self._check(name)
-        except Exception as exc:  # whatever its files would fail its turn with
-            return f"{type(exc).__name__}: {exc}"
-        return None
-
-    def _persona_exists(self, lane: str) -> bool:
-        name, _role = self.registry.parse_lane(lane)
-        try:
-            self.registry.home(name)
-        except UnknownPersona:
-            return False
-        return True
 
     def recover(self) -> list[Repair]:
         """beat's fast pass: queue retries whose backoff is over, re-publish turns whose
