@@ -7,11 +7,16 @@
 -- (600 s: a message may just be slow). A turn known never to have been sent need not wait:
 -- its queued time is set to 0, so the next pass (SOULFLEET_REAP_INTERVAL) sends it. If it was
 -- sent after all, the worker's start drops the second message as a duplicate.
+-- It must also work on a FULL Redis (noeviction at maxmemory), the usual reason a publish to
+-- the same Redis was refused: Redis refuses a script's first memory-using write then, but not
+-- one that follows any write, so the first write is a ZREM (never refused) of the entry the
+-- ZADD puts back.
 local lane, queued = KEYS[1], KEYS[5]
 local f = redis.call('HMGET', lane, 'state', 'turn_id')
 if f[1] ~= 'queued' or f[2] ~= ARGV[2] then
   return 0
 end
-redis.call('HSET', lane, 'queued_at', 0)
+redis.call('ZREM', queued, ARGV[1])
 redis.call('ZADD', queued, 0, ARGV[1])
+redis.call('HSET', lane, 'queued_at', 0)
 return 1
