@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from workers.fleet.errors import RedisFull, RedisUnavailable
+from workers.local.redis_server import RedisServer
 from workers.publisher import PUBLISH_BATCH, CeleryPublisher
 from workers.queues import TURN_TASK, queue_name
 from workers.settings import Settings
@@ -81,3 +83,24 @@ def test_every_pool_thread_can_publish_at_once(
         publisher.close()
     assert errors == [None] * 200
     assert len(_queued(redis_client, settings, "interactive")) == 201
+
+
+def test_a_full_broker_is_reported_as_full_not_unreachable(tmp_path: Path) -> None:
+    """A broker Redis at its maxmemory refuses the turn messages: the error says Redis is full
+    and what to do (it said "unavailable: check that it runs and that REDIS_URL points at
+    it"), and is still a RedisUnavailable, so every caller that hands a refused wake-up to the
+    reaper does so."""
+    with RedisServer(tmp_path / "redis") as server:
+        client = redis.Redis.from_url(server.url)
+        publisher = CeleryPublisher(_settings(server.url, "full:", tmp_path))
+        try:
+            client.config_set("maxmemory", 1)
+            with pytest.raises(RedisFull) as caught:
+                publisher.publish_many([("ava", "t1", "interactive")])
+            assert isinstance(caught.value, RedisUnavailable)
+            assert "is full (used memory over its maxmemory)" in str(caught.value)
+            assert "CONFIG SET maxmemory" in str(caught.value)
+        finally:
+            client.config_set("maxmemory", 0)
+            publisher.close()
+            client.close()

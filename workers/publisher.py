@@ -25,7 +25,7 @@ from workers.app import make_app
 from workers.broker_urls import redis_py_url
 from workers.fleet import Fleet
 from workers.fleet.clients import sized_client
-from workers.fleet.errors import RedisUnavailable
+from workers.fleet.errors import redis_refusal
 from workers.persona.clock import Clock
 from workers.queues import TURN_TASK, queue_name
 from workers.settings import Settings
@@ -105,7 +105,7 @@ class CeleryPublisher:
                     )
         except (BrokerError, redis.RedisError) as exc:
             # The lane is already queued: the reaper re-publishes it once the broker is back.
-            raise RedisUnavailable(self._settings.broker_url, str(exc)) from exc
+            raise redis_refusal(self._settings.broker_url, exc) from exc
 
     def _push(self, app: Celery, turns: Sequence[tuple[str, str, str]]) -> None:
         """Write the turn messages straight to their broker lists (:mod:`workers.turn_messages`):
@@ -131,7 +131,7 @@ class CeleryPublisher:
             pipe.execute()
         except (BrokerError, redis.RedisError) as exc:
             # The lane is already queued: the reaper re-publishes it once the broker is back.
-            raise RedisUnavailable(self._settings.broker_url, str(exc)) from exc
+            raise redis_refusal(self._settings.broker_url, exc) from exc
 
     def consumers(self, kind: str, *, timeout: float = 1.0) -> list[str]:
         """Workers that answer a remote-control ping and consume the queue of ``kind``.

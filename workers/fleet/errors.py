@@ -10,6 +10,7 @@
         ├── UnknownPersona             no persona directory of that name under the root
         ├── LaneDeadLettered           the lane stopped after SOULFLEET_MAX_ATTEMPTS failures
         ├── RedisUnavailable           Redis did not answer (URL shown with its password hidden)
+        │   └── RedisFull              it answered, refusing a write: it is at its maxmemory
         ├── EvictingRedis              Redis's maxmemory-policy may evict keys: refused at start
         ├── GateTimeout                no model-call slot within the wait; also a ModelError, so
         │                              the turn loop records it as a failed (retryable) call
@@ -52,10 +53,12 @@ __all__ = [
     "LaneDeadLettered",
     "LeaseLost",
     "ProviderPaused",
+    "RedisFull",
     "RedisUnavailable",
     "UnknownPersona",
     "UnusablePersonaName",
     "classify",
+    "redis_refusal",
 ]
 
 #: Error replies of a Redis that is only busy, starting, failing over or full for a moment.
@@ -210,6 +213,33 @@ class RedisUnavailable(FleetError):
         )
         self.url = safe
         self.detail = detail
+
+
+class RedisFull(RedisUnavailable):
+    """Redis answered, but refused a write: it is at its maxmemory (noeviction). A kind of
+    :class:`RedisUnavailable` (every caller that waits out an unreachable Redis waits this out
+    too) whose message says what is wrong and what to do."""
+
+    def __init__(self, url: str, detail: str = "") -> None:
+        safe = redact_url(url)
+        reason = f" ({detail})" if detail else ""
+        FleetError.__init__(
+            self,
+            f"Redis at {safe} is full (used memory over its maxmemory) and refuses "
+            f"writes{reason}: give it room (`redis-cli CONFIG SET maxmemory <more>`), then "
+            'find what grew (ops/runbook.md "Redis memory near its limit")',
+        )
+        self.url = safe
+        self.detail = detail
+
+
+def redis_refusal(url: str, exc: BaseException) -> RedisUnavailable:
+    """The error for a Redis command that failed with ``exc``: :class:`RedisFull` when Redis
+    refused it for memory, else :class:`RedisUnavailable`."""
+    text = str(exc) or type(exc).__name__
+    # kombu wraps Redis's reply in its own OperationalError: the reply's words still say it.
+    full = isinstance(exc, redis.exceptions.OutOfMemoryError) or "maxmemory" in text
+    return RedisFull(url, text) if full else RedisUnavailable(url, text)
 
 
 class EvictingRedis(FleetError):
