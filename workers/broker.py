@@ -20,6 +20,7 @@ kombu's own transport.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import redis
@@ -29,6 +30,8 @@ from kombu.transport import redis as kombu_redis
 __all__ = ["Channel", "Transport", "install", "is_redis"]
 
 _PATH = f"{__name__}:Transport"
+#: Seconds a worker's consumer waits before trying a full Redis again (see Transport).
+FULL_REDIS_PAUSE = 2.0
 #: Broker URLs served by kombu's Redis transport (a Unix socket is ``redis+socket://``:
 #: :mod:`workers.broker_urls`).
 _REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
@@ -85,6 +88,16 @@ class Transport(kombu_redis.Transport):
         redis.exceptions.OutOfMemoryError,
         *kombu_redis.Transport.connection_errors,
     )
+
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        try:
+            super().register_with_event_loop(connection, loop)
+        except redis.exceptions.OutOfMemoryError:
+            # Celery restarts its consumer at once after this (its backoff is for errors at
+            # connect): without a pause a full Redis was retried ~25 times a second, each with
+            # a logged traceback. The consumer has nothing else to do meanwhile.
+            time.sleep(FULL_REDIS_PAUSE)
+            raise
 
 
 def install() -> None:
