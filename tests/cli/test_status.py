@@ -19,6 +19,7 @@ from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for, set
 from workers.fleet import Fleet
 from workers.fleet.keys import Keys
 from workers.fleet.registry import PersonaRegistry
+from workers.local.redis_server import RedisServer
 from workers.persona.inbox import InboxItem
 from workers.settings import Settings
 
@@ -375,3 +376,26 @@ def test_a_running_turn_whose_lease_is_not_renewed_is_flagged(
     assert json.loads(invoke("status", "ava", "--json").stdout)["lease_silent"] == round(
         settings.lease_ttl
     )
+
+
+def test_status_says_when_redis_is_full(
+    invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """Redis at its maxmemory refuses every write: `status` still answers, and says so in a
+    line of its own with what to do (it said only that beat may have stopped, whose sweeps
+    Redis was refusing); under the limit there is no such line."""
+    with RedisServer(tmp_path / "redis") as server:
+        own = {**env, "REDIS_URL": server.url}
+        client = redis.Redis.from_url(server.url)
+        try:
+            assert "redis: FULL" not in invoke("status", environ=own).stdout
+            client.config_set("maxmemory", 1)
+            result = invoke("status", environ=own)
+            assert result.exit_code == 0, result.output
+            assert "redis: FULL" in result.stdout
+            assert "CONFIG SET maxmemory" in result.stdout
+            payload = json.loads(invoke("status", "--json", environ=own).stdout)
+            assert payload["redis_memory"]["full"] is True
+        finally:
+            client.config_set("maxmemory", 0)
+            client.close()

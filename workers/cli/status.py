@@ -330,6 +330,8 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     fixed = fixed_since(fleet, state.settings.model, invalid=invalid)
     orphans = fleet.orphaned_dead()
     unusable = fleet.registry.unusable_names()
+    used, limit = fleet.redis_memory()
+    full = 0 < limit <= used
     if as_json:
         payload = {
             "root": str(root),
@@ -343,6 +345,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
             "fixed_since_dead": [lane for lane, _ in fixed],
             "dead_persona_gone": orphans,
             "unusable_names": unusable,
+            "redis_memory": {"used": used, "max": limit, "full": full},
         }
         click.echo(json.dumps(payload, ensure_ascii=False))
         return
@@ -372,7 +375,13 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     )
     for line in breaker_lines(breakers):
         click.echo(line)
-    click.echo(_beat_line(beat, state.settings.sweep_interval))
+    if full:
+        click.echo(
+            f"redis: FULL ({used:,} bytes used of its maxmemory {limit:,}): posts, ticks and turn "
+            "commits are refused until it has room: `redis-cli CONFIG SET maxmemory <more>`, "
+            'then ops/runbook.md "Redis memory near its limit"'
+        )
+    click.echo(_beat_line(beat, state.settings.sweep_interval, redis_full=full))
     _fixed_hint(fixed)
 
 
@@ -382,14 +391,18 @@ _STALE_SWEEPS = 10
 _STALE_FLOOR = 30.0
 
 
-def _beat_line(beat: Mapping[str, Any] | None, sweep_interval: float) -> str:
+def _beat_line(
+    beat: Mapping[str, Any] | None, sweep_interval: float, *, redis_full: bool = False
+) -> str:
     if beat is None:
         return "beat: never swept (is `celery -A workers beat` running?)"
     at = beat.get("at") or beat.get("time")
     line = f"beat: last sweep {ago(at)}"
     if isinstance(at, (int, float)) and at > 0:
         late = time.time() - float(at)
-        if late > max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval):
+        if late > max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval) and redis_full:
+            line += ": its sweeps are refused while Redis is full (see the redis line)"
+        elif late > max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval):
             line += (
                 f": STOPPED? it sweeps every {sweep_interval:g}s (SOULFLEET_SWEEP_INTERVAL); no "
                 "heartbeat, dream or retry is queued meanwhile: check the beat process and its log"

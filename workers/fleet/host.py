@@ -437,6 +437,11 @@ class Fleet:
             "redis_maxmemory": int(memory.get("maxmemory", 0)),
         }
 
+    def redis_memory(self) -> tuple[int, int]:
+        """``(used, maxmemory)`` bytes of the fleet's Redis (maxmemory 0: no limit)."""
+        memory = self._call(lambda: self.client.info("memory"))
+        return int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
+
     def served_root(self) -> Path | None:
         """The personas root the fleet's workers serve, as beat's newest registry sync recorded
         it in this Redis; None when no beat has synced here."""
