@@ -209,7 +209,8 @@ class RedisUnavailable(FleetError):
         reason = f" ({detail})" if detail else ""
         super().__init__(
             f"Redis at {safe} is unavailable{reason}: check that it runs and that REDIS_URL "
-            "points at it (on one machine, `soulfleet up` starts a fleet with its own Redis)"
+            "points at it (CELERY_BROKER_URL, when the broker is a Redis of its own; on one "
+            "machine, `soulfleet up` starts a fleet with its own Redis)"
         )
         self.url = safe
         self.detail = detail
