@@ -41,7 +41,7 @@ from beat.sweep import Sweeper
 from beat.sync import RegistrySync
 from workers import metrics
 from workers.fleet import Fleet
-from workers.fleet.errors import EvictingRedis
+from workers.fleet.errors import EvictingRedis, as_redis_refusal
 from workers.fleet.eviction import check_eviction_policy, refuse_to_start_on_eviction
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings
@@ -192,6 +192,17 @@ class FleetScheduler(Scheduler):
         try:
             runners[task]()
         except Exception as exc:  # one bad pass must never stop the fleet's clock
+            refusal = as_redis_refusal(exc, self.settings.redis_url)
+            if refusal is not None:
+                # A Redis that is down or full fails every pass, once a second: one line each
+                # saying why and what to do, not a traceback (33 log lines a second).
+                _log.error(
+                    "beat.task_failed",
+                    task=task,
+                    error=f"{type(refusal).__name__}: {refusal}",
+                    seconds=round(time.perf_counter() - started, 4),
+                )
+                return
             _log.exception(
                 "beat.task_failed",
                 task=task,

@@ -18,6 +18,7 @@ from tests.beat.conftest import Events
 from tests.support.beat import lane_ticks, write_persona
 from workers.app import make_app
 from workers.fleet.keys import Keys
+from workers.local.redis_server import RedisServer
 from workers.metrics import LaneStateCollector
 from workers.settings import Settings
 
@@ -176,6 +177,38 @@ def test_a_failing_sweep_is_logged_and_the_next_one_runs(
     redis_client.zadd(keys.schedule, {"ava|heartbeat": 0})
     scheduler.apply_entry(scheduler.schedule[SWEEP], producer=None)
     assert lane_ticks(redis_client, keys, ["ava"]) == {"ava": 1}
+
+
+def test_a_full_redis_fails_a_pass_in_one_line_naming_it(
+    *,
+    monkeypatch: pytest.MonkeyPatch,
+    env: Settings,
+    persona_root: Path,
+    collectors: list[LaneStateCollector],
+    events: Events,
+    tmp_path: Path,
+) -> None:
+    """Redis at its maxmemory refuses every sweep, once a second: each failure is logged as
+    RedisFull, saying Redis is full and what to do (it was a raw OutOfMemoryError with a
+    traceback per pass, ~33 log lines a second); a failure that is not Redis's keeps its
+    traceback."""
+    write_persona(persona_root, "ava", EVERY_1S)
+    with RedisServer(tmp_path / "redis") as server:
+        monkeypatch.setenv("REDIS_URL", server.url)
+        full_app = make_app(Settings.from_env())
+        client = redis.Redis.from_url(server.url)
+        try:
+            scheduler = FleetScheduler(app=full_app)
+            client.config_set("maxmemory", 1)
+            scheduler.apply_entry(scheduler.schedule[SWEEP], producer=None)
+            [failed] = events.named("beat.task_failed")
+            assert failed["task"] == SWEEP
+            assert failed["error"].startswith("RedisFull: Redis at ")
+            assert "CONFIG SET maxmemory" in failed["error"]
+        finally:
+            client.config_set("maxmemory", 0)
+            client.close()
+            full_app.close()
 
 
 def test_lane_gauges_are_registered_once(

@@ -120,7 +120,8 @@ def _translate(exc: BaseException, redis_url: str | None) -> CliError | None:
     elif _redis_full(exc):
         message = (
             f"Redis is full (used memory over its maxmemory) and refuses writes: "
-            f"{one_line(str(exc))}. Give it room (`redis-cli CONFIG SET maxmemory <more>`), "
+            f"{one_line(str(exc)).rstrip('.')}. Give it room "
+            "(`redis-cli CONFIG SET maxmemory <more>`), "
             'then find what grew: ops/runbook.md "Redis memory near its limit"'
         )
     elif isinstance(exc, redis.RedisError):

@@ -57,6 +57,7 @@ __all__ = [
     "RedisUnavailable",
     "UnknownPersona",
     "UnusablePersonaName",
+    "as_redis_refusal",
     "classify",
     "redis_refusal",
 ]
@@ -223,7 +224,7 @@ class RedisFull(RedisUnavailable):
 
     def __init__(self, url: str, detail: str = "") -> None:
         safe = redact_url(url)
-        reason = f" ({detail})" if detail else ""
+        reason = f" ({detail.rstrip('.')})" if detail else ""
         FleetError.__init__(
             self,
             f"Redis at {safe} is full (used memory over its maxmemory) and refuses "
@@ -234,13 +235,24 @@ class RedisFull(RedisUnavailable):
         self.detail = detail
 
 
-def redis_refusal(url: str, exc: BaseException) -> RedisUnavailable:
-    """The error for a Redis command that failed with ``exc``: :class:`RedisFull` when Redis
-    refused it for memory, else :class:`RedisUnavailable`."""
-    text = str(exc) or type(exc).__name__
+def as_redis_refusal(exc: BaseException, url: str) -> RedisUnavailable | None:
+    """``exc`` as the RedisUnavailable (or RedisFull) it means, or None when it is not a Redis
+    that is unreachable or full (a bug, a bad reply: its traceback matters)."""
+    if isinstance(exc, RedisUnavailable):
+        return exc
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
+        return RedisUnavailable(url, str(exc) or type(exc).__name__)
     # kombu wraps Redis's reply in its own OperationalError: the reply's words still say it.
-    full = isinstance(exc, redis.exceptions.OutOfMemoryError) or "maxmemory" in text
-    return RedisFull(url, text) if full else RedisUnavailable(url, text)
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or "maxmemory" in str(exc):
+        return RedisFull(url, str(exc))
+    return None
+
+
+def redis_refusal(url: str, exc: BaseException) -> RedisUnavailable:
+    """The error for a broker or Redis command that failed with ``exc``: :class:`RedisFull`
+    when Redis refused it for memory, else :class:`RedisUnavailable`."""
+    refusal = as_redis_refusal(exc, url)
+    return refusal or RedisUnavailable(url, str(exc) or type(exc).__name__)
 
 
 class EvictingRedis(FleetError):
