@@ -41,7 +41,7 @@ from beat.sweep import Sweeper
 from beat.sync import RegistrySync
 from workers import metrics
 from workers.fleet import Fleet
-from workers.fleet.errors import EvictingRedis, as_redis_refusal
+from workers.fleet.errors import EvictingRedis, RedisFull, as_redis_refusal
 from workers.fleet.eviction import check_eviction_policy, refuse_to_start_on_eviction
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings
@@ -194,12 +194,20 @@ class FleetScheduler(Scheduler):
         except Exception as exc:  # one bad pass must never stop the fleet's clock
             refusal = as_redis_refusal(exc, self.settings.redis_url)
             if refusal is not None:
-                # A Redis that is down or full fails every pass, once a second: one line each
-                # saying why and what to do, not a traceback (33 log lines a second).
+                # A Redis that is down or full fails every pass, once a second: one line each,
+                # not a traceback (33 log lines a second). A full one is named as such, with
+                # what to do; a lost connection keeps its own words (under `soulfleet up` the
+                # embedded Redis is gone, and REDIS_URL advice would mislead).
+                error = (
+                    f"RedisFull: {refusal}"
+                    if isinstance(refusal, RedisFull)
+                    else f"RedisUnavailable: Redis at {refusal.url} did not answer "
+                    f"({refusal.detail})"
+                )
                 _log.error(
                     "beat.task_failed",
                     task=task,
-                    error=f"{type(refusal).__name__}: {refusal}",
+                    error=error,
                     seconds=round(time.perf_counter() - started, 4),
                 )
                 return
