@@ -16,6 +16,7 @@ from workers.fleet.errors import (
     RedisUnavailable,
     UnknownPersona,
     classify,
+    is_redis_full,
 )
 from workers.fleet.lanes import Lanes
 from workers.fleet.recovery import Backoff, Recovery
@@ -218,3 +219,30 @@ def test_a_release_of_a_lane_that_moved_on_only_heals_the_index(
     clock.advance(5)
     assert recovery.release_due() == []
     assert redis_client.zcard(lanes.keys.retry) == 0
+
+
+def _reraise(cause: BaseException) -> None:
+    try:
+        raise cause
+    except redis.RedisError:
+        raise RuntimeError("the broker said no")  # noqa: B904 (what kombu does)
+
+
+def _raised_while_handling(cause: BaseException) -> BaseException:
+    """What kombu does with a Redis error: raise its own while handling it."""
+    with pytest.raises(RuntimeError) as caught:
+        _reraise(cause)
+    return caught.value
+
+
+def test_a_full_redis_is_told_from_its_error_or_the_one_it_caused() -> None:
+    """redis-py's OutOfMemoryError, a pipeline's error quoting it, and an error raised while
+    handling one (kombu re-raises as its own OperationalError) are a full Redis; a message
+    that merely mentions maxmemory is not."""
+    oom = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+    quoted = "Command # 1 (HGETALL k) of pipeline caused error: OOM command not allowed when "
+    assert is_redis_full(oom)
+    assert is_redis_full(redis.ResponseError(quoted + "used memory > 'maxmemory'."))
+    assert is_redis_full(_raised_while_handling(oom))
+    assert not is_redis_full(_raised_while_handling(redis.ConnectionError("refused")))
+    assert not is_redis_full(ValueError("maxmemory must be a number"))

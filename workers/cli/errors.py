@@ -26,7 +26,7 @@ import click
 import redis
 from kombu.exceptions import OperationalError as BrokerError
 
-from workers.fleet.errors import ItemTooLarge, RedisUnavailable, UnknownPersona
+from workers.fleet.errors import ItemTooLarge, RedisUnavailable, UnknownPersona, is_redis_full
 from workers.persona.errors import (
     ModelSpecError,
     PersonaError,
@@ -97,13 +97,6 @@ def translate(exc: BaseException, *, redis_url: str | None = None) -> CliError |
     return error
 
 
-def _redis_full(exc: BaseException) -> bool:
-    """A refusal by a Redis at its maxmemory (alone, or as a pipeline's command error)."""
-    return isinstance(exc, redis.exceptions.OutOfMemoryError) or (
-        isinstance(exc, redis.ResponseError) and "maxmemory" in str(exc)
-    )
-
-
 def _translate(exc: BaseException, redis_url: str | None) -> CliError | None:
     message: str | None = None
     if isinstance(exc, CliError):
@@ -117,7 +110,7 @@ def _translate(exc: BaseException, redis_url: str | None) -> CliError | None:
         # as Redis being down, and gets the same message.
         url = redact_url(redis_url) if redis_url else "the configured Redis"
         message = str(RedisUnavailable(url, one_line(str(exc))))
-    elif _redis_full(exc):
+    elif is_redis_full(exc):
         message = (
             f"Redis is full (used memory over its maxmemory) and refuses writes: "
             f"{one_line(str(exc)).rstrip('.')}. Give it room "

@@ -59,6 +59,7 @@ __all__ = [
     "UnusablePersonaName",
     "as_redis_refusal",
     "classify",
+    "is_redis_full",
     "redis_refusal",
 ]
 
@@ -235,6 +236,22 @@ class RedisFull(RedisUnavailable):
         self.detail = detail
 
 
+def is_redis_full(exc: BaseException) -> bool:
+    """Whether ``exc`` is a refusal by a Redis at its maxmemory: redis-py's OutOfMemoryError, a
+    pipeline's error quoting it, or an error raised while handling one (kombu re-raises Redis
+    errors as its own)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, redis.exceptions.OutOfMemoryError) or (
+            isinstance(current, redis.ResponseError) and "maxmemory" in str(current)
+        ):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 def as_redis_refusal(exc: BaseException, url: str) -> RedisUnavailable | None:
     """``exc`` as the RedisUnavailable (or RedisFull) it means, or None when it is not a Redis
     that is unreachable or full (a bug, a bad reply: its traceback matters)."""
@@ -242,8 +259,7 @@ def as_redis_refusal(exc: BaseException, url: str) -> RedisUnavailable | None:
         return exc
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError)):
         return RedisUnavailable(url, str(exc) or type(exc).__name__)
-    # kombu wraps Redis's reply in its own OperationalError: the reply's words still say it.
-    if isinstance(exc, redis.exceptions.OutOfMemoryError) or "maxmemory" in str(exc):
+    if is_redis_full(exc):
         return RedisFull(url, str(exc))
     return None
 
