@@ -398,11 +398,11 @@ def _beat_line(
         return "beat: never swept (is `celery -A workers beat` running?)"
     at = beat.get("at") or beat.get("time")
     line = f"beat: last sweep {ago(at)}"
-    if isinstance(at, (int, float)) and at > 0:
-        late = time.time() - float(at)
-        if late > max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval) and redis_full:
+    stale = max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval)
+    if isinstance(at, (int, float)) and at > 0 and time.time() - float(at) > stale:
+        if redis_full:
             line += ": its sweeps are refused while Redis is full (see the redis line)"
-        elif late > max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval):
+        else:
             line += (
                 f": STOPPED? it sweeps every {sweep_interval:g}s (SOULFLEET_SWEEP_INTERVAL); no "
                 "heartbeat, dream or retry is queued meanwhile: check the beat process and its log"

@@ -98,7 +98,8 @@ def orphaned_dead(fleet: Fleet) -> list[str]:
 def forget_gone(fleet: Fleet) -> list[tuple[str, int]]:
     """Remove every dead-lettered lane whose persona directory is gone (see
     :func:`orphaned_dead`), with the items it kept: they could only fail again. Returns
-    ``(lane, items dropped)`` per lane removed. A persona restored meanwhile is skipped.
+    ``(lane, items dropped)`` per lane removed; a lane no longer dead by then is left alone
+    (``forget.lua`` checks).
 
     Refuses (:class:`FleetError`, nothing removed) when this process may be looking at the
     wrong directory, where every persona would look gone: a personas root that is missing or
@@ -119,8 +120,6 @@ def forget_gone(fleet: Fleet) -> list[tuple[str, int]]:
         )
     forgotten: list[tuple[str, int]] = []
     for lane in orphaned_dead(fleet):
-        if persona_exists(fleet, lane):
-            continue
         dropped = fleet.lanes.forget(lane)
         if dropped is not None:
             forgotten.append((lane, dropped))
