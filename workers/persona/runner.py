@@ -23,9 +23,7 @@ scripted model. ``"inherit"`` (or an empty string) at any level defers to the ne
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any, Literal
 
 import structlog
@@ -43,7 +41,7 @@ from workers.persona.models.config import ModelConfig
 from workers.persona.models.spec import INHERIT, resolve_model
 from workers.persona.session_files import FilePointer, SessionFiles, library_tag
 from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
-from workers.persona.toolbox import build_declared
+from workers.persona.toolbox import build_within
 from workers.persona.tools import Tool, ToolResult
 from workers.persona.transcripts import FileTranscripts
 
@@ -216,18 +214,13 @@ def run(
         )  # fmt: skip
     hub = McpHub()
     try:
-        limits = budget or Budget()
-        listing = time.monotonic()
-        box = build_declared(
+        box, budget = build_within(
             agent.declared,
+            budget or Budget(),
             hub=hub,
             fleet=mcp_servers,
             reserved=("memory",) if agent.memory else (),
-            wait=limits.max_seconds,
         )
-        # Servers' starts come out of the turn's time, as in the fleet.
-        took = time.monotonic() - listing
-        budget = replace(limits, max_seconds=max(0.0, limits.max_seconds - took))
         box.warn_unavailable(agent.name)
         return run_agent(
             agent,

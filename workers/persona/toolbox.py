@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import structlog
 
 from workers.persona.errors import PersonaConfigError
-from workers.persona.loop import observe_tool_outcome
+from workers.persona.loop import Budget, observe_tool_outcome
 from workers.persona.mcp_calls import McpToolInfo, McpUnavailable
 from workers.persona.mcp_hub import McpHub
 from workers.persona.mcp_servers import FleetServer, unknown_use
@@ -35,7 +36,15 @@ from workers.persona.python_tools import PythonTool, resolve_ref
 from workers.persona.tool_config import DEFAULT_TIMEOUT, McpDecl, McpServer, ToolsConfig
 from workers.persona.tools import Tool, ToolResult, bounded_timeout, tool_source
 
-__all__ = ["BoundedTool", "McpTool", "ToolLimits", "Toolbox", "build_declared", "valid_tool_name"]
+__all__ = [
+    "BoundedTool",
+    "McpTool",
+    "ToolLimits",
+    "Toolbox",
+    "build_declared",
+    "build_within",
+    "valid_tool_name",
+]
 
 _log = structlog.get_logger("soulfleet.tools")
 
@@ -257,3 +266,23 @@ def build_declared(
             )
         seen[tool.name] = where
     return Toolbox(tuple(BoundedTool(tool, bounds) for _, tool in named), tuple(unavailable))
+
+
+def build_within(
+    config: ToolsConfig,
+    budget: Budget,
+    *,
+    hub: McpHub,
+    fleet: Mapping[str, FleetServer] | None = None,
+    limits: ToolLimits | None = None,
+    reserved: tuple[str, ...] = ("memory",),
+) -> tuple[Toolbox, Budget]:
+    """:func:`build_declared` waiting for MCP servers no longer than ``budget.max_seconds``,
+    and ``budget`` less the time that took: a turn's ``max_seconds`` covers its servers'
+    starts too, so a server that hangs at start cannot stretch the turn."""
+    began = time.monotonic()
+    box = build_declared(
+        config, hub=hub, fleet=fleet, limits=limits, reserved=reserved, wait=budget.max_seconds
+    )
+    left = max(0.0, budget.max_seconds - (time.monotonic() - began))
+    return box, replace(budget, max_seconds=left)

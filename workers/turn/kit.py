@@ -22,7 +22,7 @@ from workers.persona.mcp_hub import McpHub
 from workers.persona.memory import memory_tool
 from workers.persona.models import Model
 from workers.persona.models.spec import provider_of
-from workers.persona.toolbox import ToolLimits, build_declared
+from workers.persona.toolbox import ToolLimits, build_within
 from workers.persona.tools import Tool
 from workers.persona.transcripts import FileTranscripts
 from workers.settings import Settings
@@ -69,18 +69,16 @@ class TurnKit:
         covers the wait for them too, so a server that hangs at start cannot stretch it."""
         if role == "dreamer" or not agent.declared.entries:
             return (), budget
-        began = time.monotonic()
-        box = build_declared(
+        box, left = build_within(
             agent.declared,
+            budget,
             hub=self.tool_hub,
             fleet=self.settings.mcp_servers,
             limits=self.tool_limits,
             reserved=("memory",) if agent.memory else (),
-            wait=budget.max_seconds,
         )
         box.warn_unavailable(agent.name)
-        left = max(0.0, budget.max_seconds - (time.monotonic() - began))
-        return box.tools, replace(budget, max_seconds=left)
+        return box.tools, left
 
     def model(self, resolved: Model, kind: str, call_prefix: str, persona: AgentDef) -> GatedModel:
         """``resolved`` (the turn start resolved it once), metered and behind the gate."""
