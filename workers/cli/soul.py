@@ -16,16 +16,8 @@ import click
 from workers.cli.context import persona_dir
 from workers.cli.group import cli_context
 from workers.persona.checkup import check_persona
-from workers.persona.home import compose_soul
-from workers.persona.manifest import load_manifest
 
-__all__ = ["preview", "soul"]
-
-
-def preview(directory: Path) -> tuple[str, list[str]]:
-    """The composed soul and found list, honouring persona.toml (PersonaConfigError if bad)."""
-    config = load_manifest(directory)
-    return compose_soul(directory, memory_index_cap=config.memory_index_cap, notes=config.notes)
+__all__ = ["soul"]
 
 
 @click.command()
@@ -49,7 +41,7 @@ def soul(ctx: click.Context, directory: str, as_json: bool) -> None:
     )
     for warning in checkup.warnings:
         click.echo(f"soulfleet: warning: {warning}", err=True)
-    text, found = preview(path)
+    text, found = checkup.soul, checkup.found
     if as_json:
         click.echo(json.dumps({"soul": text, "found": found}, ensure_ascii=False))
         return

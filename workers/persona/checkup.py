@@ -35,10 +35,13 @@ __all__ = ["Checkup", "check_persona", "empty_soul_warning", "soul_over_budget_w
 
 @dataclass(frozen=True, slots=True)
 class Checkup:
-    """A persona that loads: its definition and what deserves a warning."""
+    """A persona that loads: its definition, what deserves a warning, and the soul a turn
+    would compose now (with the bootstrap files it found)."""
 
     agent: AgentDef
     warnings: list[str] = field(default_factory=list)
+    soul: str = ""
+    found: list[str] = field(default_factory=list)
 
 
 def soul_over_budget_warning(name: str, size: int, limit: int) -> str:
@@ -128,4 +131,4 @@ def check_persona(
             f"persona {agent.name}'s model {resolved.spec!r} needs {missing}, which is not set "
             "here: the workers that run its turns must have it, or every turn fails"
         )
-    return Checkup(agent, warnings)
+    return Checkup(agent, warnings, soul, found)
