@@ -40,6 +40,14 @@ def _dead_letter(env: Mapping[str, str | None], persona: str) -> Fleet:
     return fleet
 
 
+def _milo_gone_nora_dead(env: Mapping[str, str | None], fleet_root: Path) -> Fleet:
+    """nora and milo dead-lettered, then milo's persona directory deleted."""
+    fleet = _dead_letter(env, "nora")
+    _dead_letter(env, "milo")
+    shutil.rmtree(fleet_root / "milo")
+    return fleet
+
+
 def test_revive_queues_a_dead_lettered_lane_again(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:
@@ -161,9 +169,7 @@ def test_dead_lanes_of_a_removed_persona_are_named_and_never_revived(
 ) -> None:
     """A persona directory deleted after its lane died: `revive --all` leaves that lane (it
     could only die again) and says so; `status` names it so the dead count adds up."""
-    fleet = _dead_letter(env, "nora")
-    _dead_letter(env, "milo")
-    shutil.rmtree(fleet_root / "milo")
+    fleet = _milo_gone_nora_dead(env, fleet_root)
     result = invoke("revive", "--all")
     assert result.exit_code == 0, result.output
     assert "revived 1 dead-lettered lane(s)" in result.stdout
@@ -181,9 +187,7 @@ def test_forget_gone_removes_only_dead_lanes_of_removed_personas(
     """A dead lane whose persona directory is gone was never revived and never left the dead
     set (the dead-lettered alert fired for ever). `revive --forget-gone` removes it and the
     items it kept, saying how many; a dead lane of a persona still there is left alone."""
-    fleet = _dead_letter(env, "nora")
-    _dead_letter(env, "milo")
-    shutil.rmtree(fleet_root / "milo")
+    fleet = _milo_gone_nora_dead(env, fleet_root)
     result = invoke("revive", "--forget-gone")
     assert result.exit_code == 0, result.output
     assert "forgot milo: its persona directory is gone; 1 kept item(s) dropped" in result.stdout

@@ -117,6 +117,15 @@ class Harness:
             print("stuck lanes:", [fleet.lanes.status(str(lane)) for lane in stuck])
             raise
 
+    def answered(self, persona: str, text: str, *, timeout: float, what: str) -> None:
+        """Post ``text`` to ``persona`` and wait until its lane's newest turn is done."""
+        self.fleet.post(persona, text)
+        wait_until(
+            lambda: self.fleet.status(persona).get("last_status") == "done",
+            timeout=timeout,
+            what=what,
+        )
+
     def stop(self) -> None:
         stop_all(self.processes)
 

@@ -10,7 +10,6 @@ import pytest
 import redis
 
 from tests.integration.conftest import Harness
-from tests.support.fleet import wait_until
 from workers.local.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -36,11 +35,8 @@ def test_a_worker_started_on_a_full_redis_waits_and_then_serves(
         refusals = worker.log_path.read_text(errors="replace").count("Cannot connect")
         assert 1 <= refusals <= 10, refusals
         client.config_set("maxmemory", 0)
-        harness.fleet.post("ava", "hello after the squeeze")
-        wait_until(
-            lambda: harness.fleet.status("ava").get("last_status") == "done",
-            timeout=90,
-            what="ava's turn once Redis has room",
+        harness.answered(
+            "ava", "hello after the squeeze", timeout=90, what="ava's turn once Redis has room"
         )
         assert worker.popen.poll() is None
     finally:

@@ -42,11 +42,8 @@ def test_a_worker_with_turns_running_survives_a_redis_restart(
             provider.delay = 0.0
             time.sleep(3.0)
             assert worker.popen.poll() is None, worker.tail()
-            harness.fleet.post("bob", "after the restart")
-            wait_until(
-                lambda: harness.fleet.status("bob").get("last_status") == "done",
-                timeout=60,
-                what="bob's turn after the restart",
+            harness.answered(
+                "bob", "after the restart", timeout=60, what="bob's turn after the restart"
             )
             assert worker.popen.poll() is None
     finally:
