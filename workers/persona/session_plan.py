@@ -79,6 +79,11 @@ class SessionPlan:
     compaction: Compaction | None = None
     persist: bool = True
 
+    @property
+    def compacted(self) -> bool:
+        """Whether this turn's history is a compaction's (not only a paid, empty attempt)."""
+        return self.compaction is not None and self.compaction.applied
+
     def charge(self, result: RunResult) -> RunResult:
         """``result`` with the compaction's model call counted in its usage and calls."""
         if self.compaction is None:
@@ -111,7 +116,7 @@ class SessionPlan:
             state = self.base
         if silent_beat:
             return state
-        if self.compaction is not None and self.compaction.applied:
+        if self.compacted:
             state = replace(state, compactions=state.compactions + 1)
         return state.appended(messages, now=now, history=self.history)
 

@@ -402,7 +402,7 @@ class TurnExecutor:
             session=plan.session_id,
             session_reason=plan.reason,
             session_write=finished.session,
-            compacted=(plan.compaction is not None and plan.compaction.applied) or None,
+            compacted=plan.compacted or None,
             model=agent.model,
             follow_up=finished.follow_up_turn_id,
         )
