@@ -633,7 +633,7 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add("--keep", action="store_true", help="keep the scratch directory (worker logs, personas)")
     add("--profile", type=float, default=0.0,
-        help="py-spy the scripted-model worker for this many seconds (first repeat)")  # fmt: skip
+        help="py-spy the scripted and HTTP workers for this many seconds (first repeat)")  # fmt: skip
     args = parser.parse_args(argv)
     for name in ("turns", "slow_turns", "concurrency", "repeat"):
         value = getattr(args, name)
@@ -707,7 +707,8 @@ def _repeat(run: _Run, args: argparse.Namespace, settings: Settings, n: int) -> 
             warm_lanes(f"slow{n}-warm", env, run.logs, names, seconds=args.seconds)
         opened = provider.connections_opened  # the measured worker's connections only
         slow = bench_turns(f"fleet turn, HTTP model {args.latency:g} s", f"slow{n}", env,
-                           run.logs, names, warmup=turns // 10, seconds=args.seconds)  # fmt: skip
+                           run.logs, names, warmup=turns // 10, seconds=args.seconds,
+                           profile=args.profile if n == 0 else 0.0)  # fmt: skip
         gate = Settings.from_env(env).max_concurrent_model_calls
         slots = min(settings.worker_concurrency, gate) if gate else settings.worker_concurrency
         return _Repeat(noop, fast, slow, slots / args.latency, provider.connections_opened - opened,
