@@ -13,7 +13,9 @@ import pytest
 
 import workers.persona.ledger
 from tests.support.persona import make_persona
+from workers.persona.ledger import MAX_BYTES as LEDGER_BOUND
 from workers.persona.ledger import MAX_ENTRIES
+from workers.persona.ledger_lines import answer_line
 from workers.persona.memory import memory_tool
 
 
@@ -296,3 +298,48 @@ def test_a_writer_killed_mid_commit_leaves_its_write_applied_once(home: Path, wh
         assert kinds[-2:] == ["intent", "key"]
     else:  # voided, then applied by the retry
         assert kinds[-4:] == ["intent", "void", "intent", "key"]
+
+
+_KILLED_AFTER_RENAME = """
+import os, signal, sys
+import workers.persona.memory_commit as commit
+from workers.persona.memory import memory_tool
+commit._record = lambda *_: os.kill(os.getpid(), signal.SIGKILL)  # renamed, not yet answered
+memory_tool(sys.argv[1], write_scope="ava:9").execute({"action": "add", "text": "once"})
+"""
+
+
+def _pad_ledger_to(ledger: Path, size: int) -> None:
+    """Other turns' answers appended to ``ledger`` until it is exactly ``size`` bytes."""
+    lines = [ledger.read_bytes()]
+    left = size - len(lines[0])
+    overhead = len(answer_line(f"{0:032x}", ""))
+    while left > 0:
+        # 600-byte messages, then the rest split over two lines (each long enough to hold one)
+        length = 600 if left >= 1300 else (left // 2 if left > 2 * overhead else left) - overhead
+        lines.append(answer_line(f"{len(lines):032x}", "x" * length))
+        left -= len(lines[-1])
+    n = len(lines) - 1
+    ledger.write_bytes(b"".join(lines))
+    assert ledger.stat().st_size == size
+    assert n < 2 * MAX_ENTRIES  # not compacted for its count
+
+
+@pytest.mark.integration
+def test_a_writer_killed_after_its_rename_is_finished_when_its_intent_crosses_the_bound(
+    home: Path,
+) -> None:
+    """A ledger within a few bytes of what a holder reads of it: the intent line a writer
+    appends before its rename does not take it past that bound (the ledger is compacted
+    first), so when the writer dies after the rename the next holder reads the intent whole,
+    records its answers, and the retried turn is answered from them: the entry lands once."""
+    _run(home, "ava:1", {"action": "add", "text": "creates the ledger"})
+    ledger = home / ".locks" / "MEMORY.md.applied"
+    _pad_ledger_to(ledger, LEDGER_BOUND - 10)
+    done = subprocess.run([sys.executable, "-c", _KILLED_AFTER_RENAME, str(home)], check=False)
+    assert done.returncode == -signal.SIGKILL
+    assert (home / "MEMORY.md").read_text().count("- once\n") == 1  # the rename happened
+    assert ledger.stat().st_size <= LEDGER_BOUND
+    retry = _run(home, "ava:9", _ONCE)
+    assert retry[0].startswith("Added an entry to MEMORY.md"), retry
+    assert (home / "MEMORY.md").read_text().count("- once\n") == 1

@@ -72,6 +72,7 @@ from workers.persona.writes import remove_stale_temps, replace_bytes, write_all
 
 __all__ = [
     "LEDGER_SUFFIX",
+    "MAX_BYTES",
     "MAX_ENTRIES",
     "WriteLedger",
     "write_key",
@@ -83,7 +84,9 @@ MAX_ENTRIES = 512
 #: How much of a ledger's end :meth:`WriteLedger.settle` reads to find a trailing intent.
 _TAIL_BYTES = 256
 _TAIL = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
-_MAX_BYTES = 512 * 1024
+#: The most of a ledger a holder reads. Every write keeps the ledger within it, the intent line
+#: before a rename included, so the next holder always reads a dead writer's intent whole.
+MAX_BYTES = 512 * 1024
 
 _log = structlog.get_logger("soulfleet.memory")
 
@@ -106,7 +109,8 @@ class WriteLedger:
         #: What this object appended since it read the ledger (:meth:`_append`).
         self._after = b""
         self._fd: int | None = None
-        #: :meth:`intend` created the ledger: its directory must be fsynced after the lock.
+        #: :meth:`intend` wrote the ledger whole (created or compacted it): its directory
+        #: must be fsynced after the lock.
         self._created = False
 
     def prepare(self) -> None:
@@ -131,7 +135,7 @@ class WriteLedger:
     def _read(self) -> bytes | None:
         """The ledger's bytes as read (once); None when there is no ledger yet."""
         if not self._loaded:
-            self._raw = read_prefix(self.path, _MAX_BYTES)
+            self._raw = read_prefix(self.path, MAX_BYTES)
             self._loaded = True
         return self._raw
 
@@ -147,10 +151,10 @@ class WriteLedger:
         one it replaces and from where in it every answer was kept, then the newest answers
         (:data:`MAX_ENTRIES` with ``answered``, which the caller appends)."""
         whole = self._bytes() or b""
-        entries = parsed_at(whole[:_MAX_BYTES])
+        entries = parsed_at(whole[:MAX_BYTES])
         keep = max(0, MAX_ENTRIES - len(answered))
         kept = entries[len(entries) - keep :] if keep else []
-        if len(whole) > _MAX_BYTES:  # answers past the bound were never read: none is provable
+        if len(whole) > MAX_BYTES:  # answers past the bound were never read: none is provable
             kept_from = UNPROVABLE
         elif len(kept) == len(entries):
             kept_from = 0
@@ -166,11 +170,14 @@ class WriteLedger:
         without an fsync, like the answers."""
         raw = self._bytes()
         line = intent_line(identity, answered)
-        if raw is None:  # a new ledger is written whole, like any created persona file
-            data = generation_line() + line
+        if raw is None or len(raw) + len(line) > MAX_BYTES:
+            # A new ledger is written whole, like any created persona file; a full one is
+            # compacted first: an intent past the bound would be read cut, and voided.
+            data = (generation_line() if raw is None else self._compacted(answered)) + line
             remove_stale_temps(self.path)
             replace_bytes(self.path, data)
-            self._raw, self._created = data, True
+            self.close()  # its descriptor names the replaced file: later appends reopen
+            self._raw, self._after, self._created = data, b"", True
             return
         self._append(line, fd=self._fd)
 
@@ -258,7 +265,7 @@ class WriteLedger:
         # Answers only (intents do not count), without joining what was read and appended.
         count = 0 if raw is None else count_answers(self.path, raw) + answers_in(self._after)
         size = 0 if raw is None else len(raw) + len(self._after)
-        if raw is None or count >= 2 * MAX_ENTRIES or size + len(lines) > _MAX_BYTES:
+        if raw is None or count >= 2 * MAX_ENTRIES or size + len(lines) > MAX_BYTES:
             data = self._compacted(answered) if raw is not None else generation_line()
             data += b"".join(answer_line(k, m) for k, m in answered)
             remove_stale_temps(self.path)
