@@ -633,7 +633,7 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add("--keep", action="store_true", help="keep the scratch directory (worker logs, personas)")
     add("--profile", type=float, default=0.0,
-        help="py-spy the scripted and HTTP workers for this many seconds (first repeat)")  # fmt: skip
+        help="py-spy the scripted and HTTP workers this many seconds (first repeat)")  # fmt: skip
     args = parser.parse_args(argv)
     for name in ("turns", "slow_turns", "concurrency", "repeat"):
         value = getattr(args, name)

@@ -11,12 +11,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.memory import held_by_thread, ok
 from workers.persona import ledger as ledger_module
-from workers.persona import memory, write_queue, writes
+from workers.persona import memory, memory_commit, write_queue, writes
 from workers.persona.ledger import WriteLedger, write_key
 from workers.persona.ledger_lines import ledger_identity
 from workers.persona.locks import lock_file_for, path_lock
@@ -525,3 +526,52 @@ def test_a_compaction_that_reused_the_ledgers_inode_is_still_seen(home: Path) ->
     result = _resume(target, request, handoff)
     assert result.is_error
     assert (home / "MEMORY.md").read_text().count("- stalled writer\n") == 1
+
+
+def test_a_write_refused_in_the_batch_that_created_the_ledger_is_applied_by_its_writer(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W queues a replace of text that only V's add, queued after it, brings; the holder (a
+    turn's keyed write, so its commit creates the ledger) refuses W's and applies V's. W
+    finds no answer in a ledger created since it queued and never compacted: not applied,
+    so W applies its replace itself instead of saying it may have been applied."""
+    (home / "MEMORY.md").write_text("")
+    taking, go = threading.Event(), threading.Event()
+    real_take = take
+
+    def slow_take(*args: Any) -> Any:
+        if not go.is_set():  # the holder, with its own write done and the queue not yet taken
+            taking.set()
+            go.wait(10)
+        return real_take(*args)
+
+    monkeypatch.setattr(memory_commit, "take", slow_take)
+    results: dict[str, str] = {}
+
+    def write(name: str, arguments: dict[str, str], scope: str | None = None) -> None:
+        result = memory_tool(home, lock_timeout=30, write_scope=scope).execute(arguments)
+        results[name] = ("ERROR " if result.is_error else "") + result.output
+
+    holder = threading.Thread(
+        target=write, args=("H", {"action": "add", "text": "holder"}, "ava:1")
+    )
+    replace = threading.Thread(
+        target=write, args=("W", {"action": "replace", "text": "foo", "with": "bar"})
+    )
+    add = threading.Thread(target=write, args=("V", {"action": "add", "text": "foo"}))
+    holder.start()
+    try:
+        assert taking.wait(10)
+        assert not (home / ".locks" / "MEMORY.md.applied").exists()  # no ledger yet
+        replace.start()
+        _wait_for(lambda: _queued_lines(home) == 1, "W to queue")
+        add.start()
+        _wait_for(lambda: _queued_lines(home) == 2, "V to queue")
+    finally:
+        go.set()
+        for thread in (holder, replace, add):
+            if thread.ident is not None:
+                thread.join(30)
+    assert results["V"].startswith("Added"), results
+    assert results["W"].startswith("Replaced"), results
+    assert (home / "MEMORY.md").read_text() == "- holder\n- bar\n"

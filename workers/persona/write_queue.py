@@ -125,6 +125,9 @@ class Handoff:
         #: could not be looked for in it), for :meth:`untraceable`. No answer under the key
         #: was in it: one can only come after its size.
         self.queued_on: LedgerIdentity | None = None
+        #: There was no ledger at all when the write was queued: the first one, created since,
+        #: holds every answer until it is compacted.
+        self.queued_before_ledger = False
         #: What the holder that applied the write answered (set by :meth:`settled`), or what
         #: an earlier attempt of the turn was answered (set by :meth:`enqueue`).
         self.answer: str | None = None
@@ -137,12 +140,15 @@ class Handoff:
         try:
             if not self.key:  # made just now: nothing can have answered it yet
                 queued_on = ledger_identity(self.ledger)
+                before_ledger = queued_on is None
             else:
                 # A turn's key: an earlier attempt of the turn may have applied this write.
                 # Its answer then needs no lock (a retry answers as before), and if it is not
                 # there, any answer comes after this read (what untraceable relies on).
                 seen = ledger_snapshot(self.ledger)
                 queued_on = None if seen is None else seen[0]
+                # No snapshot: no ledger, or one too long to read whole.
+                before_ledger = seen is None and ledger_identity(self.ledger) is None
                 if seen is not None:
                     self.answer = find_answer(seen[1], key)
                     if self.answer is not None:
@@ -152,6 +158,7 @@ class Handoff:
             _log.debug("memory.queue_failed", path=self.queue, error=str(exc))
             return
         self.key, self.queued, self.queued_on = key, True, queued_on
+        self.queued_before_ledger = before_ledger
         if queued_on is not None:  # its answer can only come after this: read from here on
             self._seen = (queued_on.inode, queued_on.size)
 
@@ -168,8 +175,8 @@ class Handoff:
         appended since it queued, since no answer under its key was in that ledger (a handoff
         key is made at enqueue; a turn's key :meth:`enqueue` looked for and did not find).
         Without this, a compaction during an ordinary wait turned ~1 in 25,000 contended adds
-        into a false "may have been applied". With no ledger to look in when it queued, a
-        ledger created and compacted since may have dropped its answer."""
+        into a false "may have been applied". With no ledger when it queued, the one created
+        since holds every answer until its first compaction, which may have dropped it."""
         if not self.queued or any(write.key == self.key for write in taken):
             return False
         try:
@@ -179,7 +186,8 @@ class Handoff:
         if now is None or now.same_ledger(self.queued_on):
             return False  # no ledger now, or the very one it queued on: nothing was dropped
         if self.queued_on is None:
-            return True
+            # Created since it queued and never compacted: every answer since is in it.
+            return not (self.queued_before_ledger and now.since == "")
         kept_all = now.since == self.queued_on.generation != "" and (
             now.kept_from <= self.queued_on.size
         )
