@@ -8,7 +8,8 @@
     │   ├── PersonaNotFound      the directory does not exist
     │   ├── PersonaFileError     a bootstrap file is unreadable, or is a directory (names the path)
     │   ├── PersonaConfigError   persona.toml is invalid (names the key)
-    │   └── LockTimeout          a persona file stayed locked past the lock timeout
+    │   ├── LockTimeout          a persona file stayed locked past the lock timeout
+    │   └── StorageUnavailable   the filesystem holding a persona directory is full or read-only
     ├── ModelError               a model call failed; turned into an "error" RunResult by the loop
     │   ├── ModelSpecError       a model spec string that names no model ("openai:", "foo:bar")
     │   ├── ModelAuthError       401/403, or no API key configured
@@ -29,7 +30,8 @@ Failures by kind. Every class here says whether a failed turn it ends should be 
 fleet decides "retry or dead-letter" from the class, never from an error message:
 
 - ``transient``: the world may well change by itself (connect errors, timeouts, 5xx, 429, a
-  malformed provider reply, a lock held too long, Redis blips). Retried with backoff for up to
+  malformed provider reply, a lock held too long, Redis blips, a persona filesystem that is full
+  or read-only: ``ENOSPC``, ``EDQUOT``, ``EROFS``). Retried with backoff for up to
   ``SOULFLEET_RETRY_FOR`` of continuous failure.
 - ``permanent``: asking again cannot help until someone fixes something (401/403, an unknown
   model or another refused request, an invalid persona file, a bad setting). Dead-lettered at
@@ -40,9 +42,11 @@ fleet decides "retry or dead-letter" from the class, never from an error message
 
 from __future__ import annotations
 
+import errno
 from typing import ClassVar, Literal
 
 __all__ = [
+    "STORAGE_ERRNOS",
     "FailureKind",
     "LockTimeout",
     "ModelAuthError",
@@ -60,11 +64,16 @@ __all__ = [
     "PersonaNotFound",
     "SettingsError",
     "SoulfleetError",
+    "StorageUnavailable",
     "TurnAborted",
     "failure_kind",
 ]
 
 FailureKind = Literal["transient", "permanent", "unknown"]
+
+#: What a filesystem answers when it is full (or over quota) or mounted read-only: the files
+#: are fine, the place is not, and someone freeing space or remounting fixes it (transient).
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
 class SoulfleetError(Exception):
@@ -77,7 +86,8 @@ class SoulfleetError(Exception):
 def failure_kind(exc: BaseException) -> FailureKind:
     """The kind of a turn failure, read from the exception's class (and its causes).
 
-    A plain ``TimeoutError`` or ``ConnectionError`` is transient; the fleet adds Redis's own
+    A plain ``TimeoutError`` or ``ConnectionError`` is transient, and so is an ``OSError`` of a
+    full or read-only filesystem (:data:`STORAGE_ERRNOS`); the fleet adds Redis's own
     exceptions in :func:`workers.fleet.errors.classify`.
     """
     seen: set[int] = set()
@@ -88,6 +98,8 @@ def failure_kind(exc: BaseException) -> FailureKind:
         if isinstance(current, SoulfleetError) and retryable is not None:
             return "transient" if retryable else "permanent"
         if isinstance(current, (TimeoutError, ConnectionError)):
+            return "transient"
+        if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
             return "transient"
         current = current.__cause__
     return "unknown"
@@ -156,6 +168,26 @@ class LockTimeout(PersonaError):
         self.timeout = timeout
         self.mode = mode
         self.holders = holders
+
+
+class StorageUnavailable(PersonaError):
+    """The filesystem holding a persona directory cannot take the turn's files: full, over
+    quota or read-only (names the directory and what it answered).
+
+    Transient: freeing space or remounting fixes it, and the lane carries on by itself. Raised
+    before the model call when the worker can tell (:func:`workers.persona.storage.check`),
+    so a turn that could not be saved is not paid for."""
+
+    retryable = True
+
+    def __init__(self, home: object, problem: str) -> None:
+        super().__init__(
+            f"persona storage unavailable at {home}: {problem}; the turn runs again with "
+            "backoff for up to SOULFLEET_RETRY_FOR (its inbox items are kept). Free space on "
+            "that filesystem or remount it read-write"
+        )
+        self.home = home
+        self.problem = problem
 
 
 class ModelError(SoulfleetError):

@@ -57,8 +57,9 @@ from workers.fleet.lease import Renewer
 from workers.fleet.outcomes import StartOutcome
 from workers.fleet.spend import SpendGuard, kind_model
 from workers.logs import bind_task, monotonic_wall_time
+from workers.persona import storage
 from workers.persona.agent import AgentDef, from_dir
-from workers.persona.errors import TurnAborted
+from workers.persona.errors import StorageUnavailable, TurnAborted
 from workers.persona.heartbeat import is_silent
 from workers.persona.inbox import render_inbox
 from workers.persona.loop import Budget, RunResult, run_loop
@@ -178,12 +179,9 @@ class TurnExecutor:
             error = f"{type(exc).__name__}: {exc}"
             return self.endings.fail(lane, turn_id, started, error, began, cause=exc, model=spec)
 
-        if paused(model):
-            # Known before the first write: park the turn without opening a transcript.
-            why = str(ProviderPaused(model.provider))
-            return self.endings.defer(
-                lane, turn_id, started, began, provider=model.provider, why=why
-            )
+        refused = self._refuse_early(lane, turn_id, started, began, agent=agent, model=model)
+        if refused is not None:
+            return refused
 
         prompt = render_inbox(
             started.items,
@@ -205,7 +203,12 @@ class TurnExecutor:
             raise
         except Exception as exc:  # an unreadable session, or a transcripts/ leading out of
             # the home, fails this turn with its reason instead of escaping as a "lost worker"
-            error = f"{type(exc).__name__}: {exc}"
+            error = (
+                storage.failure_message(
+                    agent.home, exc, "opening the turn's session and transcript"
+                )
+                or f"{type(exc).__name__}: {exc}"
+            )
             return self.endings.fail(
                 lane, turn_id, started, error, began, cause=exc, provider=model.provider, model=spec
             )
@@ -234,7 +237,8 @@ class TurnExecutor:
         except TurnAborted:
             raise
         except Exception as exc:
-            failure = (f"{type(exc).__name__}: {exc}", exc)
+            stored = storage.failure_message(agent.home, exc, "writing the turn's transcript")
+            failure = (stored or f"{type(exc).__name__}: {exc}", exc)
         finally:
             writer.close()
         if failure is not None:
@@ -260,6 +264,34 @@ class TurnExecutor:
             began=began,
             plan=plan,
         )
+
+    def _refuse_early(
+        self,
+        lane: str,
+        turn_id: str,
+        started: StartOutcome,
+        began: float,
+        *,
+        agent: AgentDef,
+        model: GatedModel,
+    ) -> TurnReport | None:
+        """End the turn before its model call when it cannot go well: its provider's breaker is
+        open (deferred: spends no attempt) or the persona's filesystem cannot take its files
+        (a transient failure). None: go on."""
+        if paused(model):
+            # Known before the first write: park the turn without opening a transcript.
+            why = str(ProviderPaused(model.provider))
+            return self.endings.defer(
+                lane, turn_id, started, began, provider=model.provider, why=why
+            )
+        try:
+            # One statvfs (and after a storage failure, a test write): a turn that could not
+            # be saved is refused before its model call is paid for.
+            storage.check(agent.home, probe=started.error.startswith(storage.STORAGE_MARK))
+        except StorageUnavailable as exc:
+            return self.endings.fail(lane, turn_id, started, str(exc), began, cause=exc,
+                                     model=model.spec)  # fmt: skip
+        return None
 
     def _plan(
         self,
@@ -358,7 +390,12 @@ class TurnExecutor:
         except Exception as exc:  # the persona's home refused the turn's own files (a
             # read-only sessions/ directory, a full disk): this turn fails with the reason,
             # recorded and counted, instead of escaping the task as a "lost worker"
-            error = f"could not save the turn: {type(exc).__name__}: {exc}"
+            error = (
+                storage.failure_message(
+                    agent.home, exc, "saving the turn (its model calls were made and counted)"
+                )
+                or f"could not save the turn: {type(exc).__name__}: {exc}"
+            )
             return self.endings.fail(lane, turn_id, started, error, began, cause=exc,
                                      model=agent.model)  # fmt: skip
         guard()

@@ -1,0 +1,78 @@
+"""workers/persona/storage.py: a persona filesystem that is full or read-only refuses a turn
+before its model call, as a transient failure naming the directory, on real filesystems (a
+small tmpfs: see tests/support/tmpfs.py)."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.support.tmpfs import fill, remount, tmpfs
+from workers.persona import storage
+from workers.persona.errors import StorageUnavailable, failure_kind
+
+
+def test_a_roomy_writable_home_passes_and_the_probe_leaves_nothing(tmp_path: Path) -> None:
+    """The check and its test write succeed on an ordinary directory, which keeps no file."""
+    storage.check(tmp_path)
+    storage.check(tmp_path, probe=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_home_that_is_gone_is_left_to_the_turn(tmp_path: Path) -> None:
+    """statvfs of a missing home raises nothing here: the turn reports a missing persona as it
+    always did (permanent), not as storage trouble (transient)."""
+    storage.check(tmp_path / "gone", probe=True)
+
+
+def test_a_nearly_full_filesystem_refuses_with_its_free_bytes(tmp_path: Path) -> None:
+    """Under MIN_FREE_BYTES free: refused, naming the home and what is free, marked as a
+    storage failure (the next attempt probes) and transient (it retries, spending no attempt)."""
+    with tmpfs(tmp_path / "mnt", "2m") as home:
+        storage.check(home)
+        fill(home, leave=storage.MIN_FREE_BYTES // 2)
+        with pytest.raises(StorageUnavailable) as caught:
+            storage.check(home)
+    message = str(caught.value)
+    assert message.startswith(f"{storage.STORAGE_MARK} at {home}: ")
+    assert "bytes free on its filesystem" in message
+    assert "Free space on that filesystem" in message
+    assert failure_kind(caught.value) == "transient"
+
+
+def test_a_read_only_filesystem_refuses(tmp_path: Path) -> None:
+    """A home on a read-only mount is refused before anything is written."""
+    with tmpfs(tmp_path / "mnt", "2m") as home:
+        remount(home, "ro")
+        with pytest.raises(StorageUnavailable, match="mounted read-only"):
+            storage.check(home)
+
+
+def test_the_probe_finds_a_write_the_filesystem_refuses(tmp_path: Path) -> None:
+    """What statvfs cannot see (a quota; here a tmpfs with no block left): the test write is
+    refused, reported as storage trouble, and its file removed."""
+    with tmpfs(tmp_path / "mnt", "1m") as home:
+        fill(home, leave=0)
+        with pytest.raises(StorageUnavailable, match="a test write was refused"):
+            storage._probe(str(home))
+        assert [path.name for path in home.iterdir()] == ["filler"]
+
+
+def test_a_failure_caused_by_a_full_disk_is_described_as_storage() -> None:
+    """An ENOSPC/EDQUOT/EROFS anywhere in a failure's causes gives the storage message (naming
+    the file when the error does); any other failure gives None."""
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/p/ava/sessions/x.json")
+    try:
+        raise RuntimeError("commit failed") from full
+    except RuntimeError as wrapped:
+        message = storage.failure_message("/p/ava", wrapped, "saving the turn")
+    assert message is not None
+    assert message.startswith(f"{storage.STORAGE_MARK} at /p/ava: No space left on device")
+    assert "while saving the turn (/p/ava/sessions/x.json)" in message
+    assert storage.failure_message("/p/ava", OSError(errno.EACCES, "denied"), "x") is None
+    assert failure_kind(OSError(errno.EROFS, "read-only")) == "transient"
+    assert failure_kind(OSError(errno.EDQUOT, "quota")) == "transient"
+    assert failure_kind(OSError(errno.EIO, "I/O error")) == "unknown"
