@@ -119,3 +119,25 @@ def test_a_refused_key_dead_letters_at_once(rig: Rig) -> None:
     assert "HTTP 401" in str(status["last_error"])
     assert len(rig.provider.requests) == 1
     assert not rig.fleet.breaker.is_open("openai")
+
+
+def test_a_long_retry_after_fails_the_turn_at_once_and_its_retry_waits_it_out(
+    rig: Rig,
+) -> None:
+    """429 asking for 120 s: the call is not waited out in the worker (one request, no wait),
+    the lane says why in its error, and its retry is scheduled 120 s out, not at the 10 s
+    backoff; released then, the turn runs and answers."""
+    rig.provider.enqueue(error_reply("openai", 429, "slow down", {"Retry-After": "120"}))
+    rig.fleet.post("ava", "one")
+    began = rig.clock.time()
+    assert rig.run_next() == "error"
+    status = rig.fleet.status("ava")
+    assert (status["state"], status["last_error_kind"]) == ("retry", "transient")
+    assert "the provider asked for 120s before the next try" in str(status["last_error"])
+    assert status["retry_at"] == began + 120.0
+    assert len(rig.provider.requests) == 1
+    rig.clock.advance(60.0)  # past any backoff step of this rig, not past the provider's wait
+    assert rig.fleet.recover() == []
+    rig.clock.advance(61.0)
+    assert rig.fleet.recover()
+    assert rig.run_next() == "done"

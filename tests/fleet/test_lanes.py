@@ -671,3 +671,21 @@ def test_lanes_refuses_a_client_that_returns_bytes(redis_url: str) -> None:
     """Lanes needs decode_responses=True; a bytes client is refused up front."""
     with pytest.raises(ValueError, match="decode_responses"):
         make_lanes(redis.Redis.from_url(redis_url), "x:")
+
+
+def test_a_retry_waits_at_least_what_the_provider_asked(lanes: Lanes, clock: VirtualClock) -> None:
+    """A transient failure whose provider asked to be left alone for 40 s: the retry is
+    scheduled no sooner, whatever the (here at most 0.5 s) backoff drew; without such a wait
+    the backoff alone decides."""
+    started = lanes.start("ava", _queued_turn(lanes), "w1")
+    failed = lanes.fail(
+        "ava", started.fence, error="rate limited", kind="transient",
+        backoff=(0.2, 0.5), jitter=0.5, wait_at_least=40.0,
+    )  # fmt: skip
+    assert failed.retry_at == clock.time() + 40.0
+    started = lanes.start("bob", _queued_turn(lanes, "bob"), "w1")
+    failed = lanes.fail(
+        "bob", started.fence, error="server error", kind="transient",
+        backoff=(0.2, 0.5), jitter=0.5,
+    )  # fmt: skip
+    assert failed.retry_at == clock.time() + 0.1

@@ -265,12 +265,14 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         jitter: float | None = None,
         publisher: str = "",
         claim_ttl: float = 0.0,
+        wait_at_least: float = 0.0,
     ) -> FailOutcome:
         """Record a failed turn of ``kind``; dead-letter the lane (``fail.lua`` says when, by
         kind), or retry it after a full-jitter exponential ``backoff`` of ``(base, cap)``
-        seconds: in ``lanes:retry`` (beat releases it), or queued now (publish
-        ``retry_turn_id``) when the delay comes out 0, as it always does with base 0. A retry
-        queued now is claimed for ``publisher`` as :meth:`finish` claims a follow-up.
+        seconds, and no sooner than ``wait_at_least`` (a provider's Retry-After): in
+        ``lanes:retry`` (beat releases it), or queued now (publish ``retry_turn_id``) when the
+        delay comes out 0, as it always does with base 0 and no least wait. A retry queued now
+        is claimed for ``publisher`` as :meth:`finish` claims a follow-up.
 
         Raises :class:`LeaseLost` (changing nothing) if ``fence`` no longer holds the lane.
         """
@@ -280,7 +282,7 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         args: list[str | int] = [
             lane, fence, self._now_ms(), error[:_ERROR_MAX], retry, self.max_attempts, kind,
             int(base * 1000), int(cap * 1000), repr(draw), self._ms(retry_for),
-            publisher, self._ms(claim_ttl),
+            publisher, self._ms(claim_ttl), int(wait_at_least * 1000),
         ]  # fmt: skip
         keys = [*self.keys.lane_keys(lane), self.keys.retry, self.keys.claim(lane)]
         keys.append(self.keys.claimed)

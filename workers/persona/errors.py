@@ -191,9 +191,12 @@ class StorageUnavailable(PersonaError):
 
 
 class ModelError(SoulfleetError):
-    """A model call failed. ``retryable`` says whether a later turn may well succeed."""
+    """A model call failed. ``retryable`` says whether a later turn may well succeed;
+    ``retry_after`` (seconds), when set, is how long the provider asked to be left alone: the
+    turn's retry waits at least that long."""
 
     retryable = False
+    retry_after: float | None = None
 
 
 class ModelSpecError(ModelError):

@@ -27,7 +27,7 @@ from workers.persona.loop import RunResult
 from workers.settings import Settings
 from workers.turn.report import TurnReport
 
-__all__ = ["Endings", "incomplete_note"]
+__all__ = ["Endings", "incomplete_note", "retry_after"]
 
 _log = structlog.get_logger("soulfleet.turn")
 
@@ -95,6 +95,7 @@ class Endings:
             retry_for=settings.retry_for,
             publisher=self.worker_id,
             claim_ttl=settings.claim_ttl,
+            wait_at_least=retry_after(cause),
         )
         if failed.dead:
             _log.error(
@@ -253,3 +254,16 @@ def incomplete_note(result: RunResult, persona: str) -> str:
     return (
         f"incomplete: stopped by its {result.limit} limit (SOULFLEET_TURN_{result.limit.upper()})"
     )
+
+
+def retry_after(cause: BaseException | None) -> float:
+    """How long the provider asked to be left alone (a model error's ``retry_after`` in the
+    failure's causes), or 0."""
+    seen: set[int] = set()
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        wait = getattr(cause, "retry_after", None)
+        if isinstance(wait, (int, float)) and wait > 0:
+            return float(wait)
+        cause = cause.__cause__
+    return 0.0

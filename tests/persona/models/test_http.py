@@ -18,6 +18,7 @@ from tests.support.providers import (
 )
 from workers.persona.errors import (
     ModelAuthError,
+    ModelRateLimited,
     ModelRequestError,
     ModelResponseError,
     ModelServerError,
@@ -41,7 +42,12 @@ KEY = "key-0123456789-SECRET"
 
 
 def transport(
-    server: FakeProvider, clock: RecordingClock, *, retries: int = 2, max_wait: float = 60.0
+    server: FakeProvider,
+    clock: RecordingClock,
+    *,
+    retries: int = 2,
+    max_wait: float = 60.0,
+    hold_max: float = 10.0,
 ) -> ProviderHTTP:
     return ProviderHTTP(
         provider="testprov",
@@ -49,7 +55,7 @@ def transport(
         headers={"authorization": f"Bearer {KEY}"},
         key_env="TEST_API_KEY",
         secrets=(KEY,),
-        policy=RetryPolicy(timeout=5.0, retries=retries, max_wait=max_wait),
+        policy=RetryPolicy(timeout=5.0, retries=retries, max_wait=max_wait, hold_max=hold_max),
         clock=clock,
         rng=random.Random(1),
     )
@@ -192,12 +198,44 @@ def test_x_should_retry_overrides(openai_server: FakeProvider, clock: RecordingC
 
 
 def test_retry_after_is_capped(openai_server: FakeProvider, clock: RecordingClock) -> None:
-    """A Retry-After longer than max_wait waits max_wait, not an hour."""
+    """A Retry-After longer than max_wait, where a call may hold that long, waits max_wait,
+    not an hour."""
     openai_server.enqueue(
         error_reply("openai", 429, "later", {"Retry-After": "3600"}), openai_completion("ok")
     )
-    transport(openai_server, clock, max_wait=5.0).post_json("/chat/completions", {})
+    transport(openai_server, clock, max_wait=5.0, hold_max=3600).post_json("/chat/completions", {})
     assert clock.sleeps == [5.0]
+
+
+def test_a_short_retry_after_is_waited_in_place(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """A provider asking for up to hold_max seconds is waited out inside the call."""
+    openai_server.enqueue(
+        error_reply("openai", 429, "later", {"Retry-After": "8"}), openai_completion("ok")
+    )
+    transport(openai_server, clock).post_json("/chat/completions", {})
+    assert clock.sleeps == [8.0]
+    assert len(openai_server.requests) == 2
+
+
+@pytest.mark.parametrize(("asked", "kept"), [("40", 40.0), ("86400", 3600.0)])
+def test_a_long_retry_after_ends_the_call_at_once(
+    openai_server: FakeProvider, clock: RecordingClock, asked: str, kept: float
+) -> None:
+    """Longer than hold_max: no wait in place (the worker's thread is free), no second
+    request; the error says what the provider asked, and carries it (at most an hour) for the
+    turn's retry to wait."""
+    openai_server.enqueue(
+        error_reply("openai", 429, "slow down", {"Retry-After": asked}), openai_completion("ok")
+    )
+    with pytest.raises(ModelRateLimited) as caught:
+        transport(openai_server, clock).post_json("/chat/completions", {})
+    assert clock.sleeps == []
+    assert len(openai_server.requests) == 1
+    assert caught.value.retry_after == kept
+    assert f"the provider asked for {asked}s before the next try" in str(caught.value)
+    assert "longer than a call waits in place (10s): the turn retries after it" in str(caught.value)
 
 
 def test_key_scrubbed_from_5xx_echo(openai_server: FakeProvider, clock: RecordingClock) -> None:

@@ -9,6 +9,7 @@
 --       [8] backoff base (ms; 0 = queue the retry now)  [9] backoff cap (ms)
 --       [10] jitter, a uniform random number in [0, 1) drawn by the caller  [11] retry_for (ms)
 --       [12] who publishes a retry queued now ("" for no claim)  [13] its claim ttl (ms)
+--       [14] the least delay (ms): what the provider asked to be left alone for (0: none)
 -- Reply {"lost"}: the fence is not current; NOTHING changed
 --     | {"dead", turn_id, kind, reason}: the lane is dead-lettered; reason is its last_error
 --     | {"queued", turn_id, kind, retry turn id}: queued again now (the delay came out 0)
@@ -61,7 +62,7 @@ if reason then
   return {'dead', turn_id, turn_kind, reason}
 end
 local step = math.min(tonumber(ARGV[9]), tonumber(ARGV[8]) * 2 ^ math.min(failures - 1, 40))
-local delay = math.floor(tonumber(ARGV[10]) * step)
+local delay = math.max(math.floor(tonumber(ARGV[10]) * step), tonumber(ARGV[14] or '0'))
 if delay > 0 then
   local at = tonumber(now) + delay
   redis.call('HSET', lane, 'state', 'retry', 'turn_id', ARGV[5], 'retry_at', at)

@@ -92,6 +92,10 @@ class RetryPolicy:
     retries: int = 3
     base_delay: float = 0.5
     max_wait: float = 60.0
+    #: The longest wait a call sits out in place (holding its worker thread). A provider that
+    #: asks for longer ends the call at once: the turn fails transiently, its lane says why
+    #: (``sf status``), and its retry waits what was asked (:attr:`ModelError.retry_after`).
+    hold_max: float = 10.0
 
     def backoff(self, retry: int, rng: random.Random) -> float:
         """The wait before retry number ``retry`` (0-based) when the provider named none.
@@ -197,6 +201,10 @@ def check_base_url(url: str, *, provider: str, env: str) -> str:
     return url.rstrip("/")
 
 
+#: The most a provider's Retry-After may postpone a turn's retry (a date far off, a typo).
+_LONGEST_RETRY_AFTER = 3600.0
+
+
 @dataclass(frozen=True, slots=True)
 class _Failure:
     """One failed try, kept until we know whether it was the last."""
@@ -300,6 +308,8 @@ class ProviderHTTP:
         for attempt in range(tries):
             if failure is not None:
                 wait = failure.wait
+                if wait is not None and wait > self.policy.hold_max:
+                    raise self._long_wait(failure, wait)
                 if wait is None:
                     wait = self.policy.backoff(attempt - 1, self._rng)
                 wait = min(wait, self.policy.max_wait)
@@ -319,8 +329,21 @@ class ProviderHTTP:
             if not failure.retryable:
                 break
         assert failure is not None
+        if failure.retryable and failure.wait is not None and failure.wait > self.policy.hold_max:
+            raise self._long_wait(failure, failure.wait)
         suffix = f" (after {tries} tries)" if failure.retryable and tries > 1 else ""
         raise self.error(failure.kind, failure.message + suffix)
+
+    def _long_wait(self, failure: _Failure, wait: float) -> ModelError:
+        """The error of a call whose provider asked for a wait past :attr:`RetryPolicy.hold_max`:
+        not waited out in place, so the worker's thread is free and the lane says why."""
+        error = self.error(
+            failure.kind,
+            f"{failure.message}; the provider asked for {wait:g}s before the next try, longer "
+            f"than a call waits in place ({self.policy.hold_max:g}s): the turn retries after it",
+        )
+        error.retry_after = min(wait, _LONGEST_RETRY_AFTER)
+        return error
 
     def _try(self, url: str, content: bytes) -> tuple[httpx.Response | None, _Failure | None]:
         where = redact_url(url)
