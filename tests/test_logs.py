@@ -8,7 +8,7 @@ import time
 import pytest
 import structlog
 
-from workers.logs import bind_task, configure_logging, monotonic_wall_time
+from workers.logs import Throttle, bind_task, configure_logging, monotonic_wall_time
 
 
 @pytest.fixture(autouse=True)
@@ -44,3 +44,27 @@ def test_monotonic_wall_time_tracks_the_clock_and_never_goes_back() -> None:
     readings = [monotonic_wall_time() for _ in range(1000)]
     assert readings == sorted(readings)
     assert abs(monotonic_wall_time() - time.time()) < 5
+
+
+def test_a_throttle_lets_one_line_a_period_through_and_counts_the_rest() -> None:
+    """The first warning about a key is logged, repeats within the period are held back and
+    counted, the next one after it says how many were; other keys are not held back."""
+    now = [100.0]
+    throttle = Throttle(every=60.0, clock=lambda: now[0])
+    assert throttle.allow("ava") == 0
+    assert [throttle.allow("ava") for _ in range(5)] == [None] * 5
+    assert throttle.allow("bob") == 0
+    now[0] += 60.0
+    assert throttle.allow("ava") == 5
+    assert throttle.allow("ava") is None
+
+
+def test_a_throttle_forgets_its_oldest_keys_past_its_bound() -> None:
+    """A throttle holds at most MAX_KEYS keys; the oldest is forgotten (and logs again)."""
+    throttle = Throttle(every=60.0, clock=lambda: 0.0)
+    throttle.MAX_KEYS = 3
+    for key in "abc":
+        assert throttle.allow(key) == 0
+    assert throttle.allow("d") == 0  # forgets "a"
+    assert throttle.allow("a") == 0
+    assert throttle.allow("c") is None

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import structlog
 
-__all__ = ["bind_task", "configure_logging", "monotonic_wall_time"]
+__all__ = ["Throttle", "bind_task", "configure_logging", "monotonic_wall_time"]
 
 _ANCHOR_WALL = time.time()
 _ANCHOR_MONO = time.monotonic()
@@ -144,3 +145,32 @@ def bind_task(**values: Any) -> None:
     """Start a task's log context: clear whatever the last task on this thread bound, then bind."""
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(**{k: v for k, v in values.items() if v is not None})
+
+
+class Throttle:
+    """Whether to log a repeated warning about ``key`` now: the first time, then at most once
+    per ``every`` seconds, with how many were held back since (a caller refused a thousand
+    times in a loop gets a handful of lines, not a thousand, and still sees the count)."""
+
+    #: Keys remembered at most; past it the oldest are forgotten (each logs once more).
+    MAX_KEYS = 10_000
+
+    def __init__(self, every: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every = every
+        self._clock = clock
+        self._seen: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def allow(self, key: str) -> int | None:
+        """None: hold this one back. Else log it, saying how many were held back before it."""
+        now = self._clock()
+        with self._lock:
+            last = self._seen.get(key)
+            if last is not None and now - last[0] < self.every:
+                self._seen[key] = (last[0], last[1] + 1)
+                return None
+            if last is None and len(self._seen) >= self.MAX_KEYS:
+                del self._seen[next(iter(self._seen))]
+            self._seen.pop(key, None)
+            self._seen[key] = (now, 0)
+            return 0 if last is None else last[1]

@@ -54,6 +54,7 @@ from workers.fleet.outcomes import (
     TickOutcome,
 )
 from workers.fleet.scripts import redis_errors
+from workers.logs import Throttle
 from workers.persona.errors import FailureKind
 from workers.persona.inbox import InboxItem
 from workers.persona.session import Pointer
@@ -74,6 +75,8 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("soulfleet.lanes")
+#: Refused posts are counted in soulfleet_inbox_rejects_total; logged once a minute per lane.
+_INBOX_FULL_LOGS = Throttle()
 
 LAST_TEXT_MAX = 2000
 _ERROR_MAX = 4000
@@ -137,7 +140,10 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         outcome, depth = str(reply[0]), int(reply[1])
         if outcome == "full":
             metrics.INBOX_REJECTS.inc()
-            _log.warning("lane.inbox_full", lane=lane, limit=self.inbox_max)
+            held_back = _INBOX_FULL_LOGS.allow(lane)
+            if held_back is not None:  # a caller posting in a loop: a line a minute per lane
+                _log.warning("lane.inbox_full", lane=lane, limit=self.inbox_max,
+                             refused_before=held_back)  # fmt: skip
             raise InboxFull(lane, self.inbox_max)
         if outcome == "queued":
             return PostOutcome(lane, "queued", item.id, depth, turn_id, "interactive")
