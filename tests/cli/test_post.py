@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Mapping
 
 import pytest
@@ -145,3 +147,25 @@ def test_post_is_untrusted_whatever_from_says_unless_trusted_is_given(
     raws = lanes.client.lrange(lanes.keys.inbox("ava"), 0, -1)
     items = [InboxItem.from_json(str(raw)) for raw in raws]
     assert [(i.text, i.trusted) for i in items] == [("one", False), ("two", True)]
+
+
+def test_a_post_where_no_beat_sweeps_says_the_item_waits_for_a_fleet(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """Under a key prefix no beat has swept (a prefix or Redis other than the fleet's, or no
+    fleet at all) the item is accepted, and stderr says it waits there and what to set; once
+    a beat sweeps there, or after it stopped sweeping, the hint follows it."""
+    result = invoke("post", "milo", "wake up")
+    assert result.exit_code == 0, result.output
+    assert "no beat has ever swept under key prefix" in result.stderr
+    assert "give this shell its REDIS_URL and SOULFLEET_KEY_PREFIX" in result.stderr
+    lanes = lanes_for(env)
+    lanes.client.set(lanes.keys.last_sweep, json.dumps({"at": time.time()}))
+    result = invoke("post", "milo", "again")
+    assert result.exit_code == 0, result.output
+    assert "beat" not in result.stderr
+    lanes.client.set(lanes.keys.last_sweep, json.dumps({"at": time.time() - 3600}))
+    result = invoke("post", "milo", "and again", "--json")
+    assert result.exit_code == 0, result.output
+    assert "beat has stopped sweeping under key prefix" in result.stderr
+    assert json.loads(result.stdout)["outcome"] == "pending"

@@ -398,8 +398,7 @@ def _beat_line(
         return "beat: never swept (is `celery -A workers beat` running?)"
     at = beat.get("at") or beat.get("time")
     line = f"beat: last sweep {ago(at)}"
-    stale = max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval)
-    if isinstance(at, (int, float)) and at > 0 and time.time() - float(at) > stale:
+    if beat_stale(beat, sweep_interval):
         if redis_full:
             line += ": its sweeps are refused while Redis is full (see the redis line)"
         else:
@@ -408,6 +407,13 @@ def _beat_line(
                 "heartbeat, dream or retry is queued meanwhile: check the beat process and its log"
             )
     return line
+
+
+def beat_stale(beat: Mapping[str, Any], sweep_interval: float) -> bool:
+    """Whether beat's newest sweep is older than a running beat ever leaves it."""
+    at = beat.get("at") or beat.get("time")
+    stale = max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval)
+    return isinstance(at, (int, float)) and at > 0 and time.time() - float(at) > stale
 
 
 def _fixed_hint(fixed: Sequence[tuple[str, str]]) -> None:
