@@ -1,15 +1,14 @@
 """ops/prometheus: the alert rules are well-formed, point at the runbook, and fire when meant to.
 
 The rules, the scrape config and the alert unit tests in ``alerts_test.yml`` run through
-Prometheus's own checker, ``promtool`` (Debian's ``prometheus`` package, which .ci/run installs);
-without it the promtool test fails rather than passing on structure alone.
+Prometheus's own checker, ``promtool`` (on PATH, or taken from Debian's ``prometheus`` package by
+tests/support/tools.py); without it the promtool test fails rather than passing on structure alone.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,8 @@ from tests.support.ops import (
     load_yaml,
     runbook_anchors,
 )
+from tests.support.tools import ToolMissing
+from tests.support.tools import promtool as find_promtool
 
 ALERT_TESTS = ALERTS.parent / "alerts_test.yml"
 DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
@@ -133,11 +134,10 @@ def _promtool(promtool: str, *args: str, cwd: Path) -> None:
 def test_promtool_accepts_config_rules_dashboard_queries_and_alert_tests(tmp_path: Path) -> None:
     """promtool checks the config and rules, parses every panel query, runs alerts_test.yml."""
     _structural_check_of_alert_tests()
-    promtool = shutil.which("promtool")
-    assert promtool is not None, (
-        "promtool is not installed: `apt-get install --no-install-recommends prometheus` "
-        "(.ci/run does this)"
-    )
+    try:
+        promtool = find_promtool()
+    except ToolMissing as exc:
+        pytest.fail(str(exc))
     _promtool(promtool, "check", "config", str(PROMETHEUS), cwd=tmp_path)
     _promtool(promtool, "check", "rules", str(ALERTS), cwd=tmp_path)
     _promtool(promtool, "test", "rules", str(ALERT_TESTS), cwd=ALERTS.parent)

@@ -1,14 +1,13 @@
 """docker-compose.yml: valid for the real ``docker-compose`` and true to the code it deploys.
 
-``docker-compose config`` is the validator (Debian's ``docker-compose`` package; CI installs it,
-no Docker engine needed). The tests then read its resolved output, so what they check is what
+``docker-compose config`` is the validator (on PATH, or fetched by tests/support/tools.py; no
+Docker engine needed). The tests then read its resolved output, so what they check is what
 compose would run: interpolated variables, merged anchors, profiles.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -17,23 +16,20 @@ import pytest
 import yaml
 
 from tests.support.ops import COMPOSE, PROMETHEUS, REPO, load_yaml
+from tests.support.tools import ToolMissing, docker_compose
 from workers.queues import KINDS, declare_queues, queue_name
 from workers.settings import Settings
 
 REDIS_PASSWORD = "test-redis-pw-0123456789abcdef"
 FLOWER_AUTH = "ops-test:flower-pw-0123456789"
 APP_SERVICES = ("worker", "dream-worker", "beat", "flower")
-INSTALL_HINT = "apt-get install -y --no-install-recommends docker-compose"
 
 
 def _docker_compose() -> str:
-    found = shutil.which("docker-compose")
-    if found is None:
-        pytest.fail(
-            f"docker-compose is not on PATH; the compose validation needs it ({INSTALL_HINT}). "
-            ".ci/run installs it."
-        )
-    return found
+    try:
+        return docker_compose()
+    except ToolMissing as exc:
+        pytest.fail(str(exc))
 
 
 def _run(args: list[str], env: dict[str, str], tmp: Path) -> subprocess.CompletedProcess[str]:
