@@ -10,6 +10,7 @@ from tests.support.persona import make_persona
 from workers.persona.checkup import check_persona
 from workers.persona.errors import PersonaConfigError, PersonaFileError
 from workers.persona.mcp_servers import parse_mcp_servers
+from workers.persona.models.config import ModelConfig
 
 
 def test_a_soul_over_the_turn_budget_is_a_warning_naming_the_setting(tmp_path: Path) -> None:
@@ -75,3 +76,22 @@ def test_a_use_the_fleet_mcp_config_lacks_fails_the_check_up_given_that_config(
     time_server = parse_mcp_servers('{"mcpServers": {"time": {"command": "mcp-server-time"}}}')
     assert check_persona(home, mcp_servers=time_server).agent.name == "ava"
     assert check_persona(home).agent.name == "ava"
+
+
+def test_a_missing_key_for_the_shells_default_model_says_the_workers_use_their_own(
+    tmp_path: Path,
+) -> None:
+    """A persona without a model of its own runs on SOULFLEET_MODEL; when this shell's needs a
+    key it lacks, the warning says the model is this shell's setting and that the workers use
+    theirs (it said the workers must have the key, of a model they may never use). A model the
+    persona.toml names keeps the plain warning."""
+    home = make_persona(tmp_path / "ava", {"SOUL.md": "You are Ava.\n"})
+    shell = ModelConfig(default_spec="anthropic:claude-x")
+    (warning,) = check_persona(home, shell).warnings
+    assert "names no model in its persona.toml; this shell's SOULFLEET_MODEL" in warning
+    assert "needs ANTHROPIC_API_KEY" in warning
+    assert "The workers use their own SOULFLEET_MODEL" in warning
+    (home / "persona.toml").write_text('model = "anthropic:claude-x"\n')
+    (warning,) = check_persona(home, shell).warnings
+    assert "persona ava's model 'anthropic:claude-x' needs ANTHROPIC_API_KEY" in warning
+    assert "the workers that run its turns must have it" in warning

@@ -125,7 +125,15 @@ def check_persona(
             "this command calls the model itself; set it, or leave the turn to the fleet's "
             "workers (without --local)"
         )
-    if missing is not None:
+    if missing is not None and model is None and agent.model == "inherit":
+        # The model is this shell's SOULFLEET_MODEL, which says nothing of the workers'.
+        warnings.append(
+            f"persona {agent.name} names no model in its persona.toml; this shell's "
+            f"SOULFLEET_MODEL ({resolved.spec!r}) needs {missing}, which is not set here. The "
+            "workers use their own SOULFLEET_MODEL: if it is this one, they must have the key, "
+            "or every turn fails"
+        )
+    elif missing is not None:
         # A warning, not an error: the workers may well have the key this shell lacks.
         warnings.append(
             f"persona {agent.name}'s model {resolved.spec!r} needs {missing}, which is not set "
