@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.persona import make_persona
 from workers.persona.checkup import check_persona
-from workers.persona.errors import PersonaConfigError, PersonaFileError
+from workers.persona.errors import ModelSpecError, PersonaConfigError, PersonaFileError
 from workers.persona.mcp_servers import parse_mcp_servers
 from workers.persona.models.config import ModelConfig
 
@@ -95,3 +95,17 @@ def test_a_missing_key_for_the_shells_default_model_says_the_workers_use_their_o
     (warning,) = check_persona(home, shell).warnings
     assert "persona ava's model 'anthropic:claude-x' needs ANTHROPIC_API_KEY" in warning
     assert "the workers that run its turns must have it" in warning
+
+
+def test_a_model_chosen_with_run_local_model_is_blamed_for_its_own_missing_key(
+    tmp_path: Path,
+) -> None:
+    """run --local --model X, X's key not set here: the refusal names --model and says to
+    choose another, not the persona's model and "without --local" (where --model is refused)."""
+    home = make_persona(tmp_path / "ava", {"SOUL.md": "You are Ava.\n"})
+    with pytest.raises(ModelSpecError) as caught:
+        check_persona(home, ModelConfig(), model="anthropic:claude-x", calls_model=True)
+    message = str(caught.value)
+    assert "the model given with --model, 'anthropic:claude-x', needs ANTHROPIC_API_KEY" in message
+    assert "choose another --model" in message
+    assert "without --local" not in message

@@ -119,6 +119,11 @@ def check_persona(
             "max_tokens in its persona.toml, or shrink the soul"
         )
     missing = resolved.missing_key if isinstance(resolved, HTTPModel) else None
+    if missing is not None and calls_model and model is not None:
+        raise ModelSpecError(
+            f"the model given with --model, {resolved.spec!r}, needs {missing}, which is not "
+            "set: this command calls the model itself; set it, or choose another --model"
+        )
     if missing is not None and calls_model:
         raise ModelSpecError(
             f"persona {agent.name}'s model {resolved.spec!r} needs {missing}, which is not set: "
