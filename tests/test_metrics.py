@@ -54,3 +54,20 @@ def test_no_retry_when_asked_for_none() -> None:
         assert retrying == []
     finally:
         holder.close()
+
+
+def test_a_host_that_is_not_this_machines_is_blamed_not_the_port() -> None:
+    """SOULFLEET_METRICS_HOST naming no address of this machine (here TEST-NET-1, never
+    assigned) is logged as the host's problem with the setting to fix, not as a taken port."""
+    with capture_logs() as logs:
+        assert serve_metrics(free_port(), host="192.0.2.1", retry_every=0) is False
+    (event,) = logs
+    assert event["event"] == "metrics.host_unavailable"
+    assert event["host"] == "192.0.2.1"
+    assert "SOULFLEET_METRICS_HOST" in event["hint"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

@@ -11,6 +11,8 @@ registers, so a fleet with many workers does not report the same lanes many time
 
 from __future__ import annotations
 
+import errno
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -287,8 +289,15 @@ def serve_metrics(
     try:
         start_http_server(port, addr=host)
     except OSError as exc:
-        _log.error("metrics.port_unavailable", host=host, port=port, error=str(exc),
-                   retry_every=retry_every or None)  # fmt: skip
+        if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+            # Not the port's fault: the host does not resolve, or is no address of this machine.
+            _log.error("metrics.host_unavailable", host=host, port=port, error=str(exc),
+                       retry_every=retry_every or None,
+                       hint="SOULFLEET_METRICS_HOST must name an address of this machine "
+                            "(0.0.0.0 for every interface)")  # fmt: skip
+        else:
+            _log.error("metrics.port_unavailable", host=host, port=port, error=str(exc),
+                       retry_every=retry_every or None)  # fmt: skip
         if retry_every > 0:
             threading.Thread(
                 target=_serve_later, args=(port, host, retry_every),
