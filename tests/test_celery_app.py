@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.fleet import REPO
 from workers.app import make_app
+from workers.queues import unknown_queues
 from workers.settings import Settings
 
 
@@ -97,3 +98,31 @@ def test_a_worker_above_its_pools_limit_is_refused_at_start(tmp_path: Path) -> N
     assert done.returncode != 0
     assert "refused to start" in done.stderr
     assert "threads pool at concurrency 1001 is above its limit of 1000" in done.stderr
+
+
+@pytest.mark.integration
+def test_a_worker_asked_for_a_queue_no_turn_is_sent_to_is_refused_at_start(
+    tmp_path: Path,
+) -> None:
+    """`-Q soulfleet.interactive,soulfleet.drem` (a typo) started and consumed nothing from the
+    typo'd queue, so those turns waited for ever: it exits at once naming the unknown queue
+    and the fleet's three."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SOULFLEET_", "CELERY_"))}
+    env.update(REDIS_URL="redis://127.0.0.1:1/0", SOULFLEET_PERSONAS=str(tmp_path))
+    queues = "soulfleet.interactive,soulfleet.drem"
+    argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-Q", queues,
+            "--without-mingle", "--without-gossip"]  # fmt: skip
+    done = subprocess.run(argv, env=env, cwd=str(REPO), capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode != 0
+    assert "refused to start" in done.stderr
+    assert "no soulfleet turn is sent to: 'soulfleet.drem'" in done.stderr
+    assert "soulfleet.interactive, soulfleet.heartbeat, soulfleet.dream" in done.stderr
+
+
+def test_the_fleets_own_queues_are_never_refused() -> None:
+    """Any subset of the three queues, given as -Q's string or list, or none at all, passes."""
+    assert unknown_queues("soulfleet", None) is None
+    assert unknown_queues("soulfleet", "soulfleet.dream") is None
+    assert unknown_queues("sf", ["sf.interactive", "sf.heartbeat", "sf.dream"]) is None
+    assert unknown_queues("sf", ["soulfleet.dream"]) is not None

@@ -31,7 +31,7 @@ from workers.fleet.eviction import refuse_to_start_on_eviction
 from workers.logs import configure_logging
 from workers.persona.shared_claims import check_hard_links
 from workers.pools import effective_concurrency, refusal
-from workers.queues import TURN_TASK
+from workers.queues import TURN_TASK, unknown_queues
 from workers.settings import Settings, SettingsError
 
 __all__ = ["app", "make_app", "settings"]
@@ -78,7 +78,9 @@ def _celeryd_init(conf: Any = None, options: Any = None, **_: Any) -> None:
     options = options or {}
     pool = pool_name(options.get("pool_cls")) or settings.worker_pool
     concurrency = int(options.get("concurrency") or settings.worker_concurrency)
-    refused = refusal(pool, concurrency)
+    refused = refusal(pool, concurrency) or unknown_queues(
+        settings.queue_prefix, options.get("queues")
+    )
     if refused is not None:
         # Celery logs and swallows an Exception raised by a signal handler; SystemExit stops it.
         _log.error("worker.refused", pool=pool, concurrency=concurrency, reason=refused)

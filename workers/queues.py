@@ -9,11 +9,12 @@ deployment can dedicate workers to dreams (see the README's deployment section).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 from kombu import Exchange, Queue
 
-__all__ = ["KINDS", "TURN_TASK", "TurnKind", "declare_queues", "queue_name"]
+__all__ = ["KINDS", "TURN_TASK", "TurnKind", "declare_queues", "queue_name", "unknown_queues"]
 
 TurnKind = Literal["interactive", "heartbeat", "dream"]
 KINDS: tuple[TurnKind, ...] = ("interactive", "heartbeat", "dream")
@@ -31,3 +32,17 @@ def declare_queues(prefix: str) -> tuple[Queue, ...]:
     exchange = Exchange(prefix, type="direct", durable=True)
     names = [queue_name(prefix, kind) for kind in KINDS]
     return tuple(Queue(name, exchange, routing_key=name, durable=True) for name in names)
+
+
+def unknown_queues(prefix: str, asked: str | Iterable[str] | None) -> str | None:
+    """Why a worker asked (``-Q``) for ``asked`` queues would wait for turns that never come
+    (a name no turn is sent to: a typo, another SOULFLEET_QUEUE_PREFIX), or None."""
+    names = asked.split(",") if isinstance(asked, str) else list(asked or ())
+    known = [queue_name(prefix, kind) for kind in KINDS]
+    unknown = [str(name).strip() for name in names if str(name).strip() not in known]
+    if not unknown:
+        return None
+    return (
+        f"-Q names queue(s) no soulfleet turn is sent to: {', '.join(map(repr, unknown))}; the "
+        f"fleet's queues are {', '.join(known)} (SOULFLEET_QUEUE_PREFIX {prefix!r})"
+    )
