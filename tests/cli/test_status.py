@@ -399,3 +399,16 @@ def test_status_says_when_redis_is_full(
         finally:
             client.config_set("maxmemory", 0)
             client.close()
+
+
+def test_a_redis_url_selecting_a_database_redis_lacks_says_so(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """REDIS_URL ending /99 on a Redis of 16 databases: exit 1, naming REDIS_URL and the
+    databases it has, instead of Redis's bare "DB index is out of range"."""
+    url = str(env["REDIS_URL"]).rsplit("/", 1)[0] + "/99"
+    result = invoke("status", environ={**env, "REDIS_URL": url})
+    assert result.exit_code == 1, result.output
+    assert "Redis refused the database that REDIS_URL selects" in result.stderr
+    assert "/99" in result.stderr
+    assert "0-15" in result.stderr

@@ -117,6 +117,12 @@ def _translate(exc: BaseException, redis_url: str | None) -> CliError | None:
             "(`redis-cli CONFIG SET maxmemory <more>`), "
             'then find what grew: ops/runbook.md "Redis memory near its limit"'
         )
+    elif isinstance(exc, redis.RedisError) and "DB index is out of range" in str(exc):
+        url = redact_url(redis_url) if redis_url else "the configured Redis URL"
+        message = (
+            f"Redis refused the database that REDIS_URL selects ({url}): it has fewer databases "
+            "(see its `databases` setting, 16 by default: 0-15); use one of them"
+        )
     elif isinstance(exc, redis.RedisError):
         message = f"Redis refused a command: {exc}"
     elif isinstance(exc, TimeoutError):
