@@ -106,8 +106,13 @@ def test_a_retry_base_over_the_default_cap_says_the_cap_is_its_default() -> None
 def test_visibility_timeout_must_outlast_the_longest_turn() -> None:
     """A visibility timeout under twice the worst turn would let the broker redeliver turns
     that are still running: refused at start-up. The default follows the turn budget."""
-    with pytest.raises(SettingsError, match="SOULFLEET_VISIBILITY_TIMEOUT"):
-        Settings.from_env({"SOULFLEET_VISIBILITY_TIMEOUT": "600"})
+    with pytest.raises(SettingsError, match="SOULFLEET_VISIBILITY_TIMEOUT") as caught:
+        Settings.from_env(
+            {"SOULFLEET_VISIBILITY_TIMEOUT": "600", "SOULFLEET_TURN_MAX_SECONDS": "600",
+             "SOULFLEET_MODEL_TIMEOUT": "100", "SOULFLEET_MODEL_RETRIES": "1"}
+        )  # fmt: skip
+    # The longest turn (600 + 100 x 2 = 800 s) and the least allowed (1600 s), told apart.
+    assert "must be at least 1600s, twice the longest a turn can run (800s: " in str(caught.value)
     long_turns = Settings.from_env(
         {"SOULFLEET_TURN_MAX_SECONDS": "3600", "SOULFLEET_MODEL_TIMEOUT": "60"}
     )

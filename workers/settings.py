@@ -177,9 +177,10 @@ class Settings:
         if visibility_timeout < 2 * worst_turn:
             raise SettingsError(
                 "SOULFLEET_VISIBILITY_TIMEOUT",
-                f"must be at least twice the longest turn ({2 * worst_turn:.0f}s: "
-                "SOULFLEET_TURN_MAX_SECONDS plus every model retry), or the broker redelivers "
-                f"turns that are still running; got {visibility_timeout:.0f}",
+                f"must be at least {2 * worst_turn:.0f}s, twice the longest a turn can run "
+                f"({worst_turn:.0f}s: SOULFLEET_TURN_MAX_SECONDS plus the model timeout on "
+                "every try), or the broker redelivers turns that are still running; got "
+                f"{visibility_timeout:.0f}",
             )
         lease_ttl = env.duration("SOULFLEET_LEASE_TTL", 30.0, minimum=1.0)
         mcp_raw = env.raw("SOULFLEET_MCP_CONFIG")

@@ -46,6 +46,9 @@ def test_beats_empty_feed_says_so(invoke: Invoke) -> None:
     assert result.exit_code == 0
     assert result.stdout == ""
     assert "no surfaced beats yet" in result.stderr
+    none_asked = invoke("beats", "-n", "0")  # asked for none: no claim that there are none
+    assert none_asked.exit_code == 0
+    assert none_asked.stdout == none_asked.stderr == ""
 
 
 def _follow(env: Mapping[str, str | None], *, inherit_ignored_sigint: bool = False) -> Follower:

@@ -80,7 +80,7 @@ def beats(
     for beat in recent:
         click.echo(format_beat(beat, as_json=as_json))
     if not follow:
-        if not recent and not as_json:
+        if not recent and not as_json and count > 0:
             click.echo("no surfaced beats yet", err=True)
         return
     _stop_on_sigint_and_sigterm()
