@@ -181,6 +181,24 @@ def test_dead_lanes_of_a_removed_persona_are_named_and_never_revived(
     assert json.loads(invoke("status", "--json").stdout)["dead_persona_gone"] == ["milo"]
 
 
+def test_reviving_a_removed_persona_by_name_says_how_to_remove_its_dead_lane(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """`revive milo` after milo's directory was deleted: exit 2 saying the directory is gone,
+    naming the kept dead lane and `revive --forget-gone` (it said only "unknown persona",
+    while status pointed at --forget-gone); a name that never was stays "unknown"."""
+    fleet = _milo_gone_nora_dead(env, fleet_root)
+    result = invoke("revive", "milo")
+    assert result.exit_code == 2, result.output
+    assert "persona 'milo' has no directory under" in result.stderr
+    assert "dead-lettered lane(s) milo cannot run again" in result.stderr
+    assert "`soulfleet revive --forget-gone`" in result.stderr
+    assert fleet.lanes.status("milo")["state"] == "dead"
+    never = invoke("revive", "zed")
+    assert never.exit_code == 2
+    assert "forget-gone" not in never.stderr
+
+
 def test_forget_gone_removes_only_dead_lanes_of_removed_personas(
     invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
 ) -> None:
