@@ -65,6 +65,17 @@ def test_run_with_no_worker_says_so_within_seconds(env: Mapping[str, str | None]
 
 
 @pytest.mark.integration
+def test_a_run_with_a_short_timeout_still_hears_that_no_worker_consumes(
+    env: Mapping[str, str | None],
+) -> None:
+    """--timeout 3, shorter than the usual wait before asking: the question is asked at half
+    the timeout, so the run that gives up says why, not only "no answer within 3s"."""
+    result = run_soulfleet("run", "ava", "hello?", "--timeout", "3", env=env, timeout=90)
+    assert result.returncode == 1, result.stderr
+    assert "no worker is consuming" in result.stderr
+
+
+@pytest.mark.integration
 def test_run_says_when_a_try_failed_instead_of_waiting_in_silence(
     env: Mapping[str, str | None], redis_url: str, key_prefix: str, fleet_root: Path,
     tmp_path: Path,

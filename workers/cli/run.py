@@ -151,7 +151,8 @@ def _no_worker_hint(state: CliContext, name: str, timeout: float) -> Callable[[f
 
     def check(waited: float) -> None:
         nonlocal asked, told_error
-        if waited < NO_WORKER_HINT_AFTER or (asked and told_error):
+        # Half a short --timeout: a run that gives up sooner still hears why.
+        if waited < min(NO_WORKER_HINT_AFTER, timeout / 2) or (asked and told_error):
             return
         try:
             lane = state.fleet().lanes.status(name)
