@@ -102,3 +102,14 @@ def test_init_shows_a_commented_tools_example_that_parses(invoke: Invoke, tmp_pa
     assert decl.server is not None
     assert decl.server.command == "mcp-server-time"
     assert decl.allow == ("get_current_time",)
+
+
+def test_init_under_a_file_is_bad_input_naming_it(invoke: Invoke, tmp_path: Path) -> None:
+    """DIRECTORY under a regular file: exit 2 (bad input, not a failure) naming the path,
+    nothing written."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a directory\n")
+    result = invoke("init", str(blocker / "ava"))
+    assert result.exit_code == 2, result.output
+    assert f"{blocker} is a file, not a directory" in result.stderr
+    assert blocker.read_text() == "not a directory\n"

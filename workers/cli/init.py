@@ -43,7 +43,14 @@ def scaffold(directory: Path) -> list[Path]:
         )
     name = directory.resolve().name
     templates = resources.files("workers.cli").joinpath("scaffold")
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except (NotADirectoryError, FileExistsError):  # a file where a parent should be
+        blocker = next((p for p in directory.parents if p.exists() and not p.is_dir()), None)
+        raise BadInputError(
+            f"cannot create {directory}: {blocker or 'a path above it'} is a file, not a "
+            "directory; pick a directory path"
+        ) from None
     written: list[Path] = []
     for filename in SCAFFOLD_FILES:
         text = templates.joinpath(filename).read_text(encoding="utf-8")
