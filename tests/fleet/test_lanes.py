@@ -689,3 +689,21 @@ def test_a_retry_waits_at_least_what_the_provider_asked(lanes: Lanes, clock: Vir
         backoff=(0.2, 0.5), jitter=0.5,
     )  # fmt: skip
     assert failed.retry_at == clock.time() + 0.1
+
+
+def test_a_start_carries_the_error_of_a_failing_lane_and_not_of_a_recovered_one(
+    lanes: Lanes,
+) -> None:
+    """A lane failing since its last success hands its last try's error to the next start
+    (a turn after a storage failure probes its disk before paying for a call); once a turn
+    has succeeded, the start's error is empty again though last_error keeps the old one."""
+    started = lanes.start("ava", _queued_turn(lanes), "w1")
+    assert started.error == ""
+    retry = lanes.fail("ava", started.fence, error="persona storage unavailable at /p/ava: x")
+    assert retry.retry_turn_id is not None
+    again = lanes.start("ava", retry.retry_turn_id, "w1")
+    assert again.error == "persona storage unavailable at /p/ava: x"
+    lanes.finish("ava", again.fence, status="done", text="ok")
+    later = lanes.start("ava", _queued_turn(lanes), "w1")
+    assert later.error == ""
+    assert lanes.status("ava")["last_error"] == "persona storage unavailable at /p/ava: x"

@@ -76,3 +76,18 @@ def test_a_failure_caused_by_a_full_disk_is_described_as_storage() -> None:
     assert failure_kind(OSError(errno.EROFS, "read-only")) == "transient"
     assert failure_kind(OSError(errno.EDQUOT, "quota")) == "transient"
     assert failure_kind(OSError(errno.EIO, "I/O error")) == "unknown"
+
+
+def test_a_filesystem_out_of_inodes_refuses_though_it_has_bytes_free(tmp_path: Path) -> None:
+    """Bytes to spare but (almost) no inode left: no file a turn creates could be made, so the
+    turn is refused before its call, naming the free inodes."""
+    home = tmp_path / "mnt"
+    with tmpfs(home, "4m,nr_inodes=64"):
+        storage.check(home)
+        for n in range(64):
+            try:
+                (home / f"f{n}").touch()
+            except OSError:
+                break
+        with pytest.raises(StorageUnavailable, match="free inodes on its filesystem"):
+            storage.check(home)

@@ -171,11 +171,12 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         fence, attempt, kind, ticks, recovered, commits, session, epoch, last_pass, born = reply[
             1:11
         ]
+        failing = str(reply[11] or "")
         times = pass_times(last_pass)
         return StartOutcome(
             "started",
             fence=int(fence),
-            items=[_item(raw) for raw in reply[11:]],
+            items=[_item(raw) for raw in reply[12:]],
             ticks=int(ticks),
             recovered=int(recovered),
             attempt=int(attempt),
@@ -186,6 +187,7 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
             last_pass_ms=None if times is None else round(times[0] * 1000),
             last_pass_began_ms=None if times is None else round(times[1] * 1000),
             born_ms=int(born),
+            error=failing,
         )
 
     def finish(

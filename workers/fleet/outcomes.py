@@ -66,6 +66,8 @@ class StartOutcome:
     recovered: int = 0
     attempt: int = 0
     kind: str = ""
+    #: ``dead``: why the lane is dead-lettered; ``started``: the error of its last try while
+    #: the lane is failing (failed since its last success), else "".
     error: str = ""
     #: The lane as this start found it (read in the same script, so no extra round trip):
     #: turns committed so far (the work id), the current session state and reset epoch, and

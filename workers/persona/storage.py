@@ -7,8 +7,9 @@ not keep. :func:`check` asks the filesystem first, so a turn that cannot be save
 before it costs anything, as a transient failure (:class:`StorageUnavailable`): the lane waits
 with backoff and carries on by itself once space is freed or the mount is writable again.
 
-- Every turn: one ``statvfs`` of the home (a read-only mount, or less than
-  :data:`MIN_FREE_BYTES` free to unprivileged writers).
+- Every turn: one ``statvfs`` of the home (a read-only mount, less than
+  :data:`MIN_FREE_BYTES` free to unprivileged writers, or under :data:`MIN_FREE_INODES` free
+  inodes).
 - A turn whose lane last failed on storage (``probe=True``): also one small file created,
   written and removed in the home, which finds what ``statvfs`` cannot see (a user or project
   quota, a full inode table, a filesystem that says it has room and refuses the write).
@@ -24,6 +25,7 @@ from workers.persona.errors import STORAGE_ERRNOS, StorageUnavailable
 
 __all__ = [
     "MIN_FREE_BYTES",
+    "MIN_FREE_INODES",
     "PROBE_BYTES",
     "STORAGE_MARK",
     "check",
@@ -34,6 +36,9 @@ __all__ = [
 #: Below this much free space a turn is not started: a reply alone may take 256 KiB
 #: (SOULFLEET_REPLY_MAX_BYTES), its transcript and session state as much again.
 MIN_FREE_BYTES = 1024 * 1024
+#: Below this many free inodes a turn is not started (each creates a file or two; a
+#: filesystem that reports no inode count, as some network ones do, is not asked).
+MIN_FREE_INODES = 16
 #: What the probe writes: one filesystem block, so a full disk or quota refuses it.
 PROBE_BYTES = 4096
 #: Begins every storage failure's message (the lane's error), so the next attempt knows to
@@ -53,6 +58,12 @@ def check(home: str | os.PathLike[str], *, probe: bool = False) -> None:
     if info.f_flag & os.ST_RDONLY:
         raise StorageUnavailable(
             home, "its filesystem is mounted read-only (seen before the model call)"
+        )
+    if info.f_files and info.f_favail < MIN_FREE_INODES:
+        raise StorageUnavailable(
+            home,
+            f"{info.f_favail:,} free inodes on its filesystem, a turn needs {MIN_FREE_INODES} "
+            "(seen before the model call)",
         )
     free = info.f_bavail * info.f_frsize
     if free < MIN_FREE_BYTES:
