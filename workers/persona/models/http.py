@@ -337,12 +337,14 @@ class ProviderHTTP:
     def _long_wait(self, failure: _Failure, wait: float) -> ModelError:
         """The error of a call whose provider asked for a wait past :attr:`RetryPolicy.hold_max`:
         not waited out in place, so the worker's thread is free and the lane says why."""
+        kept = min(wait, _LONGEST_RETRY_AFTER)
+        after = "after it" if kept == wait else f"in {kept:.0f}s, the longest it waits"
         error = self.error(
             failure.kind,
-            f"{failure.message}; the provider asked for {wait:g}s before the next try, longer "
-            f"than a call waits in place ({self.policy.hold_max:g}s): the turn retries after it",
+            f"{failure.message}; the provider asked for {wait:.0f}s before the next try, longer "
+            f"than a call waits in place ({self.policy.hold_max:g}s): the turn retries {after}",
         )
-        error.retry_after = min(wait, _LONGEST_RETRY_AFTER)
+        error.retry_after = kept
         return error
 
     def _try(self, url: str, content: bytes) -> tuple[httpx.Response | None, _Failure | None]:
