@@ -184,9 +184,10 @@ def test_dead_lanes_of_a_removed_persona_are_named_and_never_revived(
 def test_reviving_a_removed_persona_by_name_says_how_to_remove_its_dead_lane(
     invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
 ) -> None:
-    """`revive milo` after milo's directory was deleted: exit 2 saying the directory is gone,
-    naming the kept dead lane and `revive --forget-gone` (it said only "unknown persona",
-    while status pointed at --forget-gone); a name that never was stays "unknown"."""
+    """`revive milo` (or `status milo`) after milo's directory was deleted: exit 2 saying the
+    directory is gone, naming the kept dead lane and `revive --forget-gone` (it said only
+    "unknown persona", while status pointed at --forget-gone); a name that never was stays
+    "unknown"."""
     fleet = _milo_gone_nora_dead(env, fleet_root)
     result = invoke("revive", "milo")
     assert result.exit_code == 2, result.output
@@ -194,6 +195,9 @@ def test_reviving_a_removed_persona_by_name_says_how_to_remove_its_dead_lane(
     assert "dead-lettered lane(s) milo cannot run again" in result.stderr
     assert "`soulfleet revive --forget-gone`" in result.stderr
     assert fleet.lanes.status("milo")["state"] == "dead"
+    status = invoke("status", "milo")  # the runbook's step 2 on a dead lane: the same answer
+    assert status.exit_code == 2, status.output
+    assert "`soulfleet revive --forget-gone`" in status.stderr
     never = invoke("revive", "zed")
     assert never.exit_code == 2
     assert "forget-gone" not in never.stderr

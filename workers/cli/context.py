@@ -32,9 +32,9 @@ import redis
 
 from workers.cli.errors import BadInputError, CliError
 from workers.fleet import Fleet
-from workers.fleet.errors import RedisUnavailable, UnknownPersona, UnusablePersonaName
+from workers.fleet.errors import FleetError, RedisUnavailable, UnknownPersona, UnusablePersonaName
 from workers.fleet.keys import Keys
-from workers.fleet.registry import PersonaRegistry, valid_persona_name
+from workers.fleet.registry import DREAMER_SUFFIX, PersonaRegistry, valid_persona_name
 from workers.local.datadir import DataDir, UpState, default_data_dir
 from workers.persona.checkup import check_persona
 from workers.publisher import CeleryPublisher
@@ -190,7 +190,24 @@ class CliContext:
                 # No fleet was found to take the personas root from: say that too, since the
                 # usual cause is an `up` this command did not find (`up --data DIR`).
                 raise BadInputError(f"{unknown}. Also, {no_fleet_error(self.environ)}") from None
+            self._refuse_if_gone(arg)
             raise
+
+    def _refuse_if_gone(self, name: str) -> None:
+        """A persona whose directory was removed while its lane was dead-lettered: say what is
+        left of it and how to remove it (status and revive pointed at it under another name)."""
+        try:
+            gone = self.fleet().orphaned_dead()
+        except FleetError:
+            return
+        lanes = [lane for lane in gone if lane in (name, f"{name}{DREAMER_SUFFIX}")]
+        if lanes:
+            raise BadInputError(
+                f"persona {name!r} has no directory under {self.registry.root}; its "
+                f"dead-lettered lane(s) {', '.join(lanes)} cannot run again: restore the "
+                "directory and revive, or remove them with the items they kept: `soulfleet "
+                "revive --forget-gone`"
+            )
 
     def fleet_root(self) -> Path | None:
         """The personas root the fleet's workers serve, as far as anyone recorded it: beat's

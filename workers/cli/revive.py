@@ -24,8 +24,6 @@ import click
 from workers.cli.context import CliContext
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import cli_context, personas_option
-from workers.fleet.errors import FleetError, UnknownPersona
-from workers.fleet.registry import DREAMER_SUFFIX
 
 __all__ = ["revive"]
 
@@ -73,11 +71,7 @@ def revive(
         return
     if persona is None:
         raise BadInputError("name a PERSONA to revive, or pass --all or --reason TEXT")
-    try:
-        name = state.persona(persona)
-    except UnknownPersona:
-        _refuse_gone(state, persona)
-        raise
+    name = state.persona(persona)
     outcome = state.fleet().revive(name, dreamer=dreamer)
     queued = outcome.outcome == "queued"
     if as_json:
@@ -93,22 +87,6 @@ def revive(
         click.echo(f"soulfleet: error: lane {outcome.lane} is not dead-lettered", err=True)
     if not queued:
         ctx.exit(EXIT_FAILURE)
-
-
-def _refuse_gone(state: CliContext, persona: str) -> None:
-    """A persona whose directory is gone but whose dead lane is kept: say how to remove it."""
-    try:
-        gone = state.fleet().orphaned_dead()
-    except FleetError:
-        return
-    lanes = [lane for lane in gone if lane in (persona, f"{persona}{DREAMER_SUFFIX}")]
-    if lanes:
-        raise BadInputError(
-            f"persona {persona!r} has no directory under {state.registry.root}, so its "
-            f"dead-lettered lane(s) {', '.join(lanes)} cannot run again: restore the directory "
-            "and revive, or "
-            "remove them with the items they kept: `soulfleet revive --forget-gone`"
-        )
 
 
 def _revive_all(state: CliContext, reason: str | None, *, as_json: bool) -> None:
