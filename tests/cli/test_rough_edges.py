@@ -73,6 +73,8 @@ def test_a_run_with_a_short_timeout_still_hears_that_no_worker_consumes(
     result = run_soulfleet("run", "ava", "hello?", "--timeout", "3", env=env, timeout=90)
     assert result.returncode == 1, result.stderr
     assert "no worker is consuming" in result.stderr
+    # No beat under this prefix either: said at once, as `post` says it.
+    assert "no beat has ever swept under key prefix" in result.stderr
 
 
 @pytest.mark.integration

@@ -30,6 +30,7 @@ from pathlib import Path
 import click
 import redis
 
+from workers.cli.beat_health import beat_stale, beat_summary
 from workers.cli.errors import BadInputError, CliError
 from workers.fleet import Fleet
 from workers.fleet.errors import FleetError, RedisUnavailable, UnknownPersona, UnusablePersonaName
@@ -38,7 +39,7 @@ from workers.fleet.registry import DREAMER_SUFFIX, PersonaRegistry, valid_person
 from workers.local.datadir import DataDir, UpState, default_data_dir
 from workers.persona.checkup import check_persona
 from workers.publisher import CeleryPublisher
-from workers.settings import Settings
+from workers.settings import Settings, redact_url
 
 __all__ = [
     "NO_FLEET",
@@ -294,6 +295,27 @@ class CliContext:
         for warning in checkup.warnings:
             click.echo(f"soulfleet: warning: {warning}", err=True)
         return name
+
+    def warn_if_no_fleet(self) -> None:
+        """Say so on stderr when no beat sweeps under this shell's Redis and key prefix: what
+        was just queued waits in an inbox no fleet reads (another REDIS_URL or
+        SOULFLEET_KEY_PREFIX than the fleet's, or no fleet started) without a word."""
+        settings = self.settings
+        try:
+            beat = beat_summary(self.fleet())
+        except RedisUnavailable:
+            return
+        if beat is not None and not beat_stale(beat, settings.sweep_interval):
+            return
+        what = "no beat has ever swept" if beat is None else "beat has stopped sweeping"
+        click.echo(
+            f"soulfleet: {what} under key prefix {settings.key_prefix!r} on "
+            f"{redact_url(settings.redis_url)}: what is queued there waits until a fleet using "
+            "them runs. If one runs elsewhere, give this shell its REDIS_URL and "
+            "SOULFLEET_KEY_PREFIX (`soulfleet up` prints them for other shells); else start one "
+            "(`soulfleet up`)",
+            err=True,
+        )
 
     def close(self) -> None:
         if self._publisher is not None:

@@ -13,12 +13,8 @@ from pathlib import Path
 
 import click
 
-from workers.cli.context import CliContext
 from workers.cli.errors import BadInputError, one_line
 from workers.cli.group import cli_context, personas_option
-from workers.cli.status import beat_stale, beat_summary
-from workers.fleet.errors import RedisUnavailable
-from workers.settings import redact_url
 
 __all__ = ["post"]
 
@@ -61,7 +57,7 @@ def post(
         name, text, sender=sender, channel=channel, wake=wake, trusted=trusted
     )
     if as_json:
-        _hint_if_no_fleet(state)
+        state.warn_if_no_fleet()
         click.echo(json.dumps({
             "persona": name, "lane": outcome.lane, "item_id": outcome.item_id,
             "outcome": outcome.outcome, "turn_id": outcome.turn_id, "depth": outcome.depth,
@@ -86,25 +82,4 @@ def post(
     else:
         what = "waiting for the next turn" if wake else "not woken (--no-wake)"
     click.echo(f"posted to {name} (item {outcome.item_id}, inbox depth {outcome.depth}): {what}")
-    _hint_if_no_fleet(state)
-
-
-def _hint_if_no_fleet(state: CliContext) -> None:
-    """Say so when no beat sweeps under this shell's Redis and key prefix: the item was kept,
-    but in an inbox no fleet reads (another REDIS_URL or SOULFLEET_KEY_PREFIX than the fleet's,
-    or no fleet started), where it would wait without a word."""
-    settings = state.settings
-    try:
-        beat = beat_summary(state.fleet())
-    except RedisUnavailable:
-        return
-    if beat is not None and not beat_stale(beat, settings.sweep_interval):
-        return
-    what = "no beat has ever swept" if beat is None else "beat has stopped sweeping"
-    click.echo(
-        f"soulfleet: {what} under key prefix {settings.key_prefix!r} on "
-        f"{redact_url(settings.redis_url)}: the item is kept there until a fleet using them runs. "
-        "If one runs elsewhere, give this shell its REDIS_URL and SOULFLEET_KEY_PREFIX (`soulfleet "
-        "up` prints them for other shells); else start one (`soulfleet up`)",
-        err=True,
-    )
+    state.warn_if_no_fleet()

@@ -94,6 +94,7 @@ def run(
             )
         state.honour_personas("run")
         name = state.checked(persona)
+        state.warn_if_no_fleet()
         try:
             reply = state.fleet().run(
                 name,

@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 
+from workers.cli.beat_health import beat_stale, beat_summary
 from workers.cli.context import CliContext
 from workers.cli.errors import BadInputError
 from workers.cli.group import cli_context, personas_option
@@ -37,13 +38,11 @@ from workers.cli.health import (
 from workers.fleet import Fleet
 from workers.fleet.breaker import BreakerState
 from workers.fleet.registry import DREAMER_SUFFIX
-from workers.fleet.scripts import redis_errors
 from workers.persona.locks import shared_claims_under
 
 __all__ = [
     "STATES",
     "ago",
-    "beat_summary",
     "breaker_lines",
     "invalid_personas",
     "lock_claims",
@@ -71,19 +70,6 @@ def ago(when: object, now: float | None = None) -> str:
     if seconds < 172800:
         return f"{seconds / 3600:.0f}h ago"
     return f"{seconds / 86400:.0f}d ago"
-
-
-def beat_summary(fleet: Fleet) -> dict[str, Any] | None:
-    """beat's newest sweep summary (JSON it writes each sweep), or None if it never swept."""
-    with redis_errors(fleet.client):
-        raw = fleet.client.get(fleet.keys.last_sweep)
-    if not raw:
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def breaker_lines(states: Sequence[BreakerState], now: float | None = None) -> list[str]:
@@ -385,12 +371,6 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     _fixed_hint(fixed)
 
 
-#: Sweeps missed before ``status`` calls beat stopped (with a floor for slow sweeps of big
-#: fleets); the SoulfleetBeatNotSweeping alert says the same after 60 s.
-_STALE_SWEEPS = 10
-_STALE_FLOOR = 30.0
-
-
 def _beat_line(
     beat: Mapping[str, Any] | None, sweep_interval: float, *, redis_full: bool = False
 ) -> str:
@@ -407,13 +387,6 @@ def _beat_line(
                 "heartbeat, dream or retry is queued meanwhile: check the beat process and its log"
             )
     return line
-
-
-def beat_stale(beat: Mapping[str, Any], sweep_interval: float) -> bool:
-    """Whether beat's newest sweep is older than a running beat ever leaves it."""
-    at = beat.get("at") or beat.get("time")
-    stale = max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval)
-    return isinstance(at, (int, float)) and at > 0 and time.time() - float(at) > stale
 
 
 def _fixed_hint(fixed: Sequence[tuple[str, str]]) -> None:

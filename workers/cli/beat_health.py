@@ -1,0 +1,42 @@
+"""Whether beat is sweeping: its newest sweep summary, and when that is too old to trust.
+
+``status`` shows it on its beat line; ``post`` and ``run`` say so when no beat sweeps under
+the shell's Redis and key prefix (an item posted there waits for a fleet that is not coming).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from workers.fleet import Fleet
+from workers.fleet.scripts import redis_errors
+
+__all__ = ["beat_stale", "beat_summary"]
+
+#: Sweeps missed before beat is called stopped (with a floor for slow sweeps of big fleets);
+#: the SoulfleetBeatNotSweeping alert says the same after 60 s.
+_STALE_SWEEPS = 10
+_STALE_FLOOR = 30.0
+
+
+def beat_summary(fleet: Fleet) -> dict[str, Any] | None:
+    """beat's newest sweep summary (JSON it writes each sweep), or None if it never swept."""
+    with redis_errors(fleet.client):
+        raw = fleet.client.get(fleet.keys.last_sweep)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def beat_stale(beat: Mapping[str, Any], sweep_interval: float) -> bool:
+    """Whether beat's newest sweep is older than a running beat ever leaves it."""
+    at = beat.get("at") or beat.get("time")
+    stale = max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval)
+    return isinstance(at, (int, float)) and at > 0 and time.time() - float(at) > stale
