@@ -69,7 +69,8 @@ def test_a_run_with_a_short_timeout_still_hears_that_no_worker_consumes(
     env: Mapping[str, str | None],
 ) -> None:
     """--timeout 3, shorter than the usual wait before asking: the question is asked at half
-    the timeout, so the run that gives up says why, not only "no answer within 3s"."""
+    the timeout, so the run that gives up says why, not only "no answer within 3s"; with no
+    beat under its key prefix it says that too, at once."""
     result = run_soulfleet("run", "ava", "hello?", "--timeout", "3", env=env, timeout=90)
     assert result.returncode == 1, result.stderr
     assert "no worker is consuming" in result.stderr
