@@ -82,9 +82,11 @@ def _celeryd_init(conf: Any = None, options: Any = None, **_: Any) -> None:
         settings.queue_prefix, options.get("queues")
     )
     if refused is not None:
-        # Celery logs and swallows an Exception raised by a signal handler; SystemExit stops it.
+        # Celery logs and swallows an Exception raised by a signal handler; SystemExit stops it
+        # (EX_CONFIG, as for an evicting Redis: the setup is wrong, not the program).
         _log.error("worker.refused", pool=pool, concurrency=concurrency, reason=refused)
-        raise SystemExit(f"soulfleet worker refused to start: {refused}")
+        sys.stderr.write(f"soulfleet worker refused to start: {refused}\n")
+        raise SystemExit(_EX_CONFIG)
     threads = effective_concurrency(pool, concurrency)
     if threads != settings.worker_concurrency or pool != settings.worker_pool:
         # The worker's own Redis clients are sized from the runtime's settings (one connection

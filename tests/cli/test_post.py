@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
 from tests.cli.conftest import Invoke
 from tests.support.cli import PASSWORD, closed_port_url, lanes_for
+from tests.support.tmpfs import fill, tmpfs
 from workers.persona.inbox import InboxItem
+from workers.persona.storage import MIN_FREE_BYTES, STORAGE_MARK
 
 
 def test_post_no_wake_keeps_the_item_with_its_provenance(
@@ -169,3 +172,17 @@ def test_a_post_where_no_beat_sweeps_says_the_item_waits_for_a_fleet(
     assert result.exit_code == 0, result.output
     assert "beat has stopped sweeping under key prefix" in result.stderr
     assert json.loads(result.stdout)["outcome"] == "pending"
+
+
+def test_a_post_to_a_persona_on_a_full_disk_is_accepted_with_a_warning(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """The persona's home has under a MiB free: the item is accepted (its turn waits the disk
+    out) and stderr says why it will not run yet, naming the directory."""
+    with tmpfs(fleet_root / "full", "2m") as home:
+        (home / "SOUL.md").write_text("You are Full.\n")
+        fill(home, leave=MIN_FREE_BYTES // 2)
+        result = invoke("post", "full", "hello")
+        assert result.exit_code == 0, result.output
+        assert "posted to full" in result.stdout
+        assert f"warning: {STORAGE_MARK} at {home}" in result.stderr

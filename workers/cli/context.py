@@ -37,7 +37,9 @@ from workers.fleet.errors import FleetError, RedisUnavailable, UnknownPersona, U
 from workers.fleet.keys import Keys
 from workers.fleet.registry import DREAMER_SUFFIX, PersonaRegistry, valid_persona_name
 from workers.local.datadir import DataDir, UpState, default_data_dir
+from workers.persona import storage
 from workers.persona.checkup import check_persona
+from workers.persona.errors import StorageUnavailable
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings, redact_url
 
@@ -294,6 +296,10 @@ class CliContext:
         )
         for warning in checkup.warnings:
             click.echo(f"soulfleet: warning: {warning}", err=True)
+        try:
+            storage.check(self.registry.home(name))
+        except StorageUnavailable as exc:  # accepted all the same: the lane waits it out
+            click.echo(f"soulfleet: warning: {exc}", err=True)
         return name
 
     def warn_if_no_fleet(self) -> None:
