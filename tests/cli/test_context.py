@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
+from tests.cli.conftest import Invoke
+from tests.support.cli import closed_port_url
 from workers.cli.context import fleet_environ, persona_dir
 from workers.fleet.errors import UnknownPersona
 from workers.local.datadir import DataDir, UpState
@@ -80,3 +84,19 @@ def test_persona_dir_prefers_the_root_for_bare_names(
     assert persona_dir("solo", root) == Path("solo")
     with pytest.raises(UnknownPersona):
         persona_dir("ghost", root)
+
+
+def test_a_command_whose_adopted_up_stopped_answering_says_so(
+    invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """No REDIS_URL, a live up.json whose Redis no longer answers (here a closed port): the
+    error names that `up` and says to start it again, not to check a REDIS_URL never set."""
+    state = _state(tmp_path, os.getpid())
+    closed = closed_port_url()
+    environ = _write(tmp_path, dataclasses.replace(state, redis_url=closed))
+    shell = {k: v for k, v in env.items() if k not in ("REDIS_URL", "SOULFLEET_KEY_PREFIX")}
+    result = invoke("status", environ={**shell, **environ, "REDIS_URL": None})
+    assert result.exit_code == 1, result.output
+    assert "the `soulfleet up` this command found" in result.stderr
+    assert "no longer answers" in result.stderr
+    assert "REDIS_URL" not in result.stderr

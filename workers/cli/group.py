@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import redis
 import structlog
 
 from workers.cli.context import CliContext
-from workers.cli.errors import BadInputError, translate
+from workers.cli.errors import BadInputError, CliError, translate
+from workers.fleet.errors import RedisFull, RedisUnavailable
+from workers.settings import redact_url
 
 __all__ = [
     "SoulfleetGroup",
@@ -75,7 +78,22 @@ class SoulfleetGroup(click.Group):
             error = translate(exc, redis_url=state.redis_url if state else None)
             if error is None:
                 raise
+            if state is not None and state.adopted is not None and _unreachable(exc):
+                # This shell's REDIS_URL is not set: the Redis was the running `up`'s.
+                up = state.adopted
+                error = CliError(
+                    f"the `soulfleet up` this command found (data {up.data}, pid {up.pid}) no "
+                    f"longer answers at {redact_url(up.redis_url)}: it has stopped; start it "
+                    "again (`soulfleet up`)"
+                )
             raise error from exc
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Redis did not answer at all (not: answered full)."""
+    if isinstance(exc, RedisUnavailable):
+        return not isinstance(exc, RedisFull)
+    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
 
 
 def _not_utf8(arg: str) -> str | None:
