@@ -20,6 +20,7 @@ from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.persona.clock import VirtualClock
 from workers.persona.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from workers.persona.session_files import SESSIONS_DIR
+from workers.turn.executor import TurnExecutor
 
 
 @dataclass
@@ -157,3 +158,29 @@ def test_idle_and_daily_reset_on_the_fleet_clock(rig: Rig, clock: VirtualClock) 
     assert rig.fleet.session("ava")["ends"] == "daily"
     rig.ask("ava", "five")
     assert rig.fleet.session("ava")["turns"] == 1
+
+
+def test_a_late_cleanup_spares_the_state_the_next_turn_committed_meanwhile(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Turn 1 commits and queues nothing, but its housekeeping runs late (a GC pause, a slow
+    publish): meanwhile the lane's next turn runs elsewhere and commits its own state. The late
+    cleanup must not delete that newer state (it deleted every fleet state but its own two:
+    the pointer named a missing file and the conversation was lost)."""
+    rig.persona("ava")
+    original = TurnExecutor._collect
+    late: list[bool] = []
+
+    def collect_late(self: TurnExecutor, *args: Any) -> None:
+        if not late:
+            late.append(True)
+            rig.ask("ava", "what is my name?")  # the next turn, run meanwhile
+        original(self, *args)
+
+    monkeypatch.setattr(TurnExecutor, "_collect", collect_late)
+    rig.ask("ava", "my name is Bob")
+    monkeypatch.setattr(TurnExecutor, "_collect", original)
+    assert rig.fleet.session("ava")["turns"] == 2
+    rig.ask("ava", "and again?")
+    sent = rig.provider.bodies[-1]["messages"]
+    assert any("my name is Bob" in str(message.get("content")) for message in sent), sent

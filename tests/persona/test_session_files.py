@@ -6,14 +6,17 @@ import os
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from structlog.testing import capture_logs
 
+from tests.support.rig import write_persona
 from workers.persona.errors import PersonaFileError, PersonaNotFound
 from workers.persona.messages import Message
+from workers.persona.runner import run
 from workers.persona.session import SessionState
-from workers.persona.session_files import RETIRE_LIST_EVERY, SessionFiles
+from workers.persona.session_files import RETIRE_LIST_EVERY, SessionFiles, current_session
 
 
 def _state(text: str) -> SessionState:
@@ -111,7 +114,9 @@ def test_retire_at_the_lanes_first_fences_lists(tmp_path: Path) -> None:
     files = _files(tmp_path, "s0.f7.json", "s0.f8.json", "s1.f1.json", "s1.l1a2b.json")
     assert files.retire("s1.f1.json", None) == 2
     assert _names(tmp_path) == {"s1.f1.json", "s1.l1a2b.json"}
-    _files(tmp_path, "s1.f2.json", "s9.f5.json")
+    stray = _files(tmp_path, "s9.f5.json")  # from the lane's earlier life: written before
+    os.utime(stray.directory / "s9.f5.json", (1.0, 1.0))
+    _files(tmp_path, "s1.f2.json")
     assert files.retire("s1.f2.json", "s1.f1.json") == 1
     assert _names(tmp_path) == {"s1.f1.json", "s1.f2.json", "s1.l1a2b.json"}
 
@@ -137,3 +142,27 @@ def test_a_home_renamed_mid_turn_is_not_brought_back(tmp_path: Path) -> None:
     with pytest.raises(PersonaNotFound):
         files.write(_state("hello"), "f1")
     assert not home.exists()
+
+
+def test_a_library_cleanup_spares_a_state_another_process_committed_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The library twin: process A commits, process B (A's state as its base) writes and
+    commits its own before A's cleanup runs; A's cleanup spares B's newer state, so CURRENT
+    names a file that exists and the session holds both turns."""
+    home = write_persona(tmp_path, "ava", "scripted:builtin", soul="You are ava.")
+    original = SessionFiles.collect
+    late: list[bool] = []
+
+    def collect_late(self: SessionFiles, keep: set[str], **kwargs: Any) -> int:
+        if not late:
+            late.append(True)
+            run(home, "process B's turn", session=True)
+        return original(self, keep, **kwargs)
+
+    monkeypatch.setattr(SessionFiles, "collect", collect_late)
+    run(home, "process A's turn: my name is Bob", session=True)
+    monkeypatch.setattr(SessionFiles, "collect", original)
+    state = current_session(home, "ava")
+    assert state is not None
+    assert state.turns == 2

@@ -170,7 +170,7 @@ def _commit(
     files = pointer.files
     name = files.write(state, library_tag())
     if pointer.commit(plan.pointer, name):
-        files.collect({name, plan.pointer.state or ""}, tag_prefix="l")
+        files.collect({name, plan.pointer.state or ""}, tag_prefix="l", committed=name)
     else:
         # Another process committed or reset meanwhile: its state wins, ours is dropped.
         _log.warning("session.commit_conflict", lane=plan.lane, session=plan.session_id)

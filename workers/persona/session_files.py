@@ -164,22 +164,33 @@ class SessionFiles:
             with contextlib.suppress(FileNotFoundError, NotADirectoryError, PersonaFileError):
                 os.unlink(confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{guess}"))
                 return 1
-        return self.collect({current, previous or ""}, tag_prefix="f")
+        return self.collect({current, previous or ""}, tag_prefix="f", committed=current)
 
-    def collect(self, keep: set[str], *, tag_prefix: str) -> int:
+    def collect(self, keep: set[str], *, tag_prefix: str, committed: str = "") -> int:
         """Delete this runtime's (``tag_prefix``: "f" fleet, "l" library) state files except
-        ``keep``; returns how many went. Never touches the other runtime's files."""
+        ``keep``; returns how many went. Never touches the other runtime's files.
+
+        ``committed``: the state this caller just made current. A file written since is
+        spared: the next turn (already running elsewhere once the commit queued it) or another
+        process may have written and even committed it while this cleanup ran late. A fleet
+        state of a fence up to the committed one is never that, whenever it was written."""
         removed = 0
         try:
             directory = self.directory
             entries = list(os.scandir(directory))
+            newest = os.stat(os.path.join(directory, committed)).st_mtime_ns if committed else None
         except (FileNotFoundError, NotADirectoryError, PersonaFileError):
             return 0
+        ceiling = _fleet_fence(committed) if committed else None
         for entry in entries:
             match = _STATE.fullmatch(entry.name)
             if match is None or entry.name in keep or not match.group(2).startswith(tag_prefix):
                 continue
             with contextlib.suppress(FileNotFoundError):
+                fence = _fleet_fence(entry.name)
+                older_fence = ceiling is not None and fence is not None and fence <= ceiling
+                if newest is not None and not older_fence and entry.stat().st_mtime_ns >= newest:
+                    continue
                 os.unlink(entry.path)
                 removed += 1
         return removed
