@@ -184,3 +184,25 @@ def test_a_late_cleanup_spares_the_state_the_next_turn_committed_meanwhile(
     rig.ask("ava", "and again?")
     sent = rig.provider.bodies[-1]["messages"]
     assert any("my name is Bob" in str(message.get("content")) for message in sent), sent
+
+
+def test_a_turn_running_across_the_daily_reset_still_lets_the_next_one_reset(
+    rig: Rig, clock: VirtualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """daily_reset 04:00: a turn that starts at 03:59:50 and commits at 04:00:10 (a 20 s model
+    call) stamps its start as the session's last turn, so the next turn, at 04:01, starts the
+    day's new session (stamped at its commit, that day's reset was skipped)."""
+    rig.persona("ava", '[session]\nidle_reset = "12h"\ndaily_reset = "04:00"\n')
+    rig.ask("ava", "one")  # 1_700_000_000 is 22:13:20 UTC
+    clock.advance(20800 - 10)  # 03:59:50 UTC
+    slow = rig.provider.respond
+
+    def twenty_seconds(body: Any) -> Reply:
+        clock.advance(20)
+        return cached_answer(body)
+
+    monkeypatch.setattr(rig.provider, "respond", twenty_seconds)
+    rig.ask("ava", "two")  # started before 04:00, committed after
+    monkeypatch.setattr(rig.provider, "respond", slow)
+    clock.advance(50)  # 04:01:00
+    assert rig.fleet.session("ava")["ends"] == "daily"

@@ -146,7 +146,7 @@ def run_agent(
         )
     )
     if pointer is not None and result.status != "error":
-        _commit(plan, pointer, result, now=used_clock.time(), beat=beat)
+        _commit(plan, pointer, result, beat=beat)
     _log.debug(
         "turn.end",
         lane=agent.name,
@@ -161,10 +161,8 @@ def run_agent(
     return result
 
 
-def _commit(
-    plan: SessionPlan, pointer: FilePointer, result: RunResult, *, now: float, beat: bool
-) -> None:
-    state = plan.conclude(result.messages, now=now, silent_beat=beat and is_silent(result.text))
+def _commit(plan: SessionPlan, pointer: FilePointer, result: RunResult, *, beat: bool) -> None:
+    state = plan.conclude(result.messages, silent_beat=beat and is_silent(result.text))
     if state is None:
         return
     files = pointer.files

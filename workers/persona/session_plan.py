@@ -78,6 +78,10 @@ class SessionPlan:
     reason: str  # continued | first | idle | daily | reset | missing | soul_over_budget | ephemeral
     compaction: Compaction | None = None
     persist: bool = True
+    #: When the turn was planned (its start, on the turn's clock): what it stamps as the
+    #: session's last turn, so a turn running across ``daily_reset`` still lets the next one
+    #: reset (stamped at its commit, it skipped that day's reset).
+    planned_at: float = 0.0
 
     @property
     def compacted(self) -> bool:
@@ -94,10 +98,9 @@ class SessionPlan:
             model_calls=result.model_calls + 1,
         )
 
-    def conclude(
-        self, messages: Sequence[Message], *, now: float, silent_beat: bool
-    ) -> SessionState | None:
+    def conclude(self, messages: Sequence[Message], *, silent_beat: bool) -> SessionState | None:
         """The state to commit after a turn that did not fail, or None: commit nothing."""
+        now = self.planned_at
         if not self.persist:
             return None
         if silent_beat and self.base is not None:
@@ -125,6 +128,7 @@ def ephemeral_plan(lane: str, compose: Compose, *, now: float) -> SessionPlan:
     """A one-off session: fresh soul, no history, never stored (one-shot runs, dream passes)."""
     soul, found = compose()
     return SessionPlan(
+        planned_at=now,
         lane=lane,
         session_id=new_session_id(),
         soul=soul,
@@ -178,6 +182,7 @@ def plan_turn(
             session_id = new_session_id()
         _log.info("session.new", lane=lane, session=session_id, reason=reason)
         return SessionPlan(
+            planned_at=now,
             lane=lane,
             session_id=session_id,
             soul=soul,
@@ -199,6 +204,7 @@ def plan_turn(
         dialect=dialect_of(model),
     )
     return SessionPlan(
+        planned_at=now,
         lane=lane,
         session_id=base.id,
         soul=base.soul,

@@ -378,9 +378,7 @@ class TurnExecutor:
                 guard()
                 self.kit.log_dream(agent, turn_id, result.text)
             silent_beat = started.ticks > 0 and not started.items and silent
-            state = plan.conclude(
-                result.messages, now=self.fleet.clock.time(), silent_beat=silent_beat
-            )
+            state = plan.conclude(result.messages, silent_beat=silent_beat)
             if state is not None:
                 guard()
                 # Named by the fence: no other turn ever writes this file (module doc).
