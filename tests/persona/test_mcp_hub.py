@@ -288,3 +288,28 @@ def test_a_call_after_a_crash_waits_for_the_restart_within_its_timeout(hub: McpH
     answered = hub.call(server, "echo", {"text": "back"}, timeout=30)
     assert not answered.is_error, answered.output
     assert "back" in answered.output
+
+
+WEDGED = Path(__file__).resolve().parents[1] / "support" / "mcp_wedged_server.py"
+
+
+def test_a_restart_of_a_wedged_server_leaves_one_server_running() -> None:
+    """A wedged server (a tool that blocks its loop, SIGTERM ignored) is restarted; while the
+    old runner still tears it down (the grace, then KILL) the next call starts its successor.
+    The old runner's teardown leaves the successor's session alone (it cleared it: the next
+    call started a third server and the second was orphaned for the worker's life)."""
+    tag = new_tag()
+    server = McpServer("stdio", command=sys.executable, args=(str(WEDGED), "--tag", tag))
+    hub = McpHub(start_timeout=60)
+    try:
+        assert not hub.call(server, "whoami", {}, timeout=60).is_error
+        assert hub.call(server, "wedge", {"seconds": 60}, timeout=1).failure == "timeout"
+        time.sleep(1.5)  # its ping fails: the session is dropped, the old runner tears down
+        assert not hub.call(server, "whoami", {}, timeout=60).is_error  # the successor
+        time.sleep(6)  # the old runner's teardown ends (2 s grace, TERM ignored, KILL)
+        assert not hub.call(server, "whoami", {}, timeout=60).is_error
+        time.sleep(1)
+        assert (len(tagged_pids(tag)), hub.starts(server)) == (1, 2)
+    finally:
+        hub.close()
+    wait_gone(tag)

@@ -150,6 +150,7 @@ class McpConnection:
     ) -> None:
         """Open, serve until stopped or the stream ends, close. The only task that closes."""
         ended = asyncio.Event()
+        mine: ClientSession | None = None
         try:
             async with AsyncExitStack() as stack:
                 try:
@@ -157,6 +158,7 @@ class McpConnection:
                         session = await self._open(stack, ended)
                 except TimeoutError:
                     raise McpUnavailable(f"did not start within {budget:g}s") from None
+                mine = session
                 self._session, self.starts, self._starting = session, self.starts + 1, None
                 self._failed_starts = 0
                 ready.set_result(session)
@@ -167,7 +169,7 @@ class McpConnection:
                 finally:
                     for waiter in waiters:
                         waiter.cancel()
-                self._session = None
+                self._forget(mine)
                 if ended.is_set() and not stop.is_set():
                     self._died("the server closed the connection")
         except (Exception, asyncio.CancelledError) as exc:
@@ -181,11 +183,17 @@ class McpConnection:
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
-            self._session = None
+            self._forget(mine)
             if self._starting is ready:
                 self._starting = None
             if not ready.done():
                 ready.set_exception(McpUnavailable("stopped while starting"))
+
+    def _forget(self, session: ClientSession | None) -> None:
+        # Only this runner's own session: after a restart a successor may be serving already
+        # (this one still tearing its server down), and clearing its session orphaned it.
+        if session is not None and self._session is session:
+            self._session = None
 
     def _died(self, problem: str) -> None:
         self._failures += 1
