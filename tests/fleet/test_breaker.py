@@ -63,7 +63,7 @@ def test_while_open_one_probe_per_interval_and_a_success_closes_it(
     assert breaker.allow("openai") == "open"
     clock.advance(10)
     assert [breaker.allow("openai") for _ in range(3)] == ["probe", "open", "open"]
-    assert breaker.record("openai", ok=False, error="refused") == "open"
+    assert breaker.record("openai", ok=False, error="refused", probe=True) == "open"
     assert breaker.allow("openai") == "open"
     clock.advance(10)
     assert breaker.allow("openai") == "probe"
@@ -196,4 +196,27 @@ def test_look_is_read_only_and_a_failed_probe_always_reports(
         probe.complete(system="", messages=(), tools=())
     assert breaker.look("openai") == "paused"
     clock.advance(10)
+    assert breaker.allow("openai") == "probe"
+
+
+def test_a_straggler_failing_while_the_probe_runs_does_not_let_a_second_probe_go(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """Open, the probe handed out and still running (its ttl far longer than the interval): a
+    call that started before the breaker opened fails now. That failure is not the probe's:
+    the probe slot stays taken and no second probe goes an interval later; the probe's own
+    failure then frees it for the next one."""
+    clock = VirtualClock(start=1_700_000_000.0)
+    breaker = make_breaker(redis_client, key_prefix, clock=clock)
+    for _ in range(4):
+        breaker.record("openai", ok=False, error="500")
+    assert breaker.allow("openai") == "open"
+    clock.advance(10)
+    assert breaker.allow("openai") == "probe"
+    clock.advance(1)
+    breaker.record("openai", ok=False, error="500 (a straggler)")
+    clock.advance(11)
+    assert breaker.allow("openai") == "open"
+    breaker.record("openai", ok=False, error="500 (the probe)", probe=True)
+    clock.advance(11)
     assert breaker.allow("openai") == "probe"

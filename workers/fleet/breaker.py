@@ -121,18 +121,22 @@ class Breaker:
             _log.info("breaker.probe", provider=provider)
         return "probe" if verdict == "probe" else "open" if verdict == "open" else "closed"
 
-    def record(self, provider: str, *, ok: bool, error: str = "") -> str:
-        """Count one finished call; returns what the breaker did (``opened``, ``closed_now``,
-        ``open`` or ``closed``) and logs the transitions."""
-        reply = run_scripts(self.client, [self.record_call(provider, ok=ok, error=error)])[0]
+    def record(self, provider: str, *, ok: bool, error: str = "", probe: bool = False) -> str:
+        """Count one finished call (``probe``: it was the breaker's probe); returns what the
+        breaker did (``opened``, ``closed_now``, ``open`` or ``closed``) and logs the
+        transitions."""
+        call = self.record_call(provider, ok=ok, error=error, probe=probe)
+        reply = run_scripts(self.client, [call])[0]
         return self.recorded(provider, reply, error=error)
 
-    def record_call(self, provider: str, *, ok: bool, error: str = "") -> ScriptCall:
+    def record_call(
+        self, provider: str, *, ok: bool, error: str = "", probe: bool = False
+    ) -> ScriptCall:
         """:meth:`record` prepared, not sent; pass its reply to :meth:`recorded`."""
         args: list[str | int] = [
             provider, self._now_ms(), "ok" if ok else "fail", int(self.window * 1000),
             self.min_calls, repr(self.failure_ratio), int(self.probe_interval * 1000),
-            error[:500],
+            error[:500], "probe" if probe else "",
         ]  # fmt: skip
         keys = [self.keys.breaker(provider), self.keys.breakers]
         return ScriptCall(self.scripts.breaker_record, keys, args)
@@ -156,7 +160,7 @@ class Breaker:
         probe (whatever failed it: a probe must always report, or the next one waits for the
         probe ttl)."""
         if probe or counts_against_provider(exc):
-            self.record(provider, ok=False, error=f"{type(exc).__name__}: {exc}")
+            self.record(provider, ok=False, error=f"{type(exc).__name__}: {exc}", probe=probe)
 
     def look(self, provider: str) -> Literal["closed", "paused", "probe_due"]:
         """Read-only, one round trip: ``closed`` (``allow`` would say "closed" now, with no

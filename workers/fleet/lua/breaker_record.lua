@@ -3,12 +3,15 @@
 -- KEYS  [1] breaker:<provider>  [2] breakers (set of providers with a breaker record)
 -- ARGV  [1] provider  [2] now (ms)  [3] "ok" | "fail"  [4] window (ms)  [5] min calls
 --       [6] failure ratio (0..1]  [7] probe interval (ms)  [8] error text (fail only)
+--       [9] "probe" when the call was the breaker's probe (else "")
 -- Reply "opened" | "closed_now" (a call succeeded while open: the provider is back)
 --     | "open" | "closed"
 -- The window is a sliding-window counter: this window's counts plus the previous window's,
 -- weighted by how much of it still overlaps (two numbers, no per-call state). The breaker
 -- opens when a failure lands while at least min_calls calls in the window failed at least
--- ratio of the time; while open, each failed probe pushes the next probe one interval on.
+-- ratio of the time; while open, each failed probe pushes the next probe one interval on and
+-- frees the probe slot; a failure of another call (one that started before the breaker
+-- opened) leaves both alone, so no second probe goes while the first is still running.
 local key = KEYS[1]
 local now, ok, window = tonumber(ARGV[2]), ARGV[3] == 'ok', tonumber(ARGV[4])
 redis.call('SADD', KEYS[2], ARGV[1])
@@ -41,8 +44,12 @@ if f[1] == 'open' then
     redis.call('HDEL', key, 'probe_until', 'probe_at')
     return 'closed_now'
   end
-  redis.call('HSET', key, 'probe_at', now + tonumber(ARGV[7]), 'probe_until', 0,
-             'last_error', ARGV[8])
+  if ARGV[9] == 'probe' then
+    redis.call('HSET', key, 'probe_at', now + tonumber(ARGV[7]), 'probe_until', 0,
+               'last_error', ARGV[8])
+  else
+    redis.call('HSET', key, 'last_error', ARGV[8])
+  end
   return 'open'
 end
 if ok then
