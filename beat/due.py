@@ -44,7 +44,12 @@ def next_due_ms(specs: Sequence[ScheduleSpec], now: float) -> list[int | str]:
                 slot = floor((now - phase) / every) + 1
                 due = phase + slot * every
                 if spec.jitter > 0:
-                    due += jitter_fraction(spec._jitter_seed, slot) * spec.jitter * every
+                    current = phase + (slot - 1) * every
+                    current += jitter_fraction(spec._jitter_seed, slot - 1) * spec.jitter * every
+                    if current > now:
+                        due = current
+                    else:
+                        due += jitter_fraction(spec._jitter_seed, slot) * spec.jitter * every
             else:
                 due = _cron_due(spec, now, fires)
             out.append(ceil(due * 1000.0))

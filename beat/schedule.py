@@ -139,6 +139,12 @@ class ScheduleSpec:
         slot = math.floor((now - phase) / every) + 1
         due = phase + slot * every
         if self.jitter > 0:
+            # The slot begun before now is still ahead while its jitter runs: an edit that
+            # re-scores the entry then must keep that tick, not skip to the slot after.
+            current = phase + (slot - 1) * every
+            current += jitter_fraction(self._jitter_seed, slot - 1) * self.jitter * every
+            if current > now:
+                return current
             due += jitter_fraction(self._jitter_seed, slot) * self.jitter * every
         return due
 

@@ -83,7 +83,7 @@ def test_jitter_varies_each_slot_within_its_bound() -> None:
     now = NOW
     for _ in range(200):
         slot = plain.next_due(now)
-        due = jittered.next_due(now)
+        due = jittered.next_due(slot - 0.001)  # just before the slot: its jittered due is next
         shifts.append(due - slot)
         now = slot
     assert all(0.0 <= shift < 10.0 for shift in shifts)
@@ -159,3 +159,16 @@ def test_scores_round_up_to_the_millisecond() -> None:
     """A due time strictly after now stays strictly after now's millisecond."""
     assert to_ms(1.0000001) == 1001
     assert to_ms(2.0) == 2000
+
+
+def test_between_a_slot_and_its_jittered_due_that_due_is_next() -> None:
+    """next_due is the first due instant strictly after now: after a slot's base but before
+    its jittered due, that due (it skipped to the slot after, so a persona.toml edit in that
+    window, re-scored from now, dropped a heartbeat already scheduled minutes ahead)."""
+    plain = heartbeat("ava", 3600.0)
+    jittered = heartbeat("ava", 3600.0, jitter=0.1)
+    base = plain.next_due(NOW)
+    due = jittered.next_due(base - 0.001)
+    assert base < due < base + 360
+    assert jittered.next_due(base + (due - base) / 2) == due
+    assert jittered.next_due(due) == jittered.next_due(base + 3600 - 0.001) > base + 3600
