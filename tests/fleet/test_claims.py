@@ -4,6 +4,8 @@ broker is never touched."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 
@@ -192,3 +194,30 @@ def test_a_retry_queued_at_once_is_claimed_for_its_publisher_like_a_follow_up(
     assert failed.retry_turn_id is not None
     assert lanes.unclaim("bob", failed.retry_turn_id, "w1")
     assert redis_client.zrange(lanes.keys.claimed, 0, -1) == []
+
+
+def test_a_stale_claim_handle_keeps_no_other_turns_claim_alive(
+    lanes: Lanes, redis_client: redis.Redis, key_prefix: str, clock: VirtualClock
+) -> None:
+    """Prefork: the main process claims T1 on receipt, the child starts and finishes it (its
+    claim gone, the main process's handle still registered); T2 is then received by worker w2,
+    which dies. The stale T1 handle's renewals do not extend w2's claim (a blind PEXPIRE kept
+    it alive on every pass, so recovery never re-published T2 and the lane waited 600 s)."""
+    recovery = Recovery(lanes, make_breaker(redis_client, key_prefix, clock=clock), claim_ttl=0.5)
+    t1 = _queued(lanes, "ava")
+    assert lanes.receive("ava", t1, "main", ttl=0.5)
+    renewer = Renewer(lanes, interval=100)  # passes run by hand below
+    handle = ClaimHandle(lanes, "ava", t1, 0.5)
+    renewer.register(handle)
+    started = lanes.start("ava", t1, "child")  # deletes the claim
+    lanes.finish("ava", started.fence, status="done", text="done")
+    t2 = lanes.post("ava", item("two"), wake=True).turn_id
+    assert t2 is not None
+    assert lanes.receive("ava", t2, "w2", ttl=0.5)  # w2 then dies
+    renewer.renew_now()
+    assert handle.lost.is_set()  # T1's claim is gone: its handle stops
+    renewer.stop()
+    time.sleep(0.6)  # w2's claim (0.5 s) lapses unrenewed
+    clock.advance(2)
+    assert redis_client.get(lanes.keys.claim("ava")) is None
+    assert [repair.turn_id for repair in recovery.reap_claims()] == [t2]

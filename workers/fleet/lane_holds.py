@@ -33,15 +33,20 @@ class LaneHolds(LaneStore):
         with redis_errors(self.client):
             return bool(self.scripts.unclaim(keys=keys, args=[lane, f"{worker}|{turn_id}"]))
 
-    def renew_claims(self, lanes: Sequence[str], *, ttl: float) -> list[bool]:
-        """Extend the receive claims of ``lanes`` (one round trip); False = already gone."""
-        if not lanes:
+    def renew_claims(self, claims: Sequence[tuple[str, str]], *, ttl: float) -> list[bool]:
+        """Extend the receive claims ``(lane, turn id)`` while each is still that turn's
+        (``renew_claim.lua``, one round trip); False = gone, or another turn's claim now."""
+        if not claims:
             return []
-        with redis_errors(self.client):
-            pipe = self.client.pipeline(transaction=False)
-            for lane in lanes:
-                pipe.pexpire(self.keys.claim(lane), self._ms(ttl))
-            return [bool(ok) for ok in pipe.execute()]
+        ms = self._ms(ttl)
+        replies = run_scripts(
+            self.client,
+            [
+                ScriptCall(self.scripts.renew_claim, [self.keys.claim(lane)], [turn_id, ms])
+                for lane, turn_id in claims
+            ],
+        )
+        return [bool(ok) for ok in replies]
 
     def renew(self, lane: str, fence: int) -> bool:
         """Extend the lease if ``fence`` is still current; False means the lease is lost."""

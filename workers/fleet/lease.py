@@ -161,7 +161,8 @@ class ClaimHandle(Held):
 
     @classmethod
     def renew_group(cls, handles: Sequence[ClaimHandle]) -> list[bool]:
-        return handles[0].lanes.renew_claims([h.lane for h in handles], ttl=handles[0].ttl)
+        claims = [(h.lane, h.turn_id) for h in handles]
+        return handles[0].lanes.renew_claims(claims, ttl=handles[0].ttl)
 
     def check(self) -> None:
         """A claim guards no write."""

@@ -53,6 +53,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "unsent",
     "receive",
     "unclaim",
+    "renew_claim",
     "release",
     "defer",
     "breaker_allow",
@@ -93,6 +94,7 @@ class Scripts:
     unsent: Script
     receive: Script
     unclaim: Script
+    renew_claim: Script
     release: Script
     defer: Script
     breaker_allow: Script
