@@ -206,3 +206,38 @@ def test_a_turn_running_across_the_daily_reset_still_lets_the_next_one_reset(
     monkeypatch.setattr(rig.provider, "respond", slow)
     clock.advance(50)  # 04:01:00
     assert rig.fleet.session("ava")["ends"] == "daily"
+
+
+def _silent_beats(body: Any) -> Reply:
+    if body["messages"][0]["content"] == SUMMARY_INSTRUCTIONS:
+        return Reply(body=openai_completion("Sam wrote long lines.", prompt_tokens=50))
+    last = body["messages"][-1]
+    if last["role"] == "user" and "Heartbeat." in str(last["content"]):
+        return Reply(body=openai_completion("HEARTBEAT_OK", prompt_tokens=100))
+    return Reply(body=openai_completion("ok", prompt_tokens=100, completion_tokens=10))
+
+
+def test_a_silent_beat_keeps_the_compaction_it_paid_for(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session over its max_tokens: the first silent heartbeat compacts (a paid summary call)
+    and keeps the compacted history though the beat itself leaves no trace, so the beats after
+    it pay for no summary again (each beat paid one and threw it away)."""
+    monkeypatch.setattr(rig.provider, "respond", _silent_beats)
+    rig.persona("ava", "[session]\nmax_tokens = 300\nkeep_tail = 60\n",
+                HEARTBEAT_md="check the plants\n")  # fmt: skip
+    rig.ask("ava", "a" * 480)
+    rig.ask("ava", "b" * 480)
+    before = rig.fleet.session("ava")
+    for _ in range(3):
+        rig.fleet.tick("ava")
+        rig.run_all()
+    summaries = [
+        body for body in rig.provider.bodies
+        if body["messages"][0]["content"] == SUMMARY_INSTRUCTIONS
+    ]  # fmt: skip
+    assert len(summaries) == 1
+    after = rig.fleet.session("ava")
+    assert after["compactions"] == 1
+    assert after["turns"] == before["turns"]  # the beats themselves are not in it
+    assert after["last_turn_at"] == before["last_turn_at"]

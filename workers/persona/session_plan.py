@@ -104,6 +104,12 @@ class SessionPlan:
         if not self.persist:
             return None
         if silent_beat and self.base is not None:
+            if self.compacted:
+                # The summary was paid for: keep it (the beat's own exchange still goes, and
+                # the session's last turn stays the last one that said something).
+                return replace(
+                    self.base, messages=self.history, compactions=self.base.compactions + 1
+                )
             return None
         if self.new or self.base is None:
             state = SessionState(
