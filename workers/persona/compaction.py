@@ -155,7 +155,10 @@ def render_transcript(messages: Sequence[Message]) -> str:
     for message in messages:
         if message.role == "tool":
             flag = " (error)" if message.is_error else ""
-            lines.append(f"[tool {message.name or ''} result{flag}]: {message.content}")
+            # Indented whole: text a tool brought in from outside cannot start a line of its
+            # own that reads as a turn of the conversation (a forged "user: ..." block).
+            body = "\n".join(f"    {line}" for line in message.content.splitlines())
+            lines.append(f"[tool {message.name or ''} result{flag}, indented]:\n{body}")
             continue
         if message.content:
             lines.append(f"{message.role}: {message.content}")
