@@ -5,6 +5,7 @@ through the turn gate, counted in the turn's usage; dream passes are fresh sessi
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,8 +18,10 @@ from prometheus_client import REGISTRY
 
 from tests.support.providers import FakeProvider, Reply, openai_completion
 from tests.support.rig import TurnRig, turn_engine, write_persona
+from workers.persona import session_files
 from workers.persona.clock import VirtualClock
 from workers.persona.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
+from workers.persona.files import read_prefix
 from workers.persona.session_files import SESSIONS_DIR
 from workers.turn.executor import TurnExecutor
 
@@ -241,3 +244,35 @@ def test_a_silent_beat_keeps_the_compaction_it_paid_for(
     assert after["compactions"] == 1
     assert after["turns"] == before["turns"]  # the beats themselves are not in it
     assert after["last_turn_at"] == before["last_turn_at"]
+
+
+def test_a_passing_read_error_fails_the_turn_and_keeps_the_session(
+    rig: Rig, clock: VirtualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One EIO while a turn reads its (intact) session state: the turn fails transiently
+    instead of starting a new session over it (which moved the pointer off the conversation
+    for good); its retry reads the state and goes on with the same session."""
+    rig.persona("ava")
+    rig.ask("ava", "my name is Bob")
+    first = rig.fleet.session("ava")["id"]
+    real = read_prefix
+    failed: list[bool] = []
+
+    def eio_once(path: Any, limit: int, **kwargs: Any) -> Any:
+        if not failed:
+            failed.append(True)
+            raise OSError(errno.EIO, "Input/output error")  # the disk's answer, faked once
+        return real(path, limit, **kwargs)
+
+    monkeypatch.setattr(session_files, "read_prefix", eio_once)
+    rig.fleet.post("ava", "what is my name?", wake=True)
+    assert rig.run_next() == "error"
+    status = rig.fleet.lanes.status("ava")
+    assert status["last_error_kind"] == "transient"
+    assert "persona storage unavailable" in str(status["last_error"])
+    assert rig.fleet.session("ava")["id"] == first
+    clock.advance(600)
+    assert rig.fleet.recover()
+    assert rig.run_next() == "done"
+    session = rig.fleet.session("ava")
+    assert (session["id"], session["turns"]) == (first, 2)

@@ -27,6 +27,7 @@ symlink leading out is refused) and every write is atomic (temp file, fsync, ren
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -35,7 +36,7 @@ from pathlib import Path
 
 import structlog
 
-from workers.persona.errors import PersonaFileError
+from workers.persona.errors import PersonaFileError, StorageUnavailable
 from workers.persona.files import confined, make_dirs, read_prefix, real_root
 from workers.persona.locks import LockMode, lock_file_for, path_lock
 from workers.persona.session import Pointer, SessionState
@@ -58,6 +59,13 @@ SESSIONS_DIR = "sessions"
 MAX_STATE_BYTES = 64 * 1024 * 1024
 POINTER_NAME = "CURRENT"
 _STATE = re.compile(r"([A-Za-z0-9_][A-Za-z0-9._-]*)\.([fl][0-9a-z]+)\.json")
+
+#: Read errors that say nothing about the file (a disk or network filesystem hiccup, a process
+#: out of descriptors or memory): the session is not given up for them, the turn retries.
+_PASSING_READ_ERRORS = frozenset({
+    errno.EIO, errno.ESTALE, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN,
+    errno.EINTR, errno.ETIMEDOUT,
+})  # fmt: skip
 
 #: :meth:`SessionFiles.retire` lists the lane's directory at least once in this many fences.
 RETIRE_LIST_EVERY = 64
@@ -110,7 +118,9 @@ class SessionFiles:
 
     def read(self, name: str | None) -> SessionState | None:
         """The state stored as ``name``; None (with a warning) when it is missing or unreadable,
-        which a turn treats as "no session": it starts a new one instead of failing forever."""
+        which a turn treats as "no session": it starts a new one instead of failing forever.
+        A read error that says nothing about the file (EIO, ESTALE, out of descriptors...)
+        raises :class:`StorageUnavailable` instead: the turn retries, the session is kept."""
         if not name:
             return None
         if _STATE.fullmatch(name) is None:
@@ -126,7 +136,15 @@ class SessionFiles:
             if len(raw) > MAX_STATE_BYTES:
                 raise ValueError(f"larger than {MAX_STATE_BYTES} bytes")
             return SessionState.from_json(raw)
-        except (OSError, PersonaFileError, ValueError) as exc:
+        except OSError as exc:
+            if exc.errno in _PASSING_READ_ERRORS:
+                # The file may be intact: starting a new session would move the pointer off
+                # it for good. The turn fails instead and its retry reads it again.
+                raise StorageUnavailable(
+                    self.home, f"reading the session state {name} failed: {exc}"
+                ) from exc
+            _log.warning("session.state_unreadable", lane=self.lane, state=name, error=str(exc))
+        except (PersonaFileError, ValueError) as exc:
             _log.warning("session.state_unreadable", lane=self.lane, state=name, error=str(exc))
         return None
 

@@ -115,6 +115,8 @@ def storage_error(exc: BaseException | None) -> OSError | None:
 def failure_message(home: str | os.PathLike[str], exc: BaseException, doing: str) -> str | None:
     """The lane's error for a turn that failed ``doing`` something on a full or read-only
     filesystem (naming the file when the error does), or None for any other failure."""
+    if isinstance(exc, StorageUnavailable):
+        return str(exc)
     error = storage_error(exc)
     if error is None:
         return None
