@@ -276,3 +276,33 @@ def test_a_passing_read_error_fails_the_turn_and_keeps_the_session(
     assert rig.run_next() == "done"
     session = rig.fleet.session("ava")
     assert (session["id"], session["turns"]) == (first, 2)
+
+
+def test_a_compaction_is_counted_in_the_turns_budget(
+    redis_url: str,
+    key_prefix: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    clock: VirtualClock,
+) -> None:
+    """SOULFLEET_TURN_MAX_MODEL_CALLS=1: a turn whose session needs compacting spends its one
+    call on the summary and makes no second (it made two: the compaction was outside the
+    turn's budget); it ends incomplete on max_model_calls, and no turn makes more than one."""
+    with FakeProvider("openai", respond=cached_answer) as provider:
+        env = {"SOULFLEET_MAX_CONCURRENT_MODEL_CALLS": "1", "OPENAI_BASE_URL": provider.base_url,
+               "SOULFLEET_TURN_MAX_MODEL_CALLS": "1"}  # fmt: skip
+        with turn_engine(redis_url, key_prefix, tmp_path, env, gate_limit=1, clock=clock) as engine:
+            rig = Rig(*engine, tmp_path, provider)
+            rig.persona("ava", "[session]\nmax_tokens = 300\nkeep_tail = 60\n")
+            calls, replies = [], []
+            for n in range(4):
+                before = len(provider.requests)
+                replies.append(rig.ask("ava", f"turn {n}: " + "I like tea. " * 20))
+                calls.append(len(provider.requests) - before)
+    summaries = [b for b in provider.bodies if b["messages"][0]["content"] == SUMMARY_INSTRUCTIONS]
+    assert summaries, "never compacted"
+    assert max(calls) == 1
+    compacting = [reply for reply, made in zip(replies, calls, strict=True)
+                  if reply["status"] == "incomplete"]  # fmt: skip
+    assert compacting
+    assert all(reply["limit"] == "max_model_calls" for reply in compacting)

@@ -137,7 +137,7 @@ def run_agent(
             prompt=prompt,
             tools=tools,
             model=model,
-            budget=budget if budget is not None else Budget(),
+            budget=plan.left_of(budget if budget is not None else Budget()),
             clock=used_clock,
             on_message=writer.append,
             guard=guard,

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 import structlog
 
 from workers.persona.compaction import Compaction, compact
-from workers.persona.loop import RunResult
+from workers.persona.loop import Budget, RunResult
 from workers.persona.messages import Message
 from workers.persona.models import Model
 from workers.persona.models.spec import provider_of
@@ -87,6 +87,17 @@ class SessionPlan:
     def compacted(self) -> bool:
         """Whether this turn's history is a compaction's (not only a paid, empty attempt)."""
         return self.compaction is not None and self.compaction.applied
+
+    def left_of(self, budget: Budget) -> Budget:
+        """What ``budget`` leaves the turn's own loop once this plan's compaction (a model call
+        made before the loop) is counted: one call fewer, its tokens fewer."""
+        if self.compaction is None:
+            return budget
+        return replace(
+            budget,
+            max_model_calls=max(0, budget.max_model_calls - 1),
+            max_tokens=max(0, budget.max_tokens - self.compaction.usage.total_tokens),
+        )
 
     def charge(self, result: RunResult) -> RunResult:
         """``result`` with the compaction's model call counted in its usage and calls."""

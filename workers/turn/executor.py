@@ -224,7 +224,7 @@ class TurnExecutor:
                 prompt=prompt,
                 tools=tools,
                 model=model,
-                budget=budget,
+                budget=plan.left_of(budget),  # a compaction already spent some of it
                 on_message=record,
                 guard=guard,
                 persona=agent.name,
