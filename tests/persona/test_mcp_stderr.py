@@ -11,7 +11,7 @@ import pytest
 
 from workers.persona.manifest import parse_manifest
 from workers.persona.mcp_hub import McpHub
-from workers.persona.mcp_stderr import StderrRelay, secrets_for
+from workers.persona.mcp_stderr import MAX_LINE, StderrRelay, secrets_for
 from workers.persona.mcp_transport import referenced
 from workers.persona.toolbox import ToolLimits, build_declared
 
@@ -51,6 +51,30 @@ def test_a_server_printing_its_environment_has_the_secrets_masked(tmp_path: Path
     text = out_path.read_text()
     assert "[mcp leaky] LEAKED-***" in text
     assert KEY not in text
+
+
+def test_a_line_without_end_is_dropped_with_a_notice_not_held_or_cut(tmp_path: Path) -> None:
+    """A server writing 1 MiB with no newline, the key at its middle, then a short line: the
+    long one is dropped with a notice giving its size (held whole it grew the worker's memory
+    without bound; relayed in pieces, a key cut at a piece's edge would escape the mask); the
+    short one still comes through, masked."""
+    out_path = tmp_path / "stderr.txt"
+    with out_path.open("w", encoding="utf-8") as out:
+        relay = StderrRelay("noisy", [KEY], out)
+        script = (
+            "import sys; half = 'x' * (512 * 1024); "
+            "sys.stderr.write(half + sys.argv[1] + half + '\\n'); "
+            "sys.stderr.write('after ' + sys.argv[1] + '\\n')"
+        )
+        subprocess.run([sys.executable, "-c", script, KEY], stderr=relay.writer, check=True)
+        relay.close()
+        relay.join(timeout=10)
+    lines = out_path.read_text().splitlines()
+    assert lines == [
+        f"[mcp noisy] (a line of {2 * 512 * 1024 + len(KEY) + 1:,} bytes, over "
+        f"{MAX_LINE:,}, was dropped)",
+        "[mcp noisy] after ***",
+    ]
 
 
 @pytest.mark.integration

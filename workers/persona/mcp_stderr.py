@@ -27,8 +27,10 @@ from typing import TextIO
 
 from workers.persona.urls import credential_forms
 
-__all__ = ["MIN_SECRET", "StderrRelay", "secrets_for"]
+__all__ = ["MAX_LINE", "MIN_SECRET", "StderrRelay", "secrets_for"]
 
+#: The longest stderr line relayed (bytes); a longer one is dropped with a notice.
+MAX_LINE = 64 * 1024
 #: The shortest value treated as a secret.
 MIN_SECRET = 6
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASS$|CREDENTIAL", re.IGNORECASE)
@@ -70,11 +72,23 @@ class StderrRelay:
 
     def _relay(self) -> None:
         with self._reader:
-            for raw in self._reader:
-                line = self._mask(raw.decode("utf-8", errors="replace").rstrip("\n"))
-                with contextlib.suppress(OSError, ValueError):
-                    self._out.write(f"[mcp {self._name}] {line}\n")
-                    self._out.flush()
+            while raw := self._reader.readline(MAX_LINE + 1):
+                if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
+                    # Never held whole (a server printing without newlines would grow the
+                    # worker's memory without bound), nor relayed in pieces (a secret cut at
+                    # a piece's edge would not be masked): said, and skipped.
+                    dropped = len(raw)
+                    while raw and not raw.endswith(b"\n"):
+                        raw = self._reader.readline(MAX_LINE + 1)
+                        dropped += len(raw)
+                    self._write(f"(a line of {dropped:,} bytes, over {MAX_LINE:,}, was dropped)")
+                    continue
+                self._write(self._mask(raw.decode("utf-8", errors="replace").rstrip("\n")))
+
+    def _write(self, line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self._out.write(f"[mcp {self._name}] {line}\n")
+            self._out.flush()
 
     def close(self) -> None:
         """Drop our write end: the relay ends once the server's copy closes too (it exited)."""
