@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -486,10 +487,12 @@ def test_listing_cache_sees_changes_made_by_others(tmp_path: Path) -> None:
     # Another writer adds a conversation behind this process's back (an older one), a clock
     # tick after our own last change (directory times are as coarse as the kernel's tick).
     time.sleep(0.05)
-    (lane / f"{round((T0 - 5) * 1000):015d}-outside.jsonl").write_text(
+    outside = lane / f"{round((T0 - 5) * 1000):015d}-outside.jsonl"
+    outside.write_text(
         '{"transcript": 1, "conversation": "outside", "lane": "ava", "started_at": 1}\n'
         '{"at": 1, "message": {"role": "user", "content": "hi"}}\n'
     )
+    os.utime(outside, (T0 - 5, T0 - 5))  # an old conversation, last written when it began
     clock.advance(1)
     conversation(FileTranscripts(tmp_path, max_conversations=3, clock=clock), "ava", "t3", "x")
     ids = [c.id for c in FileTranscripts(tmp_path).conversations()]
@@ -501,3 +504,24 @@ def test_listing_cache_sees_changes_made_by_others(tmp_path: Path) -> None:
     fresh.open("ava", "t2").append(Message(role="user", content="resumed"))
     assert [r.message.content for r in fresh.messages("t2")] == ["x", "resumed"]
     assert [c.id for c in FileTranscripts(tmp_path).conversations()] == ["t2", "t3"]
+
+
+def test_a_conversation_still_being_written_outlives_newer_one_shots(tmp_path: Path) -> None:
+    """The oldest conversation by start is a session still going on (written at every turn);
+    newer one-shot conversations, each written once, fill the lane past its bound. Pruning
+    drops the least recently written of the oldest, so the live session keeps its file (it
+    was dropped for being the oldest: its next turn started a new file, its history gone)."""
+    clock = VirtualClock(T0)
+    store = FileTranscripts(tmp_path, max_conversations=3, clock=clock)
+    conversation(store, "ava", "live", "my name is Bob")
+    for n in range(4):
+        clock.advance(1)
+        time.sleep(0.02)  # one-shots written one after another, a kernel tick apart
+        conversation(store, "ava", f"once{n}", "x")
+        time.sleep(0.02)
+        store.open("ava", "live").append(Message(role="user", content=f"turn {n}"))
+    wait_pruned(5)
+    ids = [c.id for c in FileTranscripts(tmp_path).conversations()]
+    assert "live" in ids
+    assert len(ids) == 3
+    assert next(r.message.content for r in store.messages("live")) == "my name is Bob"

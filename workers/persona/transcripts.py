@@ -14,7 +14,9 @@ module is the store over them::
 
 Growth bound: each lane keeps at most ``max_conversations`` files (default 1000,
 ``SOULFLEET_TRANSCRIPT_MAX_CONVERSATIONS`` in the fleet). Creating a conversation's file
-first prunes that lane's oldest files beyond the bound: they leave the lane's listing at once
+first prunes that lane's oldest files beyond the bound (of the oldest by start, plus
+:data:`PRUNE_SPARE_SCAN` more, the least recently written: a session still going on is spared
+for newer one-shot runs in its lane): they leave the lane's listing at once
 (``conversations()`` no longer returns them; a store that read one before may still read it
 until it is gone) and are unlinked moments later by a background thread
 (:mod:`workers.persona.reaper`), because freeing a file's blocks cost a lane's 1,000th turn
@@ -73,6 +75,10 @@ __all__ = [
 ]
 
 log = structlog.get_logger("soulfleet.transcripts")
+
+#: How many conversations beyond the ones a prune drops it looks at, to spare the oldest that
+#: are still being written (each costs a ``stat``; the live ones among the oldest are few).
+PRUNE_SPARE_SCAN = 8
 
 
 @runtime_checkable
@@ -258,8 +264,13 @@ class FileTranscripts:
             keep = listing.ids.get(keep_room_for)
             count = len(listing.order) - (1 if keep is not None else 0)
             excess = count - (self._max - 1)
-            oldest = [name for name in listing.order[: max(0, excess) + 1] if name != keep]
-            victims = [(name, listing.paths[name]) for name in oldest[: max(0, excess)]]
+            if excess <= 0:
+                return
+            scan = listing.order[: excess + 1 + PRUNE_SPARE_SCAN]
+            oldest = [(name, listing.paths[name]) for name in scan if name != keep]
+        # Of the oldest by start, the least recently written go: a conversation still going
+        # on (a fleet session among one-shot runs in the same lane) was written lately.
+        victims = sorted(oldest, key=lambda entry: _written_at(entry[1]))[:excess]
         if not victims:
             return
         # Queued before they leave the listing, so a re-listing meanwhile leaves them out too.
@@ -270,3 +281,11 @@ class FileTranscripts:
             if info is not None:
                 self._paths.pop(info.id, None)
                 log.debug("transcript.pruned", lane=lane, conversation=info.id, bound=self._max)
+
+
+def _written_at(path: str) -> int:
+    """When ``path`` was last written (ns); a file gone already sorts first (nothing to lose)."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
