@@ -90,6 +90,25 @@ def test_a_dream_that_did_not_log_itself_is_logged_by_the_runtime(rig: Rig) -> N
     assert rig.fleet.beats() == [], "dream replies never reach the beats feed"
 
 
+READ_LOG_THEN_REPORT = """
+[[rules]]
+when = { tool_results = 0 }
+calls = [{ tool = "memory", args = { action = "read", target = "note:log" } }]
+
+[[rules]]
+text = "merged two notes about Tom"
+"""
+
+
+def test_a_dream_that_only_read_its_log_is_still_logged(rig: Rig) -> None:
+    """The dream prompt's first step is to READ note:log: a pass that read it and reported
+    without adding to it still gets the runtime's log line (the read counted as a write)."""
+    home = rig.persona("ava", READ_LOG_THEN_REPORT, '[dream]\nevery = "1h"\n')
+    rig.fleet.dream("ava")
+    assert rig.run_next() == "done"
+    assert "merged two notes about Tom" in (home / "memory" / "log.md").read_text()
+
+
 def test_a_turn_that_loses_its_lease_commits_nothing(rig: Rig) -> None:
     """The lane is taken over (fence moved on) right after start and the renewer notices: the
     guard stops the turn before its first write (no transcript line), the item stays in flight

@@ -116,12 +116,23 @@ class TurnKit:
             lock_timeout=self.settings.lock_timeout,
         )
         entry = f"{stamp} {turn_id}: {summary}"
-        tool.execute({"action": "add", "target": "note:log", "text": entry})
+        written = tool.execute({"action": "add", "target": "note:log", "text": entry})
+        if written.is_error:  # the pass still counts; the operator hears why it went unlogged
+            _log.warning("dream.log_not_written", persona=agent.name, error=written.output[:300])
 
 
 def wrote_log(result: RunResult) -> bool:
+    """Whether the pass itself wrote to its log: an add or replace on ``note:log`` that
+    succeeded (reading it, as the dream prompt's first step does, or a refused write, is not)."""
+    succeeded = {
+        message.tool_call_id for message in result.messages
+        if message.role == "tool" and not message.is_error
+    }  # fmt: skip
     return any(
-        call.name == "memory" and call.arguments.get("target") == "note:log"
+        call.name == "memory"
+        and call.arguments.get("target") == "note:log"
+        and call.arguments.get("action") in ("add", "replace")
+        and call.id in succeeded
         for message in result.messages
         for call in message.tool_calls
     )
