@@ -36,6 +36,8 @@ ACTIONABLE = [
     "# Checklist\n- water the plants\n",
     "<!-- note --> due: call mum\n",
     "- [ ] renew the passport\n",
+    "- due: pay the rent today\n---\n",  # a list item, then a rule: not a setext heading
+    "1. call the bank\n===\n",
 ]
 
 

@@ -54,6 +54,7 @@ _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 _HEADING = re.compile(r"#{1,6}(?:\s.*)?")
 _SETEXT = re.compile(r"=+|-+")
 _EMPTY_ITEM = re.compile(r"(?:[-*+]|\d+[.)])(?:\s+\[[ xX]?\])?")
+_LIST_ITEM = re.compile(r"(?:[-*+]|\d+[.)])\s")
 
 
 def heartbeat_blank(text: str) -> bool:
@@ -67,8 +68,8 @@ def heartbeat_blank(text: str) -> bool:
         if _HEADING.fullmatch(line) or _SETEXT.fullmatch(line) or _EMPTY_ITEM.fullmatch(line):
             continue
         underline = lines[index + 1] if index + 1 < len(lines) else ""
-        if underline and _SETEXT.fullmatch(underline):
-            continue  # a setext heading's title line
+        if underline and _SETEXT.fullmatch(underline) and not _LIST_ITEM.match(line):
+            continue  # a setext heading's title line (after a list item, "---" is a rule)
         return False
     return True
 
