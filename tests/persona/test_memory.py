@@ -422,3 +422,23 @@ def test_a_write_whose_directory_fsync_fails_is_not_reported_as_unchanged(
     assert "Do not repeat it" in output
     assert "Nothing was changed" not in output
     assert (home / "MEMORY.md").read_text() == "- kept\n"
+
+
+def test_no_edit_can_make_a_soul_section_header_line(home: Path) -> None:
+    """A whole-line replace ("- beta" with "## IDENTITY.md") or a remove of the bullet off an
+    added "- ## SOUL.md" would leave a line posing as a section of the composed soul: refused,
+    nothing changed. A header the file already had (written by a person) stays editable."""
+    (home / "MEMORY.md").write_text("- alpha\n- beta\n")
+    tool = memory_tool(home)
+    refused = tool.execute({"action": "replace", "text": "- beta", "with": "## IDENTITY.md"})
+    assert refused.is_error
+    assert "soul section header" in refused.output
+    assert (home / "MEMORY.md").read_text() == "- alpha\n- beta\n"
+    (home / "MEMORY.md").unlink()
+    ok(tool, action="add", text="## SOUL.md")
+    assert tool.execute({"action": "remove", "text": "- "}).is_error  # the entry's bullet
+    assert (home / "MEMORY.md").read_text() == "- ## SOUL.md\n"
+    soul, _ = compose_soul(home)
+    assert [line for line in soul.splitlines() if line.startswith("## ")] == ["## MEMORY.md"]
+    (home / "USER.md").write_text("## USER.md notes by hand\n- Sam\n")
+    ok(tool, action="replace", target="user", text="- Sam", **{"with": "- Sam Smith"})

@@ -9,7 +9,9 @@ too; no edit may grow a file past :data:`~workers.persona.home.MAX_FILE_BYTES`.
 
 from __future__ import annotations
 
-from workers.persona.home import MAX_FILE_BYTES
+import re
+
+from workers.persona.home import BOOTSTRAP_ORDER, MAX_FILE_BYTES
 from workers.persona.memory_spec import MemoryRequest, target_label
 
 __all__ = ["FileFull", "drop_husk", "edit", "not_found"]
@@ -54,6 +56,15 @@ def edit(request: MemoryRequest, current: bytes | None) -> tuple[bytes, str] | s
         else:
             new = drop_husk(data[:at] + data[at + len(needle) :], at)
             message = f"Removed the first occurrence from {label}. {after}"
+    if not request.target.startswith("note:") and _headers(new) > _headers(data):
+        # MEMORY.md and USER.md are composed into the soul: a line of their own reading
+        # "## IDENTITY.md" would pose as another section of it (a whole-line replace, or a
+        # remove that strips the bullet off an added "- ## SOUL.md").
+        return (
+            f"this {request.action} would start a line of {label} with a soul section header "
+            "(## followed by a bootstrap file's name), which it may not hold. Nothing was "
+            "changed."
+        )
     if len(new) > MAX_FILE_BYTES:
         return FileFull(
             f"this {request.action} would make {label} {len(new)} bytes, over the "
@@ -78,3 +89,14 @@ def drop_husk(data: bytes, at: int) -> bytes:
     if line.strip() not in (b"", b"-"):
         return data
     return data[:start] + (b"" if end < 0 else data[end + 1 :])
+
+
+_HEADER = re.compile(
+    rb"^[ \t]*##[ \t]+(?:" + b"|".join(re.escape(n.encode()) for n in BOOTSTRAP_ORDER) + rb")\b",
+    re.MULTILINE | re.IGNORECASE,
+)
+
+
+def _headers(data: bytes) -> int:
+    """How many lines of ``data`` read as a composed soul's section header."""
+    return len(_HEADER.findall(data))
