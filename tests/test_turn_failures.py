@@ -15,6 +15,7 @@ import redis
 from tests.support.fleet import openai_env
 from tests.support.providers import FakeProvider, error_reply
 from tests.support.rig import TurnRig, turn_engine, write_persona
+from workers.fleet.errors import RedisUnavailable
 from workers.persona.clock import VirtualClock
 
 
@@ -140,4 +141,25 @@ def test_a_long_retry_after_fails_the_turn_at_once_and_its_retry_waits_it_out(
     assert rig.fleet.recover() == []
     rig.clock.advance(61.0)
     assert rig.fleet.recover()
+    assert rig.run_next() == "done"
+
+
+def test_a_recovery_pass_failing_midway_still_sends_what_it_queued(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry-release step queued a lane, then the claims step failed (Redis gone
+    mid-pass): the queued lane's turn is sent all the same (it waited, unsent, for the 600 s
+    reaper), and the failure still reaches the caller."""
+    rig.provider.enqueue(error_reply("openai", 500, "overloaded"))
+    rig.fleet.post("ava", "one")
+    assert rig.run_next() == "error"
+    rig.clock.advance(11.0)
+
+    def gone(limit: int = 1000) -> list[object]:
+        raise RedisUnavailable("redis://127.0.0.1:1/0", "connection refused")
+
+    monkeypatch.setattr(rig.fleet.recovery, "reap_claims", gone)
+    with pytest.raises(RedisUnavailable):
+        rig.fleet.recover()
+    assert [lane for lane, _, _ in rig.published.sent] == ["ava"]
     assert rig.run_next() == "done"

@@ -393,8 +393,14 @@ class Fleet:
     def recover(self) -> list[Repair]:
         """beat's fast pass: queue retries whose backoff is over, re-publish turns whose
         claiming worker died, resume lanes a closed breaker deferred; publish them all."""
-        repairs = self.recovery.run()
-        self.send([(r.lane, r.turn_id, r.kind) for r in repairs])
+        repairs: list[Repair] = []
+        recovery = self.recovery
+        for step in (recovery.release_due, recovery.reap_claims, recovery.resume_deferred):
+            # Sent step by step: a step that fails (Redis gone mid-pass) must not strand the
+            # lanes an earlier one already queued until the 600 s reaper.
+            done = step()
+            self.send([(r.lane, r.turn_id, r.kind) for r in done])
+            repairs.extend(done)
         return repairs
 
     def reap(self) -> list[Repair]:
