@@ -116,6 +116,19 @@ def test_slot_registers_with_the_renewer_and_releases_on_exit(
     assert len(renewer) == 0
 
 
+def test_a_slot_a_stopped_renewer_refuses_is_handed_back_at_once(
+    redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """The renewer already stopped (a worker shutting down): slot() raises, and the slot it
+    had acquired is released now, not held unrenewed until slot_ttl frees it."""
+    stopped = Renewer(ttl=30)
+    stopped.stop()
+    gate = _gate(redis_client, key_prefix, None, stopped, limit=1, slot_ttl=600.0)
+    with pytest.raises(RuntimeError, match="renewer is stopped"), gate.slot(timeout=5):
+        pass
+    assert gate.holders() == 0
+
+
 def test_limit_zero_is_unlimited_and_never_calls_redis(renewer: Renewer) -> None:
     """An unlimited gate hands out slots even with no Redis reachable at all."""
     dead = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", decode_responses=True)

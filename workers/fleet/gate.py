@@ -15,6 +15,7 @@ Scores use each host's clock: keep hosts NTP-synchronised (skew eats into ``slot
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import socket
@@ -206,7 +207,14 @@ class Gate:
         waited = self.clock.monotonic() - began
         metrics.TURN_GATE_WAIT.observe(waited)
         handle = SlotHandle(self, token)
-        self.renewer.register(handle)
+        try:
+            self.renewer.register(handle)
+        except BaseException:
+            # A renewer that refuses (stopped at shutdown): hand the slot back now rather than
+            # hold it, unrenewed and unused, until slot_ttl frees it.
+            with contextlib.suppress(Exception):
+                self.release(token)
+            raise
         held = Slot(token, waited, handle, self)
         try:
             yield held
