@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+from structlog.testing import capture_logs
 
 from tests.support.python_tools import CALLS
 from workers.persona.agent import from_dir
@@ -21,12 +22,20 @@ from workers.persona.dream_agent import dreamer
 from workers.persona.errors import PersonaConfigError
 from workers.persona.loop import Budget, run_loop, set_tool_call_observer
 from workers.persona.manifest import parse_manifest
+from workers.persona.mcp_calls import McpToolInfo
 from workers.persona.mcp_hub import McpHub
 from workers.persona.mcp_transport import expand, stdio_parameters
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
 from workers.persona.python_tools import PythonTool
-from workers.persona.tool_config import McpServer
-from workers.persona.toolbox import Toolbox, ToolLimits, build_declared
+from workers.persona.tool_config import McpDecl, McpServer
+from workers.persona.toolbox import (
+    MCP_DESCRIPTION_MAX_CHARS,
+    MCP_SCHEMA_MAX_BYTES,
+    Toolbox,
+    ToolLimits,
+    _mcp_tools,
+    build_declared,
+)
 from workers.persona.tools import FunctionTool, ToolResult
 from workers.persona.transcripts import FileTranscripts
 
@@ -256,3 +265,29 @@ def test_a_server_left_out_of_a_turn_is_counted_as_unavailable() -> None:
         set_tool_call_observer(None)
     assert seen == [("mcp", "unavailable", 0.0)]
     assert [log["event"] for log in logs] == ["tool.server_unavailable"]
+
+
+def test_a_servers_oversized_tool_listing_is_bounded(tmp_path: Path) -> None:
+    """What a server lists is sent with every model call: a description over its cap is cut
+    with a note saying so, and a tool whose input schema is over its cap is left out (logged),
+    the server's other tools kept."""
+    server = McpServer("stdio", command=sys.executable)
+    decl = McpDecl("tools.mcp[0]", "srv", server, None, None, None)
+    huge_schema = {"type": "object", "description": "x" * (MCP_SCHEMA_MAX_BYTES + 1)}
+    listed = (
+        McpToolInfo("wordy", "w" * (MCP_DESCRIPTION_MAX_CHARS + 500), {"type": "object"}),
+        McpToolInfo("bloated", "fine", huge_schema),
+        McpToolInfo("plain", "a plain tool", {"type": "object"}),
+    )
+    hub = McpHub()
+    try:
+        with capture_logs() as logs:
+            built = _mcp_tools(decl, server, 5.0, hub, listed=listed, source=tmp_path)
+            tools = {tool.name: tool for _, tool in built}
+    finally:
+        hub.close()
+    assert sorted(tools) == ["srv__plain", "srv__wordy"]
+    wordy = tools["srv__wordy"].description
+    assert wordy.endswith(f"[description cut at {MCP_DESCRIPTION_MAX_CHARS} characters]")
+    assert len(wordy) < MCP_DESCRIPTION_MAX_CHARS + 100
+    assert [e["tool"] for e in logs if e["event"] == "mcp.tool_refused"] == ["bloated"]

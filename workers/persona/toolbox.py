@@ -37,6 +37,8 @@ from workers.persona.tool_config import DEFAULT_TIMEOUT, McpDecl, McpServer, Too
 from workers.persona.tools import Tool, ToolResult, bounded_timeout, tool_source
 
 __all__ = [
+    "MCP_DESCRIPTION_MAX_CHARS",
+    "MCP_SCHEMA_MAX_BYTES",
     "BoundedTool",
     "McpTool",
     "ToolLimits",
@@ -48,6 +50,10 @@ __all__ = [
 
 _log = structlog.get_logger("soulfleet.tools")
 
+#: The most of a server's tool description the model is shown (characters; cut with a note).
+MCP_DESCRIPTION_MAX_CHARS = 8 * 1024
+#: The largest input schema a server's tool may bring (bytes of JSON); a larger tool is left out.
+MCP_SCHEMA_MAX_BYTES = 64 * 1024
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_-]")
 
@@ -195,10 +201,24 @@ def _mcp_tools(
                 f"gives the server's tool {info.name!r} the name {name!r}, longer than the 64 "
                 "characters models accept: choose a shorter name or an allow-list without it",
             )
+        schema_bytes = len(json.dumps(info.input_schema, ensure_ascii=False).encode("utf-8"))
+        if schema_bytes > MCP_SCHEMA_MAX_BYTES:
+            # Sent with every model call of the turn: a server's listing must not be able to
+            # make each call that much dearer. The tool is left out; the others stay.
+            _log.warning("mcp.tool_refused", server=server.describe(), tool=info.name,
+                         reason=f"input schema of {schema_bytes} bytes, over "
+                                f"{MCP_SCHEMA_MAX_BYTES}")  # fmt: skip
+            continue
+        description = info.description
+        if len(description) > MCP_DESCRIPTION_MAX_CHARS:
+            description = (
+                f"{description[:MCP_DESCRIPTION_MAX_CHARS]} [description cut at "
+                f"{MCP_DESCRIPTION_MAX_CHARS} characters]"
+            )
         tool = McpTool(
             name=name,
             remote=info.name,
-            description=info.description,
+            description=description,
             input_schema=info.input_schema,
             hub=hub,
             server=server,
