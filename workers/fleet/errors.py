@@ -39,6 +39,7 @@ from workers.persona.errors import (
     ModelError,
     SoulfleetError,
     TurnAborted,
+    causes,
     failure_kind,
 )
 from workers.settings import redact_url
@@ -69,15 +70,11 @@ _REDIS_BLIPS = ("BUSY", "LOADING", "READONLY", "OOM", "TRYAGAIN", "MASTERDOWN", 
 
 def classify(exc: BaseException) -> FailureKind:
     """``transient``, ``permanent`` or ``unknown`` for any turn failure (see the module doc)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in causes(exc):
         if isinstance(current, (redis.ConnectionError, redis.TimeoutError)):
             return "transient"
         if isinstance(current, redis.ResponseError) and str(current).startswith(_REDIS_BLIPS):
             return "transient"
-        current = current.__cause__
     return failure_kind(exc)
 
 
@@ -240,16 +237,11 @@ def is_redis_full(exc: BaseException) -> bool:
     """Whether ``exc`` is a refusal by a Redis at its maxmemory: redis-py's OutOfMemoryError, a
     pipeline's error quoting it, or an error raised while handling one (kombu re-raises Redis
     errors as its own)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, redis.exceptions.OutOfMemoryError) or (
-            isinstance(current, redis.ResponseError) and "maxmemory" in str(current)
-        ):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(
+        isinstance(current, redis.exceptions.OutOfMemoryError)
+        or (isinstance(current, redis.ResponseError) and "maxmemory" in str(current))
+        for current in causes(exc, context=True)
+    )
 
 
 def as_redis_refusal(exc: BaseException, url: str) -> RedisUnavailable | None:

@@ -43,6 +43,7 @@ fleet decides "retry or dead-letter" from the class, never from an error message
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterator
 from typing import ClassVar, Literal
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "SoulfleetError",
     "StorageUnavailable",
     "TurnAborted",
+    "causes",
     "failure_kind",
 ]
 
@@ -90,10 +92,7 @@ def failure_kind(exc: BaseException) -> FailureKind:
     full or read-only filesystem (:data:`STORAGE_ERRNOS`); the fleet adds Redis's own
     exceptions in :func:`workers.fleet.errors.classify`.
     """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in causes(exc):
         retryable = getattr(type(current), "retryable", None)
         if isinstance(current, SoulfleetError) and retryable is not None:
             return "transient" if retryable else "permanent"
@@ -101,8 +100,18 @@ def failure_kind(exc: BaseException) -> FailureKind:
             return "transient"
         if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
             return "transient"
-        current = current.__cause__
     return "unknown"
+
+
+def causes(exc: BaseException | None, *, context: bool = False) -> Iterator[BaseException]:
+    """``exc``, then what it was raised from (``__cause__``), each once; with ``context``, also
+    what was being handled when one was raised (``__context__``: a library re-raising as its
+    own class without ``from``)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = (exc.__cause__ or exc.__context__) if context else exc.__cause__
 
 
 class SettingsError(SoulfleetError):

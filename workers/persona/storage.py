@@ -21,7 +21,7 @@ import contextlib
 import os
 import secrets
 
-from workers.persona.errors import STORAGE_ERRNOS, StorageUnavailable
+from workers.persona.errors import STORAGE_ERRNOS, StorageUnavailable, causes
 
 __all__ = [
     "MIN_FREE_BYTES",
@@ -103,12 +103,9 @@ def _refuse(home: str, exc: OSError) -> None:
 
 def storage_error(exc: BaseException | None) -> OSError | None:
     """The ``OSError`` of a full or read-only filesystem that ``exc`` is or was caused by."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
-            return exc
-        exc = exc.__cause__ or exc.__context__
+    for current in causes(exc, context=True):
+        if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
+            return current
     return None
 
 

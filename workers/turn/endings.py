@@ -23,6 +23,7 @@ from workers.fleet.outcomes import StartOutcome
 from workers.fleet.spend import Refusal
 from workers.logs import monotonic_wall_time
 from workers.persona.checkup import input_over_budget_remedy
+from workers.persona.errors import causes
 from workers.persona.loop import RunResult
 from workers.settings import Settings
 from workers.turn.report import TurnReport
@@ -259,11 +260,8 @@ def incomplete_note(result: RunResult, persona: str) -> str:
 def retry_after(cause: BaseException | None) -> float:
     """How long the provider asked to be left alone (a model error's ``retry_after`` in the
     failure's causes), or 0."""
-    seen: set[int] = set()
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
-        wait = getattr(cause, "retry_after", None)
+    for current in causes(cause):
+        wait = getattr(current, "retry_after", None)
         if isinstance(wait, (int, float)) and wait > 0:
             return float(wait)
-        cause = cause.__cause__
     return 0.0
