@@ -173,13 +173,20 @@ class WriteLedger:
         if raw is None or len(raw) + len(line) > MAX_BYTES:
             # A new ledger is written whole, like any created persona file; a full one is
             # compacted first: an intent past the bound would be read cut, and voided.
-            data = (generation_line() if raw is None else self._compacted(answered)) + line
-            remove_stale_temps(self.path)
-            replace_bytes(self.path, data)
-            self.close()  # its descriptor names the replaced file: later appends reopen
-            self._raw, self._after, self._created = data, b"", True
+            self._rewrite(answered, line)
+            self._created = True
             return
         self._append(line, fd=self._fd)
+
+    def _rewrite(self, answered: list[tuple[str, str]], tail: bytes) -> None:
+        """Write the ledger whole, durably, in one rename: a new one (there was none), or this
+        one compacted with room for ``answered``; then ``tail``."""
+        head = generation_line() if self._bytes() is None else self._compacted(answered)
+        data = head + tail
+        remove_stale_temps(self.path)
+        replace_bytes(self.path, data)
+        self.close()  # its descriptor names the replaced file: later appends reopen
+        self._raw, self._after = data, b""
 
     def settle(self, data: str) -> None:
         """Finish a commit whose writer died between its intent and its answers (its ledger
@@ -266,11 +273,7 @@ class WriteLedger:
         count = 0 if raw is None else count_answers(self.path, raw) + answers_in(self._after)
         size = 0 if raw is None else len(raw) + len(self._after)
         if raw is None or count >= 2 * MAX_ENTRIES or size + len(lines) > MAX_BYTES:
-            data = self._compacted(answered) if raw is not None else generation_line()
-            data += b"".join(answer_line(k, m) for k, m in answered)
-            remove_stale_temps(self.path)
-            replace_bytes(self.path, data)
-            self._raw, self._after = data, b""
+            self._rewrite(answered, lines)
             replaced = True
         else:
             self._append(lines, fd=self._fd)  # after a torn last line, on a fresh one
