@@ -25,7 +25,7 @@ from workers.persona.home import BOOTSTRAP_ORDER
 from workers.persona.mcp_servers import FleetServer, check_uses
 from workers.persona.models.client import HTTPModel
 from workers.persona.models.config import ModelConfig
-from workers.persona.models.spec import resolve_model
+from workers.persona.models.spec import inherits, resolve_model
 from workers.persona.python_tools import resolve_ref
 from workers.persona.session import estimate_tokens
 from workers.persona.tool_config import PythonDecl
@@ -130,7 +130,7 @@ def check_persona(
             "this command calls the model itself; set it, or leave the turn to the fleet's "
             "workers (without --local)"
         )
-    if missing is not None and model is None and agent.model == "inherit":
+    if missing is not None and model is None and inherits(agent.model):
         # The model is this shell's SOULFLEET_MODEL, which says nothing of the workers'.
         warnings.append(
             f"persona {agent.name} names no model in its persona.toml; this shell's "

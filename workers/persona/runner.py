@@ -38,7 +38,7 @@ from workers.persona.mcp_hub import McpHub
 from workers.persona.mcp_servers import FleetServer
 from workers.persona.models import Model
 from workers.persona.models.config import ModelConfig
-from workers.persona.models.spec import INHERIT, resolve_model
+from workers.persona.models.spec import inherits, resolve_model
 from workers.persona.session_files import FilePointer, SessionFiles, library_tag
 from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
 from workers.persona.toolbox import build_within
@@ -64,9 +64,9 @@ def model_for(
     # when the default is the one used: a persona with its own model ran nowhere while an
     # unrelated default lacked its key.
     settings = config if config is not None else ModelConfig.from_env(reach=False)
-    if model is not None and model.strip().lower() not in ("", INHERIT):
+    if model is not None and not inherits(model):
         return resolve_model(model, settings)
-    if agent.model.strip().lower() not in ("", INHERIT):
+    if not inherits(agent.model):
         # persona.toml's relative scripted paths mean the persona's own directory.
         return resolve_model(agent.model, settings, base_dir=agent.home)
     if config is None:

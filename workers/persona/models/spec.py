@@ -36,6 +36,7 @@ __all__ = [
     "INHERIT",
     "PAID_PROVIDERS",
     "SCRIPTED_MAX",
+    "inherits",
     "provider_of",
     "resolve_model",
 ]
@@ -56,12 +57,18 @@ _cache_lock = threading.Lock()
 _scripted: dict[Path, tuple[tuple[int, int], Model]] = {}
 
 
+def inherits(spec: str | None) -> bool:
+    """Whether ``spec`` names no model of its own (``"inherit"``, any case, or nothing): the
+    next level of the precedence decides."""
+    return (spec or "").strip().lower() in ("", INHERIT)
+
+
 def resolve_model(spec: str | None, config: ModelConfig, *, base_dir: Path | None = None) -> Model:
     """The model ``spec`` names; ModelSpecError (listing the accepted forms) if it names none."""
     text = (spec or "").strip()
-    if text.lower() in ("", INHERIT):
+    if inherits(text):
         default = config.default_spec.strip()
-        if default.lower() in ("", INHERIT):
+        if inherits(default):
             from workers.persona.models.scripted import ScriptedModel  # noqa: PLC0415
 
             return ScriptedModel.builtin()
