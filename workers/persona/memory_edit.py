@@ -56,7 +56,11 @@ def edit(request: MemoryRequest, current: bytes | None) -> tuple[bytes, str] | s
         else:
             new = drop_husk(data[:at] + data[at + len(needle) :], at)
             message = f"Removed the first occurrence from {label}. {after}"
-    if not request.target.startswith("note:") and _headers(new) > _headers(data):
+    if (
+        request.action != "add"  # an added entry is one line behind its "- ": never a header
+        and not request.target.startswith("note:")
+        and _headers(new) > _headers(data)
+    ):
         # MEMORY.md and USER.md are composed into the soul: a line of their own reading
         # "## IDENTITY.md" would pose as another section of it (a whole-line replace, or a
         # remove that strips the bullet off an added "- ## SOUL.md").
