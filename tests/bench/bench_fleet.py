@@ -325,6 +325,31 @@ def warm_lanes(
                 time.sleep(_POLL)
 
 
+def bench_body(
+    env: Mapping[str, str], logs: Path, names: Sequence[str], *, warmup: int, seconds: float
+) -> Result:
+    """One turn for each of ``names`` run in one process on one thread with no Celery at all
+    (:mod:`tests.bench.turn_body`): the CPU a turn's own work costs (``--body``)."""
+    argv = [sys.executable, "-m", "tests.bench.turn_body", str(warmup), *names]
+    with (logs / "body.log").open("ab") as log:
+        done = subprocess.run(
+            argv, env=dict(env), cwd=str(REPO), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=log, timeout=60 + seconds, check=False,
+        )  # fmt: skip
+    if done.returncode != 0:
+        tail = (logs / "body.log").read_text(errors="replace").splitlines()[-20:]
+        raise BenchError("\n".join([f"turn body exited with {done.returncode}", *tail]))
+    figures = json.loads(done.stdout)
+    return Result(
+        "fleet turn body, 1 thread, no Celery",
+        int(figures["turns"]),
+        float(figures["rate"]),
+        "none",
+        1,
+        cpu_ms=float(figures["cpu_ms"]),
+    )
+
+
 def _post_each(env: Mapping[str, str], names: Sequence[str], text: str) -> None:
     """Post ``text`` to each of ``names`` (one turn message each), before a worker starts."""
     settings = Settings.from_env(env)
@@ -568,12 +593,27 @@ class _Repeat:
     connections: int
     max_in_flight: int
     latency: float
+    body: Result | None = None
+
+
+def _bound(repeats: Sequence[_Repeat]) -> list[str]:
+    """With ``--body``: the bare task's CPU over the turn body's, the drain-rate ratio a
+    CPU-bound worker could reach if Celery cost a turn nothing (every turn in one message)."""
+    pairs = [(r.noop.cpu_ms, r.body.cpu_ms) for r in repeats if r.body is not None]
+    bounds = [noop / body for noop, body in pairs if noop is not None and body]
+    if not bounds:
+        return []
+    return [
+        f"  bare no-op cpu / turn body cpu (1 thread, no Celery): {_spread(bounds, '.2f')}   "
+        "(the most a CPU-bound worker can reach with today's turn, whatever delivers it)"
+    ]
 
 
 def _table(repeats: Sequence[_Repeat], setup: str) -> str:
     header = f"{'':<34} {'per s':>24} {'p50 ms':>22} {'cpu ms':>18}"
     lines = [setup, header, "-" * len(header)]
-    for attr in ("noop", "fast", "slow"):
+    attrs = ("noop", "fast", "body", "slow") if repeats[0].body else ("noop", "fast", "slow")
+    for attr in attrs:
         rows: list[Result] = [getattr(r, attr) for r in repeats]
         p50 = "-" if rows[0].p50_ms is None else _spread([r.p50_ms or 0.0 for r in rows])
         cpus = [r.cpu_ms for r in rows if r.cpu_ms is not None]
@@ -589,6 +629,7 @@ def _table(repeats: Sequence[_Repeat], setup: str) -> str:
     lines += [
         "ratios, taken within each repeat (median (min-max)):",
         f"  fleet turn (scripted 0 ms) / bare Celery no-op drain rate: {ratio}   (goal >= 0.5)",
+        *_bound(repeats),
         f"  fleet turn (HTTP {repeats[0].latency:g} s) / ideal {repeats[0].ideal:,.1f} turns/s "
         f"(min(concurrency {slow.concurrency}, gate) / latency): {ideal}   (goal >= 0.9)",
         f"  p50 turn / model latency: {p50}   (goal <= 1.1)",
@@ -630,6 +671,13 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="measure each persona's SECOND turn (a continuing session, as in a running fleet): "
         "an unmeasured worker runs a first turn on every lane before the measured one",
+    )
+    add(
+        "--body",
+        action="store_true",
+        help="also run the scripted turns in one process on one thread with no Celery, and "
+        "print the bare task's CPU over that turn body's CPU: the ratio no execution model that "
+        "keeps today's turn (several turns per message included) can pass",
     )
     add("--keep", action="store_true", help="keep the scratch directory (worker logs, personas)")
     add("--profile", type=float, default=0.0,
@@ -691,6 +739,16 @@ def _repeat(run: _Run, args: argparse.Namespace, settings: Settings, n: int) -> 
     fast = bench_turns("fleet turn, scripted model 0 ms", f"fast{n}", env, run.logs, names,
                        warmup=warmup, seconds=args.seconds,
                        profile=args.profile if n == 0 else 0.0)  # fmt: skip
+    body = None
+    if args.body:
+        root = run.scratch / f"body{n}"
+        names = _write_personas(root, args.turns, scripted=True)
+        env = run.env(f"body{n}", root)
+        if args.warm_lanes:
+            _say(f"[{n}] turn body, warming {args.turns} lanes (one unmeasured turn each) ...")
+            warm_lanes(f"body{n}-warm", env, run.logs, names, seconds=args.seconds)
+        _say(f"[{n}] turn body, {args.turns} scripted turns in one thread, no Celery ...")
+        body = bench_body(env, run.logs, names, warmup=warmup, seconds=args.seconds)
 
     turns = args.slow_turns or 6 * settings.worker_concurrency
     root = run.scratch / f"http{n}"
@@ -712,7 +770,7 @@ def _repeat(run: _Run, args: argparse.Namespace, settings: Settings, n: int) -> 
         gate = Settings.from_env(env).max_concurrent_model_calls
         slots = min(settings.worker_concurrency, gate) if gate else settings.worker_concurrency
         return _Repeat(noop, fast, slow, slots / args.latency, provider.connections_opened - opened,
-                       provider.max_in_flight, args.latency)  # fmt: skip
+                       provider.max_in_flight, args.latency, body)  # fmt: skip
 
 
 def _trips(run: _Run) -> str:
