@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from workers.persona.dream_log import rotate
 from workers.persona.errors import PersonaError
 from workers.persona.files import read_prefix
 from workers.persona.home import MAX_FILE_BYTES
@@ -138,7 +139,7 @@ def _commit(
     result = ToolResult(own, is_error=True) if isinstance(own, str) else ToolResult(own[1])
     if refused and not served:
         return Committed(result, full=full)
-    new = state or b""
+    new = rotate(target.root, target.relative, state or b"")
     if not (keyed or served):
         replace_bytes(target.data, new)  # its directory is fsynced after the lock
         return Committed(result, target.directory, len(new), full=full)
