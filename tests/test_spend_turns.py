@@ -7,24 +7,30 @@ holds the tokens the server reported" are checked end to end, not against a stub
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 
 from tests.support.fleet import openai_env
-from tests.support.providers import FakeProvider
-from tests.support.rig import TurnRig, turn_engine, write_persona
-from workers.fleet.errors import BudgetStopped
+from tests.support.providers import FakeProvider, openai_completion
+from tests.support.rig import Recorder, TurnRig, turn_engine, write_persona
+from workers.fleet import Fleet
+from workers.fleet.errors import BudgetStopped, RedisUnavailable
+from workers.local.redis_server import RedisServer
 from workers.persona.clock import VirtualClock
 from workers.persona.inbox import InboxItem
 from workers.persona.messages import Usage
+from workers.turn import TurnExecutor
 
 # The next 12:00 UTC: the day boundary is 12 h away, and the virtual clock runs ahead of the
 # file system's, so files written during a test look older than any pass (tests date a new
@@ -365,3 +371,100 @@ def test_a_run_to_a_stopped_persona_is_refused_with_the_reason(rig: Rig) -> None
         rig.fleet.run("ava", "hello", timeout=30)
     assert rig.published.sent == []
     assert rig.server.requests == []
+
+
+def test_a_redis_restart_during_a_model_call_does_not_pay_the_answer_twice(
+    tmp_path: Path,
+) -> None:
+    """Redis restarts (an upgrade, a failover: back in about a second, its data kept) while a
+    turn's model call is in flight. The provider answered and billed the call; the turn must
+    keep that answer and count it once Redis is back. The usage write after the call, sent
+    once with no wait, failed: the paid answer was thrown away, the turn failed, and its retry
+    paid for the same call again, while the first payment was never counted. The bill is two
+    calls (a tool call, then the reply), and Redis counts exactly those two."""
+    first: list[bool] = []
+    redis_box: dict[str, RedisServer] = {}
+
+    def come_back() -> None:
+        time.sleep(1.0)
+        port = redis_box["server"].port
+        redis_box["server"] = RedisServer(tmp_path / "redis", port=port, persistent=True).start()
+
+    def answer(body: dict[str, Any]) -> str | dict[str, Any]:
+        if body["messages"][-1]["role"] == "tool":
+            return "all done"
+        if not first:  # the first call: Redis goes away while the provider answers
+            first.append(True)
+            process = redis_box["server"].process
+            assert process is not None
+            process.kill()
+            process.wait(10)
+            threading.Thread(target=come_back, daemon=True).start()
+        return openai_completion(None, [("call_1", "slow", {"seconds": 3})], model="talk")
+
+    redis_box["server"] = RedisServer(tmp_path / "redis", persistent=True).start()
+    root = tmp_path / "personas"
+    root.mkdir()
+    try:
+        with FakeProvider("openai", answer=answer) as server:
+            env = {**openai_env(server), "SOULFLEET_LEASE_TTL": "10"}
+            url = redis_box["server"].url
+            with turn_engine(url, "blip:", root, env, gate_limit=4) as (fleet, executor, sent):
+                write_persona(root, "ava", "openai:talk", SLOW_TOOL, soul="You are ava.\n")
+                fleet.post("ava", "hello")
+                _run_until_done(fleet, executor, sent, "ava", timeout=60)
+                billed = server.served
+                [day] = fleet.usage("ava")
+    finally:
+        redis_box["server"].stop()
+    assert len(billed) == 2, f"{len(billed)} calls billed for a turn of two"
+    assert day["calls"] == len(billed)
+    assert day["tokens"] == sum(call.input_tokens + call.output_tokens for call in billed)
+
+
+SLOW_TOOL = '[[tools.python]]\nref = "tests.support.python_tools:slow"\n'
+
+
+def _run_until_done(
+    fleet: Fleet, executor: TurnExecutor, sent: Recorder, persona: str, *, timeout: float
+) -> None:
+    """Run published turns until the persona's lane is idle after a done turn. A turn that
+    escapes with an error is what a worker's task would do (it fails, the lane keeps its lease);
+    beat's reaper (``Fleet.reap``) then hands the lane on once the lease lapses."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sent.sent:
+            lane, turn_id, _ = sent.sent.pop(0)
+            with contextlib.suppress(RedisUnavailable):
+                executor.execute(lane, turn_id)
+            continue
+        try:
+            fleet.reap()
+            status = fleet.status(persona)
+        except RedisUnavailable:
+            status = {}
+        if status.get("state") == "idle" and status.get("last_status") == "done":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{persona}'s turn did not end done within {timeout}s")
+
+
+def test_the_fleet_wide_usage_lists_a_persona_counting_in_its_own_time_zone(rig: Rig) -> None:
+    """A persona whose budget counts in Asia/Tokyo spends at 18:00 UTC (03:00 the next day in
+    Tokyo): its tokens go to its Tokyo day, which ``soulfleet status`` and ``usage NAME`` show.
+    The fleet-wide listing (``soulfleet usage``, who spent what today) read only UTC's day,
+    so it left the persona out (up to 9 hours a day for Tokyo, whatever it spent), and showed
+    its previous Tokyo day as today."""
+    rig.persona("kenji", '[budget]\ntimezone = "Asia/Tokyo"\n')
+    rig.persona("ava")
+    rig.clock.advance(6 * 3600)  # 18:00 UTC, 03:00 tomorrow in Tokyo
+    for name in ("kenji", "ava"):
+        rig.fleet.post(name, "hello")
+        assert rig.run_all() == ["done"]
+    assert rig.fleet.status("kenji")["tokens_today"] == 18
+    [own] = rig.fleet.usage("kenji")
+    assert own["tokens"] == 18
+    listed = {row["persona"]: row for row in rig.fleet.usage()}
+    assert set(listed) == {"ava", "kenji"}
+    assert listed["kenji"]["day"] == own["day"]
+    assert listed["kenji"]["tokens"] == 18

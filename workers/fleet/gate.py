@@ -30,10 +30,10 @@ import redis
 import structlog
 
 from workers import metrics
-from workers.fleet.errors import GateTimeout, ProviderPaused
+from workers.fleet.errors import GateTimeout, ProviderPaused, as_redis_refusal
 from workers.fleet.keys import Keys
 from workers.fleet.lease import Held, Renewer
-from workers.fleet.scripts import ScriptCall, Scripts, redis_errors, run_scripts
+from workers.fleet.scripts import ScriptCall, Scripts, client_url, redis_errors, run_scripts
 from workers.fleet.usage import MeteredModel
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.messages import Completion, Message, ToolSpec
@@ -247,6 +247,11 @@ class GatedModel:
     With a ``breaker`` (:class:`workers.fleet.breaker.Breaker`), the provider's breaker is asked
     before the gate: while it is open the call is not made and :class:`ProviderPaused` is
     raised (the turn executor defers the turn); every call made is counted by it.
+
+    An answered call is paid for: when Redis cannot take its after-call writes (restarting,
+    failing over, full for a moment), they are sent again for up to ``settle_wait`` seconds
+    (the usage record counts once however often it is sent) before the call fails. Failing at
+    once threw the paid answer away, and the turn's retry paid for it again.
     """
 
     def __init__(
@@ -258,8 +263,10 @@ class GatedModel:
         timeout: float | None = None,
         on_call: Callable[[ModelCall], None] | None = None,
         breaker: Breaker | None = None,
+        settle_wait: float = 10.0,
     ) -> None:
         self.model = model
+        self.settle_wait = settle_wait
         self.breaker = breaker
         self.gate = gate
         self.provider = provider
@@ -343,8 +350,26 @@ class GatedModel:
             calls.append(breaker.record_call(self.provider, ok=True))
         if not calls:
             return
-        replies = run_scripts(self.gate.client, calls)
+        replies = self._send(calls)
         if owed is not None and isinstance(self.model, MeteredModel):
             self.model.settle(replies[0])
         if breaker is not None:
             breaker.recorded(self.provider, replies[-1])
+
+    def _send(self, calls: Sequence[ScriptCall]) -> list[object]:
+        """Send an answered call's writes, waiting up to ``settle_wait`` for a Redis that
+        refuses them (down or full); raise once it has refused that long."""
+        clock = self.gate.clock
+        client = self.gate.client
+        deadline = clock.monotonic() + self.settle_wait
+        pause = 0.05
+        while True:
+            try:
+                return run_scripts(client, calls)
+            except Exception as exc:
+                left = deadline - clock.monotonic()
+                if left <= 0 or as_redis_refusal(exc, client_url(client)) is None:
+                    raise
+                _log.warning("usage.record_retry", provider=self.provider, error=str(exc)[:300])
+                clock.sleep(min(pause, left))
+                pause = min(pause * 2, 1.0)

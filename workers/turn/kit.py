@@ -94,16 +94,20 @@ class TurnKit:
             kind=kind,
             provider=provider,
         )
+        # An answered call's usage record waits out a Redis blip rather than lose the paid
+        # answer: for half a lease, well inside what the lease itself survives.
+        settle_wait = self.settings.lease_ttl / 2
         # The gate protects a provider's rate limits; the offline scripted model has none, so it
         # skips the two Redis round trips a slot costs (the wrapper still times the call).
         if provider == "scripted":
-            return GatedModel(model, self.open_gate, provider=provider)
+            return GatedModel(model, self.open_gate, provider=provider, settle_wait=settle_wait)
         return GatedModel(
             model,
             self.gate,
             provider=provider,
             timeout=self.settings.turn_max_seconds,
             breaker=self.fleet.breaker,
+            settle_wait=settle_wait,
         )
 
     def log_dream(self, agent: AgentDef, turn_id: str, text: str) -> None:
