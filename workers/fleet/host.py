@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from datetime import date, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,6 +33,7 @@ from workers.fleet.breaker import Breaker
 from workers.fleet.clients import fleet_client
 from workers.fleet.errors import (
     BudgetStopped,
+    FleetError,
     LaneDeadLettered,
     RedisUnavailable,
 )
@@ -339,17 +341,35 @@ class Fleet:
 
     def usage(self, persona: str | None = None, days: int = 1) -> list[dict[str, Any]]:
         """Tokens (input, output, cached input) and model calls per persona per day and per
-        model, newest day first. A persona's days are its budget's time zone's; the fleet-wide
-        listing (``persona=None``: every persona that used a model) names days in UTC."""
+        model, newest day first. A persona's days are its budget's time zone's, in the
+        fleet-wide listing (``persona=None``: every persona that used a model) too: a persona
+        ahead of UTC may already count tomorrow's UTC day, one behind it yesterday's."""
         if days < 1:
             raise ValueError(f"days must be >= 1, got {days}")
         if persona is None:
-            rows = self.ledger.usage(None, self.ledger.days_back(days))
+            utc = self.ledger.days_back(days + 1)
+            ahead = (date.fromisoformat(utc[0]) + timedelta(days=1)).isoformat()
+            wanted: dict[str, set[str]] = {}
+            rows = []
+            for row in self.ledger.usage(None, [ahead, *utc]):
+                if row.persona not in wanted:
+                    zone = self._usage_zone(row.persona)
+                    wanted[row.persona] = set(self.ledger.days_back(days, zone))
+                if row.day in wanted[row.persona]:
+                    rows.append(row)
+            rows.sort(key=lambda r: (-date.fromisoformat(r.day).toordinal(), -r.tokens, r.persona))
         else:
             name = self.registry.resolve(persona)
             timezone = persona_budget(self.registry.home(name), self.settings).timezone
             rows = self.ledger.usage([name], self.ledger.days_back(days, timezone))
         return [row.to_dict() for row in rows]
+
+    def _usage_zone(self, name: str) -> str:
+        """The time zone ``name``'s usage days are counted in (UTC once its home is gone)."""
+        try:
+            return persona_budget(self.registry.home(name), self.settings).timezone
+        except FleetError:
+            return "UTC"
 
     def beats(self, count: int = 100) -> list[Beat]:
         """Recent surfaced beats, newest last."""

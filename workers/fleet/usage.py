@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import date, timedelta
 from typing import Any
 
 import redis
@@ -193,9 +193,10 @@ class UsageLedger:
             return [int(value or 0) for value in pipe.execute()]
 
     def days_back(self, days: int, timezone: str = "UTC") -> list[str]:
-        """The last ``days`` day names, newest first (today included)."""
-        now = self.clock.time()
-        return [usage_day(now - timedelta(days=n).total_seconds(), timezone) for n in range(days)]
+        """The last ``days`` day names, newest first (today included): calendar days, so a
+        day of 23 or 25 hours (a DST change) is neither skipped nor named twice."""
+        today = date.fromisoformat(usage_day(self.clock.time(), timezone))
+        return [(today - timedelta(days=n)).isoformat() for n in range(days)]
 
     def usage(self, personas: Iterable[str] | None, days: Sequence[str]) -> list[DayUsage]:
         """Each named persona's use on each of ``days`` (None: every persona that used any),
