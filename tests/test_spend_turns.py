@@ -22,12 +22,13 @@ import pytest
 import redis
 
 from tests.support.fleet import openai_env
-from tests.support.providers import FakeProvider, openai_completion
+from tests.support.providers import FakeProvider, error_reply, openai_completion
 from tests.support.rig import Recorder, TurnRig, turn_engine, write_persona
 from workers.fleet import Fleet
 from workers.fleet.errors import BudgetStopped, RedisUnavailable
 from workers.local.redis_server import RedisServer
 from workers.persona.clock import VirtualClock
+from workers.persona.compaction import SUMMARY_INSTRUCTIONS
 from workers.persona.inbox import InboxItem
 from workers.persona.messages import Usage
 from workers.turn import TurnExecutor
@@ -468,3 +469,37 @@ def test_the_fleet_wide_usage_lists_a_persona_counting_in_its_own_time_zone(rig:
     assert set(listed) == {"ava", "kenji"}
     assert listed["kenji"]["day"] == own["day"]
     assert listed["kenji"]["tokens"] == 18
+
+
+def test_a_retried_turn_does_not_pay_again_for_the_summary_its_first_attempt_bought(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path, server: FakeProvider
+) -> None:
+    """A turn over ``session.max_tokens`` first pays for a summary of the older conversation
+    (input: all of it), then its own call fails (HTTP 500) and the turn is retried. The retry
+    started from the uncompacted session again and paid for a second summary of the same
+    history, and each further retry (a provider outage: one per backoff step for
+    SOULFLEET_RETRY_FOR) another: nothing paid twice does not hold for the costliest call a
+    turn makes. The summary bought once is used by the retry."""
+    with make_rig(redis_url, key_prefix, tmp_path, server, SOULFLEET_RETRY_BASE="10s",
+                  SOULFLEET_RETRY_MAX="20s") as rig:  # fmt: skip
+        rig.persona("ava", "[session]\nmax_tokens = 200\nkeep_tail = 50\n")
+        rig.fleet.post("ava", "remember this: " + "the fern needs shade. " * 40)
+        rig.fleet.post("ava", "hi")
+        assert rig.run_all() == ["done"]
+        rig.fleet.post("ava", "and the cactus?")
+        assert rig.run_all() == ["done"]
+        server.enqueue(
+            openai_completion("ava keeps a fern that needs shade", model="talk"),
+            error_reply("openai", 500, "overloaded"),
+        )
+        rig.fleet.post("ava", "what about the orchid?")
+        assert rig.run_all() == ["error"]
+        rig.clock.advance(21.0)
+        assert rig.fleet.recover()
+        assert rig.run_all() == ["done"]
+        summaries = [
+            body for body in server.bodies
+            if str(body["messages"][0]["content"]).startswith(SUMMARY_INSTRUCTIONS[:40])
+        ]  # fmt: skip
+        assert rig.fleet.session("ava")["compactions"] == 1
+        assert len(summaries) == 1, f"{len(summaries)} summaries paid for one compaction"

@@ -48,6 +48,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import structlog
 
@@ -55,12 +56,14 @@ from workers.persona.errors import ModelError
 from workers.persona.messages import Message, Usage
 from workers.persona.models import Model
 from workers.persona.session import Dialect, SessionConfig, estimate_tokens, message_chars
+from workers.persona.summary_cache import summary_key
 
 __all__ = [
     "FLUSH_REMINDER",
     "SUMMARY_INSTRUCTIONS",
     "SUMMARY_PREFIX",
     "Compaction",
+    "Summaries",
     "boundaries",
     "compact",
     "render_transcript",
@@ -109,6 +112,18 @@ class Compaction:
     tokens_before: int
     tokens_after: int
     applied: bool = True
+    #: The summary was an earlier attempt's, kept for it (:mod:`workers.persona.summary_cache`):
+    #: no model call was made, ``usage`` is zero.
+    reused: bool = False
+
+
+class Summaries(Protocol):
+    """Where paid summaries are kept for a retry (the fleet's and the library's:
+    :class:`~workers.persona.summary_cache.SummaryFile`)."""
+
+    def recall(self, key: str) -> str | None: ...
+
+    def keep(self, key: str, text: str) -> None: ...
 
 
 def boundaries(messages: Sequence[Message], dialect: Dialect) -> list[int]:
@@ -176,11 +191,14 @@ def compact(
     config: SessionConfig,
     model: Model,
     dialect: Dialect,
+    summaries: Summaries | None = None,
 ) -> Compaction | None:
     """Compact ``history`` if ``system + history + incoming`` is over ``config.max_tokens``.
 
     None means "leave the history as it is": at or below the threshold, nothing to summarize,
     or the summary call failed (logged; the turn goes on uncompacted rather than failing).
+    With ``summaries``, a summary of exactly this older part kept by an earlier attempt is
+    reused without a model call, and one paid for now is kept there.
     """
     before = estimate_tokens(history, system) + estimate_tokens([Message("user", incoming)])
     if before <= config.max_tokens:
@@ -219,7 +237,31 @@ def compact(
             max_tokens=config.max_tokens,
         )
     older, tail = history[:split], tuple(history[split:])
+    part = _Part(older, tail, before, system, config)
     request = Message("user", render_transcript(older))
+    key = summary_key(SUMMARY_INSTRUCTIONS, request.content)
+    kept = summaries.recall(key) if summaries is not None else None
+    if kept is not None:
+        # An earlier attempt at this turn paid for this very summary, then failed: reuse it.
+        return _compacted(kept, part, Usage(), reused=True)
+    return _summarize(request, part, model, key, summaries)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """What a compaction summarizes and keeps, and the figures it logs."""
+
+    older: Sequence[Message]
+    tail: tuple[Message, ...]
+    before: int
+    system: str
+    config: SessionConfig
+
+
+def _summarize(
+    request: Message, part: _Part, model: Model, key: str, summaries: Summaries | None
+) -> Compaction | None:
+    """The paid summary call for ``part`` (kept in ``summaries`` under ``key``)."""
     try:
         completion = model.complete(system=SUMMARY_INSTRUCTIONS, messages=[request], tools=[])
     except ModelError as exc:
@@ -234,8 +276,10 @@ def compact(
             tool_calls=len(completion.tool_calls),
             hint="the history is kept whole; the next turn over budget tries again",
         )
-        stay = tuple(history)
-        return Compaction(stay, completion.usage, 0, len(stay), before, before, applied=False)
+        stay = (*part.older, *part.tail)
+        return Compaction(
+            stay, completion.usage, 0, len(stay), part.before, part.before, applied=False
+        )
     if completion.stop_reason in _CUT_OFF:
         _log.warning(
             "session.summary_cut_off",
@@ -244,16 +288,25 @@ def compact(
             hint="the model's output limit ended the summary; what it wrote is kept",
         )
         text += f"\n[summary cut off by the model's output limit ({completion.stop_reason})]"
-    summary = Message("user", f"{SUMMARY_PREFIX}\n\n{_bounded(text, config)}")
-    reminder = (Message("user", FLUSH_REMINDER),) if config.flush_to_memory else ()
-    compacted = (summary, *reminder, *tail)
-    after = estimate_tokens(compacted, system)
+    if summaries is not None:
+        summaries.keep(key, text)
+    return _compacted(text, part, completion.usage)
+
+
+def _compacted(text: str, part: _Part, usage: Usage, *, reused: bool = False) -> Compaction:
+    summary = Message("user", f"{SUMMARY_PREFIX}\n\n{_bounded(text, part.config)}")
+    reminder = (Message("user", FLUSH_REMINDER),) if part.config.flush_to_memory else ()
+    compacted = (summary, *reminder, *part.tail)
+    after = estimate_tokens(compacted, part.system)
     _log.info(
         "session.compacted",
-        summarized=len(older),
-        kept=len(tail),
-        tokens_before=before,
+        summarized=len(part.older),
+        kept=len(part.tail),
+        tokens_before=part.before,
         tokens_after=after,
         summary_chars=message_chars(summary),
+        reused=reused,
     )
-    return Compaction(compacted, completion.usage, len(older), len(tail), before, after)
+    return Compaction(
+        compacted, usage, len(part.older), len(part.tail), part.before, after, reused=reused
+    )

@@ -41,6 +41,7 @@ from workers.persona.models.config import ModelConfig
 from workers.persona.models.spec import inherits, resolve_model
 from workers.persona.session_files import FilePointer, SessionFiles, library_tag
 from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
+from workers.persona.summary_cache import SummaryFile
 from workers.persona.toolbox import build_within
 from workers.persona.tools import Tool, ToolResult
 from workers.persona.transcripts import FileTranscripts
@@ -116,6 +117,7 @@ def run_agent(
             incoming=prompt,
             model=model,
             turn_tokens=(budget or Budget()).max_tokens,
+            summaries=SummaryFile(agent.home, agent.name),
         )
     else:
         plan = ephemeral_plan(agent.name, agent.soul, now=used_clock.time())

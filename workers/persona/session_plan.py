@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from workers.persona.compaction import Compaction, compact
+from workers.persona.compaction import Compaction, Summaries, compact
 from workers.persona.loop import Budget, RunResult
 from workers.persona.messages import Message
 from workers.persona.models import Model
@@ -91,7 +91,7 @@ class SessionPlan:
     def left_of(self, budget: Budget) -> Budget:
         """What ``budget`` leaves the turn's own loop once this plan's compaction (a model call
         made before the loop) is counted: one call fewer, its tokens fewer."""
-        if self.compaction is None:
+        if self.compaction is None or self.compaction.reused:
             return budget
         return replace(
             budget,
@@ -101,7 +101,7 @@ class SessionPlan:
 
     def charge(self, result: RunResult) -> RunResult:
         """``result`` with the compaction's model call counted in its usage and calls."""
-        if self.compaction is None:
+        if self.compaction is None or self.compaction.reused:
             return result
         return replace(
             result,
@@ -171,11 +171,13 @@ def plan_turn(
     incoming: str,
     model: Model,
     turn_tokens: int | None = None,
+    summaries: Summaries | None = None,
 ) -> SessionPlan:
     """Continue ``base`` or start a new session (module doc); compaction happens here.
 
     ``turn_tokens`` is the turn's token budget (``Budget.max_tokens``): a frozen soul over it,
-    as over ``session.max_tokens``, is not continued."""
+    as over ``session.max_tokens``, is not continued. ``summaries``: where a paid summary is
+    kept for this turn's retry (:mod:`workers.persona.summary_cache`)."""
     reason: str | None
     if base is None:
         reason = "first" if pointer.state is None else "missing"
@@ -219,6 +221,7 @@ def plan_turn(
         config=config,
         model=model,
         dialect=dialect_of(model),
+        summaries=summaries,
     )
     return SessionPlan(
         planned_at=now,

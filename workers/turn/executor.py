@@ -70,6 +70,7 @@ from workers.persona.models.spec import resolve_model
 from workers.persona.session import Pointer
 from workers.persona.session_files import SessionFiles
 from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
+from workers.persona.summary_cache import SummaryFile
 from workers.persona.transcripts import FileTranscripts
 from workers.settings import Settings
 from workers.turn.claims import Claims
@@ -319,6 +320,8 @@ class TurnExecutor:
             incoming=prompt,
             model=model,
             turn_tokens=self.budget.max_tokens,
+            # A summary this turn pays for is kept: its retry, if it fails, reuses it.
+            summaries=SummaryFile(agent.home, lane),
         )
 
     def _prepare(
