@@ -28,6 +28,7 @@ from tests.support.cli import (
     subprocess_env,
 )
 from tests.support.fleet import wait_until
+from tests.support.tmpfs import fill, tmpfs
 from workers.cli.up import RESTARTS
 
 pytestmark = pytest.mark.integration
@@ -307,3 +308,42 @@ def test_a_dead_embedded_redis_stops_up_and_says_what_was_lost(tmp_path: Path) -
         assert "AOF flushed" not in text
         assert "REDIS_URL" not in text  # the beats feed's generic advice does not apply
         assert [c for c in children if c.alive()] == []
+
+
+def test_a_restart_on_a_full_disk_does_not_stop_the_fleet_over_up_json(tmp_path: Path) -> None:
+    """The data disk fills up and a child dies (beat's log write fails, or an OOM kill of the
+    worker): `up` restarts it, then fails to rewrite up.json with the new pid and had stopped
+    the WHOLE fleet over that file, saying only "[Errno 28] No space left on device". The
+    file only lists pids; `up` names it and runs on, and the fleet outlives the full disk."""
+    with tmpfs(tmp_path / "xdg" / "soulfleet", "64m") as disk, start_up(tmp_path) as running:
+        wait_until(lambda: running.alive() and "is sweeping schedules" in running.text()
+                   and "ready   worker-1" in running.text(),
+                   timeout=DEADLINE, what="the fleet ready")  # fmt: skip
+        filler = fill(disk, leave=0)
+        worker = _worker_pid(running)
+        assert worker is not None
+        os.kill(worker, signal.SIGKILL)
+        wait_until(lambda: "exited unexpectedly" in running.text()
+                   or running.process.poll() is not None,
+                   timeout=DEADLINE, what="the restart")  # fmt: skip
+        time.sleep(1.0)
+        filler.unlink()  # the operator frees space
+        time.sleep(3.0)
+        text = running.text()
+        assert running.process.poll() is None, text
+        assert "up.json" in text, text
+        running.process.send_signal(signal.SIGINT)
+        assert running.process.wait(timeout=120) == 0, running.text()
+
+
+def test_up_on_a_full_data_disk_says_which_folder_is_full(tmp_path: Path) -> None:
+    """`up` on a data folder whose disk is full exited 1 with only "[Errno 28] No space left on
+    device": no word of which folder or what it was writing. It names the data folder."""
+    with tmpfs(tmp_path / "disk", "2m") as disk:
+        fill(disk, leave=0)
+        env = subprocess_env({"REDIS_URL": None, "XDG_DATA_HOME": str(tmp_path / "xdg")})
+        done = run_soulfleet("up", "--data", str(disk / "data"), env=env, timeout=120)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "No space left on device" in done.stderr, done.stderr
+        assert str(disk / "data") in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr

@@ -95,3 +95,26 @@ def test_lock_in_process_is_exclusive_too(tmp_path: Path) -> None:
             DataDir(tmp_path / "d").lock()
     finally:
         lock.release()
+
+
+def test_a_lock_holder_up_json_does_not_list_is_named_not_unknown(tmp_path: Path) -> None:
+    """`up` is gone and a process it did not record holds the inherited lock (Redis's
+    AOF-rewrite fork, or one started before up.json was rewritten): the refusal said "pids
+    unknown ... (`kill unknown`)". It names the process that holds the folder."""
+    data = DataDir(tmp_path / "d")
+    lock = data.lock()
+    holder = subprocess.Popen(["sleep", "60"], pass_fds=(lock.fd,))
+    try:
+        lock.release()  # `up` is gone; only the holder keeps the folder locked
+        gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        data.write_state(_state(data, int(gone.stdout)))
+        with pytest.raises(AlreadyRunningError) as refused:
+            data.lock()
+        message = str(refused.value)
+        assert "unknown" not in message, message
+        assert str(holder.pid) in message, message
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    data.lock().release()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.support.tmpfs import fill, tmpfs
 from workers.local.redis_server import (
     WRITTEN_BY,
     RedisServer,
@@ -135,3 +136,31 @@ def test_an_unreadable_record_is_a_clear_error(tmp_path: Path) -> None:
         RedisServer(
             tmp_path, persistent=True, binary=_fake_server(tmp_path / "b", "7.0.0")
         ).check_data()
+
+
+def test_a_port_another_redis_holds_is_not_taken_for_this_server(tmp_path: Path) -> None:
+    """A server that cannot bind its port (another Redis holds it: the race between
+    free_port() and the bind) fails to start; another server answering PING there was taken
+    for it, and `up` wrote the fleet (its welcome, its children's URL) into that stranger."""
+    with RedisServer(tmp_path / "other") as other:
+        mine = RedisServer(tmp_path / "mine", port=other.port, persistent=True)
+        try:
+            with pytest.raises(RedisServerError, match="exited"):
+                mine.start(timeout=10)
+        finally:
+            mine.stop()
+
+
+def test_a_server_that_dies_on_a_full_disk_says_the_disk_is_full(tmp_path: Path) -> None:
+    """On a full disk redis-server exits at once (it cannot create its AOF) and cannot write
+    its log either: "see redis.log" pointed at an empty file; the error says why."""
+    with tmpfs(tmp_path / "disk", "2m") as disk:
+        data = disk / "redis"
+        data.mkdir()
+        fill(disk, leave=0)
+        with pytest.raises(RedisServerError) as failed:
+            RedisServer(data, persistent=True).start(timeout=10)
+        message = str(failed.value)
+        assert "exited" in message
+        assert "No space left on device" in message or "full" in message, message
+        assert str(disk) in message, message

@@ -18,6 +18,7 @@ keeps the data folder locked.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import queue
@@ -25,6 +26,7 @@ import shlex
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -137,9 +139,10 @@ class _Up:
             self._shutdown()
 
     def _run(self) -> int:
-        self.data.create()
         env = dict(os.environ)
-        choice = choose_personas(self.personas_option, env, self.data.personas)
+        with _writing(self.data.root):
+            self.data.create()
+            choice = choose_personas(self.personas_option, env, self.data.personas)
         if not choice.root.is_dir():
             raise BadInputError(
                 f"personas root {choice.root} does not exist (--personas or SOULFLEET_PERSONAS; "
@@ -180,7 +183,8 @@ class _Up:
             data=str(self.data.root), started_at=time.time(), embedded_redis=self.redis is not None,
             children=self._child_pids(),
         )  # fmt: skip
-        self.data.write_state(state)
+        with _writing(self.data.root):
+            self.data.write_state(state)
         flower_port = free_port() if self.flower else 0
         auth, auth_note = flower_auth(env, self.data.flower_auth) if self.flower else ("", "")
         specs = child_specs(settings, child_environ(env, redis_url=redis_url, personas=choice.root),
@@ -193,7 +197,8 @@ class _Up:
                 return 0
             self.supervisor.start(spec)
         self.state = state
-        self.data.write_state(dataclasses.replace(state, children=self._child_pids()))
+        with _writing(self.data.root):
+            self.data.write_state(dataclasses.replace(state, children=self._child_pids()))
         echo(f"  children  {len(specs)} processes: {', '.join(s.name for s in specs)}; "
              f"logs in {self.data.logs}")  # fmt: skip
         if self.flower:
@@ -300,9 +305,24 @@ class _Up:
         self.console.err(crashed.log_tail())
         self.supervisor.restart(crashed)
         self.restarts[crashed.name] = [*recent, now]
-        if self.state is not None:
-            self.data.write_state(dataclasses.replace(self.state, children=self._child_pids()))
+        self._record_children(crashed.name)
         return True
+
+    def _record_children(self, restarted: str) -> None:
+        """Rewrite up.json with the children's pids after a restart. They only name survivors
+        for a second `up`: a file that cannot be written (a full disk) is said, and is never a
+        reason to stop a running fleet."""
+        if self.state is None:
+            return
+        try:
+            self.data.write_state(dataclasses.replace(self.state, children=self._child_pids()))
+        except OSError as exc:
+            self.reporter.line(
+                "error",
+                f"could not record {restarted}'s new pid in {self.data.state_path} "
+                f"({exc.strerror or exc}); the fleet runs on (other commands still find it "
+                "there); free space on that disk",
+            )
 
     def _child_pids(self) -> tuple[int, ...]:
         redis = self.redis.process.pid if self.redis and self.redis.process else None
@@ -367,6 +387,21 @@ class _Up:
         self.data.clear_state(os.getpid())
         if started:
             self.console.err("soulfleet up: stopped.")
+
+
+@contextlib.contextmanager
+def _writing(data: Path) -> Iterator[None]:
+    """A write into the data folder that fails (a full disk, a read-only mount) is named with
+    that folder: the bare OSError of a write ("[Errno 28] No space left on device") said
+    neither which folder nor what to do."""
+    try:
+        yield
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise CliError(
+            f"cannot write the data folder {data}{where}: {exc.strerror or exc}; free space "
+            "there (or make it writable), or pass another --data directory"
+        ) from exc
 
 
 def _reach(fleet: Fleet, settings: Settings) -> None:

@@ -42,6 +42,7 @@ __all__ = [
     "UpLock",
     "UpState",
     "default_data_dir",
+    "lock_holders",
     "pid_alive",
 ]
 
@@ -78,19 +79,61 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def lock_holders(path: Path) -> list[int]:
+    """Pids of the processes (that this user may inspect) holding ``path`` open, from
+    ``/proc/<pid>/fd``; empty where there is no /proc. The calling process is left out."""
+    try:
+        target = os.stat(path)
+    except OSError:
+        return []
+    wanted = (target.st_dev, target.st_ino)
+    holders: list[int] = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                info = os.stat(f"/proc/{entry}/fd/{fd}")
+            except OSError:
+                continue
+            if (info.st_dev, info.st_ino) == wanted:
+                holders.append(int(entry))
+                break
+    return sorted(holders)
+
+
 class AlreadyRunningError(RuntimeError):
     """Another ``soulfleet up`` holds this data directory's lock."""
 
     def __init__(self, data: Path, state: UpState | None) -> None:
         if state is not None and not pid_alive(state.pid):
             # `up` is gone, but a child it started still holds the inherited lock.
-            alive = [pid for pid in state.children if pid_alive(pid)]
-            pids = " ".join(str(pid) for pid in alive) or "unknown"
-            message = (
-                f"a previous soulfleet up on {data} (pid {state.pid}) is gone, but processes "
-                f"it started still run (pids {pids}) and hold the folder; stop them first "
-                f"(`kill {pids}`), or pass another --data directory"
-            )
+            # Who holds the lock file open, where /proc tells; else the recorded children
+            # (a pid up.json names may be a stranger's by now: only a holder is certain).
+            alive = lock_holders(data / "up.lock") or [
+                pid for pid in state.children if pid_alive(pid)
+            ]
+            if alive:
+                pids = " ".join(str(pid) for pid in alive)
+                message = (
+                    f"a previous soulfleet up on {data} (pid {state.pid}) is gone, but "
+                    f"processes it started still run (pids {pids}) and hold the folder; stop "
+                    f"them first (`kill {pids}`), or pass another --data directory"
+                )
+            else:
+                message = (
+                    f"a previous soulfleet up on {data} (pid {state.pid}) is gone, but a "
+                    f"process it started still holds the folder (`fuser -v {data / 'up.lock'}` "
+                    "names it); stop it first, or pass another --data directory"
+                )
         else:
             who = f" (pid {state.pid}, Redis at {state.redis_url})" if state else ""
             hint = f"`kill -INT {state.pid}`" if state else "Ctrl-C in its terminal"

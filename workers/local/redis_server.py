@@ -102,6 +102,24 @@ def find_redis_server() -> str:
     return max(found, key=lambda binary: server_version(binary) or (0, 0, 0))
 
 
+def _storage_problem(path: Path) -> str | None:
+    """The words "a full disk" or "a read-only filesystem" when ``path``'s filesystem is one (None
+    otherwise, or when it cannot be asked)."""
+    try:
+        info = os.statvfs(path)
+    except OSError:
+        return None
+    if info.f_flag & os.ST_RDONLY:
+        return "a read-only filesystem"
+    if info.f_bavail * info.f_frsize < _MIN_FREE:
+        return f"a full disk ({info.f_bavail * info.f_frsize} bytes free: No space left on device)"
+    return None
+
+
+#: Less free space than this on the data directory's filesystem is reported as a full disk.
+_MIN_FREE = 1024 * 1024
+
+
 def _dotted(version: tuple[int, int, int] | None) -> str:
     return "unknown" if version is None else ".".join(map(str, version))
 
@@ -232,6 +250,10 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.check_data()
+        try:
+            log_start = self.log_path.stat().st_size
+        except OSError:
+            log_start = 0
         self.process = subprocess.Popen(
             self.argv(),
             stdin=subprocess.DEVNULL,
@@ -251,10 +273,10 @@ class RedisServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RedisServerError(
-                    f"redis-server exited with {self.process.returncode}; see {self.log_path}"
-                )
-            if self.ping():
+                raise RedisServerError(self._exit_message(self.process.returncode, log_start))
+            # Our own server, not another one answering on the port (free_port() only says
+            # it WAS free; a server that could not bind it exits, and must not pass meanwhile).
+            if self.ping() and self.answering_pid() == self.process.pid:
                 self._record()
                 return self
             time.sleep(0.02)
@@ -262,6 +284,43 @@ class RedisServer:
         raise RedisServerError(
             f"redis-server did not answer within {timeout}s; see {self.log_path}"
         )
+
+    def _exit_message(self, code: int, log_start: int) -> str:
+        """Why the server exited during start: its log's last lines from this start, and when
+        it wrote none, whether its disk is full or read-only (it then cannot write its log)."""
+        message = f"redis-server exited with {code}"
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(log_start)
+                said = log.read()[-4096:].decode("utf-8", errors="replace").strip()
+        except OSError:
+            said = ""
+        if said:
+            last = [line.strip() for line in said.splitlines() if line.strip()][-2:]
+            return f"{message}: {' / '.join(last)} (see {self.log_path})"
+        problem = _storage_problem(self.data_dir)
+        if problem:
+            return (
+                f"{message} and wrote nothing to {self.log_path}: {self.data_dir} is on "
+                f"{problem}; free space there (or remount it read-write) and start again"
+            )
+        return f"{message} and wrote nothing to {self.log_path}"
+
+    def answering_pid(self) -> int | None:
+        """The process id of the Redis answering on :attr:`port` (None if none answers)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"INFO server\r\n")
+                reply = b""
+                while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    reply += chunk
+        except OSError:
+            return None
+        match = re.search(rb"\bprocess_id:(\d+)", reply)
+        return int(match[1]) if match else None
 
     def ping(self) -> bool:
         try:
