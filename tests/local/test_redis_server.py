@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -164,3 +167,21 @@ def test_a_server_that_dies_on_a_full_disk_says_the_disk_is_full(tmp_path: Path)
         assert "exited" in message
         assert "No space left on device" in message or "full" in message, message
         assert str(disk) in message, message
+
+
+def test_stop_says_whether_the_server_shut_down_cleanly(tmp_path: Path) -> None:
+    """stop() returns the exit code: 0 when the server flushed its AOF and exited; a server
+    that does not finish its shutdown in time (hung on a stalled disk: here stopped with
+    SIGSTOP) is killed, and the code says so, so `up` does not report "AOF flushed" then."""
+    server = RedisServer(tmp_path / "clean", persistent=True).start(timeout=10)
+    assert server.stop() == 0
+    assert server.stop() is None  # not running any more
+    hung = RedisServer(tmp_path / "hung", persistent=True).start(timeout=10)
+    assert hung.process is not None
+    os.kill(hung.process.pid, signal.SIGSTOP)
+    try:
+        code = hung.stop(timeout=1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(hung.process.pid, signal.SIGKILL)
+    assert code == -signal.SIGKILL

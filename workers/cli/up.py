@@ -378,12 +378,17 @@ class _Up:
             self.fleet.client.close()
         if self.redis is not None:
             code = self._redis_exit()
-            self.redis.stop()
+            stopped_with = self.redis.stop()
             if code is not None:
                 self.console.err(f"  redis had already exited (code {code}): "
                                  "at most its last second of writes is lost")  # fmt: skip
-            else:
+            elif stopped_with == 0:
                 self.console.err("  redis stopped (AOF flushed)")
+            else:
+                self.console.err(
+                    f"  redis did not shut down cleanly (exit {stopped_with}): its last writes "
+                    f"may not be on disk (a full disk?); see {self.redis.log_path}"
+                )
         self.data.clear_state(os.getpid())
         if started:
             self.console.err("soulfleet up: stopped.")

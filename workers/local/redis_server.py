@@ -330,18 +330,21 @@ class RedisServer:
         except OSError:
             return False
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """Stop the server; its exit code (0: it flushed its AOF and exited cleanly; a
+        server that could not, on a full disk, refuses to shut down and is killed after
+        ``timeout``), or None if it was not running."""
         process = self.process
         if process is None or process.poll() is not None:
-            return
+            return None
         # SIGTERM makes redis-server flush its AOF and exit cleanly.
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
         try:
-            process.wait(timeout=timeout)
+            return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.kill()
-            process.wait(timeout=timeout)
+            return process.wait(timeout=timeout)
 
     def __enter__(self) -> RedisServer:
         return self.start()
