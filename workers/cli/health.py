@@ -123,8 +123,8 @@ def fixed_since(
     with redis_errors(fleet.client):
         dead = [str(lane) for lane in fleet.client.zrange(fleet.keys.dead, 0, -1)]
     fixed: list[tuple[str, str]] = []
-    for lane in dead:
-        error = str(fleet.lanes.status(lane).get("last_error") or "")
+    for lane, status in zip(dead, fleet.lanes.status_many(dead), strict=True):
+        error = str(status.get("last_error") or "")
         if not _config_error(error) or _SERVER_ONLY.search(error):
             # Only a running server shows these (an allow-list naming a tool it lacks, a tool
             # name it makes too long, a name two tools share): the check-up starts no servers,

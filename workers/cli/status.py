@@ -37,7 +37,9 @@ from workers.cli.health import (
 )
 from workers.fleet import Fleet
 from workers.fleet.breaker import BreakerState
+from workers.fleet.eviction import SAFE_POLICY
 from workers.fleet.registry import DREAMER_SUFFIX
+from workers.persona.errors import ModelAuthError
 from workers.persona.locks import shared_claims_under
 
 __all__ = [
@@ -51,6 +53,9 @@ __all__ = [
 
 STATES = ("dead", "failing", "retry", "deferred", "running", "queued", "idle", "invalid")
 _COLOURS = {"dead": "red", "failing": "yellow", "retry": "yellow", "invalid": "yellow"}
+
+#: A breaker's last error that no amount of waiting cures (the probe's key was refused).
+_KEY_REFUSED = f"{ModelAuthError.__name__}:"
 
 _COLUMNS = (
     "PERSONA", "STATE", "TICKS", "INBOX", "TRIES", "TOKENS TODAY", "LAST TURN", "DREAMER",
@@ -82,9 +87,19 @@ def breaker_lines(states: Sequence[BreakerState], now: float | None = None) -> l
             continue
         probe = "probing now" if state.probing else f"next probe {_until(state.probe_at, now)}"
         error = " ".join(state.last_error.split())[:120] or "-"
+        if state.last_error.startswith(_KEY_REFUSED):
+            # A refused key never closes the breaker (only a success does), and each probe
+            # dead-letters the lane it ran: waiting changes nothing.
+            resume = (
+                "they do NOT resume until the provider accepts the key: each probe "
+                "dead-letters one; ops/runbook.md 'Rotating a model key', then "
+                "`soulfleet revive --all`"
+            )
+        else:
+            resume = "they resume by themselves"
         lines.append(
             f"breaker {state.provider}: OPEN since {ago(state.opened_at, now)}, {probe}, "
-            f"{state.deferred} lane(s) deferred (they resume by themselves); last error: {error}"
+            f"{state.deferred} lane(s) deferred ({resume}); last error: {error}"
         )
     closed = [state.provider for state in states if not state.open]
     if closed or not lines:
@@ -196,6 +211,10 @@ def _row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, .
         state = f"retry {_until(retry_at if isinstance(retry_at, float) else None, time.time())}"
     elif state == "deferred":
         state = f"deferred ({entry.get('provider') or '?'})"
+    elif entry.get("state") == "queued":
+        # A lane whose turn message was lost waits for the reaper (SOULFLEET_REAP_QUEUED_AFTER)
+        # and read just like one about to run.
+        state = f"{state} {_for(entry.get('queued_at'))}".strip()
     elif entry.get("state") == "running":
         # A turn held by a hanging provider looked like any other for its whole timeout.
         state = f"{state} {_for(entry.get('started_at'))}".strip()
@@ -304,8 +323,8 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
         )
     invalid = invalid_personas(fleet)
     entries = [
-        _annotate(fleet.status(name), invalid, fleet.registry.root, fleet.settings.lease_ttl)
-        for name in fleet.registry.names()
+        _annotate(entry, invalid, fleet.registry.root, fleet.settings.lease_ttl)
+        for entry in fleet.statuses(fleet.registry.names())
     ]
     shown = [entry for entry in entries if only is None or only in _states(entry)]
     counts = fleet.lanes.counts()
@@ -316,8 +335,9 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     fixed = fixed_since(fleet, state.settings.model, invalid=invalid)
     orphans = fleet.orphaned_dead()
     unusable = fleet.registry.unusable_names()
-    used, limit = fleet.redis_memory()
+    used, limit, policy = fleet.redis_memory()
     full = 0 < limit <= used
+    evicting = policy not in (SAFE_POLICY, "")
     if as_json:
         payload = {
             "root": str(root),
@@ -331,7 +351,13 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
             "fixed_since_dead": [lane for lane, _ in fixed],
             "dead_persona_gone": orphans,
             "unusable_names": unusable,
-            "redis_memory": {"used": used, "max": limit, "full": full},
+            "redis_memory": {
+                "used": used,
+                "max": limit,
+                "full": full,
+                "policy": policy,
+                "evicting": evicting,
+            },
         }
         click.echo(json.dumps(payload, ensure_ascii=False))
         return
@@ -366,6 +392,15 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
             f"redis: FULL ({used:,} bytes used of its maxmemory {limit:,}): posts, ticks and turn "
             "commits are refused until it has room: `redis-cli CONFIG SET maxmemory <more>`, "
             'then ops/runbook.md "Redis memory near its limit"'
+        )
+    if evicting:
+        # beat only logs it (redis.evicting_policy) and LRU keeps used memory under maxmemory,
+        # so nothing else here would say that the fleet's state is being thrown away.
+        click.echo(
+            f"redis: maxmemory-policy {policy}: Redis may silently evict lane hashes, fences, "
+            "leases and inbox items (lost or doubled turns): `redis-cli CONFIG SET "
+            'maxmemory-policy noeviction` now, and in its config; ops/runbook.md "Redis memory '
+            'near its limit"'
         )
     click.echo(_beat_line(beat, state.settings.sweep_interval, redis_full=full))
     _fixed_hint(fixed)

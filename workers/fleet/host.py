@@ -293,18 +293,32 @@ class Fleet:
     # -- operations ---------------------------------------------------------------------
     def status(self, persona: str) -> dict[str, Any]:
         """The persona lane's state, plus its dreamer lane's when it has one."""
-        name = self.registry.resolve(persona)
-        status: dict[str, Any] = {"persona": name, **self.lanes.status(name)}
-        home = self.registry.home(name)
-        budget = persona_budget(home, self.settings)
-        status["tokens_today"] = self.ledger.spent(name, self.ledger.today(budget.timezone))
-        status["daily_tokens"] = budget.daily_tokens
-        status["models"] = persona_models(home, self.settings)
-        dreamer_lane = self.registry.lane_of(name, "dreamer")
-        dreamer = self.lanes.status(dreamer_lane)
-        if dreamer.get("last_turn") or dreamer.get("state") not in (None, "idle"):
-            status["dreamer"] = {"lane": dreamer_lane, **dreamer}
-        return status
+        return self.statuses([self.registry.resolve(persona)])[0]
+
+    def statuses(self, names: Sequence[str]) -> list[dict[str, Any]]:
+        """:meth:`status` of many personas (names under the root) in two round trips, however
+        many there are: ``soulfleet status`` of a fleet of thousands."""
+        homes = [self.registry.home(name) for name in names]
+        budgets = [persona_budget(home, self.settings) for home in homes]
+        dreamer_lanes = [self.registry.lane_of(name, "dreamer") for name in names]
+        lanes = self.lanes.status_many([*names, *dreamer_lanes])
+        spent = self.ledger.spent_many(
+            [
+                (name, self.ledger.today(budget.timezone))
+                for name, budget in zip(names, budgets, strict=True)
+            ]
+        )
+        statuses: list[dict[str, Any]] = []
+        for index, name in enumerate(names):
+            status: dict[str, Any] = {"persona": name, **lanes[index]}
+            status["tokens_today"] = spent[index]
+            status["daily_tokens"] = budgets[index].daily_tokens
+            status["models"] = persona_models(homes[index], self.settings)
+            dreamer = lanes[len(names) + index]
+            if dreamer.get("last_turn") or dreamer.get("state") not in (None, "idle"):
+                status["dreamer"] = {"lane": dreamer_lanes[index], **dreamer}
+            statuses.append(status)
+        return statuses
 
     def reset_session(self, persona: str) -> int:
         """End the persona's session: its next turn composes a fresh soul and starts with no
@@ -463,10 +477,15 @@ class Fleet:
             "redis_maxmemory": int(memory.get("maxmemory", 0)),
         }
 
-    def redis_memory(self) -> tuple[int, int]:
-        """``(used, maxmemory)`` bytes of the fleet's Redis (maxmemory 0: no limit)."""
+    def redis_memory(self) -> tuple[int, int, str]:
+        """``(used, maxmemory, maxmemory-policy)`` of the fleet's Redis (maxmemory 0: no limit;
+        policy ``""`` when the server does not report one)."""
         memory = self._call(lambda: self.client.info("memory"))
-        return int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
+        return (
+            int(memory.get("used_memory", 0)),
+            int(memory.get("maxmemory", 0)),
+            str(memory.get("maxmemory_policy", "")),
+        )
 
     def served_root(self) -> Path | None:
         """The personas root the fleet's workers serve, as beat's newest registry sync recorded

@@ -5,9 +5,16 @@ start reply gives (:func:`work_id`). Reads only: no script, no write.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from workers.fleet.lane_store import LaneStore
 from workers.fleet.scripts import redis_errors
 from workers.persona.session import Pointer
+
+#: Lanes read per pipelined round trip by :meth:`LaneReports.status_many` (bounds the reply
+#: Redis buffers for one client, whatever the fleet's size).
+STATUS_BATCH = 1000
 
 __all__ = ["LaneReports", "work_id"]
 
@@ -37,50 +44,22 @@ class LaneReports(LaneStore):
         in MULTI, reads included, and ``status`` is what an operator runs to see why the fleet
         stopped. The four reads may straddle a change (an item drained between the hash and
         the inbox length); the next call shows the settled state."""
+        return self.status_many([lane])[0]
+
+    def status_many(self, lanes: Sequence[str]) -> list[dict[str, object]]:
+        """:meth:`status` of many lanes, :data:`STATUS_BATCH` lanes per round trip
+        (``soulfleet status`` of a fleet: it took four round trips per lane)."""
+        replies: list[Any] = []
         with redis_errors(self.client):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hgetall(self.keys.lane(lane))
-            pipe.llen(self.keys.inbox(lane))
-            pipe.llen(self.keys.inflight(lane))
-            pipe.pttl(self.keys.lease(lane))
-            fields, inbox_depth, inflight, lease_ms = pipe.execute()
-
-        def num(name: str) -> int:
-            return int(fields.get(name) or 0)
-
-        def when(name: str) -> float | None:
-            value = fields.get(name)
-            return int(value) / 1000 if value else None
-
-        return {
-            "state": fields.get("state", "idle"),
-            "pending_ticks": num("ticks"),
-            "inbox_depth": int(inbox_depth),
-            "inflight_items": int(inflight),
-            "inflight_ticks": num("inflight_ticks"),
-            "turn_id": fields.get("turn_id"),
-            "kind": fields.get("kind"),
-            "queued_at": when("queued_at"),
-            "started_at": when("started_at"),
-            "worker": fields.get("worker"),
-            # Seconds the running turn's lease has left (None: no lease): a live worker renews
-            # it every SOULFLEET_LEASE_TTL / 3, so it only runs low when the worker went quiet.
-            "lease_left": int(lease_ms) / 1000 if int(lease_ms) >= 0 else None,
-            "fence": num("fence"),
-            "attempts": num("attempts"),
-            "last_turn": fields.get("last_turn"),
-            "last_status": fields.get("last_status"),
-            "last_text": fields.get("last_text"),
-            "last_end": when("last_end"),
-            "last_note": fields.get("last_note"),
-            "last_error": fields.get("last_error"),
-            "last_error_at": when("last_error_at"),
-            "last_error_kind": fields.get("last_error_kind"),
-            "failing_since": when("failing_since"),
-            "failures": num("failures"),
-            "retry_at": when("retry_at"),
-            "provider": fields.get("provider"),
-        }
+            for start in range(0, len(lanes), STATUS_BATCH):
+                pipe = self.client.pipeline(transaction=False)
+                for lane in lanes[start : start + STATUS_BATCH]:
+                    pipe.hgetall(self.keys.lane(lane))
+                    pipe.llen(self.keys.inbox(lane))
+                    pipe.llen(self.keys.inflight(lane))
+                    pipe.pttl(self.keys.lease(lane))
+                replies += pipe.execute()
+        return [_snapshot(*replies[i : i + 4]) for i in range(0, len(replies), 4)]
 
     def counts(self) -> dict[str, int]:
         """How many lanes are queued, running and dead-lettered (three ZCARDs)."""
@@ -109,3 +88,46 @@ class LaneReports(LaneStore):
         with redis_errors(self.client):
             state, epoch = self.client.hmget(self.keys.lane(lane), ["session", "session_epoch"])
         return Pointer(str(state) if state else None, int(epoch or 0))
+
+
+def _snapshot(
+    fields: dict[str, str], inbox_depth: int, inflight: int, lease_ms: int
+) -> dict[str, object]:
+    """One lane's status from its hash, inbox and in-flight lengths and lease PTTL."""
+
+    def num(name: str) -> int:
+        return int(fields.get(name) or 0)
+
+    def when(name: str) -> float | None:
+        value = fields.get(name)
+        return int(value) / 1000 if value else None
+
+    return {
+        "state": fields.get("state", "idle"),
+        "pending_ticks": num("ticks"),
+        "inbox_depth": int(inbox_depth),
+        "inflight_items": int(inflight),
+        "inflight_ticks": num("inflight_ticks"),
+        "turn_id": fields.get("turn_id"),
+        "kind": fields.get("kind"),
+        "queued_at": when("queued_at"),
+        "started_at": when("started_at"),
+        "worker": fields.get("worker"),
+        # Seconds the running turn's lease has left (None: no lease): a live worker renews
+        # it every SOULFLEET_LEASE_TTL / 3, so it only runs low when the worker went quiet.
+        "lease_left": int(lease_ms) / 1000 if int(lease_ms) >= 0 else None,
+        "fence": num("fence"),
+        "attempts": num("attempts"),
+        "last_turn": fields.get("last_turn"),
+        "last_status": fields.get("last_status"),
+        "last_text": fields.get("last_text"),
+        "last_end": when("last_end"),
+        "last_note": fields.get("last_note"),
+        "last_error": fields.get("last_error"),
+        "last_error_at": when("last_error_at"),
+        "last_error_kind": fields.get("last_error_kind"),
+        "failing_since": when("failing_since"),
+        "failures": num("failures"),
+        "retry_at": when("retry_at"),
+        "provider": fields.get("provider"),
+    }

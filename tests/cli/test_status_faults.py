@@ -1,0 +1,138 @@
+"""`soulfleet status` under faults: what it tells an operator must be true and say what to do.
+
+Each test reproduces a fault seen on a real fleet (workers, beat, a fake provider) and checks
+the line an operator reads for it, on a real Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import redis
+
+from tests.cli.conftest import Invoke
+from tests.support.cli import lanes_for
+from workers.fleet import Fleet
+from workers.local.redis_server import RedisServer
+from workers.persona.errors import ModelAuthError, ModelServerError
+from workers.persona.inbox import InboxItem
+from workers.settings import Settings
+
+
+class _NoPublisher:
+    def publish(self, lane: str, turn_id: str, kind: str) -> None:
+        raise AssertionError("nothing is published here")
+
+    def publish_many(self, turns: object) -> None:
+        raise AssertionError("nothing is published here")
+
+
+def _fleet(env: Mapping[str, str | None]) -> Fleet:
+    settings = Settings.from_env({k: v for k, v in env.items() if v is not None})
+    return Fleet(settings, publisher=_NoPublisher())
+
+
+def test_status_says_when_redis_may_evict_the_fleets_keys(
+    invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """`CONFIG SET maxmemory-policy allkeys-lru` on a running fleet: Redis silently evicts lane
+    hashes, fences, leases and inbox items (a real fleet lost ~8,000 keys in 15 s). beat logs
+    `redis.evicting_policy` at each sync, but `status` showed every lane idle and beat sweeping
+    (used memory never reaches maxmemory under LRU, so no FULL line either): the fleet
+    looked healthy while losing its state. `status` reads INFO memory already; it must name
+    the policy and the fix, and --json must carry it."""
+    with RedisServer(tmp_path / "redis") as server:
+        own = {**env, "REDIS_URL": server.url}
+        client = redis.Redis.from_url(server.url)
+        try:
+            assert "maxmemory-policy" not in invoke("status", environ=own).stdout
+            client.config_set("maxmemory-policy", "allkeys-lru")
+            result = invoke("status", environ=own)
+            assert result.exit_code == 0, result.output
+            [line] = [ln for ln in result.stdout.splitlines() if "maxmemory-policy" in ln]
+            assert "allkeys-lru" in line
+            assert "CONFIG SET maxmemory-policy noeviction" in line
+            payload = json.loads(invoke("status", "--json", environ=own).stdout)
+            assert payload["redis_memory"]["policy"] == "allkeys-lru"
+        finally:
+            client.config_set("maxmemory-policy", "noeviction")
+            client.close()
+
+
+def test_an_open_breaker_whose_probes_are_refused_the_key_does_not_promise_to_resume(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """The provider went down (the breaker opened on 5xx), then came back refusing the key
+    (HTTP 401: a key revoked or rotated meanwhile). A 401 never closes the breaker, so it
+    stays OPEN for good and each probe dead-letters one deferred lane (on a real fleet: one
+    every probe interval, 97 lanes waiting their turn to die). `status` still said "(they
+    resume by themselves)", and the runbook's advice for an open breaker is to wait. The line
+    must say the lanes will not resume until the key is fixed, and point at the runbook."""
+    fleet = _fleet(env)
+    for _ in range(fleet.settings.breaker_min_calls):
+        fleet.breaker.record_failure("openai", ModelServerError("openai: HTTP 500"))
+    assert "(they resume by themselves)" in invoke("status").stdout  # a real outage: true
+    refused = ModelAuthError(
+        "openai: authentication refused (HTTP 401): Incorrect API key provided; check "
+        "OPENAI_API_KEY"
+    )
+    fleet.breaker.record_failure("openai", refused, probe=True)
+    [line] = [ln for ln in invoke("status").stdout.splitlines() if ln.startswith("breaker ")]
+    assert "OPEN" in line
+    assert "resume by themselves" not in line, line
+    assert "Rotating a model key" in line, line
+
+
+def test_a_queued_row_says_how_long_the_lane_has_waited(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A turn message the worker took while Redis went down (turn.claim_failed, then acked) or
+    refused as Redis filled leaves its lane `queued` until the reaper re-publishes it after
+    SOULFLEET_REAP_QUEUED_AFTER (600 s); its heartbeats pile up as pending ticks meanwhile.
+    The runbook says `status --state queued` lists such lanes, but a row read `queued` alike
+    after 1 s and after 8 minutes (a running lane reads `running for Ns`, a queued dreamer
+    `queued for Ns`): nothing told a stranded lane from one about to run."""
+    lanes = lanes_for(env)
+    item = InboxItem(text="hi", sender="external", channel="api", id="i1", at=1.0)
+    assert lanes.post("ava", item, wake=True).turn_id is not None
+    # Queued 500 s ago, as the lane stranded by a Redis outage was when first seen.
+    lanes.client.hset(lanes.keys.lane("ava"), "queued_at", int((time.time() - 500) * 1000))
+    row = next(ln for ln in invoke("status").stdout.splitlines() if ln.startswith("ava "))
+    assert row.split()[1:4] == ["queued", "for", "8m"], row
+    one = invoke("status", "ava").stdout.splitlines()[1]
+    assert one.split()[1:4] == ["queued", "for", "8m"], one
+
+
+def test_status_of_a_large_fleet_does_not_cost_round_trips_per_persona(
+    invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """`status` (and `status --state dead`, "the rows that matter in a fleet of thousands")
+    read each persona with three round trips of its own (its lane, its dreamer lane, its
+    tokens today): 3,300 personas took 7.5 s and ~37,000 commands on a real fleet, growing
+    linearly (100,000 personas: minutes, for a filter that keeps a handful of rows). Redis's
+    ``total_reads_processed`` counts the requests it read: it must not grow with the fleet."""
+    root = tmp_path / "big"
+    root.mkdir()
+    for index in range(200):
+        home = root / f"p{index:03d}"
+        home.mkdir()
+        (home / "SOUL.md").write_text("You are a test persona.\n")
+    with RedisServer(tmp_path / "redis") as server:
+        own = {**env, "REDIS_URL": server.url, "SOULFLEET_PERSONAS": str(root)}
+        client = redis.Redis.from_url(server.url)
+        try:
+
+            def reads() -> int:
+                return int(client.info("stats")["total_reads_processed"])
+
+            before = reads()
+            result = invoke("status", "--state", "dead", environ=own)
+            spent = reads() - before - 1  # less this client's own INFO
+            assert result.exit_code == 0, result.output
+            assert "no personas in state dead" in result.stdout
+            assert spent < 50, f"{spent} requests read by Redis for one status of 200 personas"
+        finally:
+            client.close()
