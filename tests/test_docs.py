@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import subprocess
 from pathlib import Path
+
+from workers.persona import compose_soul
 
 REPO = Path(__file__).resolve().parent.parent
 DOCUMENTS = [REPO / "README.md", REPO / "ops" / "runbook.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -43,3 +46,19 @@ def test_nothing_in_the_repository_points_at_the_design_inputs_outside_it() -> N
         and outside.search(path.read_text(encoding="utf-8", errors="replace"))
     ]
     assert citing == []
+
+
+def test_compose_soul_is_documented_with_its_real_signature() -> None:
+    """README.md and docs/persona.md state `compose_soul`'s parameters; both must say what the
+    function takes (a `*` in one of them would tell a caller that positional options fail)."""
+
+    def shape(text: str) -> list[str]:
+        return [part.strip().split("=")[0].strip() for part in text.split(",")]
+
+    real = list(inspect.signature(compose_soul).parameters)
+    for document in (REPO / "README.md", REPO / "docs" / "persona.md"):
+        found = re.search(r"`compose_soul\(([^)]*)\)", document.read_text(encoding="utf-8"))
+        assert found is not None, document
+        documented = shape(found.group(1))
+        documented[0] = "path"  # the docs call it dir
+        assert documented == real, (document.name, documented, real)

@@ -38,3 +38,17 @@ def test_ci_runs_the_readme_test_command() -> None:
     readme_command = command.group(1).strip()
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert readme_command in ci
+
+
+def test_readme_and_docs_never_use_the_runbooks_sf_shorthand() -> None:
+    """`sf` is an alias the runbook defines for its own pages (`docker-compose exec worker
+    soulfleet`); a newcomer reading README.md or docs/ has no such command, so they spell it
+    `soulfleet`."""
+    documents = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    using = [
+        f"{path.relative_to(REPO).as_posix()}:{number}"
+        for path in documents
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"`sf ", line)
+    ]
+    assert using == []

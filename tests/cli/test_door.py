@@ -324,3 +324,20 @@ def test_an_empty_message_is_refused(
     assert result.exit_code == 2, result.output
     assert "is empty" in result.stderr
     assert lanes_for(env).status("milo")["state"] == "idle"
+
+
+def test_status_state_invalid_also_lists_an_invalid_persona_whose_lane_is_dead(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """A persona whose broken files killed its lane (a post accepted before the file broke,
+    or a `use` only the workers' SOULFLEET_MCP_CONFIG decides) is dead AND invalid: the
+    `invalid personas` footer lists it, so `status --state invalid` must list it too, not say
+    "no personas in state invalid" right above that footer."""
+    dead_letter(lanes_for(env), "nora", error="persona.toml: key 'heartbeat.every' is bad")
+    _break(fleet_root / "nora", "[heartbeat]\nevery = 5\n")
+    sync_registry(env)
+    assert "invalid personas (1, not scheduled until fixed):" in invoke("status").stdout
+    only = invoke("status", "--state", "invalid")
+    assert only.exit_code == 0, only.output
+    assert _table_names(only.stdout) == ["nora"]
+    assert "no personas in state invalid" not in only.stdout

@@ -412,3 +412,18 @@ def test_a_redis_url_selecting_a_database_redis_lacks_says_so(
     assert "Redis refused the database that REDIS_URL selects" in result.stderr
     assert "/99" in result.stderr
     assert "0-15" in result.stderr
+
+
+def test_skipped_directory_line_gives_every_rule_a_name_can_break(
+    invoke: Invoke, fleet_root: Path
+) -> None:
+    """'bob-dreamer' is made only of letters and '-': the skipped line must not tell its owner
+    the allowed characters alone (which it keeps), but also the rules it breaks (it ends in
+    -dreamer; at most 64 characters; no '..'), as `post` and `init` do."""
+    (fleet_root / "bob-dreamer").mkdir()
+    status = invoke("status")
+    assert status.exit_code == 0, status.output
+    line = next(x for x in status.stdout.splitlines() if x.startswith("directories skipped"))
+    assert "'bob-dreamer'" in line
+    assert "-dreamer" in line.replace("'bob-dreamer'", "")
+    assert "64" in line

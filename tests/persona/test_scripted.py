@@ -406,3 +406,16 @@ def test_builtin_echoes_the_first_entry_of_a_woken_inbox() -> None:
     text = ask(ScriptedModel.builtin(), [user(inbox)]).text
     assert "built-in scripted model" in text
     assert text.endswith("echo the first entry: second")
+
+
+def test_builtin_writes_down_a_remember_item_that_rides_on_a_heartbeat() -> None:
+    """`soulfleet post milo "remember: X" --no-wake` waits for milo's next heartbeat, whose
+    message is the heartbeat prompt plus the inbox. The built-in script must write X down, as
+    the README says it writes down the first `remember: X` of a turn; answering HEARTBEAT_OK
+    makes the beat silent, which keeps nothing of it in the session, so the item is lost."""
+    item = InboxItem(text="remember: the cat is Tom", sender="cli", channel="cli", id="1", at=0)
+    wake = f"{HEARTBEAT_PROMPT}\n\n{render_inbox([item], 1, persona='milo')}"
+    answer = ask(ScriptedModel.builtin(), [user(wake)], system="## HEARTBEAT.md\n\n- nothing")
+    assert answer.text != HEARTBEAT_OK
+    (call,) = answer.tool_calls
+    assert dict(call.arguments) == {"action": "add", "target": "self", "text": "the cat is Tom"}

@@ -95,11 +95,14 @@ def display_state(entry: Mapping[str, Any]) -> str:
 
 def states_of(entry: Mapping[str, Any]) -> set[str]:
     """Every state ``status --state`` matches this lane by (a lane waiting out a retry backoff
-    is failing too)."""
+    is failing too; a dead lane of a persona beat records invalid is invalid too, as the
+    `invalid personas` list under the table says)."""
     shown = display_state(entry)
     states = {shown, str(entry.get("state", "idle"))}
     if shown == "retry":
         states.add("failing")
+    if entry.get("invalid"):
+        states.add("invalid")
     return states
 
 

@@ -373,7 +373,8 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     if unusable and only is None:
         click.echo(
             f"directories skipped ({len(unusable)}, not usable persona names: letters, digits, "
-            f"'.', '_', '-'; rename them): {', '.join(repr(name) for name in unusable)}"
+            f"'.', '_', '-'; at most 64; no '..'; not ending in -dreamer; rename them): "
+            f"{', '.join(repr(name) for name in unusable)}"
         )
     if orphans and only in (None, "dead"):
         click.echo(
