@@ -5,17 +5,21 @@ open a turn is deferred before it writes anything and resumes once a probe succe
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
+import structlog.testing
 
 from tests.support.fleet import openai_env
 from tests.support.providers import FakeProvider, error_reply
 from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.fleet.errors import RedisUnavailable
+from workers.local.redis_server import RedisServer
 from workers.persona.clock import VirtualClock
 
 
@@ -163,3 +167,55 @@ def test_a_recovery_pass_failing_midway_still_sends_what_it_queued(
         rig.fleet.recover()
     assert [lane for lane, _, _ in rig.published.sent] == ["ava"]
     assert rig.run_next() == "done"
+
+
+def test_a_turn_started_while_redis_restarts_waits_for_it(tmp_path: Path) -> None:
+    """Redis restarts (its data kept) just as a worker takes a turn message. The start waits
+    for it and the turn runs. It failed at once: the task's failure acknowledged the message,
+    and the lane sat queued until beat's reaper re-published it ten minutes later."""
+    server = RedisServer(tmp_path / "redis", persistent=True).start()
+    root = tmp_path / "personas"
+    root.mkdir()
+    write_persona(root, "ava", "scripted:builtin", soul="You are ava.\n")
+
+    def come_back(port: int) -> None:
+        time.sleep(1.0)
+        holder[0] = RedisServer(tmp_path / "redis", port=port, persistent=True).start()
+
+    holder = [server]
+    try:
+        with turn_engine(server.url, "blip:", root, {}, gate_limit=4) as (fleet, executor, sent):
+            fleet.post("ava", "hello")
+            [(lane, turn_id, _)] = sent.sent
+            server.stop()
+            restart = threading.Thread(target=come_back, args=(server.port,))
+            restart.start()
+            with structlog.testing.capture_logs() as logs:
+                report = executor.execute(lane, turn_id)
+            restart.join()
+            assert report.outcome == "done"
+            assert any(e["event"] == "turn.start_waiting_for_redis" for e in logs)
+            assert fleet.status("ava")["last_status"] == "done"
+    finally:
+        holder[0].stop()
+
+
+def test_a_turn_start_gives_up_on_redis_after_its_wait(tmp_path: Path) -> None:
+    """A Redis that stays down fails the start once the wait is over (the task then fails,
+    and beat's reaper re-publishes the lane once Redis is back)."""
+    server = RedisServer(tmp_path / "redis", persistent=True).start()
+    root = tmp_path / "personas"
+    root.mkdir()
+    write_persona(root, "ava", "scripted:builtin", soul="You are ava.\n")
+    try:
+        with turn_engine(server.url, "gone:", root, {}, gate_limit=4) as (fleet, executor, sent):
+            fleet.post("ava", "hello")
+            [(lane, turn_id, _)] = sent.sent
+            server.stop()
+            executor.claims.redis_wait = 0.5
+            began = time.monotonic()
+            with pytest.raises(RedisUnavailable):
+                executor.execute(lane, turn_id)
+            assert 0.5 <= time.monotonic() - began < 10
+    finally:
+        server.stop()

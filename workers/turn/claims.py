@@ -13,10 +13,18 @@ import threading
 
 import structlog
 
+from workers.fleet.errors import RedisUnavailable
 from workers.fleet.lanes import Lanes
 from workers.fleet.lease import ClaimHandle, Renewer
+from workers.fleet.outcomes import StartOutcome
+from workers.persona.clock import Clock, SystemClock
 
-__all__ = ["Claims"]
+__all__ = ["START_REDIS_WAIT", "Claims"]
+
+#: How long a turn's start waits for a Redis that is down (a restart, a failover) before the
+#: task fails. The message is in this worker's hands: failing acknowledges it, and the lane
+#: then waits for beat's reaper (SOULFLEET_REAP_QUEUED_AFTER, 10 minutes by default).
+START_REDIS_WAIT = 60.0
 
 _log = structlog.get_logger("soulfleet.turn")
 
@@ -24,8 +32,19 @@ _log = structlog.get_logger("soulfleet.turn")
 class Claims:
     """The receive claims one worker process holds. Thread-safe."""
 
-    def __init__(self, lanes: Lanes, renewer: Renewer, *, worker_id: str, ttl: float) -> None:
+    def __init__(
+        self,
+        lanes: Lanes,
+        renewer: Renewer,
+        *,
+        worker_id: str,
+        ttl: float,
+        clock: Clock | None = None,
+        redis_wait: float = START_REDIS_WAIT,
+    ) -> None:
         self.lanes = lanes
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.redis_wait = redis_wait
         self.renewer = renewer
         self.worker_id = worker_id
         self.ttl = ttl
@@ -52,6 +71,31 @@ class Claims:
             except RuntimeError as exc:  # shutting down: the claim lapses, beat re-publishes
                 _log.warning("turn.claim_unrenewed", lane=lane, turn_id=turn_id, error=str(exc))
         return claimed
+
+    def start(self, lane: str, turn_id: str) -> StartOutcome:
+        """Start the turn (:meth:`Lanes.start`: the lease replaces the receive claim), waiting
+        out a Redis that is down for up to ``redis_wait`` seconds; raises
+        :class:`RedisUnavailable` once it has been down that long.
+
+        Failing at once acknowledged the message during a Redis restart, and the lane waited
+        ten minutes for the reaper. A start whose reply was lost (it ran) is answered
+        ``duplicate`` by its retry: the lane's lease lapses and beat hands the turn on."""
+        deadline = self.clock.monotonic() + self.redis_wait
+        pause = 0.1
+        try:
+            while True:
+                try:
+                    return self.lanes.start(lane, turn_id, self.worker_id)
+                except RedisUnavailable as exc:
+                    left = deadline - self.clock.monotonic()
+                    if left <= 0:
+                        raise
+                    _log.warning("turn.start_waiting_for_redis", error=str(exc)[:300],
+                                 left_s=round(left, 1))  # fmt: skip
+                    self.clock.sleep(min(pause, left))
+                    pause = min(pause * 2, 2.0)
+        finally:
+            self.drop(lane, turn_id)
 
     def drop(self, lane: str, turn_id: str) -> None:
         with self._lock:

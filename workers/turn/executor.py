@@ -108,7 +108,9 @@ class TurnExecutor:
             max_seconds=settings.turn_max_seconds,
             max_reply_bytes=settings.reply_max_bytes,
         )
-        self.claims = Claims(fleet.lanes, renewer, worker_id=worker_id, ttl=settings.claim_ttl)
+        self.claims = Claims(
+            fleet.lanes, renewer, worker_id=worker_id, ttl=settings.claim_ttl, clock=fleet.clock
+        )
         self.endings = Endings(settings, fleet, renewer, worker_id=worker_id)
         self.kit = TurnKit(settings, fleet, gate, self.guard)
 
@@ -123,10 +125,7 @@ class TurnExecutor:
 
     def execute(self, lane: str, turn_id: str, *, task_id: str | None = None) -> TurnReport:
         bind_task(task_id=task_id, lane=lane, turn_id=turn_id)
-        try:
-            started = self.fleet.lanes.start(lane, turn_id, self.worker_id)
-        finally:
-            self.claims.drop(lane, turn_id)
+        started = self.claims.start(lane, turn_id)
         if started.status != "started":
             _log.info("turn.dropped", reason=started.status)
             if started.status == "dead":
