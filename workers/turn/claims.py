@@ -25,6 +25,7 @@ __all__ = ["START_REDIS_WAIT", "Claims"]
 #: task fails. The message is in this worker's hands: failing acknowledges it, and the lane
 #: then waits for beat's reaper (SOULFLEET_REAP_QUEUED_AFTER, 10 minutes by default).
 START_REDIS_WAIT = 60.0
+_FIRST_PAUSE = 0.1
 
 _log = structlog.get_logger("soulfleet.turn")
 
@@ -81,7 +82,7 @@ class Claims:
         ten minutes for the reaper. A start whose reply was lost (it ran) is answered
         ``duplicate`` by its retry: the lane's lease lapses and beat hands the turn on."""
         deadline = self.clock.monotonic() + self.redis_wait
-        pause = 0.1
+        pause = _FIRST_PAUSE
         try:
             while True:
                 try:
@@ -90,8 +91,9 @@ class Claims:
                     left = deadline - self.clock.monotonic()
                     if left <= 0:
                         raise
-                    _log.warning("turn.start_waiting_for_redis", error=str(exc)[:300],
-                                 left_s=round(left, 1))  # fmt: skip
+                    if pause == _FIRST_PAUSE:  # once per start: 200 threads waiting log 200 lines
+                        _log.warning("turn.start_waiting_for_redis", error=str(exc)[:300],
+                                     wait_s=round(left, 1))  # fmt: skip
                     self.clock.sleep(min(pause, left))
                     pause = min(pause * 2, 2.0)
         finally:
