@@ -9,6 +9,7 @@ import structlog.testing
 
 from tests.support.memory import ok
 from workers.persona.dream_log import ARCHIVE, KEEP, LOG, ROTATE_AT
+from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.memory import memory_tool
 
 
@@ -103,3 +104,20 @@ def test_an_archive_symlinked_out_of_the_persona_is_never_written(
     _fill(home, "note:log", 2 * ROTATE_AT // 220)
     assert list(outside.iterdir()) == []
     assert os.path.getsize(home / LOG) > ROTATE_AT
+
+
+def test_a_log_already_near_the_file_cap_is_rotated_not_refused(home: Path) -> None:
+    """A persona whose log grew close to MAX_FILE_BYTES before rotation existed (the case the
+    rotation is for): the next pass's add must archive the old lines and go through, not be
+    refused as a full file forever."""
+    (home / "memory").mkdir(exist_ok=True)
+    line = b"old pass: " + b"y" * 200 + b"\n"
+    old = line * ((MAX_FILE_BYTES - 100) // len(line))
+    (home / LOG).write_bytes(old)
+    tool = memory_tool(home, notes=True)
+    ok(tool, action="add", target="note:log", text="new pass: " + "z" * 300)
+    log = (home / LOG).read_bytes()
+    assert len(log) <= ROTATE_AT
+    assert log.endswith(b"z" * 300 + b"\n")
+    archive = (home / ARCHIVE).read_bytes()
+    assert archive.count(b"old pass") + log.count(b"old pass") == old.count(b"old pass")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
+import time
 from pathlib import Path
 
 import structlog.testing
@@ -13,6 +15,7 @@ from tests.support.turns import ReplayModel
 from workers.persona.compaction import Compaction, compact
 from workers.persona.messages import Completion, Message, Usage
 from workers.persona.session import SessionConfig, estimate_tokens
+from workers.persona.spend import nothing_new
 from workers.persona.summary_cache import SUMMARY_NAME, SummaryFile
 
 
@@ -86,3 +89,20 @@ def test_a_summary_that_cannot_be_kept_still_compacts(tmp_path: Path) -> None:
     assert done is not None
     assert len(model.calls) == 1
     assert any(e["event"] == "session.summary_not_kept" for e in logs)
+
+
+def test_a_kept_summary_is_not_news_for_the_dreamer(tmp_path: Path) -> None:
+    """A silent heartbeat that compacted keeps its summary in the lane's directory but commits
+    nothing: the dreamer must not take that for a conversation (it would pay for a pass over
+    nothing new). Only session states are what a persona heard."""
+    home = make_persona(tmp_path / "ava")
+    lane = home / "sessions" / "ava"
+    lane.mkdir(parents=True)
+    state = lane / "s1.f1.json"
+    state.write_text("{}\n")
+    os.utime(state, (100, 100))
+    os.utime(lane, (100, 100))
+    last_pass = time.time() - 5
+    assert nothing_new(home, "ava", last_pass)
+    SummaryFile(home, "ava").keep("k" * 40, "They talked about words.")
+    assert nothing_new(home, "ava", last_pass)

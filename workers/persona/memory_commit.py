@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from workers.persona.dream_log import rotate
+from workers.persona.dream_log import LOG, rotate
 from workers.persona.errors import PersonaError
 from workers.persona.files import read_prefix
 from workers.persona.home import MAX_FILE_BYTES
@@ -88,6 +88,14 @@ def commit(
             return Committed(ToolResult(before), target.directory, applied=keyed)
     current = read_prefix(target.data, MAX_FILE_BYTES)
     own = edit(request, current)
+    rotated = False
+    if isinstance(own, FileFull) and target.relative == LOG:
+        # A dream log grown near the cap before it was rotated: archive its older lines now,
+        # or the cap would refuse every pass's line forever and the rotation never run.
+        trimmed = _trimmed_log(target, current)
+        if trimmed is not None:
+            current, rotated = trimmed, True
+            own = edit(request, current)
     queued = take(target.queue, request.relative, max_entry_bytes)
     if handoff is not None and handoff.untraceable(queued):
         _log.warning("memory.handoff_untraceable", path=target.relative, key=key,
@@ -101,7 +109,10 @@ def commit(
                 raise
             queued = []  # their writers apply them themselves
     try:
-        return _commit(target, own, current, key=key, keyed=keyed, ledger=ledger, queued=queued)
+        return _commit(
+            target, own, current, key=key, keyed=keyed, ledger=ledger, queued=queued,
+            rotated=rotated,
+        )  # fmt: skip
     finally:
         ledger.close()
 
@@ -115,7 +126,10 @@ def _commit(
     keyed: bool,
     ledger: WriteLedger,
     queued: list[QueuedWrite],
+    rotated: bool = False,
 ) -> Committed:
+    """``rotated``: ``current`` is the dream log with its older lines just archived, to be
+    written even if no edit applies (else they would be archived again)."""
     state = current if isinstance(own, str) else own[0]
     served: list[tuple[str, str]] = []
     # Keys this batch has seen: a turn's attempt killed while its write waited in the queue,
@@ -137,7 +151,7 @@ def _commit(
     refused = isinstance(own, str)
     full = isinstance(own, FileFull)
     result = ToolResult(own, is_error=True) if isinstance(own, str) else ToolResult(own[1])
-    if refused and not served:
+    if refused and not served and not rotated:
         return Committed(result, full=full)
     new = rotate(target.root, target.relative, state or b"")
     if not (keyed or served):
@@ -160,6 +174,15 @@ def _commit(
         applied=keyed and not refused,
         full=full,
     )
+
+
+def _trimmed_log(target: WriteTarget, current: bytes | None) -> bytes | None:
+    """The dream log ``current`` with its older lines archived (None: nothing moved; a log
+    read cut at the cap is never rewritten from that cut)."""
+    if current is None or len(current) > MAX_FILE_BYTES:
+        return None
+    trimmed = rotate(target.root, target.relative, current)
+    return trimmed if len(trimmed) < len(current) else None
 
 
 def _untraceable(request: MemoryRequest) -> str:

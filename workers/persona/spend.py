@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 from typing import Literal
 from zoneinfo import ZoneInfo
 
+from workers.persona.summary_cache import SUMMARY_NAME
+
 __all__ = [
     "BACKGROUND_KINDS",
     "DREAM_SOURCES",
@@ -195,10 +197,16 @@ def newest_write(
         if not stat.S_ISDIR(st.st_mode):
             newest = max(newest, st.st_mtime)
             continue
-        newest = max(newest, st.st_mtime)  # a file created or removed in it
+        # A lane's directory also holds its kept summary (SUMMARY.json, written by a turn that
+        # may commit nothing, a silent beat): only its session states are something heard.
+        heard = source in HEARD
+        if not heard:
+            newest = max(newest, st.st_mtime)  # a file created or removed in it
         try:
             with os.scandir(path) as entries:
                 for entry in entries:
+                    if heard and (entry.name == SUMMARY_NAME or entry.name.startswith(".")):
+                        continue
                     with contextlib.suppress(OSError):
                         if entry.is_file(follow_symlinks=False):
                             newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
