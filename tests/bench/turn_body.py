@@ -47,6 +47,10 @@ class KeptMessages:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     warmup, names = int(args[0]), args[1:]
+    if not 0 <= warmup < len(names):
+        print(f"turn_body: the warm-up ({warmup}) must be below the turns ({len(names)})",
+              file=sys.stderr)  # fmt: skip
+        return 2
     settings = Settings.from_env()
     configure_logging(settings.log_format, settings.log_level)
     kept = KeptMessages()
