@@ -1,7 +1,7 @@
 """Benchmark the fleet end to end against bare Celery, and PRINT one side-by-side table.
 
 Run:  .venv/bin/python -m tests.bench.bench_fleet [--turns N] [--slow-turns N] [--latency S]
-      [--warmup N] [--repeat R] [--pool P] [--concurrency N] [--seconds S] [--keep]
+      [--warmup N] [--repeat R] [--pool P] [--concurrency N] [--seconds S] [--body] [--keep]
 
 Each repeat measures three figures, each on a fresh real worker process started as the README
 says (``celery -A ... worker -P <pool> -c <concurrency> -Q <the three queues>``, pool and
@@ -20,6 +20,10 @@ the last, so neither publishing nor the worker's start-up and warm-up is counted
    ``--latency`` seconds (:class:`~tests.support.providers.FakeProvider`), at the default
    settings (no tuning): the figure should approach min(concurrency, gate) / latency. The
    provider counts the TCP connections it accepted: printed per 1,000 turns.
+
+With ``--body``, a fourth figure: the scripted turns once more with no Celery at all, one after
+another on one thread of one process (:mod:`tests.bench.turn_body`), and the bare task's CPU
+over that turn body's, the most any delivery of today's turn could reach.
 
 A turn is measured end to end: ``start.lua``, soul composition, the loop, transcript writes,
 ``finish.lua``. Rates are completions per second after warm-up; "p50 ms" is the median turn
