@@ -27,7 +27,7 @@ from workers.fleet import Fleet
 from workers.fleet.clients import sized_client
 from workers.fleet.errors import redis_refusal
 from workers.persona.clock import Clock
-from workers.queues import TURN_TASK, queue_name
+from workers.queues import KINDS, TURN_TASK, queue_name
 from workers.settings import Settings
 from workers.turn_messages import PUSH_BATCH, TurnMessages, raw_publishing
 
@@ -139,13 +139,20 @@ class CeleryPublisher:
         Empty when none does (or none answered within ``timeout``): a turn queued there waits
         for a worker that is not coming.
         """
-        queue = queue_name(self._prefix, kind)
+        return self.consumers_by_kind(timeout=timeout)[kind]
+
+    def consumers_by_kind(self, *, timeout: float = 1.0) -> dict[str, list[str]]:
+        """:meth:`consumers` of every turn kind, from one remote-control round trip."""
         replies = self.app.control.inspect(timeout=timeout).active_queues() or {}
-        return sorted(
-            worker
-            for worker, queues in replies.items()
-            if any(isinstance(q, dict) and q.get("name") == queue for q in queues or ())
-        )
+        found: dict[str, list[str]] = {}
+        for kind in KINDS:
+            queue = queue_name(self._prefix, kind)
+            found[kind] = sorted(
+                worker
+                for worker, queues in replies.items()
+                if any(isinstance(q, dict) and q.get("name") == queue for q in queues or ())
+            )
+        return found
 
     def close(self) -> None:
         """Release the broker connections of an app this publisher built itself."""

@@ -16,11 +16,13 @@ import redis
 from beat.sync import RegistrySync
 from tests.cli.conftest import Invoke
 from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for, settings_for
+from workers.cli.worker_health import QUEUED_TOO_LONG
 from workers.fleet import Fleet
 from workers.fleet.keys import Keys
 from workers.fleet.registry import PersonaRegistry
 from workers.local.redis_server import RedisServer
 from workers.persona.inbox import InboxItem
+from workers.queues import queue_name
 from workers.settings import Settings
 
 
@@ -427,3 +429,22 @@ def test_skipped_directory_line_gives_every_rule_a_name_can_break(
     assert "'bob-dreamer'" in line
     assert "-dreamer" in line.replace("'bob-dreamer'", "")
     assert "64" in line
+
+
+def test_lanes_waiting_in_a_queue_no_worker_consumes_are_called_out(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """With every worker gone, status showed lanes queued and nothing else. A lane queued for
+    longer than QUEUED_TOO_LONG makes it ask the workers (one remote-control ping); none
+    consuming that queue is said, with the queue and the count. A freshly queued lane asks
+    nothing and says nothing."""
+    lanes = lanes_for(env)
+    lanes.tick("milo", kind="heartbeat")
+    fresh = invoke("status").stdout
+    assert "workers:" not in fresh
+    old_ms = int((time.time() - QUEUED_TOO_LONG - 5) * 1000)
+    lanes.client.hset(lanes.keys.lane("milo"), "queued_at", old_ms)
+    [line] = [line for line in invoke("status").stdout.splitlines() if line.startswith("workers:")]
+    queue = queue_name(settings_for(env).queue_prefix, "heartbeat")
+    assert f"NONE answered for {queue} (1 lane(s) queued over" in line
+    assert "Workers down or dying" in line

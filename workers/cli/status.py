@@ -35,12 +35,14 @@ from workers.cli.health import (
     invalid_personas,
     states_of,
 )
+from workers.cli.worker_health import QUEUED_TOO_LONG, unserved_kinds
 from workers.fleet import Fleet
 from workers.fleet.breaker import BreakerState
 from workers.fleet.eviction import SAFE_POLICY
 from workers.fleet.registry import DREAMER_SUFFIX
 from workers.persona.errors import ModelAuthError
 from workers.persona.locks import shared_claims_under
+from workers.queues import queue_name
 
 __all__ = [
     "STATES",
@@ -404,7 +406,26 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
             'near its limit"'
         )
     click.echo(_beat_line(beat, state.settings.sweep_interval, redis_full=full))
+    _workers_line(state, entries)
     _fixed_hint(fixed)
+
+
+def _workers_line(state: CliContext, entries: Sequence[Mapping[str, Any]]) -> None:
+    """Say so when lanes have waited in a queue no worker consumes (every worker gone)."""
+    publisher = state.publisher
+    if publisher is None:
+        return
+    unserved = unserved_kinds(entries, publisher.consumers_by_kind)
+    if unserved:
+        waiting = ", ".join(
+            f"{queue_name(state.settings.queue_prefix, kind)} ({n} lane(s) queued over "
+            f"{QUEUED_TOO_LONG:.0f}s)"
+            for kind, n in unserved.items()
+        )
+        click.echo(
+            f"workers: NONE answered for {waiting}: their turns wait for a worker that is not "
+            'coming; start workers (ops/runbook.md "Workers down or dying")'
+        )
 
 
 def _beat_line(
