@@ -26,6 +26,7 @@ from workers.settings import Settings
 from workers.turn import TurnExecutor
 
 __all__ = [
+    "build_executor",
     "configure",
     "executor",
     "receive",
@@ -53,7 +54,11 @@ def configure(settings: Settings, app: Celery) -> None:
 
 
 def _build(settings: Settings, app: Celery) -> TurnExecutor:
-    fleet = Fleet(settings, publisher=CeleryPublisher(settings, app))
+    return build_executor(settings, Fleet(settings, publisher=CeleryPublisher(settings, app)))
+
+
+def build_executor(settings: Settings, fleet: Fleet) -> TurnExecutor:
+    """A worker's executor over ``fleet``: its lease renewer (started) and turn gate."""
     renewer = Renewer(fleet.lanes, interval=settings.lease_renew_every, ttl=settings.lease_ttl)
     renewer.serve_ttl(settings.claim_ttl)
     gate = Gate(

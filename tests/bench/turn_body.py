@@ -4,12 +4,12 @@ Run:  python -m tests.bench.turn_body WARMUP NAME... (with a fleet environment; 
 
 Posts one item to each persona with a publisher that keeps the turn messages in memory instead
 of sending them, then runs every turn in this process, one after another on one thread,
-through the worker's own :class:`~workers.turn.TurnExecutor` (built as a worker builds it:
-lease renewer, turn gate): ``start.lua``, soul composition, the loop, session and transcript
-commits, ``finish.lua``. What is left out is exactly Celery's part (receive, ack, the pool,
-task events). CPU per turn here is therefore a floor for ANY way of delivering turns that
-keeps today's turn, several turns per broker message included: a bare Celery no-op task's CPU
-divided by it bounds the drain-rate ratio issue 15's goal 1 asks for.
+through the worker's own :class:`~workers.turn.TurnExecutor` (built as a worker builds it,
+:func:`workers.runtime.build_executor`): ``start.lua``, soul composition, the loop, session
+and transcript commits, ``finish.lua``. What is left out is exactly Celery's part (receive,
+ack, the pool, task events). CPU per turn here is therefore a floor for ANY way of delivering
+turns that keeps today's turn, several turns per broker message included: a bare Celery no-op
+task's CPU divided by it bounds the drain-rate ratio issue 15's goal 1 asks for.
 
 Prints one JSON object: ``{"turns": n, "cpu_ms": per turn after warm-up, "rate": turns/s}``.
 """
@@ -22,11 +22,9 @@ import time
 from collections.abc import Sequence
 
 from workers.fleet import Fleet
-from workers.fleet.gate import Gate
-from workers.fleet.lease import Renewer
 from workers.logs import configure_logging
+from workers.runtime import build_executor
 from workers.settings import Settings
-from workers.turn import TurnExecutor
 
 __all__ = ["KeptMessages", "main"]
 
@@ -58,18 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in names:
         fleet.post(name, "bench", sender="bench", channel="bench", wake=True)
     queued, kept.turns = kept.turns, []
-    renewer = Renewer(fleet.lanes, interval=settings.lease_renew_every, ttl=settings.lease_ttl)
-    renewer.serve_ttl(settings.claim_ttl)
-    gate = Gate(
-        fleet.client,
-        fleet.keys,
-        limit=settings.max_concurrent_model_calls,
-        slot_ttl=settings.gate_slot_ttl,
-        renewer=renewer,
-        clock=fleet.clock,
-    )
-    renewer.start()
-    executor = TurnExecutor(settings, fleet, renewer, gate, worker_id="bench-body")
+    executor = build_executor(settings, fleet)
     try:
         began = cpu_began = 0.0
         for n, (lane, turn_id, _kind) in enumerate(queued):
@@ -81,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return 1
         wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
     finally:
-        renewer.stop()
+        executor.renewer.stop()
         fleet.client.close()
     timed = len(queued) - warmup
     print(json.dumps({"turns": timed, "cpu_ms": cpu * 1000 / timed, "rate": timed / wall}))
