@@ -503,3 +503,22 @@ def test_a_retried_turn_does_not_pay_again_for_the_summary_its_first_attempt_bou
         ]  # fmt: skip
         assert rig.fleet.session("ava")["compactions"] == 1
         assert len(summaries) == 1, f"{len(summaries)} summaries paid for one compaction"
+
+
+def test_a_turn_budget_below_the_session_limit_compacts_instead_of_muting_the_persona(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """SOULFLEET_TURN_MAX_TOKENS (3,000 here) below session.max_tokens (60,000 by default):
+    compaction waited for 60,000, so once the session passed the turn's budget every turn
+    ended before its model call ("the input alone is over the turn's token budget"), for
+    good. The session is compacted at half the turn's budget instead: every turn answers."""
+    with FakeProvider("openai", text="ok " * 50) as server, make_rig(
+        redis_url, key_prefix, tmp_path, server, SOULFLEET_TURN_MAX_TOKENS="3000"
+    ) as rig:  # fmt: skip
+        rig.persona("ava")
+        for n in range(15):
+            rig.fleet.post("ava", f"message {n}: " + "words " * 150)
+            assert rig.run_all() == ["done"], rig.fleet.status("ava").get("last_note")
+        session = rig.fleet.session("ava")
+        assert session["compactions"] >= 1
+        assert session["estimated_tokens"] < 3000

@@ -50,7 +50,7 @@ from workers.persona.session import (
     next_session_id,
 )
 
-__all__ = ["SessionPlan", "dialect_of", "ephemeral_plan", "plan_turn"]
+__all__ = ["SessionPlan", "dialect_of", "ephemeral_plan", "plan_turn", "within_turn"]
 
 _log = structlog.get_logger("soulfleet.session")
 
@@ -141,6 +141,18 @@ class SessionPlan:
         return state.appended(messages, now=now, history=self.history)
 
 
+def within_turn(config: SessionConfig, turn_tokens: int | None) -> SessionConfig:
+    """``config`` as compaction applies it under a turn budget of ``turn_tokens``: a session is
+    compacted once over half that budget when that comes before ``max_tokens`` (the tail kept
+    shrinks to match). Compacted only at ``max_tokens``, a session past the turn's budget
+    left every turn ending before its model call, for good (SOULFLEET_TURN_MAX_TOKENS below
+    ``session.max_tokens``); half leaves the turn room for its own calls."""
+    if turn_tokens is None or turn_tokens // 2 >= config.max_tokens:
+        return config
+    limit = max(1, turn_tokens // 2)
+    return replace(config, max_tokens=limit, keep_tail=min(config.tail_tokens, limit // 2))
+
+
 def ephemeral_plan(lane: str, compose: Compose, *, now: float) -> SessionPlan:
     """A one-off session: fresh soul, no history, never stored (one-shot runs, dream passes)."""
     soul, found = compose()
@@ -218,7 +230,7 @@ def plan_turn(
         base.messages,
         system=base.soul,
         incoming=incoming,
-        config=config,
+        config=within_turn(config, turn_tokens),
         model=model,
         dialect=dialect_of(model),
         summaries=summaries,
