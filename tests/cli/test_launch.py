@@ -8,6 +8,8 @@ import stat
 import sys
 from pathlib import Path
 
+import pytest
+
 from workers.cli.launch import (
     BUILTIN_MODEL_LABEL,
     child_environ,
@@ -170,3 +172,18 @@ def test_flower_gets_basic_auth_generated_once_and_never_printed(tmp_path: Path)
     flower = next(spec for spec in specs if spec.name == "flower")
     assert flower.env["FLOWER_BASIC_AUTH"] == auth
     assert all("FLOWER_BASIC_AUTH" not in spec.env for spec in specs if spec.name != "flower")
+
+
+@pytest.mark.parametrize("content", ["", "soulfleet:reused-password-123\n"])
+def test_the_flower_password_file_is_owner_only_whatever_was_there(
+    tmp_path: Path, content: str
+) -> None:
+    """A flower-auth file already there with a wider mode (an empty one a person made, a copy
+    of a data folder): the password `up` writes or reuses is then in a file every local user
+    can read. It is made 0600 before the password is used."""
+    secret = tmp_path / "flower-auth"
+    secret.write_text(content)
+    secret.chmod(0o644)
+    auth, _ = flower_auth({}, secret)
+    assert ":" in auth
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600

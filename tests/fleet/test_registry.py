@@ -81,3 +81,18 @@ def test_lanes_round_trip() -> None:
     assert PersonaRegistry.lane_of("ava", "dream") == "ava-dreamer"
     assert PersonaRegistry.parse_lane("ava-dreamer") == ("ava", "dreamer")
     assert PersonaRegistry.parse_lane("ava") == ("ava", "persona")
+
+
+@pytest.mark.parametrize("name", ["ava\n", "x-dreamer\n"])
+def test_a_name_ending_in_a_newline_is_not_a_persona_name(tmp_path: Path, name: str) -> None:
+    """``$`` matches before a trailing newline: ``ava\\n`` passed as a slug, became a lane and
+    Redis keys of its own, printed in status as a second ``ava`` row (and ``x-dreamer\\n``
+    slipped past the dreamer-suffix rule). It is an unusable name, skipped and reported."""
+    (tmp_path / name).mkdir()
+    (tmp_path / "ava").mkdir(exist_ok=True)
+    assert valid_persona_name(name) is False
+    registry = PersonaRegistry(tmp_path)
+    assert registry.names() == ["ava"]
+    assert name in registry.unusable_names()
+    with pytest.raises(UnusablePersonaName):
+        registry.home(name)

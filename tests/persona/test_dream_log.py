@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import structlog.testing
@@ -121,3 +122,34 @@ def test_a_log_already_near_the_file_cap_is_rotated_not_refused(home: Path) -> N
     assert log.endswith(b"z" * 300 + b"\n")
     archive = (home / ARCHIVE).read_bytes()
     assert archive.count(b"old pass") + log.count(b"old pass") == old.count(b"old pass")
+
+
+def test_an_archive_that_is_a_fifo_never_blocks_the_write(home: Path) -> None:
+    """memory/archive/log.md made a FIFO (named pipe) with no reader: opening it to write
+    blocked forever, inside note:log's lock, so the dream pass hung and every later writer of
+    the log timed out on its lock. The archive is refused like any other non-regular file: the
+    log write goes ahead, unrotated, and the operator hears why."""
+    (home / "memory/archive").mkdir(parents=True)
+    fifo = home / ARCHIVE
+    os.mkfifo(fifo)
+    outcome: list[object] = []
+
+    def write() -> None:
+        try:
+            outcome.append(_fill(home, "note:log", 2 * ROTATE_AT // 220))
+        except BaseException as exc:  # reported below
+            outcome.append(exc)
+
+    with structlog.testing.capture_logs() as logs:
+        worker = threading.Thread(target=write, daemon=True)
+        worker.start()
+        worker.join(timeout=20)
+        blocked = worker.is_alive()
+        if blocked:  # free the thread: a reader lets its open return
+            reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            worker.join(timeout=20)
+            os.close(reader)
+    assert not blocked, "the write blocked on the FIFO"
+    assert isinstance(outcome[0], list), outcome
+    assert os.path.getsize(home / LOG) > ROTATE_AT
+    assert any(e["event"] == "memory.log_not_archived" for e in logs)

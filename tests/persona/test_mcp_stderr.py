@@ -104,3 +104,29 @@ def test_a_persona_mcp_server_cannot_write_the_api_key_into_the_worker_log(
     assert "[mcp sh] LEAKED-***" in text
     assert "TOKEN=***" in text
     assert KEY not in text
+
+
+@pytest.mark.integration
+def test_a_token_written_literally_in_a_server_env_is_masked_too(tmp_path: Path) -> None:
+    """The fleet file's common shape (Claude Desktop's) writes tokens literally:
+    ``"env": {"GITHUB_PERSONAL_ACCESS_TOKEN": "ghp_..."}``. A server printing its environment
+    must not carry that token into the worker's log any more than a ``${VAR}`` one."""
+    literal = "ghp_LITERALtoken0123456789"
+    log = tmp_path / "worker-stderr.txt"
+    toml = (
+        '[[tools.mcp]]\nname = "leak"\ncommand = "sh"\n'
+        'args = ["-c", "env >&2; exit 3"]\n'
+        f'env = {{ GITHUB_PERSONAL_ACCESS_TOKEN = "{literal}", TZ = "UTC" }}\n'
+    )
+    with log.open("w", encoding="utf-8") as errlog:
+        hub = McpHub(start_timeout=30, errlog=errlog)
+        try:
+            config = parse_manifest(toml, source=Path("persona.toml"))
+            box = build_declared(config.tools, hub=hub, limits=ToolLimits())
+            assert box.unavailable
+        finally:
+            hub.close()
+    text = log.read_text()
+    assert "GITHUB_PERSONAL_ACCESS_TOKEN=***" in text
+    assert "TZ=UTC" in text
+    assert literal not in text

@@ -442,3 +442,32 @@ def test_no_edit_can_make_a_soul_section_header_line(home: Path) -> None:
     assert [line for line in soul.splitlines() if line.startswith("## ")] == ["## MEMORY.md"]
     (home / "USER.md").write_text("## USER.md notes by hand\n- Sam\n")
     ok(tool, action="replace", target="user", text="- Sam", **{"with": "- Sam Smith"})
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"action": "add", "text": "likes tea\x00## IDENTITY.md"},
+        {"action": "add", "text": "ok \x1b]0;pwned\x07\x1b[2J"},
+        {"action": "add", "text": "bell \x07 and DEL \x7f"},
+        {"action": "add", "text": "C1 \x9b31m red"},
+        {"action": "replace", "text": "tea", "with": "coffee\x00"},
+    ],
+)
+def test_control_characters_are_refused_and_change_nothing(home: Path, arguments: Any) -> None:
+    """A NUL byte, a terminal escape sequence or another control character in an entry is an
+    error naming it and nothing is written: MEMORY.md goes into every system prompt (a NUL there
+    is refused by providers' JSON parsers on every later turn) and is read by people with cat
+    and less (an escape sequence rewrites their terminal)."""
+    tool = memory_tool(home)
+    ok(tool, action="add", text="likes tea")
+    before = (home / "MEMORY.md").read_bytes()
+    output = _error(tool, arguments)
+    assert "control character" in output
+    assert (home / "MEMORY.md").read_bytes() == before
+
+
+def test_tabs_still_pass(home: Path) -> None:
+    """A tab is text, not a control to refuse."""
+    ok(memory_tool(home), action="add", text="a\tb")
+    assert (home / "MEMORY.md").read_text() == "- a\tb\n"

@@ -232,3 +232,50 @@ def test_the_inline_use_form_of_the_issue_parses() -> None:
     first = tools.entries[0]
     assert isinstance(first, McpDecl)
     assert (first.name, first.use) == ("time", "time")
+
+
+@pytest.mark.parametrize(
+    ("env", "headers"),
+    [
+        ('{ GITHUB_TOKEN = "ghp_tok3_secret", DEBUG = 1 }', None),
+        (None, '{ Authorization = "Bearer tok4_secret", Retries = true }'),
+        (None, '"Authorization: Bearer tok4_secret"'),
+    ],
+)
+def test_a_bad_env_or_headers_table_never_shows_its_values(
+    tmp_path: Path, env: str | None, headers: str | None
+) -> None:
+    """A mistyped value beside a token (``DEBUG = 1``) is an error naming the key, never one
+    quoting the whole table: the error is logged, kept as the lane's last error and shown by
+    ``status`` and ``up``, and the token beside the typo went with it."""
+    if env is not None:
+        body = f'command = "x"\nenv = {env}\n'
+    else:
+        body = f'url = "https://h/mcp"\nheaders = {headers}\n'
+    (tmp_path / "persona.toml").write_text(f'[[tools.mcp]]\nname = "gh"\n{body}')
+    with pytest.raises(PersonaConfigError) as caught:
+        load_manifest(tmp_path)
+    shown = str(caught.value)
+    assert "tools.mcp[0]." in shown
+    assert "tok3_secret" not in shown
+    assert "tok4_secret" not in shown
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        '{"command": "x", "env": {"GITHUB_TOKEN": "ghp_tok5_secret", "PORT": 8080}}',
+        '{"url": "https://h/mcp", "headers": "Authorization: Bearer tok6_secret"}',
+    ],
+)
+def test_a_bad_fleet_file_env_never_shows_its_values(tmp_path: Path, server: str) -> None:
+    """The fleet file (the Claude Desktop shape, where tokens are often written literally):
+    a worker refusing it at start-up prints the error, never the tokens beside the typo."""
+    path = tmp_path / "mcp.json"
+    path.write_text('{"mcpServers": {"gh": ' + server + "}}")
+    with pytest.raises(SettingsError) as caught:
+        Settings.from_env({"SOULFLEET_MCP_CONFIG": str(path)})
+    shown = str(caught.value)
+    assert "mcpServers.gh." in shown
+    assert "tok5_secret" not in shown
+    assert "tok6_secret" not in shown

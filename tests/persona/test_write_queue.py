@@ -575,3 +575,30 @@ def test_a_write_refused_in_the_batch_that_created_the_ledger_is_applied_by_its_
     assert results["V"].startswith("Added"), results
     assert results["W"].startswith("Replaced"), results
     assert (home / "MEMORY.md").read_text() == "- holder\n- bar\n"
+
+
+def test_a_queue_that_is_a_fifo_never_blocks_a_waiting_writer(home: Path) -> None:
+    """`.locks/MEMORY.md.queue` made a FIFO with no reader: a writer finding the lock taken
+    opened it to queue its write and blocked there forever (past its lock timeout and its
+    turn's time: no timer interrupts an open). It is refused at once, as a symlink is."""
+    queue = _queue(home)
+    os.mkfifo(queue)
+    outcome: list[BaseException | None] = []
+
+    def queue_one() -> None:
+        try:
+            enqueue(str(queue), "qa", _ADD, None)
+            outcome.append(None)
+        except BaseException as exc:  # what the caller gets
+            outcome.append(exc)
+
+    worker = threading.Thread(target=queue_one, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    blocked = worker.is_alive()
+    if blocked:  # free the thread: a reader lets its open return
+        reader = os.open(queue, os.O_RDONLY | os.O_NONBLOCK)
+        worker.join(timeout=10)
+        os.close(reader)
+    assert not blocked, "enqueue blocked on the FIFO"
+    assert isinstance(outcome[0], OSError), outcome

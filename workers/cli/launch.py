@@ -214,9 +214,14 @@ def flower_auth(environ: Mapping[str, str], secret_file: Path) -> tuple[str, str
         stored = ""
     if ":" not in stored:
         stored = f"{FLOWER_USER}:{secrets.token_urlsafe(18)}"
-        fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(secret_file, flags, 0o600)
+        # O_CREAT's mode applies to a new file only: one already there keeps its own.
+        os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(stored + "\n")
+    else:
+        secret_file.chmod(0o600)  # a password in use is never left readable by others
     user = stored.split(":", 1)[0]
     return stored, f"user {user}, password in {secret_file}"
 

@@ -21,12 +21,15 @@ __all__ = ["DREAMER_SUFFIX", "LaneRole", "PersonaRegistry", "valid_persona_name"
 DREAMER_SUFFIX = "-dreamer"
 LaneRole = Literal["persona", "dreamer"]
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 def valid_persona_name(name: str) -> bool:
     """Names become Redis keys and lane ids: a short slug, no traversal, no dreamer suffix."""
-    return bool(_NAME.match(name)) and ".." not in name and not name.endswith(DREAMER_SUFFIX)
+    # fullmatch: "$" would let a name end in a newline.
+    if _NAME.fullmatch(name) is None:
+        return False
+    return ".." not in name and not name.endswith(DREAMER_SUFFIX)
 
 
 @dataclass(frozen=True, slots=True)

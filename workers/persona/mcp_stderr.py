@@ -8,7 +8,9 @@ Here the server writes into a pipe; a daemon thread reads it, replaces every sec
 knows whose complaint it is.
 
 The secrets are the variables the server was given through ``${VAR}`` in its ``env`` and
-``headers`` (the reason that syntax exists is to carry tokens; the transport names them), and
+``headers`` (the reason that syntax exists is to carry tokens; the transport names them), the
+values of its own ``env`` entries whose names say they hold one (the fleet file's common shape
+writes tokens literally), and
 the values of the worker's own variables whose names say they hold one (``*KEY*``,
 ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, ``*PASS``) or that carry a password in a URL
 (``REDIS_URL``: every form :func:`~workers.persona.urls.credential_forms` knows). Values shorter
@@ -37,11 +39,22 @@ _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASS$|CREDENTIAL", re.IGNO
 _REDACTED = "***"
 
 
-def secrets_for(names: Iterable[str], environ: Mapping[str, str] | None = None) -> list[str]:
+def secrets_for(
+    names: Iterable[str],
+    environ: Mapping[str, str] | None = None,
+    given: Iterable[tuple[str, str]] = (),
+) -> list[str]:
     """What to mask in the stderr of a server given the variables ``names`` (its ``${VAR}``
-    references), longest first (a secret containing another is masked whole)."""
+    references) and the ``env`` pairs ``given`` (as written: a value under a secret's name is
+    one, as the fleet file's common shape writes tokens literally), longest first (a secret
+    containing another is masked whole)."""
     env = os.environ if environ is None else environ
     found = {env.get(name, "") for name in names}
+    for name, value in given:
+        if _SECRET_NAME.search(name):
+            found.add(value)
+        if "://" in value:
+            found.update(credential_forms(value))
     for name, value in env.items():
         if _SECRET_NAME.search(name):
             found.add(value)

@@ -89,7 +89,8 @@ async def open_transport(server: McpServer, errlog: TextIO) -> AsyncIterator[tup
     if server.transport == "stdio":
         # Its stderr reaches ours through a relay that masks the worker's secrets.
         names = referenced(value for _, value in (*server.env, *server.headers))
-        relay = StderrRelay(os.path.basename(str(server.command)), secrets_for(names), errlog)
+        secrets = secrets_for(names, given=server.env)
+        relay = StderrRelay(os.path.basename(str(server.command)), secrets, errlog)
         try:
             async with stdio_client(stdio_parameters(server), errlog=relay.writer) as streams:
                 yield streams

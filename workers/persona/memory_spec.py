@@ -37,6 +37,10 @@ _WRITES = ("add", "replace", "remove")
 _READS = ("read", "list")
 _KEYS = frozenset({"action", "target", "text", "with"})
 _LINE_BREAKS = re.compile(r"\s*(?:\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029])\s*")
+# Control characters an entry may not write (tab, CR and LF are text; line breaks a soul file
+# cannot hold are collapsed before this check): a NUL byte or a terminal escape sequence in a
+# memory file rides in every later system prompt and reaches whoever cats the file.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x84\x86-\x9f]")
 
 _PLAIN_DESCRIPTION = (
     "Your durable memory: two Markdown files in your persona directory that are loaded into your "
@@ -244,6 +248,13 @@ def _checked(arguments: Mapping[Any, Any], *, notes: bool, max_entry_bytes: int)
         one_line = _LINE_BREAKS.sub(" ", with_)
         collapsed, with_ = one_line != with_, one_line
     _bounded("with", with_ or "", max_entry_bytes)
+    for key, value in (("text", text if action == "add" else ""), ("with", with_ or "")):
+        if (found := _CONTROL.search(value)) is not None:
+            raise ValueError(
+                f"'{key}' contains the control character U+{ord(found.group()):04X} at "
+                f"position {found.start()}: memory entries are plain text (a NUL byte or a "
+                "terminal escape sequence may not be written). Nothing was changed."
+            )
     return MemoryRequest(action, target, relative, text, with_ or "", collapsed)
 
 

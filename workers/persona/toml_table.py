@@ -71,8 +71,14 @@ class TomlTable:
     def pairs(self, name: str, *, env: bool) -> tuple[tuple[str, str], ...]:
         """A table of strings, sorted; ``env`` also checks each key is a variable name."""
         value = self.data.get(name, {})
-        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-            raise self.fail(name, f"must be a table of strings, got {value!r}")
+        # Never quote the values: env and headers carry tokens, and this error is logged, kept
+        # as a lane's last error and shown by status; one typo beside a token took it along.
+        if not isinstance(value, dict):
+            raise self.fail(name, f"must be a table of strings, got {type(value).__name__}")
+        for item, entry in value.items():
+            if not isinstance(entry, str):
+                problem = f"must be a string ({name} is a table of strings)"
+                raise self.fail(f"{name}.{item}", f"{problem}, got {type(entry).__name__}")
         for item in value:
             if env and _ENV_NAME.fullmatch(item) is None:
                 raise self.fail(f"{name}.{item}", "is not a valid environment variable name")

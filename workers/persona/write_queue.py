@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import random
@@ -255,8 +256,12 @@ def enqueue(path: str, key: str, request: MemoryRequest, until: float | None) ->
         arguments["with"] = request.with_
     record = {"key": key, "arguments": arguments, "collapsed": request.collapsed, "until": until}
     line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-    fd = os.open(path, _APPEND, 0o644)
+    # O_NONBLOCK: a FIFO at the queue's name fails (ENXIO) instead of blocking this writer
+    # forever; one with a reader opens, and is refused below.
+    fd = os.open(path, _APPEND | os.O_NONBLOCK, 0o644)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "the write queue is not a regular file", path)
         write_all(fd, line)
     finally:
         os.close(fd)
