@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import redis
 
 from tests.support.cli import (
     PASSWORD,
@@ -112,6 +113,23 @@ def test_other_commands_find_the_running_up_without_redis_url(up: Up) -> None:
     memory = up.data / "personas" / "nora" / "MEMORY.md"
     wait_until(lambda: up.alive() and "- the test was here" in memory.read_text("utf-8"),
                timeout=DEADLINE, what="the posted memory write")  # fmt: skip
+
+
+def test_the_embedded_redis_refuses_a_client_without_credentials(up: Up) -> None:
+    """`up --flower` guards Flower with a password so that other processes on the machine
+    cannot drive the fleet; the embedded Redis on a loopback TCP port must not let them do
+    it more directly (read every inbox, post items marked trusted, which a persona obeys as
+    its operator's). A client that knows only the port `up.json` names is refused."""
+    wait_until(lambda: up.alive() and (up.data / "up.json").exists(), timeout=DEADLINE,
+               what="up.json")  # fmt: skip
+    state = json.loads((up.data / "up.json").read_text("utf-8"))
+    port = int(state["redis_url"].rsplit(":", 1)[1].split("/", 1)[0])
+    stranger = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+    try:
+        with pytest.raises(redis.AuthenticationError):
+            stranger.ping()
+    finally:
+        stranger.close()
 
 
 def test_up_shows_the_demo_within_a_minute_and_sigint_stops_every_child(up: Up) -> None:

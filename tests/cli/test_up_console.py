@@ -88,7 +88,8 @@ def test_up_console_errors_once_live_counts_metrics_and_a_revive(tmp_path: Path)
 
         state = json.loads((data / "up.json").read_text())
         settings = Settings.from_env({
-            "REDIS_URL": state["redis_url"], "SOULFLEET_PERSONAS": str(root),
+            # up.json holds no password; the owner-only redis.url does (the runbook's way).
+            "REDIS_URL": (data / "redis.url").read_text().strip(), "SOULFLEET_PERSONAS": str(root),
             "SOULFLEET_KEY_PREFIX": state["key_prefix"],
             "SOULFLEET_QUEUE_PREFIX": state["queue_prefix"],
         })  # fmt: skip

@@ -185,3 +185,26 @@ def test_stop_says_whether_the_server_shut_down_cleanly(tmp_path: Path) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(hung.process.pid, signal.SIGKILL)
     assert code == -signal.SIGKILL
+
+
+def test_a_password_is_required_and_never_on_the_command_line(tmp_path: Path) -> None:
+    """With a password, a client that does not AUTH is refused; the URL carries it; the
+    password reaches redis-server through an owner-only config file, not its argv (which
+    every user of the machine can read in ps)."""
+    server = RedisServer(tmp_path / "r", password="s3cret-Pass_word").start(timeout=10)
+    try:
+        assert server.process is not None
+        assert not any("s3cret" in arg for arg in server.argv())
+        assert "s3cret" not in server.public_url
+        assert oct(server.config_path.stat().st_mode & 0o777) == "0o600"
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=server.port).ping()
+        client = redis.Redis.from_url(server.url)
+        assert client.ping()
+        client.close()
+        assert server.ping()
+        assert server.answering_pid() == server.process.pid
+    finally:
+        server.stop()
+    with pytest.raises(ValueError, match="URL-safe"):
+        RedisServer(tmp_path / "bad", password='a" b')

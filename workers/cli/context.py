@@ -79,11 +79,13 @@ def fleet_environ(
     env = dict(os.environ if environ is None else environ)
     adopted: UpState | None = None
     if not (env.get("REDIS_URL") or "").strip():
-        state = DataDir(default_data_dir(env)).running_state()
+        data = DataDir(default_data_dir(env))
+        state = data.running_state()
         # Only an embedded Redis is adopted: a user's own REDIS_URL is recorded redacted.
         if state is not None and state.embedded_redis:
             adopted = state
-            env["REDIS_URL"] = state.redis_url
+            # Its password is in redis.url (owner-only); up.json's URL has none.
+            env["REDIS_URL"] = data.read_redis_url() or state.redis_url
             for name, value in (
                 ("SOULFLEET_KEY_PREFIX", state.key_prefix),
                 ("SOULFLEET_QUEUE_PREFIX", state.queue_prefix),

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import os
 import queue
+import secrets
 import shlex
 import signal
 import threading
@@ -178,7 +179,7 @@ class _Up:
                  "letters); use another --data for a separate fleet")  # fmt: skip
         lanes = self._describe(choice, settings)
         state = UpState(
-            pid=os.getpid(), redis_url=redact_url(redis_url), personas=str(choice.root),
+            pid=os.getpid(), redis_url=self._recorded_url(redis_url), personas=str(choice.root),
             key_prefix=settings.key_prefix, queue_prefix=settings.queue_prefix,
             data=str(self.data.root), started_at=time.time(), embedded_redis=self.redis is not None,
             children=self._child_pids(),
@@ -213,6 +214,11 @@ class _Up:
             self.reporter.line("posted", f"{WELCOME_PERSONA} <- {text!r} (Fleet.post)")
         return self._watch(tails, lanes)
 
+    def _recorded_url(self, redis_url: str) -> str:
+        """What up.json says of the Redis: never a password (the embedded one's is in
+        redis.url, owner-only)."""
+        return self.redis.public_url if self.redis is not None else redact_url(redis_url)
+
     def _redis_url(self, settings: Settings) -> str:
         """REDIS_URL when set, else an embedded Redis started now (it dies with `up`)."""
         echo = self.console.out
@@ -225,11 +231,17 @@ class _Up:
                 persistent=True,
                 keep_fds=(self.lock.fd,),
                 parent_death_signal=signal.SIGTERM,  # flush the AOF, then exit
+                # Any local user could reach a loopback port: read every inbox, post items
+                # marked trusted. A new password each run; other commands read redis.url.
+                password=secrets.token_urlsafe(24),
             ).start()
         except RedisServerError as exc:
             raise CliError(f"embedded Redis did not start: {exc}") from exc
-        echo(f"  redis     embedded {self.redis.binary} {self.redis.version} at {self.redis.url} "
-             f"(AOF on, noeviction; data in {self.data.redis})")  # fmt: skip
+        with _writing(self.data.root):
+            self.data.write_redis_url(self.redis.url)
+        echo(f"  redis     embedded {self.redis.binary} {self.redis.version} at "
+             f"{self.redis.public_url} (password in {self.data.redis_url_path}; AOF on, "
+             f"noeviction; data in {self.data.redis})")  # fmt: skip
         return self.redis.url
 
     def _describe(self, choice: PersonasChoice, settings: Settings) -> int:

@@ -6,8 +6,9 @@ delete a local fleet in one place and the installed package is never written to:
     <data>/                 $XDG_DATA_HOME/soulfleet, else ~/.local/share/soulfleet (or --data)
         up.lock             held (flock) for the whole life of `up`: a second `up` fails fast
         up.json             who is running: pid, redis_url, personas root, key/queue prefix
+        redis.url           the embedded Redis's URL with its password (mode 0600)
         personas/           the demo personas, copied from the package on the first run
-        redis/              the embedded Redis: appendonly files and redis.log
+        redis/              the embedded Redis: appendonly files, redis.log, redis.conf (0600)
         logs/               one JSON-lines log per child process (worker-1.log, beat.log …)
         flower-auth         `up --flower`'s basic-auth user:password (mode 0600)
 
@@ -150,9 +151,10 @@ class AlreadyRunningError(RuntimeError):
 class UpState:
     """What ``up.json`` records about a running ``soulfleet up``.
 
-    ``redis_url`` is always written redacted: the embedded Redis has no password, and a
-    user's own REDIS_URL (``embedded_redis`` False) may have one that must not land in a file.
-    Other commands only adopt the URL of an embedded Redis; a user with their own Redis has
+    ``redis_url`` is always written without its password: the embedded Redis's is in the
+    owner-only ``redis.url`` beside it (:meth:`DataDir.write_redis_url`), and a user's own
+    REDIS_URL (``embedded_redis`` False) may have one that must not land in a file. Other
+    commands only adopt the URL of an embedded Redis; a user with their own Redis has
     REDIS_URL in their environment already.
     """
 
@@ -253,6 +255,28 @@ class DataDir:
             os.close(fd)
             raise
         return UpLock(fd)
+
+    @property
+    def redis_url_path(self) -> Path:
+        return self.root / "redis.url"
+
+    def write_redis_url(self, url: str) -> None:
+        """Record the embedded Redis's URL, password included, owner-only (``redis.url``):
+        how other commands of this user reach it; up.json holds it without the password."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.redis_url_path
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(url + "\n")
+
+    def read_redis_url(self) -> str | None:
+        """The URL :meth:`write_redis_url` recorded (None: none, or unreadable)."""
+        try:
+            return self.redis_url_path.read_text(encoding="utf-8").strip() or None
+        except OSError:
+            return None
 
     def write_state(self, state: UpState) -> None:
         # Atomic: a command reading it while `up` writes sees the old file or the new one.

@@ -26,6 +26,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
+from urllib.parse import quote
 
 from workers.local.lifeline import die_with_parent
 from workers.persona.writes import atomic_write_bytes
@@ -149,8 +150,15 @@ class RedisServer:
         parent_death_signal: int | None = None,
         keep_fds: tuple[int, ...] = (),
         unix_socket: Path | None = None,
+        password: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        #: Clients must AUTH with it (``soulfleet up``: other users of the machine could
+        #: otherwise read every inbox and post items marked trusted on the loopback port). It
+        #: reaches redis-server through an owner-only config file, never its command line.
+        if password is not None and re.fullmatch(r"[A-Za-z0-9_-]+", password) is None:
+            raise ValueError("the embedded Redis password must be URL-safe letters and digits")
+        self.password = password
         self.port = port if port is not None else free_port()
         self.persistent = persistent
         self.binary = binary or find_redis_server()
@@ -163,22 +171,37 @@ class RedisServer:
 
     @property
     def url(self) -> str:
+        """The URL clients use (with the password, when there is one: never print it)."""
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def public_url(self) -> str:
+        """:attr:`url` without the password: what may be printed or recorded."""
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def config_path(self) -> Path:
+        return self.data_dir / "redis.conf"
 
     @property
     def unix_url(self) -> str:
         """The ``unix://`` URL of :attr:`unix_socket` (ValueError when there is none)."""
         if self.unix_socket is None:
             raise ValueError("this redis-server listens on no Unix socket")
-        return f"unix://{self.unix_socket}?db=0"
+        auth = f":{quote(self.password, safe='')}@" if self.password else ""
+        return f"unix://{auth}{self.unix_socket}?db=0"
 
     @property
     def log_path(self) -> Path:
         return self.data_dir / "redis.log"
 
     def argv(self) -> list[str]:
+        # The config file (the password) must come first: redis-server reads it, then the rest.
+        config = [str(self.config_path)] if self.password else []
         args = [
             self.binary,
+            *config,
             "--bind",
             "127.0.0.1",
             "--port",
@@ -250,6 +273,7 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.check_data()
+        self._write_config()
         try:
             log_start = self.log_path.stat().st_size
         except OSError:
@@ -306,11 +330,30 @@ class RedisServer:
             )
         return f"{message} and wrote nothing to {self.log_path}"
 
+    def _write_config(self) -> None:
+        """The owner-only config file carrying the password (removed when there is none)."""
+        if not self.password:
+            with contextlib.suppress(FileNotFoundError):
+                self.config_path.unlink()
+            return
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.config_path, flags, 0o600)
+        os.fchmod(fd, 0o600)  # a file already there keeps its mode otherwise
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(f'requirepass "{self.password}"\n')
+
+    def _auth(self) -> bytes:
+        """The AUTH command to send first on a raw connection (nothing without a password)."""
+        if not self.password:
+            return b""
+        secret = self.password.encode()
+        return b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(secret), secret)
+
     def answering_pid(self) -> int | None:
         """The process id of the Redis answering on :attr:`port` (None if none answers)."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"INFO server\r\n")
+                sock.sendall(self._auth() + b"INFO server\r\n")
                 reply = b""
                 while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
                     chunk = sock.recv(65536)
@@ -325,8 +368,14 @@ class RedisServer:
     def ping(self) -> bool:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
+                sock.sendall(self._auth() + b"PING\r\n")
+                reply = b""
+                while b"\r\n" not in reply.removeprefix(b"+OK\r\n"):
+                    chunk = sock.recv(64)
+                    if not chunk:
+                        break
+                    reply += chunk
+                return reply.removeprefix(b"+OK\r\n").startswith(b"+PONG")
         except OSError:
             return False
 
