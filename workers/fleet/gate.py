@@ -34,7 +34,7 @@ from workers.fleet.errors import GateTimeout, ProviderPaused, as_redis_refusal
 from workers.fleet.keys import Keys
 from workers.fleet.lease import Held, Renewer
 from workers.fleet.scripts import ScriptCall, Scripts, client_url, redis_errors, run_scripts
-from workers.fleet.usage import MeteredModel
+from workers.fleet.usage import CALL_MARKER_TTL, MeteredModel
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
@@ -237,6 +237,71 @@ class ModelCall:
     error: str | None = None
 
 
+#: How long an answered call's usage record is kept trying after its call gave up on Redis:
+#: well inside the call marker's life (``CALL_MARKER_TTL``), which keeps a resend counted once.
+OWED_USAGE_WAIT = CALL_MARKER_TTL / 2
+
+
+class OwedUsage:
+    """Usage records of answered calls whose Redis was down longer than the call waited: one
+    daemon thread per process sends them once it answers. Thread-safe."""
+
+    def __init__(self, wait: float = OWED_USAGE_WAIT, clock: Clock | None = None) -> None:
+        self.wait = wait
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self._owed: list[tuple[redis.Redis, ScriptCall, float]] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def owe(self, client: redis.Redis, call: ScriptCall) -> None:
+        with self._lock:
+            self._owed.append((client, call, self.clock.monotonic() + self.wait))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="soulfleet-owed-usage", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._owed)
+
+    def _run(self) -> None:
+        pause = 0.2
+        while True:
+            self._wake.wait(pause)
+            self._wake.clear()
+            with self._lock:
+                owed, self._owed = self._owed, []
+            if not owed:
+                with self._lock:
+                    if not self._owed:
+                        self._thread = None
+                        return
+                continue
+            kept: list[tuple[redis.Redis, ScriptCall, float]] = []
+            for client, call, deadline in owed:
+                try:
+                    run_scripts(client, [call])
+                    _log.info("usage.recorded_late")
+                except Exception as exc:
+                    if self.clock.monotonic() < deadline and as_redis_refusal(
+                        exc, client_url(client)
+                    ):
+                        kept.append((client, call, deadline))
+                    else:
+                        _log.error("usage.record_lost", error=str(exc)[:300])
+            with self._lock:
+                self._owed.extend(kept)
+            pause = min(pause * 2, 2.0) if kept else 0.2
+
+
+OWED_USAGE = OwedUsage()
+
+
 class GatedModel:
     """A :class:`~workers.persona.models.Model` whose ``complete`` holds a gate slot.
 
@@ -350,7 +415,15 @@ class GatedModel:
             calls.append(breaker.record_call(self.provider, ok=True))
         if not calls:
             return
-        replies = self._send(calls)
+        try:
+            replies = self._send(calls)
+        except Exception as exc:
+            if owed is not None and as_redis_refusal(exc, client_url(self.gate.client)):
+                # The answer is paid for whatever becomes of the turn: its usage record (keyed
+                # by the call, so counted once) is sent once Redis is back, by a thread of its
+                # own, instead of being dropped with the failed call.
+                OWED_USAGE.owe(self.gate.client, owed)
+            raise
         if owed is not None and isinstance(self.model, MeteredModel):
             self.model.settle(replies[0])
         if breaker is not None:

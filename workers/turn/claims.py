@@ -10,6 +10,8 @@ of the lane waiting out the broker's visibility timeout.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import TypeVar
 
 import structlog
 
@@ -19,7 +21,7 @@ from workers.fleet.lease import ClaimHandle, Renewer
 from workers.fleet.outcomes import StartOutcome
 from workers.persona.clock import Clock, SystemClock
 
-__all__ = ["START_REDIS_WAIT", "Claims"]
+__all__ = ["START_REDIS_WAIT", "Claims", "waiting_for_redis"]
 
 #: How long a turn's start waits for a Redis that is down (a restart, a failover) before the
 #: task fails. The message is in this worker's hands: failing acknowledges it, and the lane
@@ -28,6 +30,34 @@ START_REDIS_WAIT = 60.0
 _FIRST_PAUSE = 0.1
 
 _log = structlog.get_logger("soulfleet.turn")
+
+T = TypeVar("T")
+
+
+def waiting_for_redis(
+    step: Callable[[], T], *, clock: Clock, wait: float, event: str, **fields: object
+) -> T:
+    """``step()``, tried again while it raises :class:`RedisUnavailable` (a restart, a
+    failover), for up to ``wait`` seconds; ``event`` is logged once, on the first refusal.
+
+    For the turn's scripts that must not be given up on a Redis blip: its start (the message
+    is in this worker's hands) and its end (finish, fail, defer: the model calls were paid
+    for). Each is one atomic script, so a try that failed to connect changed nothing; one
+    whose reply was lost ran, and its retry is refused by the lane's own checks (a start is
+    answered ``duplicate``, an end ``lost``), never applied twice."""
+    deadline = clock.monotonic() + wait
+    pause = _FIRST_PAUSE
+    while True:
+        try:
+            return step()
+        except RedisUnavailable as exc:
+            left = deadline - clock.monotonic()
+            if left <= 0:
+                raise
+            if pause == _FIRST_PAUSE:  # once per call: 200 threads waiting log 200 lines
+                _log.warning(event, error=str(exc)[:300], wait_s=round(left, 1), **fields)
+            clock.sleep(min(pause, left))
+            pause = min(pause * 2, 2.0)
 
 
 class Claims:
@@ -81,21 +111,13 @@ class Claims:
         Failing at once acknowledged the message during a Redis restart, and the lane waited
         ten minutes for the reaper. A start whose reply was lost (it ran) is answered
         ``duplicate`` by its retry: the lane's lease lapses and beat hands the turn on."""
-        deadline = self.clock.monotonic() + self.redis_wait
-        pause = _FIRST_PAUSE
         try:
-            while True:
-                try:
-                    return self.lanes.start(lane, turn_id, self.worker_id)
-                except RedisUnavailable as exc:
-                    left = deadline - self.clock.monotonic()
-                    if left <= 0:
-                        raise
-                    if pause == _FIRST_PAUSE:  # once per start: 200 threads waiting log 200 lines
-                        _log.warning("turn.start_waiting_for_redis", error=str(exc)[:300],
-                                     wait_s=round(left, 1))  # fmt: skip
-                    self.clock.sleep(min(pause, left))
-                    pause = min(pause * 2, 2.0)
+            return waiting_for_redis(
+                lambda: self.lanes.start(lane, turn_id, self.worker_id),
+                clock=self.clock,
+                wait=self.redis_wait,
+                event="turn.start_waiting_for_redis",
+            )
         finally:
             self.drop(lane, turn_id)
 

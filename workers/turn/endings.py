@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import structlog
 
@@ -26,9 +27,17 @@ from workers.persona.checkup import input_over_budget_remedy
 from workers.persona.errors import causes
 from workers.persona.loop import RunResult
 from workers.settings import Settings
+from workers.turn.claims import START_REDIS_WAIT, waiting_for_redis
 from workers.turn.report import TurnReport
 
-__all__ = ["Endings", "incomplete_note", "retry_after"]
+__all__ = ["END_REDIS_WAIT", "Endings", "incomplete_note", "retry_after"]
+
+T = TypeVar("T")
+
+#: How long a turn's end (finish, fail, defer) waits for a Redis that is down before the task
+#: fails: as long as its start would. Giving up at once threw away what the turn had paid for
+#: (the lane sat ``running`` until its lease lapsed, and the reaper's re-run paid again).
+END_REDIS_WAIT = START_REDIS_WAIT
 
 _log = structlog.get_logger("soulfleet.turn")
 
@@ -45,6 +54,16 @@ class Endings:
         self.worker_id = worker_id
         # The running turn's lease handle, per pool thread.
         self._held = threading.local()
+
+    def ending(self, step: Callable[[], T]) -> T:
+        """Run one of the scripts that end a started turn, waiting out a Redis that is down
+        (a restart, a failover) for up to :data:`END_REDIS_WAIT` seconds."""
+        return waiting_for_redis(
+            step,
+            clock=self.fleet.clock,
+            wait=END_REDIS_WAIT,
+            event="turn.end_waiting_for_redis",
+        )
 
     def hold(self, handle: LeaseHandle | None) -> None:
         """The lease the calling thread's turn runs under (None once it returned)."""
@@ -87,16 +106,19 @@ class Endings:
             return self.defer(lane, turn_id, started, began, provider=provider, why=error)
         settings = self.settings
         self.release_lease()
-        failed = self.fleet.lanes.fail(
-            lane,
-            started.fence,
-            error=error[:2000],
-            kind=kind,
-            backoff=(settings.retry_base, settings.retry_max),
-            retry_for=settings.retry_for,
-            publisher=self.worker_id,
-            claim_ttl=settings.claim_ttl,
-            wait_at_least=retry_after(cause),
+        wait_at_least = retry_after(cause)
+        failed = self.ending(
+            lambda: self.fleet.lanes.fail(
+                lane,
+                started.fence,
+                error=error[:2000],
+                kind=kind,
+                backoff=(settings.retry_base, settings.retry_max),
+                retry_for=settings.retry_for,
+                publisher=self.worker_id,
+                claim_ttl=settings.claim_ttl,
+                wait_at_least=wait_at_least,
+            ),
         )
         if failed.dead:
             _log.error(
@@ -132,7 +154,9 @@ class Endings:
     ) -> TurnReport:
         ended_at = monotonic_wall_time()
         self.release_lease()
-        self.fleet.lanes.defer(lane, started.fence, provider=provider, why=why[:2000])
+        self.ending(
+            lambda: self.fleet.lanes.defer(lane, started.fence, provider=provider, why=why[:2000]),
+        )
         _log.info("turn.deferred", provider=provider, error=why[:300])
         self.end(lane, turn_id, started, "deferred", began, ended_at=ended_at, error=why)
         return TurnReport(lane, turn_id, "deferred", extra={"error": why})
@@ -212,15 +236,17 @@ class Endings:
         ended_at = monotonic_wall_time()
         text = refusal.detail if refusal.status == "refused" else ""
         self.release_lease()
-        finished = self.fleet.lanes.finish(
-            lane,
-            started.fence,
-            status=refusal.status,
-            text=text,
-            reply_ids=[item.id for item in started.items if item.reply],
-            reply_extra={"reason": refusal.reason},
-            publisher=self.worker_id,
-            claim_ttl=self.settings.claim_ttl,
+        finished = self.ending(
+            lambda: self.fleet.lanes.finish(
+                lane,
+                started.fence,
+                status=refusal.status,
+                text=text,
+                reply_ids=[item.id for item in started.items if item.reply],
+                reply_extra={"reason": refusal.reason},
+                publisher=self.worker_id,
+                claim_ttl=self.settings.claim_ttl,
+            ),
         )
         if finished.follow_up_turn_id and finished.follow_up_kind:
             self.follow_up(lane, finished.follow_up_turn_id, finished.follow_up_kind)

@@ -403,18 +403,21 @@ class TurnExecutor:
         # another worker, and "this turn ended before the next began" must hold in the logs.
         ended_at = monotonic_wall_time()
         self.endings.release_lease()
-        finished = self.fleet.lanes.finish(
-            lane,
-            started.fence,
-            status=result.status,
-            text=result.text,
-            beat=beat,
-            reply_ids=[item.id for item in started.items if item.reply],
-            reply_extra={"usage": result.usage.to_dict(), "limit": result.limit},
-            session=session,
-            publisher=self.worker_id,
-            claim_ttl=self.settings.claim_ttl,
-            note=incomplete_note(result, agent.name),
+        # Its model calls are paid for: a Redis restart here is waited out, not thrown away.
+        finished = self.endings.ending(
+            lambda: self.fleet.lanes.finish(
+                lane,
+                started.fence,
+                status=result.status,
+                text=result.text,
+                beat=beat,
+                reply_ids=[item.id for item in started.items if item.reply],
+                reply_extra={"usage": result.usage.to_dict(), "limit": result.limit},
+                session=session,
+                publisher=self.worker_id,
+                claim_ttl=self.settings.claim_ttl,
+                note=incomplete_note(result, agent.name),
+            ),
         )
         if role == "dreamer":  # the plan was made before the pass read anything
             self.guard.passed(lane, self.fleet.clock.time(), plan.started_at)
