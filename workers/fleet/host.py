@@ -13,6 +13,7 @@ docs/persona.md §3 leaves delivering external events to the host; :class:`Fleet
 State lives in Redis lanes (:mod:`workers.fleet.lanes`); a Celery message is only a wake-up that
 names ``(lane, turn_id)``. Publishing happens here, after the lane script has decided a turn is
 due, so a lost publish is repaired by the reaper and a duplicate is dropped at turn start.
+What the fleet reports (status, session, usage, lane counts) is :mod:`workers.fleet.reports`.
 """
 
 from __future__ import annotations
@@ -21,19 +22,16 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from datetime import date, timedelta
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import redis
 
 from workers.fleet import dead_letters
-from workers.fleet.beats import Beat, Beats
+from workers.fleet.beats import Beats
 from workers.fleet.breaker import Breaker
 from workers.fleet.clients import fleet_client
 from workers.fleet.errors import (
     BudgetStopped,
-    FleetError,
     LaneDeadLettered,
     RedisUnavailable,
 )
@@ -42,17 +40,16 @@ from workers.fleet.lanes import Lanes
 from workers.fleet.outcomes import PostOutcome, Repair, RunReply, TickOutcome
 from workers.fleet.recovery import Backoff, Recovery
 from workers.fleet.registry import PersonaRegistry
+from workers.fleet.reports import FleetReports
 from workers.fleet.servertime import ServerClock
-from workers.fleet.spend import next_reset, persona_budget, persona_models
+from workers.fleet.spend import next_reset, persona_budget
 from workers.fleet.sweeps import SweepWrites
 from workers.fleet.usage import UsageLedger
 from workers.persona.checkup import check_persona
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
-from workers.persona.manifest import load_manifest
-from workers.persona.session_files import SessionFiles
 from workers.persona.spend import budget_refuses
-from workers.settings import Settings, redact_url
+from workers.settings import Settings
 
 __all__ = ["Fleet", "Publisher", "RunReply"]
 
@@ -70,7 +67,7 @@ class Publisher(Protocol):
     def publish_many(self, turns: Sequence[tuple[str, str, str]]) -> None: ...
 
 
-class Fleet:
+class Fleet(FleetReports):
     """One fleet: a Redis, a personas root, a broker. Thread-safe; share one per process."""
 
     def __init__(
@@ -291,104 +288,11 @@ class Fleet:
                 raise LaneDeadLettered(name, str(status.get("last_error") or "unknown error"))
 
     # -- operations ---------------------------------------------------------------------
-    def status(self, persona: str) -> dict[str, Any]:
-        """The persona lane's state, plus its dreamer lane's when it has one."""
-        return self.statuses([self.registry.resolve(persona)])[0]
-
-    def statuses(self, names: Sequence[str]) -> list[dict[str, Any]]:
-        """:meth:`status` of many personas (names under the root) in two round trips, however
-        many there are: ``soulfleet status`` of a fleet of thousands."""
-        homes = [self.registry.home(name) for name in names]
-        budgets = [persona_budget(home, self.settings) for home in homes]
-        dreamer_lanes = [self.registry.lane_of(name, "dreamer") for name in names]
-        lanes = self.lanes.status_many([*names, *dreamer_lanes])
-        spent = self.ledger.spent_many(
-            [
-                (name, self.ledger.today(budget.timezone))
-                for name, budget in zip(names, budgets, strict=True)
-            ]
-        )
-        statuses: list[dict[str, Any]] = []
-        for index, name in enumerate(names):
-            status: dict[str, Any] = {"persona": name, **lanes[index]}
-            status["tokens_today"] = spent[index]
-            status["daily_tokens"] = budgets[index].daily_tokens
-            status["models"] = persona_models(homes[index], self.settings)
-            dreamer = lanes[len(names) + index]
-            if dreamer.get("last_turn") or dreamer.get("state") not in (None, "idle"):
-                status["dreamer"] = {"lane": dreamer_lanes[index], **dreamer}
-            statuses.append(status)
-        return statuses
-
     def reset_session(self, persona: str) -> int:
         """End the persona's session: its next turn composes a fresh soul and starts with no
         history (a turn running now finishes, but adds nothing). Returns the reset epoch."""
         name = self.registry.resolve(persona)
         return self.lanes.reset_session(name)
-
-    def session(self, persona: str) -> dict[str, Any]:
-        """The persona's current session: ``id`` (None when there is none, or it was reset),
-        ``started_at``, ``last_turn_at``, ``turns``, ``messages``, ``estimated_tokens``,
-        ``compactions``, ``soul_bytes``, and ``ends``: None while it goes on, else why the next
-        turn starts a new one (``"idle"``, ``"daily"``, ``"reset"``)."""
-        name = self.registry.resolve(persona)
-        home = self.registry.home(name)
-        pointer = self.lanes.session_pointer(name)
-        state = SessionFiles(home, name).read(pointer.state)
-        report: dict[str, Any] = {"persona": name, "lane": name, "epoch": pointer.epoch}
-        if state is None:
-            return {
-                **report,
-                "id": None,
-                "started_at": None,
-                "last_turn_at": None,
-                "turns": 0,
-                "messages": 0,
-                "estimated_tokens": 0,
-                "compactions": 0,
-                "ends": None,
-            }
-        ends = "reset" if state.epoch != pointer.epoch else None
-        if ends is None:
-            ends = load_manifest(home).session.expired(state, self.clock.time())
-        return {**report, **state.summary(), "ends": ends}
-
-    def usage(self, persona: str | None = None, days: int = 1) -> list[dict[str, Any]]:
-        """Tokens (input, output, cached input) and model calls per persona per day and per
-        model, newest day first. A persona's days are its budget's time zone's, in the
-        fleet-wide listing (``persona=None``: every persona that used a model) too: a persona
-        ahead of UTC may already count tomorrow's UTC day, one behind it yesterday's."""
-        if days < 1:
-            raise ValueError(f"days must be >= 1, got {days}")
-        if persona is None:
-            utc = self.ledger.days_back(days + 1)
-            ahead = (date.fromisoformat(utc[0]) + timedelta(days=1)).isoformat()
-            wanted: dict[str, set[str]] = {}
-            rows = []
-            for row in self.ledger.usage(None, [ahead, *utc]):
-                if row.persona not in wanted:
-                    zone = self._usage_zone(row.persona)
-                    wanted[row.persona] = set(self.ledger.days_back(days, zone))
-                if row.day in wanted[row.persona]:
-                    rows.append(row)
-            rows.sort(key=lambda r: (-date.fromisoformat(r.day).toordinal(), -r.tokens, r.persona))
-        else:
-            name = self.registry.resolve(persona)
-            timezone = persona_budget(self.registry.home(name), self.settings).timezone
-            rows = self.ledger.usage([name], self.ledger.days_back(days, timezone))
-        return [row.to_dict() for row in rows]
-
-    def _usage_zone(self, name: str) -> str:
-        """The time zone ``name``'s usage days are counted in (UTC once its home is gone)."""
-        try:
-            return persona_budget(self.registry.home(name), self.settings).timezone
-        except FleetError:
-            return "UTC"
-
-    def beats(self, count: int = 100) -> list[Beat]:
-        """Recent surfaced beats, newest last."""
-        beats: list[Beat] = self._call(lambda: self._beats.recent(count))
-        return beats
 
     def revive(self, persona: str, *, dreamer: bool = False) -> TickOutcome:
         """Take a dead-lettered lane back into service (its kept items run first).
@@ -443,62 +347,6 @@ class Fleet:
         self.send([(r.lane, r.turn_id, r.kind) for r in repairs])
         return repairs
 
-    def lane_counts(self) -> dict[str, int]:
-        """Fleet-wide gauges for :class:`workers.metrics.LaneStateCollector` (one round trip)."""
-        now_ms = int(self.clock.time() * 1000)
-        stale_ms = now_ms - int(self.settings.reap_queued_after * 1000)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zcard(self.keys.queued)
-        pipe.zcard(self.keys.running)
-        pipe.zcard(self.keys.dead)
-        pipe.zcount(self.keys.running, "-inf", now_ms)
-        # From score 1: a lane marked unsent (score 0) waits for the reaper's next pass, and
-        # is not stuck in the runbook's sense (nobody consuming its queue).
-        pipe.zcount(self.keys.queued, 1, stale_ms)
-        pipe.get(self.keys.registry_lanes)
-        pipe.info("memory")
-        pipe.zcard(self.keys.retry)
-        queued, running, dead, stuck_running, stuck_queued, registered, memory, retry = self._call(
-            pipe.execute
-        )
-        breakers = self.breaker.states()
-        deferred = sum(state.deferred for state in breakers)
-        registered_lanes = int(registered or 0)
-        return {
-            "idle": max(0, registered_lanes - queued - running - dead - retry - deferred),
-            "queued": int(queued),
-            "running": int(running),
-            "dead": int(dead),
-            "retry": int(retry),
-            "deferred": deferred,
-            "stuck_running": int(stuck_running),
-            "stuck_queued": int(stuck_queued),
-            "redis_memory_used": int(memory.get("used_memory", 0)),
-            "redis_maxmemory": int(memory.get("maxmemory", 0)),
-        }
-
-    def redis_memory(self) -> tuple[int, int, str]:
-        """``(used, maxmemory, maxmemory-policy)`` of the fleet's Redis (maxmemory 0: no limit;
-        policy ``""`` when the server does not report one)."""
-        memory = self._call(lambda: self.client.info("memory"))
-        return (
-            int(memory.get("used_memory", 0)),
-            int(memory.get("maxmemory", 0)),
-            str(memory.get("maxmemory_policy", "")),
-        )
-
-    def served_root(self) -> Path | None:
-        """The personas root the fleet's workers serve, as beat's newest registry sync recorded
-        it in this Redis; None when no beat has synced here."""
-        recorded = self._call(lambda: self.client.get(self.keys.registry_root))
-        return Path(str(recorded)) if recorded else None
-
     def ping(self) -> None:
         """Raise :class:`RedisUnavailable` (URL without its password) if Redis is down."""
         self._call(self.client.ping)
-
-    def _call(self, fn: Any) -> Any:
-        try:
-            return fn()
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise RedisUnavailable(redact_url(self.settings.redis_url), str(exc)) from exc
