@@ -1,0 +1,162 @@
+"""The status table: one row per persona lane, as ``soulfleet status`` prints it.
+
+What each row says of a lane beyond its Redis state (:func:`annotate`: beat's reason for an
+invalid persona, the current error, a lease its worker stopped renewing) and how it is drawn
+(:func:`row`, :func:`table`). :mod:`workers.cli.status` runs the command and prints the
+fleet-wide lines under the table.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from workers.cli.health import current_error, display_state
+
+__all__ = ["ago", "annotate", "row", "table", "until"]
+
+_COLOURS = {"dead": "red", "failing": "yellow", "retry": "yellow", "invalid": "yellow"}
+
+_COLUMNS = (
+    "PERSONA", "STATE", "TICKS", "INBOX", "TRIES", "TOKENS TODAY", "LAST TURN", "DREAMER",
+    "LAST ERROR",
+)  # fmt: skip
+
+
+def ago(when: object, now: float | None = None) -> str:
+    """``"12s ago"`` for an epoch time, ``"-"`` for none."""
+    if not isinstance(when, (int, float)) or when <= 0:
+        return "-"
+    seconds = max(0.0, (time.time() if now is None else now) - float(when))
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h ago"
+    return f"{seconds / 86400:.0f}d ago"
+
+
+def until(when: float | None, now: float) -> str:
+    """``"in 12s"`` until an epoch time, ``"due"`` once it passed, ``"-"`` for none."""
+    if when is None:
+        return "-"
+    seconds = when - now
+    return "due" if seconds <= 0 else f"in {seconds:.0f}s"
+
+
+def annotate(
+    entry: dict[str, Any], invalid: Mapping[str, str], root: Path, lease_ttl: float
+) -> dict[str, Any]:
+    """Add ``invalid`` (beat's reason), ``error`` (the current one), ``note`` (without an
+    error, how the newest turn ended short: ``last_note``) and ``display_state``."""
+    reason = invalid.get(str(entry.get("persona")))
+    entry.setdefault("home", str(root / str(entry.get("persona"))))
+    if reason:
+        entry["invalid"] = reason
+    entry["error"] = reason or current_error(entry)
+    # No error, but the newest turn ended short for a reason that repeats (a soul over the
+    # token budget ends every turn without a model call): shown where an error would be.
+    entry["note"] = None if entry["error"] else entry.get("last_note")
+    entry["display_state"] = display_state(entry)
+    entry["lease_silent"] = _lease_silent(entry, lease_ttl)
+    dreamer = entry.get("dreamer")
+    if isinstance(dreamer, dict):
+        dreamer["error"] = current_error(dreamer)
+        dreamer["display_state"] = display_state(dreamer)
+        dreamer["lease_silent"] = _lease_silent(dreamer, lease_ttl)
+        if entry["error"] is None and dreamer["error"]:
+            entry["error"] = f"dreamer: {dreamer['error']}"
+    return entry
+
+
+def _lease_silent(entry: Mapping[str, Any], lease_ttl: float) -> float | None:
+    """Seconds since a running turn's lease was last renewed, once that is over half the TTL
+    (a live worker renews every third of it): its worker has probably died, and beat's reaper
+    takes the lane back when the lease lapses. None while it is renewed, or not running."""
+    left = entry.get("lease_left")
+    if entry.get("state") != "running":
+        return None
+    if not isinstance(left, int | float):
+        # Running without a lease: it lapsed (or a Redis restart lost it) and the reaper's
+        # next pass takes the lane back. Silent for the whole TTL at least.
+        return round(lease_ttl)
+    silent = lease_ttl - float(left)
+    return round(silent) if silent > lease_ttl / 2 else None
+
+
+def row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, ...]:
+    """One table row; ``whole_error`` keeps the error uncut (a table of one persona)."""
+    last = "-"
+    if entry.get("last_turn"):
+        last = f"{entry.get('last_status') or '?'} {ago(entry.get('last_end'))}"
+    dreamer = entry.get("dreamer")
+    dreamer_state = "-"
+    if isinstance(dreamer, Mapping):
+        shown = dreamer.get("display_state") or dreamer.get("state", "idle")
+        # A running or queued pass with how long it has been so, not the previous pass's end
+        # ("running 68s ago" read as running for 68 s while the pass had just begun).
+        since = {"running": "started_at", "queued": "queued_at"}.get(str(dreamer.get("state")))
+        when = lasted(dreamer.get(since)) if since else ago(dreamer.get("last_end"))
+        dreamer_state = f"{shown} {when}".strip()
+    error = " ".join(str(entry.get("error") or entry.get("note") or "-").split())
+    home = entry.get("home")
+    if home:  # the table is about this persona already: its path only costs width
+        error = error.replace(f"{home}{os.sep}", "")
+    state = str(entry.get("display_state") or entry.get("state", "idle"))
+    if state == "retry":
+        retry_at = entry.get("retry_at")
+        state = f"retry {until(retry_at if isinstance(retry_at, float) else None, time.time())}"
+    elif state == "deferred":
+        state = f"deferred ({entry.get('provider') or '?'})"
+    elif entry.get("state") == "queued":
+        # A lane whose turn message was lost waits for the reaper (SOULFLEET_REAP_QUEUED_AFTER)
+        # and read just like one about to run.
+        state = f"{state} {lasted(entry.get('queued_at'))}".strip()
+    elif entry.get("state") == "running":
+        # A turn held by a hanging provider looked like any other for its whole timeout.
+        state = f"{state} {lasted(entry.get('started_at'))}".strip()
+        silent, left = entry.get("lease_silent"), entry.get("lease_left")
+        if silent is not None and isinstance(left, int | float):
+            # A killed worker's turn looked alive until its lease lapsed (30 s by default).
+            state += f" (lease not renewed for {silent:.0f}s, lapses in {left:.0f}s)"
+        elif silent is not None:
+            state += " (lease lapsed: beat's reaper takes the lane back at its next pass)"
+    tokens = str(entry.get("tokens_today", 0))
+    if entry.get("daily_tokens") is not None:
+        tokens += f"/{entry['daily_tokens']}"
+    return (
+        str(entry.get("persona", "")),
+        state,
+        str(entry.get("pending_ticks", 0)),
+        str(entry.get("inbox_depth", 0)),
+        str(entry.get("attempts", 0)),
+        tokens,
+        last,
+        dreamer_state,
+        error if whole_error or len(error) <= 60 else error[:57] + "...",
+    )
+
+
+def lasted(since: object) -> str:
+    """``"for 80s"`` since an epoch time, ``""`` for none."""
+    if not isinstance(since, (int, float)) or since <= 0:
+        return ""
+    return "for " + ago(since).removesuffix(" ago")
+
+
+def table(rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in (_COLUMNS, *rows)) for i in range(len(_COLUMNS))]
+    lines = []
+    for row in (_COLUMNS, *rows):
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=True)]
+        colour = _COLOURS.get(row[1].split(" ", 1)[0])
+        if colour is not None:  # click.echo drops the escapes when stdout is not a terminal
+            cells[1] = click.style(cells[1], fg=colour)
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
