@@ -522,3 +522,19 @@ def test_a_turn_budget_below_the_session_limit_compacts_instead_of_muting_the_pe
         session = rig.fleet.session("ava")
         assert session["compactions"] >= 1
         assert session["estimated_tokens"] < 3000
+
+
+@pytest.mark.parametrize("memory_words", [900, 1300])
+def test_a_large_soul_under_the_turn_budget_still_compacts_and_answers(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path, memory_words: int
+) -> None:
+    """A soul over half the turn's budget (but under it, so the session is continued): the
+    compaction threshold (half the budget) is below the soul alone, so compaction can never
+    bring the session under it, and the session grows until every turn ends before its call."""
+    with FakeProvider("openai", text="ok " * 50) as server, make_rig(
+        redis_url, key_prefix, tmp_path, server, SOULFLEET_TURN_MAX_TOKENS="3000"
+    ) as rig:  # fmt: skip
+        rig.persona("ava", MEMORY_md="- " + "fact " * memory_words + "\n")
+        for n in range(15):
+            rig.fleet.post("ava", f"message {n}: " + "words " * 150)
+            assert rig.run_all() == ["done"], (n, rig.fleet.status("ava").get("last_note"))

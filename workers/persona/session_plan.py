@@ -10,7 +10,8 @@ and the fleet's turn executor); only where the pointer lives differs (see
   continue it, its frozen soul and its history, compacted first if over budget;
 * otherwise a new session: the soul is composed NOW and frozen; no history. A session whose
   frozen soul alone is over ``session.max_tokens`` (or the turn's token budget) is not
-  continued either (reason ``soul_over_budget``): no compaction could make its turns fit.
+  continued either (reason ``soul_over_budget``): no compaction could make its turns fit;
+  nor is one that compaction could not bring within the turn's budget (``over_turn_budget``).
   Its id is derived from the ended session's id
   (:func:`~workers.persona.session.next_session_id`), so a retry of the turn, and silent beats
   before the session's first real turn, share one transcript.
@@ -75,7 +76,9 @@ class SessionPlan:
     base: SessionState | None
     started_at: float
     new: bool
-    reason: str  # continued | first | idle | daily | reset | missing | soul_over_budget | ephemeral
+    # continued | first | idle | daily | reset | missing | soul_over_budget | over_turn_budget
+    # | ephemeral
+    reason: str
     compaction: Compaction | None = None
     persist: bool = True
     #: When the turn was planned (its start, on the turn's clock): what it stamps as the
@@ -205,26 +208,7 @@ def plan_turn(
             # reads the files as they are now.
             reason = "soul_over_budget"
     if reason is not None:
-        soul, found = compose()
-        if base is not None and config.idle_reset > 0:
-            session_id = next_session_id(base.id)
-        else:
-            # "0s" keeps today's one conversation per turn; no base: nothing to derive from.
-            session_id = new_session_id()
-        _log.info("session.new", lane=lane, session=session_id, reason=reason)
-        return SessionPlan(
-            planned_at=now,
-            lane=lane,
-            session_id=session_id,
-            soul=soul,
-            sections=tuple(found),
-            history=(),
-            pointer=pointer,
-            base=base,
-            started_at=now,
-            new=True,
-            reason=reason,
-        )
+        return _new_session(lane, pointer, base, compose, config, now, reason)
     assert base is not None
     compaction = compact(
         base.messages,
@@ -235,6 +219,15 @@ def plan_turn(
         dialect=dialect_of(model),
         summaries=summaries,
     )
+    history = base.messages if compaction is None else compaction.history
+    paid = 0 if compaction is None else compaction.usage.total_tokens
+    needed = estimate_tokens(history, base.soul) + estimate_tokens([Message("user", incoming)])
+    if turn_tokens is not None and needed > turn_tokens - paid:
+        # Compaction could not bring the session within the turn's budget (a soul too large
+        # for any valid tail to fit under half of it): continued, the turn would end before
+        # its model call, and so would every later one as the session grew. A new session
+        # (the soul and the incoming message) is what still fits.
+        return _new_session(lane, pointer, base, compose, config, now, "over_turn_budget")
     return SessionPlan(
         planned_at=now,
         lane=lane,
@@ -248,4 +241,36 @@ def plan_turn(
         new=False,
         reason="continued",
         compaction=compaction,
+    )
+
+
+def _new_session(  # noqa: PLR0917 (plan_turn's own arguments, passed on)
+    lane: str,
+    pointer: Pointer,
+    base: SessionState | None,
+    compose: Compose,
+    config: SessionConfig,
+    now: float,
+    reason: str,
+) -> SessionPlan:
+    """A new session for ``reason``: the soul composed from the files as they are now."""
+    soul, found = compose()
+    if base is not None and config.idle_reset > 0:
+        session_id = next_session_id(base.id)
+    else:
+        # "0s" keeps today's one conversation per turn; no base: nothing to derive from.
+        session_id = new_session_id()
+    _log.info("session.new", lane=lane, session=session_id, reason=reason)
+    return SessionPlan(
+        planned_at=now,
+        lane=lane,
+        session_id=session_id,
+        soul=soul,
+        sections=tuple(found),
+        history=(),
+        pointer=pointer,
+        base=base,
+        started_at=now,
+        new=True,
+        reason=reason,
     )
