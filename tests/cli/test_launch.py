@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from workers.cli.errors import CliError
 from workers.cli.launch import (
     BUILTIN_MODEL_LABEL,
     child_environ,
@@ -187,3 +188,18 @@ def test_the_flower_password_file_is_owner_only_whatever_was_there(
     auth, _ = flower_auth({}, secret)
     assert ":" in auth
     assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+
+
+def test_a_flower_password_file_that_is_a_symlink_is_refused_not_followed(tmp_path: Path) -> None:
+    """A symlink planted at flower-auth's name: the password is never written through it nor
+    its target's mode changed (chmod followed links), and `up` says what to do instead of a
+    traceback."""
+    target = tmp_path / "elsewhere"
+    target.write_text("keep me\n")
+    target.chmod(0o644)
+    secret = tmp_path / "flower-auth"
+    secret.symlink_to(target)
+    with pytest.raises(CliError, match="not a symlink"):
+        flower_auth({}, secret)
+    assert target.read_text() == "keep me\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644

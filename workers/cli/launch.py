@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.cli.errors import CliError
 from workers.fleet.errors import UnusablePersonaName
 from workers.fleet.registry import PersonaRegistry
 from workers.local.demo import install_demo
@@ -209,19 +210,29 @@ def flower_auth(environ: Mapping[str, str], secret_file: Path) -> tuple[str, str
     if configured:
         return configured, "basic auth from FLOWER_BASIC_AUTH"
     try:
-        stored = secret_file.read_text(encoding="utf-8").strip()
-    except FileNotFoundError:
-        stored = ""
-    if ":" not in stored:
-        stored = f"{FLOWER_USER}:{secrets.token_urlsafe(18)}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(secret_file, flags, 0o600)
+        return _flower_secret(secret_file)
+    except OSError as exc:
+        raise CliError(
+            f"cannot use the Flower password file {secret_file}: {exc.strerror or exc} (it must "
+            "be a regular file of this user's, not a symlink); remove it and start again, or "
+            "set FLOWER_BASIC_AUTH=user:password"
+        ) from exc
+
+
+def _flower_secret(secret_file: Path) -> tuple[str, str]:
+    """The stored ``user:password`` (made now if there is none), owner-only; never through a
+    symlink (O_NOFOLLOW: a link planted at its name cannot redirect the write or the chmod)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(secret_file, flags, 0o600)
+    with os.fdopen(fd, "r+", encoding="utf-8") as handle:
         # O_CREAT's mode applies to a new file only: one already there keeps its own.
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        os.fchmod(handle.fileno(), 0o600)
+        stored = handle.read().strip()
+        if ":" not in stored:
+            stored = f"{FLOWER_USER}:{secrets.token_urlsafe(18)}"
+            handle.seek(0)
+            handle.truncate()
             handle.write(stored + "\n")
-    else:
-        secret_file.chmod(0o600)  # a password in use is never left readable by others
     user = stored.split(":", 1)[0]
     return stored, f"user {user}, password in {secret_file}"
 
