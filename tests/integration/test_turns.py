@@ -17,6 +17,7 @@ import pytest
 
 from tests.integration.conftest import Harness
 from tests.support.fleet import soak_seconds, wait_until
+from tests.support.providers import FakeProvider, error_reply, openai_completion
 from workers.fleet.errors import InboxFull
 from workers.publisher import connect
 from workers.settings import Settings
@@ -273,3 +274,45 @@ def test_a_lane_that_always_fails_is_dead_lettered_with_its_reason(harness: Harn
     assert kept.outcome == "dead"
     assert kept.turn_id is None
     assert harness.fleet.run("fine", "are you ok?", timeout=30).text == "fine"
+
+
+def test_a_turn_retried_after_a_provider_error_does_not_pay_again_for_its_answered_calls(
+    harness: Harness,
+) -> None:
+    """A conversation turn makes two model calls: the first is answered (a tool call: paid),
+    the second fails with a 500 that the call does not retry (here SOULFLEET_MODEL_RETRIES=0;
+    the same happens once the retries run out, or on a 429 asking for more than 10 s). The
+    lane retries the turn, which sends the same first request again: the provider must not
+    be paid a second time for an answer the fleet already bought (nothing in README says a
+    provider error costs the calls before it; only a worker crash mid-turn may re-run them).
+    """
+    with FakeProvider("openai") as provider:
+        provider.enqueue(
+            openai_completion(None, [("call_1", "memory", {"action": "add", "text": "tea"})]),
+            error_reply("openai", 500, "upstream hiccup"),
+        )
+        provider.text = "Noted."
+        harness.use_model_server(
+            provider, SOULFLEET_RETRY_BASE="100ms", SOULFLEET_RETRY_MAX="200ms"
+        )
+        harness.persona("ava")
+        harness.worker(queues=("interactive",))
+        harness.beat()
+        harness.fleet.post("ava", "remember: genmaicha")
+        wait_until(
+            lambda: harness.fleet.status("ava").get("last_status") == "done",
+            timeout=60,
+            what="the retried turn to commit",
+        )
+        # The first call of an attempt carries the soul and the inbox message only (the
+        # retry's soul may differ: the failed attempt's memory write is on disk by then).
+        inbox = provider.bodies[0]["messages"][-1]
+        paid_for_first = [
+            served
+            for served in provider.served
+            if len(served.body["messages"]) == 2 and served.body["messages"][-1] == inbox
+        ]
+        assert len(paid_for_first) == 1, (
+            f"the turn's first call was paid {len(paid_for_first)} times "
+            f"({len(provider.served)} answers billed for one turn of two calls)"
+        )

@@ -35,6 +35,7 @@ from workers.fleet.keys import Keys
 from workers.fleet.lease import Held, Renewer
 from workers.fleet.scripts import ScriptCall, Scripts, client_url, redis_errors, run_scripts
 from workers.fleet.usage import CALL_MARKER_TTL, MeteredModel
+from workers.persona.call_log import CallLog, call_key
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
@@ -329,8 +330,11 @@ class GatedModel:
         on_call: Callable[[ModelCall], None] | None = None,
         breaker: Breaker | None = None,
         settle_wait: float = 10.0,
+        calls: CallLog | None = None,
     ) -> None:
         self.model = model
+        #: The answers this turn's work bought (a retry replays them instead of paying).
+        self.calls = calls
         self.settle_wait = settle_wait
         self.breaker = breaker
         self.gate = gate
@@ -351,6 +355,22 @@ class GatedModel:
 
     def complete(
         self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> Completion:
+        calls = self.calls
+        if calls is None:
+            return self._complete(system, messages, tools)
+        # A retried turn's call its failed attempt already bought is answered from the log:
+        # no provider, no gate slot, no breaker, nothing paid (workers/persona/call_log.py).
+        key = call_key(messages, tools)
+        kept = calls.recall(key)
+        if kept is not None:
+            return kept
+        answer = self._complete(system, messages, tools)
+        calls.keep(key, answer)
+        return answer
+
+    def _complete(
+        self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
     ) -> Completion:
         breaker = self.breaker
         if breaker is None:

@@ -59,6 +59,7 @@ from workers.fleet.spend import SpendGuard, kind_model
 from workers.logs import bind_task, monotonic_wall_time
 from workers.persona import storage
 from workers.persona.agent import AgentDef, from_dir
+from workers.persona.call_log import CallLog
 from workers.persona.errors import StorageUnavailable, TurnAborted
 from workers.persona.heartbeat import is_silent
 from workers.persona.inbox import render_inbox
@@ -164,15 +165,18 @@ class TurnExecutor:
         try:
             agent = self.kit.agent(persona, role, spec)
             declared, budget = self.kit.declared(agent, role, self.budget)
+            # One id for every attempt at this turn's work: a retry repeating a memory write is
+            # answered as before instead of applying it twice, and a model call its failed
+            # attempt already bought is answered from the call log instead of paid again.
+            work = work_id(lane, started.commits, started.born_ms)
             tools = agent.toolset(
                 lock_mode=self.settings.lock_mode,
                 lock_timeout=self.settings.lock_timeout,
                 declared=declared,
-                # One id for every attempt at this turn's work: a retry repeating a memory
-                # write is answered as before instead of applying it twice.
-                write_scope=work_id(lane, started.commits, started.born_ms),
+                write_scope=work,
             )
-            model = self.kit.model(resolved, kind, f"{lane}:{turn_id}:{started.fence}", persona)
+            model = self.kit.model(resolved, kind, f"{lane}:{turn_id}:{started.fence}", persona,
+                                   calls=CallLog(agent.home, lane, work))  # fmt: skip
         except TurnAborted:
             raise
         except Exception as exc:  # a persona that cannot be composed fails only its own turn

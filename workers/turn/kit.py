@@ -16,6 +16,7 @@ from workers.fleet.gate import Gate, GatedModel
 from workers.fleet.spend import SpendGuard
 from workers.fleet.usage import MeteredModel
 from workers.persona.agent import AgentDef
+from workers.persona.call_log import CallLog
 from workers.persona.dream_agent import dreamer
 from workers.persona.loop import Budget, RunResult
 from workers.persona.mcp_hub import McpHub
@@ -80,8 +81,17 @@ class TurnKit:
         box.warn_unavailable(agent.name)
         return box.tools, left
 
-    def model(self, resolved: Model, kind: str, call_prefix: str, persona: AgentDef) -> GatedModel:
-        """``resolved`` (the turn start resolved it once), metered and behind the gate."""
+    def model(
+        self,
+        resolved: Model,
+        kind: str,
+        call_prefix: str,
+        persona: AgentDef,
+        *,
+        calls: CallLog | None = None,
+    ) -> GatedModel:
+        """``resolved`` (the turn start resolved it once), metered and behind the gate;
+        ``calls``: the answers the turn's work bought (a paid provider's only)."""
         provider = provider_of(resolved)
         # Every answered call is counted as it returns: a turn that later fails or dies was
         # still billed for it (workers/fleet/usage.py).
@@ -108,6 +118,7 @@ class TurnKit:
             timeout=self.settings.turn_max_seconds,
             breaker=self.fleet.breaker,
             settle_wait=settle_wait,
+            calls=calls,
         )
 
     def log_dream(self, agent: AgentDef, turn_id: str, text: str) -> None:

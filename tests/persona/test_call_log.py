@@ -1,0 +1,103 @@
+"""The answers a turn's work bought are kept per lane, so its retry replays them unpaid."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import structlog.testing
+
+from tests.support.persona import make_persona
+from workers.persona.call_log import CALLS_NAME, CallLog, call_key
+from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
+from workers.persona.spend import nothing_new
+
+TOOLS = (ToolSpec("memory", "your memory", {"type": "object"}),)
+ASKED = (Message("user", "remember: genmaicha"),)
+BOUGHT = Completion(
+    "", (ToolCall("call_1", "memory", {"action": "add", "text": "tea"}),), Usage(900, 40), "tool"
+)
+
+
+def test_a_retry_of_the_same_work_replays_the_answer_unpaid(tmp_path: Path) -> None:
+    """A second attempt (a new CallLog, as a retried turn builds) of the same work sending
+    the same conversation and tools gets the bought answer back with zero usage."""
+    home = make_persona(tmp_path / "ava")
+    key = call_key(ASKED, TOOLS)
+    CallLog(home, "ava", "ava:1:0").keep(key, BOUGHT)
+    with structlog.testing.capture_logs() as logs:
+        again = CallLog(home, "ava", "ava:1:0").recall(key)
+    assert again is not None
+    assert again.tool_calls == BOUGHT.tool_calls
+    assert again.stop_reason == "tool"
+    assert again.usage == Usage()
+    assert any(e["event"] == "model.call_replayed" for e in logs)
+
+
+def test_another_conversation_or_tools_or_work_is_not_replayed(tmp_path: Path) -> None:
+    """Only the same conversation and tools within the same work id are answered."""
+    home = make_persona(tmp_path / "ava")
+    key = call_key(ASKED, TOOLS)
+    CallLog(home, "ava", "ava:1:0").keep(key, BOUGHT)
+    assert CallLog(home, "ava", "ava:1:0").recall(call_key((Message("user", "hi"),), TOOLS)) is None
+    assert CallLog(home, "ava", "ava:1:0").recall(call_key(ASKED, ())) is None
+    later = CallLog(home, "ava", "ava:1:1")
+    assert later.recall(key) is None
+    later.keep("other", Completion("hello"))  # the next work starts the file anew
+    assert CallLog(home, "ava", "ava:1:0").recall(key) is None
+    assert CallLog(home, "ava", "ava:1:1").recall("other") is not None
+
+
+def test_a_torn_line_is_skipped_and_the_rest_kept(tmp_path: Path) -> None:
+    """A crash mid-append tears the last line: the answers before it still replay."""
+    home = make_persona(tmp_path / "ava")
+    log = CallLog(home, "ava", "w")
+    log.keep("a", Completion("first"))
+    log.keep("b", Completion("second"))
+    path = home / "sessions" / "ava" / CALLS_NAME
+    path.write_bytes(path.read_bytes()[:-10])
+    again = CallLog(home, "ava", "w")
+    first = again.recall("a")
+    assert first is not None
+    assert first.text == "first"
+    assert again.recall("b") is None
+
+
+def test_a_log_that_cannot_be_written_only_costs_the_saving(tmp_path: Path) -> None:
+    """A FIFO at the log's name (or any refusal): the keep is dropped with a warning, never
+    blocks, never fails the call."""
+    home = make_persona(tmp_path / "ava")
+    (home / "sessions" / "ava").mkdir(parents=True)
+    os.mkfifo(home / "sessions" / "ava" / CALLS_NAME)
+    with structlog.testing.capture_logs() as logs:
+        CallLog(home, "ava", "w").keep("a", Completion("x"))
+    assert any(e["event"] == "model.call_not_kept" for e in logs)
+
+
+def test_a_sessions_directory_leading_out_of_the_home_is_never_written(tmp_path: Path) -> None:
+    """sessions/ symlinked outside the persona directory: nothing is written there."""
+    home = make_persona(tmp_path / "ava")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (home / "sessions").symlink_to(outside)
+    with structlog.testing.capture_logs() as logs:
+        CallLog(home, "ava", "w").keep("a", Completion("x"))
+    assert list(outside.rglob("*")) == []
+    assert any(e["event"] == "model.call_not_kept" for e in logs)
+
+
+def test_a_kept_answer_is_not_news_for_the_dreamer(tmp_path: Path) -> None:
+    """A turn that bought an answer and then failed commits nothing: its call log in the
+    lane's directory is no conversation for the dreamer to fold (a pass over nothing new)."""
+    home = make_persona(tmp_path / "ava")
+    lane = home / "sessions" / "ava"
+    lane.mkdir(parents=True)
+    state = lane / "s1.f1.json"
+    state.write_text("{}\n")
+    os.utime(state, (100, 100))
+    os.utime(lane, (100, 100))
+    last_pass = time.time() - 5
+    assert nothing_new(home, "ava", last_pass)
+    CallLog(home, "ava", "w").keep("a", BOUGHT)
+    assert nothing_new(home, "ava", last_pass)
