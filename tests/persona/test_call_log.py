@@ -31,7 +31,7 @@ def test_a_retry_of_the_same_work_replays_the_answer_unpaid(tmp_path: Path) -> N
     assert again is not None
     assert again.tool_calls == BOUGHT.tool_calls
     assert again.stop_reason == "tool"
-    assert again.usage == Usage()
+    assert again.usage == BOUGHT.usage  # kept for the turn's budget; billed once only
     assert any(e["event"] == "model.call_replayed" for e in logs)
 
 

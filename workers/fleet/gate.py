@@ -37,6 +37,7 @@ from workers.fleet.scripts import ScriptCall, Scripts, client_url, redis_errors,
 from workers.fleet.usage import CALL_MARKER_TTL, MeteredModel
 from workers.persona.call_log import CallLog, call_key
 from workers.persona.clock import Clock, SystemClock
+from workers.persona.errors import ModelRequestError
 from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
 
@@ -365,7 +366,14 @@ class GatedModel:
         kept = calls.recall(key)
         if kept is not None:
             return kept
-        answer = self._complete(system, messages, tools)
+        try:
+            answer = self._complete(system, messages, tools)
+        except ModelRequestError:
+            # The provider refused the request itself (a 400: dead-lettered at once): it may
+            # be built on an answer kept here, and a revived retry replaying that answer would
+            # send the very request again, for ever. It asks again instead.
+            calls.forget()
+            raise
         calls.keep(key, answer)
         return answer
 

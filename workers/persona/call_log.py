@@ -10,7 +10,8 @@ So each answered call is appended, as soon as it is answered, to ``sessions/<lan
 (one file per lane; its first line names the turn's work id, so a later turn's first call
 starts the file anew), under a key that is a hash of what was sent: the conversation and the
 tools (:func:`call_key`). A call whose key is there is answered from the file, costing
-nothing (zero usage, no gate slot, no provider). The system prompt is left out of the key on
+nothing (no usage record, no gate slot, no provider; its usage still counts against the
+turn's token budget). The system prompt is left out of the key on
 purpose: within one work id the only thing that changes it between attempts is the failed
 attempt's own memory write (a new session composes its soul at the turn's start), and the
 answer bought for the same conversation is the one to replay.
@@ -65,14 +66,32 @@ class CallLog:
         self.work = work
         self._answers: dict[str, Completion] | None = None
         self._size = 0
+        #: the file on disk ends in a line a crash tore (no newline): the next append starts
+        #: a line of its own instead of being glued onto the fragment and lost
+        self._torn = False
 
     def recall(self, key: str) -> Completion | None:
-        """The answer bought for ``key`` in this work (usage zero: it is not paid again)."""
+        """The answer bought for ``key`` in this work. Not billed again (no provider, no usage
+        record), but it carries the usage it was bought with: the turn's token budget bounds
+        the conversation the turn builds, replayed calls included."""
         answer = self._load().get(key)
         if answer is None:
             return None
         _log.info("model.call_replayed", key=key[:12])
-        return Completion(answer.text, answer.tool_calls, Usage(), answer.stop_reason)
+        return answer
+
+    def forget(self) -> None:
+        """Drop this work's answers: the provider refused a request built on them (a 400), so
+        a retry (after ``soulfleet revive``) must ask again, not send that request again."""
+        self._answers = {}
+        self._size = 0
+        self._torn = False
+        try:
+            os.unlink(confined(self.home, self.relative))
+        except FileNotFoundError:
+            pass
+        except (OSError, PersonaError) as exc:
+            _log.warning("model.calls_not_forgotten", path=self.relative, error=str(exc)[:300])
 
     def keep(self, key: str, answer: Completion) -> None:
         """Keep ``answer`` for ``key`` (a failure to write only loses the saving)."""
@@ -82,6 +101,8 @@ class CallLog:
         fresh = not answers and self._size == 0
         if fresh:
             data = (json.dumps({"work": self.work}) + "\n").encode() + data
+        elif self._torn:
+            data = b"\n" + data
         if self._size + len(data) > MAX_BYTES:
             return
         try:
@@ -103,6 +124,7 @@ class CallLog:
             _log.warning("model.call_not_kept", path=self.relative, error=str(exc)[:300])
             return
         self._size += len(data)
+        self._torn = False
         answers[key] = answer
 
     def _load(self) -> dict[str, Completion]:
@@ -124,6 +146,7 @@ class CallLog:
         if not isinstance(header, dict) or header.get("work") != self.work:
             return self._answers  # a later turn's first keep starts the file anew
         self._size = len(raw)
+        self._torn = not raw.endswith(b"\n")
         for line in lines[1:]:
             try:
                 entry = json.loads(line)
@@ -138,6 +161,7 @@ def _encoded(answer: Completion) -> dict[str, Any]:
         "text": answer.text,
         "tool_calls": [call.to_dict() for call in answer.tool_calls],
         "stop_reason": answer.stop_reason,
+        "usage": answer.usage.to_dict(),
     }
 
 
@@ -146,4 +170,16 @@ def _decoded(data: Any) -> Completion:
         raise TypeError("an answer is an object")
     calls = tuple(ToolCall.from_dict(call) for call in data.get("tool_calls") or ())
     stop = data.get("stop_reason")
-    return Completion(str(data.get("text") or ""), calls, Usage(), stop if stop else None)
+    spent = _usage(data.get("usage"))
+    return Completion(str(data.get("text") or ""), calls, spent, stop if stop else None)
+
+
+def _usage(data: Any) -> Usage:
+    """The usage an answer was bought with (an older line without one: none)."""
+    if not isinstance(data, dict):
+        return Usage()
+    names = ("input_tokens", "output_tokens", "cached_input_tokens", "cache_write_input_tokens")
+    counts = [data.get(name, 0) for name in names]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+        return Usage()
+    return Usage(*counts)
