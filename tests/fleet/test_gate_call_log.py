@@ -11,7 +11,7 @@ import redis
 from tests.support.persona import make_persona
 from workers.fleet.gate import Gate, GatedModel
 from workers.fleet.keys import Keys
-from workers.persona.call_log import CALLS_NAME, CallLog
+from workers.persona.call_log import CallLog
 from workers.persona.errors import ModelError, ModelRequestError
 from workers.persona.loop import Budget, RunResult, run_loop
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
@@ -86,21 +86,3 @@ def test_an_answer_the_provider_refused_to_build_on_is_not_replayed(tmp_path: Pa
     before = provider.calls
     _attempt(home, provider, Budget(max_model_calls=1))
     assert provider.calls == before + 1  # the first call was asked again, not replayed
-
-
-def test_an_append_after_a_torn_line_is_kept(tmp_path: Path) -> None:
-    """A worker killed mid-append leaves a line without its newline; the retry's first kept
-    answer must not be glued onto that fragment (and lost to the retry after)."""
-    home = make_persona(tmp_path / "ava")
-    log = CallLog(home, "ava", "w")
-    log.keep("a", Completion("first"))
-    log.keep("b", Completion("second"))
-    path = home / "sessions" / "ava" / CALLS_NAME
-    path.write_bytes(path.read_bytes()[:-10])
-    retry = CallLog(home, "ava", "w")
-    assert retry.recall("b") is None
-    retry.keep("c", Completion("third"))
-    again = CallLog(home, "ava", "w")
-    kept = again.recall("c")
-    assert kept is not None
-    assert kept.text == "third"

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import structlog.testing
 
-from tests.support.persona import make_persona
+from tests.support.persona import heard_long_ago, make_persona
 from workers.persona.call_log import CALLS_NAME, CallLog, call_key
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
 from workers.persona.spend import nothing_new
@@ -50,7 +49,9 @@ def test_another_conversation_or_tools_or_work_is_not_replayed(tmp_path: Path) -
 
 
 def test_a_torn_line_is_skipped_and_the_rest_kept(tmp_path: Path) -> None:
-    """A crash mid-append tears the last line: the answers before it still replay."""
+    """A crash mid-append tears the last line: the answers before it still replay, and the
+    retry's next kept answer starts a line of its own (glued onto the fragment, it was lost
+    to the retry after)."""
     home = make_persona(tmp_path / "ava")
     log = CallLog(home, "ava", "w")
     log.keep("a", Completion("first"))
@@ -62,6 +63,10 @@ def test_a_torn_line_is_skipped_and_the_rest_kept(tmp_path: Path) -> None:
     assert first is not None
     assert first.text == "first"
     assert again.recall("b") is None
+    again.keep("c", Completion("third"))
+    kept = CallLog(home, "ava", "w").recall("c")
+    assert kept is not None
+    assert kept.text == "third"
 
 
 def test_a_log_that_cannot_be_written_only_costs_the_saving(tmp_path: Path) -> None:
@@ -91,13 +96,7 @@ def test_a_kept_answer_is_not_news_for_the_dreamer(tmp_path: Path) -> None:
     """A turn that bought an answer and then failed commits nothing: its call log in the
     lane's directory is no conversation for the dreamer to fold (a pass over nothing new)."""
     home = make_persona(tmp_path / "ava")
-    lane = home / "sessions" / "ava"
-    lane.mkdir(parents=True)
-    state = lane / "s1.f1.json"
-    state.write_text("{}\n")
-    os.utime(state, (100, 100))
-    os.utime(lane, (100, 100))
-    last_pass = time.time() - 5
+    last_pass = heard_long_ago(home, "ava")
     assert nothing_new(home, "ava", last_pass)
     CallLog(home, "ava", "w").keep("a", BOUGHT)
     assert nothing_new(home, "ava", last_pass)

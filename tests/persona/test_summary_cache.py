@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import random
-import time
 from pathlib import Path
 
 import structlog.testing
 
 from tests.persona.test_compaction import make_session
-from tests.support.persona import make_persona
+from tests.support.persona import heard_long_ago, make_persona
 from tests.support.turns import ReplayModel
 from workers.persona.compaction import Compaction, compact
 from workers.persona.messages import Completion, Message, Usage
@@ -96,13 +94,7 @@ def test_a_kept_summary_is_not_news_for_the_dreamer(tmp_path: Path) -> None:
     nothing: the dreamer must not take that for a conversation (it would pay for a pass over
     nothing new). Only session states are what a persona heard."""
     home = make_persona(tmp_path / "ava")
-    lane = home / "sessions" / "ava"
-    lane.mkdir(parents=True)
-    state = lane / "s1.f1.json"
-    state.write_text("{}\n")
-    os.utime(state, (100, 100))
-    os.utime(lane, (100, 100))
-    last_pass = time.time() - 5
+    last_pass = heard_long_ago(home, "ava")
     assert nothing_new(home, "ava", last_pass)
     SummaryFile(home, "ava").keep("k" * 40, "They talked about words.")
     assert nothing_new(home, "ava", last_pass)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from multiprocessing.synchronize import Event
@@ -22,6 +23,7 @@ from workers.persona.memory import memory_tool
 __all__ = [
     "at",
     "expected_entries",
+    "heard_long_ago",
     "make_persona",
     "memory_churn",
     "memory_worker",
@@ -45,6 +47,18 @@ def make_persona(root: Path, files: Mapping[str, str | bytes] | None = None) -> 
         else:
             path.write_bytes(content.encode("utf-8"))
     return root
+
+
+def heard_long_ago(home: Path, lane: str) -> float:
+    """A lane whose one session state (and directory) dates from long ago; returns a dream
+    pass time since which it heard nothing (for the dreamer's "anything new?" check)."""
+    directory = home / "sessions" / lane
+    directory.mkdir(parents=True)
+    state = directory / "s1.f1.json"
+    state.write_text("{}\n")
+    os.utime(state, (100, 100))
+    os.utime(directory, (100, 100))
+    return time.time() - 5
 
 
 def tree(root: Path) -> set[str]:
