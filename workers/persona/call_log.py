@@ -23,11 +23,9 @@ written by the model; a leading dot keeps it out of what the dreamer counts as n
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +35,7 @@ import structlog
 from workers.persona.errors import PersonaError
 from workers.persona.files import confined, make_dirs, read_prefix, real_root
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
+from workers.persona.writes import open_regular
 
 __all__ = ["CALLS_NAME", "MAX_BYTES", "CallLog", "call_key"]
 
@@ -107,16 +106,13 @@ class CallLog:
             return
         try:
             path = confined(self.home, self.relative)
-            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-            flags |= os.O_TRUNC if fresh else os.O_APPEND
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if fresh else os.O_APPEND)
             try:
-                fd = os.open(path, flags, 0o600)
+                fd = open_regular(path, flags, 0o600)
             except FileNotFoundError:  # the lane's first turn: its directory is made here
                 make_dirs(self.home, path.parent)
-                fd = os.open(path, flags, 0o600)
+                fd = open_regular(path, flags, 0o600)
             try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise OSError(errno.EINVAL, "not a regular file", str(path))
                 os.write(fd, data)
             finally:
                 os.close(fd)

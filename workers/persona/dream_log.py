@@ -16,15 +16,13 @@ in both; the next rotation appends them to the archive once more (a duplicate, n
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 
 import structlog
 
-from workers.persona.errors import PersonaError, PersonaFileError
-from workers.persona.files import confined, file_kind, make_dirs
-from workers.persona.writes import fsync_directory, write_synced
+from workers.persona.errors import PersonaError
+from workers.persona.files import confined, make_dirs
+from workers.persona.writes import fsync_directory, open_regular, write_synced
 
 __all__ = ["ARCHIVE", "KEEP", "LOG", "ROTATE_AT", "rotate"]
 
@@ -68,20 +66,9 @@ def _cut(data: bytes) -> int:
 def _append(root: str | os.PathLike[str], data: bytes) -> None:
     directory = make_dirs(root, confined(root, os.path.dirname(ARCHIVE)))
     path = confined(root, ARCHIVE)
-    # O_NONBLOCK: a FIFO put at the archive's name must not block this open (it runs under
-    # the log's lock); with a reader it opens, and the fstat below refuses it.
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
     created = not os.path.lexists(path)
-    try:
-        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
-    except OSError as error:
-        if error.errno == errno.ENXIO:  # a FIFO with no reader (or a socket)
-            raise PersonaFileError(path, "is not a regular file (a FIFO or a socket)") from None
-        raise
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise PersonaFileError(path, f"is not a regular file (it is {file_kind(mode)})")
+    # Under the log's lock: a FIFO planted at the archive's name must not block the open.
+    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     if not data.endswith(b"\n"):
         data += b"\n"
     write_synced(fd, data)

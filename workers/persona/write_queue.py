@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import json
 import os
 import random
@@ -64,7 +63,7 @@ from workers.persona.ledger_lines import (
     ledger_snapshot,
 )
 from workers.persona.memory_spec import MemoryRequest, parse_request
-from workers.persona.writes import write_all
+from workers.persona.writes import open_regular, write_all
 
 __all__ = [
     "MAX_QUEUE_BYTES",
@@ -256,12 +255,9 @@ def enqueue(path: str, key: str, request: MemoryRequest, until: float | None) ->
         arguments["with"] = request.with_
     record = {"key": key, "arguments": arguments, "collapsed": request.collapsed, "until": until}
     line = (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-    # O_NONBLOCK: a FIFO at the queue's name fails (ENXIO) instead of blocking this writer
-    # forever; one with a reader opens, and is refused below.
-    fd = os.open(path, _APPEND | os.O_NONBLOCK, 0o644)
+    # A FIFO at the queue's name must not block this writer for ever.
+    fd = open_regular(path, _APPEND)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "the write queue is not a regular file", path)
         write_all(fd, line)
     finally:
         os.close(fd)

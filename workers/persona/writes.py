@@ -15,6 +15,7 @@ Paths are written as given: confine them first (:func:`workers.persona.files.con
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import random
@@ -22,12 +23,15 @@ import re
 import stat
 from collections.abc import Callable
 
+from workers.persona.files import file_kind
+
 __all__ = [
     "TEMP_SUFFIX",
     "atomic_write_bytes",
     "atomic_write_text",
     "create_bytes",
     "fsync_directory",
+    "open_regular",
     "remove_stale_temps",
     "replace_bytes",
     "write_all",
@@ -129,6 +133,27 @@ def replace_bytes(
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+
+
+def open_regular(path: str | os.PathLike[str], flags: int, mode: int = _DEFAULT_MODE) -> int:
+    """``os.open(path, flags, mode)`` for a write that must reach a regular file and never
+    block: a FIFO at the name with no reader fails at once (``O_NONBLOCK``: ENXIO, where a
+    plain open waited for a reader for ever, under whatever lock the writer holds), and one
+    that opened anyway (a FIFO with a reader, a device) is closed and refused; never through a
+    final symlink. Raises ``OSError`` naming what it found."""
+    target = os.fspath(path)
+    nofollow = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(target, flags | os.O_NONBLOCK | nofollow, mode)
+    except OSError as error:
+        if error.errno == errno.ENXIO:
+            raise OSError(errno.ENXIO, "not a regular file (a FIFO or a socket)", target) from None
+        raise
+    kind = os.fstat(fd).st_mode
+    if not stat.S_ISREG(kind):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"not a regular file (it is {file_kind(kind)})", target)
+    return fd
 
 
 def write_all(fd: int, data: bytes) -> None:
