@@ -23,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 __all__ = [
+    "BATON_WAITED_OUT",
     "BEATS",
     "BREAKER_OPEN",
     "CACHED_INPUT_TOKENS",
@@ -164,6 +165,12 @@ MEMORY_LOCK_WAIT = Histogram(
     "soulfleet_memory_lock_wait_seconds",
     "Time a memory write waited for its file lock.",
     buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
+)
+BATON_WAITED_OUT = Counter(
+    "soulfleet_baton_waited_out_total",
+    "Times a turn waited its patience (2 s) for the worker's baton and ran without it "
+    "(workers/turn/baton.py): a turn held it through a wait nobody marked, or the process is "
+    "short of CPU. Turns are not harmed; a steady rate means the baton is not doing its job.",
 )
 REDIS_CONNECTION_WAIT = Histogram(
     "soulfleet_redis_connection_wait_seconds",

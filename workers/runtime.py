@@ -21,6 +21,7 @@ from workers.fleet.lease import Renewer
 from workers.persona.locks import set_lock_wait_observer
 from workers.persona.loop import set_tool_call_observer
 from workers.persona.memory import set_write_failure_observer
+from workers.persona.waits import set_wait_hook
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings
 from workers.turn import TurnExecutor
@@ -103,12 +104,15 @@ def start_worker_services(
     set_write_failure_observer(metrics.observe_memory_failure)
     set_tool_call_observer(metrics.observe_tool_call)
     metrics.serve_metrics(settings.metrics_port, host=settings.metrics_host)
-    executor()
-    _log.info(
-        "worker.ready",
-        pool=pool or settings.worker_pool,
-        concurrency=concurrency or settings.worker_concurrency,
-    )
+    built = executor()
+    pool = pool or settings.worker_pool
+    concurrency = concurrency or settings.worker_concurrency
+    # Threads of one process are what fight over the GIL; a prefork or solo process runs one
+    # turn at a time, and gevent's greenlets hand over only where they wait anyway.
+    baton = settings.turn_baton and pool == "threads" and concurrency > 1
+    built.baton.enable(baton)
+    set_wait_hook(built.baton.released if baton else None)
+    _log.info("worker.ready", pool=pool, concurrency=concurrency, baton=baton)
 
 
 def stop_worker_services() -> None:

@@ -122,6 +122,8 @@ class Settings:
     # Worker pool.
     worker_pool: str = "threads"
     worker_concurrency: int = DEFAULT_CONCURRENCY
+    #: A thread pool's turns take turns at their Python work (workers/turn/baton.py).
+    turn_baton: bool = True
 
     # beat.
     sweep_interval: float = 1.0
@@ -282,6 +284,7 @@ class Settings:
             heartbeat_jitter=_fraction(env, "SOULFLEET_HEARTBEAT_JITTER", 0.1),
             dream_window=env.duration("SOULFLEET_DREAM_WINDOW", 3600.0),
             task_events=env.flag("SOULFLEET_TASK_EVENTS", False),
+            turn_baton=env.flag("SOULFLEET_TURN_BATON", True),
             log_format="json"
             if env.choice("SOULFLEET_LOG_FORMAT", "console", ("console", "json")) == "json"
             else "console",

@@ -683,6 +683,8 @@ def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
         "print the bare task's CPU over that turn body's CPU: the ratio no execution model that "
         "keeps today's turn (several turns per message included) can pass",
     )
+    add("--baton", choices=("on", "off"), default="on",
+        help="the worker's turn baton (SOULFLEET_TURN_BATON; default on)")  # fmt: skip
     add("--keep", action="store_true", help="keep the scratch directory (worker logs, personas)")
     add("--profile", type=float, default=0.0,
         help="py-spy the scripted and HTTP workers this many seconds (first repeat)")  # fmt: skip
@@ -821,6 +823,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _arguments(argv)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     extra = {"SOULFLEET_WORKER_CONCURRENCY": str(args.concurrency)} if args.concurrency else {}
+    if args.baton == "off":
+        extra["SOULFLEET_TURN_BATON"] = "0"
     if args.pool:
         extra["SOULFLEET_WORKER_POOL"] = args.pool
     configured = os.environ.get("REDIS_URL", "").strip() or None
@@ -846,7 +850,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup = (
         f"bench_fleet: Redis {source}, Celery {celery.__version__}, Python "
         f"{sys.version.split()[0]}, {os.cpu_count()} cores; pool {settings.worker_pool}, "
-        f"concurrency {settings.worker_concurrency}, prefetch 1, acks_late, turn gate "
+        f"concurrency {settings.worker_concurrency}, baton {args.baton}, prefetch 1, acks_late, "
+        f"turn gate "
         f"{settings.max_concurrent_model_calls}; {args.turns} messages queued before each "
         f"worker starts; {args.repeat} repeats; measured turns: "
         + ("each persona's second (--warm-lanes)" if args.warm_lanes else "each persona's first")

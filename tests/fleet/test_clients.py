@@ -4,14 +4,17 @@ failing."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import redis
 from prometheus_client import REGISTRY
 
 from workers.fleet.clients import fleet_client
+from workers.persona import waits
 from workers.pools import SPARE_CONNECTIONS
 from workers.settings import Settings
 
@@ -100,3 +103,30 @@ def test_close_disconnects_the_pool(redis_url: str) -> None:
     assert isinstance(pool, redis.BlockingConnectionPool)
     client.close()
     assert all(c is None or c._sock is None for c in pool._connections)
+
+
+def test_each_redis_reply_is_awaited_as_a_wait(redis_url: str) -> None:
+    """A turn waiting on a Redis reply does so inside the persona core's wait hook (the worker's
+    baton: another turn runs meanwhile); a pipeline's replies too."""
+    entered: list[int] = []
+
+    @contextlib.contextmanager
+    def hook() -> Iterator[None]:
+        entered.append(1)
+        yield
+
+    client = fleet_client(_settings(redis_url, 4))
+    waits.set_wait_hook(hook)
+    try:
+        assert client.ping() is True  # connects: the handshake's replies count too
+        before = len(entered)
+        assert client.ping() is True
+        assert len(entered) == before + 1
+        with client.pipeline(transaction=False) as pipe:
+            pipe.ping()
+            pipe.ping()
+            assert pipe.execute() == [True, True]
+        assert len(entered) >= before + 2
+    finally:
+        waits.set_wait_hook(None)
+        client.close()

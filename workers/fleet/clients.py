@@ -13,6 +13,7 @@ from typing import Any
 import redis
 
 from workers import metrics
+from workers.persona.waits import waiting
 from workers.pools import connections_for
 from workers.settings import Settings
 
@@ -39,10 +40,23 @@ class _FreeConnections(LifoQueue[Any]):
                 raise
         start = time.monotonic()
         try:
-            return super().get(block=True, timeout=timeout)
+            with waiting():  # for another thread to give a connection back
+                return super().get(block=True, timeout=timeout)
         finally:
             waited = time.monotonic() - start
             metrics.REDIS_CONNECTION_WAIT.labels(client=self.client).observe(waited)
+
+
+@functools.cache
+def _waiting_connection(base: type[Any]) -> type[Any]:
+    """``base`` (redis-py's TCP, TLS or Unix connection) with each reply read marked as a wait
+    (:mod:`workers.persona.waits`): a turn waiting on Redis lets another turn run."""
+
+    def read_response(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with waiting():
+            return base.read_response(self, *args, **kwargs)
+
+    return type(f"Waiting{base.__name__}", (base,), {"read_response": read_response})
 
 
 def fleet_client(settings: Settings) -> redis.Redis:
@@ -76,6 +90,7 @@ def sized_client(url: str, settings: Settings, *, client: str, **options: Any) -
         queue_class=functools.partial(_FreeConnections, client=client),
         **options,
     )
+    pool.connection_class = _waiting_connection(pool.connection_class)
     made = redis.Redis(connection_pool=pool)
     made.auto_close_connection_pool = True  # close() disconnects the pool, as from_url's does
     return made

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from workers.persona.waits import waiting
+
 __all__ = ["Clock", "SystemClock", "Timer", "VirtualClock"]
 
 
@@ -51,7 +53,8 @@ class SystemClock:
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
-            time.sleep(seconds)
+            with waiting():  # another turn may run meanwhile
+                time.sleep(seconds)
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
         timer = threading.Timer(max(0.0, delay), fn)

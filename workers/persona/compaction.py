@@ -57,6 +57,7 @@ from workers.persona.messages import Message, Usage
 from workers.persona.models import Model
 from workers.persona.session import Dialect, SessionConfig, estimate_tokens, message_chars
 from workers.persona.summary_cache import summary_key
+from workers.persona.waits import waiting
 
 __all__ = [
     "FLUSH_REMINDER",
@@ -263,7 +264,8 @@ def _summarize(
 ) -> Compaction | None:
     """The paid summary call for ``part`` (kept in ``summaries`` under ``key``)."""
     try:
-        completion = model.complete(system=SUMMARY_INSTRUCTIONS, messages=[request], tools=[])
+        with waiting():
+            completion = model.complete(system=SUMMARY_INSTRUCTIONS, messages=[request], tools=[])
     except ModelError as exc:
         _log.warning("session.compaction_failed", error=f"{type(exc).__name__}: {exc}")
         return None

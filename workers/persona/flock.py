@@ -37,6 +37,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from workers.persona.waits import waiting
+
 __all__ = ["MAX_OPEN", "flock_acquire", "flock_release"]
 
 #: Lock-file descriptors one process keeps open between acquisitions.
@@ -145,7 +147,8 @@ def _wait(
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return False
-            time.sleep(sleep if deadline is None else min(sleep, deadline - now))
+            with waiting():
+                time.sleep(sleep if deadline is None else min(sleep, deadline - now))
             sleep = min(sleep * 2, _MAX_SLEEP)
             continue
         try:

@@ -55,6 +55,7 @@ from workers.persona.shared_claims import (
     release_claim,
     shared_lock_holders,
 )
+from workers.persona.waits import waiting
 
 __all__ = [
     "CLAIM_SUFFIX",
@@ -187,7 +188,9 @@ def path_lock(
         if contended is not None:
             contended()
             contended = None
-        if not _wait_gate(gate, deadline, settled):
+        with waiting():  # another thread of this process holds it
+            waited = _wait_gate(gate, deadline, settled)
+        if not waited:
             _give_up(name, timeout, checked, start, settled)
             yield False
             return

@@ -30,6 +30,7 @@ from workers.persona.models import Model
 from workers.persona.reply_cap import cap_completion, oversize_result
 from workers.persona.session import estimate_tokens
 from workers.persona.tools import Tool, ToolResult, spec_of, time_left, tool_source
+from workers.persona.waits import waiting
 from workers.persona.well_formed import well_formed, well_formed_completion
 
 __all__ = ["Budget", "Limit", "RunResult", "Status", "run_loop", "set_tool_call_observer"]
@@ -224,7 +225,8 @@ class _Turn:
             )
         token = time_left().set(left)
         try:
-            return tool.execute(call.arguments)
+            with waiting():  # a tool may wait on a lock, a server, the network
+                return tool.execute(call.arguments)
         except TurnAborted:
             raise
         except Exception as exc:
@@ -303,9 +305,10 @@ def run_loop(
             _log.info("turn.incomplete", limit=limit, model_calls=turn.model_calls)
             return turn.result("incomplete", limit=limit)
         try:
-            completion = model.complete(
-                system=system, messages=(*before, *turn.messages), tools=specs
-            )
+            with waiting():  # the model answers in seconds: other turns run meanwhile
+                completion = model.complete(
+                    system=system, messages=(*before, *turn.messages), tools=specs
+                )
         except ModelError as exc:
             _log.warning("turn.model_error", model=model.spec, error=type(exc).__name__)
             return turn.result(

@@ -55,6 +55,7 @@ from workers.persona.owner_records import (
     remove_record,
 )
 from workers.persona.owners import boot_id, host_name
+from workers.persona.waits import waiting
 from workers.persona.write_queue import QUEUE_SUFFIX
 
 __all__ = [
@@ -123,7 +124,8 @@ def _acquire(claim: str, deadline: float | None, may_break: bool) -> bool:
                 continue  # released meanwhile, or a dead claim broken: try again now
         if deadline is not None and now >= deadline:
             return False
-        time.sleep(sleep if deadline is None else max(0.0, min(sleep, deadline - now)))
+        with waiting():
+            time.sleep(sleep if deadline is None else max(0.0, min(sleep, deadline - now)))
         sleep = min(sleep * 2, _MAX_SLEEP)
 
 

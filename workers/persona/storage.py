@@ -22,6 +22,7 @@ import os
 import secrets
 
 from workers.persona.errors import STORAGE_ERRNOS, StorageUnavailable, causes
+from workers.persona.waits import fsync
 
 __all__ = [
     "MIN_FREE_BYTES",
@@ -86,7 +87,7 @@ def _probe(home: str) -> None:
         return
     try:
         os.write(fd, b"\0" * PROBE_BYTES)
-        os.fsync(fd)  # delayed allocation: some filesystems refuse space only here
+        fsync(fd)  # delayed allocation: some filesystems refuse space only here
     except OSError as exc:
         _refuse(home, exc)
     finally:

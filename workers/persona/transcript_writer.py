@@ -28,6 +28,7 @@ from workers.persona.errors import PersonaFileError
 from workers.persona.files import file_kind
 from workers.persona.messages import Message
 from workers.persona.transcript_layout import FORMAT_VERSION, ConversationInfo
+from workers.persona.waits import fsync
 from workers.persona.writes import fsync_directory, write_all
 
 __all__ = ["ConversationWriter", "LaneFiles"]
@@ -114,7 +115,7 @@ class ConversationWriter:
                 self._terminate_torn_tail(fd, info.st_size)
             write_all(fd, line)
             if self._sync_each:
-                os.fsync(fd)
+                fsync(fd)
         except BaseException:
             os.close(fd)
             raise
@@ -131,7 +132,7 @@ class ConversationWriter:
         one per message.
         """
         if self._fd is not None and self._dirty:
-            os.fsync(self._fd)
+            fsync(self._fd)
             self._dirty = False
         if self._new_entry:
             fsync_directory(self._path.parent)
@@ -165,7 +166,7 @@ class ConversationWriter:
         try:
             write_all(fd, header + first)
             if self._sync_each:
-                os.fsync(fd)
+                fsync(fd)
         except BaseException:
             os.close(fd)
             raise

@@ -24,6 +24,7 @@ import stat
 from collections.abc import Callable
 
 from workers.persona.files import file_kind
+from workers.persona.waits import fsync
 
 __all__ = [
     "TEMP_SUFFIX",
@@ -50,7 +51,7 @@ def fsync_directory(directory: str | os.PathLike[str]) -> None:
     """Flush a directory entry change (a rename, a create) to disk."""
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)
 
@@ -169,7 +170,7 @@ def write_synced(fd: int, data: bytes, *, mode: int | None = None) -> None:
         if mode is not None:
             os.fchmod(fd, mode)
         write_all(fd, data)
-        os.fsync(fd)
+        fsync(fd)
     finally:
         os.close(fd)
 

@@ -74,6 +74,7 @@ from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
 from workers.persona.summary_cache import SummaryFile
 from workers.persona.transcripts import FileTranscripts
 from workers.settings import Settings
+from workers.turn.baton import Baton
 from workers.turn.claims import Claims
 from workers.turn.endings import Endings, incomplete_note
 from workers.turn.kit import TurnKit, paused, wrote_log
@@ -114,6 +115,8 @@ class TurnExecutor:
         )
         self.endings = Endings(settings, fleet, renewer, worker_id=worker_id)
         self.kit = TurnKit(settings, fleet, gate, self.guard)
+        # Off until the worker says its pool is threads (workers.runtime).
+        self.baton = Baton(on_waited_out=metrics.BATON_WAITED_OUT.inc)
 
     @property
     def tool_hub(self) -> McpHub:
@@ -125,6 +128,11 @@ class TurnExecutor:
         return self.claims.receive(lane, turn_id)
 
     def execute(self, lane: str, turn_id: str, *, task_id: str | None = None) -> TurnReport:
+        """Run the turn, holding the process's :class:`Baton` except while it waits."""
+        with self.baton.held():
+            return self._execute(lane, turn_id, task_id=task_id)
+
+    def _execute(self, lane: str, turn_id: str, *, task_id: str | None) -> TurnReport:
         bind_task(task_id=task_id, lane=lane, turn_id=turn_id)
         started = self.claims.start(lane, turn_id)
         if started.status != "started":

@@ -1,0 +1,41 @@
+"""Waits: the places where the persona core blocks on something other than its own CPU.
+
+A flushed write (``fsync``), a sleep between retries, a lock another writer holds: while a
+thread waits there it needs no CPU, and a host running many turns in one process can let
+another turn run meanwhile. The core marks those places with :func:`waiting` and knows nothing
+of who listens; a worker installs a hook (:func:`set_wait_hook`: the fleet's
+:class:`~workers.turn.baton.Baton`, which lets one turn at a time run its Python work and hands
+the turn on at every wait). With no hook, a wait costs one global read.
+
+A hook must be cheap and must never raise: it wraps every disk flush of a turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+__all__ = ["fsync", "set_wait_hook", "waiting"]
+
+_NOTHING: AbstractContextManager[None] = contextlib.nullcontext()
+_hook: Callable[[], AbstractContextManager[object]] | None = None
+
+
+def set_wait_hook(hook: Callable[[], AbstractContextManager[object]] | None) -> None:
+    """Wrap every wait of the core in ``hook()`` (None: no hook)."""
+    global _hook  # noqa: PLW0603
+    _hook = hook
+
+
+def waiting() -> AbstractContextManager[object]:
+    """A context manager around a wait: the installed hook's, or one that does nothing."""
+    hook = _hook
+    return _NOTHING if hook is None else hook()
+
+
+def fsync(fd: int) -> None:
+    """``os.fsync(fd)``, marked as a wait."""
+    with waiting():
+        os.fsync(fd)
