@@ -8,6 +8,7 @@ Processes are counted from /proc by a tag unique to the test.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ from tests.support.mcp_helpers import (
     tagged_pids,
     wait_gone,
 )
+from workers.persona import waits
 from workers.persona.manifest import parse_manifest
 from workers.persona.mcp_hub import McpHub
 from workers.persona.tool_config import McpServer
@@ -313,3 +315,23 @@ def test_a_restart_of_a_wedged_server_leaves_one_server_running() -> None:
     finally:
         hub.close()
     wait_gone(tag)
+
+
+def test_starting_a_server_for_a_turn_is_a_wait(hub: McpHub) -> None:
+    """Building a turn's tools waits for its MCP servers to start (seconds, on the hub's own
+    thread): that wait runs inside the persona core's wait hook, so a worker's baton passes
+    to other turns meanwhile instead of stalling them all."""
+    entered: list[int] = []
+
+    @contextlib.contextmanager
+    def hook() -> Iterator[None]:
+        entered.append(1)
+        yield
+
+    waits.set_wait_hook(hook)
+    try:
+        box = _box(hub, _stdio(new_tag()))
+    finally:
+        waits.set_wait_hook(None)
+    assert any(tool.name.startswith("t") for tool in box.tools)
+    assert entered

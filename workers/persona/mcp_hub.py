@@ -29,6 +29,7 @@ import structlog
 
 from workers.persona.mcp_calls import CallOutcome, McpToolInfo, McpUnavailable
 from workers.persona.tool_config import McpServer
+from workers.persona.waits import waiting
 
 if TYPE_CHECKING:
     from workers.persona.mcp_connection import McpConnection
@@ -107,7 +108,8 @@ class McpHub:
             raise
         future = asyncio.run_coroutine_threadsafe(coro, loop)
         try:
-            return future.result(wait)
+            with waiting():  # a server's start or answer: seconds, on the hub's own thread
+                return future.result(wait)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise McpUnavailable(f"no answer from the MCP client within {wait:g}s") from None
