@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
+from tests.support.rig import turn_engine
+from workers.persona import waits
 from workers.turn.baton import Baton
 
 
@@ -142,3 +146,113 @@ def test_an_exception_in_a_turn_gives_the_baton_back() -> None:
         assert baton.holding()
     assert time.monotonic() - began < 0.4
     assert waited_out == []
+
+
+def test_a_turn_back_from_a_brief_wait_goes_before_starting_turns() -> None:
+    """Five turns queue to start while another holds the baton, then a turn comes back from a
+    flush: it runs before all of them but the one already past the turnstile, so a turn
+    queues behind the whole line once per stretch of work, not at every fsync."""
+    baton, waited_out = _enabled(patience=10.0)
+    order: list[str] = []
+    flushing, flushed, holder_in, holder_may_leave = (threading.Event() for _ in range(4))
+
+    def mid_turn() -> None:
+        with baton.held():
+            with baton.released(brief=True):
+                flushing.set()
+                flushed.wait(timeout=5)
+            order.append("mid-turn")
+
+    def holder() -> None:
+        flushing.wait(timeout=5)
+        with baton.held():
+            holder_in.set()
+            holder_may_leave.wait(timeout=5)
+            order.append("holder")
+
+    def starting(n: int) -> None:
+        holder_in.wait(timeout=5)
+        with baton.held():
+            order.append(f"starting {n}")
+
+    threads = [threading.Thread(target=mid_turn), threading.Thread(target=holder)]
+    threads += [threading.Thread(target=starting, args=(n,)) for n in range(5)]
+    for thread in threads:
+        thread.start()
+    holder_in.wait(timeout=5)
+    time.sleep(0.2)  # the starting turns queue first...
+    flushed.set()
+    time.sleep(0.1)  # ...then the one back from its flush
+    holder_may_leave.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert order[0] == "holder"
+    assert order.index("mid-turn") <= 2
+    assert len(order) == 7
+    assert waited_out == []
+
+
+def test_a_turn_back_from_a_long_wait_queues_behind_turns_already_waiting() -> None:
+    """Back from a model call (not brief), a turn takes its place at the end of the line."""
+    baton, waited_out = _enabled(patience=10.0)
+    order: list[str] = []
+    calling, answered, holder_in, holder_may_leave = (threading.Event() for _ in range(4))
+
+    def caller() -> None:
+        with baton.held():
+            with baton.released():
+                calling.set()
+                answered.wait(timeout=5)
+            order.append("caller")
+
+    def holder() -> None:
+        calling.wait(timeout=5)
+        with baton.held():
+            holder_in.set()
+            holder_may_leave.wait(timeout=5)
+            order.append("holder")
+
+    def starting() -> None:
+        holder_in.wait(timeout=5)
+        with baton.held():
+            order.append("starting")
+
+    threads = [threading.Thread(target=f) for f in (caller, holder, starting)]
+    for thread in threads:
+        thread.start()
+    holder_in.wait(timeout=5)
+    time.sleep(0.1)
+    answered.set()
+    time.sleep(0.1)
+    holder_may_leave.set()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert order == ["holder", "starting", "caller"]
+    assert waited_out == []
+
+
+def test_publishing_a_follow_up_turn_gives_the_baton_up(
+    redis_url: str, key_prefix: str, tmp_path: Path
+) -> None:
+    """A follow-up turn goes out through Celery's own broker connection (which retries a lost
+    one for seconds), not the fleet's clients: the publish is a wait of its own."""
+    with turn_engine(redis_url, key_prefix, tmp_path, {}, gate_limit=0) as engine:
+        baton = engine.executor.baton
+        baton.enable()
+        waits.set_wait_hook(baton.released)
+        seen: list[bool] = []
+        recorder = engine.published
+
+        def publish(lane: str, turn_id: str, kind: str) -> None:
+            seen.append(baton.holding())
+            recorder.sent.append((lane, turn_id, kind))
+
+        engine.fleet.publisher = SimpleNamespace(publish=publish)
+        try:
+            with baton.held():
+                engine.executor.endings.follow_up("ava", "t1", "interactive")
+                assert baton.holding()
+        finally:
+            waits.set_wait_hook(None)
+        assert seen == [False]
+        assert recorder.sent == [("ava", "t1", "interactive")]

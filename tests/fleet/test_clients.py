@@ -108,11 +108,11 @@ def test_close_disconnects_the_pool(redis_url: str) -> None:
 def test_each_redis_reply_is_awaited_as_a_wait(redis_url: str) -> None:
     """A turn waiting on a Redis reply does so inside the persona core's wait hook (the worker's
     baton: another turn runs meanwhile); a pipeline's replies too."""
-    entered: list[int] = []
+    entered: list[bool] = []
 
     @contextlib.contextmanager
-    def hook() -> Iterator[None]:
-        entered.append(1)
+    def hook(brief: bool) -> Iterator[None]:
+        entered.append(brief)
         yield
 
     client = fleet_client(_settings(redis_url, 4))
@@ -127,6 +127,7 @@ def test_each_redis_reply_is_awaited_as_a_wait(redis_url: str) -> None:
             pipe.ping()
             assert pipe.execute() == [True, True]
         assert len(entered) >= before + 2
+        assert all(entered)  # brief: the turn goes on at once with the reply
     finally:
         waits.set_wait_hook(None)
         client.close()

@@ -27,11 +27,13 @@ class Hook:
 
     def __init__(self) -> None:
         self.count = 0
+        self.brief: list[bool] = []
         self._inside = threading.local()
 
     @contextlib.contextmanager
-    def __call__(self) -> Iterator[None]:
+    def __call__(self, brief: bool) -> Iterator[None]:
         self.count += 1
+        self.brief.append(brief)
         self._inside.on = True
         try:
             yield
@@ -61,6 +63,7 @@ def test_without_a_hook_a_wait_does_nothing() -> None:
 def test_a_durable_write_flushes_inside_the_hook(tmp_path: Path, hook: Hook) -> None:
     atomic_write_bytes(tmp_path / "MEMORY.md", b"fact\n")
     assert hook.count >= 1  # the file's fsync (and its directory's)
+    assert all(hook.brief)  # a flush: the writer goes on at once after it
 
 
 def test_a_transcript_sync_flushes_inside_the_hook(tmp_path: Path, hook: Hook) -> None:
@@ -74,7 +77,7 @@ def test_a_transcript_sync_flushes_inside_the_hook(tmp_path: Path, hook: Hook) -
 
 def test_a_real_sleep_is_a_wait(hook: Hook) -> None:
     SystemClock().sleep(0.001)
-    assert hook.count == 1
+    assert hook.brief == [False]
 
 
 def test_the_model_call_and_each_tool_call_run_inside_the_hook(hook: Hook) -> None:
@@ -100,6 +103,7 @@ def test_the_model_call_and_each_tool_call_run_inside_the_hook(hook: Hook) -> No
     )
     assert result.status == "done"
     assert seen == {"model": True, "tool": True}
+    assert hook.brief == [False, False, False]  # model, tool, model: long waits
     assert not hook.inside
 
 

@@ -53,7 +53,7 @@ def _waiting_connection(base: type[Any]) -> type[Any]:
     (:mod:`workers.persona.waits`): a turn waiting on Redis lets another turn run."""
 
     def read_response(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with waiting():
+        with waiting(brief=True):
             return base.read_response(self, *args, **kwargs)
 
     return type(f"Waiting{base.__name__}", (base,), {"read_response": read_response})

@@ -7,7 +7,10 @@ of who listens; a worker installs a hook (:func:`set_wait_hook`: the fleet's
 :class:`~workers.turn.baton.Baton`, which lets one turn at a time run its Python work and hands
 the turn on at every wait). With no hook, a wait costs one global read.
 
-A hook must be cheap and must never raise: it wraps every disk flush of a turn.
+A wait is *brief* when it usually lasts well under a millisecond and the thread has work to
+finish right after it (a disk flush, a Redis reply): a hook may then give the waiting thread
+its place back first. A hook must be cheap and must never raise: it wraps every disk flush of
+a turn.
 """
 
 from __future__ import annotations
@@ -17,25 +20,26 @@ import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-__all__ = ["fsync", "set_wait_hook", "waiting"]
+__all__ = ["WaitHook", "fsync", "set_wait_hook", "waiting"]
 
 _NOTHING: AbstractContextManager[None] = contextlib.nullcontext()
-_hook: Callable[[], AbstractContextManager[object]] | None = None
+WaitHook = Callable[[bool], AbstractContextManager[object]]
+_hook: WaitHook | None = None
 
 
-def set_wait_hook(hook: Callable[[], AbstractContextManager[object]] | None) -> None:
-    """Wrap every wait of the core in ``hook()`` (None: no hook)."""
+def set_wait_hook(hook: WaitHook | None) -> None:
+    """Wrap every wait of the core in ``hook(brief)`` (None: no hook)."""
     global _hook  # noqa: PLW0603
     _hook = hook
 
 
-def waiting() -> AbstractContextManager[object]:
+def waiting(*, brief: bool = False) -> AbstractContextManager[object]:
     """A context manager around a wait: the installed hook's, or one that does nothing."""
     hook = _hook
-    return _NOTHING if hook is None else hook()
+    return _NOTHING if hook is None else hook(brief)
 
 
 def fsync(fd: int) -> None:
-    """``os.fsync(fd)``, marked as a wait."""
-    with waiting():
+    """``os.fsync(fd)``, marked as a brief wait."""
+    with waiting(brief=True):
         os.fsync(fd)

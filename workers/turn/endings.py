@@ -26,6 +26,7 @@ from workers.logs import monotonic_wall_time
 from workers.persona.checkup import input_over_budget_remedy
 from workers.persona.errors import causes
 from workers.persona.loop import RunResult
+from workers.persona.waits import waiting
 from workers.settings import Settings
 from workers.turn.claims import START_REDIS_WAIT, waiting_for_redis
 from workers.turn.report import TurnReport
@@ -82,7 +83,8 @@ class Endings:
         this worker as its ``publisher``), then drop the claim taken for it: were this worker
         killed in between, the claim would lapse and beat would re-publish the turn within
         seconds."""
-        self.fleet.publisher.publish(lane, turn_id, kind)
+        with waiting():  # through Celery's own broker connection, which retries a lost one
+            self.fleet.publisher.publish(lane, turn_id, kind)
         try:
             self.fleet.lanes.unclaim(lane, turn_id, self.worker_id)
         except FleetError as exc:  # the claim lapses by itself: at worst one duplicate message
