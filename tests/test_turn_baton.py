@@ -149,9 +149,9 @@ def test_an_exception_in_a_turn_gives_the_baton_back() -> None:
 
 
 def test_a_turn_back_from_a_brief_wait_goes_before_starting_turns() -> None:
-    """Five turns queue to start while another holds the baton, then a turn comes back from a
-    flush: it runs before all of them but the one already past the turnstile, so a turn
-    queues behind the whole line once per stretch of work, not at every fsync."""
+    """Eight turns queue to start while another holds the baton, then a turn comes back from a
+    flush: it runs before most of them, so a turn queues behind the whole line once per
+    stretch of work, not at every fsync."""
     baton, waited_out = _enabled(patience=10.0)
     order: list[str] = []
     flushing, flushed, holder_in, holder_may_leave = (threading.Event() for _ in range(4))
@@ -176,7 +176,7 @@ def test_a_turn_back_from_a_brief_wait_goes_before_starting_turns() -> None:
             order.append(f"starting {n}")
 
     threads = [threading.Thread(target=mid_turn), threading.Thread(target=holder)]
-    threads += [threading.Thread(target=starting, args=(n,)) for n in range(5)]
+    threads += [threading.Thread(target=starting, args=(n,)) for n in range(8)]
     for thread in threads:
         thread.start()
     holder_in.wait(timeout=5)
@@ -187,8 +187,10 @@ def test_a_turn_back_from_a_brief_wait_goes_before_starting_turns() -> None:
     for thread in threads:
         thread.join(timeout=10)
     assert order[0] == "holder"
-    assert order.index("mid-turn") <= 2
-    assert len(order) == 7
+    # Ahead of most of them: a released lock may be taken by a running thread before the one
+    # it woke, so "all but one" is usual, not certain; a plain lock puts it last.
+    assert order.index("mid-turn") <= 4
+    assert len(order) == 10
     assert waited_out == []
 
 
