@@ -107,7 +107,7 @@ def test_close_disconnects_the_pool(redis_url: str) -> None:
 
 def test_each_redis_reply_is_awaited_as_a_wait(redis_url: str) -> None:
     """A turn waiting on a Redis reply does so inside the persona core's wait hook (the worker's
-    baton: another turn runs meanwhile); a pipeline's replies too."""
+    baton: another turn runs meanwhile), a pipeline's replies too; so does a connect."""
     entered: list[bool] = []
 
     @contextlib.contextmanager
@@ -118,7 +118,8 @@ def test_each_redis_reply_is_awaited_as_a_wait(redis_url: str) -> None:
     client = fleet_client(_settings(redis_url, 4))
     waits.set_wait_hook(hook)
     try:
-        assert client.ping() is True  # connects: the handshake's replies count too
+        assert client.ping() is True  # connects: a long wait, its handshake's replies inside
+        assert entered[0] is False
         before = len(entered)
         assert client.ping() is True
         assert len(entered) == before + 1
@@ -127,7 +128,7 @@ def test_each_redis_reply_is_awaited_as_a_wait(redis_url: str) -> None:
             pipe.ping()
             assert pipe.execute() == [True, True]
         assert len(entered) >= before + 2
-        assert all(entered)  # brief: the turn goes on at once with the reply
+        assert all(entered[before:])  # brief: the turn goes on at once with the reply
     finally:
         waits.set_wait_hook(None)
         client.close()

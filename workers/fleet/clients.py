@@ -49,14 +49,25 @@ class _FreeConnections(LifoQueue[Any]):
 
 @functools.cache
 def _waiting_connection(base: type[Any]) -> type[Any]:
-    """``base`` (redis-py's TCP, TLS or Unix connection) with each reply read marked as a wait
-    (:mod:`workers.persona.waits`): a turn waiting on Redis lets another turn run."""
+    """``base`` (redis-py's TCP, TLS or Unix connection) with each reply read and each connect
+    marked as a wait (:mod:`workers.persona.waits`): a turn waiting on Redis lets another turn
+    run. A reply is brief; a connect is not (a name lookup, a TLS handshake, up to the 5 s
+    connect timeout when Redis is unreachable)."""
 
     def read_response(self: Any, *args: Any, **kwargs: Any) -> Any:
         with waiting(brief=True):
             return base.read_response(self, *args, **kwargs)
 
-    return type(f"Waiting{base.__name__}", (base,), {"read_response": read_response})
+    def connect(self: Any) -> None:
+        if getattr(self, "_sock", None) is not None:  # the pool asks on every checkout
+            base.connect(self)
+            return
+        with waiting():
+            base.connect(self)
+
+    return type(
+        f"Waiting{base.__name__}", (base,), {"read_response": read_response, "connect": connect}
+    )
 
 
 def fleet_client(settings: Settings) -> redis.Redis:
