@@ -258,3 +258,30 @@ def test_publishing_a_follow_up_turn_gives_the_baton_up(
             waits.set_wait_hook(None)
         assert seen == [False]
         assert recorder.sent == [("ava", "t1", "interactive")]
+
+
+def test_a_turn_knows_how_long_it_waited_for_the_baton() -> None:
+    """What a turn waited in all (its share of queueing for the CPU: turn.end's
+    ``baton_wait``); none when the baton is off."""
+    assert Baton().waited() is None
+    baton, _ = _enabled(patience=10.0)
+    holding, waited = threading.Event(), []
+
+    def holder() -> None:
+        with baton.held():
+            holding.set()
+            time.sleep(0.2)
+
+    def turn() -> None:
+        holding.wait(timeout=5)
+        with baton.held():
+            with baton.released(brief=True):
+                pass
+            waited.append(baton.waited())
+
+    _run([threading.Thread(target=holder), threading.Thread(target=turn)])
+    (seconds,) = waited
+    assert seconds is not None
+    assert 0.1 <= seconds < 5
+    with baton.held():  # a new turn starts from nothing
+        assert (baton.waited() or 0.0) < 0.1

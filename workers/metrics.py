@@ -23,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 __all__ = [
+    "BATON_WAIT",
     "BATON_WAITED_OUT",
     "BEATS",
     "BREAKER_OPEN",
@@ -171,6 +172,13 @@ BATON_WAITED_OUT = Counter(
     "Times a turn waited its patience (2 s) for the worker's baton and ran without it "
     "(workers/turn/baton.py): a turn held it through a wait nobody marked, or the process is "
     "short of CPU. Turns are not harmed; a steady rate means the baton is not doing its job.",
+)
+BATON_WAIT = Histogram(
+    "soulfleet_baton_wait_seconds",
+    "Time a turn waited for its worker's baton in all (workers/turn/baton.py): its share of "
+    "queueing for the worker's CPU. A median near zero: CPU to spare; rising toward the turn's "
+    "own work: the worker is CPU-bound (run more worker processes).",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
 )
 REDIS_CONNECTION_WAIT = Histogram(
     "soulfleet_redis_connection_wait_seconds",

@@ -40,6 +40,9 @@ def test_turns_holding_the_baton_still_call_their_model_together(
     assert provider.max_in_flight == 8
     (ready,) = worker.events("worker.ready")
     assert ready["baton"] is True
+    waits = [e["baton_wait"] for e in harness.events("turn.end")]
+    assert len(waits) == 8  # each turn says what it waited
+    assert all(0 <= w < 2 for w in waits)
     assert worker.events("baton.waited_out") == []
 
 
@@ -56,4 +59,6 @@ def test_the_baton_can_be_turned_off(harness: Harness, provider: FakeProvider) -
     wait_until(lambda: harness.events("turn.end"), timeout=60, what="the turn")
     (ready,) = worker.events("worker.ready")
     assert ready["baton"] is False
-    assert [e["status"] for e in harness.events("turn.end")] == ["done"]
+    (end,) = harness.events("turn.end")
+    assert end["status"] == "done"
+    assert "baton_wait" not in end

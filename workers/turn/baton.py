@@ -80,12 +80,18 @@ class Baton:
         """Whether the calling thread holds the baton."""
         return bool(getattr(self._mine, "held", False))
 
+    def waited(self) -> float | None:
+        """Seconds the calling thread's turn has waited for the baton so far (None when the
+        baton is off)."""
+        return float(getattr(self._mine, "waited", 0.0)) if self.enabled else None
+
     @contextmanager
     def held(self) -> Iterator[None]:
         """Hold the baton for the ``with`` body (a turn); nested use holds it once."""
         if not self.enabled or self.holding():
             yield
             return
+        self._mine.waited = 0.0
         self._take(brief=False)
         try:
             yield
@@ -107,6 +113,13 @@ class Baton:
             self._take(brief=brief)
 
     def _take(self, *, brief: bool) -> None:
+        began = time.monotonic()
+        try:
+            self._acquire(brief=brief)
+        finally:
+            self._mine.waited = getattr(self._mine, "waited", 0.0) + time.monotonic() - began
+
+    def _acquire(self, *, brief: bool) -> None:
         if brief:
             got = self._lock.acquire(timeout=self.patience)
         else:

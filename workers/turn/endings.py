@@ -55,6 +55,8 @@ class Endings:
         self.worker_id = worker_id
         # The running turn's lease handle, per pool thread.
         self._held = threading.local()
+        #: The running turn's wait for the worker's baton so far (None: no baton).
+        self.baton_waited: Callable[[], float | None] = lambda: None
 
     def ending(self, step: Callable[[], T]) -> T:
         """Run one of the scripts that end a started turn, waiting out a Redis that is down
@@ -183,6 +185,10 @@ class Endings:
         seconds = time.monotonic() - began
         metrics.TURNS.labels(kind=started.kind, status=status).inc()
         metrics.TURN_SECONDS.labels(kind=started.kind).observe(seconds)
+        baton_wait = self.baton_waited()
+        if baton_wait is not None:
+            metrics.BATON_WAIT.observe(baton_wait)
+            fields["baton_wait"] = round(baton_wait, 4)
         _log.info(
             "turn.end",
             lane=lane,

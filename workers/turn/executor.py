@@ -117,6 +117,7 @@ class TurnExecutor:
         self.kit = TurnKit(settings, fleet, gate, self.guard)
         # Off until the worker says its pool is threads (workers.runtime).
         self.baton = Baton(on_waited_out=metrics.BATON_WAITED_OUT.inc)
+        self.endings.baton_waited = self.baton.waited
 
     @property
     def tool_hub(self) -> McpHub:
