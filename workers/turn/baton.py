@@ -50,7 +50,7 @@ class Baton:
     and ONE turn that is starting or back from a long wait (a model call): those pass a
     turnstile first, one at a time. As one plain lock, a turn queued behind every runnable
     turn at each of its ~9 waits, most of them a fraction of a millisecond long, and under load
-    its queueing made the median turn 15% longer than its model call. Handing the baton over
+    its queueing made the median turn 15-25% longer than its model call. Handing the baton over
     in a strict order (a queue, the oldest turn first) was tried: each hand-over then waits
     for the kernel to run the thread it was handed to, and under load that cost more than the
     order saved.
