@@ -148,49 +148,37 @@ def test_an_exception_in_a_turn_gives_the_baton_back() -> None:
     assert waited_out == []
 
 
-def test_a_turn_back_from_a_brief_wait_goes_before_starting_turns() -> None:
-    """Eight turns queue to start while another holds the baton, then a turn comes back from a
-    flush: it runs before most of them, so a turn queues behind the whole line once per
-    stretch of work, not at every fsync."""
+def test_a_brief_wait_comes_back_past_the_turnstile_a_long_one_through_it() -> None:
+    """With turns lined up at the turnstile (held here, as by a starting turn), a turn back
+    from a brief wait (a flush) takes the baton at once; back from a long wait (a model call)
+    it waits its turn at the turnstile. So a turn queues behind the line once per stretch of
+    work, not at every fsync."""
     baton, waited_out = _enabled(patience=10.0)
-    order: list[str] = []
-    flushing, flushed, holder_in, holder_may_leave = (threading.Event() for _ in range(4))
+    holding, line_formed, after_flush, after_call = (threading.Event() for _ in range(4))
 
-    def mid_turn() -> None:
+    def turn() -> None:
         with baton.held():
+            holding.set()
+            line_formed.wait(timeout=5)
             with baton.released(brief=True):
-                flushing.set()
-                flushed.wait(timeout=5)
-            order.append("mid-turn")
+                pass
+            after_flush.set()
+            with baton.released():
+                pass
+            after_call.set()
 
-    def holder() -> None:
-        flushing.wait(timeout=5)
-        with baton.held():
-            holder_in.set()
-            holder_may_leave.wait(timeout=5)
-            order.append("holder")
-
-    def starting(n: int) -> None:
-        holder_in.wait(timeout=5)
-        with baton.held():
-            order.append(f"starting {n}")
-
-    threads = [threading.Thread(target=mid_turn), threading.Thread(target=holder)]
-    threads += [threading.Thread(target=starting, args=(n,)) for n in range(8)]
-    for thread in threads:
-        thread.start()
-    holder_in.wait(timeout=5)
-    time.sleep(0.2)  # the starting turns queue first...
-    flushed.set()
-    time.sleep(0.1)  # ...then the one back from its flush
-    holder_may_leave.set()
-    for thread in threads:
-        thread.join(timeout=10)
-    assert order[0] == "holder"
-    # Ahead of most of them: a released lock may be taken by a running thread before the one
-    # it woke, so "all but one" is usual, not certain; a plain lock puts it last.
-    assert order.index("mid-turn") <= 4
-    assert len(order) == 10
+    thread = threading.Thread(target=turn)
+    thread.start()
+    holding.wait(timeout=5)
+    baton._turnstile.acquire()
+    try:
+        line_formed.set()
+        assert after_flush.wait(timeout=5)
+        assert not after_call.wait(timeout=0.3)  # behind the line
+    finally:
+        baton._turnstile.release()
+    assert after_call.wait(timeout=5)
+    thread.join(timeout=5)
     assert waited_out == []
 
 
