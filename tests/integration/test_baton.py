@@ -16,14 +16,14 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def provider() -> Iterator[FakeProvider]:
-    with FakeProvider("openai", delay=1.0, text="answered") as server:
+    with FakeProvider("openai", delay=2.0, text="answered") as server:
         yield server
 
 
 def test_turns_holding_the_baton_still_call_their_model_together(
     harness: Harness, provider: FakeProvider
 ) -> None:
-    """Eight turns on eight threads against a 1 s model: all eight calls are in flight at once
+    """Eight turns on eight threads against a 2 s model: all eight calls are in flight at once
     (each gives the baton up while it waits), every turn ends done, none waited out."""
     harness.configure(SOULFLEET_MODEL="openai:fake-model", OPENAI_BASE_URL=provider.base_url)
     names = [f"p{n}" for n in range(8)]

@@ -122,8 +122,10 @@ def test_waiting_for_a_lock_another_thread_holds_is_a_wait(tmp_path: Path, hook:
         before = hook.count
         thread = threading.Thread(target=second)
         thread.start()
-        time.sleep(0.3)
-        assert not got.is_set()
+        deadline = time.monotonic() + 10
+        while hook.count == before and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert hook.count > before  # it is waiting, and inside the hook
+        assert not got.is_set()
     thread.join(timeout=10)
     assert got.is_set()
