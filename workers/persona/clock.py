@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from workers.persona.waits import waiting
+from workers.persona import waits
 
 __all__ = ["Clock", "SystemClock", "Timer", "VirtualClock"]
 
@@ -53,8 +53,7 @@ class SystemClock:
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
-            with waiting():  # another turn may run meanwhile
-                time.sleep(seconds)
+            waits.sleep(seconds)  # another turn may run meanwhile
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
         timer = threading.Timer(max(0.0, delay), fn)

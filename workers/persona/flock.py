@@ -37,7 +37,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from workers.persona.waits import waiting
+from workers.persona import waits
 
 __all__ = ["MAX_OPEN", "flock_acquire", "flock_release"]
 
@@ -147,8 +147,7 @@ def _wait(
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return False
-            with waiting():
-                time.sleep(sleep if deadline is None else min(sleep, deadline - now))
+            waits.sleep(sleep if deadline is None else min(sleep, deadline - now))
             sleep = min(sleep * 2, _MAX_SLEEP)
             continue
         try:

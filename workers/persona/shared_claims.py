@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 import structlog
 
+from workers.persona import waits
 from workers.persona.errors import PersonaFileError
 from workers.persona.flock import flock_acquire
 from workers.persona.owner_records import (
@@ -55,7 +56,6 @@ from workers.persona.owner_records import (
     remove_record,
 )
 from workers.persona.owners import boot_id, host_name
-from workers.persona.waits import waiting
 from workers.persona.write_queue import QUEUE_SUFFIX
 
 __all__ = [
@@ -124,8 +124,7 @@ def _acquire(claim: str, deadline: float | None, may_break: bool) -> bool:
                 continue  # released meanwhile, or a dead claim broken: try again now
         if deadline is not None and now >= deadline:
             return False
-        with waiting():
-            time.sleep(sleep if deadline is None else max(0.0, min(sleep, deadline - now)))
+        waits.sleep(sleep if deadline is None else max(0.0, min(sleep, deadline - now)))
         sleep = min(sleep * 2, _MAX_SLEEP)
 
 

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-__all__ = ["WaitHook", "fsync", "set_wait_hook", "waiting"]
+__all__ = ["WaitHook", "fsync", "set_wait_hook", "sleep", "waiting"]
 
 _NOTHING: AbstractContextManager[None] = contextlib.nullcontext()
 WaitHook = Callable[[bool], AbstractContextManager[object]]
@@ -43,3 +44,9 @@ def fsync(fd: int) -> None:
     """``os.fsync(fd)``, marked as a brief wait."""
     with waiting(brief=True):
         os.fsync(fd)
+
+
+def sleep(seconds: float) -> None:
+    """``time.sleep(seconds)``, marked as a wait."""
+    with waiting():
+        time.sleep(seconds)
