@@ -851,9 +851,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"bench_fleet: Redis {source}, Celery {celery.__version__}, Python "
         f"{sys.version.split()[0]}, {os.cpu_count()} cores; pool {settings.worker_pool}, "
         f"concurrency {settings.worker_concurrency}, baton {args.baton}, prefetch 1, acks_late, "
-        f"turn gate "
-        f"{settings.max_concurrent_model_calls}; {args.turns} messages queued before each "
-        f"worker starts; {args.repeat} repeats; measured turns: "
+        f"turn gate {settings.max_concurrent_model_calls}; {args.turns} messages queued before "
+        f"each worker starts; {args.repeat} repeats; measured turns: "
         + ("each persona's second (--warm-lanes)" if args.warm_lanes else "each persona's first")
     )
     print(_table(repeats, setup))

@@ -47,7 +47,13 @@ class Endings:
     """The endings and turn lines of one worker process. Thread-safe (one per executor)."""
 
     def __init__(
-        self, settings: Settings, fleet: Fleet, renewer: Renewer, *, worker_id: str
+        self,
+        settings: Settings,
+        fleet: Fleet,
+        renewer: Renewer,
+        *,
+        worker_id: str,
+        baton_waited: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.fleet = fleet
@@ -55,8 +61,8 @@ class Endings:
         self.worker_id = worker_id
         # The running turn's lease handle, per pool thread.
         self._held = threading.local()
-        #: The running turn's wait for the worker's baton so far (None: no baton).
-        self.baton_waited: Callable[[], float | None] = lambda: None
+        # The running turn's wait for the worker's baton so far (None: no baton).
+        self.baton_waited = baton_waited
 
     def ending(self, step: Callable[[], T]) -> T:
         """Run one of the scripts that end a started turn, waiting out a Redis that is down

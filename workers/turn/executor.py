@@ -113,11 +113,12 @@ class TurnExecutor:
         self.claims = Claims(
             fleet.lanes, renewer, worker_id=worker_id, ttl=settings.claim_ttl, clock=fleet.clock
         )
-        self.endings = Endings(settings, fleet, renewer, worker_id=worker_id)
-        self.kit = TurnKit(settings, fleet, gate, self.guard)
         # Off until the worker says its pool is threads (workers.runtime).
         self.baton = Baton(on_waited_out=metrics.BATON_WAITED_OUT.inc)
-        self.endings.baton_waited = self.baton.waited
+        self.endings = Endings(
+            settings, fleet, renewer, worker_id=worker_id, baton_waited=self.baton.waited
+        )
+        self.kit = TurnKit(settings, fleet, gate, self.guard)
 
     @property
     def tool_hub(self) -> McpHub:
