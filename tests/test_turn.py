@@ -8,9 +8,7 @@ is checked against what lands in Redis and on disk.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +24,6 @@ from workers.persona.errors import PersonaError, PersonaFileError
 from workers.persona.inbox import InboxItem
 from workers.persona.loop import RunResult
 from workers.persona.messages import Usage
-from workers.persona.session_files import SessionFiles
 from workers.turn.endings import incomplete_note
 
 
@@ -248,28 +245,6 @@ def test_a_session_file_the_home_refuses_fails_the_turn_with_the_reason(rig: Rig
     status = rig.fleet.status("ava")
     assert status["state"] != "running"
     assert "could not save the turn: FileExistsError" in str(status["last_error"])
-
-
-def test_continuing_turns_write_their_states_into_the_ones_they_retire(rig: Rig) -> None:
-    """From a lane's third turn on, a turn's session state takes over the file of the state
-    two fences back (what retire would delete after the commit) instead of creating one: the
-    lane keeps two states whose inodes are the first two turns' ones, and the session goes on
-    with every turn in it."""
-    home = rig.persona("ava", '[[rules]]\ntext = "hi"\n')
-    inodes: list[int] = []
-    with contextlib.ExitStack() as held:  # open files: a freed inode number is never reused
-        for n in range(5):
-            rig.fleet.post("ava", f"message {n}", wake=True)
-            assert rig.run_next() == "done"
-            state = rig.fleet.lanes.session_pointer("ava").state
-            assert state is not None
-            opened = held.enter_context((home / "sessions" / "ava" / state).open("rb"))
-            inodes.append(os.fstat(opened.fileno()).st_ino)
-    assert inodes[2:] == [inodes[0], inodes[1], inodes[0]]
-    assert len(list((home / "sessions" / "ava").iterdir())) == 2
-    stored = SessionFiles(home, "ava").read(state)
-    assert stored is not None
-    assert [m.content for m in stored.messages if m.role == "assistant"] == ["hi"] * 5
 
 
 # -- the holes issue 10 found: each test fails on the product change it names -----------------

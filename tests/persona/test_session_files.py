@@ -131,56 +131,6 @@ def test_retire_lists_every_so_many_fences(tmp_path: Path) -> None:
     assert _names(tmp_path) == {f"s1.f{n - 1}.json", f"s1.f{n}.json"}
 
 
-def test_a_write_over_the_fence_before_takes_over_the_state_retire_would_delete(
-    tmp_path: Path,
-) -> None:
-    """Fence 7 starting from fence 6's state: fence 5's state (the one fence 6 was committed
-    over, which retire deletes after fence 7's commit) is rewritten into fence 7's instead of a
-    new file being created. Retire then deletes nothing and lists nothing (a stray stays)."""
-    files = _files(tmp_path, "s1.f2.json", "s1.f5.json", "s1.f6.json")
-    inode = (files.directory / "s1.f5.json").stat().st_ino
-    name = files.write(replace(_state("seven"), id="s1"), "f7", base="s1.f6.json")
-    assert name == "s1.f7.json"
-    assert _names(tmp_path) == {"s1.f2.json", "s1.f6.json", "s1.f7.json"}
-    assert (files.directory / name).stat().st_ino == inode
-    state = files.read(name)
-    assert state is not None
-    assert state.messages[0].content == "seven"
-    six = files.read("s1.f6.json")
-    assert six is not None
-    assert six.messages[0].content == "f6"
-    assert files.retire(name, "s1.f6.json") == 0
-    assert _names(tmp_path) == {"s1.f2.json", "s1.f6.json", "s1.f7.json"}
-
-
-def test_a_write_never_takes_over_a_state_a_pointer_may_name(tmp_path: Path) -> None:
-    """Only the state two fences back, under a base of the fence just before, is taken over:
-    a base further back (a failed or silent start kept the pointer on it), no base (a new
-    lane or a reset), a library write: a new file each time, every older state left as it was
-    for retire to judge."""
-    files = _files(tmp_path, "s1.f4.json", "s1.f5.json")
-    before = {n: (files.directory / n).read_bytes() for n in _names(tmp_path)}
-    files.write(replace(_state("seven"), id="s1"), "f7", base="s1.f5.json")
-    files.write(replace(_state("eight"), id="s1"), "f8", base=None)
-    files.write(replace(_state("lib"), id="s1"), "l1a2b", base="s1.f5.json")
-    assert files.recycled is None
-    assert _names(tmp_path) == {"s1.f4.json", "s1.f5.json", "s1.f7.json", "s1.f8.json",
-                                "s1.l1a2b.json"}  # fmt: skip
-    assert {n: (files.directory / n).read_bytes() for n in before} == before
-
-
-def test_a_write_that_took_over_a_state_still_lists_every_so_many_fences(
-    tmp_path: Path,
-) -> None:
-    """The periodic listing is not skipped because the write took the retired state over."""
-    n = RETIRE_LIST_EVERY
-    files = _files(tmp_path, "s1.f2.json", f"s1.f{n - 2}.json", f"s1.f{n - 1}.json")
-    files.write(replace(_state("n"), id="s1"), f"f{n}", base=f"s1.f{n - 1}.json")
-    assert files.recycled == f"s1.f{n - 2}.json"
-    assert files.retire(f"s1.f{n}.json", f"s1.f{n - 1}.json") == 1
-    assert _names(tmp_path) == {f"s1.f{n - 1}.json", f"s1.f{n}.json"}
-
-
 def test_a_home_renamed_mid_turn_is_not_brought_back(tmp_path: Path) -> None:
     """The persona directory is renamed (or deleted) while a turn runs: the turn's state write
     fails naming it, instead of making ``<old home>/sessions/<lane>/`` again as a stub that

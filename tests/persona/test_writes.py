@@ -15,7 +15,6 @@ from workers.persona.writes import (
     atomic_write_bytes,
     atomic_write_text,
     create_bytes,
-    recycle_bytes,
     remove_stale_temps,
 )
 
@@ -97,60 +96,6 @@ def test_create_never_overwrites_or_follows(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError):
         create_bytes(link, b"new")
     assert not outside.exists()
-
-
-def test_recycle_rewrites_the_spare_into_the_new_name(tmp_path: Path) -> None:
-    """The spare's inode takes the new bytes (shorter or longer than its old ones) and the new
-    name; the spare's name is gone; data and directory are fsynced; no temp file appears."""
-    fsyncs: list[int] = []
-    real_fsync = os.fsync
-
-    def counting(fd: int) -> None:
-        fsyncs.append(fd)
-        real_fsync(fd)
-
-    for old, new in ((b"x" * 500, b'{"id": "s1"}'), (b"short", b"y" * 9000)):
-        spare, target = tmp_path / "s1.f1.json", tmp_path / "s1.f3.json"
-        spare.write_bytes(old)
-        inode = spare.stat().st_ino
-        fsyncs.clear()
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(os, "fsync", counting)
-            assert recycle_bytes(spare, target, new) is True
-        assert target.read_bytes() == new
-        assert target.stat().st_ino == inode
-        assert target.stat().st_nlink == 1
-        assert tree(tmp_path) == {"s1.f3.json"}
-        assert len(fsyncs) == 2  # the file, then its directory
-        target.unlink()
-
-
-def test_recycle_without_a_usable_spare_changes_nothing(tmp_path: Path) -> None:
-    """A missing spare, a symlink (even to a file), a FIFO (not blocked on) or a file with a
-    second hard link is refused: False, nothing written, the caller creates the file instead."""
-    target = tmp_path / "s1.f3.json"
-    assert recycle_bytes(tmp_path / "gone.json", target, b"new") is False
-    outside = tmp_path / "outside.txt"
-    outside.write_text("keep")
-    (tmp_path / "link.json").symlink_to(outside)
-    assert recycle_bytes(tmp_path / "link.json", target, b"new") is False
-    os.mkfifo(tmp_path / "fifo.json")
-    assert recycle_bytes(tmp_path / "fifo.json", target, b"new") is False
-    os.link(outside, tmp_path / "linked.json")
-    assert recycle_bytes(tmp_path / "linked.json", target, b"new") is False
-    assert outside.read_text() == "keep"
-    assert not target.exists()
-    assert tree(tmp_path) == {"outside.txt", "link.json", "fifo.json", "linked.json"}
-
-
-def test_recycle_never_overwrites_the_new_name(tmp_path: Path) -> None:
-    """A file already under the new name is FileExistsError and keeps its bytes."""
-    spare, target = tmp_path / "s1.f1.json", tmp_path / "s1.f3.json"
-    spare.write_bytes(b"old")
-    target.write_bytes(b"keep")
-    with pytest.raises(FileExistsError):
-        recycle_bytes(spare, target, b"new")
-    assert target.read_bytes() == b"keep"
 
 
 def test_create_in_a_missing_directory_is_file_not_found(tmp_path: Path) -> None:

@@ -5,18 +5,14 @@ Layout::
     <home>/sessions/<lane>/<session id>.<tag>.json    one complete committed state each
     <home>/sessions/<lane>/CURRENT                     the library's pointer {state, epoch}
 
-Why a whole state per file, never edited while a pointer may name it: a turn writes the state
-it WOULD commit to a file whose name nobody else uses (the tag is the fleet's fencing token,
-``f<fence>``, or a random ``l<hex>`` for the in-process library), and only then is it made
-current by moving a pointer. A turn that crashes, fails or is fenced out before that leaves an
-orphan file that no reader ever looks at, so the session holds only committed turns and a retry
-starts from the same state (issue 11 rule 6). Compaction keeps a state bounded
-(``max_tokens``), so rewriting it per turn is bounded too. Old files are collected after a
-commit (:meth:`collect`; the fleet's :meth:`retire` skips the directory listing when no start
-came between two commits). Between two such commits a fleet turn does not even create its file:
-it takes over the one the retire after its commit would delete (the state two fences back,
-which no pointer can name any more), rewrites it in place and renames it (:meth:`write`): on
-some filesystems creating an inode was the dearest system call of a continuing turn.
+Why a whole state per file, never edited in place: a turn writes the state it WOULD commit to
+a file whose name nobody else uses (the tag is the fleet's fencing token, ``f<fence>``, or a
+random ``l<hex>`` for the in-process library), and only then is it made current by moving a
+pointer. A turn that crashes, fails or is fenced out before that leaves an orphan file that no
+reader ever looks at, so the session holds only committed turns and a retry starts from the
+same state (issue 11 rule 6). Compaction keeps a state bounded (``max_tokens``), so rewriting
+it per turn is bounded too. Old files are collected after a commit (:meth:`collect`; the fleet's
+:meth:`retire` skips the directory listing when no start came between two commits).
 
 The pointer is where the two runtimes differ. The fleet keeps it in the lane's Redis hash and
 moves it inside ``finish.lua``, the same fenced step that commits the turn. The library keeps
@@ -25,8 +21,7 @@ processes running one persona at once lose a turn's session write rather than in
 The two are separate sessions of one lane (their GC leaves each other's files alone).
 
 Safety: lane names are the transcripts' slugs; the directory is confined to the home (a
-symlink leading out is refused); a state is fsynced, and its directory entry with it, before
-any pointer names it.
+symlink leading out is refused) and every write is atomic (temp file, fsync, rename).
 """
 
 from __future__ import annotations
@@ -46,7 +41,7 @@ from workers.persona.files import confined, make_dirs, read_prefix, real_root
 from workers.persona.locks import LockMode, lock_file_for, path_lock
 from workers.persona.session import Pointer, SessionState
 from workers.persona.transcripts import valid_transcript_name
-from workers.persona.writes import atomic_write_bytes, create_bytes, recycle_bytes
+from workers.persona.writes import atomic_write_bytes, create_bytes
 
 __all__ = [
     "MAX_STATE_BYTES",
@@ -87,16 +82,6 @@ def _fleet_fence(name: str) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
-def _retired_by(current: str, previous: str | None) -> str | None:
-    """The state a commit of ``current`` over ``previous`` retires, when the two are fleet
-    states of consecutive fences: the one ``previous`` was committed over, the fence before it
-    in ``previous``'s session. None otherwise (a gap, another runtime's name, a new lane)."""
-    fence = _fleet_fence(current)
-    if fence is None or previous is None or _fleet_fence(previous) != fence - 1 or fence < 2:
-        return None
-    return f"{previous.split('.', 1)[0]}.f{fence - 2}.json"
-
-
 def library_tag() -> str:
     return f"l{uuid.uuid4().hex[:16]}"
 
@@ -109,33 +94,19 @@ class SessionFiles:
             raise ValueError(f"invalid lane name {lane!r}")
         self.home = Path(real_root(home))
         self.lane = lane
-        #: The retired state :meth:`write` rewrote into its new one, if it did.
-        self.recycled: str | None = None
 
     @property
     def directory(self) -> Path:
         """The lane's directory, confined to the home (created on first write)."""
         return confined(self.home, f"{SESSIONS_DIR}/{self.lane}")
 
-    def write(self, state: SessionState, tag: str, *, base: str | None = None) -> str:
-        """Store ``state`` durably under a name only this writer uses; returns that name.
-
-        ``base``: the state the fleet turn started from (its lane's pointer). When it is the
-        fence just before this one, the file :meth:`retire` would delete after this commit (the
-        state ``base`` was committed over) is rewritten into this one instead of a new file
-        being created (:func:`~workers.persona.writes.recycle_bytes`); :meth:`retire` then has
-        nothing to delete."""
+    def write(self, state: SessionState, tag: str) -> str:
+        """Store ``state`` durably under a name only this writer uses; returns that name."""
         name = f"{state.id}.{tag}.json"
         if _STATE.fullmatch(name) is None:
             raise ValueError(f"invalid session state name {name!r}")
         data = state.to_json()
         target = confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{name}")
-        spare = _retired_by(name, base)
-        if spare is not None:
-            path = confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{spare}")
-            if recycle_bytes(path, target, data):
-                self.recycled = spare
-                return name
         # Created in place, not replaced: no one reads a state until a pointer names it, and
         # only this writer uses its name (a partial file a crash leaves is collected later).
         try:
@@ -200,10 +171,14 @@ class SessionFiles:
         here, a lane whose Redis state was lost and whose fences started again) are left to
         the listing every ``RETIRE_LIST_EVERY``-th fence: at most that many commits later.
         """
-        guess = _retired_by(current, previous)
-        if guess is not None and (_fleet_fence(current) or 0) % RETIRE_LIST_EVERY != 0:
-            if guess == self.recycled:
-                return 0  # this writer's write took it over (:meth:`write`)
+        fence = _fleet_fence(current)
+        if (
+            fence is not None
+            and fence % RETIRE_LIST_EVERY != 0
+            and previous is not None
+            and _fleet_fence(previous) == fence - 1
+        ):
+            guess = f"{previous.split('.', 1)[0]}.f{fence - 2}.json"
             with contextlib.suppress(FileNotFoundError, NotADirectoryError, PersonaFileError):
                 os.unlink(confined(self.home, f"{SESSIONS_DIR}/{self.lane}/{guess}"))
                 return 1

@@ -7,9 +7,7 @@ temp files a crashed writer leaves.
   ``.<name>.<hex>.tmp`` file (removed on every error path we get to run; one a SIGKILL left is
   removed by the next writer holding the path's lock, :func:`remove_stale_temps`).
 * **Exclusive creation.** :func:`create_bytes` for a name only its writer uses and nothing reads
-  before it is complete: no temp file and no rename. :func:`recycle_bytes` gives such a name a
-  file nobody reads any more instead (its inode and blocks rewritten in place, then linked under
-  the new name): creating an inode is the dearest system call a turn makes on some filesystems.
+  before it is complete: no temp file and no rename.
 
 Paths are written as given: confine them first (:func:`workers.persona.files.confined`).
 """
@@ -35,7 +33,6 @@ __all__ = [
     "create_bytes",
     "fsync_directory",
     "open_regular",
-    "recycle_bytes",
     "remove_stale_temps",
     "replace_bytes",
     "write_all",
@@ -95,46 +92,6 @@ def create_bytes(path: str | os.PathLike[str], data: bytes) -> None:
             os.unlink(target)
         raise
     fsync_directory(os.path.dirname(target) or ".")
-
-
-def recycle_bytes(spare: str | os.PathLike[str], path: str | os.PathLike[str], data: bytes) -> bool:
-    """:func:`create_bytes` into an old file: ``spare``'s bytes are overwritten with ``data``
-    (fsynced), then it moves to ``path`` (link, unlink), which must not exist yet (never
-    overwritten: the link raises ``FileExistsError``, ``spare`` then holds ``data``). False,
-    having changed nothing, when ``spare`` is missing or not a plain regular file of its own
-    (a symlink, a FIFO, a file with a second hard link): write ``path`` with
-    :func:`create_bytes` then.
-
-    ONLY for a ``spare`` that nothing will read again and that only this writer may take (the
-    caller's naming scheme guarantees both); a crash mid-write leaves ``spare`` partly
-    rewritten, collected as it would have been. Why: on ext4 in a virtual machine, allocating
-    an inode cost 0.3-1 ms of CPU, against ~20 us for the link and unlink here. Confine both
-    paths first.
-    """
-    source, target = os.fspath(spare), os.fspath(path)
-    try:
-        fd = os.open(source, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
-                     | getattr(os, "O_CLOEXEC", 0))  # fmt: skip
-    except OSError:  # gone (collected), a symlink (ELOOP), anything odd: create instead
-        return False
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
-            return False
-        # Rewritten in place, not truncated first: the blocks stay allocated to the file.
-        write_all(fd, data)
-        if info.st_size > len(data):
-            os.ftruncate(fd, len(data))
-        fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(source, target, follow_symlinks=False)
-    except FileNotFoundError:  # collected by a late cleanup between the open and the link
-        return False
-    os.unlink(source)
-    fsync_directory(os.path.dirname(target) or ".")
-    return True
 
 
 def replace_bytes(

@@ -398,8 +398,7 @@ class TurnExecutor:
             if state is not None:
                 guard()
                 # Named by the fence: no other turn ever writes this file (module doc).
-                name = files.write(state, f"f{started.fence}", base=plan.pointer.state)
-                session = SessionCommit(plan.pointer, name)
+                session = SessionCommit(plan.pointer, files.write(state, f"f{started.fence}"))
         except TurnAborted:
             raise
         except Exception as exc:  # the persona's home refused the turn's own files (a
