@@ -103,9 +103,10 @@ def test_a_call_answered_while_redis_restarts_for_longer_than_its_settle_wait_is
     """The provider answers (bills) a call while Redis is down, and Redis stays away longer
     than the call waits to record its usage (half a lease: 3 s here), e.g. a restart that
     reloads a large AOF. The turn may fail and re-run (its lease could not be proven), but
-    the call it paid for must still be counted: usage in Redis equals the provider's bill.
-    Before, the record was dropped with the failed turn, and ``soulfleet usage`` was short by
-    every call answered during the restart."""
+    the call it paid for must still be counted (usage in Redis equals the provider's bill;
+    before, the record was dropped with the failed turn) and never paid again: the re-run
+    replays the answer from the turn's call log (before, it was kept only once its usage was
+    recorded, so the re-run called the provider a second time)."""
     server = RedisServer(tmp_path / "redis", persistent=True).start()
     try:
         with FakeProvider("openai", delay=1.5) as provider:
@@ -134,6 +135,7 @@ def test_a_call_answered_while_redis_restarts_for_longer_than_its_settle_wait_is
             )
             time.sleep(2.0)
             calls = sum(int(row["calls"]) for row in harness.fleet.usage("ava"))
+            assert len(provider.served) == 1, f"paid {len(provider.served)} times"
             assert calls == len(provider.served), (
                 f"Redis counted {calls} calls, the provider billed {len(provider.served)}"
             )

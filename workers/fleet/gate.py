@@ -304,6 +304,16 @@ class OwedUsage:
 OWED_USAGE = OwedUsage()
 
 
+class _Unsettled(Exception):
+    """An answered (paid) call whose after-call writes Redis refused: carries the answer to
+    :meth:`GatedModel.complete`, which keeps it for the turn's retry and raises ``cause``."""
+
+    def __init__(self, completion: Completion, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.completion = completion
+        self.cause = cause
+
+
 class GatedModel:
     """A :class:`~workers.persona.models.Model` whose ``complete`` holds a gate slot.
 
@@ -318,7 +328,8 @@ class GatedModel:
     An answered call is paid for: when Redis cannot take its after-call writes (restarting,
     failing over, full for a moment), they are sent again for up to ``settle_wait`` seconds
     (the usage record counts once however often it is sent) before the call fails. Failing at
-    once threw the paid answer away, and the turn's retry paid for it again.
+    once threw the paid answer away, and the turn's retry paid for it again. A call that fails
+    so, after waiting, still keeps its answer in the turn's call log: the retry replays it.
     """
 
     def __init__(
@@ -358,24 +369,34 @@ class GatedModel:
         self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
     ) -> Completion:
         calls = self.calls
-        if calls is None:
-            return self._complete(system, messages, tools)
-        # A retried turn's call its failed attempt already bought is answered from the log:
-        # no provider, no gate slot, no breaker, nothing paid (workers/persona/call_log.py).
-        key = call_key(messages, tools)
-        kept = calls.recall(key)
-        if kept is not None:
-            return kept
+        key = call_key(messages, tools) if calls is not None else ""
+        if calls is not None:
+            # A retried turn's call its failed attempt already bought is answered from the
+            # log: no provider, no gate slot, no breaker, nothing paid (call_log.py).
+            kept = calls.recall(key)
+            if kept is not None:
+                return kept
         try:
             answer = self._complete(system, messages, tools)
+        except _Unsettled as unsettled:
+            # Answered (paid), but Redis refused the after-call writes for longer than the
+            # settle wait: the turn fails and retries, and its retry replays this answer
+            # instead of paying for it again (the usage record is owed, sent once Redis is back).
+            if calls is not None:
+                calls.keep(key, unsettled.completion)
+            failure = unsettled.cause
         except ModelRequestError:
             # The provider refused the request itself (a 400: dead-lettered at once): it may
             # be built on an answer kept here, and a revived retry replaying that answer would
             # send the very request again, for ever. It asks again instead.
-            calls.forget()
+            if calls is not None:
+                calls.forget()
             raise
-        calls.keep(key, answer)
-        return answer
+        else:
+            if calls is not None:
+                calls.keep(key, answer)
+            return answer
+        raise failure  # outside the handler: the turn sees Redis's error as it was raised
 
     def _complete(
         self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
@@ -392,6 +413,8 @@ class GatedModel:
             raise ProviderPaused(self.provider)
         try:
             return self._call(system, messages, tools, verdict=verdict)
+        except _Unsettled:
+            raise  # the provider answered: nothing to hold against it
         except Exception as exc:
             # A probe reports whatever failed it (a gate timeout too): otherwise the next
             # probe would wait out the probe ttl.
@@ -426,7 +449,10 @@ class GatedModel:
                 metrics.MODEL_CALL_SECONDS.labels(provider=self.provider).observe(seconds)
                 if self.on_call is not None:
                     self.on_call(ModelCall(self.provider, slot.waited, seconds, error))
-            self._settle(owed, slot, ok=verdict is not None)
+            try:
+                self._settle(owed, slot, ok=verdict is not None)
+            except Exception as exc:
+                raise _Unsettled(completion, exc) from exc
             return completion
 
     def _settle(self, owed: ScriptCall | None, slot: Slot, *, ok: bool) -> None:
