@@ -160,12 +160,13 @@ def test_an_up_on_another_data_dir_is_found_through_soulfleet_data(
 @pytest.mark.integration
 def test_an_unknown_persona_with_no_fleet_says_both(tmp_path: Path, fleet_root: Path) -> None:
     """With no fleet found, a persona missing from the default root is not the whole story: the
-    error names the persona and that no fleet (whose root it would be) was found."""
+    error says first that no fleet (whose root it would be) was found, then names the persona."""
     result = _soulfleet("redis://127.0.0.1:1/0", _no_fleet_env(tmp_path, fleet_root), "post",
                         "ghost", "hi")  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert "unknown persona 'ghost'" in result.stderr
     assert NO_FLEET in result.stderr
+    assert result.stderr.index(NO_FLEET) < result.stderr.index("unknown persona")
 
 
 def test_with_redis_url_and_no_personas_root_the_fleets_recorded_root_is_used(

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from tests.cli.conftest import Invoke
+from tests.support.rig import turn_engine
 from workers.persona.session_files import current_session
 
 
@@ -54,3 +55,30 @@ def test_local_runs_continue_a_session_until_new_session(invoke: Invoke, fleet_r
     assert second is not None
     assert second.id != first.id
     assert second.turns == 1
+
+
+def test_show_and_status_say_which_edited_files_the_session_goes_on_without(
+    invoke: Invoke, fleet_root: Path, redis_url: str, key_prefix: str
+) -> None:
+    """A fleet session froze milo's soul; HEARTBEAT.md edited since is named by `session show`
+    (text and JSON) and `status milo`, with the reset that applies it; after the reset (the
+    session is over) neither names it."""
+    with turn_engine(redis_url, key_prefix, fleet_root, {}, gate_limit=1) as engine:
+        fleet, executor, published = engine
+        fleet.post("milo", "hello", wake=True)
+        lane, turn_id, _ = published.sent.pop()
+        assert executor.execute(lane, turn_id).outcome == "done"
+    assert json.loads(invoke("session", "show", "milo", "--json").stdout)["edited"] == []
+    heartbeat = fleet_root / "milo" / "HEARTBEAT.md"
+    heartbeat.write_text(heartbeat.read_text() + "\n- due: call mum\n")
+    report = json.loads(invoke("session", "show", "milo", "--json").stdout)
+    assert report["edited"] == ["HEARTBEAT.md"]
+    shown = invoke("session", "show", "milo").stdout
+    assert "HEARTBEAT.md changed after this session froze its soul" in shown
+    assert "`soulfleet session reset milo`" in shown
+    status = invoke("status", "milo")
+    assert status.exit_code == 0, status.output
+    assert "session: HEARTBEAT.md changed after this session froze its soul" in status.stdout
+    assert invoke("session", "reset", "milo").exit_code == 0
+    assert json.loads(invoke("session", "show", "milo", "--json").stdout)["edited"] == []
+    assert "froze its soul" not in invoke("status", "milo").stdout

@@ -67,7 +67,24 @@ def test_status_shows_a_dead_lettered_lane_and_why(
     payload = json.loads(invoke("status", "nora", "--json").stdout)
     assert payload["state"] == "dead"
     assert payload["last_error"] == "persona.toml exploded"
-    assert "persona.toml exploded" in invoke("status", "nora").stdout
+    table = invoke("status", "nora").stdout
+    assert "persona.toml exploded" in table
+    assert "dead: lane nora is dead-lettered" in table
+    assert "`soulfleet revive nora`" in table
+
+
+def test_a_dead_dreamer_lane_says_how_to_take_it_back(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """The revive hint names --dreamer for a dead dreamer lane, and none is given for a
+    persona with no dead lane."""
+    lanes = lanes_for(env)
+    commit_turn(lanes, "nora-dreamer", "folded", kind="dream")
+    dead_letter(lanes, "nora-dreamer", error="HTTP 400 from the provider")
+    table = invoke("status", "nora").stdout
+    assert "dead: lane nora-dreamer is dead-lettered" in table
+    assert "`soulfleet revive nora --dreamer`" in table
+    assert "dead:" not in invoke("status", "milo").stdout
 
 
 def test_status_all_lists_every_persona_and_fleet_counts(
@@ -87,6 +104,7 @@ def test_status_all_lists_every_persona_and_fleet_counts(
     assert [line.split()[0] for line in table.splitlines()[1:4]] == ["ava", "milo", "nora"]
     assert "lanes: 1 queued, 0 running, 0 dead" in table
     assert "beat: never swept" in table
+    assert "breakers: closed (no provider call counted yet;" in table
 
 
 def test_a_beat_that_stopped_sweeping_is_called_out(

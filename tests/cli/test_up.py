@@ -278,6 +278,23 @@ def test_up_refuses_more_workers_than_one_host_runs(tmp_path: Path) -> None:
     assert not (tmp_path / "data").exists()
 
 
+def test_up_with_a_missing_personas_root_refuses_before_making_the_data_folder(
+    tmp_path: Path,
+) -> None:
+    """`--personas` (or SOULFLEET_PERSONAS) naming no directory is a usage error that names it,
+    before the data folder (its logs, Redis and lock) is made."""
+    env = _clean_env(tmp_path / "xdg")
+    for args, extra in (
+        (["--personas", str(tmp_path / "missing")], {}),
+        ([], {"SOULFLEET_PERSONAS": str(tmp_path / "missing")}),
+    ):
+        result = run_soulfleet("up", "--data", str(tmp_path / "data"), *args,
+                               env=subprocess_env({**env, **extra}))  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert f"personas root {tmp_path / 'missing'} does not exist" in result.stderr
+        assert not (tmp_path / "data").exists()
+
+
 _NO_HARD_LINKS = """
 import errno, os
 def _refuse(src, dst, **_):

@@ -17,6 +17,7 @@ from workers.persona.home import (
     TRUNCATION_NOTICE,
     apply_index_cap,
     compose_soul,
+    edited_since,
     index_cap_notice,
     persona_home,
 )
@@ -354,3 +355,26 @@ def test_an_empty_path_names_no_persona(tmp_path: Path, monkeypatch: pytest.Monk
         with pytest.raises(PersonaNotFound):
             run(empty, "hi")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["SOUL.md"]
+
+
+def test_edited_since_names_the_files_people_changed_after_the_soul_was_frozen(
+    tmp_path: Path,
+) -> None:
+    """A frozen soul against the files now: a changed, removed or new file people edit is
+    named (in bootstrap order); MEMORY.md and USER.md, which the persona writes itself and its
+    next session picks up by contract, are not; unchanged files give nothing."""
+    home = make_persona(tmp_path / "ava", {
+        "SOUL.md": "You are Ava.\n", "HEARTBEAT.md": "# Heartbeat\n", "IDENTITY.md": "Ava\n",
+        "MEMORY.md": "- likes tea\n", "USER.md": "Sam\n",
+    })  # fmt: skip
+    soul, _ = compose_soul(home)
+    assert edited_since(home, soul) == []
+    (home / "MEMORY.md").write_text("- likes tea\n- and cake\n")
+    (home / "USER.md").write_text("Sam, a baker\n")
+    assert edited_since(home, soul) == []
+    (home / "HEARTBEAT.md").write_text("# Heartbeat\n- due: call mum\n")
+    (home / "IDENTITY.md").unlink()
+    (home / "TOOLS.md").write_text("Use the memory tool.\n")
+    assert edited_since(home, soul) == ["IDENTITY.md", "TOOLS.md", "HEARTBEAT.md"]
+    (home / "SOUL.md").write_text("\n  You are Ava.  \n\n")  # the same section once stripped
+    assert "SOUL.md" not in edited_since(home, soul)

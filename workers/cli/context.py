@@ -192,9 +192,10 @@ class CliContext:
             if path.is_dir():
                 raise UnknownPersona(arg, registry.root, outside=True) from None
             if not self.settings.redis_url_explicit:
-                # No fleet was found to take the personas root from: say that too, since the
-                # usual cause is an `up` this command did not find (`up --data DIR`).
-                raise BadInputError(f"{unknown}. Also, {no_fleet_error(self.environ)}") from None
+                # No fleet was found to take the personas root from: say that first, since the
+                # usual cause is an `up` this command did not find (`up --data DIR`), and the
+                # unknown persona follows from it (its root was a guess).
+                raise BadInputError(f"{no_fleet_error(self.environ)}; and {unknown}") from None
             self._refuse_if_gone(arg)
             raise
 

@@ -44,7 +44,9 @@ __all__ = [
     "choose_personas",
     "describe_personas",
     "flower_auth",
+    "given_personas",
     "metrics_line",
+    "missing_root",
     "model_label",
 ]
 
@@ -61,14 +63,28 @@ class PersonasChoice:
     installed: tuple[str, ...] = ()  # demo personas copied on this run
 
 
+def given_personas(option: Path | None, environ: Mapping[str, str]) -> Path | None:
+    """The personas root ``--personas`` or ``SOULFLEET_PERSONAS`` names; None for neither (the
+    demo personas under the data directory)."""
+    if option is not None:
+        return option.expanduser().resolve()
+    configured = (environ.get("SOULFLEET_PERSONAS") or "").strip()
+    return Path(configured).expanduser().resolve() if configured else None
+
+
+def missing_root(root: Path) -> str:
+    return (
+        f"personas root {root} does not exist (--personas or SOULFLEET_PERSONAS; "
+        "`soulfleet init DIR/<name>` makes a persona)"
+    )
+
+
 def choose_personas(
     option: Path | None, environ: Mapping[str, str], data_personas: Path
 ) -> PersonasChoice:
-    if option is not None:
-        return PersonasChoice(option.expanduser().resolve(), demo=False)
-    configured = (environ.get("SOULFLEET_PERSONAS") or "").strip()
-    if configured:
-        return PersonasChoice(Path(configured).expanduser().resolve(), demo=False)
+    given = given_personas(option, environ)
+    if given is not None:
+        return PersonasChoice(given, demo=False)
     installed = install_demo(data_personas)
     return PersonasChoice(data_personas.resolve(), demo=True, installed=tuple(installed))
 

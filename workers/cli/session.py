@@ -18,7 +18,7 @@ import click
 
 from workers.cli.group import cli_context, personas_option
 
-__all__ = ["session"]
+__all__ = ["edited_note", "session"]
 
 _ENDS = {
     "idle": "ended by idle_reset: the next turn starts a new session",
@@ -47,7 +47,20 @@ def _lines(report: dict[str, Any]) -> list[str]:
         f"  est. tokens:   {report['estimated_tokens']}",
         f"  compactions:   {report['compactions']}",
         f"  soul:          {report.get('soul_bytes', 0)} bytes, frozen at session start",
+        *(f"  edited:        {note}" for note in [edited_note(report)] if note),
     ]
+
+
+def edited_note(report: dict[str, Any]) -> str | None:
+    """What the session goes on without: the files people edited since it began."""
+    edited = report.get("edited") or []
+    if not edited:
+        return None
+    return (
+        f"{', '.join(edited)} changed after this session froze its soul; it goes on with them "
+        "as they were until it ends (idle or daily reset): `soulfleet session reset "
+        f"{report['persona']}` makes the next turn read them"
+    )
 
 
 @click.group()

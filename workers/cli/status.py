@@ -32,6 +32,7 @@ from workers.cli.health import (
     invalid_personas,
     states_of,
 )
+from workers.cli.session import edited_note
 from workers.cli.status_table import ago, annotate, row, table, until
 from workers.cli.worker_health import QUEUED_TOO_LONG, unserved_kinds
 from workers.fleet import Fleet
@@ -81,7 +82,12 @@ def breaker_lines(states: Sequence[BreakerState], now: float | None = None) -> l
         )
     closed = [state.provider for state in states if not state.open]
     if closed or not lines:
-        names = ", ".join(closed) if closed else "no provider calls recorded"
+        names = (
+            ", ".join(closed)
+            if closed
+            else "no provider call counted yet; a request refused as invalid, such as HTTP 400, "
+            "says nothing of the provider and is not counted"
+        )
         lines.append(f"breakers: closed ({names})")
     return lines
 
@@ -168,7 +174,31 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
         click.echo(f"INVALID (not scheduled until fixed): {' '.join(why.split())}")
     _echo_claims(claims)
     _echo_models(entry)
-    _fixed_hint(fixed_since(fleet, state.settings.model, invalid=invalid_personas(fleet)))
+    if note := edited_note(fleet.session(name)):
+        click.echo(f"session: {note}")
+    fixed = fixed_since(fleet, state.settings.model, invalid=invalid_personas(fleet))
+    _dead_hint(entry, name, {lane for lane, _ in fixed})
+    _fixed_hint(fixed)
+
+
+def _dead_hint(entry: Mapping[str, Any], name: str, fixed: set[str]) -> None:
+    """How to take back the persona's dead-lettered lanes (those the fixed-since line does not
+    already name): the error above says what to fix."""
+    dreamer = entry.get("dreamer")
+    for lane_entry, lane, flag in (
+        (entry, name, ""),
+        (dreamer, dreamer.get("lane") if isinstance(dreamer, Mapping) else None, " --dreamer"),
+    ):
+        if (
+            isinstance(lane_entry, Mapping)
+            and lane_entry.get("state") == "dead"
+            and (lane not in fixed)
+        ):
+            click.echo(
+                f"dead: lane {lane} is dead-lettered and runs no turn until revived; fix the "
+                f"cause (its error above), then `soulfleet revive {name}{flag}` (its kept items "
+                "run then)"
+            )
 
 
 def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:

@@ -42,7 +42,9 @@ from workers.cli.launch import (
     choose_personas,
     describe_personas,
     flower_auth,
+    given_personas,
     metrics_line,
+    missing_root,
 )
 from workers.cli.watch import LogTail, Reporter, follow_beats, live_status
 from workers.fleet import Fleet
@@ -97,6 +99,9 @@ _TICK = 0.25
 )
 def up(personas: Path | None, worker_count: int, flower: bool, data: Path | None) -> None:
     """Run a fleet here: embedded Redis, workers, beat; stream its beats until Ctrl-C."""
+    given = given_personas(personas, os.environ)
+    if given is not None and not given.is_dir():  # before the data directory is made
+        raise BadInputError(missing_root(given))
     data_dir = DataDir((data or default_data_dir()).expanduser().resolve())
     try:
         lock = data_dir.lock()
@@ -145,10 +150,7 @@ class _Up:
             self.data.create()
             choice = choose_personas(self.personas_option, env, self.data.personas)
         if not choice.root.is_dir():
-            raise BadInputError(
-                f"personas root {choice.root} does not exist (--personas or SOULFLEET_PERSONAS; "
-                "`soulfleet init DIR/<name>` makes a persona)"
-            )
+            raise BadInputError(missing_root(choice.root))
         env["SOULFLEET_PERSONAS"] = str(choice.root)
         settings = Settings.from_env(env)  # invalid settings fail before anything starts
         echo = self.console.out

@@ -23,6 +23,7 @@ from workers.fleet.registry import PersonaRegistry
 from workers.fleet.spend import persona_budget, persona_models
 from workers.fleet.usage import UsageLedger
 from workers.persona.clock import Clock
+from workers.persona.home import edited_since
 from workers.persona.manifest import load_manifest
 from workers.persona.session_files import SessionFiles
 from workers.settings import Settings, redact_url
@@ -75,8 +76,10 @@ class FleetReports:
     def session(self, persona: str) -> dict[str, Any]:
         """The persona's current session: ``id`` (None when there is none, or it was reset),
         ``started_at``, ``last_turn_at``, ``turns``, ``messages``, ``estimated_tokens``,
-        ``compactions``, ``soul_bytes``, and ``ends``: None while it goes on, else why the next
-        turn starts a new one (``"idle"``, ``"daily"``, ``"reset"``)."""
+        ``compactions``, ``soul_bytes``, ``ends``: None while it goes on, else why the next
+        turn starts a new one (``"idle"``, ``"daily"``, ``"reset"``), and ``edited``: the files
+        people edit (SOUL.md, HEARTBEAT.md...) changed since the session froze its soul, which
+        it goes on without until it ends or is reset."""
         name = self.registry.resolve(persona)
         home = self.registry.home(name)
         pointer = self.lanes.session_pointer(name)
@@ -93,11 +96,13 @@ class FleetReports:
                 "estimated_tokens": 0,
                 "compactions": 0,
                 "ends": None,
+                "edited": [],
             }
         ends = "reset" if state.epoch != pointer.epoch else None
         if ends is None:
             ends = load_manifest(home).session.expired(state, self.clock.time())
-        return {**report, **state.summary(), "ends": ends}
+        edited = edited_since(home, state.soul) if ends is None else []
+        return {**report, **state.summary(), "ends": ends, "edited": edited}
 
     def usage(self, persona: str | None = None, days: int = 1) -> list[dict[str, Any]]:
         """Tokens (input, output, cached input) and model calls per persona per day and per

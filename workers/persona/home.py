@@ -37,6 +37,7 @@ __all__ = [
     "CapSpec",
     "apply_index_cap",
     "compose_soul",
+    "edited_since",
     "index_cap_notice",
     "persona_home",
     "resolve_index_cap",
@@ -223,3 +224,32 @@ def compose_soul(
         sections.append(f"## {name}\n\n{body.strip()}")
         found.append(name)
     return "\n\n".join(sections), found
+
+
+#: The bootstrap files people edit; the persona writes MEMORY.md and USER.md itself, and its
+#: session showing them as of its start is the contract ("memory shows up next session").
+EDITED_BY_PEOPLE: tuple[str, ...] = tuple(
+    name for name in BOOTSTRAP_ORDER if name not in (_MEMORY, "USER.md")
+)
+
+
+def edited_since(path: str | os.PathLike[str], soul: str) -> list[str]:
+    """The bootstrap files people edit whose text now differs from ``soul`` (a session's frozen
+    soul): written, changed or removed since it was composed. The session goes on with the
+    files as they were (contract: composed once, at session start) until it ends or is reset;
+    this tells people so. A file that cannot be read now is left out (the next turn says why).
+    """
+    home = _home_dir(path)
+    edited: list[str] = []
+    for name in EDITED_BY_PEOPLE:
+        try:
+            raw = read_prefix(f"{home}/{name}", MAX_FILE_BYTES)
+        except PersonaFileError:
+            continue
+        if raw is None:
+            if f"## {name}\n\n" in soul:
+                edited.append(name)
+            continue
+        if f"## {name}\n\n{_section_body(name, home, raw).strip()}" not in soul:
+            edited.append(name)
+    return edited

@@ -21,7 +21,9 @@ processes running one persona at once lose a turn's session write rather than in
 The two are separate sessions of one lane (their GC leaves each other's files alone).
 
 Safety: lane names are the transcripts' slugs; the directory is confined to the home (a
-symlink leading out is refused) and every write is atomic (temp file, fsync, rename).
+symlink leading out is refused); a state is created under its own name and fsynced, its
+directory entry with it, before any pointer names it, and ``CURRENT`` is replaced atomically
+(temp file, fsync, rename).
 """
 
 from __future__ import annotations
