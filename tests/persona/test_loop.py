@@ -14,6 +14,7 @@ from workers.persona.loop import Budget, RunResult, run_loop
 from workers.persona.messages import Completion, Message, ToolCall, Usage
 from workers.persona.models.scripted import ScriptedModel
 from workers.persona.tools import Tool, ToolResult
+from workers.persona.turn_time import time_left
 
 
 def loop(
@@ -292,6 +293,28 @@ def test_a_call_whose_input_alone_exceeds_the_token_budget_is_never_made() -> No
     assert model.calls == []
     assert loop(ReplayModel(says("hi", tokens=5)), system=soul,
                 budget=Budget(max_tokens=1_200)).status == "done"  # fmt: skip
+
+
+def test_each_model_call_is_told_the_time_the_turn_has_left() -> None:
+    """While the model answers, time_left() holds what is left of max_seconds (on the turn's
+    clock), so the model client ends its tries and waits by the turn's limit; it is cleared
+    after each call, a raising one included."""
+    clock = VirtualClock()
+    seen: list[float | None] = []
+
+    def answer(_: Call) -> Completion:
+        seen.append(time_left().get())
+        clock.advance(3.0)
+        return call(("t", {})) if len(seen) == 1 else says("done")
+
+    result = loop(ReplayModel(answer), tools=(RecordingTool("t"),), clock=clock,
+                  budget=Budget(max_seconds=10.0))  # fmt: skip
+    assert result.status == "done"
+    assert seen == [10.0, 7.0]
+    assert time_left().get() is None
+    failed = loop(ReplayModel(ModelRateLimited("busy")), budget=Budget(max_seconds=10.0))
+    assert failed.status == "error"
+    assert time_left().get() is None
 
 
 def test_max_seconds_on_the_injected_clock() -> None:

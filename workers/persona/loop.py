@@ -304,6 +304,8 @@ def run_loop(
         if limit is not None:
             _log.info("turn.incomplete", limit=limit, model_calls=turn.model_calls)
             return turn.result("incomplete", limit=limit)
+        # The model client's tries and retries end by the turn's limit too (turn_time.py).
+        token = time_left().set(budget.max_seconds - (turn.clock.monotonic() - turn.started))
         try:
             with waiting():  # the model answers in seconds: other turns run meanwhile
                 completion = model.complete(
@@ -314,6 +316,8 @@ def run_loop(
             return turn.result(
                 "error", error=f"model call failed ({type(exc).__name__}): {exc}", cause=exc
             )
+        finally:
+            time_left().reset(token)
         turn.model_calls += 1
         completion = cap_completion(well_formed_completion(completion), budget.max_reply_bytes)
         turn.usage = turn.usage + completion.usage

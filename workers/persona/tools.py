@@ -8,11 +8,11 @@ exception into such a result; the model sees it, the turn goes on.)
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from workers.persona.messages import ToolSpec
+from workers.persona.turn_time import bounded_timeout, time_left
 
 __all__ = [
     "FunctionTool",
@@ -42,23 +42,6 @@ def tool_factory(fn: F) -> F:
 def is_tool_factory(value: object) -> bool:
     """Whether ``value`` was marked by :func:`tool_factory`."""
     return callable(value) and getattr(value, _FACTORY_MARK, False) is True
-
-
-#: Seconds the running turn has left (its ``max_seconds``), while one of its tools runs; None
-#: outside a turn. A tool's own timeout may be longer: the turn's limit must hold anyway, or a
-#: tool that never answers keeps the lane past every budget and the broker's redelivery.
-_time_left: ContextVar[float | None] = ContextVar("soulfleet_tool_time_left", default=None)
-
-
-def time_left() -> ContextVar[float | None]:
-    """The context variable the turn loop sets around each tool call."""
-    return _time_left
-
-
-def bounded_timeout(own: float) -> float:
-    """``own`` (a tool's timeout), or less when the running turn has less time left."""
-    left = _time_left.get()
-    return own if left is None else max(0.0, min(own, left))
 
 
 @dataclass(frozen=True, slots=True)

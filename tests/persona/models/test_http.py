@@ -5,6 +5,7 @@ from __future__ import annotations
 import email.utils
 import random
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -23,6 +24,7 @@ from workers.persona.errors import (
     ModelResponseError,
     ModelServerError,
     ModelSpecError,
+    ModelTimeout,
     ModelUnreachable,
 )
 from workers.persona.messages import Message
@@ -37,6 +39,7 @@ from workers.persona.models.http import (
     scrub,
 )
 from workers.persona.models.openai import OpenAIModel
+from workers.persona.turn_time import time_left
 
 KEY = "key-0123456789-SECRET"
 
@@ -163,6 +166,42 @@ def test_5xx_exhausted(openai_server: FakeProvider, clock: RecordingClock) -> No
     assert len(clock.sleeps) == 2
     assert 0.25 <= clock.sleeps[0] <= 0.5
     assert 0.5 <= clock.sleeps[1] <= 1.0  # the step doubled
+
+
+def test_inside_a_turn_a_hanging_provider_is_cut_at_the_turns_time_limit(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """A provider that never answers, called by a turn with 1 s left: the try ends when the
+    turn's time does (not after the 5 s per-try timeout, times 3 tries), no retry is waited
+    for, and the error says the turn's limit cut it. Outside a turn nothing changes."""
+    openai_server.enqueue(*(Reply(body={}, delay=30.0) for _ in range(3)))
+    token = time_left().set(1.0)
+    began = time.monotonic()
+    try:
+        with pytest.raises(ModelTimeout, match="SOULFLEET_TURN_MAX_SECONDS") as caught:
+            transport(openai_server, clock).post_json("/chat/completions", {})
+    finally:
+        time_left().reset(token)
+    assert time.monotonic() - began < 4.5
+    assert len(openai_server.requests) == 1
+    assert clock.sleeps == []
+    assert "after 1 try" in str(caught.value)
+
+
+def test_inside_a_turn_a_retry_wait_past_its_time_limit_is_not_taken(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """A 502 with 50 ms of the turn left: the backoff (>= 250 ms) would outlast the turn, so
+    the call fails at once with the server's error, saying why it was not tried again."""
+    openai_server.enqueue(*(error_reply("openai", 502, "bad gateway") for _ in range(3)))
+    token = time_left().set(0.05)
+    try:
+        with pytest.raises(ModelServerError, match="leaves no room for another"):
+            transport(openai_server, clock).post_json("/chat/completions", {})
+    finally:
+        time_left().reset(token)
+    assert len(openai_server.requests) == 1
+    assert clock.sleeps == []
 
 
 def test_other_4xx_not_retried(openai_server: FakeProvider, clock: RecordingClock) -> None:

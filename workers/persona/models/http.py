@@ -50,6 +50,7 @@ from workers.persona.errors import (
     ModelTimeout,
     ModelUnreachable,
 )
+from workers.persona.turn_time import time_left
 from workers.persona.urls import split_credentials
 
 __all__ = [
@@ -78,6 +79,16 @@ EXCERPT_CHARS = 200
 _REDACTED = "***"
 
 log = structlog.get_logger("soulfleet.model")
+
+
+def _tried(made: int, *, out_of_time: bool = False) -> str:
+    """How the tries of a failed call ended, for its error message."""
+    if out_of_time:
+        return (
+            f" (after {made} {'try' if made == 1 else 'tries'}; the turn's time limit, "
+            "SOULFLEET_TURN_MAX_SECONDS, leaves no room for another)"
+        )
+    return f" (after {made} tries)" if made > 1 else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +316,10 @@ class ProviderHTTP:
             raise self.error(ModelRequestError, f"request is not valid JSON: {exc}") from None
         tries = self.policy.retries + 1
         failure: _Failure | None = None
+        # Inside a turn, every try and wait ends by the turn's own limit (turn_time.py).
+        left = time_left().get()
+        deadline = None if left is None else self._clock.monotonic() + left
+        made = 0
         for attempt in range(tries):
             if failure is not None:
                 wait = failure.wait
@@ -313,6 +328,8 @@ class ProviderHTTP:
                 if wait is None:
                     wait = self.policy.backoff(attempt - 1, self._rng)
                 wait = min(wait, self.policy.max_wait)
+                if deadline is not None and self._clock.monotonic() + wait >= deadline:
+                    raise self.error(failure.kind, failure.message + _tried(made, out_of_time=True))
                 log.info(
                     "model.retry",
                     provider=self.provider,
@@ -322,7 +339,17 @@ class ProviderHTTP:
                     reason=failure.kind.__name__,
                 )
                 self._clock.sleep(wait)
-            response, failure = self._try(url, content)
+            timeout = self.policy.timeout
+            if deadline is not None:
+                timeout = min(timeout, deadline - self._clock.monotonic())
+                if timeout <= 0:
+                    raise self.error(
+                        ModelTimeout,
+                        "the turn's time limit (SOULFLEET_TURN_MAX_SECONDS) ran out before "
+                        "the call could be made",
+                    )
+            response, failure = self._try(url, content, timeout)
+            made += 1
             if response is not None:
                 return self._decode(response)
             assert failure is not None
@@ -331,7 +358,7 @@ class ProviderHTTP:
         assert failure is not None
         if failure.retryable and failure.wait is not None and failure.wait > self.policy.hold_max:
             raise self._long_wait(failure, failure.wait)
-        suffix = f" (after {tries} tries)" if failure.retryable and tries > 1 else ""
+        suffix = _tried(made) if failure.retryable else ""
         raise self.error(failure.kind, failure.message + suffix)
 
     def _long_wait(self, failure: _Failure, wait: float) -> ModelError:
@@ -347,20 +374,25 @@ class ProviderHTTP:
         error.retry_after = kept
         return error
 
-    def _try(self, url: str, content: bytes) -> tuple[httpx.Response | None, _Failure | None]:
+    def _try(
+        self, url: str, content: bytes, timeout: float
+    ) -> tuple[httpx.Response | None, _Failure | None]:
         where = redact_url(url)
+        capped = timeout < self.policy.timeout
         # The httpx exception is rendered to text here, scrubbed by error(); it is never chained
         # (its request object carries our auth headers).
         try:
             response = self._client().post(
-                url, content=content, headers={"content-type": "application/json"}
+                url,
+                content=content,
+                headers={"content-type": "application/json"},
+                timeout=httpx.Timeout(timeout) if capped else httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.TimeoutException as exc:
             kind = type(exc).__name__
+            why = ", what the turn had left of SOULFLEET_TURN_MAX_SECONDS" if capped else ""
             return None, _Failure(
-                ModelTimeout,
-                f"no answer from {where} within {self.policy.timeout:g}s ({kind})",
-                True,
+                ModelTimeout, f"no answer from {where} within {timeout:.3g}s ({kind}{why})", True
             )
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             return None, _Failure(ModelRequestError, f"bad URL {where}: {exc}", False)
