@@ -43,6 +43,7 @@ __all__ = [
     "MODEL_TOKENS",
     "REAPER_REPAIRS",
     "REDIS_CONNECTION_WAIT",
+    "REDIS_EVICTING",
     "REDIS_MEMORY_MAX",
     "REDIS_MEMORY_USED",
     "REGISTRY_INVALID",
@@ -212,6 +213,7 @@ LANES_STUCK = "soulfleet_lanes_stuck"
 DEAD_LETTERED = "soulfleet_dead_lettered_lanes"
 REDIS_MEMORY_USED = "soulfleet_redis_memory_used_bytes"
 REDIS_MEMORY_MAX = "soulfleet_redis_maxmemory_bytes"
+REDIS_EVICTING = "soulfleet_redis_evicting_policy"
 
 #: Keys :class:`LaneStateCollector` reads from its ``counts`` callable.
 COUNT_KEYS = (
@@ -225,6 +227,7 @@ COUNT_KEYS = (
     "stuck_queued",
     "redis_memory_used",
     "redis_maxmemory",
+    "redis_evicting",
 )
 
 
@@ -274,6 +277,12 @@ class LaneStateCollector(Collector):
             REDIS_MEMORY_MAX,
             "Redis maxmemory (0 = unlimited).",
             value=float(counts.get("redis_maxmemory", 0)),
+        )
+        yield GaugeMetricFamily(
+            REDIS_EVICTING,
+            "1 while Redis's maxmemory-policy may evict the fleet's keys (anything but "
+            "noeviction) and SOULFLEET_ALLOW_EVICTION is not set, else 0.",
+            value=float(counts.get("redis_evicting", 0)),
         )
 
 

@@ -238,16 +238,20 @@ def test_an_evicting_policy_set_while_beat_runs_is_reported_every_sync(
 ) -> None:
     """beat refused an evicting Redis at start; a CONFIG SET to allkeys-lru while it runs is
     logged at error level (redis.evicting_policy, naming the policy) on every sync pass, and
-    the clock keeps running (stopping beat would stop every persona)."""
+    the clock keeps running (stopping beat would stop every persona). Its metrics say so too
+    (soulfleet_redis_evicting_policy 1, for the alert), and 0 again once it is set back."""
     write_persona(persona_root, "ava", EVERY_1S)
     scheduler = FleetScheduler(app=app)
     assert events.named("redis.evicting_policy") == []
+    assert REGISTRY.get_sample_value("soulfleet_redis_evicting_policy") == 0.0
     redis_client.config_set("maxmemory-policy", "allkeys-lru")
     try:
         scheduler.apply_entry(scheduler.schedule[SYNC], producer=None)
         scheduler.apply_entry(scheduler.schedule[SWEEP], producer=None)
+        assert REGISTRY.get_sample_value("soulfleet_redis_evicting_policy") == 1.0
     finally:
         redis_client.config_set("maxmemory-policy", "noeviction")
+    assert REGISTRY.get_sample_value("soulfleet_redis_evicting_policy") == 0.0
     [logged] = events.named("redis.evicting_policy")
     assert logged["log_level"] == "error"
     assert logged["policy"] == "allkeys-lru"

@@ -201,7 +201,8 @@ class _NoPublisher:
 def test_status_row_says_when_a_waiting_lane_runs_again(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:
-    """A lane waiting out a backoff reads `retry in Ns`; its JSON has retry_at and the kind."""
+    """A lane waiting out a backoff reads `retry in Ns`; its JSON has retry_at and the kind.
+    The post its retry will answer is shown held (INBOX `0+1`), not as an empty inbox."""
     lanes = lanes_for(env)
     turn_id = lanes.post("ava", _item(), wake=True).turn_id
     assert turn_id is not None
@@ -211,6 +212,7 @@ def test_status_row_says_when_a_waiting_lane_runs_again(
     )
     row = invoke("status", "ava").stdout.splitlines()[1]
     assert row.split()[:3] == ["ava", "retry", "in"]
+    assert row.split()[5] == "0+1"  # PERSONA STATE(3 words) TICKS INBOX
     payload = json.loads(invoke("status", "ava", "--json").stdout)
     assert payload["state"] == "retry"
     assert payload["last_error_kind"] == "transient"

@@ -134,13 +134,21 @@ def row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, ..
         str(entry.get("persona", "")),
         state,
         str(entry.get("pending_ticks", 0)),
-        str(entry.get("inbox_depth", 0)),
+        _inbox(entry),
         str(entry.get("attempts", 0)),
         tokens,
         last,
         dreamer_state,
         error if whole_error or len(error) <= 60 else error[:57] + "...",
     )
+
+
+def _inbox(entry: Mapping[str, Any]) -> str:
+    """Items waiting, ``+N`` for those a turn holds: running it, or kept for its retry (a
+    deferred or retrying lane's post showed as an empty inbox, which read as a lost post)."""
+    held = entry.get("inflight_items") or 0
+    waiting = str(entry.get("inbox_depth", 0))
+    return f"{waiting}+{held}" if isinstance(held, int) and held > 0 else waiting
 
 
 def lasted(since: object) -> str:

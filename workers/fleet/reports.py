@@ -17,6 +17,7 @@ import redis
 from workers.fleet.beats import Beat, Beats
 from workers.fleet.breaker import Breaker
 from workers.fleet.errors import FleetError, RedisUnavailable
+from workers.fleet.eviction import SAFE_POLICY
 from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
 from workers.fleet.registry import PersonaRegistry
@@ -173,6 +174,11 @@ class FleetReports:
             "stuck_queued": int(stuck_queued),
             "redis_memory_used": int(memory.get("used_memory", 0)),
             "redis_maxmemory": int(memory.get("maxmemory", 0)),
+            # A CONFIG SET since the processes started (they refuse an evicting Redis at start).
+            "redis_evicting": int(
+                str(memory.get("maxmemory_policy", "")) not in (SAFE_POLICY, "")
+                and not self.settings.allow_eviction
+            ),
         }
 
     def redis_memory(self) -> tuple[int, int, str]:
