@@ -79,6 +79,13 @@ def test_show_and_status_say_which_edited_files_the_session_goes_on_without(
     status = invoke("status", "milo")
     assert status.exit_code == 0, status.output
     assert "session: HEARTBEAT.md changed after this session froze its soul" in status.stdout
+    manifest = fleet_root / "milo" / "persona.toml"
+    good = manifest.read_text()
+    manifest.write_text("[heartbeat\n")  # status is what people run on a broken persona
+    broken = invoke("status", "milo")
+    assert broken.exit_code == 0, broken.output
+    assert broken.stdout.splitlines()[1].startswith("milo")
+    manifest.write_text(good)
     assert invoke("session", "reset", "milo").exit_code == 0
     assert json.loads(invoke("session", "show", "milo", "--json").stdout)["edited"] == []
     assert "froze its soul" not in invoke("status", "milo").stdout

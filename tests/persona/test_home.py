@@ -378,3 +378,21 @@ def test_edited_since_names_the_files_people_changed_after_the_soul_was_frozen(
     assert edited_since(home, soul) == ["IDENTITY.md", "TOOLS.md", "HEARTBEAT.md"]
     (home / "SOUL.md").write_text("\n  You are Ava.  \n\n")  # the same section once stripped
     assert "SOUL.md" not in edited_since(home, soul)
+
+
+def test_edited_since_compares_whole_sections(tmp_path: Path) -> None:
+    """A file cut short (its new text a prefix of the frozen one) is edited, its unchanged
+    neighbours are not; with nothing edited nothing is named, even when a file's text quotes
+    another file's header."""
+    home = make_persona(tmp_path / "ava", {
+        "SOUL.md": "Quoting a header:\n\n## TOOLS.md\n\nnot a section",
+        "HEARTBEAT.md": "- a\n- b\n", "MEMORY.md": "- tea\n",
+    })  # fmt: skip
+    soul, _ = compose_soul(home)
+    assert edited_since(home, soul) == []
+    (home / "MEMORY.md").write_text("- tea\n- cake\n")
+    assert edited_since(home, soul) == []
+    (home / "HEARTBEAT.md").write_text("- a\n")
+    edited = edited_since(home, soul)
+    assert "HEARTBEAT.md" in edited
+    assert "SOUL.md" not in edited

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.turns import Call, RecordingTool, ReplayModel, call, says
 from workers.persona.clock import VirtualClock
-from workers.persona.errors import ModelRateLimited, TurnAborted
+from workers.persona.errors import ModelRateLimited, TurnAborted, TurnTimeUp
 from workers.persona.loop import Budget, RunResult, run_loop
 from workers.persona.messages import Completion, Message, ToolCall, Usage
 from workers.persona.models.scripted import ScriptedModel
@@ -296,25 +296,33 @@ def test_a_call_whose_input_alone_exceeds_the_token_budget_is_never_made() -> No
 
 
 def test_each_model_call_is_told_the_time_the_turn_has_left() -> None:
-    """While the model answers, time_left() holds what is left of max_seconds (on the turn's
-    clock), so the model client ends its tries and waits by the turn's limit; it is cleared
-    after each call, a raising one included."""
+    """While the model answers, time_left() is what is left of max_seconds (read on the turn's
+    clock when the call starts), so the gate and the model client end their waits and tries by
+    the turn's limit; there is none after each call, a raising one included."""
     clock = VirtualClock()
     seen: list[float | None] = []
 
     def answer(_: Call) -> Completion:
-        seen.append(time_left().get())
+        seen.append(time_left())
         clock.advance(3.0)
         return call(("t", {})) if len(seen) == 1 else says("done")
 
     result = loop(ReplayModel(answer), tools=(RecordingTool("t"),), clock=clock,
                   budget=Budget(max_seconds=10.0))  # fmt: skip
     assert result.status == "done"
-    assert seen == [10.0, 7.0]
-    assert time_left().get() is None
+    assert seen == [pytest.approx(10.0, abs=0.5), pytest.approx(7.0, abs=0.5)]
+    assert time_left() is None
     failed = loop(ReplayModel(ModelRateLimited("busy")), budget=Budget(max_seconds=10.0))
     assert failed.status == "error"
-    assert time_left().get() is None
+    assert time_left() is None
+
+
+def test_a_model_call_cut_at_the_turns_limit_ends_the_turn_incomplete() -> None:
+    """TurnTimeUp from the model (its tries ran into the turn's limit) ends the turn as the
+    limit does between calls: incomplete, max_seconds, no error to retry."""
+    result = loop(ReplayModel(TurnTimeUp("no time left")), budget=Budget(max_seconds=10.0))
+    assert (result.status, result.limit) == ("incomplete", "max_seconds")
+    assert result.model_calls == 0
 
 
 def test_max_seconds_on_the_injected_clock() -> None:

@@ -39,7 +39,7 @@ from workers.fleet import Fleet
 from workers.fleet.breaker import BreakerState
 from workers.fleet.eviction import SAFE_POLICY
 from workers.fleet.registry import DREAMER_SUFFIX
-from workers.persona.errors import ModelAuthError
+from workers.persona.errors import ModelAuthError, SoulfleetError
 from workers.persona.locks import shared_claims_under
 from workers.queues import queue_name
 
@@ -174,7 +174,11 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
         click.echo(f"INVALID (not scheduled until fixed): {' '.join(why.split())}")
     _echo_claims(claims)
     _echo_models(entry)
-    if note := edited_note(fleet.session(name)):
+    try:
+        note = edited_note(fleet.session(name))
+    except (SoulfleetError, OSError):  # a broken persona.toml, an unreadable state: said above
+        note = None
+    if note:
         click.echo(f"session: {note}")
     fixed = fixed_since(fleet, state.settings.model, invalid=invalid_personas(fleet))
     _dead_hint(entry, name, {lane for lane, _ in fixed})

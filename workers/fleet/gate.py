@@ -40,6 +40,7 @@ from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import ModelRequestError
 from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
+from workers.persona.turn_time import bounded_timeout
 
 if TYPE_CHECKING:
     from workers.fleet.breaker import Breaker, Verdict
@@ -430,7 +431,9 @@ class GatedModel:
         verdict: Verdict | None,
     ) -> Completion:
         clock = self.gate.clock
-        with self.gate.slot(self.timeout) as slot:
+        # Inside a turn, no longer than the turn has left (turn_time.py).
+        wait = None if self.timeout is None else bounded_timeout(self.timeout)
+        with self.gate.slot(wait) as slot:
             began = clock.monotonic()
             error: str | None = None
             try:

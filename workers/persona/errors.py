@@ -17,6 +17,7 @@
     │   ├── ModelServerError     5xx and every retry used
     │   ├── ModelRequestError    another 4xx: the request itself was refused
     │   ├── ModelTimeout         no answer within the request timeout, every retry used
+    │   ├── TurnTimeUp           the turn's own time limit ended the call (not the provider's fault)
     │   ├── ModelUnreachable     connection refused / DNS failure, every retry used
     │   └── ModelResponseError   the provider answered something we cannot parse
     └── TurnAborted              raised by a turn guard to stop a turn before its next write
@@ -67,6 +68,7 @@ __all__ = [
     "SoulfleetError",
     "StorageUnavailable",
     "TurnAborted",
+    "TurnTimeUp",
     "causes",
     "failure_kind",
 ]
@@ -234,6 +236,15 @@ class ModelRequestError(ModelError):
 
 class ModelTimeout(ModelError):
     """No answer within the request timeout on every try."""
+
+    retryable = True
+
+
+class TurnTimeUp(ModelError):
+    """The running turn's ``max_seconds`` ran out before or during a model call (a try cut at
+    the turn's limit, or no time left for one): the turn ends ``incomplete`` (``max_seconds``)
+    as it would between calls. Not evidence against the provider: its breaker never counts it.
+    """
 
     retryable = True
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -234,22 +235,64 @@ EDITED_BY_PEOPLE: tuple[str, ...] = tuple(
 
 
 def edited_since(path: str | os.PathLike[str], soul: str) -> list[str]:
-    """The bootstrap files people edit whose text now differs from ``soul`` (a session's frozen
-    soul): written, changed or removed since it was composed. The session goes on with the
-    files as they were (contract: composed once, at session start) until it ends or is reset;
-    this tells people so. A file that cannot be read now is left out (the next turn says why).
-    """
+    """The bootstrap files people edit whose text now differs from their section of ``soul`` (a
+    session's frozen soul, as :func:`compose_soul` made it): written, changed or removed since.
+    The session goes on with the files as they were (contract: composed once, at session start)
+    until it ends or is reset; this tells people so. A file that cannot be read now is left out
+    (the next turn says why)."""
     home = _home_dir(path)
-    edited: list[str] = []
+    current: dict[str, str | None] = {}
     for name in EDITED_BY_PEOPLE:
         try:
             raw = read_prefix(f"{home}/{name}", MAX_FILE_BYTES)
         except PersonaFileError:
             continue
-        if raw is None:
-            if f"## {name}\n\n" in soul:
-                edited.append(name)
-            continue
-        if f"## {name}\n\n{_section_body(name, home, raw).strip()}" not in soul:
-            edited.append(name)
-    return edited
+        body = None if raw is None else _section_body(name, home, raw).strip()
+        current[name] = None if body is None else f"## {name}\n\n{body}"
+    if _composes(soul, current):
+        return []
+    # Something differs: name what, section by section (a file whose text quotes another
+    # file's header could make an absent file look present here; only then).
+    frozen = _sections(soul)
+    return [
+        name
+        for name, section in current.items()
+        if (section is None and name in frozen)
+        or (section is not None and not _whole(soul, section))
+    ]
+
+
+def _composes(soul: str, current: Mapping[str, str | None]) -> bool:
+    """Whether ``soul`` is exactly what composing the files would give now, whatever USER.md
+    and MEMORY.md (and a file unreadable now) held then."""
+    pattern = ""
+    for name in BOOTSTRAP_ORDER:
+        if name in current:
+            section = current[name]
+            pattern += "" if section is None else "\n\n" + re.escape(section)
+        else:
+            pattern += f"(?:\n\n## {re.escape(name)}\n\n.*?)?"
+    return re.fullmatch(pattern, "\n\n" + soul, re.DOTALL) is not None
+
+
+def _whole(soul: str, section: str) -> bool:
+    """Whether ``section`` is one whole section of ``soul`` (not a prefix of a longer one)."""
+    at = soul.find(section)
+    while at >= 0:
+        end = at + len(section)
+        if (at == 0 or soul[at - 2 : at] == "\n\n") and (
+            end == len(soul) or soul.startswith("\n\n## ", end)
+        ):
+            return True
+        at = soul.find(section, at + 1)
+    return False
+
+
+def _sections(soul: str) -> set[str]:
+    """The file names whose ``## NAME`` header starts a section of ``soul`` (at its start, or
+    after a blank line)."""
+    return {
+        name
+        for name in BOOTSTRAP_ORDER
+        if soul.startswith(f"## {name}\n\n") or f"\n\n## {name}\n\n" in soul
+    }

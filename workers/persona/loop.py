@@ -24,12 +24,13 @@ from typing import Literal
 import structlog
 
 from workers.persona.clock import Clock, SystemClock
-from workers.persona.errors import ModelError, TurnAborted
+from workers.persona.errors import ModelError, TurnAborted, TurnTimeUp
 from workers.persona.messages import Message, ToolCall, Usage
 from workers.persona.models import Model
 from workers.persona.reply_cap import cap_completion, oversize_result
 from workers.persona.session import estimate_tokens
-from workers.persona.tools import Tool, ToolResult, spec_of, time_left, tool_source
+from workers.persona.tools import Tool, ToolResult, spec_of, tool_source
+from workers.persona.turn_time import turn_deadline
 from workers.persona.waits import waiting
 from workers.persona.well_formed import well_formed, well_formed_completion
 
@@ -223,9 +224,8 @@ class _Turn:
                 True,
                 "timeout",
             )
-        token = time_left().set(left)
         try:
-            with waiting():  # a tool may wait on a lock, a server, the network
+            with turn_deadline(left), waiting():  # a tool may wait on a lock, a server...
                 return tool.execute(call.arguments)
         except TurnAborted:
             raise
@@ -234,8 +234,6 @@ class _Turn:
             return ToolResult(
                 f"error: tool {call.name!r} failed: {type(exc).__name__}: {exc}", True, "raised"
             )
-        finally:
-            time_left().reset(token)
 
     def tool_message(self, call: ToolCall, result: ToolResult) -> Message:
         return Message(
@@ -304,20 +302,21 @@ def run_loop(
         if limit is not None:
             _log.info("turn.incomplete", limit=limit, model_calls=turn.model_calls)
             return turn.result("incomplete", limit=limit)
-        # The model client's tries and retries end by the turn's limit too (turn_time.py).
-        token = time_left().set(budget.max_seconds - (turn.clock.monotonic() - turn.started))
+        # The gate wait, the client's tries and retries end by the turn's limit (turn_time.py).
+        left = budget.max_seconds - (turn.clock.monotonic() - turn.started)
         try:
-            with waiting():  # the model answers in seconds: other turns run meanwhile
+            with turn_deadline(left), waiting():  # other turns run while the model answers
                 completion = model.complete(
                     system=system, messages=(*before, *turn.messages), tools=specs
                 )
+        except TurnTimeUp:
+            _log.info("turn.incomplete", limit="max_seconds", model_calls=turn.model_calls)
+            return turn.result("incomplete", limit="max_seconds")
         except ModelError as exc:
             _log.warning("turn.model_error", model=model.spec, error=type(exc).__name__)
             return turn.result(
                 "error", error=f"model call failed ({type(exc).__name__}): {exc}", cause=exc
             )
-        finally:
-            time_left().reset(token)
         turn.model_calls += 1
         completion = cap_completion(well_formed_completion(completion), budget.max_reply_bytes)
         turn.usage = turn.usage + completion.usage

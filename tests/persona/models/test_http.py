@@ -17,6 +17,7 @@ from tests.support.providers import (
     error_reply,
     openai_completion,
 )
+from workers.fleet.breaker import counts_against_provider
 from workers.persona.errors import (
     ModelAuthError,
     ModelRateLimited,
@@ -26,6 +27,7 @@ from workers.persona.errors import (
     ModelSpecError,
     ModelTimeout,
     ModelUnreachable,
+    TurnTimeUp,
 )
 from workers.persona.messages import Message
 from workers.persona.models.config import ModelConfig, Secret
@@ -39,7 +41,7 @@ from workers.persona.models.http import (
     scrub,
 )
 from workers.persona.models.openai import OpenAIModel
-from workers.persona.turn_time import time_left
+from workers.persona.turn_time import turn_deadline
 
 KEY = "key-0123456789-SECRET"
 
@@ -173,34 +175,44 @@ def test_inside_a_turn_a_hanging_provider_is_cut_at_the_turns_time_limit(
 ) -> None:
     """A provider that never answers, called by a turn with 1 s left: the try ends when the
     turn's time does (not after the 5 s per-try timeout, times 3 tries), no retry is waited
-    for, and the error says the turn's limit cut it. Outside a turn nothing changes."""
+    for, and the error is TurnTimeUp (the turn's limit, which the provider's breaker does not
+    count), not ModelTimeout. Outside a turn nothing changes."""
     openai_server.enqueue(*(Reply(body={}, delay=30.0) for _ in range(3)))
-    token = time_left().set(1.0)
     began = time.monotonic()
-    try:
-        with pytest.raises(ModelTimeout, match="SOULFLEET_TURN_MAX_SECONDS") as caught:
-            transport(openai_server, clock).post_json("/chat/completions", {})
-    finally:
-        time_left().reset(token)
+    with turn_deadline(1.0), pytest.raises(TurnTimeUp, match="SOULFLEET_TURN_MAX_SECONDS"):
+        transport(openai_server, clock).post_json("/chat/completions", {})
     assert time.monotonic() - began < 4.5
     assert len(openai_server.requests) == 1
     assert clock.sleeps == []
-    assert "after 1 try" in str(caught.value)
+    assert not counts_against_provider(TurnTimeUp("x"))
+    assert counts_against_provider(ModelTimeout("x"))
+
+
+def test_inside_a_turn_with_too_little_time_left_no_request_is_sent(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """Under half a second left: TurnTimeUp at once, the provider never asked."""
+    with turn_deadline(0.2), pytest.raises(TurnTimeUp, match="too little for a call"):
+        transport(openai_server, clock).post_json("/chat/completions", {})
+    assert openai_server.requests == []
 
 
 def test_inside_a_turn_a_retry_wait_past_its_time_limit_is_not_taken(
     openai_server: FakeProvider, clock: RecordingClock
 ) -> None:
-    """A 502 with 50 ms of the turn left: the backoff (>= 250 ms) would outlast the turn, so
-    the call fails at once with the server's error, saying why it was not tried again."""
-    openai_server.enqueue(*(error_reply("openai", 502, "bad gateway") for _ in range(3)))
-    token = time_left().set(0.05)
-    try:
-        with pytest.raises(ModelServerError, match="leaves no room for another"):
-            transport(openai_server, clock).post_json("/chat/completions", {})
-    finally:
-        time_left().reset(token)
+    """A 502 then a 429 asking for 3 s, with 1 s of the turn left: the backoff after the 502
+    (<= 0.5 s) is too long for what is left once half a second is kept for a try, so the call
+    fails at once with the provider's own error (it counts: the provider failed), saying why it
+    was not tried again; a 429's asked wait travels with its error as retry_after."""
+    openai_server.enqueue(error_reply("openai", 502, "bad gateway"))
+    with turn_deadline(0.6), pytest.raises(ModelServerError, match="leaves no room for another"):
+        transport(openai_server, clock).post_json("/chat/completions", {})
     assert len(openai_server.requests) == 1
+    assert clock.sleeps == []
+    openai_server.enqueue(error_reply("openai", 429, "slow down", headers={"retry-after": "3"}))
+    with turn_deadline(1.0), pytest.raises(ModelRateLimited) as caught:
+        transport(openai_server, clock).post_json("/chat/completions", {})
+    assert caught.value.retry_after == 3.0
     assert clock.sleeps == []
 
 

@@ -49,6 +49,7 @@ from workers.persona.errors import (
     ModelSpecError,
     ModelTimeout,
     ModelUnreachable,
+    TurnTimeUp,
 )
 from workers.persona.turn_time import time_left
 from workers.persona.urls import split_credentials
@@ -81,9 +82,13 @@ _REDACTED = "***"
 log = structlog.get_logger("soulfleet.model")
 
 
-def _tried(made: int, *, out_of_time: bool = False) -> str:
+#: A try the turn has less time left for than this is not made (it could only time out).
+_SHORTEST_TRY = 0.5
+
+
+def _tried(made: int, *, late: bool = False) -> str:
     """How the tries of a failed call ended, for its error message."""
-    if out_of_time:
+    if late:
         return (
             f" (after {made} {'try' if made == 1 else 'tries'}; the turn's time limit, "
             "SOULFLEET_TURN_MAX_SECONDS, leaves no room for another)"
@@ -316,9 +321,6 @@ class ProviderHTTP:
             raise self.error(ModelRequestError, f"request is not valid JSON: {exc}") from None
         tries = self.policy.retries + 1
         failure: _Failure | None = None
-        # Inside a turn, every try and wait ends by the turn's own limit (turn_time.py).
-        left = time_left().get()
-        deadline = None if left is None else self._clock.monotonic() + left
         made = 0
         for attempt in range(tries):
             if failure is not None:
@@ -328,8 +330,11 @@ class ProviderHTTP:
                 if wait is None:
                     wait = self.policy.backoff(attempt - 1, self._rng)
                 wait = min(wait, self.policy.max_wait)
-                if deadline is not None and self._clock.monotonic() + wait >= deadline:
-                    raise self.error(failure.kind, failure.message + _tried(made, out_of_time=True))
+                left = time_left()  # inside a turn, no wait outlasts its limit (turn_time.py)
+                if left is not None and wait >= left - _SHORTEST_TRY:
+                    error = self.error(failure.kind, failure.message + _tried(made, late=True))
+                    error.retry_after = failure.wait
+                    raise error
                 log.info(
                     "model.retry",
                     provider=self.provider,
@@ -340,14 +345,15 @@ class ProviderHTTP:
                 )
                 self._clock.sleep(wait)
             timeout = self.policy.timeout
-            if deadline is not None:
-                timeout = min(timeout, deadline - self._clock.monotonic())
-                if timeout <= 0:
+            left = time_left()
+            if left is not None:
+                if left < _SHORTEST_TRY:
                     raise self.error(
-                        ModelTimeout,
-                        "the turn's time limit (SOULFLEET_TURN_MAX_SECONDS) ran out before "
-                        "the call could be made",
+                        TurnTimeUp,
+                        "the turn's time limit (SOULFLEET_TURN_MAX_SECONDS) left "
+                        f"{max(left, 0):.1f}s, too little for a call",
                     )
+                timeout = min(timeout, left)
             response, failure = self._try(url, content, timeout)
             made += 1
             if response is not None:
@@ -389,11 +395,7 @@ class ProviderHTTP:
                 timeout=httpx.Timeout(timeout) if capped else httpx.USE_CLIENT_DEFAULT,
             )
         except httpx.TimeoutException as exc:
-            kind = type(exc).__name__
-            why = ", what the turn had left of SOULFLEET_TURN_MAX_SECONDS" if capped else ""
-            return None, _Failure(
-                ModelTimeout, f"no answer from {where} within {timeout:.3g}s ({kind}{why})", True
-            )
+            return None, self._timed_out(where, timeout, type(exc).__name__, capped=capped)
         except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             return None, _Failure(ModelRequestError, f"bad URL {where}: {exc}", False)
         except httpx.ConnectError as exc:
@@ -405,6 +407,16 @@ class ProviderHTTP:
         if 200 <= response.status_code < 300:
             return response, None
         return None, self._status_failure(response, where)
+
+    def _timed_out(self, where: str, timeout: float, kind: str, *, capped: bool) -> _Failure:
+        if capped:  # the turn's limit, not the provider's timeout: ends the turn, not retried
+            return _Failure(
+                TurnTimeUp,
+                f"no answer from {where} within the {timeout:.1f}s the turn had left of "
+                f"SOULFLEET_TURN_MAX_SECONDS ({kind})",
+                False,
+            )
+        return _Failure(ModelTimeout, f"no answer from {where} within {timeout:g}s ({kind})", True)
 
     def _status_failure(self, response: httpx.Response, where: str) -> _Failure:
         status = response.status_code
