@@ -23,9 +23,10 @@ from workers.fleet.scripts import run_scripts
 from workers.fleet.usage import MeteredModel, UsageLedger
 from workers.local.redis_server import free_port
 from workers.persona.clock import SystemClock, VirtualClock
-from workers.persona.errors import ModelError
+from workers.persona.errors import ModelError, TurnTimeUp
 from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
+from workers.persona.turn_time import turn_deadline
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -196,6 +197,24 @@ def test_gated_model_releases_the_slot_when_the_call_fails(
     assert gate.holders() == 0
     assert calls[0].provider == "other"
     assert calls[0].error == "ModelError: provider down"
+
+
+def test_a_gate_wait_inside_a_turn_ends_at_the_turns_limit(
+    redis_client: redis.Redis, key_prefix: str, renewer: Renewer
+) -> None:
+    """Every slot held: inside a turn with 0.3 s left the call waits no longer than that and
+    ends as TurnTimeUp (the turn ends incomplete), not after its own 30 s wait as a
+    GateTimeout that fails and re-runs the turn; outside a turn it is GateTimeout as before."""
+    gate = _gate(redis_client, key_prefix, None, renewer, limit=1)
+    assert gate.acquire("hog")
+    model = GatedModel(_Probe(gate), gate, timeout=30.0)
+    began = time.monotonic()
+    with turn_deadline(0.3), pytest.raises(TurnTimeUp, match="SOULFLEET_TURN_MAX_SECONDS"):
+        model.complete(system="s", messages=[Message(role="user", content="hi")], tools=[])
+    assert time.monotonic() - began < 5.0
+    short = GatedModel(_Probe(gate), gate, timeout=0.3)
+    with pytest.raises(GateTimeout):
+        short.complete(system="s", messages=[Message(role="user", content="hi")], tools=[])
 
 
 class _CountingConnection(redis.Connection):

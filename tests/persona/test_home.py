@@ -396,3 +396,16 @@ def test_edited_since_compares_whole_sections(tmp_path: Path) -> None:
     edited = edited_since(home, soul)
     assert "HEARTBEAT.md" in edited
     assert "SOUL.md" not in edited
+
+
+def test_edited_since_sees_a_removed_file_behind_one_the_persona_writes(tmp_path: Path) -> None:
+    """USER.md (the persona's own, whatever it held) then TOOLS.md then HEARTBEAT.md: TOOLS.md
+    removed is named, not taken for part of USER.md's section."""
+    home = make_persona(tmp_path / "ava", {
+        "USER.md": "Sam\n", "TOOLS.md": "Use the memory tool.\n", "HEARTBEAT.md": "- a\n",
+    })  # fmt: skip
+    soul, _ = compose_soul(home)
+    (home / "USER.md").write_text("Sam, a baker\n")
+    assert edited_since(home, soul) == []
+    (home / "TOOLS.md").unlink()
+    assert edited_since(home, soul) == ["TOOLS.md"]

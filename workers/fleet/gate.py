@@ -37,7 +37,7 @@ from workers.fleet.scripts import ScriptCall, Scripts, client_url, redis_errors,
 from workers.fleet.usage import CALL_MARKER_TTL, MeteredModel
 from workers.persona.call_log import CallLog, call_key
 from workers.persona.clock import Clock, SystemClock
-from workers.persona.errors import ModelRequestError
+from workers.persona.errors import ModelRequestError, TurnTimeUp
 from workers.persona.messages import Completion, Message, ToolSpec
 from workers.persona.models import Model
 from workers.persona.turn_time import bounded_timeout
@@ -433,7 +433,17 @@ class GatedModel:
         clock = self.gate.clock
         # Inside a turn, no longer than the turn has left (turn_time.py).
         wait = None if self.timeout is None else bounded_timeout(self.timeout)
-        with self.gate.slot(wait) as slot:
+        held = contextlib.ExitStack()
+        try:
+            slot = held.enter_context(self.gate.slot(wait))
+        except GateTimeout as exc:
+            if wait is not None and self.timeout is not None and wait < self.timeout:
+                raise TurnTimeUp(
+                    f"no model-call slot came free in the {wait:.1f}s the turn had left of "
+                    "SOULFLEET_TURN_MAX_SECONDS"
+                ) from exc
+            raise
+        with held:
             began = clock.monotonic()
             error: str | None = None
             try:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import codecs
 import os
-import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -263,16 +262,23 @@ def edited_since(path: str | os.PathLike[str], soul: str) -> list[str]:
 
 
 def _composes(soul: str, current: Mapping[str, str | None]) -> bool:
-    """Whether ``soul`` is exactly what composing the files would give now, whatever USER.md
-    and MEMORY.md (and a file unreadable now) held then."""
-    pattern = ""
-    for name in BOOTSTRAP_ORDER:
+    """Whether ``soul`` is exactly what composing the files would give now, whatever USER.md and
+    MEMORY.md (and a file unreadable now) held then: a left-to-right scan, where such a section's
+    body runs to the next file's header (a body quoting a later header reads as changed)."""
+    at = 0
+    for index, name in enumerate(BOOTSTRAP_ORDER):
+        gap = "\n\n" if at else ""
         if name in current:
             section = current[name]
-            pattern += "" if section is None else "\n\n" + re.escape(section)
-        else:
-            pattern += f"(?:\n\n## {re.escape(name)}\n\n.*?)?"
-    return re.fullmatch(pattern, "\n\n" + soul, re.DOTALL) is not None
+            if section is None:
+                continue
+            if not soul.startswith(gap + section, at):
+                return False
+            at += len(gap) + len(section)
+        elif soul.startswith(f"{gap}## {name}\n\n", at):
+            later = [soul.find(f"\n\n## {n}\n\n", at + 1) for n in BOOTSTRAP_ORDER[index + 1 :]]
+            at = min((n for n in later if n >= 0), default=len(soul))
+    return at == len(soul)
 
 
 def _whole(soul: str, section: str) -> bool:

@@ -28,8 +28,11 @@ _deadline: ContextVar[float | None] = ContextVar("soulfleet_turn_deadline", defa
 
 @contextlib.contextmanager
 def turn_deadline(seconds_left: float) -> Iterator[None]:
-    """Within: the running turn has ``seconds_left`` from now."""
-    token = _deadline.set(time.monotonic() + seconds_left)
+    """Within: the running turn has ``seconds_left`` from now (never more than an enclosing
+    deadline leaves)."""
+    deadline = time.monotonic() + seconds_left
+    outer = _deadline.get()
+    token = _deadline.set(deadline if outer is None else min(deadline, outer))
     try:
         yield
     finally:

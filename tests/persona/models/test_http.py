@@ -53,6 +53,7 @@ def transport(
     retries: int = 2,
     max_wait: float = 60.0,
     hold_max: float = 10.0,
+    timeout: float = 5.0,
 ) -> ProviderHTTP:
     return ProviderHTTP(
         provider="testprov",
@@ -60,7 +61,7 @@ def transport(
         headers={"authorization": f"Bearer {KEY}"},
         key_env="TEST_API_KEY",
         secrets=(KEY,),
-        policy=RetryPolicy(timeout=5.0, retries=retries, max_wait=max_wait, hold_max=hold_max),
+        policy=RetryPolicy(timeout=timeout, retries=retries, max_wait=max_wait, hold_max=hold_max),
         clock=clock,
         rng=random.Random(1),
     )
@@ -186,6 +187,18 @@ def test_inside_a_turn_a_hanging_provider_is_cut_at_the_turns_time_limit(
     assert clock.sleeps == []
     assert not counts_against_provider(TurnTimeUp("x"))
     assert counts_against_provider(ModelTimeout("x"))
+
+
+def test_a_try_cut_after_a_full_timeout_is_still_the_providers_timeout(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """A hanging provider: the first try waits its full timeout (2 s), the retry is cut by the
+    turn's limit. The call is a ModelTimeout, which the breaker counts: were it TurnTimeUp, a
+    provider that never answers would never open its breaker at the default settings."""
+    openai_server.enqueue(*(Reply(body={}, delay=30.0) for _ in range(2)))
+    with turn_deadline(3.4), pytest.raises(ModelTimeout):
+        transport(openai_server, clock, retries=1, timeout=2.0).post_json("/chat/completions", {})
+    assert len(openai_server.requests) == 2
 
 
 def test_inside_a_turn_with_too_little_time_left_no_request_is_sent(

@@ -322,6 +322,7 @@ class ProviderHTTP:
         tries = self.policy.retries + 1
         failure: _Failure | None = None
         made = 0
+        timed_out = False  # a try waited its full timeout
         for attempt in range(tries):
             if failure is not None:
                 wait = failure.wait
@@ -354,11 +355,16 @@ class ProviderHTTP:
                         f"{max(left, 0):.1f}s, too little for a call",
                     )
                 timeout = min(timeout, left)
+            timed_out = timed_out or (failure is not None and failure.kind is ModelTimeout)
             response, failure = self._try(url, content, timeout)
             made += 1
             if response is not None:
                 return self._decode(response)
             assert failure is not None
+            if timed_out and failure.kind is TurnTimeUp:
+                # A full try timed out before this cut one: the provider is not answering, and
+                # its breaker must hear of it (a hanging provider otherwise never opens it).
+                failure = _Failure(ModelTimeout, failure.message, False)
             if not failure.retryable:
                 break
         assert failure is not None
