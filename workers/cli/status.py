@@ -37,7 +37,7 @@ from workers.cli.status_table import ago, annotate, row, table, until
 from workers.cli.worker_health import QUEUED_TOO_LONG, unserved_kinds
 from workers.fleet import Fleet
 from workers.fleet.breaker import BreakerState
-from workers.fleet.eviction import SAFE_POLICY
+from workers.fleet.eviction import evicts
 from workers.fleet.registry import DREAMER_SUFFIX
 from workers.persona.errors import ModelAuthError, SoulfleetError
 from workers.persona.locks import shared_claims_under
@@ -228,7 +228,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     unusable = fleet.registry.unusable_names()
     used, limit, policy = fleet.redis_memory()
     full = 0 < limit <= used
-    evicting = policy not in (SAFE_POLICY, "")
+    evicting = evicts(policy)
     if as_json:
         payload = {
             "root": str(root),

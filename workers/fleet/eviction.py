@@ -32,6 +32,7 @@ __all__ = [
     "SAFE_POLICY",
     "check_eviction_policy",
     "eviction_policy",
+    "evicts",
     "refuse_to_start_on_eviction",
 ]
 
@@ -41,6 +42,11 @@ EXIT_EVICTING = 78
 SAFE_POLICY = "noeviction"
 
 _log = structlog.get_logger("soulfleet.redis")
+
+
+def evicts(policy: str) -> bool:
+    """Whether Redis under ``policy`` may delete keys (``""``: a server that reports none)."""
+    return policy not in (SAFE_POLICY, "")
 
 
 def eviction_policy(client: redis.Redis) -> str:
@@ -59,7 +65,7 @@ def check_eviction_policy(client: redis.Redis, *, allow: bool, url: str, process
         policy = eviction_policy(client)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise RedisUnavailable(redact_url(url), str(exc)) from exc
-    if policy in (SAFE_POLICY, ""):
+    if not evicts(policy):
         return policy
     if allow:
         _log.error(

@@ -370,22 +370,22 @@ class GatedModel:
         self, *, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]
     ) -> Completion:
         calls = self.calls
-        key = call_key(messages, tools) if calls is not None else ""
+        key = ""
         if calls is not None:
             # A retried turn's call its failed attempt already bought is answered from the
             # log: no provider, no gate slot, no breaker, nothing paid (call_log.py).
+            key = call_key(messages, tools)
             kept = calls.recall(key)
             if kept is not None:
                 return kept
+        failure: Exception | None = None
         try:
             answer = self._complete(system, messages, tools)
         except _Unsettled as unsettled:
             # Answered (paid), but Redis refused the after-call writes for longer than the
             # settle wait: the turn fails and retries, and its retry replays this answer
             # instead of paying for it again (the usage record is owed, sent once Redis is back).
-            if calls is not None:
-                calls.keep(key, unsettled.completion)
-            failure = unsettled.cause
+            answer, failure = unsettled.completion, unsettled.cause
         except ModelRequestError:
             # The provider refused the request itself (a 400: dead-lettered at once): it may
             # be built on an answer kept here, and a revived retry replaying that answer would
@@ -393,11 +393,11 @@ class GatedModel:
             if calls is not None:
                 calls.forget()
             raise
-        else:
-            if calls is not None:
-                calls.keep(key, answer)
-            return answer
-        raise failure  # outside the handler: the turn sees Redis's error as it was raised
+        if calls is not None:
+            calls.keep(key, answer)
+        if failure is not None:
+            raise failure  # outside the handler: the turn sees Redis's error as it was raised
+        return answer
 
     def _complete(
         self, system: str, messages: Sequence[Message], tools: Sequence[ToolSpec]

@@ -17,7 +17,7 @@ import redis
 from workers.fleet.beats import Beat, Beats
 from workers.fleet.breaker import Breaker
 from workers.fleet.errors import FleetError, RedisUnavailable
-from workers.fleet.eviction import SAFE_POLICY
+from workers.fleet.eviction import evicts
 from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
 from workers.fleet.registry import PersonaRegistry
@@ -176,8 +176,7 @@ class FleetReports:
             "redis_maxmemory": int(memory.get("maxmemory", 0)),
             # A CONFIG SET since the processes started (they refuse an evicting Redis at start).
             "redis_evicting": int(
-                str(memory.get("maxmemory_policy", "")) not in (SAFE_POLICY, "")
-                and not self.settings.allow_eviction
+                evicts(str(memory.get("maxmemory_policy", ""))) and not self.settings.allow_eviction
             ),
         }
 

@@ -183,6 +183,11 @@ def _section_body(name: str, home: str, raw: bytes) -> str:
     return text + TRUNCATION_NOTICE
 
 
+def _section(name: str, body: str) -> str:
+    """One bootstrap file's section of a soul (the contract's format)."""
+    return f"## {name}\n\n{body.strip()}"
+
+
 def _home_dir(path: str | os.PathLike[str]) -> str:
     """``path`` as a string naming a directory, without resolving it (one ``stat``): reading
     through the given path reads the same files as through its real one. Anything else goes
@@ -221,7 +226,7 @@ def compose_soul(
         body = _section_body(name, home, raw)
         if cap is not None and name == _MEMORY:
             body = apply_index_cap(body, cap[0], cap[1], notes=notes)
-        sections.append(f"## {name}\n\n{body.strip()}")
+        sections.append(_section(name, body))
         found.append(name)
     return "\n\n".join(sections), found
 
@@ -246,8 +251,7 @@ def edited_since(path: str | os.PathLike[str], soul: str) -> list[str]:
             raw = read_prefix(f"{home}/{name}", MAX_FILE_BYTES)
         except PersonaFileError:
             continue
-        body = None if raw is None else _section_body(name, home, raw).strip()
-        current[name] = None if body is None else f"## {name}\n\n{body}"
+        current[name] = None if raw is None else _section(name, _section_body(name, home, raw))
     if _composes(soul, current):
         return []
     # Something differs: name what, section by section (a file whose text quotes another

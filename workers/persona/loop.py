@@ -148,12 +148,16 @@ class _Turn:
         if self.on_message is not None:
             self.on_message(message)
 
+    def seconds_left(self) -> float:
+        """What is left of ``max_seconds`` on the turn's clock (<= 0: the time is up)."""
+        return self.budget.max_seconds - (self.clock.monotonic() - self.started)
+
     def model_limit(self) -> Limit | None:
         if self.model_calls >= self.budget.max_model_calls:
             return "max_model_calls"
         if self.usage.total_tokens >= self.budget.max_tokens:
             return "max_tokens"
-        if self.clock.monotonic() - self.started >= self.budget.max_seconds:
+        if self.seconds_left() <= 0:
             return "max_seconds"
         return None
 
@@ -216,7 +220,7 @@ class _Turn:
                 True,
                 "bad_arguments",
             )
-        left = self.budget.max_seconds - (self.clock.monotonic() - self.started)
+        left = self.seconds_left()
         if left <= 0:
             return ToolResult(
                 f"error: tool {call.name!r} was not called: the turn's time "
@@ -303,9 +307,11 @@ def run_loop(
             _log.info("turn.incomplete", limit=limit, model_calls=turn.model_calls)
             return turn.result("incomplete", limit=limit)
         # The gate wait, the client's tries and retries end by the turn's limit (turn_time.py).
-        left = budget.max_seconds - (turn.clock.monotonic() - turn.started)
         try:
-            with turn_deadline(left), waiting():  # other turns run while the model answers
+            with (
+                turn_deadline(turn.seconds_left()),
+                waiting(),
+            ):  # other turns run while the model answers
                 completion = model.complete(
                     system=system, messages=(*before, *turn.messages), tools=specs
                 )
