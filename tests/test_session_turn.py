@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,3 +308,46 @@ def test_a_compaction_is_counted_in_the_turns_budget(
                   if reply["status"] == "incomplete"]  # fmt: skip
     assert compacting
     assert all(reply["limit"] == "max_model_calls" for reply in compacting)
+
+
+def test_a_compaction_is_bounded_by_the_turns_max_seconds(
+    redis_url: str,
+    key_prefix: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    clock: VirtualClock,
+) -> None:
+    """SOULFLEET_TURN_MAX_SECONDS=1 and a provider that takes 4 s over the summary: the
+    compaction's call is cut at the turn's limit (it waited the provider out, then the loop
+    had its whole max_seconds again) and the turn ends incomplete on max_seconds without a
+    second call."""
+
+    def slow_summary(body: Any) -> Reply:
+        answer = cached_answer(body)
+        if body["messages"][0]["content"] == SUMMARY_INSTRUCTIONS:
+            return Reply(body=answer.body, delay=4.0)
+        return answer
+
+    with FakeProvider("openai", respond=slow_summary) as provider:
+        env = {"SOULFLEET_MAX_CONCURRENT_MODEL_CALLS": "1", "OPENAI_BASE_URL": provider.base_url,
+               "SOULFLEET_TURN_MAX_SECONDS": "1"}  # fmt: skip
+        with turn_engine(redis_url, key_prefix, tmp_path, env, gate_limit=1, clock=clock) as engine:
+            rig = Rig(*engine, tmp_path, provider)
+            rig.persona("ava", "[session]\nmax_tokens = 300\nkeep_tail = 60\n")
+            replies = []
+            for n in range(4):
+                before = len(provider.requests)
+                began = time.monotonic()
+                replies.append(rig.ask("ava", f"turn {n}: " + "I like tea. " * 20))
+                if (
+                    len(provider.requests) > before
+                    and provider.bodies[before]["messages"][0]["content"] == SUMMARY_INSTRUCTIONS
+                ):
+                    took = time.monotonic() - began
+                    assert took < 3.0, f"the compaction waited {took:.1f} s past the turn's 1 s"
+                    assert len(provider.requests) - before == 1
+                    assert replies[-1]["status"] == "incomplete"
+                    assert replies[-1]["limit"] == "max_seconds"
+                    break
+            else:
+                pytest.fail("never compacted")

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import structlog
 
@@ -73,6 +74,7 @@ from workers.persona.session_files import SessionFiles
 from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
 from workers.persona.summary_cache import SummaryFile
 from workers.persona.transcripts import FileTranscripts
+from workers.persona.turn_time import turn_deadline
 from workers.settings import Settings
 from workers.turn.baton import Baton
 from workers.turn.claims import Claims
@@ -204,7 +206,10 @@ class TurnExecutor:
             tick_channel="dream" if role == "dreamer" else "heartbeat",
         )
         try:
-            plan = self._plan(lane, started, agent, role, prompt=prompt, model=model)
+            # The turn's max_seconds counts from its start: a compaction's model call made
+            # while planning is bounded by it, and the loop gets only what is left.
+            with turn_deadline(_seconds_left(budget, began)):
+                plan = self._plan(lane, started, agent, role, prompt=prompt, model=model)
             # Scoped to the turn's lane and synced once, before the turn ends: a killed worker
             # loses none of it (written at once), a machine crash at most the lines of a turn
             # that had not committed, whose items then run again.
@@ -238,7 +243,10 @@ class TurnExecutor:
                 prompt=prompt,
                 tools=tools,
                 model=model,
-                budget=plan.left_of(budget),  # a compaction already spent some of it
+                # A compaction already spent some of it, and preparing the turn its time.
+                budget=replace(
+                    plan.left_of(budget), max_seconds=max(0.0, _seconds_left(budget, began))
+                ),
                 on_message=record,
                 guard=guard,
                 persona=agent.name,
@@ -473,3 +481,8 @@ class TurnExecutor:
                 files.discard(session.state)
         except OSError as exc:  # housekeeping only: the commit already happened
             _log.warning("session.collect_failed", error=str(exc))
+
+
+def _seconds_left(budget: Budget, began: float) -> float:
+    """What is left of the turn's ``max_seconds`` (it began at ``began``, monotonic)."""
+    return budget.max_seconds - (time.monotonic() - began)
