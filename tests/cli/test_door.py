@@ -246,6 +246,15 @@ def test_status_state_filter_and_a_revived_lane_clears_its_error(
     commit_turn(lanes, "ava", "ok")
 
 
+def test_status_of_one_persona_refuses_a_state_filter(invoke: Invoke) -> None:
+    """`status NAME --state S` is a usage error naming both ways out (it printed NAME's rows
+    whatever their state, as if they matched)."""
+    result = invoke("status", "zed", "--state", "dead")
+    assert result.exit_code == 2
+    assert "--state filters the listing of every persona" in result.stderr
+    assert "zed" in result.stderr
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -153,3 +153,16 @@ def test_run_local_locks_memory_as_the_fleet_is_configured(
     assert (locks / "MEMORY.md.claim.wait").exists()
     assert not (locks / "MEMORY.md.lock").exists()
     assert "- the kettle is blue" in (fleet_root / "nora" / "MEMORY.md").read_text("utf-8")
+
+
+def test_run_local_keeps_the_transcripts_the_fleet_keeps(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """SOULFLEET_TRANSCRIPT_MAX_CONVERSATIONS=2 holds for `run --local` as for the workers:
+    five new sessions leave two transcripts, not five."""
+    kept = {**env, "SOULFLEET_TRANSCRIPT_MAX_CONVERSATIONS": "2"}
+    for n in range(5):
+        result = invoke("run", "milo", f"hello {n}", "--local", "--new-session", environ=kept)
+        assert result.exit_code == 0, result.output
+    transcripts = list((fleet_root / "milo" / "transcripts").rglob("*.jsonl"))
+    assert len(transcripts) == 2, transcripts

@@ -241,6 +241,7 @@ def _local(
         session="new" if new else True,
         lock_mode=settings.lock_mode,
         lock_timeout=settings.lock_timeout,
+        max_conversations=settings.transcript_max_conversations,
     )
     return {
         "persona": home.resolve().name,

@@ -144,6 +144,12 @@ def status(
     ctx: click.Context, persona: str | None, as_json: bool, only: str | None, personas: Path | None
 ) -> None:
     """Show PERSONA's lanes, or every persona's plus fleet-wide counts."""
+    if persona is not None and only is not None:
+        # One persona's rows are all shown: a filter that kept them anyway would mislead.
+        raise click.UsageError(
+            f"--state filters the listing of every persona; drop it to see {persona!r}'s lanes, "
+            f"or drop {persona!r} to list the personas with a lane in state {only}"
+        )
     state = cli_context(ctx, personas)
     foreign = state.foreign_root_warning()
     if foreign is not None:

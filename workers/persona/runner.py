@@ -188,6 +188,7 @@ def run(
     session: SessionMode = False,
     lock_mode: LockMode = "local",
     lock_timeout: float = 10.0,
+    max_conversations: int = 1000,
 ) -> RunResult:
     """Run the persona at ``path`` once on ``prompt`` (synchronous; never dreams).
 
@@ -199,7 +200,9 @@ def run(
     servers are started, and stopped when the run ends. ``mcp_servers`` are the fleet servers a
     ``use`` may name (the CLI passes ``SOULFLEET_MCP_CONFIG``'s). ``lock_mode`` and
     ``lock_timeout`` are the memory locks' (the CLI passes ``SOULFLEET_LOCK_MODE``'s: a
-    persona on a shared filesystem must lock as the fleet's workers do).
+    persona on a shared filesystem must lock as the fleet's workers do). ``max_conversations``
+    is how many transcripts the persona keeps (the CLI passes
+    ``SOULFLEET_TRANSCRIPT_MAX_CONVERSATIONS``, as the fleet's workers use it).
 
     Raises PersonaNotFound / PersonaConfigError for an unusable directory or tool configuration
     and ModelSpecError for a model spec naming no model; everything that goes wrong during the
@@ -210,7 +213,7 @@ def run(
     if not agent.declared.entries:
         return run_agent(
             agent, prompt, model=chosen, budget=budget, clock=clock, session=session,
-            lock_mode=lock_mode, lock_timeout=lock_timeout,
+            lock_mode=lock_mode, lock_timeout=lock_timeout, max_conversations=max_conversations,
         )  # fmt: skip
     hub = McpHub()
     try:
@@ -232,6 +235,7 @@ def run(
             session=session,
             lock_mode=lock_mode,
             lock_timeout=lock_timeout,
+            max_conversations=max_conversations,
         )
     finally:
         hub.close()
