@@ -62,10 +62,11 @@ def test_tools_lists_the_model_view_and_names_an_unreachable_server(
 
 
 @pytest.mark.integration
-def test_an_allow_list_naming_a_missing_tool_is_an_invalid_persona(
+def test_an_allow_list_naming_a_missing_tool_lists_it_as_unavailable(
     invoke: Invoke, tmp_path: Path
 ) -> None:
-    """The server is asked; an allow-list entry it does not have is exit 2 naming the key."""
+    """The server is asked; an allow-list entry it does not list is reported as unavailable
+    (exit 1, naming the key and the missing name) and the allowed tool it lists is shown."""
     tag = new_tag()
     home = _persona(
         tmp_path,
@@ -73,9 +74,12 @@ def test_an_allow_list_naming_a_missing_tool_is_an_invalid_persona(
         f'args = ["{SERVER_SCRIPT}", "--tag", "{tag}"]\nallow = ["echo", "teleport"]\n',
     )
     result = invoke("tools", str(home))
-    assert result.exit_code == 2
-    assert "key 'tools.mcp[0].allow' names tools the server" in result.stderr
-    assert "['teleport']" in result.stderr
+    assert result.exit_code == 1
+    assert "tools.mcp[0].allow names tools the server does not list: ['teleport']" in (
+        result.stderr
+    )
+    assert result.stdout.startswith("t__echo  [mcp ")
+    assert "t__whoami" not in result.stdout
     wait_gone(tag)
     assert tagged_pids(tag) == []
 

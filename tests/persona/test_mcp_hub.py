@@ -335,3 +335,19 @@ def test_starting_a_server_for_a_turn_is_a_wait(hub: McpHub) -> None:
         waits.set_wait_hook(None)
     assert any(tool.name.startswith("t") for tool in box.tools)
     assert False in entered  # a long wait
+
+
+def test_an_allow_list_naming_a_tool_the_server_lacks_leaves_only_that_tool_out(
+    hub: McpHub,
+) -> None:
+    """`allow = ["whoami", "whoamii"]` (a typo, or a tool a server upgrade renamed) is not an
+    invalid persona (it dead-lettered the lane): `whoami` is offered, and the missing name is
+    listed as unavailable with the server's own names beside it."""
+    tag = new_tag()
+    toml = _stdio(tag).replace('timeout = "6s"', 'allow = ["whoami", "whoamii"]\ntimeout = "6s"')
+    box = _box(hub, toml)
+    assert sorted(_tools(box)) == ["t__whoami"]
+    [(prefix, _, reason)] = box.unavailable
+    assert prefix == "t"
+    assert "tools.mcp[0].allow names tools the server does not list: ['whoamii']" in reason
+    assert "'sleep'" in reason

@@ -2,14 +2,16 @@
 
 :func:`build_declared` turns persona.toml's ``[tools]`` (:mod:`workers.persona.tool_config`)
 into :class:`~workers.persona.tools.Tool` values in file order, answering the questions the
-parser could not: a ``use`` must name a server of the fleet file, a ``ref`` must import, an
-allow-list must name tools the server has, and the names the model sees must be valid for
-both OpenAI and Anthropic (``^[a-zA-Z0-9_-]{1,64}$``) and unique. Each failure is a
+parser could not: a ``use`` must name a server of the fleet file, a ``ref`` must import, and the
+names the model sees must be valid for both OpenAI and Anthropic (``^[a-zA-Z0-9_-]{1,64}$``) and
+unique. Each failure is a
 :class:`PersonaConfigError` naming the dotted key and the file, like any invalid persona.toml.
 
 A server that cannot be reached is NOT a configuration error (it may be back next turn, and one
 bad server must not silence a persona): its tools are left out of this turn and it is listed in
 :attr:`Toolbox.unavailable` with the reason, which the turn logs and ``soulfleet tools`` shows.
+Nor is an allow-list naming tools the server does not list (a typo, or a server upgrade that
+renamed one): the tools it does list are offered, and the missing names are listed there too.
 
 Every declared tool is bounded the same way: arguments and results over the byte caps become
 error results naming the cap (the tool never sees the arguments; the model never sees the
@@ -79,7 +81,8 @@ class Toolbox:
     unavailable: tuple[tuple[str, str, str], ...] = ()
 
     def warn_unavailable(self, persona: str) -> None:
-        """One ``tool.server_unavailable`` warning per server left out, with its reason."""
+        """One ``tool.server_unavailable`` warning per server left out (or allow-listed tools it
+        does not list), with its reason."""
         for prefix, server, reason in self.unavailable:
             _log.warning(
                 "tool.server_unavailable",
@@ -171,6 +174,24 @@ def _server_of(
     return entry.server, decl.timeout or entry.timeout or DEFAULT_TIMEOUT
 
 
+def _not_listed(decl: McpDecl, listed: tuple[McpToolInfo, ...]) -> str | None:
+    """Why some of ``decl``'s allow-list is missing from the server's listing, or None.
+
+    Not a configuration error: a typo here, or a server upgrade that renamed a tool, would
+    otherwise dead-letter every persona allowing it. The tools the server does list stay; the
+    missing ones are reported as unavailable each turn (log, metric, ``soulfleet tools``)."""
+    if decl.allow is None:
+        return None
+    have = {info.name for info in listed}
+    missing = [name for name in decl.allow if name not in have]
+    if not missing:
+        return None
+    return (
+        f"{decl.key}.allow names tools the server does not list: {missing}; it lists: "
+        f"{sorted(have)} (the allowed tools it lists are offered)"
+    )
+
+
 def _mcp_tools(
     decl: McpDecl,
     server: McpServer,
@@ -181,15 +202,6 @@ def _mcp_tools(
     source: object,
 ) -> list[tuple[str, Tool]]:
     if decl.allow is not None:
-        have = {info.name for info in listed}
-        missing = [name for name in decl.allow if name not in have]
-        if missing:
-            raise PersonaConfigError(
-                source,
-                f"{decl.key}.allow",
-                f"names tools the server {server.describe()!r} does not have: {missing}; "
-                f"it has: {sorted(have)}",
-            )
         listed = tuple(info for info in listed if info.name in decl.allow)
     tools: list[tuple[str, Tool]] = []
     for info in listed:
@@ -264,8 +276,11 @@ def build_declared(
             listed = listings[server]
             if isinstance(listed, McpUnavailable):
                 unavailable.append((decl.name, server.describe(), str(listed)))
-            else:
-                named.extend(_mcp_tools(decl, server, timeout, hub, listed=listed, source=source))
+                continue
+            missing = _not_listed(decl, listed)
+            if missing is not None:
+                unavailable.append((decl.name, server.describe(), missing))
+            named.extend(_mcp_tools(decl, server, timeout, hub, listed=listed, source=source))
             continue
         tool = resolve_ref(decl, source)
         if not valid_tool_name(tool.name):
