@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,35 @@ def test_with_redis_url_and_no_personas_root_the_fleets_recorded_root_is_used(
     post = run_soulfleet("post", "nora", "hi", env=bare)
     assert post.returncode == 0, post.stderr
     assert lanes_for(env).status("nora")["state"] == "queued"
+
+
+@pytest.mark.integration
+def test_a_use_is_checked_against_the_mcp_config_of_the_running_up(
+    tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
+) -> None:
+    """A shell with SOULFLEET_MCP_CONFIG posting to an `up` started without it: exit 2 naming
+    the `up` and what to restart it with, nothing queued (it was accepted, and the persona's
+    lane dead-lettered at its first turn). Once `up` records the same file, the post goes in."""
+    url, client = decoy
+    mcp = tmp_path / "mcp.json"
+    mcp.write_text('{"mcpServers": {"time": {"command": "mcp-server-time"}}}', encoding="utf-8")
+    (fleet_root / "tim").mkdir()
+    (fleet_root / "tim" / "SOUL.md").write_text("You are Tim.\n", encoding="utf-8")
+    (fleet_root / "tim" / "persona.toml").write_text('[[tools.mcp]]\nuse = "time"\n')
+    data = DataDir(tmp_path / "xdg" / "soulfleet")
+    state = UpState(
+        pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
+        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
+    )  # fmt: skip
+    data.write_state(state)
+    env = {**_no_fleet_env(tmp_path, fleet_root), "SOULFLEET_MCP_CONFIG": str(mcp)}
+    refused = _soulfleet("redis://127.0.0.1:1/0", env, "post", "tim", "hi")
+    assert refused.returncode == 2, refused.stderr
+    assert "key 'tools.mcp[0].use' names no server" in refused.stderr
+    assert "was started without SOULFLEET_MCP_CONFIG" in refused.stderr
+    assert f"restart it with SOULFLEET_MCP_CONFIG={mcp}" in refused.stderr
+    assert client.dbsize() == 0
+    data.write_state(replace(state, mcp_config=str(mcp)))
+    accepted = _soulfleet("redis://127.0.0.1:1/0", env, "post", "tim", "hi")
+    assert accepted.returncode == 0, accepted.stderr
+    assert client.dbsize() > 0

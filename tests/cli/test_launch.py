@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import stat
@@ -43,6 +44,18 @@ def test_choose_personas_precedence_and_demo_copy_once(tmp_path: Path) -> None:
     assert second.installed == ()
     assert (data / "ava" / "SOUL.md").read_text(encoding="utf-8") == "edited by the user"
     assert sorted(p.name for p in data.iterdir()) == ["ava", "max", "nora"]
+
+
+def test_relative_paths_given_to_up_are_made_absolute_for_its_children(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The children run in the data folder: SOULFLEET_MCP_CONFIG=mcp.json and PYTHONPATH=tools
+    (and its empty entry, the current directory) mean where `up` was started."""
+    monkeypatch.chdir(tmp_path)
+    given = {"SOULFLEET_MCP_CONFIG": "mcp.json", "PYTHONPATH": f"tools{os.pathsep}{os.pathsep}/abs"}
+    env = child_environ(given, redis_url="redis://127.0.0.1:1/0", personas=tmp_path)
+    assert env["SOULFLEET_MCP_CONFIG"] == str(tmp_path / "mcp.json")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(tmp_path / "tools"), str(tmp_path), "/abs"]
 
 
 def test_child_specs_order_stages_and_commands(tmp_path: Path) -> None:

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
 from tests.cli.conftest import Invoke
+from tests.support.cli import run_soulfleet
 from tests.support.mcp_helpers import SERVER_SCRIPT, new_tag, tagged_pids, wait_gone
+from workers.persona.agent import from_dir
+from workers.persona.mcp_hub import McpHub
+from workers.persona.toolbox import build_declared
 
 
 def _persona(root: Path, toml: str) -> Path:
@@ -101,3 +107,28 @@ def test_a_persona_with_no_tools_says_so(invoke: Invoke, tmp_path: Path) -> None
     assert result.exit_code == 0, result.output
     assert result.stdout == "persona handy has no tools (memory = false, none declared)\n"
     assert json.loads(invoke("tools", str(home), "--json").stdout)["tools"] == []
+
+
+def test_the_readme_python_tool_is_listed_and_adds(
+    env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """The README's mytools.py, as written, on PYTHONPATH: `soulfleet tools` lists `add`, and
+    the tool the persona gets adds (the exported Tool was a Protocol no one could build)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    [module] = re.findall(r"```python\n(# mytools\.py.+?)\n```", readme, re.DOTALL)
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "mytools.py").write_text(module, encoding="utf-8")
+    home = _persona(tmp_path, '[[tools.python]]\nref = "mytools:adder"\n')
+    listed = run_soulfleet("tools", str(home), "--json",
+                           env={**env, "PYTHONPATH": str(tmp_path / "lib")})  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    names = [tool["name"] for tool in json.loads(listed.stdout)["tools"]]
+    assert names == ["add", "memory"]
+    sys.path.insert(0, str(tmp_path / "lib"))
+    try:
+        box = build_declared(from_dir(home).declared, hub=McpHub())
+    finally:
+        sys.path.remove(str(tmp_path / "lib"))
+        sys.modules.pop("mytools", None)
+    [add] = box.tools
+    assert add.execute({"a": 2, "b": 40}).output == "42"

@@ -39,7 +39,8 @@ from workers.fleet.registry import DREAMER_SUFFIX, PersonaRegistry, valid_person
 from workers.local.datadir import DataDir, UpState, default_data_dir
 from workers.persona import storage
 from workers.persona.checkup import check_persona
-from workers.persona.errors import StorageUnavailable
+from workers.persona.errors import PersonaConfigError, SettingsError, StorageUnavailable
+from workers.persona.mcp_servers import FleetServer, load_mcp_servers
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings, redact_url
 
@@ -291,12 +292,18 @@ class CliContext:
         """:meth:`persona`, then the persona's check-up: invalid files fail HERE (exit 2, the
         reason named) before anything is queued; warnings (an empty soul) go to stderr."""
         name = self.persona(arg)
-        checkup = check_persona(
-            self.registry.home(name),
-            self.settings.model,
-            turn_max_tokens=self.settings.turn_max_tokens,
-            mcp_servers=self.settings.mcp_servers,
-        )
+        servers, elsewhere = self._fleet_mcp_servers()
+        try:
+            checkup = check_persona(
+                self.registry.home(name),
+                self.settings.model,
+                turn_max_tokens=self.settings.turn_max_tokens,
+                mcp_servers=servers,
+            )
+        except PersonaConfigError as exc:
+            if elsewhere is None or not str(exc.key or "").endswith(".use"):
+                raise
+            raise PersonaConfigError(exc.path, exc.key, f"{exc.problem} ({elsewhere})") from None
         for warning in checkup.warnings:
             click.echo(f"soulfleet: warning: {warning}", err=True)
         try:
@@ -304,6 +311,29 @@ class CliContext:
         except StorageUnavailable as exc:  # accepted all the same: the lane waits it out
             click.echo(f"soulfleet: warning: {exc}", err=True)
         return name
+
+    def _fleet_mcp_servers(self) -> tuple[Mapping[str, FleetServer], str | None]:
+        """The MCP servers the fleet's workers know, and, when they are not this shell's, why
+        (for the error). A running `up` recorded its workers' config; a fleet reached by
+        REDIS_URL did not, so this shell's SOULFLEET_MCP_CONFIG is taken for theirs."""
+        settings = self.settings
+        state = self.adopted
+        mine = str(settings.mcp_config.resolve()) if settings.mcp_config else ""
+        if state is None or state.mcp_config == mine:
+            return settings.mcp_servers, None
+        started = f"the soulfleet up running on {state.data} (pid {state.pid}) was started"
+        if not state.mcp_config:
+            return {}, (
+                f"{started} without SOULFLEET_MCP_CONFIG, so its workers know no MCP server: "
+                f"restart it with SOULFLEET_MCP_CONFIG={mine}"
+            )
+        why = f"{started} with SOULFLEET_MCP_CONFIG={state.mcp_config}, which its workers read" + (
+            f", not this shell's {mine}" if mine else ""
+        )
+        try:
+            return load_mcp_servers(Path(state.mcp_config)), why
+        except SettingsError:  # changed since `up` read it: its workers hold what it was
+            return settings.mcp_servers, None
 
     def warn_if_no_fleet(self) -> None:
         """Say so on stderr when no beat sweeps under this shell's Redis and key prefix: what

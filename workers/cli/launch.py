@@ -90,8 +90,20 @@ def choose_personas(
 
 
 def child_environ(environ: Mapping[str, str], *, redis_url: str, personas: Path) -> dict[str, str]:
-    """The environment every child starts from (per-child metrics ports are added later)."""
+    """The environment every child starts from (per-child metrics ports are added later).
+
+    The children run in the data directory: a relative SOULFLEET_MCP_CONFIG or PYTHONPATH
+    entry, meant from where `up` was started, is made absolute (the workers found no MCP
+    config, or could not import a persona's Python tool)."""
     env = dict(environ)
+    mcp = (env.get("SOULFLEET_MCP_CONFIG") or "").strip()
+    if mcp:
+        env["SOULFLEET_MCP_CONFIG"] = str(Path(mcp).expanduser().absolute())
+    if env.get("PYTHONPATH"):
+        env["PYTHONPATH"] = os.pathsep.join(
+            str(Path(entry).absolute())  # "" is the current directory: `up`'s, not theirs
+            for entry in env["PYTHONPATH"].split(os.pathsep)
+        )
     env.update(
         {
             "REDIS_URL": redis_url,

@@ -185,6 +185,7 @@ class _Up:
             key_prefix=settings.key_prefix, queue_prefix=settings.queue_prefix,
             data=str(self.data.root), started_at=time.time(), embedded_redis=self.redis is not None,
             children=self._child_pids(),
+            mcp_config=str(settings.mcp_config.resolve()) if settings.mcp_config else "",
         )  # fmt: skip
         with _writing(self.data.root):
             self.data.write_state(state)

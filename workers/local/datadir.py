@@ -168,6 +168,9 @@ class UpState:
     embedded_redis: bool = True
     #: pids of the processes `up` started (Redis, beat, workers, Flower).
     children: tuple[int, ...] = ()
+    #: The MCP config file its workers read (absolute; "" for none): other commands check a
+    #: persona's ``use`` against it, not against their own shell's SOULFLEET_MCP_CONFIG.
+    mcp_config: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -185,6 +188,7 @@ class UpState:
             started_at=float(data["started_at"]),
             embedded_redis=bool(data.get("embedded_redis", True)),
             children=tuple(int(pid) for pid in data.get("children", ())),
+            mcp_config=str(data.get("mcp_config", "")),
         )
 
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from workers.persona.runner import as_tool, run
     from workers.persona.session import SessionConfig, SessionState
     from workers.persona.session_files import current_session
-    from workers.persona.tools import Tool, ToolResult, tool_factory
+    from workers.persona.tools import FunctionTool, Tool, ToolResult, tool_factory
     from workers.persona.transcripts import FileTranscripts, TranscriptStore
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "AgentDef",
     "Budget",
     "FileTranscripts",
+    "FunctionTool",
     "HeartbeatDriver",
     "InboxItem",
     "RunResult",
@@ -94,6 +95,7 @@ _WHERE = {
     "SessionConfig": "session",
     "SessionState": "session",
     "current_session": "session_files",
+    "FunctionTool": "tools",
     "Tool": "tools",
     "ToolResult": "tools",
     "tool_factory": "tools",

@@ -15,7 +15,7 @@
     use = "github"                     # a server of the fleet-wide SOULFLEET_MCP_CONFIG file
 
     [[tools.python]]
-    ref = "mypkg.tools:weather_tool"   # a Tool, or a callable returning one
+    ref = "mypkg.tools:weather_tool"   # a Tool, or a @tool_factory function returning one
 
 Only the SHAPE is checked here (keys, types, names): whether a ``use`` names a fleet server,
 whether a ``ref`` imports and whether an allow-list matches the server's tools can only be
