@@ -1,5 +1,6 @@
-"""The last check before a turn pays (is there a budget left, anything new to dream about?), and
-what a persona's spend settings resolve to (its model per kind of turn, its effective budget).
+"""The last check before a turn pays (is there a budget left, anything new to dream about, is a
+heartbeat still inside its active hours?), and what a persona's spend settings resolve to (its
+model per kind of turn, its effective budget).
 
 beat's sweep skips most unaffordable or pointless ticks before they become turns; this guard
 catches the rest at turn start, before the model is called: turns queued before the budget ran
@@ -52,7 +53,7 @@ class Refusal:
     """Why a turn ends without a model call. ``skipped``: background work nobody waits for;
     ``refused``: a conversation turned away (its senders get ``detail`` as the reply)."""
 
-    reason: Literal["budget", "nothing_new"]
+    reason: Literal["budget", "nothing_new", "quiet_hours"]
     status: Literal["skipped", "refused"]
     detail: str
 
@@ -138,6 +139,16 @@ class SpendGuard:
         ``last_pass`` / ``last_pass_began`` (epoch s, None: never): when the dreamer lane's
         newest pass that called its model ended / began (the lane's ``LAST_PASS`` field, which
         a worker's turn start returns)."""
+        hours = persona.heartbeat.active_hours if persona.heartbeat else None
+        if (
+            kind == "heartbeat"
+            and hours is not None
+            and not hours.contains(self.ledger.clock.time())
+        ):
+            # beat checked when it ticked; a turn queued behind a backlog, a deferral or an
+            # edit of active_hours may start after the window closed (a post turns the turn
+            # into a conversation at start, which always runs).
+            return Refusal("quiet_hours", "skipped", "outside the persona's heartbeat.active_hours")
         budget = self.budget(persona)
         if budget.daily_tokens is not None:
             spent = self.ledger.spent(persona.name, self.ledger.today(budget.timezone))
