@@ -20,8 +20,10 @@ from workers.cli.worker_health import QUEUED_TOO_LONG
 from workers.fleet import Fleet
 from workers.fleet.keys import Keys
 from workers.fleet.registry import PersonaRegistry
+from workers.fleet.usage import UsageLedger
 from workers.local.redis_server import RedisServer
 from workers.persona.inbox import InboxItem
+from workers.persona.messages import Usage
 from workers.queues import queue_name
 from workers.settings import Settings
 
@@ -468,3 +470,27 @@ def test_lanes_waiting_in_a_queue_no_worker_consumes_are_called_out(
     queue = queue_name(settings_for(env).queue_prefix, "heartbeat")
     assert f"NONE answered for {queue} (1 lane(s) queued over" in line
     assert "Workers down or dying" in line
+
+
+def test_a_used_up_budget_says_what_it_does_to_the_persona(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """Past [budget] daily_tokens, `status NAME` says heartbeats and dreams are skipped (or,
+    with on_exceed = "stop", every turn refused) and until when; under it, nothing is said."""
+    toml = fleet_root / "milo" / "persona.toml"
+    toml.write_text(toml.read_text("utf-8") + "\n[budget]\ndaily_tokens = 100\n", "utf-8")
+    settings = settings_for(env)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    ledger = UsageLedger(client, Keys(settings.key_prefix), days=settings.usage_days)
+    spend = {"persona": "milo", "day": ledger.today("UTC"), "model": "openai:small",
+             "kind": "heartbeat"}  # fmt: skip
+    ledger.record(call_id="c1", usage=Usage(40, 1), **spend)
+    assert "budget:" not in invoke("status", "milo").stdout
+    ledger.record(call_id="c2", usage=Usage(90, 1), **spend)
+    out = invoke("status", "milo").stdout
+    assert (
+        "budget: used up today (132 of 100 tokens, on_exceed=skip_background): heartbeats "
+        "and dreams are skipped, conversations still run, until " in out
+    )
+    toml.write_text(toml.read_text("utf-8") + 'on_exceed = "stop"\n', "utf-8")
+    assert "every turn is refused, posts at the door" in invoke("status", "milo").stdout

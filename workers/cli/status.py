@@ -39,6 +39,7 @@ from workers.fleet import Fleet
 from workers.fleet.breaker import BreakerState
 from workers.fleet.eviction import evicts
 from workers.fleet.registry import DREAMER_SUFFIX
+from workers.fleet.spend import next_reset, persona_budget
 from workers.persona.errors import ModelAuthError, SoulfleetError
 from workers.persona.locks import shared_claims_under
 from workers.queues import queue_name
@@ -180,6 +181,7 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
         click.echo(f"INVALID (not scheduled until fixed): {' '.join(why.split())}")
     _echo_claims(claims)
     _echo_models(entry)
+    _echo_budget(fleet, name, entry)
     try:
         note = edited_note(fleet.session(name))
     except (SoulfleetError, OSError):  # a broken persona.toml, an unreadable state: said above
@@ -189,6 +191,29 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
     fixed = fixed_since(fleet, state.settings.model, invalid=invalid_personas(fleet))
     _dead_hint(entry, name, {lane for lane, _ in fixed})
     _fixed_hint(fixed)
+
+
+def _echo_budget(fleet: Fleet, name: str, entry: Mapping[str, Any]) -> None:
+    """What a used-up daily budget is doing to the persona now (the tokens column alone did not
+    say that its heartbeats were being skipped, or its posts refused)."""
+    daily, spent = entry.get("daily_tokens"), entry.get("tokens_today")
+    if not isinstance(daily, int) or not isinstance(spent, int) or spent < daily:
+        return
+    try:
+        budget = persona_budget(fleet.registry.home(name), fleet.settings)
+    except (SoulfleetError, OSError):
+        return
+    stops = budget.on_exceed == "stop"
+    doing = (
+        "every turn is refused, posts at the door"
+        if stops
+        else "heartbeats and dreams are skipped, conversations still run"
+    )
+    click.echo(
+        f"budget: used up today ({spent:,} of {daily:,} tokens, on_exceed={budget.on_exceed}): "
+        f"{doing}, until {next_reset(budget, fleet.clock.time())} (raise [budget] daily_tokens "
+        "in persona.toml, or SOULFLEET_DAILY_TOKENS, to go on today)"
+    )
 
 
 def _dead_hint(entry: Mapping[str, Any], name: str, fixed: set[str]) -> None:
