@@ -317,37 +317,33 @@ def test_a_compaction_is_bounded_by_the_turns_max_seconds(
     tmp_path: Path,
     clock: VirtualClock,
 ) -> None:
-    """SOULFLEET_TURN_MAX_SECONDS=1 and a provider that takes 4 s over the summary: the
-    compaction's call is cut at the turn's limit (it waited the provider out, then the loop
-    had its whole max_seconds again) and the turn ends incomplete on max_seconds without a
-    second call."""
+    """SOULFLEET_TURN_MAX_SECONDS=4 and a provider that takes 20 s over the summary: the
+    summary call is cut at half the turn's time (2 s), the history is kept whole and the turn
+    still answers with it within its 4 s (the summary waited the provider out)."""
 
     def slow_summary(body: Any) -> Reply:
         answer = cached_answer(body)
         if body["messages"][0]["content"] == SUMMARY_INSTRUCTIONS:
-            return Reply(body=answer.body, delay=4.0)
+            return Reply(body=answer.body, delay=20.0)
         return answer
 
     with FakeProvider("openai", respond=slow_summary) as provider:
         env = {"SOULFLEET_MAX_CONCURRENT_MODEL_CALLS": "1", "OPENAI_BASE_URL": provider.base_url,
-               "SOULFLEET_TURN_MAX_SECONDS": "1"}  # fmt: skip
+               "SOULFLEET_TURN_MAX_SECONDS": "4"}  # fmt: skip
         with turn_engine(redis_url, key_prefix, tmp_path, env, gate_limit=1, clock=clock) as engine:
             rig = Rig(*engine, tmp_path, provider)
             rig.persona("ava", "[session]\nmax_tokens = 300\nkeep_tail = 60\n")
-            replies = []
             for n in range(4):
                 before = len(provider.requests)
                 began = time.monotonic()
-                replies.append(rig.ask("ava", f"turn {n}: " + "I like tea. " * 20))
-                if (
-                    len(provider.requests) > before
-                    and provider.bodies[before]["messages"][0]["content"] == SUMMARY_INSTRUCTIONS
-                ):
-                    took = time.monotonic() - began
-                    assert took < 3.0, f"the compaction waited {took:.1f} s past the turn's 1 s"
-                    assert len(provider.requests) - before == 1
-                    assert replies[-1]["status"] == "incomplete"
-                    assert replies[-1]["limit"] == "max_seconds"
+                reply = rig.ask("ava", f"turn {n}: " + "I like tea. " * 20)
+                took = time.monotonic() - began
+                bodies = provider.bodies[before:]
+                if bodies and bodies[0]["messages"][0]["content"] == SUMMARY_INSTRUCTIONS:
+                    assert 1.5 < took < 4.0, f"the turn took {took:.1f} s with a 4 s limit"
+                    assert len(bodies) == 2  # the cut summary, then the answer
+                    assert reply["status"] == "done", reply
+                    assert SUMMARY_PREFIX not in str(bodies[1]["messages"])
                     break
             else:
                 pytest.fail("never compacted")

@@ -211,13 +211,18 @@ def test_status_says_when_a_fix_made_dead_lanes_runnable(
 def test_a_tools_error_is_never_called_fixed_and_a_dreamer_gets_its_revive_flag(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:
-    """An allow-list naming a tool the server lacks shows only when the server runs, which the
-    check-up does not do: such a lane is never said to be fixed. A fixed dreamer lane's hint
-    names --dreamer (revive PERSONA alone revives the persona's own lane)."""
+    """Two tools sharing a name show only when the server runs, which the check-up does not
+    do: such a lane is never said to be fixed. A lane dead-lettered for an allow-list naming a
+    tool the server lacks (an error no more: the tool is left out) is. A fixed dreamer lane's
+    hint names --dreamer (revive PERSONA alone revives the persona's own lane)."""
     lanes = lanes_for(env)
-    dead_letter(lanes, "milo", error="PersonaConfigError: persona.toml: key 'tools.mcp[0].allow' "
-                "names get_time_nope, which server time does not have")  # fmt: skip
+    dead_letter(lanes, "milo", error="PersonaConfigError: persona.toml: key 'tools.mcp[0]' gives "
+                "a tool named 'time__now', and so does tools.mcp[1]")  # fmt: skip
     assert "fixed since" not in invoke("status").stdout
+    dead_letter(lanes, "ava", error="PersonaConfigError: persona.toml: key 'tools.mcp[0].allow' "
+                "names get_time_nope, which server time does not have")  # fmt: skip
+    assert "(ava)" in invoke("status").stdout
+    lanes.revive("ava")
     dead_letter(lanes, "nora-dreamer", error="PersonaFileError: SOUL.md: is a directory")
     result = invoke("status")
     assert "(nora-dreamer)" in result.stdout

@@ -197,7 +197,8 @@ def test_a_use_is_checked_against_the_mcp_config_of_the_running_up(
 ) -> None:
     """A shell with SOULFLEET_MCP_CONFIG posting to an `up` started without it: exit 2 naming
     the `up` and what to restart it with, nothing queued (it was accepted, and the persona's
-    lane dead-lettered at its first turn). Once `up` records the same file, the post goes in."""
+    lane dead-lettered at its first turn). Once `up` records the same file, the post goes in;
+    an `up` that recorded nothing (an older one) is taken to have this shell's."""
     url, client = decoy
     mcp = tmp_path / "mcp.json"
     mcp.write_text('{"mcpServers": {"time": {"command": "mcp-server-time"}}}', encoding="utf-8")
@@ -208,6 +209,7 @@ def test_a_use_is_checked_against_the_mcp_config_of_the_running_up(
     state = UpState(
         pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
         queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
+        mcp_config="",
     )  # fmt: skip
     data.write_state(state)
     env = {**_no_fleet_env(tmp_path, fleet_root), "SOULFLEET_MCP_CONFIG": str(mcp)}
@@ -215,9 +217,13 @@ def test_a_use_is_checked_against_the_mcp_config_of_the_running_up(
     assert refused.returncode == 2, refused.stderr
     assert "key 'tools.mcp[0].use' names no server" in refused.stderr
     assert "was started without SOULFLEET_MCP_CONFIG" in refused.stderr
-    assert f"restart it with SOULFLEET_MCP_CONFIG={mcp}" in refused.stderr
+    assert f"restart it with SOULFLEET_MCP_CONFIG={mcp.resolve()}" in refused.stderr
     assert client.dbsize() == 0
-    data.write_state(replace(state, mcp_config=str(mcp)))
+    data.write_state(replace(state, mcp_config=str(mcp.resolve())))
     accepted = _soulfleet("redis://127.0.0.1:1/0", env, "post", "tim", "hi")
     assert accepted.returncode == 0, accepted.stderr
     assert client.dbsize() > 0
+    # An up.json from before the file was recorded: unknown, so this shell's is taken.
+    data.write_state(replace(state, mcp_config=None))
+    older = _soulfleet("redis://127.0.0.1:1/0", env, "post", "tim", "again")
+    assert older.returncode == 0, older.stderr

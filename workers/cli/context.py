@@ -292,7 +292,7 @@ class CliContext:
         """:meth:`persona`, then the persona's check-up: invalid files fail HERE (exit 2, the
         reason named) before anything is queued; warnings (an empty soul) go to stderr."""
         name = self.persona(arg)
-        servers, elsewhere = self._fleet_mcp_servers()
+        servers, elsewhere = self._fleet_mcp()
         try:
             checkup = check_persona(
                 self.registry.home(name),
@@ -312,14 +312,21 @@ class CliContext:
             click.echo(f"soulfleet: warning: {exc}", err=True)
         return name
 
-    def _fleet_mcp_servers(self) -> tuple[Mapping[str, FleetServer], str | None]:
-        """The MCP servers the fleet's workers know, and, when they are not this shell's, why
-        (for the error). A running `up` recorded its workers' config; a fleet reached by
-        REDIS_URL did not, so this shell's SOULFLEET_MCP_CONFIG is taken for theirs."""
+    def fleet_mcp_servers(self) -> Mapping[str, FleetServer] | None:
+        """The MCP servers the fleet's workers know, for checking a persona's ``use``; None
+        when that cannot be told (the file the running `up` was given is unreadable now: its
+        workers hold what it was)."""
+        return self._fleet_mcp()[0]
+
+    def _fleet_mcp(self) -> tuple[Mapping[str, FleetServer] | None, str | None]:
+        """:meth:`fleet_mcp_servers`, and, when they are not this shell's, why (for the
+        error). A running `up` recorded its workers' config; a fleet reached by REDIS_URL (or
+        an `up` from before that was recorded) did not, so this shell's SOULFLEET_MCP_CONFIG
+        is taken for theirs."""
         settings = self.settings
         state = self.adopted
         mine = str(settings.mcp_config.resolve()) if settings.mcp_config else ""
-        if state is None or state.mcp_config == mine:
+        if state is None or state.mcp_config is None or state.mcp_config == mine:
             return settings.mcp_servers, None
         started = f"the soulfleet up running on {state.data} (pid {state.pid}) was started"
         if not state.mcp_config:
@@ -333,7 +340,7 @@ class CliContext:
         try:
             return load_mcp_servers(Path(state.mcp_config)), why
         except SettingsError:  # changed since `up` read it: its workers hold what it was
-            return settings.mcp_servers, None
+            return None, None
 
     def warn_if_no_fleet(self) -> None:
         """Say so on stderr when no beat sweeps under this shell's Redis and key prefix: what

@@ -150,7 +150,7 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
             check_persona(
                 fleet.registry.home(name),
                 state.settings.model,
-                mcp_servers=state.settings.mcp_servers,
+                mcp_servers=state.fleet_mcp_servers(),
             )
         except (PersonaError, ModelError) as exc:
             invalid[name] = str(exc)

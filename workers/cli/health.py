@@ -22,6 +22,7 @@ from workers.fleet import Fleet
 from workers.fleet.scripts import redis_errors
 from workers.persona.checkup import check_persona
 from workers.persona.errors import SoulfleetError
+from workers.persona.mcp_servers import FleetServer
 from workers.persona.models.config import ModelConfig
 
 __all__ = [
@@ -106,8 +107,10 @@ def states_of(entry: Mapping[str, Any]) -> set[str]:
     return states
 
 
-#: Tools errors that only a running MCP server can show (see :func:`fixed_since`).
-_SERVER_ONLY = re.compile(r"key 'tools\.[^']*\.(allow|name)'|and so does")
+#: Tools errors that only a running MCP server can show (see :func:`fixed_since`). An
+#: allow-list naming a tool the server lacks is no longer one (it leaves that tool out): a lane
+#: dead-lettered for it before is fixed.
+_SERVER_ONLY = re.compile(r"key 'tools\.[^']*\.name'|and so does")
 
 
 def _config_error(error: str) -> bool:
@@ -115,10 +118,16 @@ def _config_error(error: str) -> bool:
 
 
 def fixed_since(
-    fleet: Fleet, config: ModelConfig, *, invalid: Mapping[str, str] | None = None
+    fleet: Fleet,
+    config: ModelConfig,
+    *,
+    mcp_servers: Mapping[str, FleetServer] | None,
+    invalid: Mapping[str, str] | None = None,
 ) -> list[tuple[str, str]]:
     """``(lane, error)`` for each dead lane killed by a configuration error whose persona now
     passes the check-up (reads only the dead lanes: there are few, whatever the fleet size).
+    ``mcp_servers``: the MCP servers its workers know (None: unknown, a ``use`` is not
+    checked).
 
     A persona beat still records as ``invalid`` is skipped without opening its files (one may
     be a FIFO): it is not fixed as far as the fleet knows.
@@ -129,15 +138,14 @@ def fixed_since(
     for lane, status in zip(dead, fleet.lanes.status_many(dead), strict=True):
         error = str(status.get("last_error") or "")
         if not _config_error(error) or _SERVER_ONLY.search(error):
-            # Only a running server shows these (an allow-list naming a tool it lacks, a tool
-            # name it makes too long, a name two tools share): the check-up starts no servers,
-            # so it cannot say they are fixed.
+            # Only a running server shows these (a tool name it makes too long, a name two
+            # tools share): the check-up starts no servers, so it cannot say they are fixed.
             continue
         name, _role = fleet.registry.parse_lane(lane)
         if invalid is not None and name in invalid:
             continue
         try:
-            check_persona(fleet.registry.home(name), config, mcp_servers=fleet.settings.mcp_servers)
+            check_persona(fleet.registry.home(name), config, mcp_servers=mcp_servers)
         except (SoulfleetError, ValueError, OSError):
             continue
         fixed.append((lane, error))

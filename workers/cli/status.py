@@ -188,7 +188,12 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
         note = None
     if note:
         click.echo(f"session: {note}")
-    fixed = fixed_since(fleet, state.settings.model, invalid=invalid_personas(fleet))
+    fixed = fixed_since(
+        fleet,
+        state.settings.model,
+        invalid=invalid_personas(fleet),
+        mcp_servers=state.fleet_mcp_servers(),
+    )
     _dead_hint(entry, name, {lane for lane, _ in fixed})
     _fixed_hint(fixed)
 
@@ -254,7 +259,9 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     breakers = fleet.breaker.states()
     beat = beat_summary(fleet)
     claims = lock_claims(fleet, [str(entry["persona"]) for entry in entries])
-    fixed = fixed_since(fleet, state.settings.model, invalid=invalid)
+    fixed = fixed_since(
+        fleet, state.settings.model, invalid=invalid, mcp_servers=state.fleet_mcp_servers()
+    )
     orphans = fleet.orphaned_dead()
     unusable = fleet.registry.unusable_names()
     used, limit, policy = fleet.redis_memory()

@@ -5,8 +5,9 @@ Built exactly as a worker builds them (persona.toml's ``[tools]`` through
 and asked for their tools: the listing shows the real names (``time__get_current_time``),
 descriptions and schemas, in the order the model gets them. A server that cannot be started or
 reached is named with its error (stderr, or ``unavailable`` in ``--json``) and the exit status
-is 1; an invalid tool configuration (bad ref, unknown ``use``, allow-list naming a tool the
-server lacks) is an invalid persona, exit 2. The servers are stopped before the command exits.
+is 1, as for an allow-list naming a tool the server does not list; an invalid tool
+configuration (bad ref, unknown ``use``) is an invalid persona, exit 2. The servers are
+stopped before the command exits.
 """
 
 from __future__ import annotations

@@ -260,7 +260,8 @@ class _Up:
         lines, lanes = describe_personas(choice.root, settings)
         for line in lines or ["(no persona directories here yet: `soulfleet init DIR` makes one)"]:
             echo(f"    {line}")
-        fixed = fixed_since(self.fleet, settings.model, invalid=invalid_personas(self.fleet))
+        fixed = fixed_since(self.fleet, settings.model, invalid=invalid_personas(self.fleet),
+                            mcp_servers=settings.mcp_servers)  # fmt: skip
         if fixed:
             echo(f"  dead      {len(fixed)} lane(s) dead-lettered by a configuration error that is "
                  f"fixed now ({', '.join(lane for lane, _ in fixed)}): `soulfleet revive --all` "

@@ -110,6 +110,12 @@ def kind_model(persona: AgentDef | PersonaConfig, kind: str, settings: Settings)
     )
 
 
+#: Seconds a heartbeat turn may start outside its active hours and still run: beat decides on
+#: Redis's clock, a worker on its host's, and a turn ticked as the window closed starts a moment
+#: after it.
+QUIET_GRACE = 60.0
+
+
 class SpendGuard:
     """Decides, at turn start, whether a turn may call its model. Thread-safe."""
 
@@ -140,10 +146,11 @@ class SpendGuard:
         newest pass that called its model ended / began (the lane's ``LAST_PASS`` field, which
         a worker's turn start returns)."""
         hours = persona.heartbeat.active_hours if persona.heartbeat else None
+        now = self.ledger.clock.time()
         if (
             kind == "heartbeat"
             and hours is not None
-            and not hours.contains(self.ledger.clock.time())
+            and not any(hours.contains(now + shift) for shift in (-QUIET_GRACE, 0.0, QUIET_GRACE))
         ):
             # beat checked when it ticked; a turn queued behind a backlog, a deferral or an
             # edit of active_hours may start after the window closed (a post turns the turn

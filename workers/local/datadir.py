@@ -168,9 +168,10 @@ class UpState:
     embedded_redis: bool = True
     #: pids of the processes `up` started (Redis, beat, workers, Flower).
     children: tuple[int, ...] = ()
-    #: The MCP config file its workers read (absolute; "" for none): other commands check a
-    #: persona's ``use`` against it, not against their own shell's SOULFLEET_MCP_CONFIG.
-    mcp_config: str = ""
+    #: The MCP config file its workers read (absolute; "" for none; None: not recorded, an
+    #: `up` from before it was): other commands check a persona's ``use`` against it, not
+    #: against their own shell's SOULFLEET_MCP_CONFIG.
+    mcp_config: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -188,7 +189,7 @@ class UpState:
             started_at=float(data["started_at"]),
             embedded_redis=bool(data.get("embedded_redis", True)),
             children=tuple(int(pid) for pid in data.get("children", ())),
-            mcp_config=str(data.get("mcp_config", "")),
+            mcp_config=None if data.get("mcp_config") is None else str(data["mcp_config"]),
         )
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import structlog
@@ -45,6 +46,7 @@ from workers.persona.summary_cache import SummaryFile
 from workers.persona.toolbox import build_within
 from workers.persona.tools import Tool, ToolResult
 from workers.persona.transcripts import FileTranscripts
+from workers.persona.turn_time import turn_deadline
 
 __all__ = ["PersonaTool", "SessionMode", "as_tool", "model_for", "run", "run_agent"]
 
@@ -99,6 +101,8 @@ def run_agent(
     if session not in (False, True, "new"):
         raise ValueError(f"session must be False, True or 'new', got {session!r}")
     used_clock: Clock = clock if clock is not None else SystemClock()
+    limits = budget if budget is not None else Budget()
+    began = used_clock.monotonic()
     tools = agent.toolset(lock_mode=lock_mode, lock_timeout=lock_timeout, declared=declared)
     pointer: FilePointer | None = None
     if session and agent.kind != "dreamer":
@@ -107,18 +111,20 @@ def run_agent(
         if session == "new":
             pointer.reset()
         at = pointer.read()
-        plan = plan_turn(
-            lane=agent.name,
-            pointer=at,
-            base=files.read(at.state),
-            compose=agent.soul,
-            config=agent.session,
-            now=used_clock.time(),
-            incoming=prompt,
-            model=model,
-            turn_tokens=(budget or Budget()).max_tokens,
-            summaries=SummaryFile(agent.home, agent.name),
-        )
+        # A summary may take half the turn's max_seconds, as in a fleet turn (executor.py).
+        with turn_deadline(limits.max_seconds / 2):
+            plan = plan_turn(
+                lane=agent.name,
+                pointer=at,
+                base=files.read(at.state),
+                compose=agent.soul,
+                config=agent.session,
+                now=used_clock.time(),
+                incoming=prompt,
+                model=model,
+                turn_tokens=limits.max_tokens,
+                summaries=SummaryFile(agent.home, agent.name),
+            )
     else:
         plan = ephemeral_plan(agent.name, agent.soul, now=used_clock.time())
     store = FileTranscripts(agent.home, max_conversations=max_conversations, clock=used_clock)
@@ -139,7 +145,10 @@ def run_agent(
             prompt=prompt,
             tools=tools,
             model=model,
-            budget=plan.left_of(budget if budget is not None else Budget()),
+            budget=replace(
+                plan.left_of(limits),
+                max_seconds=max(0.0, limits.max_seconds - (used_clock.monotonic() - began)),
+            ),
             clock=used_clock,
             on_message=writer.append,
             guard=guard,

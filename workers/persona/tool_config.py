@@ -17,11 +17,11 @@
     [[tools.python]]
     ref = "mypkg.tools:weather_tool"   # a Tool, or a @tool_factory function returning one
 
-Only the SHAPE is checked here (keys, types, names): whether a ``use`` names a fleet server,
-whether a ``ref`` imports and whether an allow-list matches the server's tools can only be
-answered by the fleet configuration, the Python environment or the server itself, so
-:mod:`workers.persona.toolbox` answers them when a turn builds its tools, with the same
-:class:`PersonaConfigError` naming the dotted key and the file.
+Only the SHAPE is checked here (keys, types, names): whether a ``use`` names a fleet server
+and whether a ``ref`` imports can only be answered by the fleet configuration or the Python
+environment, so :mod:`workers.persona.toolbox` answers them when a turn builds its tools, with
+the same :class:`PersonaConfigError` naming the dotted key and the file (an allow-list naming
+a tool the server does not list only leaves that tool out).
 
 The order of the declarations in the file is the order of the tools in a turn. ``tomllib``
 keeps each array's order but not how ``[[tools.mcp]]`` and ``[[tools.python]]`` interleave,

@@ -206,9 +206,11 @@ class TurnExecutor:
             tick_channel="dream" if role == "dreamer" else "heartbeat",
         )
         try:
-            # The turn's max_seconds counts from its start: a compaction's model call made
-            # while planning is bounded by it, and the loop gets only what is left.
-            with turn_deadline(_seconds_left(budget, began)):
+            # The turn's max_seconds counts from its start (self.budget's: `budget` already
+            # had its MCP servers' start taken off). A compaction's model call may take half
+            # of what is left: one cut there leaves the turn time to answer with the whole
+            # history, where a cut at the limit left every later, longer summary cut too.
+            with turn_deadline(_seconds_left(self.budget, began) / 2):
                 plan = self._plan(lane, started, agent, role, prompt=prompt, model=model)
             # Scoped to the turn's lane and synced once, before the turn ends: a killed worker
             # loses none of it (written at once), a machine crash at most the lines of a turn
@@ -245,7 +247,7 @@ class TurnExecutor:
                 model=model,
                 # A compaction already spent some of it, and preparing the turn its time.
                 budget=replace(
-                    plan.left_of(budget), max_seconds=max(0.0, _seconds_left(budget, began))
+                    plan.left_of(budget), max_seconds=max(0.0, _seconds_left(self.budget, began))
                 ),
                 on_message=record,
                 guard=guard,
