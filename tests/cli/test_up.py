@@ -31,6 +31,7 @@ from tests.support.cli import (
 from tests.support.fleet import wait_until
 from tests.support.tmpfs import fill, tmpfs
 from workers.cli.up import RESTARTS
+from workers.local.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 
@@ -64,10 +65,13 @@ def _clean_env(xdg: Path) -> dict[str, str | None]:
 
 
 @contextlib.contextmanager
-def start_up(base: Path, *args: str, output_name: str = "up.out") -> Iterator[Up]:
-    """`soulfleet up --data <XDG_DATA_HOME>/soulfleet [args]` with no REDIS_URL, output to a
-    file; whatever is still running at the end is killed (children first)."""
-    env = _clean_env(base / "xdg")
+def start_up(
+    base: Path, *args: str, output_name: str = "up.out", redis_url: str | None = None
+) -> Iterator[Up]:
+    """`soulfleet up --data <XDG_DATA_HOME>/soulfleet [args]` with no REDIS_URL (or
+    ``redis_url``), output to a file; whatever is still running at the end is killed (children
+    first)."""
+    env = {**_clean_env(base / "xdg"), "REDIS_URL": redis_url}
     data = base / "xdg" / "soulfleet"
     output = base / output_name
     with output.open("wb") as sink:
@@ -382,3 +386,27 @@ def test_up_on_a_full_data_disk_says_which_folder_is_full(tmp_path: Path) -> Non
         assert "No space left on device" in done.stderr, done.stderr
         assert str(disk / "data") in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_up_on_its_own_redis_rides_out_a_redis_restart(tmp_path: Path) -> None:
+    """`up` with REDIS_URL (the user's own Redis, not one it started): Redis killed for longer
+    than a status line's interval and started again. `up` stopped the whole fleet on the
+    first status line it could not read; now it says once that Redis does not answer, then
+    that it answers again, and its children run on."""
+    server = RedisServer(tmp_path / "redis", persistent=True).start()
+    try:
+        with start_up(tmp_path, "--workers", "1", redis_url=server.url) as running:
+            wait_until(lambda: running.alive() and " status  " in running.text(),
+                       timeout=DEADLINE)  # fmt: skip
+            server.stop()
+            wait_until(lambda: running.alive() and "status unavailable" in running.text(),
+                       timeout=DEADLINE)  # fmt: skip
+            server = RedisServer(tmp_path / "redis", port=server.port, persistent=True).start()
+            wait_until(lambda: running.alive() and "Redis answers again" in running.text(),
+                       timeout=DEADLINE)  # fmt: skip
+            assert running.text().count("status unavailable") == 1
+            assert "beats feed interrupted" in running.text()
+            running.process.send_signal(signal.SIGINT)
+            assert running.process.wait(timeout=DEADLINE) == 0, running.text()
+    finally:
+        server.stop()

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import json
+import queue
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from workers.cli.watch import LogTail, Reporter
+import pytest
+import redis
+
+from workers.cli.watch import LogTail, Reporter, follow_beats
+from workers.fleet import Fleet
 from workers.fleet.beats import Beat
+from workers.fleet.keys import Keys
+from workers.local.redis_server import RedisServer
+from workers.settings import Settings
 
 
 def _append(path: Path, *records: dict[str, Any] | str) -> None:
@@ -163,3 +173,55 @@ def test_another_error_line_carries_its_reason_and_hint() -> None:
     reporter.event({**failed, "error": "Connection refused"})
     assert [line.split()[2] for line in lines] == ["[E1]", "[E2]", "[E3]"]
     assert "Connection refused" in lines[-1]  # its own line, not a repeat of the OOM one
+
+
+class _NoPublisher:
+    def publish(self, lane: str, turn_id: str, kind: str) -> None:
+        raise AssertionError("nothing is published here")
+
+    def publish_many(self, turns: object) -> None:
+        raise AssertionError("nothing is published here")
+
+
+def _beat(client: redis.Redis, keys: Keys, text: str) -> None:
+    client.xadd(keys.beats, {"persona": "ava", "text": text, "turn_id": text, "time": "1"})
+
+
+def _next(out: queue.Queue[Beat | Exception]) -> Beat | Exception:
+    return out.get(timeout=30)
+
+
+@pytest.mark.integration
+def test_the_beats_feed_survives_a_redis_restart_and_misses_nothing(tmp_path: Path) -> None:
+    """`up`'s beats feed on a Redis that is killed and started again (its AOF kept): one error
+    is reported for the outage (it ended the feed for the rest of `up`'s life), then the beat
+    added before the outage's end and the one after come through, in order, none twice."""
+    server = RedisServer(tmp_path / "redis", persistent=True).start()
+    settings = Settings.from_env({"REDIS_URL": server.url, "SOULFLEET_PERSONAS": str(tmp_path)})
+    fleet = Fleet(settings, publisher=_NoPublisher())
+    client = redis.Redis.from_url(server.url)
+    out: queue.Queue[Beat | Exception] = queue.Queue()
+    stop = threading.Event()
+    follower = threading.Thread(target=follow_beats, args=(fleet, out, stop),
+                                kwargs={"retry": 0.2}, daemon=True)  # fmt: skip
+    try:
+        _beat(client, fleet.keys, "before")  # already there: not followed
+        follower.start()
+        time.sleep(1.5)  # the feed is reading
+        _beat(client, fleet.keys, "one")
+        assert getattr(_next(out), "text", None) == "one"
+        server.stop()
+        assert isinstance(_next(out), Exception)
+        time.sleep(1.0)
+        assert out.empty(), "the same outage was reported twice"
+        server = RedisServer(tmp_path / "redis", port=server.port, persistent=True).start()
+        client = redis.Redis.from_url(server.url)
+        _beat(client, fleet.keys, "two")
+        _beat(client, fleet.keys, "three")
+        got = [_next(out), _next(out)]
+        assert [getattr(beat, "text", beat) for beat in got] == ["two", "three"]
+    finally:
+        stop.set()
+        follower.join(timeout=10)
+        fleet.client.close()
+        server.stop()

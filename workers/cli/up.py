@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import click
+import redis
 
 from workers.cli.console import Console, StopRequest
 from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
@@ -137,6 +138,8 @@ class _Up:
         self.reporter = Reporter(self.console.out)
         self.state: UpState | None = None
         self.restarts: dict[str, list[float]] = {}
+        #: Why the status line could not be read (Redis away), while it cannot; None when it can.
+        self.status_error: str | None = None
 
     def run(self) -> int:
         try:
@@ -288,7 +291,7 @@ class _Up:
                     return EXIT_FAILURE
                 if time.monotonic() >= next_status:
                     next_status += STATUS_EVERY
-                    live_status(self.reporter, self.fleet, lanes)
+                    self._status(lanes)
                 self.stop.requested.wait(_TICK)
             return 0
         finally:
@@ -296,6 +299,26 @@ class _Up:
             for tail in tails:  # what the children said while we were stopping the loop
                 self.reporter.events(tail.read())
             follower.join(timeout=3)
+
+    def _status(self, lanes: int) -> None:
+        """The status line; a Redis that does not answer is said once, and when it answers
+        again, and never stops `up`: its workers and beat reconnect by themselves (an embedded
+        Redis that exited is :meth:`_redis_running`'s, which stops the fleet)."""
+        assert self.fleet is not None
+        try:
+            live_status(self.reporter, self.fleet, lanes)
+        except (RedisUnavailable, redis.RedisError) as exc:
+            if self.status_error is None:
+                self.reporter.line(
+                    "error",
+                    f"status unavailable: {exc}. The fleet's workers and beat reconnect by "
+                    "themselves once Redis answers; `up` goes on (Ctrl-C stops the fleet)",
+                )
+            self.status_error = str(exc)
+            return
+        if self.status_error is not None:
+            self.status_error = None
+            self.reporter.line("status", "Redis answers again")
 
     def _restarted(self, crashed: Child) -> bool:
         """Report a child that exited on its own and start it again, unless it has already
@@ -373,7 +396,8 @@ class _Up:
                     # the line about the embedded Redis says what happened.
                     self.reporter.line("error", "beats feed stopped: the embedded Redis is gone")
                 else:
-                    self.reporter.line("error", f"beats feed stopped: {item}")
+                    self.reporter.line("error", f"beats feed interrupted: {item}; it resumes "
+                                       "where it stopped once Redis answers")  # fmt: skip
             else:
                 self.reporter.beat(item)
 

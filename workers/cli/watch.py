@@ -275,14 +275,33 @@ class Reporter:
         )
 
 
-def follow_beats(fleet: Fleet, out: queue.Queue[Beat | Exception], stop: threading.Event) -> None:
-    """Thread body: surfaced beats from the stream into ``out`` (an error ends it, reported)."""
+def follow_beats(
+    fleet: Fleet,
+    out: queue.Queue[Beat | Exception],
+    stop: threading.Event,
+    *,
+    retry: float = 2.0,
+) -> None:
+    """Thread body: surfaced beats from the stream into ``out`` until ``stop``. An error (Redis
+    away) is put in ``out`` once per outage, for the main loop to report; the feed then tries
+    again every ``retry`` seconds and resumes after the last beat it gave, missing none."""
     feed = Beats(fleet.client, fleet.keys)
-    try:
-        for beat in feed.follow("$", block_ms=1000, stop=stop):
-            out.put(beat)
-    except Exception as exc:  # reported by the main loop; up keeps supervising
-        out.put(exc)
+    cursor = "$"
+    failing = False
+    while not stop.is_set():
+        try:
+            if cursor == "$":  # resolved once: a retry must not skip what came meanwhile
+                cursor = feed.last_id()
+            for beat in feed.follow(cursor, block_ms=1000, stop=stop):
+                failing = False
+                cursor = beat.id
+                out.put(beat)
+            return
+        except Exception as exc:  # reported by the main loop; up keeps supervising
+            if not failing:
+                out.put(exc)
+            failing = True
+            stop.wait(retry)
 
 
 def live_status(reporter: Reporter, fleet: Fleet, lanes_at_start: int) -> None:
