@@ -3,6 +3,7 @@ lane waits without paying for model calls and carries on by itself once the disk
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,48 @@ def test_a_full_then_read_only_persona_disk_costs_no_model_call_and_the_lane_res
             assert len(provider.requests) == 1
             assert harness.fleet.lanes.status("ava")["last_text"] == "saved at last"
             harness.stop()
+
+
+def test_a_persona_directory_refusing_the_worker_waits_and_resumes_once_fixed(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """ava's home made immutable (`chattr +i`: EPERM even for root, as a wrong owner is EACCES
+    for a worker's user): her turn is refused without a model call, past
+    SOULFLEET_MAX_ATTEMPTS, never dead-lettered (it was, within 20 s: an unknown failure),
+    with an error saying to fix the directory's access; once fixed the turn runs once."""
+    with FakeProvider("openai", text="written at last") as provider:
+        harness.use_model_server(
+            provider,
+            SOULFLEET_RETRY_BASE="200ms",
+            SOULFLEET_RETRY_MAX="500ms",
+            SOULFLEET_MAX_ATTEMPTS="2",
+        )
+        home = harness.persona("ava")
+        subprocess.run(["chattr", "+i", str(home)], check=True)
+        try:
+            harness.worker()
+            harness.beat()
+            harness.fleet.post("ava", "hello")
+
+            def refused() -> dict[str, object] | None:
+                lane = harness.fleet.lanes.status("ava")
+                failures = int(str(lane["failures"] or 0))
+                return lane if failures >= 4 else None
+
+            lane = wait_until(refused, timeout=60, what="4 refusals")
+            error = str(lane["last_error"])
+            assert error.startswith(f"{storage.STORAGE_MARK} at {home}"), error
+            assert "Operation not permitted" in error
+            assert "write access to the persona directory" in error
+            assert lane["last_error_kind"] == "transient"
+            assert lane["state"] != "dead"
+            assert provider.requests == []
+        finally:
+            subprocess.run(["chattr", "-i", str(home)], check=True)
+        wait_until(
+            lambda: harness.fleet.lanes.status("ava").get("last_status") == "done",
+            timeout=60,
+            what="the turn to run once the directory is writable",
+        )
+        assert len(provider.requests) == 1
+        harness.stop()

@@ -62,8 +62,9 @@ def test_the_probe_finds_a_write_the_filesystem_refuses(tmp_path: Path) -> None:
 
 
 def test_a_failure_caused_by_a_full_disk_is_described_as_storage() -> None:
-    """An ENOSPC/EDQUOT/EROFS anywhere in a failure's causes gives the storage message (naming
-    the file when the error does); any other failure gives None."""
+    """An ENOSPC/EDQUOT/EROFS/EACCES/EPERM anywhere in a failure's causes gives the storage
+    message (naming the file when the error does; a wrong owner dead-lettered the lane after 5
+    quick attempts); any other failure gives None."""
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/p/ava/sessions/x.json")
     try:
         raise RuntimeError("commit failed") from full
@@ -72,7 +73,14 @@ def test_a_failure_caused_by_a_full_disk_is_described_as_storage() -> None:
     assert message is not None
     assert message.startswith(f"{storage.STORAGE_MARK} at /p/ava: No space left on device")
     assert "while saving the turn (/p/ava/sessions/x.json)" in message
-    assert storage.failure_message("/p/ava", OSError(errno.EACCES, "denied"), "x") is None
+    denied = storage.failure_message("/p/ava", OSError(errno.EACCES, "Permission denied"), "x")
+    assert denied is not None
+    assert denied.startswith(f"{storage.STORAGE_MARK} at /p/ava: Permission denied while x;")
+    assert denied.endswith("Give the worker's user write access to the persona directory (its "
+                           "owner and mode: `ls -ln` it beside a working persona's)")  # fmt: skip
+    assert "remount" not in denied
+    assert failure_kind(OSError(errno.EPERM, "not permitted")) == "transient"
+    assert storage.failure_message("/p/ava", OSError(errno.EIO, "I/O error"), "x") is None
     assert failure_kind(OSError(errno.EROFS, "read-only")) == "transient"
     assert failure_kind(OSError(errno.EDQUOT, "quota")) == "transient"
     assert failure_kind(OSError(errno.EIO, "I/O error")) == "unknown"

@@ -75,9 +75,12 @@ __all__ = [
 
 FailureKind = Literal["transient", "permanent", "unknown"]
 
-#: What a filesystem answers when it is full (or over quota) or mounted read-only: the files
-#: are fine, the place is not, and someone freeing space or remounting fixes it (transient).
-STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+#: What a filesystem answers when it is full (or over quota), mounted read-only, or refuses
+#: the worker's user (a wrong owner or mode after a restore, an immutable directory): the files
+#: are fine, the place is not, and someone freeing space, remounting or fixing the ownership
+#: fixes it (transient: the lane waits, refused before each model call, and goes on by itself;
+#: as an unknown failure it was dead-lettered after 5 quick attempts).
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 class SoulfleetError(Exception):
@@ -91,7 +94,7 @@ def failure_kind(exc: BaseException) -> FailureKind:
     """The kind of a turn failure, read from the exception's class (and its causes).
 
     A plain ``TimeoutError`` or ``ConnectionError`` is transient, and so is an ``OSError`` of a
-    full or read-only filesystem (:data:`STORAGE_ERRNOS`); the fleet adds Redis's own
+    full, read-only or refusing filesystem (:data:`STORAGE_ERRNOS`); the fleet adds Redis's own
     exceptions in :func:`workers.fleet.errors.classify`.
     """
     for current in causes(exc):
@@ -181,21 +184,33 @@ class LockTimeout(PersonaError):
         self.holders = holders
 
 
+#: What to do, by what the filesystem answered (0: full or read-only, the default).
+_STORAGE_FIX = {
+    0: "Free space on that filesystem or remount it read-write",
+    errno.EACCES: "Give the worker's user write access to the persona directory (its owner and "
+    "mode: `ls -ln` it beside a working persona's)",
+    errno.EPERM: "Give the worker's user write access to the persona directory (its owner, "
+    "and no immutable flag: `lsattr -d` it)",
+}
+
+
 class StorageUnavailable(PersonaError):
     """The filesystem holding a persona directory cannot take the turn's files: full, over
-    quota or read-only (names the directory and what it answered).
+    quota, read-only, or refusing the worker's user (names the directory and what it answered).
 
-    Transient: freeing space or remounting fixes it, and the lane carries on by itself. Raised
+    Transient: freeing space, remounting or fixing the ownership fixes it, and the lane carries
+    on by itself. Raised
     before the model call when the worker can tell (:func:`workers.persona.storage.check`),
     so a turn that could not be saved is not paid for."""
 
     retryable = True
 
-    def __init__(self, home: object, problem: str) -> None:
+    def __init__(self, home: object, problem: str, code: int | None = None) -> None:
+        """``code``: the errno the filesystem answered, when one did (it picks the advice)."""
         super().__init__(
             f"persona storage unavailable at {home}: {problem}; the turn runs again with "
-            "backoff for up to SOULFLEET_RETRY_FOR (its inbox items are kept). Free space on "
-            "that filesystem or remount it read-write"
+            "backoff for up to SOULFLEET_RETRY_FOR (its inbox items are kept). "
+            + _STORAGE_FIX.get(code or 0, _STORAGE_FIX[0])
         )
         self.home = home
         self.problem = problem

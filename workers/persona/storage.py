@@ -1,11 +1,13 @@
 """Whether a persona directory's filesystem can take a turn's files, asked before the model call.
 
 A turn writes its transcript, its session state and its memory edits into the persona's home. On
-a full (or over quota) or read-only filesystem every such write fails, and it fails only after
-the model call has been paid for: left to the commit, each retry would pay for a reply it could
-not keep. :func:`check` asks the filesystem first, so a turn that cannot be saved is refused
-before it costs anything, as a transient failure (:class:`StorageUnavailable`): the lane waits
-with backoff and carries on by itself once space is freed or the mount is writable again.
+a full (or over quota) or read-only filesystem, or one refusing the worker's user (EACCES,
+EPERM: a wrong owner after a restore, an immutable directory), every such write fails, and it
+fails only after the model call has been paid for: left to the commit, each retry would pay for
+a reply it could not keep. :func:`check` asks the filesystem first, so a turn that cannot be
+saved is refused before it costs anything, as a transient failure (:class:`StorageUnavailable`):
+the lane waits with backoff and carries on by itself once space is freed, the mount is writable
+or the ownership is fixed again.
 
 - Every turn: one ``statvfs`` of the home (a read-only mount, less than
   :data:`MIN_FREE_BYTES` free to unprivileged writers, or under :data:`MIN_FREE_INODES` free
@@ -99,11 +101,12 @@ def _probe(home: str) -> None:
 def _refuse(home: str, exc: OSError) -> None:
     if exc.errno in STORAGE_ERRNOS:
         problem = f"a test write was refused before the model call: {exc.strerror}"
-        raise StorageUnavailable(home, problem) from exc
+        raise StorageUnavailable(home, problem, exc.errno) from exc
 
 
 def storage_error(exc: BaseException | None) -> OSError | None:
-    """The ``OSError`` of a full or read-only filesystem that ``exc`` is or was caused by."""
+    """The ``OSError`` of a full, read-only or refusing filesystem (:data:`STORAGE_ERRNOS`)
+    that ``exc`` is or was caused by."""
     for current in causes(exc, context=True):
         if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
             return current
@@ -120,4 +123,4 @@ def failure_message(home: str | os.PathLike[str], exc: BaseException, doing: str
         return None
     where = f" ({error.filename})" if error.filename else ""
     problem = f"{error.strerror or error} while {doing}{where}"
-    return str(StorageUnavailable(home, problem))
+    return str(StorageUnavailable(home, problem, error.errno))
