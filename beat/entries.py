@@ -35,12 +35,14 @@ from beat.schedule import ScheduleSpec, to_ms
 from workers.fleet.keys import Keys, schedule_member, split_schedule_member
 from workers.fleet.registry import PersonaRegistry
 
-__all__ = ["EntryChanges", "PersonaEntries", "ScheduleEntries", "members_of"]
+__all__ = ["DRIFT_KEPT", "EntryChanges", "PersonaEntries", "ScheduleEntries", "members_of"]
 
 _log = structlog.get_logger("soulfleet.beat")
 
 # Redis writes go out in pipelines of this many personas: bounded memory, few round trips.
 CHUNK = 1000
+#: Seconds a schedule drift stays recorded for ``soulfleet status``.
+DRIFT_KEPT = 24 * 3600
 
 
 def members_of(name: str) -> tuple[str, str]:
@@ -104,13 +106,19 @@ class ScheduleEntries:
             for name in chunk:
                 _log.info("registry.removed", persona=name)
 
-    def drifted(self, expected: int) -> bool:
-        """True when Redis does not hold ``expected`` specs and scores (flushed, edited by hand)."""
+    def drifted(self, expected: int) -> int | None:
+        """How many entries Redis holds when that is not ``expected`` specs and scores (flushed,
+        edited by hand); None when it holds what it should."""
         pipe = self._client.pipeline(transaction=False)
         pipe.hlen(self._keys.schedule_spec)
         pipe.zcard(self._keys.schedule)
         specs, scores = pipe.execute()
-        return bool(specs != expected or scores != expected)
+        return None if specs == expected and scores == expected else min(int(specs), int(scores))
+
+    def record_drift(self, at: float, expected: int, found: int) -> None:
+        """Keep what a drift found for a day, for ``soulfleet status`` to say."""
+        record = json.dumps({"at": at, "expected": expected, "found": found})
+        self._client.set(self._keys.schedule_drift, record, ex=DRIFT_KEPT)
 
     def personas_in_redis(self) -> set[str]:
         """Every persona Redis schedules or keeps a registry record for."""

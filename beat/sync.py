@@ -179,18 +179,24 @@ class RegistrySync:
         current = {name: r for name, r in self._known.items() if name in seen} | changed
         targets = changed
         expected = sum(len(record.specs) for record in current.values())
-        drifted = self._reconciled and self._entries.drifted(expected)
-        if drifted:
+        found = self._entries.drifted(expected) if self._reconciled else None
+        drifted = found is not None
+        if found is not None:
             # Heals itself below, but an operator must hear that Redis lost or changed state:
-            # what else it held (inboxes, lanes) may be gone too.
-            _log.warning(
+            # what else it held (inboxes, lanes, today's usage) may be gone too. An error, so
+            # `up` shows it; counted and kept a day, so the alert and `status` say it too.
+            _log.error(
                 "schedule.drifted",
                 expected=expected,
-                hint="Redis does not hold the schedule entries the persona files ask for (a "
-                "restart without AOF, FLUSHALL, a hand edit): rewritten from the files now; if "
-                "Redis lost its data, posts waiting in inboxes were lost with it (runbook: "
-                "Redis down or restarted)",
+                found=found,
+                error=f"Redis held {found} of the {expected} schedule entries the persona files "
+                "ask for",
+                hint="a restart without AOF, FLUSHALL or a hand edit: rewritten from the files "
+                "now; if Redis lost its data, posts waiting in inboxes were lost with it "
+                "(runbook: Redis down or restarted)",
             )
+            metrics.SCHEDULE_DRIFTS.inc()
+            self._entries.record_drift(self._clock.time(), expected, found)
         if not self._reconciled or drifted:
             targets = current
             gone |= {name for name in self._entries.personas_in_redis() if name not in seen}

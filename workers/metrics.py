@@ -47,6 +47,7 @@ __all__ = [
     "REDIS_MEMORY_MAX",
     "REDIS_MEMORY_USED",
     "REGISTRY_INVALID",
+    "SCHEDULE_DRIFTS",
     "SWEEP_DUE",
     "SWEEP_SECONDS",
     "TICKS",
@@ -202,6 +203,11 @@ BREAKER_OPEN = Gauge(
     "1 while a model provider's breaker is open (calls paused, lanes deferred), else 0; set by "
     "beat's recovery pass.",
     ["provider"],
+)
+SCHEDULE_DRIFTS = Counter(
+    "soulfleet_schedule_drifts_total",
+    "Registry syncs that found Redis not holding the schedule the persona files ask for (Redis "
+    "restarted without its data, FLUSHALL, a hand edit): rewritten from the files.",
 )
 REGISTRY_INVALID = Gauge(
     "soulfleet_registry_invalid_personas",

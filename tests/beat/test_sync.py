@@ -12,6 +12,7 @@ from pathlib import Path
 import redis
 from prometheus_client import REGISTRY
 
+from beat.entries import DRIFT_KEPT
 from beat.schedule import ScheduleSpec, to_ms
 from beat.sync import RegistrySync, SyncReport
 from tests.beat.conftest import Events
@@ -306,19 +307,27 @@ def test_sync_restores_entries_lost_from_redis(
     fleet: Fleet, persona_root: Path, redis_client: redis.Redis, events: Events
 ) -> None:
     """If the schedule key is lost (flushed Redis), the next sync notices and rewrites it, and
-    says so at warning level (what else Redis held may be lost too)."""
+    says so at error level (what else Redis held may be lost too: `up` shows errors), counts
+    it in soulfleet_schedule_drifts_total and keeps a record a day for `status`."""
     write_persona(persona_root, "ava", EVERY_1M)
     sync = make_sync(fleet)
     sync.run()
     before = schedule(redis_client, fleet)
     assert events.named("schedule.drifted") == []
+    assert redis_client.get(fleet.keys.schedule_drift) is None
+    drifts = REGISTRY.get_sample_value("soulfleet_schedule_drifts_total") or 0.0
     redis_client.delete(fleet.keys.schedule)
     report = sync.run()
     assert (report.added, report.updated) == (0, 1)
     assert schedule(redis_client, fleet) == before
     [drifted] = events.named("schedule.drifted")
-    assert drifted["log_level"] == "warning"
+    assert drifted["log_level"] == "error"
+    assert drifted["error"] == "Redis held 0 of the 1 schedule entries the persona files ask for"
     assert "posts waiting in inboxes were lost" in drifted["hint"]
+    assert REGISTRY.get_sample_value("soulfleet_schedule_drifts_total") == drifts + 1
+    record = json.loads(redis_client.get(fleet.keys.schedule_drift) or "{}")
+    assert (record["expected"], record["found"]) == (1, 0)
+    assert 0 < redis_client.ttl(fleet.keys.schedule_drift) <= DRIFT_KEPT
 
 
 def test_invalid_tool_config_is_an_invalid_persona(

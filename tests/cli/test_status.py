@@ -494,3 +494,27 @@ def test_a_used_up_budget_says_what_it_does_to_the_persona(
     )
     toml.write_text(toml.read_text("utf-8") + 'on_exceed = "stop"\n', "utf-8")
     assert "every turn is refused, posts at the door" in invoke("status", "milo").stdout
+
+
+def test_status_says_when_redis_lost_the_schedule(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """Redis emptied under a running beat (here its schedule key deleted): the next registry
+    sync rewrites it, and `status` says Redis lost or changed its data and what may be lost
+    with it (it showed a clean, idle fleet); --json carries what beat found."""
+    settings = settings_for(env)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    keys = Keys(settings.key_prefix)
+    sync = RegistrySync(
+        client=client, keys=keys, registry=PersonaRegistry(fleet_root), settings=settings
+    )
+    sync.run()
+    assert "lost or changed its data" not in invoke("status").stdout
+    client.delete(keys.schedule)
+    sync.run()
+    out = invoke("status").stdout
+    assert "redis: beat found it holding 0 of the " in out
+    assert "inbox items, running turns and today's token counts" in out
+    drift = json.loads(invoke("status", "--json").stdout)["schedule_drift"]
+    assert drift["found"] == 0
+    assert drift["expected"] > 0

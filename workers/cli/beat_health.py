@@ -14,7 +14,7 @@ from typing import Any
 from workers.fleet import Fleet
 from workers.fleet.scripts import redis_errors
 
-__all__ = ["beat_stale", "beat_summary"]
+__all__ = ["beat_stale", "beat_summary", "schedule_drift"]
 
 #: Sweeps missed before beat is called stopped (with a floor for slow sweeps of big fleets);
 #: the SoulfleetBeatNotSweeping alert says the same after 60 s.
@@ -40,3 +40,15 @@ def beat_stale(beat: Mapping[str, Any], sweep_interval: float) -> bool:
     at = beat.get("at") or beat.get("time")
     stale = max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval)
     return isinstance(at, (int, float)) and at > 0 and time.time() - float(at) > stale
+
+
+def schedule_drift(fleet: Fleet) -> dict[str, Any] | None:
+    """What beat's newest schedule drift found (``at``, ``expected``, ``found``), kept a day
+    after it: Redis lost or changed its data (a restart without AOF, FLUSHALL); None if none."""
+    with redis_errors(fleet.client):
+        raw = fleet.client.get(fleet.keys.schedule_drift)
+    try:
+        data = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None

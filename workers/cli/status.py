@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from workers.cli.beat_health import beat_stale, beat_summary
+from workers.cli.beat_health import beat_stale, beat_summary, schedule_drift
 from workers.cli.context import CliContext
 from workers.cli.errors import BadInputError
 from workers.cli.group import cli_context, personas_option
@@ -267,6 +267,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     used, limit, policy = fleet.redis_memory()
     full = 0 < limit <= used
     evicting = evicts(policy)
+    drift = schedule_drift(fleet)
     if as_json:
         payload = {
             "root": str(root),
@@ -280,6 +281,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
             "fixed_since_dead": [lane for lane, _ in fixed],
             "dead_persona_gone": orphans,
             "unusable_names": unusable,
+            "schedule_drift": drift,
             "redis_memory": {
                 "used": used,
                 "max": limit,
@@ -331,6 +333,14 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
             "leases and inbox items (lost or doubled turns): `redis-cli CONFIG SET "
             'maxmemory-policy noeviction` now, and in its config; ops/runbook.md "Redis memory '
             'near its limit"'
+        )
+    if drift is not None:
+        click.echo(
+            f"redis: beat found it holding {drift.get('found')} of the {drift.get('expected')} "
+            f"schedule entries the persona files ask for, {ago(drift.get('at'))}, and rewrote "
+            "them: Redis lost or changed its data then (a restart without its AOF, FLUSHALL), so "
+            "inbox items, running turns and today's token counts of that moment may be lost; "
+            'ops/runbook.md "Redis down or restarted" (said for a day)'
         )
     click.echo(_beat_line(beat, state.settings.sweep_interval, redis_full=full))
     _workers_line(state, entries)

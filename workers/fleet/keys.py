@@ -179,6 +179,11 @@ class Keys:
     def last_sweep(self) -> str:
         return f"{self.prefix}beat:last_sweep"
 
+    @property
+    def schedule_drift(self) -> str:
+        """JSON beat writes when it found Redis not holding the schedule (kept a day)."""
+        return f"{self.prefix}beat:schedule_drift"
+
     def usage(self, day: str, persona: str) -> str:
         return f"{self.prefix}usage:{day}:{persona}"
 
