@@ -166,3 +166,17 @@ def test_run_local_keeps_the_transcripts_the_fleet_keeps(
         assert result.exit_code == 0, result.output
     transcripts = list((fleet_root / "milo" / "transcripts").rglob("*.jsonl"))
     assert len(transcripts) == 2, transcripts
+
+
+def test_a_failure_with_json_is_also_json_on_stdout(invoke: Invoke) -> None:
+    """`--json` and a failure (here an unknown persona, exit 2): stdout holds one JSON object
+    with the error and the exit status (it held nothing: only stderr said why); stderr keeps
+    its one line."""
+    result = invoke("run", "ghost", "hi", "--json")
+    assert result.exit_code == 2
+    outcome = json.loads(result.stdout)
+    assert outcome["exit"] == 2
+    assert "unknown persona 'ghost'" in outcome["error"]
+    assert result.stderr.startswith("soulfleet: error: ")
+    timed_out = invoke("run", "ava", "anyone?", "--timeout", "1", "--json")
+    assert len(timed_out.stdout.strip().splitlines()) == 1  # its own account only

@@ -7,6 +7,7 @@ command repeats a try/except and no user ever sees a traceback for bad input.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -24,6 +25,7 @@ from workers.fleet.errors import RedisFull, RedisUnavailable
 from workers.settings import redact_url
 
 __all__ = [
+    "JSON_FAILURE_SHOWN",
     "SoulfleetGroup",
     "calls_the_model",
     "cli_context",
@@ -35,6 +37,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 #: ``ctx.meta`` key of the group's own arguments (the command's name and its arguments).
 COMMAND_LINE = "soulfleet.command_line"
+#: ``ctx.meta`` key a command sets once it has printed its own JSON account of a failure.
+JSON_FAILURE_SHOWN = "soulfleet.json_failure_shown"
 
 
 def calls_the_model(ctx: click.Context) -> bool:
@@ -71,6 +75,9 @@ class SoulfleetGroup(click.Group):
         except BrokenPipeError:
             _quiet_stdout()
             raise click.exceptions.Exit(0) from None
+        except CliError as exc:
+            _json_failure(ctx, exc)
+            raise
         except (click.exceptions.Exit, click.Abort, click.ClickException):
             raise
         except Exception as exc:
@@ -86,7 +93,16 @@ class SoulfleetGroup(click.Group):
                     f"longer answers at {redact_url(up.redis_url)}: it has stopped; start it "
                     "again (`soulfleet up`)"
                 )
+            _json_failure(ctx, error)
             raise error from exc
+
+
+def _json_failure(ctx: click.Context, error: CliError) -> None:
+    """With ``--json``, a failure is also one JSON object on stdout (``error``, ``exit``): a
+    script reading stdout learns why, not only the exit status (the line on stderr stays)."""
+    line: tuple[str, ...] = ctx.meta.get(COMMAND_LINE, ())
+    if "--json" in line and not ctx.meta.get(JSON_FAILURE_SHOWN):
+        click.echo(json.dumps({"error": error.format_message(), "exit": error.exit_code}))
 
 
 def _unreachable(exc: BaseException) -> bool:

@@ -26,7 +26,7 @@ import click
 
 from workers.cli.context import CliContext, persona_dir
 from workers.cli.errors import EXIT_FAILURE, BadInputError
-from workers.cli.group import cli_context, personas_option
+from workers.cli.group import JSON_FAILURE_SHOWN, cli_context, personas_option
 from workers.fleet.errors import RedisUnavailable
 from workers.persona.checkup import check_persona
 from workers.persona.loop import Budget
@@ -107,6 +107,7 @@ def run(
         except TimeoutError as exc:
             if as_json:  # a script reading stdout gets an answer too (exit 1 either way)
                 click.echo(json.dumps({"persona": name, "status": "timeout", "error": str(exc)}))
+                ctx.meta[JSON_FAILURE_SHOWN] = True
             raise
         report = {
             "persona": name,
