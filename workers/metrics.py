@@ -220,6 +220,7 @@ DEAD_LETTERED = "soulfleet_dead_lettered_lanes"
 REDIS_MEMORY_USED = "soulfleet_redis_memory_used_bytes"
 REDIS_MEMORY_MAX = "soulfleet_redis_maxmemory_bytes"
 REDIS_EVICTING = "soulfleet_redis_evicting_policy"
+MODEL_CALL_OLDEST = "soulfleet_model_call_oldest_seconds"
 
 #: Keys :class:`LaneStateCollector` reads from its ``counts`` callable.
 COUNT_KEYS = (
@@ -234,6 +235,7 @@ COUNT_KEYS = (
     "redis_memory_used",
     "redis_maxmemory",
     "redis_evicting",
+    "model_call_oldest",
 )
 
 
@@ -289,6 +291,12 @@ class LaneStateCollector(Collector):
             "1 while Redis's maxmemory-policy may evict the fleet's keys (anything but "
             "noeviction) and SOULFLEET_ALLOW_EVICTION is not set, else 0.",
             value=float(counts.get("redis_evicting", 0)),
+        )
+        yield GaugeMetricFamily(
+            MODEL_CALL_OLDEST,
+            "Seconds the oldest model call holding a turn-gate slot has been in flight, fleet "
+            "wide (0: none; not measured with SOULFLEET_MAX_CONCURRENT_MODEL_CALLS=0).",
+            value=float(counts.get("model_call_oldest", 0)),
         )
 
 

@@ -18,7 +18,9 @@ from tests.cli.conftest import Invoke
 from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for, settings_for
 from workers.cli.worker_health import QUEUED_TOO_LONG
 from workers.fleet import Fleet
+from workers.fleet.gate import Gate
 from workers.fleet.keys import Keys
+from workers.fleet.lease import Renewer
 from workers.fleet.registry import PersonaRegistry
 from workers.fleet.usage import UsageLedger
 from workers.local.redis_server import RedisServer
@@ -518,3 +520,29 @@ def test_status_says_when_redis_lost_the_schedule(
     drift = json.loads(invoke("status", "--json").stdout)["schedule_drift"]
     assert drift["found"] == 0
     assert drift["expected"] > 0
+
+
+def test_status_of_a_persona_names_its_model_call_in_flight(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """While milo's turn holds a turn-gate slot (its model call in flight), `status milo` says
+    how long it has waited and on which worker (it said only "running"), and the fleet gauge
+    soulfleet_model_call_oldest_seconds counts it; once released, neither does."""
+    settings = settings_for(env)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    renewer = Renewer(ttl=30)
+    gate = Gate(client, Keys(settings.key_prefix), limit=5, slot_ttl=30, renewer=renewer)
+    fleet = Fleet(settings, publisher=_NoPublisher())
+    try:
+        with gate.slot(timeout=5, lane="milo"):
+            time.sleep(1.2)
+            out = invoke("status", "milo").stdout
+            assert "model call: lane milo has waited " in out
+            assert f":{os.getpid()}; it ends by SOULFLEET_MODEL_TIMEOUT" in out
+            assert "model call:" not in invoke("status", "nora").stdout
+            assert fleet.lane_counts()["model_call_oldest"] >= 1
+        assert "model call:" not in invoke("status", "milo").stdout
+        assert fleet.lane_counts()["model_call_oldest"] == 0
+    finally:
+        renewer.stop()
+        fleet.client.close()

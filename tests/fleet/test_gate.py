@@ -351,3 +351,22 @@ def test_a_sigkilled_holder_does_not_leak_its_slot(
             child.wait()
         if child.stdout is not None:
             child.stdout.close()
+
+
+def test_in_flight_names_each_held_slots_lane_worker_and_start(
+    redis_client: redis.Redis, key_prefix: str, clock: VirtualClock, renewer: Renewer
+) -> None:
+    """A slot taken for lane ava is listed with the lane, this worker (host:pid) and when it
+    was taken, oldest first; a released one is not; a token of the older format is skipped."""
+    gate = _gate(redis_client, key_prefix, clock, renewer, limit=3)
+    redis_client.zadd(Keys(key_prefix).gate, {"oldhost:12:" + "a" * 32: 1e15})
+    with gate.slot(timeout=1, lane="ava"):
+        clock.advance(5)
+        with gate.slot(timeout=1, lane="bob"):
+            calls = gate.in_flight()
+            assert [(c.lane, c.started) for c in calls] == [
+                ("ava", 1_700_000_000.0), ("bob", 1_700_000_005.0)
+            ]  # fmt: skip
+            assert calls[0].holder.endswith(f":{os.getpid()}")
+        assert [c.lane for c in gate.in_flight()] == ["ava"]
+    assert gate.in_flight() == []

@@ -181,6 +181,7 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
         click.echo(f"INVALID (not scheduled until fixed): {' '.join(why.split())}")
     _echo_claims(claims)
     _echo_models(entry)
+    _echo_calls(fleet, name)
     _echo_budget(fleet, name, entry)
     try:
         note = edited_note(fleet.session(name))
@@ -196,6 +197,19 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
     )
     _dead_hint(entry, name, {lane for lane, _ in fixed})
     _fixed_hint(fixed)
+
+
+def _echo_calls(fleet: Fleet, name: str) -> None:
+    """What a running turn waits on: a model call in flight, and for how long (a provider that
+    takes calls and never answers showed only as a turn "running")."""
+    lanes = [name, fleet.registry.lane_of(name, "dreamer")]
+    now = fleet.clock.time()
+    for call in fleet.model_calls(lanes):
+        click.echo(
+            f"model call: lane {call.lane} has waited {max(0.0, now - call.started):.0f}s on "
+            f"its model call (worker {call.holder}; it ends by SOULFLEET_MODEL_TIMEOUT per "
+            "try and the turn by SOULFLEET_TURN_MAX_SECONDS)"
+        )
 
 
 def _echo_budget(fleet: Fleet, name: str, entry: Mapping[str, Any]) -> None:

@@ -45,9 +45,27 @@ from workers.persona.turn_time import bounded_timeout
 if TYPE_CHECKING:
     from workers.fleet.breaker import Breaker, Verdict
 
-__all__ = ["Gate", "GatedModel", "ModelCall", "Slot", "SlotHandle"]
+__all__ = ["Gate", "GatedModel", "InFlight", "ModelCall", "Slot", "SlotHandle"]
 
 _log = structlog.get_logger("soulfleet.gate")
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A model call holding a gate slot: the worker (host:pid), the lane, and when its wait
+    for the slot began (epoch seconds; the call follows at once unless the gate is full)."""
+
+    holder: str
+    lane: str
+    started: float
+
+    @classmethod
+    def parse(cls, token: str) -> InFlight | None:
+        parts = token.rsplit(":", 3)
+        if len(parts) != 4 or not parts[2].isdigit() or len(parts[3]) != 32:
+            return None
+        holder, lane, started_ms, _ = parts
+        return cls(holder, lane, int(started_ms) / 1000)
 
 
 class SlotHandle(Held):
@@ -145,9 +163,20 @@ class Gate:
     def _ttl_ms(self) -> int:
         return max(1, int(self.slot_ttl * 1000))
 
-    def new_token(self) -> str:
-        """A holder token: host and pid (for operators reading the zset) plus uuid4 hex."""
-        return f"{self._holder}:{uuid.uuid4().hex}"
+    def new_token(self, lane: str = "") -> str:
+        """A holder token: host and pid, the lane whose call it is and when it began (for
+        operators reading the zset, and :meth:`in_flight`), plus uuid4 hex."""
+        return f"{self._holder}:{lane}:{self._now_ms()}:{uuid.uuid4().hex}"
+
+    def in_flight(self) -> list[InFlight]:
+        """The model calls holding a slot now, oldest first (their tokens say whose and since
+        when; a token of another format is left out)."""
+        if self.unlimited:
+            return []
+        with redis_errors(self.client):
+            tokens = self.client.zrangebyscore(self.keys.gate, self._now_ms(), "+inf")
+        calls = [call for token in tokens if (call := InFlight.parse(str(token))) is not None]
+        return sorted(calls, key=lambda call: call.started)
 
     # -- the transitions --------------------------------------------------------------------
     def acquire(self, token: str) -> bool:
@@ -183,7 +212,7 @@ class Gate:
             return int(self.client.zcount(self.keys.gate, f"({self._now_ms()}", "+inf"))
 
     @contextmanager
-    def slot(self, timeout: float | None = None) -> Iterator[Slot]:
+    def slot(self, timeout: float | None = None, *, lane: str = "") -> Iterator[Slot]:
         """Hold one slot for the ``with`` body, waiting for one first.
 
         Polls with jittered exponential backoff (``poll_min`` .. ``poll_max``) on the gate's
@@ -194,7 +223,7 @@ class Gate:
             metrics.TURN_GATE_WAIT.observe(0.0)
             yield Slot(None, 0.0, None)
             return
-        token = self.new_token()
+        token = self.new_token(lane)
         began = self.clock.monotonic()
         delay = self.poll_min
         while not self.acquire(token):
@@ -344,8 +373,11 @@ class GatedModel:
         breaker: Breaker | None = None,
         settle_wait: float = 10.0,
         calls: CallLog | None = None,
+        lane: str = "",
     ) -> None:
         self.model = model
+        #: The lane whose turn makes the calls (named in its gate slot: ``Gate.in_flight``).
+        self.lane = lane
         #: The answers this turn's work bought (a retry replays them instead of paying).
         self.calls = calls
         self.settle_wait = settle_wait
@@ -435,7 +467,7 @@ class GatedModel:
         wait = None if self.timeout is None else bounded_timeout(self.timeout)
         held = contextlib.ExitStack()
         try:
-            slot = held.enter_context(self.gate.slot(wait))
+            slot = held.enter_context(self.gate.slot(wait, lane=self.lane))
         except GateTimeout as exc:
             if wait is not None and self.timeout is not None and wait < self.timeout:
                 raise TurnTimeUp(

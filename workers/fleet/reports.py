@@ -18,6 +18,7 @@ from workers.fleet.beats import Beat, Beats
 from workers.fleet.breaker import Breaker
 from workers.fleet.errors import FleetError, RedisUnavailable
 from workers.fleet.eviction import evicts
+from workers.fleet.gate import InFlight
 from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
 from workers.fleet.registry import PersonaRegistry
@@ -157,9 +158,11 @@ class FleetReports:
         pipe.get(self.keys.registry_lanes)
         pipe.info("memory")
         pipe.zcard(self.keys.retry)
-        queued, running, dead, stuck_running, stuck_queued, registered, memory, retry = self._call(
-            pipe.execute
-        )
+        pipe.zrangebyscore(self.keys.gate, now_ms, "+inf")
+        (queued, running, dead, stuck_running, stuck_queued, registered, memory, retry,
+         slots) = self._call(pipe.execute)  # fmt: skip
+        calls = [call for token in slots if (call := InFlight.parse(str(token))) is not None]
+        oldest = min((call.started for call in calls), default=None)
         breakers = self.breaker.states()
         deferred = sum(state.deferred for state in breakers)
         registered_lanes = int(registered or 0)
@@ -178,7 +181,19 @@ class FleetReports:
             "redis_evicting": int(
                 evicts(str(memory.get("maxmemory_policy", ""))) and not self.settings.allow_eviction
             ),
+            # A provider that accepts calls and never answers shows here first: every turn
+            # just "running" until its model timeout, the breaker counting nothing yet.
+            "model_call_oldest": 0 if oldest is None else max(0, int(now_ms / 1000 - oldest)),
         }
+
+    def model_calls(self, lanes: Sequence[str]) -> list[InFlight]:
+        """The model calls of ``lanes`` holding a turn-gate slot now, oldest first (none are
+        seen with the gate off)."""
+        now_ms = int(self.clock.time() * 1000)
+        tokens = self._call(lambda: self.client.zrangebyscore(self.keys.gate, now_ms, "+inf"))
+        wanted = set(lanes)
+        calls = [call for token in tokens if (call := InFlight.parse(str(token))) is not None]
+        return sorted((call for call in calls if call.lane in wanted), key=lambda c: c.started)
 
     def redis_memory(self) -> tuple[int, int, str]:
         """``(used, maxmemory, maxmemory-policy)`` of the fleet's Redis (maxmemory 0: no limit;

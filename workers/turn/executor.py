@@ -188,7 +188,7 @@ class TurnExecutor:
                 write_scope=work,
             )
             model = self.kit.model(resolved, kind, f"{lane}:{turn_id}:{started.fence}", persona,
-                                   calls=CallLog(agent.home, lane, work))  # fmt: skip
+                                   calls=CallLog(agent.home, lane, work), lane=lane)  # fmt: skip
         except TurnAborted:
             raise
         except Exception as exc:  # a persona that cannot be composed fails only its own turn

@@ -89,9 +89,11 @@ class TurnKit:
         persona: AgentDef,
         *,
         calls: CallLog | None = None,
+        lane: str = "",
     ) -> GatedModel:
         """``resolved`` (the turn start resolved it once), metered and behind the gate;
-        ``calls``: the answers the turn's work bought (a paid provider's only)."""
+        ``calls``: the answers the turn's work bought (a paid provider's only); ``lane``: whose
+        calls they are (named in their gate slots)."""
         provider = provider_of(resolved)
         # Every answered call is counted as it returns: a turn that later fails or dies was
         # still billed for it (workers/fleet/usage.py).
@@ -119,6 +121,7 @@ class TurnKit:
             breaker=self.fleet.breaker,
             settle_wait=settle_wait,
             calls=calls,
+            lane=lane,
         )
 
     def log_dream(self, agent: AgentDef, turn_id: str, text: str) -> None:
