@@ -9,6 +9,7 @@ import errno
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -280,6 +281,23 @@ def test_a_passing_read_error_fails_the_turn_and_keeps_the_session(
     assert (session["id"], session["turns"]) == (first, 2)
 
 
+@contextmanager
+def compacting_rig(
+    redis_url: str, key_prefix: str, root: Path, clock: VirtualClock, respond: Any, **env: str
+) -> Iterator[Rig]:
+    """A rig whose persona ava compacts past 300 tokens, on a provider answering ``respond``,
+    with ``env`` added to the fleet's settings."""
+    with FakeProvider("openai", respond=respond) as provider:
+        settings = {"SOULFLEET_MAX_CONCURRENT_MODEL_CALLS": "1",
+                    "OPENAI_BASE_URL": provider.base_url, **env}  # fmt: skip
+        with turn_engine(
+            redis_url, key_prefix, root, settings, gate_limit=1, clock=clock
+        ) as engine:
+            rig = Rig(*engine, root, provider)
+            rig.persona("ava", "[session]\nmax_tokens = 300\nkeep_tail = 60\n")
+            yield rig
+
+
 def test_a_compaction_is_counted_in_the_turns_budget(
     redis_url: str,
     key_prefix: str,
@@ -290,17 +308,14 @@ def test_a_compaction_is_counted_in_the_turns_budget(
     """SOULFLEET_TURN_MAX_MODEL_CALLS=1: a turn whose session needs compacting spends its one
     call on the summary and makes no second (it made two: the compaction was outside the
     turn's budget); it ends incomplete on max_model_calls, and no turn makes more than one."""
-    with FakeProvider("openai", respond=cached_answer) as provider:
-        env = {"SOULFLEET_MAX_CONCURRENT_MODEL_CALLS": "1", "OPENAI_BASE_URL": provider.base_url,
-               "SOULFLEET_TURN_MAX_MODEL_CALLS": "1"}  # fmt: skip
-        with turn_engine(redis_url, key_prefix, tmp_path, env, gate_limit=1, clock=clock) as engine:
-            rig = Rig(*engine, tmp_path, provider)
-            rig.persona("ava", "[session]\nmax_tokens = 300\nkeep_tail = 60\n")
-            calls, replies = [], []
-            for n in range(4):
-                before = len(provider.requests)
-                replies.append(rig.ask("ava", f"turn {n}: " + "I like tea. " * 20))
-                calls.append(len(provider.requests) - before)
+    limits = {"SOULFLEET_TURN_MAX_MODEL_CALLS": "1"}
+    with compacting_rig(redis_url, key_prefix, tmp_path, clock, cached_answer, **limits) as rig:
+        provider = rig.provider
+        calls, replies = [], []
+        for n in range(4):
+            before = len(provider.requests)
+            replies.append(rig.ask("ava", f"turn {n}: " + "I like tea. " * 20))
+            calls.append(len(provider.requests) - before)
     summaries = [b for b in provider.bodies if b["messages"][0]["content"] == SUMMARY_INSTRUCTIONS]
     assert summaries, "never compacted"
     assert max(calls) == 1
@@ -327,23 +342,20 @@ def test_a_compaction_is_bounded_by_the_turns_max_seconds(
             return Reply(body=answer.body, delay=20.0)
         return answer
 
-    with FakeProvider("openai", respond=slow_summary) as provider:
-        env = {"SOULFLEET_MAX_CONCURRENT_MODEL_CALLS": "1", "OPENAI_BASE_URL": provider.base_url,
-               "SOULFLEET_TURN_MAX_SECONDS": "4"}  # fmt: skip
-        with turn_engine(redis_url, key_prefix, tmp_path, env, gate_limit=1, clock=clock) as engine:
-            rig = Rig(*engine, tmp_path, provider)
-            rig.persona("ava", "[session]\nmax_tokens = 300\nkeep_tail = 60\n")
-            for n in range(4):
-                before = len(provider.requests)
-                began = time.monotonic()
-                reply = rig.ask("ava", f"turn {n}: " + "I like tea. " * 20)
-                took = time.monotonic() - began
-                bodies = provider.bodies[before:]
-                if bodies and bodies[0]["messages"][0]["content"] == SUMMARY_INSTRUCTIONS:
-                    assert 1.5 < took < 4.0, f"the turn took {took:.1f} s with a 4 s limit"
-                    assert len(bodies) == 2  # the cut summary, then the answer
-                    assert reply["status"] == "done", reply
-                    assert SUMMARY_PREFIX not in str(bodies[1]["messages"])
-                    break
-            else:
-                pytest.fail("never compacted")
+    limits = {"SOULFLEET_TURN_MAX_SECONDS": "4"}
+    with compacting_rig(redis_url, key_prefix, tmp_path, clock, slow_summary, **limits) as rig:
+        provider = rig.provider
+        for n in range(4):
+            before = len(provider.requests)
+            began = time.monotonic()
+            reply = rig.ask("ava", f"turn {n}: " + "I like tea. " * 20)
+            took = time.monotonic() - began
+            bodies = provider.bodies[before:]
+            if bodies and bodies[0]["messages"][0]["content"] == SUMMARY_INSTRUCTIONS:
+                assert 1.5 < took < 4.0, f"the turn took {took:.1f} s with a 4 s limit"
+                assert len(bodies) == 2  # the cut summary, then the answer
+                assert reply["status"] == "done", reply
+                assert SUMMARY_PREFIX not in str(bodies[1]["messages"])
+                break
+        else:
+            pytest.fail("never compacted")
