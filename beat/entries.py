@@ -35,14 +35,14 @@ from beat.schedule import ScheduleSpec, to_ms
 from workers.fleet.keys import Keys, schedule_member, split_schedule_member
 from workers.fleet.registry import PersonaRegistry
 
-__all__ = ["DRIFT_KEPT", "EntryChanges", "PersonaEntries", "ScheduleEntries", "members_of"]
+__all__ = ["LOSS_KEPT", "EntryChanges", "PersonaEntries", "ScheduleEntries", "members_of"]
 
 _log = structlog.get_logger("soulfleet.beat")
 
 # Redis writes go out in pipelines of this many personas: bounded memory, few round trips.
 CHUNK = 1000
-#: Seconds a schedule drift stays recorded for ``soulfleet status``.
-DRIFT_KEPT = 24 * 3600
+#: Seconds a loss of Redis's data stays recorded for ``soulfleet status``.
+LOSS_KEPT = 24 * 3600
 
 
 def members_of(name: str) -> tuple[str, str]:
@@ -106,19 +106,22 @@ class ScheduleEntries:
             for name in chunk:
                 _log.info("registry.removed", persona=name)
 
-    def drifted(self, expected: int) -> int | None:
-        """How many entries Redis holds when that is not ``expected`` specs and scores (flushed,
-        edited by hand); None when it holds what it should."""
+    def drifted(self, expected: int) -> bool:
+        """True when Redis does not hold ``expected`` specs and scores (flushed, edited by hand)."""
         pipe = self._client.pipeline(transaction=False)
         pipe.hlen(self._keys.schedule_spec)
         pipe.zcard(self._keys.schedule)
         specs, scores = pipe.execute()
-        return None if specs == expected and scores == expected else min(int(specs), int(scores))
+        return bool(specs != expected or scores != expected)
 
-    def record_drift(self, at: float, expected: int, found: int) -> None:
-        """Keep what a drift found for a day, for ``soulfleet status`` to say."""
-        record = json.dumps({"at": at, "expected": expected, "found": found})
-        self._client.set(self._keys.schedule_drift, record, ex=DRIFT_KEPT)
+    def mark(self, at: float) -> bool:
+        """Set the fleet's marker unless it is there; whether it was there."""
+        return not self._client.set(self._keys.fleet_marker, repr(at), nx=True)
+
+    def record_loss(self, at: float, personas: int) -> None:
+        """Keep a day that Redis lost its data at ``at``, for ``soulfleet status`` to say."""
+        record = json.dumps({"at": at, "personas": personas})
+        self._client.set(self._keys.redis_data_lost, record, ex=LOSS_KEPT)
 
     def personas_in_redis(self) -> set[str]:
         """Every persona Redis schedules or keeps a registry record for."""

@@ -156,6 +156,7 @@ class RegistrySync:
         self._known: dict[str, PersonaRecord] = {}
         self._reported_names: set[str] = set()
         self._reconciled = False
+        self._marked = False
 
     @property
     def registered_lanes(self) -> int:
@@ -178,25 +179,20 @@ class RegistrySync:
         gone = {name for name in self._known if name not in seen}
         current = {name: r for name, r in self._known.items() if name in seen} | changed
         targets = changed
-        expected = sum(len(record.specs) for record in current.values())
-        found = self._entries.drifted(expected) if self._reconciled else None
-        drifted = found is not None
-        if found is not None:
-            # Heals itself below, but an operator must hear that Redis lost or changed state:
-            # what else it held (inboxes, lanes, today's usage) may be gone too. An error, so
-            # `up` shows it; counted and kept a day, so the alert and `status` say it too.
-            _log.error(
+        # What the previous sync left in Redis (this sync's changes are not written yet).
+        expected = sum(len(record.specs) for record in self._known.values())
+        drifted = self._reconciled and self._entries.drifted(expected)
+        if drifted:
+            # Heals itself below; a hand edit, another beat's write, or a loss of Redis's data
+            # (which the marker below tells apart and reports as such).
+            _log.warning(
                 "schedule.drifted",
                 expected=expected,
-                found=found,
-                error=f"Redis held {found} of the {expected} schedule entries the persona files "
-                "ask for",
-                hint="a restart without AOF, FLUSHALL or a hand edit: rewritten from the files "
-                "now; if Redis lost its data, posts waiting in inboxes were lost with it "
-                "(runbook: Redis down or restarted)",
+                hint="Redis does not hold the schedule entries the persona files ask for (a "
+                "restart without AOF, FLUSHALL, a hand edit, another beat): rewritten from the "
+                "files now",
             )
-            metrics.SCHEDULE_DRIFTS.inc()
-            self._entries.record_drift(self._clock.time(), expected, found)
+        self._check_marker(len(current))
         if not self._reconciled or drifted:
             targets = current
             gone |= {name for name in self._entries.personas_in_redis() if name not in seen}
@@ -234,6 +230,27 @@ class RegistrySync:
             seconds=round(report.seconds, 4),
         )
         return report
+
+    def _check_marker(self, personas: int) -> None:
+        """Say so when the marker this beat saw (or set) at its last sync is gone: Redis lost
+        its data while beat ran (a restart without its AOF, FLUSHALL), and with it inbox items,
+        running turns and today's usage. An error, so `up` shows it; counted, for the alert;
+        kept a day, for `status`. A loss while beat was down too is not seen: a fresh Redis
+        and an emptied one look alike (`redis.not_persistent` warns of it at every start)."""
+        now = self._clock.time()
+        present = self._entries.mark(now)
+        if self._marked and not present:
+            _log.error(
+                "redis.data_lost",
+                error="the marker beat keeps in Redis is gone: Redis lost its data (a restart "
+                "without its AOF, FLUSHALL)",
+                hint="the schedule is rebuilt from the persona files; posts waiting in inboxes, "
+                "running turns and today's token counts of that moment are lost (runbook: Redis "
+                "down or restarted)",
+            )
+            metrics.REDIS_DATA_LOST.inc()
+            self._entries.record_loss(now, personas)
+        self._marked = True
 
     def _load(self, home: Path) -> PersonaConfig:
         """persona.toml, with its ``use`` of fleet MCP servers checked against the fleet file

@@ -39,15 +39,16 @@ __all__ = [
     "MEMORY_LOCK_WAIT",
     "MEMORY_WRITE_FAILURES",
     "MODEL_CALLS",
+    "MODEL_CALL_OLDEST",
     "MODEL_CALL_SECONDS",
     "MODEL_TOKENS",
     "REAPER_REPAIRS",
     "REDIS_CONNECTION_WAIT",
+    "REDIS_DATA_LOST",
     "REDIS_EVICTING",
     "REDIS_MEMORY_MAX",
     "REDIS_MEMORY_USED",
     "REGISTRY_INVALID",
-    "SCHEDULE_DRIFTS",
     "SWEEP_DUE",
     "SWEEP_SECONDS",
     "TICKS",
@@ -204,10 +205,10 @@ BREAKER_OPEN = Gauge(
     "beat's recovery pass.",
     ["provider"],
 )
-SCHEDULE_DRIFTS = Counter(
-    "soulfleet_schedule_drifts_total",
-    "Registry syncs that found Redis not holding the schedule the persona files ask for (Redis "
-    "restarted without its data, FLUSHALL, a hand edit): rewritten from the files.",
+REDIS_DATA_LOST = Counter(
+    "soulfleet_redis_data_lost_total",
+    "Registry syncs that found the marker beat set in Redis gone: Redis lost its data (a "
+    "restart without AOF, FLUSHALL) while beat ran.",
 )
 REGISTRY_INVALID = Gauge(
     "soulfleet_registry_invalid_personas",

@@ -49,7 +49,7 @@ def test_apply_writes_spec_score_and_record_once(
     again = EntryChanges()
     entries.apply(wanted, NOW + 30, again)
     assert (again.added, again.updated, again.removed) == (0, 0, 0)
-    assert entries.drifted(2) is None
+    assert not entries.drifted(2)
 
 
 def test_apply_rescores_a_changed_spec_and_drops_an_unwanted_one(
@@ -89,8 +89,8 @@ def test_remove_and_redis_side_inventory(redis_client: redis.Redis, key_prefix: 
     entries.remove(["ava"], changes)
     assert changes.removed == 2
     assert entries.personas_in_redis() == {"bob", "cyd"}
-    assert entries.drifted(1) is None
-    assert entries.drifted(3) == 1
+    assert not entries.drifted(1)
+    assert entries.drifted(3)
 
 
 def test_a_sync_never_puts_back_a_slot_a_sweep_ticked_meanwhile(

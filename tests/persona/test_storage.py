@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.support.tmpfs import fill, remount, tmpfs
 from workers.persona import storage
-from workers.persona.errors import StorageUnavailable, failure_kind
+from workers.persona.errors import PersonaFileError, StorageUnavailable, failure_kind
 
 
 def test_a_roomy_writable_home_passes_and_the_probe_leaves_nothing(tmp_path: Path) -> None:
@@ -81,6 +82,11 @@ def test_a_failure_caused_by_a_full_disk_is_described_as_storage() -> None:
     assert "remount" not in denied
     assert failure_kind(OSError(errno.EPERM, "not permitted")) == "transient"
     assert storage.failure_message("/p/ava", OSError(errno.EIO, "I/O error"), "x") is None
+    # An unreadable SOUL.md: its PersonaFileError decides (permanent), not the EACCES behind.
+    unreadable = PersonaFileError("/p/ava/SOUL.md", "cannot be read")
+    unreadable.__context__ = OSError(errno.EACCES, "Permission denied", "/p/ava/SOUL.md")
+    assert storage.failure_message("/p/ava", unreadable, "x") is None
+    assert failure_kind(unreadable) == "permanent"
     assert failure_kind(OSError(errno.EROFS, "read-only")) == "transient"
     assert failure_kind(OSError(errno.EDQUOT, "quota")) == "transient"
     assert failure_kind(OSError(errno.EIO, "I/O error")) == "unknown"
@@ -99,3 +105,21 @@ def test_a_filesystem_out_of_inodes_refuses_though_it_has_bytes_free(tmp_path: P
                 break
         with pytest.raises(StorageUnavailable, match="free inodes on its filesystem"):
             storage.check(home)
+
+
+def test_the_probe_also_writes_in_the_lanes_own_directories(tmp_path: Path) -> None:
+    """A lane's sessions/<lane> that refuses writes (immutable here: EPERM even for root; a
+    wrong owner gives EACCES) while the home takes them: the probe finds it, so the retry is
+    refused before its model call (each retry paid a call whose answer could not be kept)."""
+    home = tmp_path / "ava"
+    lane_dir = home / "sessions" / "ava"
+    lane_dir.mkdir(parents=True)
+    subprocess.run(["chattr", "+i", str(lane_dir)], check=True)
+    try:
+        storage.check(home, probe=True)  # the home alone takes a write
+        with pytest.raises(StorageUnavailable, match="Operation not permitted"):
+            storage.check(home, probe=True, within=("sessions/ava", "transcripts/ava"))
+    finally:
+        subprocess.run(["chattr", "-i", str(lane_dir)], check=True)
+    storage.check(home, probe=True, within=("sessions/ava", "transcripts/ava"))
+    assert sorted(path.name for path in lane_dir.iterdir()) == []

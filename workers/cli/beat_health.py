@@ -14,7 +14,7 @@ from typing import Any
 from workers.fleet import Fleet
 from workers.fleet.scripts import redis_errors
 
-__all__ = ["beat_stale", "beat_summary", "schedule_drift"]
+__all__ = ["beat_stale", "beat_summary", "redis_data_lost"]
 
 #: Sweeps missed before beat is called stopped (with a floor for slow sweeps of big fleets);
 #: the SoulfleetBeatNotSweeping alert says the same after 60 s.
@@ -42,11 +42,11 @@ def beat_stale(beat: Mapping[str, Any], sweep_interval: float) -> bool:
     return isinstance(at, (int, float)) and at > 0 and time.time() - float(at) > stale
 
 
-def schedule_drift(fleet: Fleet) -> dict[str, Any] | None:
-    """What beat's newest schedule drift found (``at``, ``expected``, ``found``), kept a day
-    after it: Redis lost or changed its data (a restart without AOF, FLUSHALL); None if none."""
+def redis_data_lost(fleet: Fleet) -> dict[str, Any] | None:
+    """When beat last found Redis had lost its data (``at``, ``personas``), kept a day after
+    it; None if it has not."""
     with redis_errors(fleet.client):
-        raw = fleet.client.get(fleet.keys.schedule_drift)
+        raw = fleet.client.get(fleet.keys.redis_data_lost)
     try:
         data = json.loads(raw) if raw else None
     except ValueError:

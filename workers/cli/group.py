@@ -101,7 +101,8 @@ def _json_failure(ctx: click.Context, error: CliError) -> None:
     """With ``--json``, a failure is also one JSON object on stdout (``error``, ``exit``): a
     script reading stdout learns why, not only the exit status (the line on stderr stays)."""
     line: tuple[str, ...] = ctx.meta.get(COMMAND_LINE, ())
-    if "--json" in line and not ctx.meta.get(JSON_FAILURE_SHOWN):
+    options = line[: line.index("--")] if "--" in line else line  # not a PROMPT "--json"
+    if "--json" in options and not ctx.meta.get(JSON_FAILURE_SHOWN):
         click.echo(json.dumps({"error": error.format_message(), "exit": error.exit_code}))
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import click
 
-from workers.cli.beat_health import beat_stale, beat_summary, schedule_drift
+from workers.cli.beat_health import beat_stale, beat_summary, redis_data_lost
 from workers.cli.context import CliContext
 from workers.cli.errors import BadInputError
 from workers.cli.group import cli_context, personas_option
@@ -281,7 +281,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     used, limit, policy = fleet.redis_memory()
     full = 0 < limit <= used
     evicting = evicts(policy)
-    drift = schedule_drift(fleet)
+    lost = redis_data_lost(fleet)
     if as_json:
         payload = {
             "root": str(root),
@@ -295,7 +295,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
             "fixed_since_dead": [lane for lane, _ in fixed],
             "dead_persona_gone": orphans,
             "unusable_names": unusable,
-            "schedule_drift": drift,
+            "redis_data_lost": lost,
             "redis_memory": {
                 "used": used,
                 "max": limit,
@@ -348,12 +348,11 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
             'maxmemory-policy noeviction` now, and in its config; ops/runbook.md "Redis memory '
             'near its limit"'
         )
-    if drift is not None:
+    if lost is not None:
         click.echo(
-            f"redis: beat found it holding {drift.get('found')} of the {drift.get('expected')} "
-            f"schedule entries the persona files ask for, {ago(drift.get('at'))}, and rewrote "
-            "them: Redis lost or changed its data then (a restart without its AOF, FLUSHALL), so "
-            "inbox items, running turns and today's token counts of that moment may be lost; "
+            f"redis: lost its data {ago(lost.get('at'))} (beat found its marker gone: a restart "
+            "without its AOF, FLUSHALL): the schedule was rebuilt from the persona files, but "
+            "inbox items, running turns and today's token counts of that moment are lost; "
             'ops/runbook.md "Redis down or restarted" (said for a day)'
         )
     click.echo(_beat_line(beat, state.settings.sweep_interval, redis_full=full))

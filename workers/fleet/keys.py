@@ -180,9 +180,14 @@ class Keys:
         return f"{self.prefix}beat:last_sweep"
 
     @property
-    def schedule_drift(self) -> str:
-        """JSON beat writes when it found Redis not holding the schedule (kept a day)."""
-        return f"{self.prefix}beat:schedule_drift"
+    def fleet_marker(self) -> str:
+        """Set by beat's first registry sync (NX): gone later, Redis lost its data."""
+        return f"{self.prefix}beat:marker"
+
+    @property
+    def redis_data_lost(self) -> str:
+        """JSON beat writes when it found :attr:`fleet_marker` gone (kept a day)."""
+        return f"{self.prefix}beat:redis_data_lost"
 
     def usage(self, day: str, persona: str) -> str:
         return f"{self.prefix}usage:{day}:{persona}"

@@ -9,7 +9,7 @@
     │   ├── PersonaFileError     a bootstrap file is unreadable, or is a directory (names the path)
     │   ├── PersonaConfigError   persona.toml is invalid (names the key)
     │   ├── LockTimeout          a persona file stayed locked past the lock timeout
-    │   └── StorageUnavailable   the filesystem holding a persona directory is full or read-only
+    │   └── StorageUnavailable   a persona directory's filesystem is full, read-only or refusing
     ├── ModelError               a model call failed; turned into an "error" RunResult by the loop
     │   ├── ModelSpecError       a model spec string that names no model ("openai:", "foo:bar")
     │   ├── ModelAuthError       401/403, or no API key configured
@@ -31,8 +31,10 @@ Failures by kind. Every class here says whether a failed turn it ends should be 
 fleet decides "retry or dead-letter" from the class, never from an error message:
 
 - ``transient``: the world may well change by itself (connect errors, timeouts, 5xx, 429, a
-  malformed provider reply, a lock held too long, Redis blips, a persona filesystem that is full
-  or read-only: ``ENOSPC``, ``EDQUOT``, ``EROFS``). Retried with backoff for up to
+  malformed provider reply, a lock held too long, Redis blips, a persona filesystem that is full,
+  read-only or refuses the worker's user: ``ENOSPC``, ``EDQUOT``, ``EROFS``, ``EACCES``,
+  ``EPERM``, unless a class in the chain already decided, as an unreadable bootstrap file's
+  ``PersonaFileError`` does). Retried with backoff for up to
   ``SOULFLEET_RETRY_FOR`` of continuous failure.
 - ``permanent``: asking again cannot help until someone fixes something (401/403, an unknown
   model or another refused request, an invalid persona file, a bad setting). Dead-lettered at

@@ -23,7 +23,7 @@ import contextlib
 import os
 import secrets
 
-from workers.persona.errors import STORAGE_ERRNOS, StorageUnavailable, causes
+from workers.persona.errors import STORAGE_ERRNOS, SoulfleetError, StorageUnavailable, causes
 from workers.persona.waits import fsync
 
 __all__ = [
@@ -50,10 +50,14 @@ STORAGE_MARK = "persona storage unavailable"
 _PROBE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def check(home: str | os.PathLike[str], *, probe: bool = False) -> None:
+def check(
+    home: str | os.PathLike[str], *, probe: bool = False, within: tuple[str, ...] = ()
+) -> None:
     """Raise :class:`StorageUnavailable` when ``home``'s filesystem is read-only or nearly
-    full, or (``probe``) refuses a small write. Any other ``OSError`` (the home is gone, say)
-    is left to the turn, which reports it as it always did."""
+    full, or (``probe``) refuses a small write in ``home`` or in any of the directories
+    ``within`` it that exist (a lane's ``sessions/<lane>`` owned by another user refuses
+    writes the home takes). Any other ``OSError`` (the home is gone, say) is left to the turn,
+    which reports it as it always did."""
     try:
         info = os.statvfs(home)
     except OSError:
@@ -77,6 +81,11 @@ def check(home: str | os.PathLike[str], *, probe: bool = False) -> None:
         )
     if probe:
         _probe(os.fspath(home))
+        for inner in within:
+            # No symlink is followed out of the home: a lane's own directories only.
+            path = os.path.join(os.fspath(home), inner)
+            if os.path.isdir(path) and not os.path.islink(path):
+                _probe(path)
 
 
 def _probe(home: str) -> None:
@@ -108,6 +117,10 @@ def storage_error(exc: BaseException | None) -> OSError | None:
     """The ``OSError`` of a full, read-only or refusing filesystem (:data:`STORAGE_ERRNOS`)
     that ``exc`` is or was caused by."""
     for current in causes(exc, context=True):
+        if isinstance(current, SoulfleetError) and type(current).retryable is False:
+            # Its class decided (an unreadable SOUL.md is a PersonaFileError, dead-lettered):
+            # an EACCES behind it must not be described as storage the lane waits out.
+            return None
         if isinstance(current, OSError) and current.errno in STORAGE_ERRNOS:
             return current
     return None

@@ -70,10 +70,10 @@ from workers.persona.messages import Message
 from workers.persona.models import Model
 from workers.persona.models.spec import resolve_model
 from workers.persona.session import Pointer
-from workers.persona.session_files import SessionFiles
+from workers.persona.session_files import SESSIONS_DIR, SessionFiles
 from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
 from workers.persona.summary_cache import SummaryFile
-from workers.persona.transcripts import FileTranscripts
+from workers.persona.transcripts import TRANSCRIPTS_DIR, FileTranscripts
 from workers.persona.turn_time import turn_deadline
 from workers.settings import Settings
 from workers.turn.baton import Baton
@@ -311,7 +311,11 @@ class TurnExecutor:
         try:
             # One statvfs (and after a storage failure, a test write): a turn that could not
             # be saved is refused before its model call is paid for.
-            storage.check(agent.home, probe=started.error.startswith(storage.STORAGE_MARK))
+            storage.check(
+                agent.home,
+                probe=started.error.startswith(storage.STORAGE_MARK),
+                within=(f"{SESSIONS_DIR}/{lane}", f"{TRANSCRIPTS_DIR}/{lane}"),
+            )
         except StorageUnavailable as exc:
             return self.endings.fail(lane, turn_id, started, str(exc), began, cause=exc,
                                      model=model.spec)  # fmt: skip
