@@ -23,6 +23,7 @@ Three structures (``workers/fleet/keys.py``): ``schedule`` (zset ``<lane>|<kind>
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -114,9 +115,15 @@ class ScheduleEntries:
         specs, scores = pipe.execute()
         return bool(specs != expected or scores != expected)
 
-    def mark(self, at: float) -> bool:
-        """Set the fleet's marker unless it is there; whether it was there."""
-        return not self._client.set(self._keys.fleet_marker, repr(at), nx=True)
+    def mark(self) -> str:
+        """The fleet's marker: a new random value set only when none is there, then read. A
+        value other than the one seen before means Redis lost its data meanwhile (whichever
+        beat set the new one)."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.set(self._keys.fleet_marker, uuid.uuid4().hex, nx=True)
+        pipe.get(self._keys.fleet_marker)
+        _, value = pipe.execute()
+        return str(value)
 
     def record_loss(self, at: float, personas: int) -> None:
         """Keep a day that Redis lost its data at ``at``, for ``soulfleet status`` to say."""

@@ -156,7 +156,8 @@ class RegistrySync:
         self._known: dict[str, PersonaRecord] = {}
         self._reported_names: set[str] = set()
         self._reconciled = False
-        self._marked = False
+        #: The marker's value at the previous sync (None before the first).
+        self._marker: str | None = None
 
     @property
     def registered_lanes(self) -> int:
@@ -232,14 +233,15 @@ class RegistrySync:
         return report
 
     def _check_marker(self, personas: int) -> None:
-        """Say so when the marker this beat saw (or set) at its last sync is gone: Redis lost
-        its data while beat ran (a restart without its AOF, FLUSHALL), and with it inbox items,
+        """Say so when the marker this beat saw (or set) at its last sync is gone or replaced
+        (another beat found it gone first): Redis lost its data while beat ran (a restart
+        without its AOF, FLUSHALL), and with it inbox items,
         running turns and today's usage. An error, so `up` shows it; counted, for the alert;
         kept a day, for `status`. A loss while beat was down too is not seen: a fresh Redis
         and an emptied one look alike (`redis.not_persistent` warns of it at every start)."""
         now = self._clock.time()
-        present = self._entries.mark(now)
-        if self._marked and not present:
+        marker = self._entries.mark()
+        if self._marker is not None and marker != self._marker:
             _log.error(
                 "redis.data_lost",
                 error="the marker beat keeps in Redis is gone: Redis lost its data (a restart "
@@ -250,7 +252,7 @@ class RegistrySync:
             )
             metrics.REDIS_DATA_LOST.inc()
             self._entries.record_loss(now, personas)
-        self._marked = True
+        self._marker = marker
 
     def _load(self, home: Path) -> PersonaConfig:
         """persona.toml, with its ``use`` of fleet MCP servers checked against the fleet file

@@ -362,6 +362,12 @@ def test_a_redis_that_lost_its_data_under_a_running_beat_is_reported(
     assert 0 < redis_client.ttl(fleet.keys.redis_data_lost) <= LOSS_KEPT
     sync.run()
     assert len(events.named("redis.data_lost")) == 1
+    # Lost again, and a beat restarted meanwhile syncs first (it cannot tell, and sets a new
+    # marker): the beat that ran across the loss still reports it.
+    redis_client.delete(*redis_client.keys(f"{fleet.keys.prefix}*"))
+    make_sync(fleet).run()
+    sync.run()
+    assert len(events.named("redis.data_lost")) == 2
 
 
 def test_invalid_tool_config_is_an_invalid_persona(

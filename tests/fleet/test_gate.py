@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -370,3 +371,27 @@ def test_in_flight_names_each_held_slots_lane_worker_and_start(
             assert calls[0].holder.endswith(f":{os.getpid()}")
         assert [c.lane for c in gate.in_flight()] == ["ava"]
     assert gate.in_flight() == []
+
+
+def test_a_calls_start_is_when_it_took_its_slot_not_when_it_began_waiting(
+    redis_client: redis.Redis, key_prefix: str, renewer: Renewer
+) -> None:
+    """With the gate full, bob waits ~1 s for ava's slot: his call's start is when he took it
+    (a wait for a full gate counted as a call in flight read as a hanging provider)."""
+    gate = _gate(redis_client, key_prefix, None, renewer, limit=1)
+    taken = threading.Event()
+
+    def hold() -> None:
+        with gate.slot(timeout=5, lane="ava"):
+            taken.set()
+            time.sleep(1.0)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert taken.wait(5)
+    asked = time.time()
+    with gate.slot(timeout=10, lane="bob"):
+        [call] = gate.in_flight()
+        assert call.lane == "bob"
+        assert call.started >= asked + 0.5
+    holder.join()

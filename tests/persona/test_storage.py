@@ -123,3 +123,19 @@ def test_the_probe_also_writes_in_the_lanes_own_directories(tmp_path: Path) -> N
         subprocess.run(["chattr", "-i", str(lane_dir)], check=True)
     storage.check(home, probe=True, within=("sessions/ava", "transcripts/ava"))
     assert sorted(path.name for path in lane_dir.iterdir()) == []
+
+
+def test_the_probe_never_writes_outside_the_home(tmp_path: Path) -> None:
+    """A home whose sessions/ is a symlink to a directory elsewhere: the probe of the lane's
+    directory is skipped (it wrote there, and reported that filesystem's refusal as the
+    persona's)."""
+    home = tmp_path / "ava"
+    home.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "ava").mkdir(parents=True)
+    (home / "sessions").symlink_to(elsewhere)
+    subprocess.run(["chattr", "+i", str(elsewhere / "ava")], check=True)
+    try:
+        storage.check(home, probe=True, within=("sessions/ava",))
+    finally:
+        subprocess.run(["chattr", "-i", str(elsewhere / "ava")], check=True)

@@ -52,8 +52,8 @@ _log = structlog.get_logger("soulfleet.gate")
 
 @dataclass(frozen=True, slots=True)
 class InFlight:
-    """A model call holding a gate slot: the worker (host:pid), the lane, and when its wait
-    for the slot began (epoch seconds; the call follows at once unless the gate is full)."""
+    """A model call holding a gate slot: the worker (host:pid), the lane, and when it took the
+    slot (epoch seconds; the call follows at once)."""
 
     holder: str
     lane: str
@@ -62,7 +62,8 @@ class InFlight:
     @classmethod
     def parse(cls, token: str) -> InFlight | None:
         parts = token.rsplit(":", 3)
-        if len(parts) != 4 or not parts[2].isdigit() or len(parts[3]) != 32:
+        stamp = parts[2] if len(parts) == 4 else ""
+        if not (stamp.isascii() and stamp.isdigit()) or len(parts[3]) != 32:
             return None
         holder, lane, started_ms, _ = parts
         return cls(holder, lane, int(started_ms) / 1000)
@@ -223,10 +224,11 @@ class Gate:
             metrics.TURN_GATE_WAIT.observe(0.0)
             yield Slot(None, 0.0, None)
             return
-        token = self.new_token(lane)
         began = self.clock.monotonic()
         delay = self.poll_min
-        while not self.acquire(token):
+        # A token per attempt (a refused one leaves nothing): its start is when the slot was
+        # taken, so a call's age (in_flight) never counts a wait for a full gate.
+        while not self.acquire(token := self.new_token(lane)):
             waited = self.clock.monotonic() - began
             if timeout is not None and waited >= timeout:
                 metrics.TURN_GATE_WAIT.observe(waited)

@@ -4,8 +4,8 @@ Why a warning and not a refusal (as for an evicting ``maxmemory-policy``): a Red
 persistence loses nothing while it runs, and a replicated or managed Redis may be durable in
 ways one server cannot report. But a restart of a Redis with neither AOF nor RDB save points
 loses every inbox item (posts already answered "queued"), lane, schedule and usage counter, and
-the first sign was beat's ``schedule.drifted`` after the loss. So workers, beat and ``up`` log
-``redis.not_persistent`` at start, naming what to change.
+the first sign is beat's ``redis.data_lost`` after the loss (when beat ran across it). So
+workers, beat and ``up`` log ``redis.not_persistent`` at start, naming what to change.
 """
 
 from __future__ import annotations

@@ -23,7 +23,14 @@ import contextlib
 import os
 import secrets
 
-from workers.persona.errors import STORAGE_ERRNOS, SoulfleetError, StorageUnavailable, causes
+from workers.persona.errors import (
+    STORAGE_ERRNOS,
+    PersonaError,
+    SoulfleetError,
+    StorageUnavailable,
+    causes,
+)
+from workers.persona.files import confined
 from workers.persona.waits import fsync
 
 __all__ = [
@@ -82,10 +89,13 @@ def check(
     if probe:
         _probe(os.fspath(home))
         for inner in within:
-            # No symlink is followed out of the home: a lane's own directories only.
-            path = os.path.join(os.fspath(home), inner)
-            if os.path.isdir(path) and not os.path.islink(path):
-                _probe(path)
+            # Never outside the home (a symlinked sessions/ is the turn's own error to report).
+            try:
+                path = confined(home, inner)
+            except PersonaError:
+                continue
+            if path.is_dir():
+                _probe(os.fspath(path))
 
 
 def _probe(home: str) -> None:
