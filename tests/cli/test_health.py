@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from workers.cli.health import current_error, display_state, states_of
+from workers.cli.status_table import row
 
 _OLD_ERROR = {"last_error": "ModelServerError: HTTP 500", "last_error_at": 100.0}
 
@@ -48,3 +50,18 @@ def test_a_dead_lane_keeps_its_error_and_a_lane_with_none_has_none() -> None:
     )
     assert current_error(_lane("idle", attempts=0, last_end=300.0)) is None
     assert display_state(_lane("idle", attempts=0, last_end=300.0)) == "idle"
+
+
+def test_a_failing_lanes_row_says_what_its_time_counts() -> None:
+    """A failing lane queued again 11 s ago reads "failing, queued for 11s" (it read "failing for
+    11s", though it had failed for minutes: the time is the requeue's)."""
+    now = time.time()
+    queued = _lane("queued", attempts=1, last_end=100.0, queued_at=now - 11, **_OLD_ERROR)
+    queued["display_state"] = display_state(queued)
+    assert row(queued)[1] == "failing, queued for 11s"
+    running = _lane("running", attempts=1, last_end=100.0, started_at=now - 5, **_OLD_ERROR)
+    running["display_state"] = display_state(running)
+    assert row(running)[1] == "failing, running for 5s"
+    fresh = _lane("queued", queued_at=now - 3)
+    fresh["display_state"] = display_state(fresh)
+    assert row(fresh)[1] == "queued for 3s"

@@ -116,11 +116,12 @@ def row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, ..
         state = f"deferred ({entry.get('provider') or '?'})"
     elif entry.get("state") == "queued":
         # A lane whose turn message was lost waits for the reaper (SOULFLEET_REAP_QUEUED_AFTER)
-        # and read just like one about to run.
-        state = f"{state} {lasted(entry.get('queued_at'))}".strip()
+        # and read just like one about to run. A failing one says which it is timed by
+        # ("failing for 11s" counted from a requeue, not from the first failure).
+        state = f"{_failing(state, 'queued')}{lasted(entry.get('queued_at'))}".strip()
     elif entry.get("state") == "running":
         # A turn held by a hanging provider looked like any other for its whole timeout.
-        state = f"{state} {lasted(entry.get('started_at'))}".strip()
+        state = f"{_failing(state, 'running')}{lasted(entry.get('started_at'))}".strip()
         silent, left = entry.get("lease_silent"), entry.get("lease_left")
         if silent is not None and isinstance(left, int | float):
             # A killed worker's turn looked alive until its lease lapsed (30 s by default).
@@ -141,6 +142,11 @@ def row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, ..
         dreamer_state,
         error if whole_error or len(error) <= 60 else error[:57] + "...",
     )
+
+
+def _failing(shown: str, state: str) -> str:
+    """The start of a queued or running lane's STATE: ``queued ``, or ``failing, queued ``."""
+    return f"{shown}, {state} " if shown == "failing" else f"{shown} "
 
 
 def _inbox(entry: Mapping[str, Any]) -> str:
