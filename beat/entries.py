@@ -139,9 +139,11 @@ class ScheduleEntries:
         names.update(str(name) for name in self._client.hkeys(self._keys.registry))
         return names
 
-    def set_registered_lanes(self, lanes: int) -> None:
+    def set_registered_lanes(self, lanes: int, spend: str) -> None:
+        """Record the lane count, the root and ``spend`` (:attr:`Keys.registry_spend`)."""
         pipe = self._client.pipeline(transaction=False)
         pipe.set(self._keys.registry_lanes, lanes)
+        pipe.set(self._keys.registry_spend, spend)
         # The CLI compares `--personas` with the root the fleet really serves.
         pipe.set(self._keys.registry_root, str(self._root.expanduser().resolve()))
         pipe.execute()

@@ -115,7 +115,7 @@ def test_run_json_that_times_out_still_prints_json(invoke: Invoke) -> None:
     result = invoke("run", "ava", "anyone?", "--timeout", "1", "--json")
     assert result.exit_code == 1
     outcome = json.loads(result.stdout)
-    assert (outcome["persona"], outcome["status"]) == ("ava", "timeout")
+    assert (outcome["persona"], outcome["status"], outcome["exit"]) == ("ava", "timeout", 1)
     assert "no answer from 'ava'" in outcome["error"]
 
 

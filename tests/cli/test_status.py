@@ -545,3 +545,32 @@ def test_status_of_a_persona_names_its_model_call_in_flight(
     finally:
         renewer.stop()
         fleet.client.close()
+
+
+def test_budgets_are_shown_as_the_fleet_has_them_not_as_the_shell_says(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """The fleet runs with SOULFLEET_DAILY_TOKENS=100 (beat records it), this shell has none:
+    `status milo` shows tokens of 100 and the used-up line (it showed no budget); a shell
+    with SOULFLEET_DAILY_TOKENS=50 against a fleet without one shows none (it claimed
+    heartbeats were being skipped)."""
+    fleet_env = {**env, "SOULFLEET_DAILY_TOKENS": "100"}
+    settings = settings_for(fleet_env)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    keys = Keys(settings.key_prefix)
+    RegistrySync(
+        client=client, keys=keys, registry=PersonaRegistry(fleet_root), settings=settings
+    ).run()
+    ledger = UsageLedger(client, keys, days=settings.usage_days)
+    ledger.record(persona="milo", day=ledger.today("UTC"), model="openai:small",
+                  kind="heartbeat", call_id="c1", usage=Usage(150, 1))  # fmt: skip
+    shown = invoke("status", "milo").stdout
+    assert "151/100" in shown
+    assert "budget: used up today (151 of 100 tokens" in shown
+    plain = settings_for(env)
+    RegistrySync(
+        client=client, keys=keys, registry=PersonaRegistry(fleet_root), settings=plain
+    ).run()
+    told = invoke("status", "milo", environ={**env, "SOULFLEET_DAILY_TOKENS": "50"}).stdout
+    assert "budget:" not in told
+    assert "151/" not in told

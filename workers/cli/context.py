@@ -36,6 +36,7 @@ from workers.fleet import Fleet
 from workers.fleet.errors import FleetError, RedisUnavailable, UnknownPersona, UnusablePersonaName
 from workers.fleet.keys import Keys
 from workers.fleet.registry import DREAMER_SUFFIX, PersonaRegistry, valid_persona_name
+from workers.fleet.spend import with_fleet_spend
 from workers.local.datadir import DataDir, UpState, default_data_dir
 from workers.persona import storage
 from workers.persona.checkup import check_persona
@@ -178,6 +179,13 @@ class CliContext:
             self._publisher = CeleryPublisher(self.settings)
             fleet = Fleet(self.settings, publisher=self._publisher)
             fleet.ping()
+            recorded = fleet.client.get(fleet.keys.registry_spend)
+            if recorded:
+                # Budgets and models as the fleet's own processes read them (beat records
+                # them), not as this shell's environment happens to say.
+                spend = with_fleet_spend(self.settings, str(recorded))
+                fleet.client.close()
+                fleet = Fleet(spend, publisher=self._publisher)
             self._fleet = fleet
         return self._fleet
 

@@ -106,7 +106,8 @@ def run(
             )
         except TimeoutError as exc:
             if as_json:  # a script reading stdout gets an answer too (exit 1 either way)
-                click.echo(json.dumps({"persona": name, "status": "timeout", "error": str(exc)}))
+                click.echo(json.dumps({"persona": name, "status": "timeout", "error": str(exc),
+                                       "exit": EXIT_FAILURE}))  # fmt: skip
                 ctx.meta[JSON_FAILURE_SHOWN] = True
             raise
         report = {

@@ -176,6 +176,12 @@ class Keys:
         return f"{self.prefix}registry:root"
 
     @property
+    def registry_spend(self) -> str:
+        """JSON of the fleet's spend settings as beat reads them (daily budget, default models):
+        the CLI shows budgets and models by them, not by its own shell's environment."""
+        return f"{self.prefix}registry:spend"
+
+    @property
     def last_sweep(self) -> str:
         return f"{self.prefix}beat:last_sweep"
 

@@ -12,7 +12,8 @@ the dreamer lane's last pass).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -42,6 +43,8 @@ __all__ = [
     "next_reset",
     "persona_budget",
     "persona_models",
+    "spend_record",
+    "with_fleet_spend",
 ]
 
 #: Lane-hash field: ms when the dreamer lane's newest pass that called its model ended.
@@ -95,6 +98,37 @@ def persona_models(home: Path, settings: Settings) -> dict[str, str]:
         spec = kind_model(config, kind, settings)
         models[label] = fallback if spec == "inherit" else spec
     return models
+
+
+def spend_record(settings: Settings) -> str:
+    """The fleet's spend settings as beat records them (:attr:`Keys.registry_spend`)."""
+    return json.dumps({
+        "daily_tokens": settings.daily_tokens,
+        "model": settings.model.default_spec,
+        "heartbeat_model": settings.heartbeat_model,
+        "dream_model": settings.dream_model,
+    })  # fmt: skip
+
+
+def with_fleet_spend(settings: Settings, raw: str | None) -> Settings:
+    """``settings`` with the spend settings beat recorded (``raw``, :func:`spend_record`) in
+    place of this process's own: a CLI shell without the fleet's SOULFLEET_DAILY_TOKENS showed
+    no budget, or one the fleet does not have, and its own SOULFLEET_MODEL as the personas'.
+    ``settings`` as they are when nothing (readable) was recorded."""
+    try:
+        record = json.loads(raw) if raw else None
+    except ValueError:
+        return settings
+    if not isinstance(record, dict):
+        return settings
+    daily = record.get("daily_tokens")
+    return replace(
+        settings,
+        daily_tokens=daily if isinstance(daily, int) else None,
+        model=replace(settings.model, default_spec=str(record.get("model") or "")),
+        heartbeat_model=str(record.get("heartbeat_model") or ""),
+        dream_model=str(record.get("dream_model") or ""),
+    )
 
 
 def kind_model(persona: AgentDef | PersonaConfig, kind: str, settings: Settings) -> str:
