@@ -53,15 +53,16 @@ def test_a_dead_lane_keeps_its_error_and_a_lane_with_none_has_none() -> None:
 
 
 def test_a_failing_lanes_row_says_what_its_time_counts() -> None:
-    """A failing lane queued again 11 s ago reads "failing, queued for 11s" (it read "failing for
-    11s", though it had failed for minutes: the time is the requeue's)."""
+    """A failing lane queued again 11 s ago reads "failing (queued for 11s)" (it read "failing for
+    11s", though it had failed for minutes: the time is the requeue's); the first word stays
+    the state (colours and filters key on it)."""
     now = time.time()
     queued = _lane("queued", attempts=1, last_end=100.0, queued_at=now - 11, **_OLD_ERROR)
     queued["display_state"] = display_state(queued)
-    assert row(queued)[1] == "failing, queued for 11s"
+    assert row(queued)[1] == "failing (queued for 11s)"
     running = _lane("running", attempts=1, last_end=100.0, started_at=now - 5, **_OLD_ERROR)
     running["display_state"] = display_state(running)
-    assert row(running)[1] == "failing, running for 5s"
+    assert row(running)[1] == "failing (running for 5s)"
     fresh = _lane("queued", queued_at=now - 3)
     fresh["display_state"] = display_state(fresh)
     assert row(fresh)[1] == "queued for 3s"

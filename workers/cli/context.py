@@ -179,10 +179,13 @@ class CliContext:
             self._publisher = CeleryPublisher(self.settings)
             fleet = Fleet(self.settings, publisher=self._publisher)
             fleet.ping()
-            recorded = fleet.client.get(fleet.keys.registry_spend)
+            try:
+                recorded = fleet.client.get(fleet.keys.registry_spend)
+            except redis.RedisError:  # the command meets Redis's error itself, in its words
+                recorded = None
             if recorded:
-                # Budgets and models as the fleet's own processes read them (beat records
-                # them), not as this shell's environment happens to say.
+                # Budgets as the fleet's own processes read them (beat records them), not as
+                # this shell's environment happens to say.
                 spend = with_fleet_spend(self.settings, str(recorded))
                 fleet.client.close()
                 fleet = Fleet(spend, publisher=self._publisher)

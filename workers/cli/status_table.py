@@ -101,9 +101,12 @@ def row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, ..
         shown = dreamer.get("display_state") or dreamer.get("state", "idle")
         # A running or queued pass with how long it has been so, not the previous pass's end
         # ("running 68s ago" read as running for 68 s while the pass had just begun).
-        since = {"running": "started_at", "queued": "queued_at"}.get(str(dreamer.get("state")))
-        when = lasted(dreamer.get(since)) if since else ago(dreamer.get("last_end"))
-        dreamer_state = f"{shown} {when}".strip()
+        raw = str(dreamer.get("state"))
+        since = {"running": "started_at", "queued": "queued_at"}.get(raw)
+        if since:
+            dreamer_state = _timed(str(shown), raw, lasted(dreamer.get(since)))
+        else:
+            dreamer_state = f"{shown} {ago(dreamer.get('last_end'))}".strip()
     error = " ".join(str(entry.get("error") or entry.get("note") or "-").split())
     home = entry.get("home")
     if home:  # the table is about this persona already: its path only costs width
@@ -118,10 +121,10 @@ def row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, ..
         # A lane whose turn message was lost waits for the reaper (SOULFLEET_REAP_QUEUED_AFTER)
         # and read just like one about to run. A failing one says which it is timed by
         # ("failing for 11s" counted from a requeue, not from the first failure).
-        state = f"{_failing(state, 'queued')}{lasted(entry.get('queued_at'))}".strip()
+        state = _timed(state, "queued", lasted(entry.get("queued_at")))
     elif entry.get("state") == "running":
         # A turn held by a hanging provider looked like any other for its whole timeout.
-        state = f"{_failing(state, 'running')}{lasted(entry.get('started_at'))}".strip()
+        state = _timed(state, "running", lasted(entry.get("started_at")))
         silent, left = entry.get("lease_silent"), entry.get("lease_left")
         if silent is not None and isinstance(left, int | float):
             # A killed worker's turn looked alive until its lease lapsed (30 s by default).
@@ -144,9 +147,12 @@ def row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, ..
     )
 
 
-def _failing(shown: str, state: str) -> str:
-    """The start of a queued or running lane's STATE: ``queued ``, or ``failing, queued ``."""
-    return f"{shown}, {state} " if shown == "failing" else f"{shown} "
+def _timed(shown: str, state: str, when: str) -> str:
+    """A queued or running lane's STATE: ``queued for 11s``, or ``failing (queued for 11s)``
+    (the time is the queue's or the run's, not the failure's; the first word stays the state
+    the colours and filters know)."""
+    timed = f"{state} {when}".strip()
+    return f"{shown} ({timed})" if shown != state else timed
 
 
 def _inbox(entry: Mapping[str, Any]) -> str:

@@ -177,8 +177,8 @@ class Keys:
 
     @property
     def registry_spend(self) -> str:
-        """JSON of the fleet's spend settings as beat reads them (daily budget, default models):
-        the CLI shows budgets and models by them, not by its own shell's environment."""
+        """JSON of the fleet's spend settings as beat reads them (its daily budget): the CLI
+        shows and checks budgets by them, not by its own shell's environment."""
         return f"{self.prefix}registry:spend"
 
     @property

@@ -102,33 +102,25 @@ def persona_models(home: Path, settings: Settings) -> dict[str, str]:
 
 def spend_record(settings: Settings) -> str:
     """The fleet's spend settings as beat records them (:attr:`Keys.registry_spend`)."""
-    return json.dumps({
-        "daily_tokens": settings.daily_tokens,
-        "model": settings.model.default_spec,
-        "heartbeat_model": settings.heartbeat_model,
-        "dream_model": settings.dream_model,
-    })  # fmt: skip
+    return json.dumps({"daily_tokens": settings.daily_tokens})
 
 
 def with_fleet_spend(settings: Settings, raw: str | None) -> Settings:
-    """``settings`` with the spend settings beat recorded (``raw``, :func:`spend_record`) in
+    """``settings`` with the daily budget beat recorded (``raw``, :func:`spend_record`) in
     place of this process's own: a CLI shell without the fleet's SOULFLEET_DAILY_TOKENS showed
-    no budget, or one the fleet does not have, and its own SOULFLEET_MODEL as the personas'.
-    ``settings`` as they are when nothing (readable) was recorded."""
+    no budget, or one the fleet does not have. ``settings`` as they are when nothing (readable)
+    was recorded. Models are not taken over: a command checks a persona's model with its own
+    configuration (a scripted path or a key the workers' machine has would refuse posts)."""
     try:
         record = json.loads(raw) if raw else None
     except ValueError:
         return settings
-    if not isinstance(record, dict):
+    if not isinstance(record, dict) or "daily_tokens" not in record:
         return settings
-    daily = record.get("daily_tokens")
-    return replace(
-        settings,
-        daily_tokens=daily if isinstance(daily, int) else None,
-        model=replace(settings.model, default_spec=str(record.get("model") or "")),
-        heartbeat_model=str(record.get("heartbeat_model") or ""),
-        dream_model=str(record.get("dream_model") or ""),
-    )
+    daily = record["daily_tokens"]
+    if daily is not None and (not isinstance(daily, int) or isinstance(daily, bool) or daily < 0):
+        return settings
+    return replace(settings, daily_tokens=daily)
 
 
 def kind_model(persona: AgentDef | PersonaConfig, kind: str, settings: Settings) -> str:
