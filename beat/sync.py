@@ -236,10 +236,10 @@ class RegistrySync:
     def _check_marker(self, personas: int) -> None:
         """Say so when the marker this beat saw (or set) at its last sync is gone or replaced
         (another beat found it gone first): Redis lost its data while beat ran (a restart
-        without its AOF, FLUSHALL), and with it inbox items,
-        running turns and today's usage. An error, so `up` shows it; counted, for the alert;
-        kept a day, for `status`. A loss while beat was down too is not seen: a fresh Redis
-        and an emptied one look alike (`redis.not_persistent` warns of it at every start)."""
+        without its AOF, FLUSHALL), and with it inbox items, running turns and today's usage.
+        An error, so `up` shows it; counted, for the alert; kept a day, for `status`. A loss
+        while beat was down too is not seen: a fresh Redis and an emptied one look alike
+        (`redis.not_persistent` warns of it at every start)."""
         now = self._clock.time()
         marker = self._entries.mark()
         if self._marker is not None and marker != self._marker:

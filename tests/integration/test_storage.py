@@ -17,6 +17,22 @@ from workers.persona import storage
 pytestmark = pytest.mark.integration
 
 
+#: Retries fast enough to see several within a test, dead-lettering after 2 unknown failures.
+QUICK_RETRIES = {
+    "SOULFLEET_RETRY_BASE": "200ms",
+    "SOULFLEET_RETRY_MAX": "500ms",
+    "SOULFLEET_MAX_ATTEMPTS": "2",
+}
+
+
+def failures(harness: Harness, times: int, says: str = "") -> dict[str, object] | None:
+    """ava's lane once it has failed ``times`` times in a row with an error saying ``says``."""
+    lane = harness.fleet.lanes.status("ava")
+    error = str(lane.get("last_error") or "")
+    failed = int(str(lane["failures"] or 0))
+    return lane if says in error and failed >= times else None
+
+
 def test_a_full_then_read_only_persona_disk_costs_no_model_call_and_the_lane_resumes(
     harness: Harness, tmp_path: Path
 ) -> None:
@@ -25,12 +41,7 @@ def test_a_full_then_read_only_persona_disk_costs_no_model_call_and_the_lane_res
     with an error naming her directory and the free bytes; emptied but read-only, the same
     with "read-only"; writable again, the turn runs once and the item is answered."""
     with FakeProvider("openai", text="saved at last") as provider:
-        harness.use_model_server(
-            provider,
-            SOULFLEET_RETRY_BASE="200ms",
-            SOULFLEET_RETRY_MAX="500ms",
-            SOULFLEET_MAX_ATTEMPTS="2",
-        )
+        harness.use_model_server(provider, **QUICK_RETRIES)
         with tmpfs(harness.root / "ava", "4m") as home:
             harness.persona("ava")
             filler = fill(home, leave=storage.MIN_FREE_BYTES // 2)
@@ -38,13 +49,9 @@ def test_a_full_then_read_only_persona_disk_costs_no_model_call_and_the_lane_res
             harness.beat()
             harness.fleet.post("ava", "hello")
 
-            def failed(times: int, says: str) -> dict[str, object] | None:
-                lane = harness.fleet.lanes.status("ava")
-                error = str(lane.get("last_error") or "")
-                failures = int(str(lane["failures"] or 0))
-                return lane if says in error and failures >= times else None
-
-            full = wait_until(lambda: failed(4, "bytes free"), timeout=60, what="4 refusals")
+            full = wait_until(
+                lambda: failures(harness, 4, "bytes free"), timeout=60, what="4 refusals"
+            )
             assert str(full["last_error"]).startswith(f"{storage.STORAGE_MARK} at {home}")
             assert full["last_error_kind"] == "transient"
             assert full["state"] != "dead"
@@ -54,7 +61,9 @@ def test_a_full_then_read_only_persona_disk_costs_no_model_call_and_the_lane_res
             remount(home, "ro")
             done_before = int(str(full["failures"] or 0))
             read_only = wait_until(
-                lambda: failed(done_before + 2, "read-only"), timeout=60, what="read-only"
+                lambda: failures(harness, done_before + 2, "read-only"),
+                timeout=60,
+                what="read-only",
             )
             assert read_only["state"] != "dead"
             assert provider.requests == []
@@ -78,12 +87,7 @@ def test_a_persona_directory_refusing_the_worker_waits_and_resumes_once_fixed(
     SOULFLEET_MAX_ATTEMPTS, never dead-lettered (it was, within 20 s: an unknown failure),
     with an error saying to fix the directory's access; once fixed the turn runs once."""
     with FakeProvider("openai", text="written at last") as provider:
-        harness.use_model_server(
-            provider,
-            SOULFLEET_RETRY_BASE="200ms",
-            SOULFLEET_RETRY_MAX="500ms",
-            SOULFLEET_MAX_ATTEMPTS="2",
-        )
+        harness.use_model_server(provider, **QUICK_RETRIES)
         home = harness.persona("ava")
         subprocess.run(["chattr", "+i", str(home)], check=True)
         try:
@@ -91,12 +95,7 @@ def test_a_persona_directory_refusing_the_worker_waits_and_resumes_once_fixed(
             harness.beat()
             harness.fleet.post("ava", "hello")
 
-            def refused() -> dict[str, object] | None:
-                lane = harness.fleet.lanes.status("ava")
-                failures = int(str(lane["failures"] or 0))
-                return lane if failures >= 4 else None
-
-            lane = wait_until(refused, timeout=60, what="4 refusals")
+            lane = wait_until(lambda: failures(harness, 4), timeout=60, what="4 refusals")
             error = str(lane["last_error"])
             assert error.startswith(f"{storage.STORAGE_MARK} at {home}"), error
             assert "Operation not permitted" in error

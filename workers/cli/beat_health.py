@@ -24,15 +24,7 @@ _STALE_FLOOR = 30.0
 
 def beat_summary(fleet: Fleet) -> dict[str, Any] | None:
     """beat's newest sweep summary (JSON it writes each sweep), or None if it never swept."""
-    with redis_errors(fleet.client):
-        raw = fleet.client.get(fleet.keys.last_sweep)
-    if not raw:
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
+    return _record(fleet, fleet.keys.last_sweep)
 
 
 def beat_stale(beat: Mapping[str, Any], sweep_interval: float) -> bool:
@@ -45,10 +37,17 @@ def beat_stale(beat: Mapping[str, Any], sweep_interval: float) -> bool:
 def redis_data_lost(fleet: Fleet) -> dict[str, Any] | None:
     """When beat last found Redis had lost its data (``at``, ``personas``), kept a day after
     it; None if it has not."""
+    return _record(fleet, fleet.keys.redis_data_lost)
+
+
+def _record(fleet: Fleet, key: str) -> dict[str, Any] | None:
+    """The JSON object beat keeps at ``key``; None when there is none (or not an object)."""
     with redis_errors(fleet.client):
-        raw = fleet.client.get(fleet.keys.redis_data_lost)
+        raw = fleet.client.get(key)
+    if not raw:
+        return None
     try:
-        data = json.loads(raw) if raw else None
+        data = json.loads(raw)
     except ValueError:
         return None
     return data if isinstance(data, dict) else None

@@ -187,8 +187,7 @@ class CliContext:
                 # Budgets as the fleet's own processes read them (beat records them), not as
                 # this shell's environment happens to say.
                 spend = with_fleet_spend(self.settings, str(recorded))
-                fleet.client.close()
-                fleet = Fleet(spend, publisher=self._publisher)
+                fleet = Fleet(spend, client=fleet.client, publisher=self._publisher)
             self._fleet = fleet
         return self._fleet
 

@@ -138,8 +138,8 @@ class _Up:
         self.reporter = Reporter(self.console.out)
         self.state: UpState | None = None
         self.restarts: dict[str, list[float]] = {}
-        #: Why the status line could not be read (Redis away), while it cannot; None when it can.
-        self.status_error: str | None = None
+        #: The status line could not be read (Redis away) and has not been since.
+        self.redis_away = False
 
     def run(self) -> int:
         try:
@@ -308,16 +308,16 @@ class _Up:
         try:
             live_status(self.reporter, self.fleet, lanes)
         except (RedisUnavailable, redis.RedisError) as exc:
-            if self.status_error is None:
+            if not self.redis_away:
                 self.reporter.line(
                     "error",
                     f"status unavailable: {exc}. The fleet's workers and beat reconnect by "
                     "themselves once Redis answers; `up` goes on (Ctrl-C stops the fleet)",
                 )
-            self.status_error = str(exc)
+            self.redis_away = True
             return
-        if self.status_error is not None:
-            self.status_error = None
+        if self.redis_away:
+            self.redis_away = False
             self.reporter.line("status", "Redis answers again")
 
     def _restarted(self, crashed: Child) -> bool:

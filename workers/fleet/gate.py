@@ -21,7 +21,7 @@ import random
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -45,7 +45,7 @@ from workers.persona.turn_time import bounded_timeout
 if TYPE_CHECKING:
     from workers.fleet.breaker import Breaker, Verdict
 
-__all__ = ["Gate", "GatedModel", "InFlight", "ModelCall", "Slot", "SlotHandle"]
+__all__ = ["Gate", "GatedModel", "InFlight", "ModelCall", "Slot", "SlotHandle", "in_flight"]
 
 _log = structlog.get_logger("soulfleet.gate")
 
@@ -67,6 +67,13 @@ class InFlight:
             return None
         holder, lane, started_ms, _ = parts
         return cls(holder, lane, int(started_ms) / 1000)
+
+
+def in_flight(tokens: Iterable[object]) -> list[InFlight]:
+    """The calls the gate's slot ``tokens`` name, oldest first (a token of another format, as
+    an older worker's, is left out)."""
+    calls = [call for token in tokens if (call := InFlight.parse(str(token))) is not None]
+    return sorted(calls, key=lambda call: call.started)
 
 
 class SlotHandle(Held):
@@ -175,9 +182,7 @@ class Gate:
         if self.unlimited:
             return []
         with redis_errors(self.client):
-            tokens = self.client.zrangebyscore(self.keys.gate, self._now_ms(), "+inf")
-        calls = [call for token in tokens if (call := InFlight.parse(str(token))) is not None]
-        return sorted(calls, key=lambda call: call.started)
+            return in_flight(self.client.zrangebyscore(self.keys.gate, self._now_ms(), "+inf"))
 
     # -- the transitions --------------------------------------------------------------------
     def acquire(self, token: str) -> bool:

@@ -18,7 +18,7 @@ from workers.fleet.beats import Beat, Beats
 from workers.fleet.breaker import Breaker
 from workers.fleet.errors import FleetError, RedisUnavailable
 from workers.fleet.eviction import evicts
-from workers.fleet.gate import InFlight
+from workers.fleet.gate import InFlight, in_flight
 from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
 from workers.fleet.registry import PersonaRegistry
@@ -161,8 +161,8 @@ class FleetReports:
         pipe.zrangebyscore(self.keys.gate, now_ms, "+inf")
         (queued, running, dead, stuck_running, stuck_queued, registered, memory, retry,
          slots) = self._call(pipe.execute)  # fmt: skip
-        calls = [call for token in slots if (call := InFlight.parse(str(token))) is not None]
-        oldest = min((call.started for call in calls), default=None)
+        calls = in_flight(slots)
+        oldest = calls[0].started if calls else None
         breakers = self.breaker.states()
         deferred = sum(state.deferred for state in breakers)
         registered_lanes = int(registered or 0)
@@ -192,8 +192,7 @@ class FleetReports:
         now_ms = int(self.clock.time() * 1000)
         tokens = self._call(lambda: self.client.zrangebyscore(self.keys.gate, now_ms, "+inf"))
         wanted = set(lanes)
-        calls = [call for token in tokens if (call := InFlight.parse(str(token))) is not None]
-        return sorted((call for call in calls if call.lane in wanted), key=lambda c: c.started)
+        return [call for call in in_flight(tokens) if call.lane in wanted]
 
     def redis_memory(self) -> tuple[int, int, str]:
         """``(used, maxmemory, maxmemory-policy)`` of the fleet's Redis (maxmemory 0: no limit;
