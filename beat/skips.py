@@ -32,7 +32,7 @@ from workers.fleet.keys import Keys
 from workers.fleet.spend import LAST_PASS
 from workers.fleet.sweeps import SweepWrites
 from workers.persona.errors import PersonaError
-from workers.persona.files import read_prefix
+from workers.persona.files import read_inside
 from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.schedules import ActiveHours
 from workers.persona.spend import heartbeat_blank, nothing_new, pass_times, usage_day
@@ -65,7 +65,7 @@ class HeartbeatFiles:
     makes no ``stat`` call for a home it checked recently; after that, the file is re-read only
     when its mtime or size changed.
 
-    Read through :func:`workers.persona.files.read_prefix` (the one door): a FIFO, a device or
+    Read through :func:`workers.persona.files.read_inside` (the one door): a FIFO, a device or
     a directory at that name is refused without blocking and counts as ``invalid`` (the registry
     sync reports the persona and removes its entries); a huge file costs at most the bootstrap
     cap. Nothing here may stop the sweep, so every error is an answer, never an exception.
@@ -103,7 +103,7 @@ class HeartbeatFiles:
             return cached[3]
         answer: FileState
         try:
-            raw = read_prefix(path, MAX_FILE_BYTES)
+            raw = read_inside(home, HEARTBEAT_FILE, MAX_FILE_BYTES)
         except PersonaError as exc:
             _log.warning("sweep.heartbeat_file_refused", path=path, error=str(exc))
             answer = "invalid"

@@ -51,7 +51,7 @@ from workers.fleet.registry import PersonaRegistry
 from workers.fleet.spend import spend_record
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import ModelSpecError, PersonaError, PersonaFileError, PersonaNotFound
-from workers.persona.files import regular_file_problem
+from workers.persona.files import persona_file_problem
 from workers.persona.home import BOOTSTRAP_ORDER
 from workers.persona.manifest import MANIFEST_NAME, PersonaConfig, load_manifest
 from workers.persona.mcp_servers import check_uses
@@ -115,9 +115,10 @@ def _check_scripted(config: PersonaConfig, home: Path) -> None:
 
 
 def _unusable_bootstrap_file(path: str) -> tuple[str, str] | None:
-    """The first bootstrap file that is there but not a regular file, and why (stat only)."""
+    """The first bootstrap file that is there but not a regular file or links out of the
+    personas' directory, and why (stat only)."""
     for name in BOOTSTRAP_ORDER:
-        problem = regular_file_problem(os.path.join(path, name))
+        problem = persona_file_problem(path, name)
         if problem is not None:
             return name, problem
     return None
@@ -325,7 +326,7 @@ class RegistrySync:
         path = str(home)
         known = self._known.get(name)
         try:
-            heartbeat_problem = regular_file_problem(os.path.join(path, HEARTBEAT_FILE))
+            heartbeat_problem = persona_file_problem(path, HEARTBEAT_FILE)
             if heartbeat_problem is not None:
                 # Stat only: a FIFO or a device must be refused without ever being opened.
                 raise PersonaFileError(home / HEARTBEAT_FILE, heartbeat_problem)

@@ -10,7 +10,7 @@ import pytest
 from tests.support.transcripts import MemoryTranscripts, assistant, user
 from workers.persona.agent import from_dir
 from workers.persona.dream_agent import DREAM_PROMPT, dreamer
-from workers.persona.errors import PersonaNotFound
+from workers.persona.errors import PersonaFileError, PersonaNotFound
 from workers.persona.heartbeat import HEARTBEAT_OK
 from workers.persona.memory import MemoryTool, memory_tool
 from workers.persona.transcripts import FileTranscripts
@@ -128,6 +128,21 @@ def test_soul_appends_trimmed_dream_md(ava: Path) -> None:
         soul == "## HEARTBEAT.md\n\n" + DREAM_PROMPT + "\n\nForget shopping lists.\nKeep birthdays."
     )
     assert found == ["HEARTBEAT.md"]
+
+
+def test_dream_md_linking_out_of_the_personas_directory_is_refused(
+    ava: Path, tmp_path: Path
+) -> None:
+    """DREAM.md as a link to a file outside the personas' directory is a PersonaFileError
+    naming it; the file's text never reaches the dreamer's soul."""
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.txt"
+    outside.write_text("TOPSECRET")
+    try:
+        (ava / "DREAM.md").symlink_to(outside)
+        with pytest.raises(PersonaFileError, match=r"DREAM\.md: is a symlink to .*, outside"):
+            dreamer(ava, store=MemoryTranscripts()).soul()
+    finally:
+        outside.unlink()
 
 
 def test_soul_appends_trimmed_instructions(ava: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 from tests.support.persona import make_persona
 from workers.persona import files
 from workers.persona.errors import PersonaFileError, PersonaNotFound
-from workers.persona.files import confined, read_prefix, real_root
+from workers.persona.files import confined, read_inside, read_prefix, real_root
 
 # --- confined ------------------------------------------------------------------------------
 
@@ -210,6 +210,49 @@ def test_read_prefix_without_follow_refuses_symlinks(tmp_path: Path) -> None:
     assert read_prefix(tmp_path / "link.jsonl", 10) == b"x"
     with pytest.raises(PersonaFileError, match="symlink"):
         read_prefix(tmp_path / "link.jsonl", 10, follow_symlinks=False)
+
+
+def test_read_inside_reads_files_and_links_beside_the_personas(tmp_path: Path) -> None:
+    """A persona's own file is read; a link to a file beside the persona directories (a shared
+    AGENTS.md) or inside its own directory is followed; an absent file is None."""
+    root = tmp_path / "personas"
+    home = make_persona(root / "ava", {"SOUL.md": "me"})
+    (root / ".shared").mkdir()
+    (root / ".shared" / "AGENTS.md").write_text("house rules")
+    (home / "AGENTS.md").symlink_to("../.shared/AGENTS.md")
+    (home / "notes.md").write_text("inside")
+    (home / "TOOLS.md").symlink_to("notes.md")
+    assert read_inside(home, "SOUL.md", 100) == b"me"
+    assert read_inside(home, "AGENTS.md", 100) == b"house rules"
+    assert read_inside(home, "TOOLS.md", 100) == b"inside"
+    assert read_inside(home, "USER.md", 100) is None
+
+
+@pytest.mark.parametrize("target", ["/proc/self/environ", "/etc/hostname", "../../secret.txt"])
+def test_read_inside_refuses_a_link_leading_out_of_the_personas_directory(
+    tmp_path: Path, target: str
+) -> None:
+    """A persona file linking outside the directory that holds the personas (the worker's own
+    environment, a host file, a file above the root) is refused naming the file and where it
+    leads, and nothing of the target is returned: what it holds would go to the model."""
+    root = tmp_path / "personas"
+    home = make_persona(root / "ava")
+    (tmp_path / "secret.txt").write_text("TOPSECRET")
+    (home / "SOUL.md").symlink_to(target)
+    with pytest.raises(PersonaFileError, match=r"SOUL\.md: is a symlink to /.*, outside ") as info:
+        read_inside(home, "SOUL.md", 1 << 20)
+    assert "TOPSECRET" not in str(info.value)
+
+
+def test_read_inside_names_a_dangling_link_and_refuses_paths(tmp_path: Path) -> None:
+    """A link (within bounds) to a missing file is an error naming it, not an absent file; a
+    name with a slash is a programming error."""
+    home = make_persona(tmp_path / "personas" / "ava")
+    (home / "TOOLS.md").symlink_to("gone.md")
+    with pytest.raises(PersonaFileError, match=r"TOOLS\.md: is a symlink to a missing file"):
+        read_inside(home, "TOOLS.md", 100)
+    with pytest.raises(ValueError, match="file name"):
+        read_inside(home, "memory/x.md", 100)
 
 
 def test_make_dirs_creates_below_the_root_and_never_the_root(tmp_path: Path) -> None:

@@ -222,6 +222,21 @@ def test_symlinked_bootstrap_file_is_read(tmp_path: Path) -> None:
     assert compose_soul(home) == ("## AGENTS.md\n\nhouse rules", ["AGENTS.md"])
 
 
+def test_bootstrap_link_leading_out_is_refused_and_never_composed(tmp_path: Path) -> None:
+    """A bootstrap file linking outside the directory that holds the personas (here to the
+    worker's own environment, and to a file above the root) fails the soul naming the file:
+    its text would otherwise go to the model and into the session files."""
+    (tmp_path / "secret.txt").write_text("REDIS_URL=redis://:hunter2@db")
+    home = make_persona(tmp_path / "personas" / "ava", {"AGENTS.md": "rules"})
+    for target in ("/proc/self/environ", str(tmp_path / "secret.txt")):
+        (home / "SOUL.md").unlink(missing_ok=True)
+        (home / "SOUL.md").symlink_to(target)
+        refused = r"SOUL\.md: is a symlink to .*, outside"
+        with pytest.raises(PersonaFileError, match=refused) as info:
+            compose_soul(home)
+        assert "hunter2" not in str(info.value)
+
+
 def test_missing_persona_directory(tmp_path: Path) -> None:
     """A missing directory, or a file where the directory should be, is PersonaNotFound."""
     with pytest.raises(PersonaNotFound, match="persona directory not found"):

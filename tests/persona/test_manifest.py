@@ -295,13 +295,14 @@ def test_end_2400_means_until_midnight(tmp_path: Path) -> None:
 
 def test_fifo_or_device_manifest_is_refused_without_blocking(tmp_path: Path) -> None:
     """persona.toml as a FIFO (no writer: a plain read would block forever) or as a symlink to
-    /dev/zero (a read would never end) is a PersonaFileError naming the file, at once."""
+    /dev/zero (a read would never end) is a PersonaFileError naming the file, at once: the link
+    for leading out of the personas' directory, before anything is opened."""
     fifo_home, zero_home = tmp_path / "fifo", tmp_path / "zero"
     fifo_home.mkdir()
     zero_home.mkdir()
     os.mkfifo(fifo_home / "persona.toml")
     (zero_home / "persona.toml").symlink_to("/dev/zero")
-    for home, kind in ((fifo_home, "FIFO"), (zero_home, "character device")):
+    for home, kind in ((fifo_home, "FIFO"), (zero_home, "is a symlink to /dev/zero, outside")):
         outcome: list[BaseException] = []
         thread = threading.Thread(
             target=lambda h=home, out=outcome: _record(out, lambda: load_manifest(h)),

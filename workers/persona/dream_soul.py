@@ -15,7 +15,7 @@ from pathlib import Path
 
 import structlog
 
-from workers.persona.files import read_prefix
+from workers.persona.files import read_inside
 from workers.persona.home import MAX_FILE_BYTES, TRUNCATION_NOTICE, persona_home
 
 __all__ = ["DREAM_FILE", "DREAM_PROMPT", "dream_soul"]
@@ -53,7 +53,7 @@ log = structlog.get_logger("soulfleet.dream")
 
 def _dream_file_text(home: Path) -> str:
     path = home / DREAM_FILE
-    raw = read_prefix(path, MAX_FILE_BYTES)
+    raw = read_inside(home, DREAM_FILE, MAX_FILE_BYTES)
     if raw is None:
         return ""
     # Same rule as a bootstrap file: cut at 2 MiB (a partial trailing character is dropped,

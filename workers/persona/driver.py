@@ -36,7 +36,7 @@ from workers.persona.agent import AgentDef, from_dir
 from workers.persona.clock import Clock, Timer
 from workers.persona.dream_agent import dreamer
 from workers.persona.errors import PersonaError
-from workers.persona.files import read_prefix
+from workers.persona.files import read_inside
 from workers.persona.heartbeat import is_silent
 from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.inbox import InboxItem, render_inbox
@@ -172,7 +172,7 @@ class HeartbeatDriver:
         if hours is not None and not hours.contains(self.clock.time()):
             return "quiet_hours"
         try:
-            text = read_prefix(self.agent.home / "HEARTBEAT.md", MAX_FILE_BYTES)
+            text = read_inside(self.agent.home, "HEARTBEAT.md", MAX_FILE_BYTES)
         except PersonaError:
             return "invalid_heartbeat_file"
         if text is None:

@@ -14,6 +14,9 @@ that safe, and every file the persona core reads or writes goes through them:
   file (a FIFO would block a reader forever, ``/dev/zero`` would never end) and reads at most
   ``limit + 1`` bytes, so no file can hang a worker thread or the beat loop, or cost more memory
   than the cap it is checked against.
+* **Links kept in bounds.** :func:`read_inside` reads a persona's own files (persona.toml, the
+  bootstrap files, HEARTBEAT.md, DREAM.md), whose text goes to the model: a symlink among them
+  may lead to a file beside the persona directories (a shared AGENTS.md), never elsewhere.
 * **Durable writes** live beside them in :mod:`workers.persona.writes`.
 """
 
@@ -32,6 +35,8 @@ __all__ = [
     "confined",
     "file_kind",
     "make_dirs",
+    "persona_file_problem",
+    "read_inside",
     "read_prefix",
     "real_root",
     "regular_file_problem",
@@ -186,6 +191,66 @@ def _not_regular(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "is a directory, not a file"
     return f"is not a regular file (it is {file_kind(mode)}); persona files must be regular files"
+
+
+def read_inside(home: str | os.PathLike[str], name: str, limit: int) -> bytes | None:
+    """:func:`read_prefix` of the file ``name`` in the persona directory ``home`` (persona.toml, a
+    bootstrap file, HEARTBEAT.md, DREAM.md), where a symlink is followed only to a file under
+    the directory that holds the persona directories (the personas root: a shared AGENTS.md
+    beside them), never outside it.
+
+    Whatever these files hold goes into the soul sent to the model provider and into the
+    persona's session files, so a link to ``/proc/self/environ`` or to a file elsewhere on the
+    host would hand the worker's secrets to the model: it is refused with
+    :class:`PersonaFileError` naming the file and where it leads. Costs nothing for a file that
+    is not a link: it is opened with ``O_NOFOLLOW``, and only a link is resolved and checked;
+    its target is then opened with ``O_NOFOLLOW`` too, so a link swapped in after the check is
+    refused, never followed.
+    """
+    if "/" in name or name in ("", ".", ".."):
+        raise ValueError(f"read_inside takes a file name, got {name!r}")
+    base = real_root(home)
+    named = os.path.join(base, name)
+    try:
+        return read_prefix(named, limit, follow_symlinks=False)
+    except PersonaFileError:
+        if not os.path.islink(named):
+            raise
+    target = os.path.realpath(named)
+    outside = _link_out(base, target)
+    if outside is not None:
+        raise PersonaFileError(Path(named), outside)
+    data = read_prefix(target, limit, follow_symlinks=False)
+    if data is None:
+        missing = f"is a symlink to a missing file ({os.readlink(named)})"
+        raise PersonaFileError(Path(named), missing)
+    return data
+
+
+def _link_out(base: str, target: str) -> str | None:
+    """Why a link in the persona directory ``base`` to the real path ``target`` is refused:
+    it leads outside the directory that holds the persona directories. None: it may."""
+    scope = os.path.dirname(base)
+    if scope == "/":  # a persona directory at the top of the tree: its own directory only
+        scope = base
+    if target.startswith(scope + "/"):
+        return None
+    return (
+        f"is a symlink to {target}, outside {scope}: a persona file may link to a file beside "
+        "the persona directories (a shared AGENTS.md), never elsewhere, since what it holds is "
+        "sent to the model; put the file itself in the persona directory"
+    )
+
+
+def persona_file_problem(home: str | os.PathLike[str], name: str) -> str | None:
+    """Why the file ``name`` in the persona directory ``home`` cannot be read by
+    :func:`read_inside`, from ``lstat``/``stat`` alone (never opens it): not a regular file
+    (:func:`regular_file_problem`), or a symlink leading out. None when it is fine or absent."""
+    named = os.path.join(real_root(home), name)
+    problem = regular_file_problem(named)
+    if problem is None and os.path.islink(named):
+        problem = _link_out(real_root(home), os.path.realpath(named))
+    return problem
 
 
 def read_prefix(

@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 
 from workers.persona.errors import PersonaFileError, PersonaNotFound
-from workers.persona.files import read_prefix
+from workers.persona.files import read_inside
 
 __all__ = [
     "BOOTSTRAP_ORDER",
@@ -217,7 +217,7 @@ def compose_soul(
     found: list[str] = []
     for name in BOOTSTRAP_ORDER:
         try:
-            raw = read_prefix(f"{home}/{name}", MAX_FILE_BYTES)
+            raw = read_inside(home, name, MAX_FILE_BYTES)
         except PersonaFileError as error:
             # Errors name the file by its real path, as every reader of the home does.
             raise PersonaFileError(persona_home(home) / name, error.problem) from None
@@ -248,7 +248,7 @@ def edited_since(path: str | os.PathLike[str], soul: str) -> list[str]:
     current: dict[str, str | None] = {}
     for name in EDITED_BY_PEOPLE:
         try:
-            raw = read_prefix(f"{home}/{name}", MAX_FILE_BYTES)
+            raw = read_inside(home, name, MAX_FILE_BYTES)
         except PersonaFileError:
             continue
         current[name] = None if raw is None else _section(name, _section_body(name, home, raw))

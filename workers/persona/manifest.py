@@ -55,7 +55,7 @@ from pathlib import Path
 
 from workers.persona.cron import CronError, parse_cron
 from workers.persona.errors import PersonaConfigError, PersonaFileError, PersonaNotFound
-from workers.persona.files import read_prefix
+from workers.persona.files import read_inside
 from workers.persona.home import DEFAULT_INDEX_CAP
 from workers.persona.models.config import spec_problem
 from workers.persona.schedules import (
@@ -331,7 +331,7 @@ def load_manifest(home: str | Path) -> PersonaConfig:
         raise PersonaNotFound(home)
     path = home / MANIFEST_NAME
     # Through the one door: a FIFO or /dev/zero named persona.toml is refused, never read.
-    raw = read_prefix(path, MANIFEST_MAX_BYTES)
+    raw = read_inside(home, MANIFEST_NAME, MANIFEST_MAX_BYTES)
     if raw is None:
         return PersonaConfig()
     if len(raw) > MANIFEST_MAX_BYTES:
