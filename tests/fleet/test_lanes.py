@@ -226,6 +226,37 @@ def test_start_after_a_crash_recovers_inflight_items_first_then_the_new_inbox(
         lanes.finish("ava", first.fence, status="done", text="zombie")
 
 
+def test_a_retry_of_ticked_work_shows_its_first_count_and_folds_the_ticks_since(
+    lanes: Lanes,
+) -> None:
+    """A heartbeat turn fails and 3 more ticks come before its retry (a backoff, an outage):
+    the retry shows the count its attempt showed, so it sends the request that attempt sent
+    and the call log replays the answer already paid for (it showed x4, and paid again); the
+    3 fold into it, so its finish leaves no follow-up heartbeat to pay for them."""
+    first = lanes.tick("ava", kind="heartbeat")
+    assert first.turn_id is not None
+    started = lanes.start("ava", first.turn_id, "w1")
+    assert started.ticks == 1
+    failed = lanes.fail("ava", started.fence, error="RedisUnavailable", kind="transient")
+    assert failed.retry_turn_id is not None
+    for _ in range(3):
+        assert lanes.tick("ava", kind="heartbeat").outcome == "coalesced"
+    retry = lanes.start("ava", failed.retry_turn_id, "w2")
+    assert (retry.status, retry.ticks, retry.attempt) == ("started", 1, 1)
+    again = lanes.fail("ava", retry.fence, error="RedisUnavailable", kind="transient")
+    assert again.retry_turn_id is not None
+    lanes.tick("ava", kind="heartbeat")
+    third = lanes.start("ava", again.retry_turn_id, "w3")
+    assert third.ticks == 1
+    done = lanes.finish("ava", third.fence, status="done", text="HEARTBEAT_OK")
+    assert done.follow_up_turn_id is None
+    assert lanes.status("ava")["state"] == "idle"
+    # The next work shows its own count again.
+    nxt = lanes.tick("ava", kind="heartbeat", count=2)
+    assert nxt.turn_id is not None
+    assert lanes.start("ava", nxt.turn_id, "w4").ticks == 2
+
+
 def test_an_unparseable_inbox_entry_is_handed_over_not_dropped(
     lanes: Lanes, redis_client: redis.Redis, keys: Keys
 ) -> None:

@@ -10,7 +10,9 @@
 --     | {"started", fence, attempt, kind, ticks, recovered, commits, session, session_epoch,
 --        last_pass, born, failing, item JSON...}
 --       items: in-flight items left by a dead worker FIRST (recovered = their count), then the
---       whole inbox in arrival order; ticks = in-flight ticks (recovered ones included).
+--       whole inbox in arrival order; ticks = in-flight ticks (recovered ones included), except
+--       that a retry of work holding ticks shows the count its first attempt showed (shown_ticks)
+--       while the ticks that came since fold into it.
 --       kind: the lane's, except that a heartbeat turn that drains items is "interactive".
 --       commits, session, session_epoch, last_pass: the lane's fields as this start found them
 --       (what the turn needs to know before its first write, in this one round trip; '' when
@@ -71,7 +73,16 @@ for i = 1, #fresh, 500 do
 end
 redis.call('DEL', inbox)
 local pending = tonumber(redis.call('HGET', lane, 'ticks') or '0')
+local held = tonumber(redis.call('HGET', lane, 'inflight_ticks') or '0')
 local ticks = redis.call('HINCRBY', lane, 'inflight_ticks', pending)
+if held > 0 then
+  -- A retry of work that already answers ticks: those that came meanwhile fold in silently
+  -- and it shows the count its first attempt showed (every tick asks the same), so it sends
+  -- what that attempt sent and the turn's call log replays the answers already paid for.
+  ticks = tonumber(redis.call('HGET', lane, 'shown_ticks') or held)
+else
+  redis.call('HSET', lane, 'shown_ticks', ticks)
+end
 local born = f[10] or now
 redis.call('HSET', lane, 'ticks', 0, 'state', 'running', 'started_at', now, 'worker', worker,
   'born', born)
