@@ -192,6 +192,44 @@ def test_with_redis_url_and_no_personas_root_the_fleets_recorded_root_is_used(
 
 
 @pytest.mark.integration
+def test_a_python_tool_is_imported_with_the_pythonpath_of_the_running_up(
+    tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
+) -> None:
+    """The README gives PYTHONPATH to `up`; a shell without it posting to a persona with a
+    Python tool found there is accepted (it was refused: the door imported the tool with this
+    shell's path only). With no PYTHONPATH recorded, the refusal says where it imported."""
+    url, client = decoy
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "walk_tools_15.py").write_text(
+        "from workers.persona import FunctionTool, ToolResult\n"
+        "adder = FunctionTool('add', 'Add.', {'type': 'object'}, lambda a: ToolResult('3'))\n"
+    )
+    (fleet_root / "abacus").mkdir()
+    (fleet_root / "abacus" / "SOUL.md").write_text("You add.\n", encoding="utf-8")
+    (fleet_root / "abacus" / "persona.toml").write_text(
+        '[[tools.python]]\nref = "walk_tools_15:adder"\n'
+    )
+    data = DataDir(tmp_path / "xdg" / "soulfleet")
+    state = UpState(
+        pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
+        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
+        mcp_config="", python_path=(),
+    )  # fmt: skip
+    data.write_state(state)
+    env = {**_no_fleet_env(tmp_path, fleet_root), "PYTHONPATH": None}
+    refused = _soulfleet("redis://127.0.0.1:1/0", env, "post", "abacus", "1+2")
+    assert refused.returncode == 2, refused.stderr
+    assert "cannot import module 'walk_tools_15'" in refused.stderr
+    assert "imported in this shell" in refused.stderr
+    assert client.dbsize() == 0
+    data.write_state(replace(state, python_path=(str(tools),)))
+    accepted = _soulfleet("redis://127.0.0.1:1/0", env, "post", "abacus", "1+2")
+    assert accepted.returncode == 0, accepted.stderr
+    assert client.dbsize() > 0
+
+
+@pytest.mark.integration
 def test_a_use_is_checked_against_the_mcp_config_of_the_running_up(
     tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
 ) -> None:
@@ -227,3 +265,11 @@ def test_a_use_is_checked_against_the_mcp_config_of_the_running_up(
     data.write_state(replace(state, mcp_config=None))
     older = _soulfleet("redis://127.0.0.1:1/0", env, "post", "tim", "again")
     assert older.returncode == 0, older.stderr
+    # A shell WITHOUT the variable, posting to an `up` that has it (the README's way): the
+    # fleet's door checks against the up's file too (it checked this shell's, and refused).
+    data.write_state(replace(state, mcp_config=str(mcp.resolve())))
+    bare = {**env, "SOULFLEET_MCP_CONFIG": None}
+    for argv in (("post", "tim", "from a bare shell"), ("tools", "tim", "--json")):
+        done = _soulfleet("redis://127.0.0.1:1/0", bare, *argv)
+        assert done.returncode == 0, (argv, done.stderr)
+    assert json.loads(done.stdout)["tools"][0]["server"] == "time"

@@ -32,7 +32,7 @@ def test_soulfleet_data_names_the_data_dir_before_xdg(tmp_path: Path) -> None:
 def _state(data: DataDir, pid: int) -> UpState:
     return UpState(pid=pid, redis_url="redis://127.0.0.1:1/0", personas="/p", key_prefix="k:",
                    queue_prefix="k", data=str(data.root), started_at=2.5,
-                   mcp_config="/etc/mcp.json")  # fmt: skip
+                   mcp_config="/etc/mcp.json", python_path=("/opt/tools", "/srv/x"))  # fmt: skip
 
 
 def test_state_round_trips_and_is_cleared_only_by_its_owner(tmp_path: Path) -> None:

@@ -23,7 +23,9 @@ name.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -188,6 +190,8 @@ class CliContext:
                 # this shell's environment happens to say.
                 spend = with_fleet_spend(self.settings, str(recorded))
                 fleet = Fleet(spend, client=fleet.client, publisher=self._publisher)
+            # Its door checks a persona's MCP `use` against the servers its workers know.
+            fleet.mcp_servers = self.fleet_mcp_servers()
             self._fleet = fleet
         return self._fleet
 
@@ -302,18 +306,13 @@ class CliContext:
         """:meth:`persona`, then the persona's check-up: invalid files fail HERE (exit 2, the
         reason named) before anything is queued; warnings (an empty soul) go to stderr."""
         name = self.persona(arg)
-        servers, elsewhere = self._fleet_mcp()
-        try:
+        with self.refusals_explained():
             checkup = check_persona(
                 self.registry.home(name),
                 self.settings.model,
                 turn_max_tokens=self.settings.turn_max_tokens,
-                mcp_servers=servers,
+                mcp_servers=self.fleet_mcp_servers(),
             )
-        except PersonaConfigError as exc:
-            if elsewhere is None or not str(exc.key or "").endswith(".use"):
-                raise
-            raise PersonaConfigError(exc.path, exc.key, f"{exc.problem} ({elsewhere})") from None
         for warning in checkup.warnings:
             click.echo(f"soulfleet: warning: {warning}", err=True)
         try:
@@ -327,6 +326,35 @@ class CliContext:
         when that cannot be told (the file the running `up` was given is unreadable now: its
         workers hold what it was)."""
         return self._fleet_mcp()[0]
+
+    @contextmanager
+    def refusals_explained(self) -> Iterator[None]:
+        """Check a persona as the fleet's workers would, and say so when it is refused: a
+        Python tool is imported with the PYTHONPATH the running `up` gave its workers too, and
+        a refusal says where the import was tried; a ``use`` its fleet's MCP config lacks
+        says, when that config is not this shell's, whose it is and what to do."""
+        state = self.adopted
+        workers_path = () if state is None or state.python_path is None else state.python_path
+        for entry in workers_path:
+            if entry not in sys.path:
+                sys.path.append(entry)
+        try:
+            yield
+        except PersonaConfigError as exc:
+            key = str(exc.key or "")
+            if key.endswith(".ref") and "cannot import module" in exc.problem:
+                where = (
+                    f"it was imported in this shell and with the PYTHONPATH the running up gave "
+                    f"its workers ({os.pathsep.join(workers_path)}): their turns would fail alike"
+                    if workers_path
+                    else "it was imported in this shell to check the persona: if the workers "
+                    "can import it, give this shell their PYTHONPATH"
+                )
+                raise PersonaConfigError(exc.path, exc.key, f"{exc.problem} ({where})") from None
+            elsewhere = self._fleet_mcp()[1]
+            if elsewhere is None or not key.endswith(".use"):
+                raise
+            raise PersonaConfigError(exc.path, exc.key, f"{exc.problem} ({elsewhere})") from None
 
     def _fleet_mcp(self) -> tuple[Mapping[str, FleetServer] | None, str | None]:
         """:meth:`fleet_mcp_servers`, and, when they are not this shell's, why (for the

@@ -48,6 +48,7 @@ __all__ = [
     "metrics_line",
     "missing_root",
     "model_label",
+    "python_path",
 ]
 
 BUILTIN_MODEL_LABEL = "scripted:builtin (the built-in scripted model: offline, no API key)"
@@ -89,6 +90,13 @@ def choose_personas(
     return PersonasChoice(data_personas.resolve(), demo=True, installed=tuple(installed))
 
 
+def python_path(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """``PYTHONPATH``'s entries made absolute, as `up`'s children get them (they run in the
+    data directory; ``""`` is the current directory: `up`'s, not theirs)."""
+    raw = environ.get("PYTHONPATH") or ""
+    return tuple(str(Path(entry).absolute()) for entry in raw.split(os.pathsep)) if raw else ()
+
+
 def child_environ(environ: Mapping[str, str], *, redis_url: str, personas: Path) -> dict[str, str]:
     """The environment every child starts from (per-child metrics ports are added later).
 
@@ -100,10 +108,7 @@ def child_environ(environ: Mapping[str, str], *, redis_url: str, personas: Path)
     if mcp:
         env["SOULFLEET_MCP_CONFIG"] = str(Path(mcp).expanduser().absolute())
     if env.get("PYTHONPATH"):
-        env["PYTHONPATH"] = os.pathsep.join(
-            str(Path(entry).absolute())  # "" is the current directory: `up`'s, not theirs
-            for entry in env["PYTHONPATH"].split(os.pathsep)
-        )
+        env["PYTHONPATH"] = os.pathsep.join(python_path(env))
     env.update(
         {
             "REDIS_URL": redis_url,

@@ -49,17 +49,21 @@ def _describe(tool: Tool) -> dict[str, Any]:
 @click.pass_context
 def tools(ctx: click.Context, persona: str, as_json: bool) -> None:
     """List PERSONA's tools as the model sees them (starting its MCP servers to ask them)."""
-    settings = cli_context(ctx).settings
+    context = cli_context(ctx)
+    settings = context.settings
     agent = from_dir(persona_dir(persona, settings.personas))
+    # The servers the fleet's workers know (a running `up` records the file it was given).
+    servers = context.fleet_mcp_servers()
     hub = McpHub()
     try:
-        box = build_declared(
-            agent.declared,
-            hub=hub,
-            fleet=settings.mcp_servers,
-            limits=ToolLimits(settings.tool_args_max_bytes, settings.tool_result_max_bytes),
-            reserved=("memory",) if agent.memory else (),
-        )
+        with context.refusals_explained():
+            box = build_declared(
+                agent.declared,
+                hub=hub,
+                fleet=settings.mcp_servers if servers is None else servers,
+                limits=ToolLimits(settings.tool_args_max_bytes, settings.tool_result_max_bytes),
+                reserved=("memory",) if agent.memory else (),
+            )
         offered = agent.toolset(
             lock_mode=settings.lock_mode, lock_timeout=settings.lock_timeout, declared=box.tools
         )

@@ -46,6 +46,7 @@ from workers.cli.launch import (
     given_personas,
     metrics_line,
     missing_root,
+    python_path,
 )
 from workers.cli.watch import LogTail, Reporter, follow_beats, live_status
 from workers.fleet import Fleet
@@ -189,6 +190,7 @@ class _Up:
             data=str(self.data.root), started_at=time.time(), embedded_redis=self.redis is not None,
             children=self._child_pids(),
             mcp_config=str(settings.mcp_config.resolve()) if settings.mcp_config else "",
+            python_path=python_path(env),
         )  # fmt: skip
         with _writing(self.data.root):
             self.data.write_state(state)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -48,6 +48,7 @@ from workers.fleet.usage import UsageLedger
 from workers.persona.checkup import check_persona
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.inbox import InboxItem
+from workers.persona.mcp_servers import FleetServer
 from workers.persona.spend import budget_refuses
 from workers.settings import Settings
 
@@ -86,6 +87,10 @@ class Fleet(FleetReports):
         self.clock: Clock = ServerClock(self.client) if server_clock else clock or SystemClock()
         self.keys = Keys(settings.key_prefix)
         self.registry = PersonaRegistry(settings.personas)
+        #: The MCP servers a persona's ``use`` is checked against at the door (post, revive):
+        #: this process's SOULFLEET_MCP_CONFIG, unless its owner knows the workers' better (the
+        #: CLI sets those the running `up` gave its workers); None skips that check.
+        self.mcp_servers: Mapping[str, FleetServer] | None = settings.mcp_servers
         self.publisher: Publisher = publisher
         self.lanes = Lanes(
             self.client,
@@ -324,9 +329,7 @@ class Fleet(FleetReports):
 
     def check(self, name: str) -> None:
         """Raise what persona ``name``'s files would fail its turn with (post, revive)."""
-        check_persona(
-            self.registry.home(name), self.settings.model, mcp_servers=self.settings.mcp_servers
-        )
+        check_persona(self.registry.home(name), self.settings.model, mcp_servers=self.mcp_servers)
 
     def recover(self) -> list[Repair]:
         """beat's fast pass: queue retries whose backoff is over, re-publish turns whose

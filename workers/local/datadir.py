@@ -172,6 +172,9 @@ class UpState:
     #: `up` from before it was): other commands check a persona's ``use`` against it, not
     #: against their own shell's SOULFLEET_MCP_CONFIG.
     mcp_config: str | None = None
+    #: The PYTHONPATH its workers got (absolute entries; () for none; None: not recorded):
+    #: other commands import a persona's Python tools with it, as those workers do.
+    python_path: tuple[str, ...] | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
@@ -190,6 +193,9 @@ class UpState:
             embedded_redis=bool(data.get("embedded_redis", True)),
             children=tuple(int(pid) for pid in data.get("children", ())),
             mcp_config=None if data.get("mcp_config") is None else str(data["mcp_config"]),
+            python_path=None
+            if data.get("python_path") is None
+            else tuple(str(entry) for entry in data["python_path"]),
         )
 
 
