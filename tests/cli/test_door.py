@@ -211,14 +211,20 @@ def test_status_says_when_a_fix_made_dead_lanes_runnable(
 def test_a_tools_error_is_never_called_fixed_and_a_dreamer_gets_its_revive_flag(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:
-    """Two tools sharing a name show only when the server runs, which the check-up does not
-    do: such a lane is never said to be fixed. A lane dead-lettered for an allow-list naming a
-    tool the server lacks (an error no more: the tool is left out) is. A fixed dreamer lane's
+    """An MCP tool sharing a name shows only when the server runs, which the check-up does not
+    do: such a lane is never said to be fixed (two Python tools sharing one, it sees). A lane
+    dead-lettered for an allow-list naming a tool the server lacks (an error no more: the tool
+    is left out) is. A fixed dreamer lane's
     hint names --dreamer (revive PERSONA alone revives the persona's own lane)."""
     lanes = lanes_for(env)
     dead_letter(lanes, "milo", error="PersonaConfigError: persona.toml: key 'tools.mcp[0]' gives "
                 "a tool named 'time__now', and so does tools.mcp[1]")  # fmt: skip
     assert "fixed since" not in invoke("status").stdout
+    # Two Python tools sharing one: the check-up sees that, so a fixed persona is fixed.
+    dead_letter(lanes, "nora", error="PersonaConfigError: persona.toml: key 'tools.python[1]' "
+                "gives a tool named 'add', and so does tools.python[0]: a model calls")  # fmt: skip
+    assert "(nora)" in invoke("status").stdout
+    lanes.revive("nora")
     dead_letter(lanes, "ava", error="PersonaConfigError: persona.toml: key 'tools.mcp[0].allow' "
                 "names get_time_nope, which server time does not have")  # fmt: skip
     assert "(ava)" in invoke("status").stdout

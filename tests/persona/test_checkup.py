@@ -63,6 +63,25 @@ def test_a_python_tool_ref_the_turn_would_refuse_fails_the_check_up(tmp_path: Pa
     assert check_persona(home).agent.name == "ava"
 
 
+def test_two_python_tools_giving_one_name_fail_the_check_up(tmp_path: Path) -> None:
+    """Two [[tools.python]] entries giving one tool name (here one ref twice) are refused here,
+    naming both, as the turn's toolbox refuses them: the post was accepted and the lane
+    dead-lettered at its first turn."""
+    home = make_persona(tmp_path / "ava", {"SOUL.md": "You are ava.\n"})
+    (home / "persona.toml").write_text(
+        '[[tools.python]]\nref = "tests.support.python_tools:shout"\n'
+        '[[tools.python]]\nref = "tests.support.python_tools:shout"\n'
+    )
+    with pytest.raises(PersonaConfigError, match=r"'tools\.python\[1\]'.*'shout', and so does "
+                       r"tools\.python\[0\]"):  # fmt: skip
+        check_persona(home)
+    (home / "persona.toml").write_text(
+        '[[tools.python]]\nref = "tests.support.python_tools:shout"\n'
+        '[[tools.python]]\nref = "tests.support.python_tools:slow"\n'
+    )
+    assert check_persona(home).agent.name == "ava"
+
+
 def test_a_use_the_fleet_mcp_config_lacks_fails_the_check_up_given_that_config(
     tmp_path: Path,
 ) -> None:

@@ -107,10 +107,13 @@ def states_of(entry: Mapping[str, Any]) -> set[str]:
     return states
 
 
-#: Tools errors that only a running MCP server can show (see :func:`fixed_since`). An
-#: allow-list naming a tool the server lacks is no longer one (it leaves that tool out): a lane
-#: dead-lettered for it before is fixed.
-_SERVER_ONLY = re.compile(r"key 'tools\.[^']*\.name'|and so does")
+#: Tools errors that only a running MCP server can show (see :func:`fixed_since`): a name an
+#: MCP tool shares (two Python tools sharing one, or one taking `memory`, the check-up sees).
+#: An allow-list naming a tool the server lacks is no longer one (it leaves that tool out): a
+#: lane dead-lettered for it before is fixed.
+_SERVER_ONLY = re.compile(
+    r"key 'tools\.[^']*\.name'|key 'tools\.mcp\[\d+\]' gives a tool|and so does tools\.mcp\["
+)
 
 
 def _config_error(error: str) -> bool:

@@ -26,9 +26,9 @@ from workers.persona.mcp_servers import FleetServer, check_uses
 from workers.persona.models.client import HTTPModel
 from workers.persona.models.config import ModelConfig
 from workers.persona.models.spec import inherits, resolve_model
-from workers.persona.python_tools import resolve_ref
 from workers.persona.session import estimate_tokens
 from workers.persona.tool_config import PythonDecl
+from workers.persona.toolbox import python_tool, refuse_shared_names
 
 __all__ = ["Checkup", "check_persona", "empty_soul_warning", "soul_over_budget_warning"]
 
@@ -102,9 +102,15 @@ def check_persona(
     # dead-lettered its lane at the turn.
     if mcp_servers is not None:
         check_uses(agent.declared, mcp_servers)
-    for decl in agent.declared.entries:
-        if isinstance(decl, PythonDecl):
-            resolve_ref(decl, agent.declared.source)
+    source = agent.declared.source
+    python = [
+        (decl.key, python_tool(decl, source).name)
+        for decl in agent.declared.entries
+        if isinstance(decl, PythonDecl)
+    ]
+    # Two Python tools (or one and `memory`) giving one name: the turn's toolbox refuses it,
+    # so the door does. A name shared with an MCP tool only a started server can show.
+    refuse_shared_names(python, ("memory",) if agent.memory else (), source)
     resolved = resolve_model(model or agent.model, config or ModelConfig(), base_dir=agent.home)
     warnings = [] if found else [empty_soul_warning(agent.name)]
     if turn_max_tokens is not None and (

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,7 +35,13 @@ from workers.persona.mcp_calls import McpToolInfo, McpUnavailable
 from workers.persona.mcp_hub import McpHub
 from workers.persona.mcp_servers import FleetServer, unknown_use
 from workers.persona.python_tools import PythonTool, resolve_ref
-from workers.persona.tool_config import DEFAULT_TIMEOUT, McpDecl, McpServer, ToolsConfig
+from workers.persona.tool_config import (
+    DEFAULT_TIMEOUT,
+    McpDecl,
+    McpServer,
+    PythonDecl,
+    ToolsConfig,
+)
 from workers.persona.tools import Tool, ToolResult, bounded_timeout, tool_source
 
 __all__ = [
@@ -47,6 +53,8 @@ __all__ = [
     "Toolbox",
     "build_declared",
     "build_within",
+    "python_tool",
+    "refuse_shared_names",
     "valid_tool_name",
 ]
 
@@ -282,25 +290,39 @@ def build_declared(
                 unavailable.append((decl.name, server.describe(), missing))
             named.extend(_mcp_tools(decl, server, timeout, hub, listed=listed, source=source))
             continue
-        tool = resolve_ref(decl, source)
-        if not valid_tool_name(tool.name):
-            raise PersonaConfigError(
-                source,
-                f"{decl.key}.ref",
-                f"gives a tool named {tool.name!r}; tool names must match ^[a-zA-Z0-9_-]{{1,64}}$",
-            )
+        tool = python_tool(decl, source)
         named.append((decl.key, PythonTool(tool, timeout=decl.timeout or DEFAULT_TIMEOUT)))
+    refuse_shared_names([(where, tool.name) for where, tool in named], reserved, source)
+    return Toolbox(tuple(BoundedTool(tool, bounds) for _, tool in named), tuple(unavailable))
+
+
+def python_tool(decl: PythonDecl, source: object) -> Tool:
+    """The Tool a ``[[tools.python]]`` entry names, imported, its name checked."""
+    tool = resolve_ref(decl, source)
+    if not valid_tool_name(tool.name):
+        raise PersonaConfigError(
+            source,
+            f"{decl.key}.ref",
+            f"gives a tool named {tool.name!r}; tool names must match ^[a-zA-Z0-9_-]{{1,64}}$",
+        )
+    return tool
+
+
+def refuse_shared_names(
+    named: Sequence[tuple[str, str]], reserved: Sequence[str], source: object
+) -> None:
+    """Raise PersonaConfigError naming both entries when two ``(where, tool name)`` share a
+    name, or one takes a ``reserved`` name (``memory``)."""
     seen: dict[str, str] = dict.fromkeys(reserved, "the built-in tool")
-    for where, tool in named:
-        if tool.name in seen:
+    for where, name in named:
+        if name in seen:
             raise PersonaConfigError(
                 source,
                 where.split(" ", 1)[0],
-                f"gives a tool named {tool.name!r}, and so does {seen[tool.name]}: a model calls "
+                f"gives a tool named {name!r}, and so does {seen[name]}: a model calls "
                 "tools by name, so one of them would be unreachable",
             )
-        seen[tool.name] = where
-    return Toolbox(tuple(BoundedTool(tool, bounds) for _, tool in named), tuple(unavailable))
+        seen[name] = where
 
 
 def build_within(
