@@ -56,6 +56,7 @@ __all__ = [
     "TOOL_CALLS",
     "TOOL_CALL_SECONDS",
     "TURNS",
+    "TURNS_NO_CALL",
     "TURNS_SKIPPED",
     "TURN_GATE_WAIT",
     "TURN_SECONDS",
@@ -82,6 +83,13 @@ TURNS = Counter(
     "soulfleet_turns_total",
     "Turns that ended, by kind (interactive|heartbeat|dream) and status.",
     ["kind", "status"],
+)
+TURNS_NO_CALL = Counter(
+    "soulfleet_turns_input_over_budget_total",
+    "Turns that ended incomplete before any model call because their input alone (soul and "
+    "session) was over the turn's token budget; every turn of that persona does the same until "
+    "its soul or session shrinks.",
+    ["kind"],
 )
 BEATS = Counter(
     "soulfleet_beats_total",

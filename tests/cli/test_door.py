@@ -87,13 +87,14 @@ def _untouched(lanes: Lanes, lane: str) -> None:
 def test_post_run_dream_to_an_invalid_persona_exit_2_and_queue_nothing(
     invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
 ) -> None:
-    """A typo in persona.toml: post, run and dream exit 2 naming the file and key; neither the
-    persona's lane nor its dreamer's holds anything afterwards."""
+    """A typo in persona.toml: post, run and dream exit 2 naming the file and key, and the key
+    it was surely meant to be; neither the persona's lane nor its dreamer's holds anything
+    afterwards."""
     _break(fleet_root / "nora", 'modle = "openai:x"\n')
     for args in (("post", "nora", "hi"), ("run", "nora", "hi"), ("dream", "nora")):
         result = invoke(*args)
         assert result.exit_code == 2, (args, result.output)
-        assert "'modle' is not a known key" in result.stderr, result.stderr
+        assert "'modle' is not a known key (did you mean 'model'?" in result.stderr, result.stderr
         assert str(fleet_root / "nora" / "persona.toml") in result.stderr
     lanes = lanes_for(env)
     _untouched(lanes, "nora")

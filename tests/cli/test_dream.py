@@ -76,6 +76,16 @@ def test_dream_unknown_persona_exit_2(invoke: Invoke) -> None:
     assert result.stderr.count("\n") == 1
 
 
+def test_a_typo_of_a_persona_name_is_answered_with_the_name_meant(invoke: Invoke) -> None:
+    """`noar` for `nora`: the one line names the persona it surely meant; a name like none
+    suggests nothing."""
+    result = invoke("dream", "noar")
+    assert result.exit_code == 2
+    assert "unknown persona 'noar'" in result.stderr
+    assert "(did you mean 'nora'?)" in result.stderr
+    assert "did you mean" not in invoke("dream", "zzzzzz").stderr
+
+
 def test_dream_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, str | None]) -> None:
     """Redis down: exit 1, the URL without its password, `soulfleet up` suggested."""
     result = invoke("dream", "ava", environ=dead_redis_env)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
 from tests.cli.conftest import Invoke
-from tests.support.cli import PASSWORD, lanes_for
+from tests.support.cli import PASSWORD, lanes_for, soulfleet_argv, subprocess_env
+from tests.support.fleet import wait_until
 from workers.persona.inbox import InboxItem
 
 
@@ -117,6 +120,44 @@ def test_run_json_that_times_out_still_prints_json(invoke: Invoke) -> None:
     outcome = json.loads(result.stdout)
     assert (outcome["persona"], outcome["status"], outcome["exit"]) == ("ava", "timeout", 1)
     assert "no answer from 'ava'" in outcome["error"]
+
+
+def test_ctrl_c_while_run_waits_says_the_turn_goes_on(env: Mapping[str, str | None]) -> None:
+    """Ctrl-C while `run` waits for its answer (no worker here) stops the waiting, not the
+    turn: exit 1 with a line saying the message is in the inbox and where its reply will show
+    (it printed only "Aborted!", and users posted again); the item stays queued. With --json,
+    one JSON object says so on stdout."""
+    lanes = lanes_for(env)
+    for extra, text in (((), "first"), (("--json",), "second")):
+        proc = subprocess.Popen(
+            soulfleet_argv("run", "ava", text, "--timeout", "60", *extra),
+            env=subprocess_env(env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            inbox = lanes.keys.inbox("ava")
+            wait_until(
+                lambda: text in str(lanes.client.lrange(inbox, 0, -1)),  # noqa: B023 (waited here)
+                timeout=30,
+                what=f"run's item {text!r} in the inbox",
+            )
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            proc.kill()
+        assert proc.returncode == 1, err
+        if extra:
+            outcome = json.loads(out)
+            assert (outcome["status"], outcome["exit"]) == ("interrupted", 1)
+            assert "its turn goes on" in outcome["error"]
+        else:
+            assert "stopped waiting: the message is in ava's inbox" in err
+            assert "soulfleet status ava" in err
+        assert "Traceback" not in err
+    raws = lanes.client.lrange(lanes.keys.inbox("ava"), 0, -1)
+    assert [InboxItem.from_json(str(raw)).text for raw in raws] == ["first", "second"]
 
 
 def test_a_turn_stopped_by_its_token_budget_names_the_setting(

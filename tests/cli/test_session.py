@@ -75,7 +75,8 @@ def test_show_and_status_say_which_edited_files_the_session_goes_on_without(
     assert report["edited"] == ["HEARTBEAT.md"]
     shown = invoke("session", "show", "milo").stdout
     assert "HEARTBEAT.md changed after this session froze its soul" in shown
-    assert "`soulfleet session reset milo`" in shown
+    assert "it goes on with it as it was until it ends" in shown  # one file: "it", not "them"
+    assert "`soulfleet session reset milo` makes the next turn read it" in shown
     status = invoke("status", "milo")
     assert status.exit_code == 0, status.output
     assert "session: HEARTBEAT.md changed after this session froze its soul" in status.stdout

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
+import structlog.testing
 
 from tests.support.fleet import wait_until
 from tests.support.mcp_helpers import (
@@ -187,6 +189,22 @@ def test_a_server_that_cannot_start_is_named_and_backed_off(hub: McpHub) -> None
     assert "not found" in again.unavailable[0][2]
 
 
+def test_a_server_that_dies_at_start_is_named_with_what_it_said_last(hub: McpHub) -> None:
+    """A server that exits at start after printing a traceback: the reason quotes its last
+    stderr line ("Connection closed" alone said nothing of why), with the worker's secrets
+    masked as in every line it writes."""
+    script = (
+        "import sys; print('starting', file=sys.stderr); "
+        "sys.exit('ModuleNotFoundError: No module named mcp_weather')"
+    )
+    box = _box(hub, f'[[tools.mcp]]\nname = "dies"\ncommand = "{sys.executable}"\n'
+                    f'args = ["-c", "{script}"]\n')  # fmt: skip
+    [(prefix, _, reason)] = box.unavailable
+    assert prefix == "dies"
+    assert "could not start" in reason
+    assert "its stderr said last: 'ModuleNotFoundError: No module named mcp_weather'" in reason
+
+
 def test_a_killed_worker_takes_its_stdio_servers_with_it(tmp_path: Path) -> None:
     """A process holding a hub is SIGKILLed (no shutdown runs): its stdio server dies too."""
     tag = new_tag()
@@ -262,6 +280,21 @@ def test_servers_hanging_at_start_cost_a_turn_its_wait_not_each_start_budget() -
         assert took < 2.0 + 1.5
     finally:
         hub.close()
+
+
+def test_closing_while_a_server_starts_is_no_failure_to_report() -> None:
+    """`soulfleet tools` (or a stopping worker) closes its hub while a server still starts:
+    that start is given up, and no "could not start: CancelledError" warning follows the
+    "still starting" reason the caller was given (a new user read it as a second failure)."""
+    hub = McpHub(start_timeout=30.0)
+    config = parse_manifest(_hanging("slow"), source=Path("persona.toml"))
+    with structlog.testing.capture_logs() as logs:
+        try:
+            box = build_declared(config.tools, hub=hub, wait=1.0)
+            assert "still starting after 1s" in box.unavailable[0][2]
+        finally:
+            hub.close()
+    assert [e for e in logs if e["event"] == "mcp.down"] == []
 
 
 def test_a_call_waits_for_a_start_no_longer_than_its_timeout(hub: McpHub) -> None:

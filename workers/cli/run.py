@@ -92,33 +92,8 @@ def run(
                 "--model only applies with --local: a fleet turn uses the persona's model "
                 "(persona.toml `model`, else SOULFLEET_MODEL)"
             )
-        state.honour_personas("run")
-        name = state.checked(persona)
-        state.warn_if_no_fleet()
-        try:
-            reply = state.fleet().run(
-                name,
-                prompt,
-                new_session=new_session,
-                timeout=timeout,
-                on_wait=_no_worker_hint(state, name, timeout),
-                trusted=trusted,
-            )
-        except TimeoutError as exc:
-            if as_json:  # a script reading stdout gets an answer too (exit 1 either way)
-                click.echo(json.dumps({"persona": name, "status": "timeout", "error": str(exc),
-                                       "exit": EXIT_FAILURE}))  # fmt: skip
-                ctx.meta[JSON_FAILURE_SHOWN] = True
-            raise
-        report = {
-            "persona": name,
-            "text": reply.text,
-            "status": reply.status,
-            "usage": reply.usage,
-            "limit": reply.limit,
-            "reason": reply.reason,
-            "turn_id": reply.turn_id,
-        }
+        report = _fleet_run(ctx, state, persona, prompt, new_session=new_session,
+                            as_json=as_json, trusted=trusted, timeout=timeout)  # fmt: skip
     if as_json:
         click.echo(json.dumps(report, ensure_ascii=False))
     else:
@@ -129,6 +104,64 @@ def run(
             hint = _LIMITS.get(str(report.get("limit") or ""), "")
             click.echo(f"soulfleet: turn ended {report['status']}: {why}{hint}", err=True)
         ctx.exit(EXIT_FAILURE)
+
+
+def _fleet_run(
+    ctx: click.Context,
+    state: CliContext,
+    persona: str,
+    prompt: str,
+    *,
+    new_session: bool,
+    as_json: bool,
+    trusted: bool,
+    timeout: float,
+) -> dict[str, Any]:
+    """Post PROMPT to the fleet and wait for the turn that answers it (the report)."""
+    state.honour_personas("run")
+    name = state.checked(persona)
+    state.warn_if_no_fleet()
+    posted: list[str] = []
+    try:
+        reply = state.fleet().run(
+            name,
+            prompt,
+            new_session=new_session,
+            timeout=timeout,
+            on_wait=_no_worker_hint(state, name, timeout),
+            trusted=trusted,
+            on_posted=lambda outcome: posted.append(outcome.lane),
+        )
+    except KeyboardInterrupt:
+        if not posted:
+            raise  # nothing was sent: click says "Aborted!"
+        # Ctrl-C stops the waiting, not the turn: say so, or the user posts it again.
+        gone = (
+            f"stopped waiting: the message is in {name}'s inbox and its turn goes on in the "
+            f"fleet; `soulfleet status {name}` shows its reply (last reply) when it is done"
+        )
+        if as_json:
+            click.echo(json.dumps({"persona": name, "status": "interrupted", "error": gone,
+                                   "exit": EXIT_FAILURE}))  # fmt: skip
+            ctx.meta[JSON_FAILURE_SHOWN] = True
+        else:
+            click.echo(f"soulfleet: {gone}", err=True)
+        ctx.exit(EXIT_FAILURE)
+    except TimeoutError as exc:
+        if as_json:  # a script reading stdout gets an answer too (exit 1 either way)
+            click.echo(json.dumps({"persona": name, "status": "timeout", "error": str(exc),
+                                   "exit": EXIT_FAILURE}))  # fmt: skip
+            ctx.meta[JSON_FAILURE_SHOWN] = True
+        raise
+    return {
+        "persona": name,
+        "text": reply.text,
+        "status": reply.status,
+        "usage": reply.usage,
+        "limit": reply.limit,
+        "reason": reply.reason,
+        "turn_id": reply.turn_id,
+    }
 
 
 #: What each of a turn's limits is, for the line that says a turn stopped at one: a bare

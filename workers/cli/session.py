@@ -56,10 +56,11 @@ def edited_note(report: dict[str, Any]) -> str | None:
     edited = report.get("edited") or []
     if not edited:
         return None
+    them, it = ("them", "they were") if len(edited) > 1 else ("it", "it was")
     return (
-        f"{', '.join(edited)} changed after this session froze its soul; it goes on with them "
-        "as they were until it ends (idle or daily reset): `soulfleet session reset "
-        f"{report['persona']}` makes the next turn read them"
+        f"{', '.join(edited)} changed after this session froze its soul; it goes on with {them} "
+        f"as {it} until it ends (idle or daily reset): `soulfleet session reset "
+        f"{report['persona']}` makes the next turn read {them}"
     )
 
 

@@ -28,6 +28,7 @@ permanent) as the persona core's errors do; Redis's own connection and timeout e
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
@@ -112,6 +113,17 @@ class ItemTooLarge(FleetError):
         self.limit = limit
 
 
+def _near_miss(name: str, root: Path | str) -> str:
+    """`` (did you mean 'nora'?)`` for a persona directory under ``root`` named much like
+    ``name`` (a typo), else ``""``."""
+    try:
+        names = [e.name for e in os.scandir(os.path.expanduser(root)) if e.is_dir()]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(name, [n for n in names if not n.startswith(".")], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 class UnknownPersona(FleetError):
     """No persona directory of that name exists under the personas root."""
 
@@ -135,6 +147,7 @@ class UnknownPersona(FleetError):
         else:
             problem = (
                 f"no directory {name!r} under {root_is}; each persona is one subdirectory there"
+                + _near_miss(name, root)
             )
         super().__init__(f"unknown persona {name!r}: {problem}")
         self.name = name

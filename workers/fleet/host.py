@@ -242,13 +242,16 @@ class Fleet(FleetReports):
         timeout: float = 300.0,
         on_wait: Callable[[float], None] | None = None,
         trusted: bool = False,
+        on_posted: Callable[[PostOutcome], None] | None = None,
     ) -> RunReply:
         """Post ``prompt`` as an interactive item and wait for the turn that answers it.
 
         The turn continues the persona's session (it sees the conversation so far);
         ``new_session`` starts a new one first. ``on_wait(seconds waited)`` is called every
         couple of seconds while no answer came (the CLI uses it to say when no worker consumes
-        the queue). Like every post, the prompt is untrusted unless ``trusted``.
+        the queue); ``on_posted(outcome)`` once the prompt is in the inbox (from then on its
+        turn goes on whether or not this call waits for it). Like every post, the prompt is
+        untrusted unless ``trusted``.
         """
         outcome = self.post(
             persona,
@@ -260,6 +263,8 @@ class Fleet(FleetReports):
             new_session=new_session,
             trusted=trusted,
         )
+        if on_posted is not None:
+            on_posted(outcome)
         started = time.monotonic()
         deadline = started + timeout
         name = outcome.lane

@@ -20,8 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from workers.persona.agent import AgentDef, from_dir
+from workers.persona.dream_soul import DREAM_FILE
 from workers.persona.errors import ModelSpecError
 from workers.persona.home import BOOTSTRAP_ORDER
+from workers.persona.manifest import MANIFEST_NAME
 from workers.persona.mcp_servers import FleetServer, check_uses
 from workers.persona.models.client import HTTPModel
 from workers.persona.models.config import ModelConfig
@@ -30,7 +32,14 @@ from workers.persona.session import estimate_tokens
 from workers.persona.tool_config import PythonDecl
 from workers.persona.toolbox import python_tool, refuse_shared_names
 
-__all__ = ["Checkup", "check_persona", "empty_soul_warning", "soul_over_budget_warning"]
+__all__ = [
+    "KNOWN_NAMES",
+    "Checkup",
+    "check_persona",
+    "empty_soul_warning",
+    "misnamed_file_warnings",
+    "soul_over_budget_warning",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +84,35 @@ def empty_soul_warning(name: str) -> str:
     )
 
 
+#: The file names a persona directory is read by (case matters: ``soul.md`` is never read).
+KNOWN_NAMES: tuple[str, ...] = (*BOOTSTRAP_ORDER, "HEARTBEAT.md", MANIFEST_NAME, DREAM_FILE)
+
+
+def misnamed_file_warnings(agent: AgentDef) -> list[str]:
+    """Warnings for files a person meant as persona files but named otherwise (``soul.md``,
+    ``Heartbeat.md``): nothing reads them, and nothing else would say so. A persona with a
+    heartbeat schedule and no HEARTBEAT.md is named too: each of its beats is skipped."""
+    try:
+        present = set(os.listdir(agent.home))
+    except OSError:
+        return []
+    known = {name.lower(): name for name in KNOWN_NAMES}
+    warnings = [
+        f"persona {agent.name}: {name} is not read, names are case-sensitive: rename it to "
+        f"{known[name.lower()]}"
+        for name in sorted(present)
+        if name.lower() in known
+        and name != known[name.lower()]
+        and known[name.lower()] not in present
+    ]
+    if agent.kind == "persona" and agent.heartbeat is not None and "HEARTBEAT.md" not in present:
+        warnings.append(
+            f"persona {agent.name} has a [heartbeat] schedule but no HEARTBEAT.md: every beat "
+            "is skipped without a model call; write what is due in HEARTBEAT.md"
+        )
+    return warnings
+
+
 def check_persona(
     path: str | os.PathLike[str],
     config: ModelConfig | None = None,
@@ -113,6 +151,7 @@ def check_persona(
     refuse_shared_names(python, ("memory",) if agent.memory else (), source)
     resolved = resolve_model(model or agent.model, config or ModelConfig(), base_dir=agent.home)
     warnings = [] if found else [empty_soul_warning(agent.name)]
+    warnings.extend(misnamed_file_warnings(agent))
     if turn_max_tokens is not None and (
         over := soul_budget_warning(agent.name, soul, turn_max_tokens)
     ):

@@ -173,6 +173,8 @@ class McpConnection:
                 if ended.is_set() and not stop.is_set():
                     self._died("the server closed the connection")
         except (Exception, asyncio.CancelledError) as exc:
+            if isinstance(exc, asyncio.CancelledError) and stop.is_set():
+                raise  # closed while starting (the worker or command is done): nothing failed
             problem = str(exc) if isinstance(exc, McpUnavailable) else _describe(exc)
             if not ready.done():
                 self._failed_starts += 1

@@ -29,10 +29,12 @@ from typing import TextIO
 
 from workers.persona.urls import credential_forms
 
-__all__ = ["MAX_LINE", "MIN_SECRET", "StderrRelay", "secrets_for"]
+__all__ = ["LAST_LINE_CHARS", "MAX_LINE", "MIN_SECRET", "StderrRelay", "secrets_for"]
 
 #: The longest stderr line relayed (bytes); a longer one is dropped with a notice.
 MAX_LINE = 64 * 1024
+#: The most of a server's last stderr line an error quotes.
+LAST_LINE_CHARS = 300
 #: The shortest value treated as a secret.
 MIN_SECRET = 6
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASS$|CREDENTIAL", re.IGNORECASE)
@@ -75,6 +77,9 @@ class StderrRelay:
         self._reader = os.fdopen(read_fd, "rb")
         #: Give this to the child as its stderr; :meth:`close` drops our copy of it.
         self.writer: TextIO = os.fdopen(write_fd, "w", encoding="utf-8", errors="replace")
+        #: The last line relayed (masked, at most :data:`LAST_LINE_CHARS`): what a server that
+        #: died at start said last, for the error that names it.
+        self.last_line = ""
         self._thread = threading.Thread(target=self._relay, name=f"mcp-stderr-{name}", daemon=True)
         self._thread.start()
 
@@ -96,7 +101,10 @@ class StderrRelay:
                         dropped += len(raw)
                     self._write(f"(a line of {dropped:,} bytes, over {MAX_LINE:,}, was dropped)")
                     continue
-                self._write(self._mask(raw.decode("utf-8", errors="replace").rstrip("\n")))
+                line = self._mask(raw.decode("utf-8", errors="replace").rstrip("\n"))
+                if line.strip():
+                    self.last_line = line.strip()[:LAST_LINE_CHARS]
+                self._write(line)
 
     def _write(self, line: str) -> None:
         with contextlib.suppress(OSError, ValueError):

@@ -91,14 +91,25 @@ async def open_transport(server: McpServer, errlog: TextIO) -> AsyncIterator[tup
         names = referenced(value for _, value in (*server.env, *server.headers))
         secrets = secrets_for(names, given=server.env)
         relay = StderrRelay(os.path.basename(str(server.command)), secrets, errlog)
+        failed: Exception | None = None
         try:
             async with stdio_client(stdio_parameters(server), errlog=relay.writer) as streams:
                 yield streams
+        except Exception as exc:
+            failed = exc
         finally:
             relay.close()
             # The server has exited: let its last lines through before whoever reads our
             # stderr moves on (off the loop, which serves every other session meanwhile).
             await asyncio.to_thread(relay.join, 2.0)
+        if failed is not None:
+            if not relay.last_line or isinstance(failed, McpUnavailable):
+                raise failed
+            # "Connection closed" alone does not say why a server died: what it said last does
+            # (a traceback's last line, a usage error), masked like every line it writes.
+            raise McpUnavailable(
+                f"{_described(failed)} (its stderr said last: {relay.last_line!r})"
+            ) from failed
         return
     headers = {name: expand(value) for name, value in server.headers}
     async with (
@@ -108,6 +119,13 @@ async def open_transport(server: McpServer, errlog: TextIO) -> AsyncIterator[tup
         ) as streams,
     ):
         yield streams
+
+
+def _described(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        return _described(exc.exceptions[0])
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class Watched:

@@ -8,6 +8,7 @@ the same wherever it is: ``<file>: key 'heartbeat.active_hours.start' must be ..
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from datetime import time
@@ -47,7 +48,11 @@ class TomlTable:
     def check_keys(self, allowed: tuple[str, ...]) -> None:
         for name in self.data:
             if name not in allowed:
-                raise self.fail(name, f"is not a known key (known here: {', '.join(allowed)})")
+                close = difflib.get_close_matches(name, allowed, n=1)
+                guess = f"did you mean {close[0]!r}? " if close else ""
+                raise self.fail(
+                    name, f"is not a known key ({guess}known here: {', '.join(allowed)})"
+                )
 
     def string(self, name: str, default: str | None = None, *, blank: bool = True) -> str | None:
         """A string, ``default`` when absent; ``blank=False`` refuses an empty one."""

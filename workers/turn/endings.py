@@ -31,7 +31,7 @@ from workers.settings import Settings
 from workers.turn.claims import START_REDIS_WAIT, waiting_for_redis
 from workers.turn.report import TurnReport
 
-__all__ = ["END_REDIS_WAIT", "Endings", "incomplete_note", "retry_after"]
+__all__ = ["END_REDIS_WAIT", "Endings", "incomplete_note", "input_over_budget", "retry_after"]
 
 T = TypeVar("T")
 
@@ -278,6 +278,11 @@ class Endings:
         return TurnReport(lane, turn_id, refusal.status, text, finished.follow_up_turn_id)
 
 
+def input_over_budget(result: RunResult) -> bool:
+    """The turn ended before any model call: its input alone was over the token budget."""
+    return result.status == "incomplete" and result.limit == "max_tokens" and not result.model_calls
+
+
 def incomplete_note(result: RunResult, persona: str) -> str:
     """What an operator should know about a turn that ended short ("" for any other): a turn
     stopped by a budget answered its items with what it had, and one whose input alone was
@@ -285,7 +290,7 @@ def incomplete_note(result: RunResult, persona: str) -> str:
     or the session shrinks."""
     if result.status != "incomplete":
         return ""
-    if result.limit == "max_tokens" and result.model_calls == 0:
+    if input_over_budget(result):
         return (
             "incomplete: the input alone (soul + session) is over the turn's token budget, so "
             f"no model call was made; {input_over_budget_remedy(persona)}"

@@ -78,7 +78,7 @@ from workers.persona.turn_time import turn_deadline
 from workers.settings import Settings
 from workers.turn.baton import Baton
 from workers.turn.claims import Claims
-from workers.turn.endings import Endings, incomplete_note
+from workers.turn.endings import Endings, incomplete_note, input_over_budget
 from workers.turn.kit import TurnKit, paused, wrote_log
 from workers.turn.report import TurnReport
 
@@ -447,6 +447,8 @@ class TurnExecutor:
                 note=incomplete_note(result, agent.name),
             ),
         )
+        if input_over_budget(result):  # every turn of the persona ends so: an alert's worth
+            metrics.TURNS_NO_CALL.labels(kind=started.kind).inc()
         if role == "dreamer":  # the plan was made before the pass read anything
             self.guard.passed(lane, self.fleet.clock.time(), plan.started_at)
         if finished.follow_up_turn_id and finished.follow_up_kind:
