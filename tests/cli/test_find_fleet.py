@@ -19,7 +19,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.support.cli import lanes_for, run_soulfleet, subprocess_env, sync_registry
+from tests.support.cli import (
+    dead_letter,
+    lanes_for,
+    run_soulfleet,
+    subprocess_env,
+    sync_registry,
+)
 from workers.cli.context import NO_FLEET
 from workers.local.datadir import DataDir, UpState
 from workers.local.redis_server import RedisServer
@@ -197,7 +203,8 @@ def test_a_python_tool_is_imported_with_the_pythonpath_of_the_running_up(
 ) -> None:
     """The README gives PYTHONPATH to `up`; a shell without it posting to a persona with a
     Python tool found there is accepted (it was refused: the door imported the tool with this
-    shell's path only). With no PYTHONPATH recorded, the refusal says where it imported."""
+    shell's path only), and so is a revive of its dead lane. With an empty PYTHONPATH recorded,
+    the refusal says the workers cannot import it either."""
     url, client = decoy
     tools = tmp_path / "tools"
     tools.mkdir()
@@ -221,12 +228,21 @@ def test_a_python_tool_is_imported_with_the_pythonpath_of_the_running_up(
     refused = _soulfleet("redis://127.0.0.1:1/0", env, "post", "abacus", "1+2")
     assert refused.returncode == 2, refused.stderr
     assert "cannot import module 'walk_tools_15'" in refused.stderr
-    assert "imported in this shell" in refused.stderr
+    assert "the running up gave its workers no PYTHONPATH" in refused.stderr
     assert client.dbsize() == 0
+    # revive checks the persona through the fleet's own door: with the workers' path too.
+    lanes = lanes_for({**env, "REDIS_URL": url, "SOULFLEET_KEY_PREFIX": "k:"})
+    dead_letter(lanes, "abacus")
+    not_revived = _soulfleet("redis://127.0.0.1:1/0", env, "revive", "abacus")
+    assert not_revived.returncode == 2, not_revived.stderr
+    assert "the running up gave its workers no PYTHONPATH" in not_revived.stderr
     data.write_state(replace(state, python_path=(str(tools),)))
+    revived = _soulfleet("redis://127.0.0.1:1/0", env, "revive", "abacus")
+    assert revived.returncode == 0, revived.stderr
+    assert lanes.status("abacus")["state"] == "queued"
     accepted = _soulfleet("redis://127.0.0.1:1/0", env, "post", "abacus", "1+2")
     assert accepted.returncode == 0, accepted.stderr
-    assert client.dbsize() > 0
+    assert lanes.status("abacus")["inbox_depth"] == 1
 
 
 @pytest.mark.integration

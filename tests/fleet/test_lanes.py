@@ -208,7 +208,9 @@ def test_duplicate_and_stale_starts_are_rejected_and_change_nothing(
 def test_start_after_a_crash_recovers_inflight_items_first_then_the_new_inbox(
     lanes: Lanes, redis_client: redis.Redis, keys: Keys
 ) -> None:
-    """A redelivered turn whose worker died gets the dead turn's items first, then new ones."""
+    """A redelivered turn whose worker died gets the dead turn's items first, then new ones; a
+    tick that came meanwhile waits for the turn after it (the retry sends what the dead
+    attempt sent, so the answers it paid for are replayed)."""
     a, b, c = item("a"), item("b"), item("c")
     turn = lanes.post("ava", a, wake=True).turn_id
     assert turn is not None
@@ -220,10 +222,15 @@ def test_start_after_a_crash_recovers_inflight_items_first_then_the_new_inbox(
     again = lanes.start("ava", turn, "w2")
     assert again.status == "started"
     assert [i.id for i in again.items] == [a.id, b.id, c.id]
-    assert (again.recovered, again.ticks, again.attempt) == (2, 1, 2)
+    assert (again.recovered, again.ticks, again.attempt) == (2, 0, 2)
     assert again.fence == first.fence + 1
     with pytest.raises(LeaseLost):
         lanes.finish("ava", first.fence, status="done", text="zombie")
+    done = lanes.finish("ava", again.fence, status="done", text="ok")
+    assert done.follow_up_kind == "heartbeat"
+    assert done.follow_up_turn_id is not None
+    follow = lanes.start("ava", done.follow_up_turn_id, "w3")
+    assert (follow.ticks, follow.items) == (1, [])
 
 
 def test_a_retry_of_ticked_work_shows_its_first_count_and_folds_the_ticks_since(
@@ -255,6 +262,26 @@ def test_a_retry_of_ticked_work_shows_its_first_count_and_folds_the_ticks_since(
     nxt = lanes.tick("ava", kind="heartbeat", count=2)
     assert nxt.turn_id is not None
     assert lanes.start("ava", nxt.turn_id, "w4").ticks == 2
+
+
+def test_a_retry_of_ticked_work_started_by_an_older_worker_keeps_one_count(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """Work an older worker started keeps no shown count: its first retry shows the ticks it
+    holds and keeps that count for every retry after (it grew with each one)."""
+    first = lanes.tick("ava", kind="heartbeat", count=2)
+    assert first.turn_id is not None
+    started = lanes.start("ava", first.turn_id, "w1")
+    redis_client.hdel(keys.lane("ava"), "shown_ticks")  # as a start before it was kept
+    turn_id = lanes.fail("ava", started.fence, error="x", kind="transient").retry_turn_id
+    shown = []
+    for worker in ("w2", "w3", "w4"):
+        lanes.tick("ava", kind="heartbeat")
+        assert turn_id is not None
+        retry = lanes.start("ava", turn_id, worker)
+        shown.append(retry.ticks)
+        turn_id = lanes.fail("ava", retry.fence, error="x", kind="transient").retry_turn_id
+    assert shown == [2, 2, 2]
 
 
 def test_an_unparseable_inbox_entry_is_handed_over_not_dropped(

@@ -212,36 +212,72 @@ def test_read_prefix_without_follow_refuses_symlinks(tmp_path: Path) -> None:
         read_prefix(tmp_path / "link.jsonl", 10, follow_symlinks=False)
 
 
-def test_read_inside_reads_files_and_links_beside_the_personas(tmp_path: Path) -> None:
-    """A persona's own file is read; a link to a file beside the persona directories (a shared
-    AGENTS.md) or inside its own directory is followed; an absent file is None."""
+def test_read_inside_reads_files_links_inside_and_hard_links(tmp_path: Path) -> None:
+    """A persona's own file is read; a link inside its directory is followed; a file shared by
+    several personas through a hard link is read; an absent file is None. A persona directory
+    that is itself a link (personas/ava -> /data/ava) reads its files as they are."""
     root = tmp_path / "personas"
     home = make_persona(root / "ava", {"SOUL.md": "me"})
     (root / ".shared").mkdir()
     (root / ".shared" / "AGENTS.md").write_text("house rules")
-    (home / "AGENTS.md").symlink_to("../.shared/AGENTS.md")
+    os.link(root / ".shared" / "AGENTS.md", home / "AGENTS.md")
     (home / "notes.md").write_text("inside")
     (home / "TOOLS.md").symlink_to("notes.md")
     assert read_inside(home, "SOUL.md", 100) == b"me"
     assert read_inside(home, "AGENTS.md", 100) == b"house rules"
     assert read_inside(home, "TOOLS.md", 100) == b"inside"
     assert read_inside(home, "USER.md", 100) is None
+    data = make_persona(tmp_path / "data" / "bob", {"SOUL.md": "bob"})
+    (data / "IDENTITY.md").symlink_to(data / "SOUL.md")
+    (root / "bob").symlink_to(data, target_is_directory=True)
+    assert read_inside(root / "bob", "IDENTITY.md", 100) == b"bob"
 
 
-@pytest.mark.parametrize("target", ["/proc/self/environ", "/etc/hostname", "../../secret.txt"])
-def test_read_inside_refuses_a_link_leading_out_of_the_personas_directory(
+@pytest.mark.parametrize(
+    "target", ["/proc/self/environ", "/etc/hostname", "../../secret.txt", "../.shared/AGENTS.md"]
+)
+def test_read_inside_refuses_a_link_leading_out_of_the_persona_directory(
     tmp_path: Path, target: str
 ) -> None:
-    """A persona file linking outside the directory that holds the personas (the worker's own
-    environment, a host file, a file above the root) is refused naming the file and where it
-    leads, and nothing of the target is returned: what it holds would go to the model."""
+    """A persona file linking out of its persona directory (the worker's own environment, a
+    host file, a file above the root, a file beside the personas) is refused naming the file
+    and where it leads: what it holds would go to the model."""
     root = tmp_path / "personas"
     home = make_persona(root / "ava")
     (tmp_path / "secret.txt").write_text("TOPSECRET")
+    (root / ".shared").mkdir()
+    (root / ".shared" / "AGENTS.md").write_text("house rules")
     (home / "SOUL.md").symlink_to(target)
-    with pytest.raises(PersonaFileError, match=r"SOUL\.md: is a symlink to /.*, outside ") as info:
+    with pytest.raises(PersonaFileError, match=r"SOUL\.md: is a symlink to /.*, outside the "):
         read_inside(home, "SOUL.md", 1 << 20)
-    assert "TOPSECRET" not in str(info.value)
+    assert files.persona_file_problem(home, "SOUL.md") is not None
+
+
+def test_read_inside_refuses_a_directory_swapped_for_a_link_after_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SOUL.md -> sub/soul.md inside the persona; between the check of that path and its open,
+    sub is swapped for a link to a directory outside: the descriptor opened is outside, and
+    refused (O_NOFOLLOW guards only the last component)."""
+    root = tmp_path / "personas"
+    home = make_persona(root / "ava")
+    (home / "sub").mkdir()
+    (home / "sub" / "soul.md").write_text("inside")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "soul.md").write_text("OUTSIDE")
+    (home / "SOUL.md").symlink_to("sub/soul.md")
+    checked = os.path.realpath
+
+    def swap_after_check(path: str) -> str:
+        real = checked(path)
+        if real.endswith("sub/soul.md") and (home / "sub").is_dir():
+            (home / "sub").rename(home / "sub.old")
+            (home / "sub").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+        return real
+
+    monkeypatch.setattr(os.path, "realpath", swap_after_check)
+    with pytest.raises(PersonaFileError, match=r"SOUL\.md: is a symlink to .*, which opened as"):
+        read_inside(home, "SOUL.md", 100)
 
 
 def test_read_inside_names_a_dangling_link_and_refuses_paths(tmp_path: Path) -> None:

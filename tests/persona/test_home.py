@@ -213,28 +213,31 @@ def test_dangling_symlink_is_an_error(tmp_path: Path) -> None:
         compose_soul(tmp_path)
 
 
-def test_symlinked_bootstrap_file_is_read(tmp_path: Path) -> None:
-    """A bootstrap file may link to a shared file elsewhere: reading it is fine."""
-    shared = tmp_path / "shared" / "AGENTS.md"
+def test_a_bootstrap_file_shared_between_personas_is_a_hard_link(tmp_path: Path) -> None:
+    """House rules shared by several personas: a hard link (or a copy) is read; a symlink out
+    of the persona directory is not (its text would go to the model from anywhere)."""
+    shared = tmp_path / "personas" / ".shared" / "AGENTS.md"
     make_persona(shared.parent, {"AGENTS.md": "house rules"})
-    home = make_persona(tmp_path / "ava")
-    (home / "AGENTS.md").symlink_to(shared)
+    home = make_persona(tmp_path / "personas" / "ava")
+    os.link(shared, home / "AGENTS.md")
     assert compose_soul(home) == ("## AGENTS.md\n\nhouse rules", ["AGENTS.md"])
+    (home / "AGENTS.md").unlink()
+    (home / "AGENTS.md").symlink_to(shared)
+    with pytest.raises(PersonaFileError, match=r"AGENTS\.md: is a symlink to .*, outside"):
+        compose_soul(home)
 
 
 def test_bootstrap_link_leading_out_is_refused_and_never_composed(tmp_path: Path) -> None:
-    """A bootstrap file linking outside the directory that holds the personas (here to the
-    worker's own environment, and to a file above the root) fails the soul naming the file:
-    its text would otherwise go to the model and into the session files."""
+    """A bootstrap file linking out of the persona directory (here to the worker's own
+    environment, and to a file above the root) fails the soul naming the file: its text would
+    otherwise go to the model and into the session files."""
     (tmp_path / "secret.txt").write_text("REDIS_URL=redis://:hunter2@db")
     home = make_persona(tmp_path / "personas" / "ava", {"AGENTS.md": "rules"})
     for target in ("/proc/self/environ", str(tmp_path / "secret.txt")):
         (home / "SOUL.md").unlink(missing_ok=True)
         (home / "SOUL.md").symlink_to(target)
-        refused = r"SOUL\.md: is a symlink to .*, outside"
-        with pytest.raises(PersonaFileError, match=refused) as info:
+        with pytest.raises(PersonaFileError, match=r"SOUL\.md: is a symlink to .*, outside"):
             compose_soul(home)
-        assert "hunter2" not in str(info.value)
 
 
 def test_missing_persona_directory(tmp_path: Path) -> None:

@@ -190,8 +190,9 @@ class CliContext:
                 # this shell's environment happens to say.
                 spend = with_fleet_spend(self.settings, str(recorded))
                 fleet = Fleet(spend, client=fleet.client, publisher=self._publisher)
-            # Its door checks a persona's MCP `use` against the servers its workers know.
+            # Its door checks a persona as its workers would: their MCP servers and PYTHONPATH.
             fleet.mcp_servers = self.fleet_mcp_servers()
+            self.import_as_workers()
             self._fleet = fleet
         return self._fleet
 
@@ -333,28 +334,43 @@ class CliContext:
         Python tool is imported with the PYTHONPATH the running `up` gave its workers too, and
         a refusal says where the import was tried; a ``use`` its fleet's MCP config lacks
         says, when that config is not this shell's, whose it is and what to do."""
-        state = self.adopted
-        workers_path = () if state is None or state.python_path is None else state.python_path
-        for entry in workers_path:
-            if entry not in sys.path:
-                sys.path.append(entry)
+        recorded = self.import_as_workers()
         try:
             yield
         except PersonaConfigError as exc:
             key = str(exc.key or "")
             if key.endswith(".ref") and "cannot import module" in exc.problem:
-                where = (
-                    f"it was imported in this shell and with the PYTHONPATH the running up gave "
-                    f"its workers ({os.pathsep.join(workers_path)}): their turns would fail alike"
-                    if workers_path
-                    else "it was imported in this shell to check the persona: if the workers "
-                    "can import it, give this shell their PYTHONPATH"
-                )
+                if recorded:
+                    where = (
+                        "it was imported with the PYTHONPATH the running up gave its workers "
+                        f"({os.pathsep.join(recorded)}): their turns would fail alike"
+                    )
+                elif recorded is not None:
+                    where = (
+                        "the running up gave its workers no PYTHONPATH, so they cannot import "
+                        "it either: restart up with a PYTHONPATH that finds it"
+                    )
+                else:
+                    where = (
+                        "it was imported in this shell to check the persona: if the workers "
+                        "can import it, give this shell their PYTHONPATH"
+                    )
                 raise PersonaConfigError(exc.path, exc.key, f"{exc.problem} ({where})") from None
             elsewhere = self._fleet_mcp()[1]
             if elsewhere is None or not key.endswith(".use"):
                 raise
             raise PersonaConfigError(exc.path, exc.key, f"{exc.problem} ({elsewhere})") from None
+
+    def import_as_workers(self) -> tuple[str, ...] | None:
+        """Put the PYTHONPATH the running `up` gave its workers ahead of this process's own
+        entries (as PYTHONPATH is), so a persona's Python tools are imported here as there;
+        returns those entries (None: no `up` recorded them). Idempotent."""
+        state = self.adopted
+        if state is None or state.python_path is None:
+            return None
+        missing = [entry for entry in state.python_path if entry not in sys.path]
+        sys.path[1:1] = missing
+        return state.python_path
 
     def _fleet_mcp(self) -> tuple[Mapping[str, FleetServer] | None, str | None]:
         """:meth:`fleet_mcp_servers`, and, when they are not this shell's, why (for the

@@ -72,7 +72,8 @@ def revive(
     if persona is None:
         raise BadInputError("name a PERSONA to revive, or pass --all or --reason TEXT")
     name = state.persona(persona)
-    outcome = state.fleet().revive(name, dreamer=dreamer)
+    with state.refusals_explained():
+        outcome = state.fleet().revive(name, dreamer=dreamer)
     queued = outcome.outcome == "queued"
     if as_json:
         answer: dict[str, object] = {

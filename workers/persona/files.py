@@ -16,7 +16,7 @@ that safe, and every file the persona core reads or writes goes through them:
   than the cap it is checked against.
 * **Links kept in bounds.** :func:`read_inside` reads a persona's own files (persona.toml, the
   bootstrap files, HEARTBEAT.md, DREAM.md), whose text goes to the model: a symlink among them
-  may lead to a file beside the persona directories (a shared AGENTS.md), never elsewhere.
+  may lead to a file inside the persona directory, never out of it.
 * **Durable writes** live beside them in :mod:`workers.persona.writes`.
 """
 
@@ -187,6 +187,19 @@ def regular_file_problem(path: str | os.PathLike[str]) -> str | None:
     return _not_regular(info.st_mode)
 
 
+def _check_opened_within(fd: int, target: str, within: str) -> None:
+    """Refuse the opened ``fd`` unless the file it is lies in ``within``: a directory on the
+    way to ``target`` swapped for a link after the path was checked leads the open elsewhere."""
+    try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc: the path was checked just before the open
+        return
+    if not opened.startswith(within.rstrip("/") + "/"):
+        raise PersonaFileError(
+            Path(target), f"opened as {opened}, outside {within} (a link was swapped in)"
+        )
+
+
 def _not_regular(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "is a directory, not a file"
@@ -195,17 +208,17 @@ def _not_regular(mode: int) -> str:
 
 def read_inside(home: str | os.PathLike[str], name: str, limit: int) -> bytes | None:
     """:func:`read_prefix` of the file ``name`` in the persona directory ``home`` (persona.toml, a
-    bootstrap file, HEARTBEAT.md, DREAM.md), where a symlink is followed only to a file under
-    the directory that holds the persona directories (the personas root: a shared AGENTS.md
-    beside them), never outside it.
+    bootstrap file, HEARTBEAT.md, DREAM.md), where a symlink is followed only to a file inside
+    the persona directory itself.
 
     Whatever these files hold goes into the soul sent to the model provider and into the
-    persona's session files, so a link to ``/proc/self/environ`` or to a file elsewhere on the
-    host would hand the worker's secrets to the model: it is refused with
-    :class:`PersonaFileError` naming the file and where it leads. Costs nothing for a file that
-    is not a link: it is opened with ``O_NOFOLLOW``, and only a link is resolved and checked;
-    its target is then opened with ``O_NOFOLLOW`` too, so a link swapped in after the check is
-    refused, never followed.
+    persona's session files, so a link to ``/proc/self/environ``, ``~/.env`` or another
+    persona's memory would hand the worker's secrets or another persona's data to the model: it
+    is refused with :class:`PersonaFileError` naming the file and where it leads (a file shared
+    by several personas is a hard link or a copy). Costs nothing for a file that is not a link:
+    it is opened with ``O_NOFOLLOW``; only a link is resolved and checked, and the descriptor
+    its target opens as is checked again (``/proc/self/fd``), so a link swapped in anywhere on
+    the way after the check is refused, never read.
     """
     if "/" in name or name in ("", ".", ".."):
         raise ValueError(f"read_inside takes a file name, got {name!r}")
@@ -220,7 +233,12 @@ def read_inside(home: str | os.PathLike[str], name: str, limit: int) -> bytes | 
     outside = _link_out(base, target)
     if outside is not None:
         raise PersonaFileError(Path(named), outside)
-    data = read_prefix(target, limit, follow_symlinks=False)
+    try:
+        data = read_prefix(target, limit, follow_symlinks=False, within=base)
+    except PersonaFileError as error:  # named as the persona file people know
+        raise PersonaFileError(
+            Path(named), f"is a symlink to {target}, which {error.problem}"
+        ) from None
     if data is None:
         missing = f"is a symlink to a missing file ({os.readlink(named)})"
         raise PersonaFileError(Path(named), missing)
@@ -228,17 +246,14 @@ def read_inside(home: str | os.PathLike[str], name: str, limit: int) -> bytes | 
 
 
 def _link_out(base: str, target: str) -> str | None:
-    """Why a link in the persona directory ``base`` to the real path ``target`` is refused:
-    it leads outside the directory that holds the persona directories. None: it may."""
-    scope = os.path.dirname(base)
-    if scope == "/":  # a persona directory at the top of the tree: its own directory only
-        scope = base
-    if target.startswith(scope + "/"):
+    """Why a link in the persona directory ``base`` to the real path ``target`` is refused (it
+    leads out of ``base``), or None."""
+    if target.startswith(base.rstrip("/") + "/"):
         return None
     return (
-        f"is a symlink to {target}, outside {scope}: a persona file may link to a file beside "
-        "the persona directories (a shared AGENTS.md), never elsewhere, since what it holds is "
-        "sent to the model; put the file itself in the persona directory"
+        f"is a symlink to {target}, outside the persona directory {base}: what a persona file "
+        "holds is sent to the model, so it must lie in the persona directory; put the file "
+        "itself there (a hard link or a copy shares one file between personas)"
     )
 
 
@@ -246,15 +261,20 @@ def persona_file_problem(home: str | os.PathLike[str], name: str) -> str | None:
     """Why the file ``name`` in the persona directory ``home`` cannot be read by
     :func:`read_inside`, from ``lstat``/``stat`` alone (never opens it): not a regular file
     (:func:`regular_file_problem`), or a symlink leading out. None when it is fine or absent."""
-    named = os.path.join(real_root(home), name)
+    base = real_root(home)
+    named = os.path.join(base, name)
     problem = regular_file_problem(named)
     if problem is None and os.path.islink(named):
-        problem = _link_out(real_root(home), os.path.realpath(named))
+        problem = _link_out(base, os.path.realpath(named))
     return problem
 
 
 def read_prefix(
-    path: str | os.PathLike[str], limit: int, *, follow_symlinks: bool = True
+    path: str | os.PathLike[str],
+    limit: int,
+    *,
+    follow_symlinks: bool = True,
+    within: str | None = None,
 ) -> bytes | None:
     """Up to ``limit + 1`` bytes of a regular file; ``None`` if nothing exists at ``path``.
 
@@ -265,7 +285,8 @@ def read_prefix(
     (no race with a swap after a ``stat``), so a FIFO, a device such as ``/dev/zero``, a socket
     or a directory is refused with :class:`PersonaFileError` naming the path and what it is,
     before one byte is read. Reading one byte past ``limit`` lets the caller tell "exactly at
-    the cap" from "over it" without ever reading a whole runaway file.
+    the cap" from "over it" without ever reading a whole runaway file. ``within``: the opened
+    file must lie in that directory (checked on the descriptor, see :func:`read_inside`).
     """
     target = os.fspath(path)
     try:
@@ -287,6 +308,8 @@ def read_prefix(
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise PersonaFileError(Path(target), _not_regular(info.st_mode))
+        if within is not None:
+            _check_opened_within(fd, target, within)
         wanted = limit + 1
         # The size is only a hint (the file may grow or shrink meanwhile), but asking for one
         # byte more than it lets a file that is not growing be read in one call: a short read

@@ -11,8 +11,9 @@
 --        last_pass, born, failing, item JSON...}
 --       items: in-flight items left by a dead worker FIRST (recovered = their count), then the
 --       whole inbox in arrival order; ticks = in-flight ticks (recovered ones included), except
---       that a retry of work holding ticks shows the count its first attempt showed (shown_ticks)
---       while the ticks that came since fold into it.
+--       on a retry (in-flight work left by an earlier attempt): work holding ticks shows the
+--       count its first attempt showed (shown_ticks) while the ticks that came since fold into
+--       it; work holding none leaves them pending for the turn after it.
 --       kind: the lane's, except that a heartbeat turn that drains items is "interactive".
 --       commits, session, session_epoch, last_pass: the lane's fields as this start found them
 --       (what the turn needs to know before its first write, in this one round trip; '' when
@@ -74,17 +75,28 @@ end
 redis.call('DEL', inbox)
 local pending = tonumber(redis.call('HGET', lane, 'ticks') or '0')
 local held = tonumber(redis.call('HGET', lane, 'inflight_ticks') or '0')
-local ticks = redis.call('HINCRBY', lane, 'inflight_ticks', pending)
+local ticks
 if held > 0 then
   -- A retry of work that already answers ticks: those that came meanwhile fold in silently
   -- and it shows the count its first attempt showed (every tick asks the same), so it sends
   -- what that attempt sent and the turn's call log replays the answers already paid for.
-  ticks = tonumber(redis.call('HGET', lane, 'shown_ticks') or held)
+  redis.call('HINCRBY', lane, 'inflight_ticks', pending)
+  redis.call('HSET', lane, 'ticks', 0)
+  ticks = tonumber(redis.call('HGET', lane, 'shown_ticks') or '0')
+  if ticks <= 0 or ticks > held then  -- unset (a lane from before it was kept): as it stands
+    ticks = held
+    redis.call('HSET', lane, 'shown_ticks', ticks)
+  end
+elseif recovered > 0 then
+  -- A retry of work that answered no tick: ticks that came meanwhile wait for the turn after
+  -- it (finish queues it), so this one still sends what its first attempt sent.
+  ticks = 0
 else
-  redis.call('HSET', lane, 'shown_ticks', ticks)
+  ticks = redis.call('HINCRBY', lane, 'inflight_ticks', pending)
+  redis.call('HSET', lane, 'ticks', 0, 'shown_ticks', ticks)
 end
 local born = f[10] or now
-redis.call('HSET', lane, 'ticks', 0, 'state', 'running', 'started_at', now, 'worker', worker,
+redis.call('HSET', lane, 'state', 'running', 'started_at', now, 'worker', worker,
   'born', born)
 redis.call('ZREM', queued, name)
 redis.call('ZADD', running, tonumber(now) + tonumber(ARGV[5]), name)
