@@ -140,10 +140,10 @@ class ScheduleEntries:
         return names
 
     def set_registered_lanes(self, lanes: int, spend: str) -> None:
-        """Record the lane count, the root and ``spend`` (:attr:`Keys.registry_spend`)."""
+        """Record the lane count, the root and ``spend`` (:attr:`Keys.registry_settings`)."""
         pipe = self._client.pipeline(transaction=False)
         pipe.set(self._keys.registry_lanes, lanes)
-        pipe.set(self._keys.registry_spend, spend)
+        pipe.set(self._keys.registry_settings, spend)
         # The CLI compares `--personas` with the root the fleet really serves.
         pipe.set(self._keys.registry_root, str(self._root.expanduser().resolve()))
         pipe.execute()

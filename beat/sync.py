@@ -46,9 +46,9 @@ from beat.cron import CronError
 from beat.entries import EntryChanges, PersonaEntries, ScheduleEntries
 from beat.schedule import ScheduleSpec, specs_for
 from workers import metrics
+from workers.fleet.door_settings import fleet_settings_record
 from workers.fleet.keys import Keys
 from workers.fleet.registry import PersonaRegistry
-from workers.fleet.spend import spend_record
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import ModelSpecError, PersonaError, PersonaFileError, PersonaNotFound
 from workers.persona.files import persona_file_problem
@@ -217,7 +217,7 @@ class RegistrySync:
         report.personas = len(current)
         report.invalid = sum(1 for record in current.values() if record.error)
         report.lanes = self.registered_lanes
-        self._entries.set_registered_lanes(report.lanes, spend_record(self._settings))
+        self._entries.set_registered_lanes(report.lanes, fleet_settings_record(self._settings))
         metrics.REGISTRY_INVALID.set(report.invalid)
         report.seconds = time.perf_counter() - started
         busy = report.added or report.updated or report.removed or report.parsed

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 import structlog
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "CACHE_WRITE_INPUT_TOKENS",
     "COUNT_KEYS",
     "DEAD_LETTERED",
-    "INBOX_REJECTS",
     "LANES",
     "LANES_STUCK",
     "LAST_SWEEP",
@@ -71,7 +70,8 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 TICKS = Counter(
     "soulfleet_ticks_total",
-    "Ticks handled by the sweep or the tick path, by outcome (emitted = a turn was queued).",
+    "Ticks beat's sweep handled, by outcome (emitted = a turn was queued); ticks a command sends "
+    "(`soulfleet dream`) are not counted here.",
     ["kind", "outcome"],
 )
 TICKS_SKIPPED = Counter(
@@ -91,6 +91,8 @@ TURNS_NO_CALL = Counter(
     "its soul or session shrinks.",
     ["kind"],
 )
+for _kind in ("interactive", "heartbeat", "dream"):  # from 0, so the first one is an increase
+    TURNS_NO_CALL.labels(kind=_kind)
 BEATS = Counter(
     "soulfleet_beats_total",
     "Heartbeat turn replies: surfaced (substantive) or silent (HEARTBEAT_OK).",
@@ -164,9 +166,6 @@ def observe_memory_failure(reason: str) -> None:
 LEASE_LOSSES = Counter(
     "soulfleet_lease_losses_total", "Turns stopped because their lane lease was lost."
 )
-INBOX_REJECTS = Counter(
-    "soulfleet_inbox_rejects_total", "Posts refused because the lane's inbox was full."
-)
 MEMORY_WRITE_FAILURES = Counter(
     "soulfleet_memory_write_failures_total",
     "Memory tool writes that failed, by reason: full (the file is at its size cap), os_error "
@@ -205,7 +204,10 @@ SWEEP_SECONDS = Histogram(
 SWEEP_DUE = Gauge("soulfleet_sweep_due", "Schedule entries due in the newest sweep.")
 LAST_SWEEP = Gauge("soulfleet_last_sweep_timestamp_seconds", "Unix time the newest sweep finished.")
 REAPER_REPAIRS = Counter(
-    "soulfleet_reaper_repairs_total", "Lanes the reaper re-queued, by what it found.", ["reason"]
+    "soulfleet_reaper_repairs_total",
+    "Lanes beat's recovery re-queued, by reason: the reaper's repairs (a lost message, a dead "
+    "worker) and routine recovery (retry_due: a backoff ended; resumed: a breaker closed).",
+    ["reason"],
 )
 BREAKER_OPEN = Gauge(
     "soulfleet_provider_breaker_open",
@@ -259,7 +261,7 @@ class LaneStateCollector(Collector):
     def __init__(self, counts: Callable[[], dict[str, int]]) -> None:
         self._counts = counts
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         try:
             counts = self._counts()
         except Exception as exc:  # a scrape must never crash the process it runs in
@@ -306,6 +308,12 @@ class LaneStateCollector(Collector):
             "Seconds the oldest model call holding a turn-gate slot has been in flight, fleet "
             "wide (0: none; not measured with SOULFLEET_MAX_CONCURRENT_MODEL_CALLS=0).",
             value=float(counts.get("model_call_oldest", 0)),
+        )
+        yield CounterMetricFamily(
+            "soulfleet_inbox_rejects",
+            "Posts refused because the lane's inbox was full, fleet-wide (counted in Redis by "
+            "whichever process posted; every beat exports the same count).",
+            value=float(counts.get("inbox_rejects", 0)),
         )
 
 

@@ -321,4 +321,4 @@ def test_a_scrape_after_a_short_run_shows_every_metric(
     assert _value(from_worker, "soulfleet_turn_seconds_count", kind="heartbeat") >= 3
     assert _value(from_worker, "soulfleet_model_call_seconds_count", provider="scripted") >= 3
     assert _value(from_worker, "soulfleet_lease_losses_total") == 0
-    assert _value(from_worker, "soulfleet_inbox_rejects_total") == 0
+    assert _value(from_beat, "soulfleet_inbox_rejects_total") == 0

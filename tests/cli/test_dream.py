@@ -7,6 +7,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -114,18 +115,13 @@ def test_dream_all_counts_a_pass_that_ended_without_a_model_call_as_skipped(
     invoke: Invoke, env: Mapping[str, str | None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A pass that ended 'skipped' (budget used up, nothing new) did not dream: --all lists it
-    as skipped, not done (it reported every budget-skipped dreamer as done)."""
-    lanes = lanes_for(env)
-    commit_turn(lanes, "ava-dreamer", "dreamt", kind="dream")
-    outcome = lanes.tick("nora-dreamer", kind="dream")
-    assert outcome.turn_id is not None
-    started = lanes.start("nora-dreamer", outcome.turn_id, "test-worker")
-    lanes.finish("nora-dreamer", started.fence, status="skipped", text="")
+    as skipped, not done (it reported every budget-skipped dreamer as done), by the status the
+    watch saw its pass end with."""
     # The watch itself (polling the lanes until their passes end) is the integration tests'.
     monkeypatch.setattr(
         sys.modules["workers.cli.dream"],
         "watch_batch",
-        lambda fleet, before, timeout: (["ava-dreamer", "nora-dreamer"], [], []),
+        lambda fleet, before, timeout: ({"ava-dreamer": "done", "nora-dreamer": "skipped"}, [], []),
     )
     result = invoke("dream", "--all", "--json")
     outcome_json = json.loads(result.stdout)
@@ -150,5 +146,34 @@ def test_watch_batch_counts_a_pass_that_dead_lettered_its_dreamer_as_failed(
     lanes.fail("nora-dreamer", started.fence, error="timeout", backoff=(30.0, 60.0), jitter=1.0)
     assert lanes.status("nora-dreamer")["state"] == "retry"
     fleet = SimpleNamespace(lanes=lanes)
-    done, failed, running = watch_batch(fleet, before, timeout=0.0, poll=0.01)  # type: ignore[arg-type]
-    assert (done, failed, running) == (["ava-dreamer"], ["milo-dreamer"], ["nora-dreamer"])
+    ended, failed, running = watch_batch(fleet, before, timeout=0.0, poll=0.01)  # type: ignore[arg-type]
+    assert (ended, failed, running) == ({"ava-dreamer": "done"}, ["milo-dreamer"], ["nora-dreamer"])
+
+
+def test_watch_batch_keeps_the_status_a_pass_ended_with(env: Mapping[str, str | None]) -> None:
+    """The batch's pass ends skipped; a later pass of the same dreamer (its schedule) commits
+    while the watch still waits for another lane: the lane stays skipped (it read each lane's
+    status again at the end, and called it done)."""
+    lanes = lanes_for(env)
+    watched = ["ava-dreamer", "nora-dreamer"]
+    before = {lane: lanes.status(lane).get("last_turn") for lane in watched}
+    outcome = lanes.tick("ava-dreamer", kind="dream")
+    assert outcome.turn_id is not None
+    started = lanes.start("ava-dreamer", outcome.turn_id, "test-worker")
+    lanes.finish("ava-dreamer", started.fence, status="skipped", text="")
+    polls = 0
+    real_status = lanes.status
+
+    def status(lane: str) -> dict[str, Any]:
+        nonlocal polls
+        polls += 1
+        if polls == 3:  # after the first round: the scheduled pass commits
+            commit_turn(lanes, "ava-dreamer", "dreamt", kind="dream")
+        if polls == 5:
+            commit_turn(lanes, "nora-dreamer", "dreamt", kind="dream")
+        return real_status(lane)
+
+    fleet = SimpleNamespace(lanes=SimpleNamespace(status=status))
+    ended, failed, running = watch_batch(fleet, before, timeout=5.0, poll=0.01)  # type: ignore[arg-type]
+    assert ended == {"ava-dreamer": "skipped", "nora-dreamer": "done"}
+    assert (failed, running) == ([], [])

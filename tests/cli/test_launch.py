@@ -130,6 +130,14 @@ def test_describe_personas_lists_models_schedules_and_lanes(tmp_path: Path) -> N
     assert "dream every 20s" in lines[3]
     assert all(BUILTIN_MODEL_LABEL in line for line in (lines[0], lines[2], lines[3]))
     assert lanes == 2 + 1 + 1 + 2
+    # A heartbeat silent outside its active hours says when it beats.
+    (root / "milo" / "persona.toml").write_text(
+        '[heartbeat]\nevery = "10s"\nactive_hours = { start = "08:00", end = "22:00", '
+        'timezone = "Europe/Lisbon" }\n',
+        encoding="utf-8",
+    )
+    lines, _ = describe_personas(root, Settings.from_env({}))
+    assert "heartbeat every 10s from 08:00 to 22:00 Europe/Lisbon" in lines[2]
 
 
 def test_flower_turns_task_events_on(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import Invoke
-from tests.support.cli import PASSWORD, closed_port_url, lanes_for
+from tests.support.cli import PASSWORD, closed_port_url, dead_letter, lanes_for, sync_registry
 from tests.support.tmpfs import fill, tmpfs
 from workers.persona.inbox import InboxItem
 from workers.persona.storage import MIN_FREE_BYTES, STORAGE_MARK
@@ -33,6 +33,39 @@ def test_post_no_wake_keeps_the_item_with_its_provenance(
     raw = lanes.client.lindex(lanes.keys.inbox("ava"), 0)
     item = InboxItem.from_json(str(raw))
     assert (item.text, item.sender, item.channel) == ("hello there", "tester", "sms")
+
+
+def test_post_keeps_to_the_fleets_inbox_limit_not_the_shells(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """beat records the fleet's SOULFLEET_INBOX_MAX (2 here); a shell with its own, larger one
+    still has its third post refused, exit 1, the inbox held at the fleet's limit (it took the
+    shell's and filled the inbox past it)."""
+    sync_registry({**env, "SOULFLEET_INBOX_MAX": "2"})
+    shell = {**env, "SOULFLEET_INBOX_MAX": "5000"}
+    for n in range(2):
+        assert invoke("post", "ava", f"m{n}", "--no-wake", environ=shell).exit_code == 0
+    refused = invoke("post", "ava", "one too many", "--no-wake", environ=shell)
+    assert refused.exit_code == 1, refused.output
+    assert "full" in refused.stderr
+    assert lanes_for(env).status("ava")["inbox_depth"] == 2
+
+
+def test_a_post_to_a_dead_lettered_lane_is_kept_and_exits_1(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """The item is kept (a revive runs it), but no turn reads it until then: exit 1, as the
+    README's exit codes say, plain and --json (it exited 0 and a script took it as posted)."""
+    lanes = lanes_for(env)
+    dead_letter(lanes, "ava")
+    plain = invoke("post", "ava", "anyone there?")
+    assert plain.exit_code == 1, plain.output
+    assert "no turn reads it until `soulfleet revive ava`" in plain.stdout
+    as_json = invoke("post", "ava", "and now?", "--json")
+    assert as_json.exit_code == 1
+    assert json.loads(as_json.stdout)["outcome"] == "dead"
+    kept = lanes.status("ava")
+    assert (kept["inbox_depth"], kept["inflight_items"]) in ((2, 0), (1, 1), (0, 2))
 
 
 def test_post_wake_queues_an_interactive_turn(

@@ -62,6 +62,21 @@ def test_revive_queues_a_dead_lettered_lane_again(
     assert status["inflight_items"] == 1
 
 
+def test_revive_warns_as_post_does_of_a_model_key_this_shell_lacks(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """A persona whose model needs a key: revive says it is not set here, as post does (the
+    lane went back and died again on it within seconds, without a word)."""
+    fleet = _dead_letter(env, "nora")
+    toml = fleet_root / "nora" / "persona.toml"
+    kept = [line for line in toml.read_text("utf-8").splitlines() if not line.startswith("model")]
+    toml.write_text('model = "anthropic:claude-x"\n' + "\n".join(kept) + "\n", "utf-8")
+    result = invoke("revive", "nora", environ={**env, "ANTHROPIC_API_KEY": ""})
+    assert result.exit_code == 0, result.output
+    assert "needs ANTHROPIC_API_KEY" in result.stderr
+    assert fleet.lanes.status("nora")["state"] == "queued"
+
+
 def test_revive_of_a_persona_still_broken_is_refused_and_the_lane_stays_dead(
     invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
 ) -> None:

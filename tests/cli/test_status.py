@@ -478,7 +478,8 @@ def test_a_used_up_budget_says_what_it_does_to_the_persona(
     invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
 ) -> None:
     """Past [budget] daily_tokens, `status NAME` says heartbeats and dreams are skipped (or,
-    with on_exceed = "stop", every turn refused) and until when; under it, nothing is said."""
+    with on_exceed = "stop", every turn refused) and until when, and --json says it too
+    (`budget_used_up`: it was in the plain text only); under it, nothing is said."""
     toml = fleet_root / "milo" / "persona.toml"
     toml.write_text(toml.read_text("utf-8") + "\n[budget]\ndaily_tokens = 100\n", "utf-8")
     settings = settings_for(env)
@@ -494,8 +495,17 @@ def test_a_used_up_budget_says_what_it_does_to_the_persona(
         "budget: used up today (132 of 100 tokens, on_exceed=skip_background): heartbeats "
         "and dreams are skipped, conversations still run, until " in out
     )
+    used_up = json.loads(invoke("status", "milo", "--json").stdout)["budget_used_up"]
+    assert {k: used_up[k] for k in ("spent", "daily_tokens", "on_exceed", "skips")} == {
+        "spent": 132, "daily_tokens": 100, "on_exceed": "skip_background",
+        "skips": "heartbeats_and_dreams",
+    }  # fmt: skip
+    assert used_up["until"].endswith("T00:00+00:00")
     toml.write_text(toml.read_text("utf-8") + 'on_exceed = "stop"\n', "utf-8")
     assert "every turn is refused, posts at the door" in invoke("status", "milo").stdout
+    assert json.loads(invoke("status", "milo", "--json").stdout)["budget_used_up"]["skips"] == (
+        "every_turn"
+    )
 
 
 def test_status_says_when_redis_lost_its_data(

@@ -15,7 +15,9 @@ import redis
 
 from tests.cli.conftest import Invoke
 from tests.support.cli import lanes_for
+from workers.cli.status import breaker_lines
 from workers.fleet import Fleet
+from workers.fleet.breaker import BreakerState
 from workers.local.redis_server import RedisServer
 from workers.persona.errors import ModelAuthError, ModelServerError
 from workers.persona.inbox import InboxItem
@@ -136,3 +138,19 @@ def test_status_of_a_large_fleet_does_not_cost_round_trips_per_persona(
             assert spent < 50, f"{spent} requests read by Redis for one status of 200 personas"
         finally:
             client.close()
+
+
+def test_a_long_breaker_error_is_cut_at_a_word_and_says_so() -> None:
+    """A provider error longer than the line allows is cut at a whole word with an ellipsis
+    (it was cut at 120 characters, mid-parenthesis: "Connection refused (after 4")."""
+    error = "model call failed (ModelUnreachable): openai: cannot connect to " + (
+        "http://127.0.0.1:1/chat/completions: [Errno 111] Connection refused (after 4 tries) " * 3
+    )
+    state = BreakerState("openai", True, 0.0, 10.0, 5, 10, 10, 1, error)
+    [line] = breaker_lines([state], now=5.0)
+    shown = line.split("last error: ", 1)[1]
+    assert shown.endswith(" …")
+    assert error.startswith(shown[:-2])
+    assert not shown[:-2].endswith(" ")
+    short = BreakerState("openai", True, 0.0, 10.0, 5, 10, 10, 1, "HTTP 500 (after 4 tries)")
+    assert breaker_lines([short], now=5.0)[0].endswith("last error: HTTP 500 (after 4 tries)")

@@ -136,6 +136,18 @@ def test_each_distinct_error_is_printed_once_and_counted() -> None:
     )
 
 
+def test_the_status_line_counts_lanes_waiting_out_a_retry_or_a_breaker() -> None:
+    """Lanes in retry or deferred by an open breaker are neither idle nor busy: the line says
+    how many when there are any (it showed 5 deferred lanes as nothing at all)."""
+    reporter, lines = _reporter()
+    reporter.status(
+        {"queued": 1, "running": 0, "dead": 0, "idle": 20, "retry": 2, "deferred": 5}, 0
+    )
+    assert "lanes 20 idle, 1 queued, 0 running, 0 dead, 2 retrying, 5 deferred | beats" in lines[-1]
+    reporter.status({"queued": 0, "running": 0, "dead": 0, "idle": 28}, 0)
+    assert "lanes 28 idle, 0 queued, 0 running, 0 dead | beats" in lines[-1]
+
+
 def test_log_tail_at_end_skips_what_a_previous_run_wrote(tmp_path: Path) -> None:
     """A tail made with at_end ignores existing lines and reads only later ones."""
     path = tmp_path / "w.log"

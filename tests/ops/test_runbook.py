@@ -80,6 +80,7 @@ def test_every_redis_key_in_the_runbook_is_one_the_code_builds() -> None:
         keys.retry,
         keys.claimed,
         keys.breakers,
+        keys.inbox_rejects,
     }
     per_lane = (
         keys.lane(""), keys.inbox(""), keys.inflight(""), keys.lease(""), keys.reply(""),

@@ -85,9 +85,9 @@ def test_two_python_tools_giving_one_name_fail_the_check_up(tmp_path: Path) -> N
 def test_misnamed_persona_files_and_a_heartbeat_with_nothing_to_read_are_warnings(
     tmp_path: Path,
 ) -> None:
-    """soul.md (lower case) and Persona.toml are read by nothing: each is a warning naming the
-    right name; a [heartbeat] schedule with no HEARTBEAT.md (here a heartbeat.md) is one too,
-    since every beat is then skipped without a word. The right names warn of nothing."""
+    """soul.md and heartbeat.md (lower case) are read by nothing: each is a warning naming the
+    right name (a heartbeat.md left every beat skipped without a word). The right names warn of
+    nothing."""
     home = make_persona(tmp_path / "ava", {"IDENTITY.md": "I am ava.\n"})
     (home / "soul.md").write_text("You are ava.\n")
     (home / "heartbeat.md").write_text("- due: stretch\n")
@@ -97,7 +97,6 @@ def test_misnamed_persona_files_and_a_heartbeat_with_nothing_to_read_are_warning
         warnings
     )
     assert any("heartbeat.md is not read" in w and "HEARTBEAT.md" in w for w in warnings)
-    assert any("[heartbeat] schedule but no HEARTBEAT.md" in w for w in warnings)
     (home / "soul.md").rename(home / "SOUL.md")
     (home / "heartbeat.md").rename(home / "HEARTBEAT.md")
     assert check_persona(home).warnings == []

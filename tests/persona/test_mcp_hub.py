@@ -203,6 +203,13 @@ def test_a_server_that_dies_at_start_is_named_with_what_it_said_last(hub: McpHub
     assert prefix == "dies"
     assert "could not start" in reason
     assert "its stderr said last: 'ModuleNotFoundError: No module named mcp_weather'" in reason
+    # The model calling its tool is told the server is unavailable, not what it printed (the
+    # operator's to read: it may hold what no masking knows to hide).
+    server = McpServer("stdio", command=sys.executable, args=("-c", script))
+    outcome = hub.call(server, "forecast", {}, timeout=10.0)
+    assert outcome.is_error
+    assert "unavailable: could not start: MCPError: Connection closed." in outcome.output
+    assert "stderr said" not in outcome.output
 
 
 def test_a_killed_worker_takes_its_stdio_servers_with_it(tmp_path: Path) -> None:

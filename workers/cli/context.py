@@ -35,10 +35,10 @@ import redis
 from workers.cli.beat_health import beat_stale, beat_summary
 from workers.cli.errors import BadInputError, CliError
 from workers.fleet import Fleet
+from workers.fleet.door_settings import with_fleet_settings
 from workers.fleet.errors import FleetError, RedisUnavailable, UnknownPersona, UnusablePersonaName
 from workers.fleet.keys import Keys
 from workers.fleet.registry import DREAMER_SUFFIX, PersonaRegistry, valid_persona_name
-from workers.fleet.spend import with_fleet_spend
 from workers.local.datadir import DataDir, UpState, default_data_dir
 from workers.persona import storage
 from workers.persona.checkup import check_persona
@@ -128,7 +128,7 @@ def persona_dir(arg: str, root: Path) -> Path:
     candidate = Path(arg).expanduser()
     if candidate.is_dir():
         return candidate
-    raise UnknownPersona(arg, root)
+    raise UnknownPersona(arg, root, suggest=True)
 
 
 @dataclass
@@ -182,14 +182,14 @@ class CliContext:
             fleet = Fleet(self.settings, publisher=self._publisher)
             fleet.ping()
             try:
-                recorded = fleet.client.get(fleet.keys.registry_spend)
+                recorded = fleet.client.get(fleet.keys.registry_settings)
             except redis.RedisError:  # the command meets Redis's error itself, in its words
                 recorded = None
             if recorded:
-                # Budgets as the fleet's own processes read them (beat records them), not as
-                # this shell's environment happens to say.
-                spend = with_fleet_spend(self.settings, str(recorded))
-                fleet = Fleet(spend, client=fleet.client, publisher=self._publisher)
+                # Budgets and inbox limits as the fleet's own processes read them (beat records
+                # them), not as this shell's environment happens to say.
+                adopted = with_fleet_settings(self.settings, str(recorded))
+                fleet = Fleet(adopted, client=fleet.client, publisher=self._publisher)
             # Its door checks a persona as its workers would: their MCP servers and PYTHONPATH.
             fleet.mcp_servers = self.fleet_mcp_servers()
             self.import_as_workers()
@@ -213,7 +213,7 @@ class CliContext:
                 # unknown persona follows from it (its root was a guess).
                 raise BadInputError(f"{no_fleet_error(self.environ)}; and {unknown}") from None
             self._refuse_if_gone(arg)
-            raise
+            raise UnknownPersona(arg, registry.root, suggest=True) from None
 
     def _refuse_if_gone(self, name: str) -> None:
         """A persona whose directory was removed while its lane was dead-lettered: say what is
@@ -347,8 +347,8 @@ class CliContext:
                     )
                 elif recorded is not None:
                     where = (
-                        "the running up gave its workers no PYTHONPATH, so they cannot import "
-                        "it either: restart up with a PYTHONPATH that finds it"
+                        "the running up gave its workers no PYTHONPATH: unless their own "
+                        "environment has it, restart up with a PYTHONPATH that finds it"
                     )
                 else:
                     where = (

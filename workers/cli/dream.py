@@ -40,15 +40,18 @@ def watch_batch(
     *,
     timeout: float,
     poll: float = 0.5,
-) -> tuple[list[str], list[str], list[str]]:
-    """Poll dreamer lanes until each is done or failed; return (done, failed, still running).
+) -> tuple[dict[str, str], list[str], list[str]]:
+    """Poll dreamer lanes until each pass ended or failed; return (ended, failed, still
+    running), ``ended`` mapping each lane to the status its pass ended with (done, skipped).
 
     ``before`` maps each lane to its ``last_turn`` before the tick. A lane is failed once it is
-    dead-lettered; a pass that failed and waits for its retry is still running. The progress
-    bar goes to stderr, so stdout carries only the summary.
+    dead-lettered; a pass that failed and waits for its retry is still running. A pass's status
+    is read when its end is first seen: a scheduled pass ending later (while the batch waits
+    for others) must not stand in for it. The progress bar goes to stderr, so stdout carries
+    only the summary.
     """
     pending = dict(before)
-    done: list[str] = []
+    ended: dict[str, str] = {}
     failed: list[str] = []
     deadline = time.monotonic() + timeout
     with _progress(len(pending)) as bar:
@@ -60,7 +63,7 @@ def watch_batch(
                 if state.get("state") == "dead":
                     failed.append(lane)
                 elif state.get("last_turn") != last and state.get("last_status") != "error":
-                    done.append(lane)
+                    ended[lane] = str(state.get("last_status") or "done")
                 else:
                     continue
                 del pending[lane]
@@ -68,7 +71,7 @@ def watch_batch(
             if not pending or time.monotonic() >= deadline:
                 break
             time.sleep(poll)
-    return done, failed, sorted(pending)
+    return ended, failed, sorted(pending)
 
 
 class _Bar(Protocol):
@@ -132,7 +135,12 @@ def _dream_one(ctx: click.Context, state: CliContext, persona: str, *, as_json: 
     if outcome.outcome == "queued":
         click.echo(f"dream pass queued for {name} (lane {outcome.lane}, turn {outcome.turn_id})")
     elif outcome.outcome == "coalesced":
-        click.echo(f"{name}: a dream pass is already queued or running; this tick joins it")
+        lane_state = state.fleet().lanes.status(outcome.lane).get("state")
+        waits = {
+            "deferred": "waits for its provider's breaker to close (`soulfleet status` names it)",
+            "retry": "waits out a retry after a failure (`soulfleet status` says why)",
+        }.get(str(lane_state), "is already queued or running")
+        click.echo(f"{name}: a dream pass {waits}; this tick joins it")
     else:
         raise CliError(f"lane {outcome.lane} is dead-lettered: `soulfleet status {name}` says why")
 
@@ -162,29 +170,33 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
     dead = [o.lane for o in outcomes if o.outcome == "dead_lettered"]
     watched = {lane: last for lane, last in before.items() if lane not in dead}
     click.echo(f"dreaming: {len(watched)} dreamers woken ({len(dead)} dead-lettered)", err=True)
-    ended, failed, running = watch_batch(fleet, watched, timeout=timeout)
+    ended, failed, waiting = watch_batch(fleet, watched, timeout=timeout)
     failed = sorted([*failed, *dead])
     # A pass that ended without a model call (a used-up budget, nothing new) did not dream.
-    skipped = sorted(
-        lane for lane in ended if fleet.lanes.status(lane).get("last_status") == "skipped"
-    )
-    done = [lane for lane in ended if lane not in skipped]
+    skipped = sorted(lane for lane, status in ended.items() if status == "skipped")
+    done = sorted(lane for lane in ended if lane not in skipped)
+    # A lane whose provider's breaker is open waits for it, not for a worker: said apart.
+    deferred = [lane for lane in waiting if fleet.lanes.status(lane).get("state") == "deferred"]
+    running = [lane for lane in waiting if lane not in deferred]
     if as_json:
         click.echo(json.dumps({
-            "done": sorted(done), "skipped": skipped, "failed": failed,
-            "still_running": running, "invalid": invalid,
+            "done": done, "skipped": skipped, "failed": failed, "still_running": running,
+            "deferred": deferred, "invalid": invalid,
         }))  # fmt: skip
     else:
         click.echo(
             f"done: {len(done)}  skipped: {len(skipped)}  failed: {len(failed)}  "
-            f"still running: {len(running)}  invalid (not queued): {len(invalid)}"
+            f"still running: {len(running)}  deferred: {len(deferred)}  "
+            f"invalid (not queued): {len(invalid)}"
         )
         for label, group in (("skipped (budget used up, or nothing new)", skipped),
                              ("failed", failed), ("still running", running),
+                             ("deferred (their provider's breaker is open: they run when it "
+                              "closes; `soulfleet status` names it)", deferred),
                              ("invalid", sorted(invalid))):  # fmt: skip
             if group:
                 click.echo(f"{label}: {', '.join(group)}")
-    if failed or running or invalid:
+    if failed or waiting or invalid:
         ctx.exit(EXIT_FAILURE)
 
 

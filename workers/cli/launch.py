@@ -313,7 +313,11 @@ def describe_personas(root: Path, settings: Settings) -> tuple[list[str], int]:
         lanes += 2 if agent.dream else 1
         parts = [f"model {model_label(agent.model, settings)}"]
         if agent.heartbeat:
-            parts.append(f"heartbeat every {_every(agent.heartbeat.every)}")
+            beat = f"heartbeat every {_every(agent.heartbeat.every)}"
+            hours = agent.heartbeat.active_hours
+            if hours is not None and hours.start != hours.end:  # silent outside: say when
+                beat += f" from {hours.start:%H:%M} to {hours.end:%H:%M} {hours.timezone}"
+            parts.append(beat)
         if agent.dream:
             dream = agent.dream
             when = (

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import click
 
-from workers.cli.errors import BadInputError, one_line
+from workers.cli.errors import EXIT_FAILURE, BadInputError, one_line
 from workers.cli.group import cli_context, personas_option
 
 __all__ = ["post"]
@@ -63,6 +63,8 @@ def post(
             "outcome": outcome.outcome, "turn_id": outcome.turn_id, "depth": outcome.depth,
             "unsent": outcome.unsent, "resend_soon": outcome.resend_soon,
         }))  # fmt: skip
+        if outcome.outcome == "dead":  # kept, but no turn reads it until a revive: exit 1
+            ctx.exit(EXIT_FAILURE)
         return
     if outcome.outcome == "queued" and outcome.unsent is not None:
         # Accepted all the same: posting again would put the item in twice.
@@ -78,8 +80,13 @@ def post(
     elif outcome.outcome == "queued":
         what = f"turn {outcome.turn_id} queued"
     elif outcome.outcome == "dead":
-        what = f"lane is dead-lettered: the item is kept; `soulfleet status {name}` says why"
+        what = (
+            f"lane is dead-lettered: the item is kept, and no turn reads it until `soulfleet "
+            f"revive {name}` (`soulfleet status {name}` says why it died)"
+        )
     else:
         what = "waiting for the next turn" if wake else "not woken (--no-wake)"
     click.echo(f"posted to {name} (item {outcome.item_id}, inbox depth {outcome.depth}): {what}")
     state.warn_if_no_fleet()
+    if outcome.outcome == "dead":
+        ctx.exit(EXIT_FAILURE)

@@ -71,7 +71,9 @@ def revive(
         return
     if persona is None:
         raise BadInputError("name a PERSONA to revive, or pass --all or --reason TEXT")
-    name = state.persona(persona)
+    # The check `post` makes, warnings included (a model key this shell lacks: the lane it
+    # revives may die again on it).
+    name = state.checked(persona)
     with state.refusals_explained():
         outcome = state.fleet().revive(name, dreamer=dreamer)
     queued = outcome.outcome == "queued"

@@ -66,7 +66,9 @@ def breaker_lines(states: Sequence[BreakerState], now: float | None = None) -> l
         if not state.open:
             continue
         probe = "probing now" if state.probing else f"next probe {until(state.probe_at, now)}"
-        error = " ".join(state.last_error.split())[:120] or "-"
+        error = " ".join(state.last_error.split()) or "-"
+        if len(error) > 200:  # whole words, and said to be cut (it stopped mid-parenthesis)
+            error = error[:200].rsplit(" ", 1)[0] + " …"
         if state.last_error.startswith(_KEY_REFUSED):
             # A refused key never closes the breaker (only a success does), and each probe
             # dead-letters the lane it ran: waiting changes nothing.
@@ -170,6 +172,9 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
     claims = lock_claims(fleet, [name])
     if claims:
         entry["lock_claims"] = claims
+    used_up = budget_used_up(fleet, name, entry)
+    if used_up is not None:
+        entry["budget_used_up"] = used_up
     click.echo(
         json.dumps(entry, ensure_ascii=False) if as_json else table([row(entry, whole_error=True)])
     )
@@ -182,7 +187,7 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
     _echo_claims(claims)
     _echo_models(entry)
     _echo_calls(fleet, name)
-    _echo_budget(fleet, name, entry)
+    _echo_budget(used_up)
     try:
         note = edited_note(fleet.session(name))
     except (SoulfleetError, OSError):  # a broken persona.toml, an unreadable state: said above
@@ -212,26 +217,39 @@ def _echo_calls(fleet: Fleet, name: str) -> None:
         )
 
 
-def _echo_budget(fleet: Fleet, name: str, entry: Mapping[str, Any]) -> None:
+def budget_used_up(fleet: Fleet, name: str, entry: Mapping[str, Any]) -> dict[str, Any] | None:
     """What a used-up daily budget is doing to the persona now (the tokens column alone did not
-    say that its heartbeats were being skipped, or its posts refused)."""
+    say that its heartbeats were being skipped, or its posts refused), for ``--json`` as
+    ``budget_used_up``: spent, daily_tokens, on_exceed, what it skips and until when (ISO 8601
+    in the budget's zone). None while the budget lasts (or the persona has none)."""
     daily, spent = entry.get("daily_tokens"), entry.get("tokens_today")
     if not isinstance(daily, int) or not isinstance(spent, int) or spent < daily:
-        return
+        return None
     try:
         budget = persona_budget(fleet.registry.home(name), fleet.settings)
     except (SoulfleetError, OSError):
+        return None
+    return {
+        "spent": spent,
+        "daily_tokens": daily,
+        "on_exceed": budget.on_exceed,
+        "skips": "every_turn" if budget.on_exceed == "stop" else "heartbeats_and_dreams",
+        "until": next_reset(budget, fleet.clock.time()),
+    }
+
+
+def _echo_budget(used_up: Mapping[str, Any] | None) -> None:
+    if used_up is None:
         return
-    stops = budget.on_exceed == "stop"
     doing = (
         "every turn is refused, posts at the door"
-        if stops
+        if used_up["skips"] == "every_turn"
         else "heartbeats and dreams are skipped, conversations still run"
     )
     click.echo(
-        f"budget: used up today ({spent:,} of {daily:,} tokens, on_exceed={budget.on_exceed}): "
-        f"{doing}, until {next_reset(budget, fleet.clock.time())} (raise [budget] daily_tokens "
-        "in persona.toml, or SOULFLEET_DAILY_TOKENS, to go on today)"
+        f"budget: used up today ({used_up['spent']:,} of {used_up['daily_tokens']:,} tokens, "
+        f"on_exceed={used_up['on_exceed']}): {doing}, until {used_up['until']} (raise [budget] "
+        "daily_tokens in persona.toml, or SOULFLEET_DAILY_TOKENS, to go on today)"
     )
 
 

@@ -266,9 +266,15 @@ class Reporter:
         if repeated:
             shown = ", ".join(f"E{number} x{count}" for number, count in repeated[:5])
             errors = f" | errors {shown}" + (" ..." if len(repeated) > 5 else "")
+        # Lanes waiting out a retry or an open breaker are neither idle nor busy: said when any.
+        waiting = "".join(
+            f", {counts[key]} {word}"
+            for key, word in (("retry", "retrying"), ("deferred", "deferred"))
+            if counts.get(key)
+        )
         self.line(
             "status",
-            f"{who}lanes {idle} idle, {queued} queued, {running} running, {dead} dead"
+            f"{who}lanes {idle} idle, {queued} queued, {running} running, {dead} dead{waiting}"
             f" | beats {t.surfaced} surfaced, {t.silent} silent"
             f" | turns {t.turns} | memory writes {t.memory_writes}, dream passes {t.dream_passes}"
             f"{errors}",

@@ -129,8 +129,12 @@ class UnknownPersona(FleetError):
 
     retryable = False
 
-    def __init__(self, name: str, root: Path | str, *, outside: bool = False) -> None:
-        """``outside``: ``name`` is a directory that exists, but not under ``root``."""
+    def __init__(
+        self, name: str, root: Path | str, *, outside: bool = False, suggest: bool = False
+    ) -> None:
+        """``outside``: ``name`` is a directory that exists, but not under ``root``.
+        ``suggest``: name a persona directory spelled much like ``name`` (it lists ``root``:
+        for an error a person reads, not one a caller catches)."""
         shown = os.path.abspath(os.path.expanduser(root))  # "personas" alone reads oddly
         root_is = f"the personas root {shown} (SOULFLEET_PERSONAS or --personas)"
         if outside:
@@ -147,7 +151,7 @@ class UnknownPersona(FleetError):
         else:
             problem = (
                 f"no directory {name!r} under {root_is}; each persona is one subdirectory there"
-                + _near_miss(name, root)
+                + (_near_miss(name, root) if suggest else "")
             )
         super().__init__(f"unknown persona {name!r}: {problem}")
         self.name = name

@@ -148,6 +148,7 @@ class Fleet(FleetReports):
         reply: bool = False,
         trusted: bool = False,
         new_session: bool = False,
+        on_posted: Callable[[PostOutcome], None] | None = None,
     ) -> PostOutcome:
         """Put ``text`` in the persona's inbox; with ``wake``, queue a turn if it is idle.
 
@@ -157,7 +158,9 @@ class Fleet(FleetReports):
         that came from outside, whatever address it claims.
 
         ``new_session`` ends the persona's session first (:meth:`reset_session`), so the turn
-        that reads ``text`` starts a new one.
+        that reads ``text`` starts a new one. ``on_posted(outcome)`` runs the moment the item
+        is in the inbox, before its turn is published (a caller interrupted after it knows the
+        item is kept: posting it again would be a duplicate).
 
         Raises :class:`~workers.fleet.errors.UnknownPersona`,
         :class:`~workers.fleet.errors.InboxFull`
@@ -181,6 +184,8 @@ class Fleet(FleetReports):
             trusted=trusted,
         )
         outcome = self.lanes.post(name, item, wake=wake)
+        if on_posted is not None:
+            on_posted(outcome)
         if outcome.turn_id is not None and outcome.turn_kind is not None:
             try:
                 self.publisher.publish(name, outcome.turn_id, outcome.turn_kind)
@@ -262,9 +267,8 @@ class Fleet(FleetReports):
             reply=True,
             new_session=new_session,
             trusted=trusted,
+            on_posted=on_posted,
         )
-        if on_posted is not None:
-            on_posted(outcome)
         started = time.monotonic()
         deadline = started + timeout
         name = outcome.lane

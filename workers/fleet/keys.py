@@ -176,10 +176,17 @@ class Keys:
         return f"{self.prefix}registry:root"
 
     @property
-    def registry_spend(self) -> str:
-        """JSON of the fleet's spend settings as beat reads them (its daily budget): the CLI
-        shows and checks budgets by them, not by its own shell's environment."""
+    def registry_settings(self) -> str:
+        """JSON of the fleet's door settings as beat reads them (daily budget, inbox limits):
+        the CLI shows and checks by them, not by its own shell's environment. (Named for what
+        it first held: a CLI and a beat of different versions still meet on it.)"""
         return f"{self.prefix}registry:spend"
+
+    @property
+    def inbox_rejects(self) -> str:
+        """Posts refused by a full inbox, fleet-wide (INCR): beat exports it, since the process
+        that posted (a CLI, a host app) is seldom one Prometheus scrapes."""
+        return f"{self.prefix}stats:inbox_rejects"
 
     @property
     def last_sweep(self) -> str:

@@ -159,8 +159,9 @@ class FleetReports:
         pipe.info("memory")
         pipe.zcard(self.keys.retry)
         pipe.zrangebyscore(self.keys.gate, now_ms, "+inf")
+        pipe.get(self.keys.inbox_rejects)
         (queued, running, dead, stuck_running, stuck_queued, registered, memory, retry,
-         slots) = self._call(pipe.execute)  # fmt: skip
+         slots, rejects) = self._call(pipe.execute)  # fmt: skip
         calls = in_flight(slots)
         oldest = calls[0].started if calls else None
         breakers = self.breaker.states()
@@ -184,6 +185,7 @@ class FleetReports:
             # A provider that accepts calls and never answers shows here first: every turn
             # just "running" until its model timeout, the breaker counting nothing yet.
             "model_call_oldest": 0 if oldest is None else max(0, int(now_ms / 1000 - oldest)),
+            "inbox_rejects": int(rejects or 0),
         }
 
     def model_calls(self, lanes: Sequence[str]) -> list[InFlight]:

@@ -12,8 +12,7 @@ the dreamer lane's last pass).
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Literal
@@ -43,8 +42,6 @@ __all__ = [
     "next_reset",
     "persona_budget",
     "persona_models",
-    "spend_record",
-    "with_fleet_spend",
 ]
 
 #: Lane-hash field: ms when the dreamer lane's newest pass that called its model ended.
@@ -98,29 +95,6 @@ def persona_models(home: Path, settings: Settings) -> dict[str, str]:
         spec = kind_model(config, kind, settings)
         models[label] = fallback if spec == "inherit" else spec
     return models
-
-
-def spend_record(settings: Settings) -> str:
-    """The fleet's spend settings as beat records them (:attr:`Keys.registry_spend`)."""
-    return json.dumps({"daily_tokens": settings.daily_tokens})
-
-
-def with_fleet_spend(settings: Settings, raw: str | None) -> Settings:
-    """``settings`` with the daily budget beat recorded (``raw``, :func:`spend_record`) in
-    place of this process's own: a CLI shell without the fleet's SOULFLEET_DAILY_TOKENS showed
-    no budget, or one the fleet does not have. ``settings`` as they are when nothing (readable)
-    was recorded. Models are not taken over: a command checks a persona's model with its own
-    configuration (a scripted path or a key the workers' machine has would refuse posts)."""
-    try:
-        record = json.loads(raw) if raw else None
-    except ValueError:
-        return settings
-    if not isinstance(record, dict) or "daily_tokens" not in record:
-        return settings
-    daily = record["daily_tokens"]
-    if daily is not None and (not isinstance(daily, int) or isinstance(daily, bool) or daily < 0):
-        return settings
-    return replace(settings, daily_tokens=daily)
 
 
 def kind_model(persona: AgentDef | PersonaConfig, kind: str, settings: Settings) -> str:

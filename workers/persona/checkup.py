@@ -90,27 +90,22 @@ KNOWN_NAMES: tuple[str, ...] = (*BOOTSTRAP_ORDER, "HEARTBEAT.md", MANIFEST_NAME,
 
 def misnamed_file_warnings(agent: AgentDef) -> list[str]:
     """Warnings for files a person meant as persona files but named otherwise (``soul.md``,
-    ``Heartbeat.md``): nothing reads them, and nothing else would say so. A persona with a
-    heartbeat schedule and no HEARTBEAT.md is named too: each of its beats is skipped."""
+    ``heartbeat.md``: a heartbeat then skips every beat, as with no HEARTBEAT.md): nothing
+    reads them, and nothing else would say so. On a case-insensitive filesystem such a name is
+    read, and is no warning."""
     try:
-        present = set(os.listdir(agent.home))
+        present = sorted(os.listdir(agent.home))
     except OSError:
         return []
     known = {name.lower(): name for name in KNOWN_NAMES}
-    warnings = [
+    return [
         f"persona {agent.name}: {name} is not read, names are case-sensitive: rename it to "
         f"{known[name.lower()]}"
-        for name in sorted(present)
+        for name in present
         if name.lower() in known
         and name != known[name.lower()]
-        and known[name.lower()] not in present
+        and not os.path.exists(os.path.join(agent.home, known[name.lower()]))
     ]
-    if agent.kind == "persona" and agent.heartbeat is not None and "HEARTBEAT.md" not in present:
-        warnings.append(
-            f"persona {agent.name} has a [heartbeat] schedule but no HEARTBEAT.md: every beat "
-            "is skipped without a model call; write what is due in HEARTBEAT.md"
-        )
-    return warnings
 
 
 def check_persona(

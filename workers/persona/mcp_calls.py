@@ -12,11 +12,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CallOutcome", "McpToolInfo", "McpUnavailable"]
+__all__ = ["STDERR_SAID", "CallOutcome", "McpToolInfo", "McpUnavailable", "for_the_model"]
+
+#: How a start failure quotes the server's last stderr line: for the operator (logs,
+#: ``soulfleet tools``), cut from what the model is told (:func:`for_the_model`).
+STDERR_SAID = " (its stderr said last: "
 
 
 class McpUnavailable(Exception):
     """The server could not be started or reached; the message says why."""
+
+
+def for_the_model(reason: str) -> str:
+    """``reason`` without what the server printed: that may hold what no masking knows to
+    hide, and the model (and its provider) need only know the server is unavailable."""
+    return reason.split(STDERR_SAID, 1)[0]
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ import structlog
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
-from workers.persona.mcp_calls import CallOutcome, McpToolInfo, McpUnavailable
+from workers.persona.mcp_calls import CallOutcome, McpToolInfo, McpUnavailable, for_the_model
 from workers.persona.mcp_transport import Watched, open_transport
 from workers.persona.tool_config import McpServer
 
@@ -232,8 +232,9 @@ class McpConnection:
         try:
             session = await self._ensure(budget, timeout)
         except McpUnavailable as exc:
+            reason = for_the_model(str(exc))
             return CallOutcome(
-                f"error: MCP server {self.label!r} is unavailable: {exc}. The tool was not run; "
+                f"error: MCP server {self.label!r} is unavailable: {reason}. The tool was not run; "
                 "try again later or do without it.",
                 True,
                 "unavailable",

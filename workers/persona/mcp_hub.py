@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 import structlog
 
-from workers.persona.mcp_calls import CallOutcome, McpToolInfo, McpUnavailable
+from workers.persona.mcp_calls import CallOutcome, McpToolInfo, McpUnavailable, for_the_model
 from workers.persona.tool_config import McpServer
 from workers.persona.waits import waiting
 
@@ -157,8 +157,9 @@ class McpHub:
                 connection.call(tool, arguments, timeout=timeout, budget=self.start_timeout),
                 timeout + _GRACE,
             )
-        except McpUnavailable as exc:
-            return CallOutcome(f"error: {tool!r} was not run: {exc}", True, "unavailable")
+        except McpUnavailable as exc:  # what the server printed stays out of the model's text
+            reason = for_the_model(str(exc))
+            return CallOutcome(f"error: {tool!r} was not run: {reason}", True, "unavailable")
 
     def starts(self, server: McpServer) -> int:
         """How many times this process started ``server`` (for tests and ``soulfleet tools``)."""

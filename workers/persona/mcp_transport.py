@@ -25,7 +25,7 @@ import httpx2
 from mcp import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from workers.persona.mcp_calls import McpUnavailable
+from workers.persona.mcp_calls import STDERR_SAID, McpUnavailable
 from workers.persona.mcp_stderr import StderrRelay, secrets_for
 from workers.persona.tool_config import McpServer
 
@@ -103,12 +103,13 @@ async def open_transport(server: McpServer, errlog: TextIO) -> AsyncIterator[tup
             # stderr moves on (off the loop, which serves every other session meanwhile).
             await asyncio.to_thread(relay.join, 2.0)
         if failed is not None:
-            if not relay.last_line or isinstance(failed, McpUnavailable):
+            if not relay.last_line or isinstance(_leaf(failed), McpUnavailable):
                 raise failed
             # "Connection closed" alone does not say why a server died: what it said last does
-            # (a traceback's last line, a usage error), masked like every line it writes.
+            # (a traceback's last line, a usage error), masked like every line it writes. For
+            # the operator (logs, `soulfleet tools`): the model is told without it.
             raise McpUnavailable(
-                f"{_described(failed)} (its stderr said last: {relay.last_line!r})"
+                f"{_described(failed)}{STDERR_SAID}{relay.last_line!r})"
             ) from failed
         return
     headers = {name: expand(value) for name, value in server.headers}
@@ -121,9 +122,15 @@ async def open_transport(server: McpServer, errlog: TextIO) -> AsyncIterator[tup
         yield streams
 
 
+def _leaf(exc: BaseException) -> BaseException:
+    """The one exception an anyio group wraps (the SDK's task groups wrap what they raise)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
 def _described(exc: BaseException) -> str:
-    if isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        return _described(exc.exceptions[0])
+    exc = _leaf(exc)
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

@@ -24,7 +24,8 @@ class TurnReport:
 class TurnFailed(Exception):
     """A turn that failed, raised by the Celery task AFTER the lane recorded the failure.
 
-    The message is ``<lane>: <ErrorType>: <message> (<what happens next>)``.
+    The message is ``<lane>: <the error as the lane records it> (<what happens next>)``, e.g.
+    ``fo01: model call failed (ModelUnreachable): … (the lane retries it)``.
     """
 
     @classmethod

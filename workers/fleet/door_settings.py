@@ -1,0 +1,56 @@
+"""The fleet's door settings as beat records them, and as a CLI process takes them over.
+
+A shell running ``soulfleet post`` or ``status`` reads its own environment, which need not be
+the fleet's: without the fleet's SOULFLEET_DAILY_TOKENS it showed no budget (or one the fleet
+does not have), and with a larger SOULFLEET_INBOX_MAX than the fleet's it filled an inbox past
+the fleet's limit. beat records what its processes read (:attr:`Keys.registry_settings`, each
+registry sync) and the CLI's fleet applies it (:func:`with_fleet_settings`). Models are not
+taken over: a command checks a persona's model with its own configuration (a scripted path or
+a key the workers' machine has would refuse posts).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+from workers.settings import Settings
+
+__all__ = ["fleet_settings_record", "with_fleet_settings"]
+
+
+def fleet_settings_record(settings: Settings) -> str:
+    """What beat records (:attr:`Keys.registry_settings`): its daily budget and inbox limits."""
+    return json.dumps(
+        {
+            "daily_tokens": settings.daily_tokens,
+            "inbox_max": settings.inbox_max,
+            "item_max_bytes": settings.item_max_bytes,
+        }
+    )
+
+
+def _count(value: Any, *, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def with_fleet_settings(settings: Settings, raw: str | None) -> Settings:
+    """``settings`` with what beat recorded (``raw``, :func:`fleet_settings_record`) in place
+    of this process's own; each field taken only when present and valid (a record from an
+    older beat holds only the budget), ``settings`` as they are when nothing readable was."""
+    try:
+        record = json.loads(raw) if raw else None
+    except ValueError:
+        return settings
+    if not isinstance(record, dict):
+        return settings
+    changes: dict[str, Any] = {}
+    if "daily_tokens" in record:
+        daily = record["daily_tokens"]
+        if daily is None or _count(daily, least=0):
+            changes["daily_tokens"] = daily
+    for name in ("inbox_max", "item_max_bytes"):
+        if _count(record.get(name), least=1):
+            changes[name] = record[name]
+    return replace(settings, **changes) if changes else settings
