@@ -36,7 +36,14 @@ from beat.schedule import ScheduleSpec, to_ms
 from workers.fleet.keys import Keys, schedule_member, split_schedule_member
 from workers.fleet.registry import PersonaRegistry
 
-__all__ = ["LOSS_KEPT", "EntryChanges", "PersonaEntries", "ScheduleEntries", "members_of"]
+__all__ = [
+    "LOSS_KEPT",
+    "SETTINGS_RECORD_TTL",
+    "EntryChanges",
+    "PersonaEntries",
+    "ScheduleEntries",
+    "members_of",
+]
 
 _log = structlog.get_logger("soulfleet.beat")
 
@@ -44,6 +51,8 @@ _log = structlog.get_logger("soulfleet.beat")
 CHUNK = 1000
 #: Seconds a loss of Redis's data stays recorded for ``soulfleet status``.
 LOSS_KEPT = 24 * 3600
+#: Seconds the fleet's door settings stay recorded after beat's last registry sync.
+SETTINGS_RECORD_TTL = 24 * 3600
 
 
 def members_of(name: str) -> tuple[str, str]:
@@ -143,7 +152,8 @@ class ScheduleEntries:
         """Record the lane count, the root and ``spend`` (:attr:`Keys.registry_settings`)."""
         pipe = self._client.pipeline(transaction=False)
         pipe.set(self._keys.registry_lanes, lanes)
-        pipe.set(self._keys.registry_settings, spend)
+        # Kept a day: a fleet whose beat is gone stops speaking for the shells that read it.
+        pipe.set(self._keys.registry_settings, spend, ex=SETTINGS_RECORD_TTL)
         # The CLI compares `--personas` with the root the fleet really serves.
         pipe.set(self._keys.registry_root, str(self._root.expanduser().resolve()))
         pipe.execute()

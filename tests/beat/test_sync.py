@@ -12,7 +12,7 @@ from pathlib import Path
 import redis
 from prometheus_client import REGISTRY
 
-from beat.entries import LOSS_KEPT
+from beat.entries import LOSS_KEPT, SETTINGS_RECORD_TTL
 from beat.schedule import ScheduleSpec, to_ms
 from beat.sync import RegistrySync, SyncReport
 from tests.beat.conftest import Events
@@ -106,6 +106,19 @@ def test_sync_adds_heartbeat_and_dream_entries(
     assert registry_record(redis_client, fleet, "ava")["error"] == ""
     assert registry_record(redis_client, fleet, "bob")["path"] == str(persona_root / "bob")
     assert redis_client.get(fleet.keys.registry_lanes) == "3"  # ava, ava-dreamer, bob
+
+
+def test_the_fleets_door_settings_are_recorded_for_a_day_after_each_sync(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """Each sync records the budget and inbox limits beat reads (what a `soulfleet` shell then
+    keeps to), kept a day: a fleet whose beat is gone stops speaking for the shells."""
+    write_persona(persona_root, "ava", None)
+    make_sync(fleet).run()
+    record = json.loads(str(redis_client.get(fleet.keys.registry_settings)))
+    assert record["inbox_max"] == fleet.settings.inbox_max
+    assert record["item_max_bytes"] == fleet.settings.item_max_bytes
+    assert 0 < redis_client.ttl(fleet.keys.registry_settings) <= SETTINGS_RECORD_TTL
 
 
 def test_a_new_entry_gets_its_phase_offset_first_due(

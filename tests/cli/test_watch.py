@@ -146,6 +146,9 @@ def test_the_status_line_counts_lanes_waiting_out_a_retry_or_a_breaker() -> None
     assert "lanes 20 idle, 1 queued, 0 running, 0 dead, 2 retrying, 5 deferred | beats" in lines[-1]
     reporter.status({"queued": 0, "running": 0, "dead": 0, "idle": 28}, 0)
     assert "lanes 28 idle, 0 queued, 0 running, 0 dead | beats" in lines[-1]
+    # Before beat's first sync (no idle count): the waiting lanes are not counted idle too.
+    reporter.status({"queued": 1, "running": 0, "dead": 0, "retry": 2, "deferred": 5}, 28)
+    assert "lanes 20 idle, 1 queued, 0 running, 0 dead, 2 retrying, 5 deferred" in lines[-1]
 
 
 def test_log_tail_at_end_skips_what_a_previous_run_wrote(tmp_path: Path) -> None:

@@ -7,7 +7,10 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.support.beat import fleet_for, settings_for, write_persona
+from workers.fleet import Fleet
 from workers.local.redis_server import RedisServer
 
 
@@ -50,3 +53,52 @@ def test_run_rides_out_a_redis_blip_and_gets_its_reply(tmp_path: Path) -> None:
         helper.join(15)
         fleet.client.close()
         server.stop()
+
+
+class _Interrupted:
+    """A publisher interrupted mid-publish, as a Ctrl-C in `soulfleet run` or `post` is."""
+
+    def publish(self, lane: str, turn_id: str, kind: str) -> None:
+        raise KeyboardInterrupt
+
+    def publish_many(self, turns: object) -> None:
+        raise KeyboardInterrupt
+
+
+def test_a_post_interrupted_while_it_publishes_leaves_its_turn_to_the_reapers_next_pass(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The item is in the inbox and its turn queued when the publish is interrupted: the turn
+    is marked unsent, so beat's next reaper pass sends it (it waited the 600 s a lost message
+    waits), and the caller was told, before the publish, that the item is kept."""
+    root = tmp_path / "personas"
+    write_persona(root, "ava")
+    fleet = Fleet.from_settings(settings_for(redis_url, "intr:", root), publisher=_Interrupted())
+    told: list[str] = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            fleet.post("ava", "hello", on_posted=lambda outcome: told.append(outcome.outcome))
+        assert told == ["queued"]
+        assert fleet.client.zscore(fleet.keys.queued, "ava") == 0.0  # unsent: the next pass
+        assert fleet.lanes.status("ava")["inbox_depth"] == 1
+    finally:
+        fleet.client.close()
+
+
+def test_a_reject_count_that_is_not_a_count_costs_no_other_gauge(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """What beat's scrape reads of the reject count: Redis's number, or 0 for a value that is
+    none (every other fleet gauge of that scrape is still there)."""
+    root = tmp_path / "personas"
+    write_persona(root, "ava")
+    fleet = Fleet.from_settings(settings_for(redis_url, "cnt:", root), publisher=_Interrupted())
+    try:
+        fleet.client.set(fleet.keys.inbox_rejects, "7")
+        assert fleet.lane_counts()["inbox_rejects"] == 7
+        fleet.client.set(fleet.keys.inbox_rejects, "garbage")
+        counts = fleet.lane_counts()
+        assert counts["inbox_rejects"] == 0
+        assert counts["queued"] == 0
+    finally:
+        fleet.client.close()

@@ -81,8 +81,8 @@ def post(
         what = f"turn {outcome.turn_id} queued"
     elif outcome.outcome == "dead":
         what = (
-            f"lane is dead-lettered: the item is kept, and no turn reads it until `soulfleet "
-            f"revive {name}` (`soulfleet status {name}` says why it died)"
+            f"lane is dead-lettered: the item is kept (do not post it again), and no turn reads "
+            f"it until `soulfleet revive {name}` (`soulfleet status {name}` says why it died)"
         )
     else:
         what = "waiting for the next turn" if wake else "not woken (--no-wake)"

@@ -256,7 +256,8 @@ class Reporter:
         """The status line. ``counts["idle"]``, when given, is the live count (beat's registry);
         else idle is ``total_lanes`` less the busy ones."""
         queued, running, dead = (counts.get(k, 0) for k in ("queued", "running", "dead"))
-        idle = counts.get("idle", max(0, total_lanes - queued - running - dead))
+        busy = queued + running + dead + counts.get("retry", 0) + counts.get("deferred", 0)
+        idle = counts.get("idle", max(0, total_lanes - busy))
         t = self.tally
         who = ""
         if personas is not None:

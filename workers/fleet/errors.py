@@ -92,7 +92,8 @@ class InboxFull(FleetError):
         super().__init__(
             f"inbox of lane {lane!r} is full ({limit} items waiting): the item was NOT "
             "accepted and nothing was dropped; retry after the persona's next turn drains it "
-            "(or raise SOULFLEET_INBOX_MAX)"
+            "(or raise SOULFLEET_INBOX_MAX where the fleet runs: beat records the fleet's, and a "
+            "`soulfleet` command keeps to that, whatever its own shell says)"
         )
         self.lane = lane
         self.limit = limit
@@ -106,7 +107,7 @@ class ItemTooLarge(FleetError):
     def __init__(self, lane: str, size: int, limit: int) -> None:
         super().__init__(
             f"inbox item for lane {lane!r} is {size} bytes, over the {limit}-byte limit "
-            "(SOULFLEET_ITEM_MAX_BYTES): it was NOT accepted; send a smaller item"
+            "(SOULFLEET_ITEM_MAX_BYTES, the fleet's): it was NOT accepted; send a smaller item"
         )
         self.lane = lane
         self.size = size

@@ -18,6 +18,7 @@ What the fleet reports (status, session, usage, lane counts) is :mod:`workers.fl
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -194,6 +195,12 @@ class Fleet(FleetReports):
                 # to post again (a duplicate). The reaper's next pass sends the wake-up.
                 marked = self.lanes.unsent([(name, outcome.turn_id)], str(exc))
                 return replace(outcome, unsent=str(exc), resend_soon=marked == 1)
+            except BaseException:
+                # Interrupted mid-publish (Ctrl-C, a caller's exception): the turn is queued
+                # and maybe unsent; the reaper's next pass sends it, not its 600 s wait.
+                with contextlib.suppress(Exception):
+                    self.lanes.unsent([(name, outcome.turn_id)], "publish interrupted")
+                raise
         return outcome
 
     def send(self, turns: Sequence[tuple[str, str, str]]) -> None:

@@ -185,7 +185,7 @@ class FleetReports:
             # A provider that accepts calls and never answers shows here first: every turn
             # just "running" until its model timeout, the breaker counting nothing yet.
             "model_call_oldest": 0 if oldest is None else max(0, int(now_ms / 1000 - oldest)),
-            "inbox_rejects": int(rejects or 0),
+            "inbox_rejects": _count(rejects),
         }
 
     def model_calls(self, lanes: Sequence[str]) -> list[InFlight]:
@@ -217,3 +217,12 @@ class FleetReports:
             return fn()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise RedisUnavailable(redact_url(self.settings.redis_url), str(exc)) from exc
+
+
+def _count(raw: object) -> int:
+    """A counter's value as Redis holds it; 0 for none, or for one that is not a count (a
+    scrape must show every other gauge whatever one key holds)."""
+    try:
+        return max(0, int(raw)) if isinstance(raw, (str, bytes, int)) else 0
+    except ValueError:
+        return 0

@@ -8,6 +8,7 @@ loads only when a process first starts a server.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,10 +24,14 @@ class McpUnavailable(Exception):
     """The server could not be started or reached; the message says why."""
 
 
+_QUOTED = re.compile(re.escape(STDERR_SAID) + r"""(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")\)""")
+
+
 def for_the_model(reason: str) -> str:
-    """``reason`` without what the server printed: that may hold what no masking knows to
-    hide, and the model (and its provider) need only know the server is unavailable."""
-    return reason.split(STDERR_SAID, 1)[0]
+    """``reason`` without what the server printed (the rest, such as when it starts again,
+    stays): that may hold what no masking knows to hide, and the model (and its provider)
+    need only know the server is unavailable."""
+    return _QUOTED.sub("", reason)
 
 
 @dataclass(frozen=True, slots=True)
