@@ -111,8 +111,10 @@ def test_reporter_beats_errors_and_status_line() -> None:
 
 
 def test_each_distinct_error_is_printed_once_and_counted() -> None:
-    """Five failed attempts of one turn error are one numbered line; the status line carries
-    the count; a different error gets its own number; a dead-letter is its own error."""
+    """Five failed attempts of one turn error are one numbered line, and the same error on
+    another lane (a provider outage failing many lanes) is that one error too: the status line
+    carries the count and the lanes it hit (it numbered each lane's anew, E1..E12 for one
+    outage); a different error gets its own number; a dead-letter is its own error."""
     reporter, lines = _reporter()
     failed = {
         "event": "turn.end",
@@ -122,6 +124,7 @@ def test_each_distinct_error_is_printed_once_and_counted() -> None:
     }
     reporter.events([failed] * 5)
     reporter.event({**failed, "lane": "milo"})
+    reporter.event({**failed, "error": "ModelUnreachable: y"})
     reporter.event(
         {"event": "turn.dead_lettered", "lane": "nora", "error": "PersonaConfigError: x"}
     )
@@ -129,10 +132,12 @@ def test_each_distinct_error_is_printed_once_and_counted() -> None:
     errors = [line for line in lines if line.split()[1] == "error"]
     assert [line.split()[2] for line in errors] == ["[E1]", "[E2]", "[E3]"]
     assert "nora: turn error: PersonaConfigError: x" in errors[0]
+    assert "nora: turn error: ModelUnreachable: y" in errors[1]
     assert "lane nora dead-lettered" in errors[2]
     assert lines[-1].split(maxsplit=2)[2] == (
         "personas 4 (1 invalid) | lanes 6 idle, 0 queued, 0 running, 1 dead"
-        " | beats 0 surfaced, 0 silent | turns 6 | memory writes 0, dream passes 0 | errors E1 x5"
+        " | beats 0 surfaced, 0 silent | turns 7 | memory writes 0, dream passes 0"
+        " | errors E1 x6 on 2 lanes"
     )
 
 

@@ -124,11 +124,16 @@ class Reporter:
         self.tally = Tally()
         #: distinct error -> [its number (E1, E2 …), how many times it happened]
         self._errors: dict[tuple[str, ...], list[int]] = {}
+        #: distinct error -> the lanes it happened on (one outage is one error, not one a lane)
+        self._error_lanes: dict[tuple[str, ...], set[str]] = {}
         self._dead_turns: set[tuple[str, str]] = set()
 
-    def error(self, key: tuple[str, ...], text: str) -> None:
-        """Print a distinct error once (numbered); count every repeat for the status line."""
+    def error(self, key: tuple[str, ...], text: str, lane: str = "") -> None:
+        """Print a distinct error once (numbered); count every repeat, and the lanes it hit,
+        for the status line."""
         self.tally.errors += 1
+        if lane:
+            self._error_lanes.setdefault(key, set()).add(lane)
         seen = self._errors.get(key)
         if seen is not None:
             seen[1] += 1
@@ -137,10 +142,14 @@ class Reporter:
         self._errors[key] = [number, 1]
         self.line("error", f"[E{number}] {text}")
 
-    def repeated_errors(self) -> list[tuple[int, int]]:
-        """``(number, count)`` of each error seen more than once, most frequent first."""
-        repeated = [(n, c) for n, c in self._errors.values() if c > 1]
-        return sorted(repeated, key=lambda pair: (-pair[1], pair[0]))
+    def repeated_errors(self) -> list[tuple[int, int, int]]:
+        """``(number, count, lanes)`` of each error seen more than once, most frequent first."""
+        repeated = [
+            (n, c, len(self._error_lanes.get(key, ())))
+            for key, (n, c) in self._errors.items()
+            if c > 1
+        ]
+        return sorted(repeated, key=lambda row: (-row[1], row[0]))
 
     def line(self, tag: str, text: str, when: float | None = None) -> None:
         self.echo(f"{_stamp(when)} {tag:<7} {text}")
@@ -233,7 +242,9 @@ class Reporter:
             return
         if status not in ("done", "incomplete"):
             error = _short(event.get("error", ""))
-            self.error(("turn", lane, str(status), error), f"{lane}: turn {status}: {error}")
+            # Keyed without the lane: a provider outage failing 200 lanes is one error, shown
+            # once with the first lane it hit; the status line counts the lanes.
+            self.error(("turn", str(status), error), f"{lane}: turn {status}: {error}", lane)
             return
         heartbeat = not lane.endswith(DREAMER_SUFFIX) and int(event.get("ticks") or 0) > 0
         if heartbeat and event.get("silent"):
@@ -265,7 +276,10 @@ class Reporter:
         repeated = self.repeated_errors()
         errors = ""
         if repeated:
-            shown = ", ".join(f"E{number} x{count}" for number, count in repeated[:5])
+            shown = ", ".join(
+                f"E{number} x{count}" + (f" on {lanes} lanes" if lanes > 1 else "")
+                for number, count, lanes in repeated[:5]
+            )
             errors = f" | errors {shown}" + (" ..." if len(repeated) > 5 else "")
         # Lanes waiting out a retry or an open breaker are neither idle nor busy: said when any.
         waiting = "".join(
