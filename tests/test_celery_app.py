@@ -100,6 +100,42 @@ def test_a_worker_above_its_pools_limit_is_refused_at_start(tmp_path: Path) -> N
     assert "threads pool at concurrency 1001 is above its limit of 1000" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("argv", "asked"),
+    [
+        (["celery", "-A", "workers", "worker", "-P", "prefork", "-c", "2"], "prefork"),
+        (["celery", "worker", "--pool=prefork"], "prefork"),
+        (["celery", "worker", "--pool", "gevent"], "gevent"),
+        (["celery", "worker", "-Psolo"], "solo"),
+        (["celery", "-A", "workers", "worker", "-c", "8"], None),
+    ],
+)
+def test_the_pool_a_command_line_asks_for_is_read(argv: list[str], asked: str | None) -> None:
+    """Every way Celery's command line names a pool is read (`-P prefork` must win over the
+    configured threads pool: Celery cannot tell it from its own default)."""
+    from workers.celery import pool_asked  # noqa: PLC0415
+
+    assert pool_asked(argv) == asked
+
+
+@pytest.mark.integration
+def test_a_prefork_worker_asked_for_on_the_command_line_is_prefork_and_checked(
+    tmp_path: Path,
+) -> None:
+    """`-P prefork` with SOULFLEET_WORKER_POOL unset: Celery took the configured threads pool
+    instead, without a word (so the prefork limit was never checked either). Now it is the
+    prefork pool: above its per-core limit it is refused at start, with the reason."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SOULFLEET_", "CELERY_"))}
+    env.update(REDIS_URL="redis://127.0.0.1:1/0", SOULFLEET_PERSONAS=str(tmp_path))
+    argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-P", "prefork",
+            "-c", "100000", "--without-mingle", "--without-gossip"]  # fmt: skip
+    done = subprocess.run(argv, env=env, cwd=str(REPO), capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+    assert done.returncode != 0
+    assert "refused to start" in done.stderr
+    assert "prefork pool at concurrency 100000 is above its limit" in done.stderr
+
+
 @pytest.mark.integration
 def test_a_worker_asked_for_a_queue_no_turn_is_sent_to_is_refused_at_start(
     tmp_path: Path,

@@ -51,8 +51,26 @@ def _settings_or_exit() -> Settings:
         raise SystemExit(2) from None
 
 
+def pool_asked(argv: list[str]) -> str | None:
+    """The pool a ``celery worker`` command line names (``-P X``, ``-PX``, ``--pool X``,
+    ``--pool=X``), or None."""
+    for index, arg in enumerate(argv):
+        if arg in ("-P", "--pool") and index + 1 < len(argv):
+            return argv[index + 1]
+        if arg.startswith("--pool="):
+            return arg.removeprefix("--pool=")
+        if arg.startswith("-P") and len(arg) > 2:
+            return arg[2:]
+    return None
+
+
 settings = _settings_or_exit()
 app = make_app(settings)
+if pool_asked(sys.argv) == "prefork" and settings.worker_pool != "prefork":
+    # Celery cannot tell `-P prefork` from its own default and then takes the configured pool
+    # (threads, unless SOULFLEET_WORKER_POOL says otherwise): a worker asked for prefork ran
+    # threads without a word. What the command line asks for wins, as for every other pool.
+    app.conf.worker_pool = "prefork"
 runtime.configure(settings, app)
 
 
@@ -76,7 +94,9 @@ def _celeryd_init(conf: Any = None, options: Any = None, **_: Any) -> None:
     # -P/-c on the command line override the settings: check and size for what was asked,
     # before the worker opens a single broker connection.
     options = options or {}
-    pool = pool_name(options.get("pool_cls")) or settings.worker_pool
+    # Celery's command line hands the pool over as "pool" (a class); "pool_cls" is the
+    # programmatic name. Reading only the latter checked every worker as the settings' pool.
+    pool = pool_name(options.get("pool_cls") or options.get("pool")) or settings.worker_pool
     concurrency = int(options.get("concurrency") or settings.worker_concurrency)
     refused = refusal(pool, concurrency) or unknown_queues(
         settings.queue_prefix, options.get("queues")

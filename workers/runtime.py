@@ -113,6 +113,17 @@ def start_worker_services(
     built.baton.enable(baton)
     set_wait_hook(built.baton.released if baton else None)
     _log.info("worker.ready", pool=pool, concurrency=concurrency, baton=baton)
+    if pool == "prefork" and settings.metrics_port:
+        # Turns run (and count themselves) in the pool's child processes; this endpoint is the
+        # parent's. Said at start, or a dashboard of zeros reads as an idle fleet.
+        _log.warning(
+            "metrics.prefork_blind",
+            port=settings.metrics_port,
+            problem="the prefork pool runs turns in child processes this endpoint does not "
+            "see: turns, model calls, tokens and tool calls stay 0 here, and the alerts on "
+            "them cannot fire",
+            hint="run the worker with the threads pool (the default) where its metrics matter",
+        )
 
 
 def stop_worker_services() -> None:

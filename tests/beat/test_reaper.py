@@ -72,6 +72,28 @@ def test_a_lane_whose_worker_died_mid_turn_is_requeued(
     assert fleet.lanes.status("ava")["state"] == "queued"
 
 
+def test_the_reap_of_a_probing_lane_frees_its_providers_probe(
+    fleet: Fleet, clock: VirtualClock, redis_client: redis.Redis
+) -> None:
+    """The breaker's probe ran on a lane whose worker died: reaping that lane frees the probe
+    slot, so the provider's deferred lanes are probed for again within a probe interval (they
+    waited out the whole probe ttl, 20 minutes at the defaults, the provider long well)."""
+    breaker = fleet.breaker
+    for _ in range(breaker.min_calls):
+        breaker.record("openai", ok=False, error="500")
+    clock.advance(breaker.probe_interval + 1)
+    [queued] = fleet.tick_lanes([("ava", "heartbeat")])
+    assert queued.turn_id is not None
+    fleet.lanes.start("ava", queued.turn_id, "dead-worker")
+    assert breaker.allow("openai", "ava") == "probe"
+    assert breaker.look("openai") == "paused"
+    clock.advance(fleet.settings.lease_ttl + 1)
+    assert redis_client.delete(fleet.keys.lease("ava")) == 1
+    [repair] = Reaper(fleet).run().repairs
+    assert repair.reason == "lease_expired"
+    assert breaker.look("openai") == "probe_due"
+
+
 def test_a_healthy_fleet_needs_no_repairs(
     fleet: Fleet, clock: VirtualClock, publisher: RecordingPublisher, events: Events
 ) -> None:

@@ -78,6 +78,26 @@ def test_while_open_one_probe_per_interval_and_a_success_closes_it(
     )
 
 
+def test_a_probe_whose_worker_died_frees_its_slot_when_its_lane_is_reaped(
+    breaker: Breaker, clock: VirtualClock
+) -> None:
+    """The probe's worker dies mid-call (SIGKILL): its slot was held for the whole probe ttl
+    (20 minutes at the defaults), every deferred lane of the provider waiting that long after
+    the provider recovered. The reap of its lane frees it: the next probe goes at once. A
+    reap of another lane frees nothing."""
+    for _ in range(4):
+        breaker.record("openai", ok=False, error="500")
+    clock.advance(10)
+    assert breaker.allow("openai", "p16") == "probe"
+    clock.advance(30)  # within the probe ttl (60 s here)
+    assert breaker.allow("openai", "p05") == "open"  # p16's probe holds the slot
+    assert breaker.release_probes(["p01", "p05"]) == []
+    assert breaker.allow("openai", "p05") == "open"
+    assert breaker.release_probes(["p16"]) == ["openai"]
+    assert breaker.allow("openai", "p05") == "probe"
+    assert breaker.release_probes(["p16"]) == []  # p05 probes now; p16 holds nothing
+
+
 class _Failing:
     spec = "openai:fake"
 

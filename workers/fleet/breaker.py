@@ -22,6 +22,7 @@ queue. The scripted (offline) model has no breaker.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -108,13 +109,14 @@ class Breaker:
     def _now_ms(self) -> int:
         return int(self.clock.time() * 1000)
 
-    def allow(self, provider: str) -> Verdict:
-        """``closed`` (call), ``probe`` (call: you are the probe) or ``open`` (do not call)."""
+    def allow(self, provider: str, lane: str = "") -> Verdict:
+        """``closed`` (call), ``probe`` (call: you are the probe) or ``open`` (do not call).
+        ``lane``: whose call it is (a probe's lane, once reaped, frees the probe slot)."""
         with redis_errors(self.client):
             verdict = str(
                 self.scripts.breaker_allow(
                     keys=[self.keys.breaker(provider)],
-                    args=[self._now_ms(), int(self.probe_ttl * 1000)],
+                    args=[self._now_ms(), int(self.probe_ttl * 1000), lane],
                 )
             )
         if verdict == "probe":
@@ -161,6 +163,27 @@ class Breaker:
         probe ttl)."""
         if probe or counts_against_provider(exc):
             self.record(provider, ok=False, error=f"{type(exc).__name__}: {exc}", probe=probe)
+
+    def release_probes(self, lanes: Sequence[str]) -> list[str]:
+        """Free the probe slot of each provider whose probe ran on one of ``lanes`` (reaped:
+        their workers died mid-turn); the providers freed. Without this a dead probe held its
+        provider's deferred lanes for the whole probe ttl (20 minutes at the defaults)."""
+        if not lanes:
+            return []
+        with redis_errors(self.client):
+            providers = sorted(str(p) for p in self.client.smembers(self.keys.breakers))
+        if not providers:
+            return []
+        calls = [
+            ScriptCall(self.scripts.breaker_release, [self.keys.breaker(p)], list(lanes))
+            for p in providers
+        ]
+        replies = run_scripts(self.client, calls)
+        freed = [p for p, reply in zip(providers, replies, strict=True) if reply == 1]
+        for provider in freed:
+            _log.warning("breaker.probe_released", provider=provider,
+                         reason="its lane was reaped: the probe's worker died")  # fmt: skip
+        return freed
 
     def look(self, provider: str) -> Literal["closed", "paused", "probe_due"]:
         """Read-only, one round trip: ``closed`` (``allow`` would say "closed" now, with no

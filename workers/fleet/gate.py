@@ -448,7 +448,7 @@ class GatedModel:
             self._seen_closed = False
             verdict: Verdict = "closed"
         else:
-            verdict = breaker.allow(self.provider)
+            verdict = breaker.allow(self.provider, self.lane)
         if verdict == "open":
             raise ProviderPaused(self.provider)
         try:

@@ -364,6 +364,8 @@ class Fleet(FleetReports):
         """Re-queue stranded lanes (lost messages, dead workers) and publish their turns."""
         repairs = self.lanes.reap(queued_after=self.settings.reap_queued_after)
         self.send([(r.lane, r.turn_id, r.kind) for r in repairs])
+        # A probe whose worker died held its provider's slot for the probe ttl: free it now.
+        self.breaker.release_probes([r.lane for r in repairs if r.reason == "lease_expired"])
         return repairs
 
     def ping(self) -> None:

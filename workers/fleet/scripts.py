@@ -58,6 +58,7 @@ SCRIPT_NAMES: tuple[str, ...] = (
     "defer",
     "breaker_allow",
     "breaker_record",
+    "breaker_release",
     "gate_acquire",
     "gate_renew",
     "gate_release",
@@ -99,6 +100,7 @@ class Scripts:
     defer: Script
     breaker_allow: Script
     breaker_record: Script
+    breaker_release: Script
     gate_acquire: Script
     gate_renew: Script
     gate_release: Script
