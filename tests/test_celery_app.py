@@ -118,6 +118,23 @@ def test_the_pool_a_command_line_asks_for_is_read(argv: list[str], asked: str | 
     assert pool_asked(argv) == asked
 
 
+def test_a_prefork_command_line_gets_preforks_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`-P prefork` with neither SOULFLEET_WORKER_POOL nor SOULFLEET_WORKER_CONCURRENCY set:
+    the worker's settings are prefork's, its concurrency prefork's per-core default (it was
+    the threads default of 200, and the worker refused to start above prefork's limit)."""
+    from workers import celery as worker_app  # noqa: PLC0415
+    from workers.pools import pool_limit  # noqa: PLC0415
+
+    for name in ("SOULFLEET_WORKER_POOL", "SOULFLEET_WORKER_CONCURRENCY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sys, "argv", ["celery", "-A", "workers", "worker", "-P", "prefork"])
+    asked = worker_app._settings_or_exit()
+    assert asked.worker_pool == "prefork"
+    assert 1 <= asked.worker_concurrency <= pool_limit("prefork")
+    monkeypatch.setattr(sys, "argv", ["celery", "-A", "workers", "worker"])
+    assert worker_app._settings_or_exit().worker_pool == "threads"
+
+
 @pytest.mark.integration
 def test_a_prefork_worker_asked_for_on_the_command_line_is_prefork_and_checked(
     tmp_path: Path,

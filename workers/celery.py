@@ -9,6 +9,7 @@ this app and these settings passed in rather than importing them back.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from typing import Any
 
@@ -44,8 +45,15 @@ _EX_CONFIG = 78
 def _settings_or_exit() -> Settings:
     """Settings, or a one-line error naming the variable and exit 2 (no traceback: a typo in the
     environment is bad input, and a worker must never start on it and fail every turn)."""
+    environ = dict(os.environ)
+    if pool_asked(sys.argv) == "prefork":
+        # Celery cannot tell `-P prefork` from its own default and then takes the configured
+        # pool (threads, unless SOULFLEET_WORKER_POOL says otherwise): a worker asked for
+        # prefork ran threads without a word. What the command line asks for wins, as for every
+        # other pool, with prefork's own default concurrency (2 per core) unless one is set.
+        environ["SOULFLEET_WORKER_POOL"] = "prefork"
     try:
-        return Settings.from_env()
+        return Settings.from_env(environ)
     except SettingsError as exc:
         sys.stderr.write(f"soulfleet: error: {exc}\n")
         raise SystemExit(2) from None
@@ -66,11 +74,6 @@ def pool_asked(argv: list[str]) -> str | None:
 
 settings = _settings_or_exit()
 app = make_app(settings)
-if pool_asked(sys.argv) == "prefork" and settings.worker_pool != "prefork":
-    # Celery cannot tell `-P prefork` from its own default and then takes the configured pool
-    # (threads, unless SOULFLEET_WORKER_POOL says otherwise): a worker asked for prefork ran
-    # threads without a word. What the command line asks for wins, as for every other pool.
-    app.conf.worker_pool = "prefork"
 runtime.configure(settings, app)
 
 
@@ -84,6 +87,8 @@ def pool_name(pool: Any) -> str | None:
     """``threads``, ``gevent``, ``prefork`` or ``solo`` for a Celery pool class or instance."""
     if pool is None:
         return None
+    if isinstance(pool, str):  # a programmatic Worker(pool="solo"): the name itself
+        return "threads" if pool in ("thread", "threads") else pool
     cls = pool if isinstance(pool, type) else type(pool)
     module = cls.__module__.rsplit(".", 1)[-1]
     return {"thread": "threads"}.get(module, module)

@@ -120,8 +120,8 @@ def start_worker_services(
             "metrics.prefork_blind",
             port=settings.metrics_port,
             problem="the prefork pool runs turns in child processes this endpoint does not "
-            "see: turns, model calls, tokens and tool calls stay 0 here, and the alerts on "
-            "them cannot fire",
+            "see: turns, model calls, tokens and tool calls stay 0 here, and this worker's "
+            "turns are missing from the alerts and dashboards built on them",
             hint="run the worker with the threads pool (the default) where its metrics matter",
         )
 

@@ -96,6 +96,10 @@ def test_a_probe_whose_worker_died_frees_its_slot_when_its_lane_is_reaped(
     assert breaker.release_probes(["p16"]) == ["openai"]
     assert breaker.allow("openai", "p05") == "probe"
     assert breaker.release_probes(["p16"]) == []  # p05 probes now; p16 holds nothing
+    # A probe that reported (here failed) holds nothing: a later crash of its lane frees
+    # nothing, and says nothing of a dead probe.
+    breaker.record("openai", ok=False, error="500", probe=True)
+    assert breaker.release_probes(["p05"]) == []
 
 
 class _Failing:

@@ -174,12 +174,16 @@ class Breaker:
             providers = sorted(str(p) for p in self.client.smembers(self.keys.breakers))
         if not providers:
             return []
+        now = self._now_ms()
         calls = [
-            ScriptCall(self.scripts.breaker_release, [self.keys.breaker(p)], list(lanes))
+            ScriptCall(self.scripts.breaker_release, [self.keys.breaker(p)], [now, *lanes])
             for p in providers
         ]
-        replies = run_scripts(self.client, calls)
+        replies = run_scripts(self.client, calls, isolated=True)
         freed = [p for p, reply in zip(providers, replies, strict=True) if reply == 1]
+        for provider, reply in zip(providers, replies, strict=True):
+            if isinstance(reply, Exception):  # one broken key: the others are still freed
+                _log.warning("breaker.release_failed", provider=provider, error=str(reply))
         for provider in freed:
             _log.warning("breaker.probe_released", provider=provider,
                          reason="its lane was reaped: the probe's worker died")  # fmt: skip

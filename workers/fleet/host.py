@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Protocol
 
 import redis
+import structlog
 
 from workers.fleet import dead_letters
 from workers.fleet.beats import Beats
@@ -54,6 +55,8 @@ from workers.persona.spend import budget_refuses
 from workers.settings import Settings
 
 __all__ = ["Fleet", "Publisher", "RunReply"]
+
+_log = structlog.get_logger("soulfleet.fleet")
 
 
 class Publisher(Protocol):
@@ -363,9 +366,14 @@ class Fleet(FleetReports):
     def reap(self) -> list[Repair]:
         """Re-queue stranded lanes (lost messages, dead workers) and publish their turns."""
         repairs = self.lanes.reap(queued_after=self.settings.reap_queued_after)
+        # A probe whose worker died held its provider's slot for the probe ttl: free it now,
+        # before the lane's turn is sent again (which may take the probe afresh).
+        dead = [r.lane for r in repairs if r.reason == "lease_expired"]
+        try:
+            self.breaker.release_probes(dead)
+        except (RedisUnavailable, redis.RedisError) as exc:  # it frees itself at its ttl
+            _log.warning("breaker.release_failed", lanes=len(dead), error=str(exc))
         self.send([(r.lane, r.turn_id, r.kind) for r in repairs])
-        # A probe whose worker died held its provider's slot for the probe ttl: free it now.
-        self.breaker.release_probes([r.lane for r in repairs if r.reason == "lease_expired"])
         return repairs
 
     def ping(self) -> None:

@@ -41,12 +41,13 @@ if f[1] == 'open' then
   if ok then
     redis.call('HSET', key, 'state', 'closed', 'closed_at', now, 'win_start', now,
                'win_calls', 0, 'win_fails', 0, 'prev_calls', 0, 'prev_fails', 0)
-    redis.call('HDEL', key, 'probe_until', 'probe_at')
+    redis.call('HDEL', key, 'probe_until', 'probe_at', 'probe_lane')
     return 'closed_now'
   end
   if ARGV[9] == 'probe' then
     redis.call('HSET', key, 'probe_at', now + tonumber(ARGV[7]), 'probe_until', 0,
                'last_error', ARGV[8])
+    redis.call('HDEL', key, 'probe_lane')
   else
     redis.call('HSET', key, 'last_error', ARGV[8])
   end
