@@ -86,18 +86,30 @@ def test_a_command_line_concurrency_sizes_the_workers_redis_clients() -> None:
 
 
 @pytest.mark.integration
-def test_a_worker_above_its_pools_limit_is_refused_at_start(tmp_path: Path) -> None:
-    """`celery -A workers worker -P threads -c 1001` (the command line overriding the
-    settings) exits at once with a non-zero status and the reason, before taking any work."""
+@pytest.mark.parametrize(
+    ("pool", "concurrency", "reason"),
+    [
+        ("threads", "1001", "threads pool at concurrency 1001 is above its limit of 1000"),
+        # Celery took the configured threads pool for `-P prefork` without a word, so the
+        # prefork limit was never checked either.
+        ("prefork", "100000", "prefork pool at concurrency 100000 is above its limit"),
+    ],
+)
+def test_a_worker_above_its_pools_limit_is_refused_at_start(
+    tmp_path: Path, pool: str, concurrency: str, reason: str
+) -> None:
+    """`celery -A workers worker -P <pool> -c <above its limit>` (the command line overriding
+    the settings) exits at once with a non-zero status and the reason, before taking any work:
+    the pool checked is the one the command line asked for."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SOULFLEET_", "CELERY_"))}
     env.update(REDIS_URL="redis://127.0.0.1:1/0", SOULFLEET_PERSONAS=str(tmp_path))
-    argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-P", "threads",
-            "-c", "1001", "--without-mingle", "--without-gossip"]  # fmt: skip
+    argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-P", pool,
+            "-c", concurrency, "--without-mingle", "--without-gossip"]  # fmt: skip
     done = subprocess.run(argv, env=env, cwd=str(REPO), capture_output=True, text=True,
                           timeout=120, check=False)  # fmt: skip
     assert done.returncode != 0
     assert "refused to start" in done.stderr
-    assert "threads pool at concurrency 1001 is above its limit of 1000" in done.stderr
+    assert reason in done.stderr
 
 
 @pytest.mark.parametrize(
@@ -133,24 +145,6 @@ def test_a_prefork_command_line_gets_preforks_settings(monkeypatch: pytest.Monke
     assert 1 <= asked.worker_concurrency <= pool_limit("prefork")
     monkeypatch.setattr(sys, "argv", ["celery", "-A", "workers", "worker"])
     assert worker_app._settings_or_exit().worker_pool == "threads"
-
-
-@pytest.mark.integration
-def test_a_prefork_worker_asked_for_on_the_command_line_is_prefork_and_checked(
-    tmp_path: Path,
-) -> None:
-    """`-P prefork` with SOULFLEET_WORKER_POOL unset: Celery took the configured threads pool
-    instead, without a word (so the prefork limit was never checked either). Now it is the
-    prefork pool: above its per-core limit it is refused at start, with the reason."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SOULFLEET_", "CELERY_"))}
-    env.update(REDIS_URL="redis://127.0.0.1:1/0", SOULFLEET_PERSONAS=str(tmp_path))
-    argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-P", "prefork",
-            "-c", "100000", "--without-mingle", "--without-gossip"]  # fmt: skip
-    done = subprocess.run(argv, env=env, cwd=str(REPO), capture_output=True, text=True,
-                          timeout=120, check=False)  # fmt: skip
-    assert done.returncode != 0
-    assert "refused to start" in done.stderr
-    assert "prefork pool at concurrency 100000 is above its limit" in done.stderr
 
 
 @pytest.mark.integration
