@@ -128,7 +128,16 @@ def persona_dir(arg: str, root: Path) -> Path:
     candidate = Path(arg).expanduser()
     if candidate.is_dir():
         return candidate
-    raise UnknownPersona(arg, root, suggest=True)
+    raise UnknownPersona(arg, root, known=_known(PersonaRegistry(root)))
+
+
+def _known(registry: PersonaRegistry) -> list[str]:
+    """The personas under ``registry``'s root, for an unknown name's suggestion ([] when the
+    root cannot be listed: the error says what is wrong without one)."""
+    try:
+        return registry.names()
+    except OSError:
+        return []
 
 
 @dataclass
@@ -213,7 +222,7 @@ class CliContext:
                 # unknown persona follows from it (its root was a guess).
                 raise BadInputError(f"{no_fleet_error(self.environ)}; and {unknown}") from None
             self._refuse_if_gone(arg)
-            raise UnknownPersona(arg, registry.root, suggest=True) from None
+            raise UnknownPersona(arg, registry.root, known=_known(registry)) from None
 
     def _refuse_if_gone(self, name: str) -> None:
         """A persona whose directory was removed while its lane was dead-lettered: say what is

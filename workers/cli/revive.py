@@ -74,8 +74,7 @@ def revive(
     # The check `post` makes, warnings included (a model key this shell lacks: the lane it
     # revives may die again on it).
     name = state.checked(persona)
-    with state.refusals_explained():
-        outcome = state.fleet().revive(name, dreamer=dreamer)
+    outcome = state.fleet().revive(name, dreamer=dreamer)
     queued = outcome.outcome == "queued"
     if as_json:
         answer: dict[str, object] = {

@@ -179,14 +179,15 @@ class Breaker:
             ScriptCall(self.scripts.breaker_release, [self.keys.breaker(p)], [now, *lanes])
             for p in providers
         ]
-        replies = run_scripts(self.client, calls, isolated=True)
-        freed = [p for p, reply in zip(providers, replies, strict=True) if reply == 1]
-        for provider, reply in zip(providers, replies, strict=True):
+        freed: list[str] = []
+        for provider, reply in zip(providers, run_scripts(self.client, calls, isolated=True),
+                                   strict=True):  # fmt: skip
             if isinstance(reply, Exception):  # one broken key: the others are still freed
                 _log.warning("breaker.release_failed", provider=provider, error=str(reply))
-        for provider in freed:
-            _log.warning("breaker.probe_released", provider=provider,
-                         reason="its lane was reaped: the probe's worker died")  # fmt: skip
+            elif reply == 1:
+                freed.append(provider)
+                _log.warning("breaker.probe_released", provider=provider,
+                             reason="its lane was reaped: the probe's worker died")  # fmt: skip
         return freed
 
     def look(self, provider: str) -> Literal["closed", "paused", "probe_due"]:

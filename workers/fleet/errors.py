@@ -31,6 +31,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -114,14 +115,9 @@ class ItemTooLarge(FleetError):
         self.limit = limit
 
 
-def _near_miss(name: str, root: Path | str) -> str:
-    """`` (did you mean 'nora'?)`` for a persona directory under ``root`` named much like
-    ``name`` (a typo), else ``""``."""
-    try:
-        names = [e.name for e in os.scandir(os.path.expanduser(root)) if e.is_dir()]
-    except OSError:
-        return ""
-    close = difflib.get_close_matches(name, [n for n in names if not n.startswith(".")], n=1)
+def _near_miss(name: str, known: Sequence[str]) -> str:
+    """`` (did you mean 'nora'?)`` for the one of ``known`` named much like ``name``."""
+    close = difflib.get_close_matches(name, known, n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
@@ -131,11 +127,16 @@ class UnknownPersona(FleetError):
     retryable = False
 
     def __init__(
-        self, name: str, root: Path | str, *, outside: bool = False, suggest: bool = False
+        self,
+        name: str,
+        root: Path | str,
+        *,
+        outside: bool = False,
+        known: Sequence[str] = (),
     ) -> None:
         """``outside``: ``name`` is a directory that exists, but not under ``root``.
-        ``suggest``: name a persona directory spelled much like ``name`` (it lists ``root``:
-        for an error a person reads, not one a caller catches)."""
+        ``known``: the personas there, for the one spelled much like ``name`` (a typo) to be
+        suggested (an error a person reads: the caller lists them)."""
         shown = os.path.abspath(os.path.expanduser(root))  # "personas" alone reads oddly
         root_is = f"the personas root {shown} (SOULFLEET_PERSONAS or --personas)"
         if outside:
@@ -152,7 +153,7 @@ class UnknownPersona(FleetError):
         else:
             problem = (
                 f"no directory {name!r} under {root_is}; each persona is one subdirectory there"
-                + (_near_miss(name, root) if suggest else "")
+                + _near_miss(name, known)
             )
         super().__init__(f"unknown persona {name!r}: {problem}")
         self.name = name

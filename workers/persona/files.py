@@ -79,7 +79,7 @@ def confined(root: str | os.PathLike[str], relative: str | os.PathLike[str]) -> 
             break  # absent from here on: nothing below can be a symlink yet
         if stat.S_ISLNK(mode):
             real = os.path.realpath(path)
-            if real == base or not real.startswith(prefix):
+            if not _inside(real, base):
                 raise PersonaFileError(
                     Path(path),
                     f"resolves to {real}, outside the persona directory {base} (a symlink leads "
@@ -87,6 +87,12 @@ def confined(root: str | os.PathLike[str], relative: str | os.PathLike[str]) -> 
                 )
             return Path(real)
     return Path(path)
+
+
+def _inside(path: str, base: str) -> bool:
+    """Whether the real path ``path`` lies below the real directory ``base`` (not ``base``
+    itself): the one test of confinement, for writes and reads alike."""
+    return path != base and path.startswith(base.rstrip("/") + "/")
 
 
 def make_dirs(root: str | os.PathLike[str], directory: str | os.PathLike[str]) -> Path:
@@ -194,7 +200,7 @@ def _check_opened_within(fd: int, target: str, within: str) -> None:
         opened = os.readlink(f"/proc/self/fd/{fd}")
     except OSError:  # no /proc: the path was checked just before the open
         return
-    if not opened.startswith(within.rstrip("/") + "/"):
+    if not _inside(opened, within):
         raise PersonaFileError(
             Path(target), f"opened as {opened}, outside {within} (a link was swapped in)"
         )
@@ -248,7 +254,7 @@ def read_inside(home: str | os.PathLike[str], name: str, limit: int) -> bytes | 
 def _link_out(base: str, target: str) -> str | None:
     """Why a link in the persona directory ``base`` to the real path ``target`` is refused (it
     leads out of ``base``), or None."""
-    if target.startswith(base.rstrip("/") + "/"):
+    if _inside(target, base):
         return None
     return (
         f"is a symlink to {target}, outside the persona directory {base}: what a persona file "

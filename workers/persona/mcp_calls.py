@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["STDERR_SAID", "CallOutcome", "McpToolInfo", "McpUnavailable", "for_the_model"]
+__all__ = [
+    "STDERR_SAID",
+    "CallOutcome",
+    "McpToolInfo",
+    "McpUnavailable",
+    "describe_error",
+    "for_the_model",
+]
 
 #: How a start failure quotes the server's last stderr line: for the operator (logs,
 #: ``soulfleet tools``), cut from what the model is told (:func:`for_the_model`).
@@ -50,3 +57,12 @@ class CallOutcome:
     output: str
     is_error: bool = False
     failure: str | None = None
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of ``exc``; each of a task group's exceptions so, joined (the SDK's
+    anyio groups wrap what a server's start or call raised)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe_error(inner) for inner in exc.exceptions)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

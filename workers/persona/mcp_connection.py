@@ -39,7 +39,13 @@ import structlog
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
-from workers.persona.mcp_calls import CallOutcome, McpToolInfo, McpUnavailable, for_the_model
+from workers.persona.mcp_calls import (
+    CallOutcome,
+    McpToolInfo,
+    McpUnavailable,
+    describe_error,
+    for_the_model,
+)
 from workers.persona.mcp_transport import Watched, open_transport
 from workers.persona.tool_config import McpServer
 
@@ -175,7 +181,7 @@ class McpConnection:
         except (Exception, asyncio.CancelledError) as exc:
             if isinstance(exc, asyncio.CancelledError) and stop.is_set():
                 raise  # closed while starting (the worker or command is done): nothing failed
-            problem = str(exc) if isinstance(exc, McpUnavailable) else _describe(exc)
+            problem = str(exc) if isinstance(exc, McpUnavailable) else describe_error(exc)
             if not ready.done():
                 self._failed_starts += 1
                 self._died(f"could not start: {problem}")
@@ -257,7 +263,7 @@ class McpConnection:
             self._restart(session, f"connection closed during a call of {tool!r}")
             return self._died_during(tool)
         except Exception as exc:  # a transport failure: this session cannot be trusted any more
-            self._restart(session, f"{_describe(exc)} during a call of {tool!r}")
+            self._restart(session, f"{describe_error(exc)} during a call of {tool!r}")
             return self._died_during(tool)
         self._failures = 0
         return CallOutcome(
@@ -279,11 +285,6 @@ class McpConnection:
             async with asyncio.timeout(min(timeout, _PROBE_MAX)):
                 await session.send_ping()
         except Exception as exc:
-            self._restart(session, f"no answer to a ping after a timed-out call ({_describe(exc)})")
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(inner) for inner in exc.exceptions)
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+            self._restart(
+                session, f"no answer to a ping after a timed-out call ({describe_error(exc)})"
+            )

@@ -25,7 +25,7 @@ import httpx2
 from mcp import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
-from workers.persona.mcp_calls import STDERR_SAID, McpUnavailable
+from workers.persona.mcp_calls import STDERR_SAID, McpUnavailable, describe_error
 from workers.persona.mcp_stderr import StderrRelay, secrets_for
 from workers.persona.tool_config import McpServer
 
@@ -109,7 +109,7 @@ async def open_transport(server: McpServer, errlog: TextIO) -> AsyncIterator[tup
             # (a traceback's last line, a usage error), masked like every line it writes. For
             # the operator (logs, `soulfleet tools`): the model is told without it.
             raise McpUnavailable(
-                f"{_described(failed)}{STDERR_SAID}{relay.last_line!r})"
+                f"{describe_error(failed)}{STDERR_SAID}{relay.last_line!r})"
             ) from failed
         return
     headers = {name: expand(value) for name, value in server.headers}
@@ -127,12 +127,6 @@ def _leaf(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
-
-
-def _described(exc: BaseException) -> str:
-    exc = _leaf(exc)
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class Watched:
