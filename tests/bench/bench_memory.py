@@ -5,7 +5,10 @@ Run:  .venv/bin/python -m tests.bench.bench_memory [local|shared]   (default: bo
 The floor is what any durable atomic replace of a small file costs on this disk: write a temp
 file, fsync it, rename it over the target, fsync the directory, with no lock and no read. It is
 measured with 1 process, and with 4 processes each replacing its own file in one directory (the
-journal then commits several writers' fsyncs together). Memory ``add`` is measured the same way:
+journal then commits several writers' fsyncs together). For information, beside it, the append
+floor: one line written at the end of a file and flushed with ``fdatasync``, what an ``add``
+now does where it may (README "Safe writes"), 1 process and 4 each on its own file. Memory
+``add`` is measured the same way:
 1 process, and 4 processes adding to ONE MEMORY.md, in both lock modes; and, for information,
 local adds with a write ledger (what a fleet turn pays: its work id keys each write), the
 ledger filled first to the middle of its steady size (:data:`STEADY_ANSWERS` answers: a
@@ -73,10 +76,20 @@ def _floor_op(directory: str, worker: int, index: int) -> None:
         os.close(dir_fd)
 
 
+def _append_op(directory: str, worker: int, index: int) -> None:
+    target = os.path.join(directory, f"append-{worker}.md")
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, _PAYLOAD[: len(_PAYLOAD) // 8])
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+
+
 def _serve(conn: Connection, worker: int, barriers: dict[int, Barrier]) -> None:
     """A long-lived worker process. For each command it alternates blocks of floor operations
-    and memory adds; all workers of the command pass a barrier between blocks, so every block
-    runs on its own, and worker 0 times the blocks: (floor seconds, add seconds)."""
+    appends and memory adds; all workers of the command pass a barrier between blocks, so every
+    block runs on its own, and worker 0 times the blocks: (floor, append, add seconds)."""
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         cache_logger_on_first_use=True,  # as workers/logs.py configures production
@@ -99,24 +112,24 @@ def _serve(conn: Connection, worker: int, barriers: dict[int, Barrier]) -> None:
 
 def _measure(
     worker: int, barrier: Barrier, *, floor_dir: str, home: str, lock_mode: LockMode, ledger: bool
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     scope = f"bench-turn-{worker}" if ledger else None
     tool = memory_tool(home, lock_mode=lock_mode, lock_timeout=120.0, write_scope=scope)
-    spent = {"floor": 0.0, "add": 0.0}
+    spent = {"floor": 0.0, "append": 0.0, "add": 0.0}
     barrier.wait()
     for block in range(OPS // BLOCK):
-        for kind in ("floor", "add"):
+        for kind in spent:
             began = time.perf_counter()
             for index in range(block * BLOCK, (block + 1) * BLOCK):
-                if kind == "floor":
-                    _floor_op(floor_dir, worker, index)
+                if kind != "add":
+                    (_floor_op if kind == "floor" else _append_op)(floor_dir, worker, index)
                     continue
                 result = tool.execute({"action": "add", "text": f"worker {worker} #{index}"})
                 if result.is_error:
                     raise RuntimeError(f"memory add failed: {result.output}")
             barrier.wait()
             spent[kind] += time.perf_counter() - began
-    return spent["floor"], spent["add"]
+    return spent["floor"], spent["append"], spent["add"]
 
 
 def _steady_ledger(home: Path) -> None:
@@ -154,8 +167,8 @@ class _Pool:
 
     def run(
         self, processes: int, root: Path, lock_mode: LockMode, ledger: bool
-    ) -> tuple[float, float]:
-        """(floor ops/s, add ops/s) of ``processes`` workers doing OPS of each, interleaved."""
+    ) -> tuple[float, float, float]:
+        """(floor, append, add ops/s) of ``processes`` workers doing OPS of each, interleaved."""
         floor_dir, home = root / "floor", root / "home"
         floor_dir.mkdir()
         home.mkdir()
@@ -167,11 +180,12 @@ class _Pool:
         failures = [result for result in results if isinstance(result, str) and result]
         if failures:  # a worker's error, instead of the wait it would have left this process in
             raise SystemExit("bench_memory: " + "; ".join(failures))
-        floor_seconds, add_seconds = results[0]
+        floor_seconds, append_seconds, add_seconds = results[0]
         entries = (home / "MEMORY.md").read_bytes().count(b"\n")
         if entries != processes * OPS:
             raise SystemExit(f"lost writes: {entries} != {processes * OPS}")
-        return processes * OPS / floor_seconds, processes * OPS / add_seconds
+        done = processes * OPS
+        return done / floor_seconds, done / append_seconds, done / add_seconds
 
     def close(self) -> None:
         for conn in self.conns:
@@ -224,6 +238,8 @@ def main() -> None:
     if "local" in modes:
         cases.append(("local", 1, True))
     floors: dict[int, list[float]] = {1: [], 4: []}
+    appends: dict[int, list[float]] = {1: [], 4: []}
+    by_append: dict[_Case, list[float]] = {case: [] for case in cases}
     rates: dict[_Case, list[float]] = {case: [] for case in cases}
     ratios: dict[_Case, list[float]] = {case: [] for case in cases}
     pool = _Pool(4)
@@ -236,8 +252,10 @@ def main() -> None:
                     lock_mode, processes, ledger = case
                     where = root / f"run-{round_}-{number}"
                     where.mkdir()
-                    floor, rate = pool.run(processes, where, lock_mode, ledger)
+                    floor, append, rate = pool.run(processes, where, lock_mode, ledger)
                     floors[processes].append(floor)
+                    appends[processes].append(append)
+                    by_append[case].append(rate / append)
                     rates[case].append(rate)
                     ratios[case].append(rate / floor)
             syscalls = {mode: syscalls_per_add(root, mode) for mode in modes}
@@ -247,6 +265,11 @@ def main() -> None:
         print(
             f"fsync floor (write+fsync+rename+dir fsync), {processes} process(es): "
             f"median {statistics.median(values):,.0f} ops/s ({_spread(values)})"
+        )
+    for processes, values in appends.items():
+        print(
+            f"append floor (write at the end + fdatasync), {processes} process(es), for "
+            f"information: median {statistics.median(values):,.0f} ops/s ({_spread(values)})"
         )
     for case in cases:
         lock_mode, processes, ledger = case
@@ -260,11 +283,12 @@ def main() -> None:
         print(
             f"memory add, {lock_mode} lock mode, {processes} process(es) x {OPS}: median "
             f"{statistics.median(rates[case]):,.0f} ops/s, {ratio:.2f}x the floor "
-            f"({_spread(ratios[case], '.2f')}), {how}"
+            f"({_spread(ratios[case], '.2f')}), {how}; "
+            f"{statistics.median(by_append[case]):.2f}x the append floor"
         )
     print(
-        f"{ROUNDS} rounds; in each, blocks of {BLOCK} floor operations and {BLOCK} adds per "
-        f"process alternate; load average {os.getloadavg()[0]:.1f}"
+        f"{ROUNDS} rounds; in each, blocks of {BLOCK} floor operations, {BLOCK} appends and "
+        f"{BLOCK} adds per process alternate; load average {os.getloadavg()[0]:.1f}"
     )
 
 

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -140,19 +141,21 @@ def test_a_torn_last_ledger_line_costs_no_later_entry(home: Path) -> None:
 def test_a_keyed_write_costs_the_fsyncs_of_its_data_only(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Once the ledger exists, a keyed add fsyncs its new file and the directory, like an
-    unkeyed one: the appended ledger line has no fsync of its own (issue 15)."""
+    """Once the ledger exists, a keyed add to MEMORY.md flushes its data once, like an
+    unkeyed one (appended in place: no directory fsync); the appended ledger line has no
+    fsync of its own (issue 15)."""
     _run(home, "ava:1", {"action": "add", "text": "creates the ledger"})
-    synced: list[int] = []
-    real = os.fsync
+    synced: list[str] = []
+    for name in ("fsync", "fdatasync"):
+        real = getattr(os, name)
 
-    def fsync(fd: int) -> None:
-        synced.append(fd)
-        real(fd)
+        def flush(fd: int, real: Callable[[int], None] = real) -> None:
+            synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+            real(fd)
 
-    monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, name, flush)
     assert _run(home, "ava:1", {"action": "add", "text": "second"})[0].startswith("Added")
-    assert len(synced) == 2
+    assert synced == [str(home / "MEMORY.md")]
 
 
 _KILLED_AFTER_LEDGER = """
@@ -186,7 +189,9 @@ def test_a_writer_killed_after_its_unsynced_ledger_line_is_answered_from_it(home
 
 _CRASHING_WRITER = """
 import os, signal, sys
+import workers.persona.memory_commit
 from workers.persona.memory import memory_tool
+workers.persona.memory_commit.append_bytes = lambda *args, **kwargs: False  # a replace
 os.replace = lambda *args: os.kill(os.getpid(), signal.SIGKILL)  # die between temp and rename
 memory_tool(sys.argv[1]).execute({"action": "add", "text": "half written"})
 """
@@ -262,6 +267,8 @@ import os, signal, sys
 import workers.persona.ledger as ledger
 import workers.persona.memory_commit as commit
 from workers.persona.memory import memory_tool
+if sys.argv[3] == "replace":
+    commit.append_bytes = lambda *args, **kwargs: False
 if sys.argv[2] == "after-rename":  # the new MEMORY.md is in place, its answer not recorded
     commit._record = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
 else:  # the intent is written, the rename never happens
@@ -276,16 +283,21 @@ memory_tool(sys.argv[1], write_scope="ava:9").execute(
 """
 
 
+@pytest.mark.parametrize("how", ["append", "replace"])
 @pytest.mark.parametrize("when", ["after-rename", "before-rename"])
-def test_a_writer_killed_mid_commit_leaves_its_write_applied_once(home: Path, when: str) -> None:
+def test_a_writer_killed_mid_commit_leaves_its_write_applied_once(
+    home: Path, when: str, how: str
+) -> None:
     """A worker SIGKILLed between its durable write and its ledger answer (or just before the
-    rename): the retried turn finds the intent it left, sees whether the rename happened,
-    and either answers from it (the write is not applied twice) or applies the write (it was
-    never applied)."""
+    rename, or the append): the retried turn finds the intent it left, sees whether the write
+    happened, and either answers from it (the write is not applied twice) or applies the
+    write (it was never applied)."""
     ledger = home / ".locks" / "MEMORY.md.applied"
     ok = _run(home, "ava:1", {"action": "add", "text": "an earlier write"})  # a ledger exists
     assert ok[0].startswith("Added")
-    done = subprocess.run([sys.executable, "-c", _DIES_MID_COMMIT, str(home), when], check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", _DIES_MID_COMMIT, str(home), when, how], check=False
+    )
     assert done.returncode == -signal.SIGKILL
     assert ledger.read_text().splitlines()[-1].startswith('{"intent": [')
     before = (home / "MEMORY.md").read_text().count("The sky is green.")

@@ -111,20 +111,22 @@ def test_replace_of_a_deleted_file_is_not_found_after_writes(home: Path) -> None
 
 @pytest.mark.parametrize("scope", [None, "turn-1"])
 @pytest.mark.parametrize("mode", ["local", "shared"])
-def test_directory_fsync_runs_after_the_lock_is_released(
+def test_a_write_is_durable_before_its_lock_is_let_go(
     home: Path, mode: LockMode, scope: str | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The rename is in place and the lock free when the last directory fsync runs, and the
-    tool answers only after it (a spy around the real fsync). With a write ledger, the data
-    directory is fsynced under the lock, and the ledger's directory after it."""
+    """The add that creates MEMORY.md fsyncs its directory after the rename, the lock held;
+    the next add appends and flushes the file, the lock held, with no directory fsync. With a
+    write ledger, only the ledger's directory (it was just created) is fsynced after the lock.
+    A spy around the real flushes, probing the lock from another thread (so the in-process
+    gate is tested too)."""
     seen: list[tuple[Path, str, bool]] = []
     lock_file = lock_file_for(home, home.resolve() / "MEMORY.md", mode)
 
-    def spy(directory: str | os.PathLike[str]) -> None:
-        content = (home / "MEMORY.md").read_text()
+    def note(path: str | os.PathLike[str]) -> None:
+        content = (home / "MEMORY.md").read_text() if (home / "MEMORY.md").exists() else ""
         free: list[bool] = []
 
-        def probe() -> None:  # another thread, so the in-process gate is tested too
+        def probe() -> None:
             try:
                 with path_lock(lock_file, mode=mode, timeout=0):
                     free.append(True)
@@ -134,15 +136,30 @@ def test_directory_fsync_runs_after_the_lock_is_released(
         thread = threading.Thread(target=probe)
         thread.start()
         thread.join(10)
-        seen.append((Path(directory), content, free == [True]))
+        seen.append((Path(path), content, free == [True]))
+
+    def spy(directory: str | os.PathLike[str]) -> None:
+        note(directory)
         fsync_directory(directory)
+
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        note(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fdatasync(fd)
 
     monkeypatch.setattr("workers.persona.memory.fsync_directory", spy)
     monkeypatch.setattr("workers.persona.writes.fsync_directory", spy)
-    ok(memory_tool(home, lock_mode=mode, write_scope=scope), action="add", text="flushed")
+    monkeypatch.setattr("workers.persona.memory_commit.fsync_directory", spy)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    tool = memory_tool(home, lock_mode=mode, write_scope=scope)
+    ok(tool, action="add", text="flushed")
     real = home.resolve()
-    if scope is None:
-        assert seen == [(real, "- flushed\n", True)]
-    else:
-        assert seen == [(real, "- flushed\n", False), (real / ".locks", "- flushed\n", True)]
+    created = [(real, "- flushed\n", False)]
+    if scope is not None:
+        created.append((real / ".locks", "- flushed\n", True))
         assert "Added an entry" in (home / ".locks" / "MEMORY.md.applied").read_text()
+    assert seen == created
+    seen.clear()
+    ok(tool, action="add", text="appended")
+    assert seen == [(real / "MEMORY.md", "- flushed\n- appended\n", False)]

@@ -17,7 +17,7 @@ import pytest
 
 from tests.support.memory import held_by_thread, ok
 from workers.persona import ledger as ledger_module
-from workers.persona import memory, memory_commit, write_queue, writes
+from workers.persona import memory_commit, write_queue
 from workers.persona.ledger import WriteLedger, write_key
 from workers.persona.ledger_lines import ledger_identity
 from workers.persona.locks import lock_file_for, path_lock
@@ -288,26 +288,28 @@ def test_shared_lock_mode_never_queues(home: Path) -> None:
 # --- when the batch's rename is made durable -------------------------------------------------
 
 
-class _DirectoryFsyncs:
-    """Records each fsync of a directory: which, on which thread, whether the write lock of
-    MEMORY.md was free at that moment, and whether the ledger held ``answer_key`` yet."""
+class _Flushes:
+    """Records each flush of MEMORY.md's data or of its directory: which, on which thread,
+    whether the write lock of MEMORY.md was free at that moment, and whether the ledger held
+    ``answer_key`` yet."""
 
     def __init__(self, home: Path, monkeypatch: pytest.MonkeyPatch, answer_key: str) -> None:
         self.lock = _memory_lock(home)
         self.ledger = home.resolve() / ".locks" / "MEMORY.md.applied"
         self.answer_key = answer_key
         self.calls: list[tuple[str, int, bool, bool]] = []
-        real = writes.fsync_directory
+        for name in ("fsync", "fdatasync"):  # a file's or a directory's: named by its descriptor
+            real = getattr(os, name)
 
-        def record(directory: str | os.PathLike[str]) -> None:
-            answered = WriteLedger(self.ledger).answer(self.answer_key) is not None
-            self.calls.append(
-                (os.fspath(directory), threading.get_ident(), self._lock_free(), answered)
-            )
-            real(directory)
+            def flush(fd: int, real: Callable[[int], None] = real) -> None:
+                self._note(os.readlink(f"/proc/self/fd/{fd}"))
+                real(fd)
 
-        monkeypatch.setattr(writes, "fsync_directory", record)
-        monkeypatch.setattr(memory, "fsync_directory", record)
+            monkeypatch.setattr(os, name, flush)
+
+    def _note(self, path: str) -> None:
+        answered = WriteLedger(self.ledger).answer(self.answer_key) is not None
+        self.calls.append((path, threading.get_ident(), self._lock_free(), answered))
 
     def _lock_free(self) -> bool:
         fd = os.open(self.lock, os.O_RDWR)
@@ -319,43 +321,45 @@ class _DirectoryFsyncs:
             os.close(fd)  # closing lets go of a lock this probe took
         return True
 
-    def of(self, directory: Path) -> list[tuple[int, bool, bool]]:
-        return [(t, free, answered) for d, t, free, answered in self.calls if d == str(directory)]
+    def of(self, path: Path) -> list[tuple[int, bool, bool]]:
+        return [(t, free, answered) for p, t, free, answered in self.calls if p == str(path)]
 
 
-def test_a_batch_of_handoff_writes_makes_its_rename_durable_after_the_lock(
-    home: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("how", ["append", "replace"])
+@pytest.mark.parametrize("queued_key", ["qqueued", write_key("ava:2", "a turn's", ordinal=1)])
+@pytest.mark.parametrize("scope", [None, "ava:1"])
+def test_a_batch_is_durable_before_its_answers_and_its_lock(
+    home: Path, monkeypatch: pytest.MonkeyPatch, how: str, queued_key: str, scope: str | None
 ) -> None:
-    """A batch that answers only handoff writes renames under the lock and fsyncs its
-    directory after letting go, so the next holder's fsyncs overlap it (issue 15). Its
-    queued writer is answered before that fsync, so the writer makes it durable itself."""
-    enqueue(str(_queue(home)), "qqueued", _ADD, _until())
-    fsyncs = _DirectoryFsyncs(home, monkeypatch, "qqueued")
-    ok(memory_tool(home), action="add", text="own")
-    assert (home / "MEMORY.md").read_text() == "- own\n- queued entry\n"
-    assert [(free, answered) for _, free, answered in fsyncs.of(home.resolve())] == [(True, True)]
-
-
-def test_a_batch_holding_a_keyed_write_is_durable_before_its_answers(
-    home: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A turn's keyed write in the batch: a retry trusts its answer, so the directory is
-    fsynced under the lock before any answer reaches the ledger."""
+    """A batch (a handoff write, or a turn's keyed write, queued; the holder's own keyed or
+    not) makes its bytes durable under the lock, before any answer reaches the ledger: an
+    append flushes the file (no directory fsync: no rename), a replace fsyncs the directory
+    after its rename. A waiter or a retry that reads an answer can trust it, and nobody
+    flushes after the lock."""
     ok(memory_tool(home), action="add", text="before")
-    enqueue(str(_queue(home)), "qqueued", _ADD, _until())
-    fsyncs = _DirectoryFsyncs(home, monkeypatch, "qqueued")
-    ok(memory_tool(home, write_scope="ava:1"), action="add", text="own")
-    assert [(free, answered) for _, free, answered in fsyncs.of(home.resolve())] == [(False, False)]
+    if how == "replace":
+        monkeypatch.setattr(memory_commit, "append_bytes", lambda *args, **kwargs: False)
+    enqueue(str(_queue(home)), queued_key, _ADD, _until())
+    flushes = _Flushes(home, monkeypatch, queued_key)
+    ok(memory_tool(home, write_scope=scope), action="add", text="own")
+    assert (home / "MEMORY.md").read_text() == "- before\n- own\n- queued entry\n"
+    data, directory = home.resolve() / "MEMORY.md", home.resolve()
+    flushed = [(free, answered) for _, free, answered in flushes.of(data)]
+    synced = [(free, answered) for _, free, answered in flushes.of(directory)]
+    if how == "append":
+        assert (flushed, synced) == ([(False, False)], [])
+    else:  # the temp file's fsync is of another name
+        assert (flushed, synced) == ([], [(False, False)])
+    assert WriteLedger(flushes.ledger).answer(queued_key) is not None
 
 
-def test_a_served_writer_makes_the_holders_rename_durable_before_it_answers(
+def test_a_served_writer_answers_without_a_flush_of_its_own(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two writers queue behind a held lock; one applies both. Each fsyncs the directory
-    before it returns, the served one too: the holder's own fsync may not have run yet when
-    the served writer reads its answer."""
+    """Two writers queue behind a held lock; one applies both. The served one returns the
+    answer it finds, with no flush: the holder made the batch durable before letting go."""
     ok(memory_tool(home), action="add", text="before")
-    fsyncs = _DirectoryFsyncs(home, monkeypatch, "")
+    flushes = _Flushes(home, monkeypatch, "")
     threads: list[int] = []
 
     def write(text: str) -> None:
@@ -364,8 +368,9 @@ def test_a_served_writer_makes_the_holders_rename_durable_before_it_answers(
 
     _queue_two_behind_a_held_lock(home, write)
     assert sorted((home / "MEMORY.md").read_text().splitlines()) == ["- b", "- before", "- c"]
-    synced = fsyncs.of(home.resolve())
-    assert sorted(thread for thread, _, _ in synced) == sorted(threads), fsyncs.calls
+    flushed = flushes.of(home.resolve() / "MEMORY.md")
+    assert [free for _, free, _ in flushed] == [False], flushes.calls  # one flush, locked
+    assert len({thread for _, thread, _, _ in flushes.calls if thread in threads}) == 1
 
 
 def test_a_keyed_write_queued_twice_is_applied_once(home: Path) -> None:

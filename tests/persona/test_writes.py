@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import random
+import re
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.support.persona import tree
 from workers.persona.writes import (
+    append_bytes,
     atomic_write_bytes,
     atomic_write_text,
     create_bytes,
@@ -179,3 +184,150 @@ def test_a_stale_temp_this_writer_may_not_remove_never_stops_the_write(
     atomic_write_bytes(tmp_path / "MEMORY.md", b"new\n")
     assert (tmp_path / "MEMORY.md").read_bytes() == b"new\n"
     assert foreign.read_bytes() == b"another user's"
+
+
+def _flushes(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Count fsync and fdatasync calls (and still make them)."""
+    counts = {"fsync": 0, "fdatasync": 0}
+    for name in counts:
+        real = getattr(os, name)
+
+        def counted(fd: int, name: str = name, real: Callable[[int], None] = real) -> None:
+            counts[name] += 1
+            real(fd)
+
+        monkeypatch.setattr(os, name, counted)
+    return counts
+
+
+def test_append_adds_in_place_with_one_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append keeps the file (same inode, same mode), writes only the new bytes and flushes
+    them with one fdatasync: no temp file, no rename (issue 15)."""
+    target = tmp_path / "MEMORY.md"
+    target.write_bytes(b"- first\n")
+    target.chmod(0o600)
+    inode = target.stat().st_ino
+    flushes = _flushes(monkeypatch)
+    seen: list[tuple[tuple[int, int], bytes]] = []
+    appended = append_bytes(
+        target, b"- first\n", b"- first\n- second\n",
+        before_append=lambda will_be: seen.append((will_be, target.read_bytes())),
+    )  # fmt: skip
+    assert appended
+    assert target.read_bytes() == b"- first\n- second\n"
+    assert (target.stat().st_ino, stat.S_IMODE(target.stat().st_mode)) == (inode, 0o600)
+    assert flushes == {"fsync": 0, "fdatasync": 1}
+    # told what the file will be, before the bytes are in
+    assert seen == [((inode, len(b"- first\n- second\n")), b"- first\n")]
+    assert tree(tmp_path) == {"MEMORY.md"}
+
+
+def _linked(target: Path) -> bytes:
+    os.link(target, target.parent / "elsewhere")
+    return target.read_bytes()
+
+
+def _changed(target: Path) -> bytes:
+    read = target.read_bytes()
+    target.write_bytes(read + b"- a person's edit\n")
+    return read
+
+
+def _symlink(target: Path) -> bytes:
+    real = target.parent / "real.md"
+    target.rename(real)
+    target.symlink_to(real.name)
+    return real.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("case", "prepare", "added"),
+    [
+        ("a hard link shared with another name", _linked, b"- new\n"),
+        ("a file changed since it was read", _changed, b"- new\n"),
+        ("a symlink", _symlink, b"- new\n"),
+        ("bytes that cross a page boundary", Path.read_bytes, b"x" * mmap.PAGESIZE),
+    ],
+)
+def test_append_leaves_to_the_replace_what_it_cannot_do_in_place(
+    tmp_path: Path, case: str, prepare: Callable[[Path], bytes], added: bytes
+) -> None:
+    """Nothing is written (False: the caller replaces) for a file shared through a hard link
+    (written through, the other name would change), one that changed since it was read, a
+    symlink, or an append a reader or a SIGKILL could see cut (across a page)."""
+    target = tmp_path / "MEMORY.md"
+    target.write_bytes(b"- first\n")
+    current = prepare(target)
+    on_disk = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert not append_bytes(target, current, current + added), case
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == on_disk
+
+
+@pytest.mark.parametrize(
+    ("current", "data"),
+    [(None, b"new"), (b"abc", b"abc"), (b"abc", b"xbcd"), (b"abc", b"ab")],
+)
+def test_append_is_only_for_bytes_added_at_the_end(
+    tmp_path: Path, current: bytes | None, data: bytes
+) -> None:
+    """No file read, nothing added, or a change before the end: not an append."""
+    target = tmp_path / "MEMORY.md"
+    target.write_bytes(b"abc")
+    assert not append_bytes(target, current, data)
+    assert target.read_bytes() == b"abc"
+
+
+def test_a_failed_flush_is_undone_and_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fdatasync fails (EIO): the file is cut back to what it held, and the error raised, so
+    the writer's "nothing was changed" is true."""
+    target = tmp_path / "MEMORY.md"
+    target.write_bytes(b"- first\n")
+
+    def failing(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(OSError, match="Input/output"):
+        append_bytes(target, b"- first\n", b"- first\n- lost\n")
+    assert target.read_bytes() == b"- first\n"
+
+
+def test_a_reader_never_sees_part_of_an_append(tmp_path: Path) -> None:
+    """While one thread adds entries of many lengths (in place where it may, else replacing),
+    every read sees whole entries only: an append is never seen cut."""
+    target = tmp_path / "MEMORY.md"
+    target.write_bytes(b"")
+    done = threading.Event()
+    entry = re.compile(rb"(- x+\n)*")
+    appended = 0
+
+    def writer() -> None:
+        nonlocal appended
+        rng = random.Random(7)
+        try:
+            current = b""
+            for _ in range(600):
+                data = current + b"- " + b"x" * rng.randrange(1, 900) + b"\n"
+                if append_bytes(target, current, data):
+                    appended += 1
+                else:
+                    atomic_write_bytes(target, data)
+                current = data
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    reads = 0
+    try:
+        while not done.is_set() or reads == 0:
+            assert entry.fullmatch(target.read_bytes())
+            reads += 1
+    finally:
+        thread.join()
+    assert appended > 300  # most went in place
+    assert reads > 0

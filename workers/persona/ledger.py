@@ -22,7 +22,8 @@ it never grows past that. A line torn by a crash mid-append is skipped when read
 one key is the safe side), and the next append starts on a fresh line. Read through the
 bounded reader; created and compacted atomically like every persona file.
 
-The data file is made durable first (fsync, rename, directory fsync) and the ledger line is
+The data file is made durable first (an append and its ``fdatasync``, or fsync, rename and
+directory fsync) and the ledger line is
 appended after it: the line can never be on disk ahead of its write, so a crash can repeat one
 write (the old behaviour) but never lose one. The line itself is not fsynced (issue 15: it was
 a third fsync under the lock, and fleet turns always keep a ledger). What that gives up is
@@ -31,12 +32,13 @@ its appended line in the page cache, where the retry reads it; only a crash of t
 within the filesystem's commit interval (seconds) can forget the newest lines, and then a
 retried turn repeats those writes once.
 
-A writer that dies between its rename and its answers (a SIGKILL in those microseconds) would
+A writer that dies between its write and its answers (a SIGKILL in those microseconds) would
 leave the write applied but unrecorded: its retry, or the queued writers it served, would then
-apply it a second time. So just before the rename it appends an intent
-(:meth:`WriteLedger.intend`: the answers it will record and the new file's inode and size),
-and every holder first settles a ledger that ends with one (:meth:`WriteLedger.settle`): if
-the data file is the one the intent names, the rename happened and its answers are recorded;
+apply it a second time. So just before the rename or the append it appends an intent
+(:meth:`WriteLedger.intend`: the answers it will record and the data file's inode and size as
+they will be), and every holder first settles a ledger that ends with one
+(:meth:`WriteLedger.settle`): if the data file is what the intent names, the write happened:
+the directory is fsynced (its writer may have died before it did) and its answers recorded;
 otherwise it never did and the intent is voided. A created or compacted ledger is still
 written whole, fsynced and renamed (:meth:`WriteLedger.record` leaves its directory fsync to
 the caller, after the lock), so a compaction can never leave a torn or empty ledger.
@@ -68,7 +70,7 @@ from workers.persona.ledger_lines import (
     parse_intent,
     parsed_at,
 )
-from workers.persona.writes import remove_stale_temps, replace_bytes, write_all
+from workers.persona.writes import fsync_directory, remove_stale_temps, replace_bytes, write_all
 
 __all__ = [
     "LEDGER_SUFFIX",
@@ -204,6 +206,8 @@ class WriteLedger:
         except FileNotFoundError:
             renamed = False
         if intent is not None and renamed:
+            # Its writer may have died before the directory fsync that makes a rename durable.
+            fsync_directory(os.path.dirname(data) or ".")
             _log.warning(
                 "memory.commit_finished",
                 path=self.path,

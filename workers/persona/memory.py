@@ -22,25 +22,24 @@ Why it looks like this:
   twice. A ledger that cannot take the line (permissions) refuses the write before anything
   changes, rather than let a retry apply it again.
 * **Safe writes.** Each write holds the path's lock (:mod:`workers.persona.locks`) across the
-  read-modify-write and replaces the file atomically (:mod:`workers.persona.writes`); the first
-  write a tool makes to a file removes the temp files of writers killed mid-write; paths are
-  confined to the persona directory, so a MEMORY.md or ``memory/`` that links outside is refused.
-  Reads (``read``, ``list``) take no lock: atomic replacement means they never see a torn file.
-* **Short critical sections (issue 15).** The new bytes are fsynced before the rename, under the
-  lock; the directory fsync that makes the rename durable runs after the lock is released (the
-  tool answers only after it). The next writer reads the renamed file, so whichever rename a
-  crash keeps holds every entry acknowledged before it. With a keyed write (a turn's) the data
-  directory is fsynced under the lock, since its ledger line must never be durable ahead of it;
-  its line is then appended without an fsync of its own (:mod:`workers.persona.ledger` says
-  what that gives up: after a machine crash, a retry may repeat a write, never lose one). Paths
-  are resolved once per target and only re-checked per call
-  (:mod:`workers.persona.memory_paths`).
+  read-modify-write and is durable before it lets the lock go: an ``add`` appends in place and
+  flushes once, every other write replaces the file atomically (:mod:`workers.persona.writes`
+  says when an append may be used: never where a reader could see part of it); the first write
+  a tool makes to a file removes the temp files of writers killed mid-write; paths are confined
+  to the persona directory, so a MEMORY.md or ``memory/`` that links outside is refused. Reads
+  (``read``, ``list``) take no lock: they never see a torn file.
+* **Short critical sections (issue 15).** An append needs one ``fdatasync`` and no rename, so
+  no directory fsync; a replace fsyncs its data before the rename and the directory after it,
+  both under the lock. A keyed write's ledger line is then appended without an fsync of its
+  own (:mod:`workers.persona.ledger` says what that gives up: after a machine crash, a retry
+  may repeat a write, never lose one). Paths are resolved once per target and only re-checked
+  per call (:mod:`workers.persona.memory_paths`).
 * **Contending writers share one commit (issue 15).** A writer that finds the
   lock taken queues its write (:mod:`workers.persona.write_queue`); the next holder applies the
-  queue with its own write in one replace (:mod:`workers.persona.memory_commit`) and leaves
-  each queued writer its answer in the ledger, where the waiter reads it without waiting for
-  the lock. A served writer fsyncs the directory itself before it answers (the holder's may
-  not have run yet). Anything not answered there, its writer applies itself.
+  queue with its own write in one durable write (:mod:`workers.persona.memory_commit`) and
+  then leaves each queued writer its answer in the ledger, where the waiter reads it without
+  waiting for the lock and answers with no flush of its own. Anything not answered there, its
+  writer applies itself.
 """
 
 from __future__ import annotations
@@ -246,11 +245,9 @@ class MemoryTool:
         except LockTimeout as error:
             self._failed(request, "lock_timeout", str(error))
             return ToolResult(_timeout_message(request, error, handoff.queued), is_error=True)
-        if done is None:  # another writer applied it and left the answer
+        if done is None:  # another writer applied it, durably, and left the answer
             answer = "" if handoff.answer is None else handoff.answer
-            # Its rename may not be durable yet (the holder fsyncs the directory after the
-            # lock): this writer fsyncs it too before it reports the write as saved.
-            done = Committed(ToolResult(answer), target.directory, applied=keyed)
+            done = Committed(ToolResult(answer), applied=keyed)
         return self._settle(request, target, done, what)
 
     def _settle(
@@ -264,12 +261,8 @@ class MemoryTool:
             if done.size < 0:
                 _log.info("memory.write_replayed", action=request.action,
                           target=request.target, scope=self.write_scope)  # fmt: skip
-        # Outside the lock, so the next writer's read-modify-write overlaps this flush.
-        if done.flush:
-            try:
-                fsync_directory(done.flush)
-            except OSError as error:
-                return self._unflushed(request, done.result, error)
+        if done.unflushed is not None:
+            return self._unflushed(request, done.result, done.unflushed)
         if done.flush_ledger:
             try:
                 fsync_directory(done.flush_ledger)

@@ -1,4 +1,4 @@
-"""The locked part of a memory write: replay, edit, queued writes, durable replace, ledger.
+"""The locked part of a memory write: replay, edit, queued writes, durable write, ledger.
 
 :mod:`workers.persona.memory` parses the call, resolves the target and takes the lock; this
 module runs under it and decides what reaches the disk:
@@ -12,22 +12,22 @@ module runs under it and decides what reaches the disk:
   writes queued while the previous holder's fsyncs ran join this one. Each queued write is
   applied in order on top, unless the ledger already holds its key; one that its edit refuses
   (text not found, over the cap) is left to its own writer, which gets that answer itself.
-* **One durable replace for all.** The new bytes are fsynced and renamed under the lock. The
-  directory fsync that makes the rename durable runs after the lock is released, by the
-  holder and by each queued writer it answered (which does it before it reports its write as
-  saved), so the next holder's fsyncs overlap it as independent writers' would (issue 15: a
-  batch that fsynced its directory under the lock held the lock for two fsyncs, and four
-  writers of one file ran at half the rate of four writers of four files). The intent is
-  appended just before the rename, the answers after it, each in one write.
-* **A keyed write is stricter.** When the batch holds a turn's keyed write (its own, or a
-  queued one), the directory is fsynced under the lock before the answers are appended: a
-  keyed answer is what a retried turn trusts, so it may only reach the disk after the write it
-  records. A handoff answer is read only by its waiter, within milliseconds, and never again.
+* **One durable write for all, under the lock.** When the new bytes only add to the file's
+  end (an ``add``, or a batch of them) they are appended in place and flushed once
+  (:func:`~workers.persona.writes.append_bytes` says when it may); otherwise they are fsynced,
+  renamed and the directory fsynced. Either way before the lock is let go and before any
+  answer is appended: a served waiter or a retried turn trusts an answer it reads, with no
+  flush of its own, and the next holder's write never lands on a rename a crash could still
+  undo. (Issue 15: the replace used to fsync its directory after the lock, overlapping the
+  next holder; an append, which four writers of one file now pay instead, needs no directory
+  fsync at all.) The intent is appended just before the append or the rename, the answers
+  after the write is durable, each in one write.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -42,7 +42,7 @@ from workers.persona.memory_paths import WriteTarget
 from workers.persona.memory_spec import MemoryRequest, target_label
 from workers.persona.tools import ToolResult
 from workers.persona.write_queue import Handoff, QueuedWrite, is_handoff_key, take
-from workers.persona.writes import atomic_write_bytes, replace_bytes
+from workers.persona.writes import append_bytes, fsync_directory, replace_bytes
 
 __all__ = ["Committed", "commit"]
 
@@ -54,8 +54,6 @@ class Committed:
     """What a locked write did."""
 
     result: ToolResult
-    #: The data file's directory, to fsync once the lock is released ("" for none).
-    flush: str = ""
     #: The bytes written, or -1 when nothing was.
     size: int = -1
     #: The ledger's directory (it was created or compacted), to fsync after the lock ("" for
@@ -65,6 +63,8 @@ class Committed:
     applied: bool = False
     #: The caller's own edit was refused because the file is full (:class:`FileFull`).
     full: bool = False
+    #: The file was replaced, but the directory fsync that makes it durable failed.
+    unflushed: OSError | None = None
 
 
 def commit(
@@ -84,8 +84,8 @@ def commit(
     if key:
         before = ledger.answer(key)
         if before is not None:  # a retry of this turn's write, or another writer applied it
-            # (whose directory fsync may still be running: it is made durable before the answer)
-            return Committed(ToolResult(before), target.directory, applied=keyed)
+            # (durable: every write is, directory and all, before its lock is let go)
+            return Committed(ToolResult(before), applied=keyed)
     current = read_prefix(target.data, MAX_FILE_BYTES)
     own = edit(request, current)
     rotated = False
@@ -154,26 +154,53 @@ def _commit(
     if refused and not served and not rotated:
         return Committed(result, full=full)
     new = rotate(target.root, target.relative, state or b"")
+    # The bytes on disk, if the commit may append to them ("rotated": what was read is gone).
+    on_disk = None if rotated else current
     if not (keyed or served):
-        replace_bytes(target.data, new)  # its directory is fsynced after the lock
-        return Committed(result, target.directory, len(new), full=full)
+        unflushed = _write(target, on_disk, new)
+        return Committed(result, len(new), full=full, unflushed=unflushed)
     answered = list(served)
     if keyed and not refused:
         answered.insert(0, (key, result.output))
-    strict = keyed or not all(is_handoff_key(other) for other, _ in served)
-    write = atomic_write_bytes if strict else replace_bytes
-    write(target.data, new, before_rename=lambda renamed: ledger.intend(renamed, answered))
+    unflushed = _write(
+        target, on_disk, new, before=lambda will_be: ledger.intend(will_be, answered)
+    )
+    if unflushed is not None:
+        # No answer before the write is durable: a retry trusts it. The intent stays, and the
+        # next holder settles it (the file was replaced: its answers are recorded then).
+        raise unflushed
     if served:
         _log.info("memory.queued_writes_applied", path=target.relative, writes=len(served))
-    flush = "" if strict else target.directory
     return Committed(
         result,
-        flush,
         len(new),
         flush_ledger=_record(ledger, answered) if answered else "",
         applied=keyed and not refused,
         full=full,
     )
+
+
+def _write(
+    target: WriteTarget,
+    on_disk: bytes | None,
+    new: bytes,
+    *,
+    before: Callable[[tuple[int, int]], None] | None = None,
+) -> OSError | None:
+    """Make the data file hold ``new``, durably, before the lock is let go: appended in place
+    when it only adds to ``on_disk`` and that is safe
+    (:func:`~workers.persona.writes.append_bytes`: an ``add``, or a batch of them), else
+    replaced and its directory fsynced. ``before`` gets what the file will be once written
+    (inode, size), just before it is. Returns the directory fsync's error (the file was
+    replaced, but the rename may not survive a crash of the machine), None when durable."""
+    if append_bytes(target.data, on_disk, new, before_append=before):
+        return None
+    replace_bytes(target.data, new, before_rename=before)
+    try:
+        fsync_directory(target.directory)
+    except OSError as error:
+        return error
+    return None
 
 
 def _trimmed_log(target: WriteTarget, current: bytes | None) -> bytes | None:

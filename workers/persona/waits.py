@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-__all__ = ["WaitHook", "fsync", "set_wait_hook", "sleep", "waiting"]
+__all__ = ["WaitHook", "fdatasync", "fsync", "set_wait_hook", "sleep", "waiting"]
 
 _NOTHING: AbstractContextManager[None] = contextlib.nullcontext()
 WaitHook = Callable[[bool], AbstractContextManager[object]]
@@ -44,6 +44,12 @@ def fsync(fd: int) -> None:
     """``os.fsync(fd)``, marked as a brief wait."""
     with waiting(brief=True):
         os.fsync(fd)
+
+
+def fdatasync(fd: int) -> None:
+    """``os.fdatasync(fd)`` (``os.fsync`` where there is none), marked as a brief wait."""
+    with waiting(brief=True):
+        getattr(os, "fdatasync", os.fsync)(fd)
 
 
 def sleep(seconds: float) -> None:

@@ -4,11 +4,11 @@ Why (issue 15): writes to one memory file are serialised by its lock, and each p
 fsyncs, so 4 processes adding to one MEMORY.md ran at under half the rate at which 4 writers
 replace 4 separate files (those share the journal's commits). A writer that finds the lock
 taken now appends its write to ``.locks/<file>.queue`` before it waits; whoever holds the lock
-next takes the queue and applies every queued write in the same durable replace as its own
-(one fsync of the data for the whole batch, under the lock; the directory's after it, see
-:mod:`workers.persona.memory_commit`), and records each one's answer in the write ledger
-(:mod:`workers.persona.ledger`) under the queued write's key. The waiter, watching the ledger
-while it waits, finds its answer there, fsyncs the directory and returns; if it is not there (the
+next takes the queue and applies every queued write in the same durable write as its own
+(one flush for the whole batch, under the lock, see :mod:`workers.persona.memory_commit`),
+and then records each one's answer in the write ledger (:mod:`workers.persona.ledger`) under
+the queued write's key. The waiter, watching the ledger while it waits, finds its answer
+there and returns it (the write is durable already); if it is not there (the
 holder took the queue before the append, a crash, an expired entry), it applies its write
 itself, exactly as before.
 

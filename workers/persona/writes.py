@@ -6,6 +6,10 @@ temp files a crashed writer leaves.
   the new bytes, never a mix, and a crash leaves the old file plus at most one hidden
   ``.<name>.<hex>.tmp`` file (removed on every error path we get to run; one a SIGKILL left is
   removed by the next writer holding the path's lock, :func:`remove_stale_temps`).
+* **Appends in place.** :func:`append_bytes` for a write that only adds bytes at the end of a
+  file it read under its lock (a memory ``add``): one write and one ``fdatasync`` where a
+  replace pays a temp file, two flushes and a rename (issue 15). Kept to what stays as safe as
+  the replace for the bytes already there: see its docstring.
 * **Exclusive creation.** :func:`create_bytes` for a name only its writer uses and nothing reads
   before it is complete: no temp file and no rename.
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import mmap
 import os
 import random
 import re
@@ -24,10 +29,11 @@ import stat
 from collections.abc import Callable
 
 from workers.persona.files import file_kind
-from workers.persona.waits import fsync
+from workers.persona.waits import fdatasync, fsync
 
 __all__ = [
     "TEMP_SUFFIX",
+    "append_bytes",
     "atomic_write_bytes",
     "atomic_write_text",
     "create_bytes",
@@ -45,6 +51,11 @@ TEMP_SUFFIX = ".tmp"
 
 _DEFAULT_MODE = 0o644
 _TEMP_ATTEMPTS = 4
+#: An append stays within one page of the page cache (:func:`append_bytes`).
+_PAGE = mmap.PAGESIZE
+_APPEND_FLAGS = (
+    os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+)
 
 
 def fsync_directory(directory: str | os.PathLike[str]) -> None:
@@ -134,6 +145,67 @@ def replace_bytes(
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+
+
+def append_bytes(
+    path: str | os.PathLike[str],
+    current: bytes | None,
+    data: bytes,
+    *,
+    before_append: Callable[[tuple[int, int]], None] | None = None,
+) -> bool:
+    """Make ``path`` hold ``data`` by appending to it in place, durably, when that is as safe
+    as :func:`replace_bytes`; False (nothing done) when it is not, and the caller replaces.
+
+    ``current`` is what the caller read of ``path`` under the lock every writer of ``path``
+    holds; ``data`` must be ``current`` with bytes added at its end. Those bytes are written at
+    the end of the file (``pwrite``) and flushed with one ``fdatasync``: the file keeps its
+    inode, so the rename of the replace is not needed, nor the directory fsync that makes it
+    durable (issue 15: a memory ``add`` paid a temp file, two flushes and a rename). Only when:
+
+    * the file is a regular file with one link, ``current``'s size: a hard link shared with
+      another file (or persona) is replaced, as before, never written through; a file changed
+      since it was read is replaced from what was read, as before;
+    * the added bytes stay within one page of the page cache: the kernel copies them in before
+      it moves the file's size, so a reader sees the file without them or with all of them, and
+      a SIGKILL cannot cut the write short (Linux stops a write between pages, never inside
+      one). An append that would cross a page boundary is a replace.
+
+    What it assumes that the replace does not: bytes of the file outside the written range
+    survive a power cut during the write (the disk's "powersafe overwrite", which SQLite also
+    assumes by default): the last page, which holds acknowledged entries too, is written again
+    with the same bytes in them. A power cut before the flush returns may leave a prefix of the
+    added bytes (the write was not acknowledged).
+
+    ``before_append`` gets the file's (inode, size) as they will be once the bytes are in,
+    before they are written. A failed write or flush is undone (the file cut back to
+    ``current``) and raised."""
+    if current is None or len(data) <= len(current) or not data.startswith(current):
+        return False
+    added = data[len(current) :]
+    if len(current) % _PAGE + len(added) > _PAGE:
+        return False
+    try:
+        fd = os.open(os.fspath(path), _APPEND_FLAGS)
+    except OSError:
+        return False  # the replace says what is wrong, or replaces what is there
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size != len(current):
+            return False
+        if before_append is not None:
+            before_append((info.st_ino, len(data)))
+        try:
+            if os.pwrite(fd, added, len(current)) != len(added):
+                raise OSError(errno.ENOSPC, "No space left on device (a short write)", path)
+            fdatasync(fd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, len(current))
+            raise
+        return True
+    finally:
+        os.close(fd)
 
 
 def open_regular(path: str | os.PathLike[str], flags: int, mode: int = _DEFAULT_MODE) -> int:
