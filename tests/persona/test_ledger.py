@@ -37,27 +37,28 @@ def test_settle_records_a_dead_writers_answers_only_if_its_rename_happened(
     assert path.read_bytes().endswith(b'{"intent": [1, \n{"void": true}\n')
 
 
-def test_settle_makes_a_dead_writers_rename_durable_before_its_answers(
+def test_settle_makes_a_dead_writers_write_durable_before_its_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Its writer may have died between its rename and the directory fsync: settle fsyncs the
-    data file's directory before it records the answers a retry or a waiter will trust; a
-    voided intent needs none."""
+    """Its writer may have died before its write was flushed (an append's data, a rename's
+    directory): settle flushes the data file and its directory before it records the answers
+    a retry or a waiter will trust; a voided intent needs neither."""
     data = tmp_path / "MEMORY.md"
     data.write_text("- queued entry\n")
     info = data.stat()
     path = tmp_path / "MEMORY.md.applied"
     synced: list[tuple[str, str | None]] = []
-    monkeypatch.setattr(
-        ledger_module, "fsync_directory",
-        lambda directory: synced.append((directory, WriteLedger(path).answer("qabc"))),
-    )  # fmt: skip
+    for name in ("fsync_directory", "fsync_file"):
+        monkeypatch.setattr(
+            ledger_module, name,
+            lambda flushed: synced.append((str(flushed), WriteLedger(path).answer("qabc"))),
+        )  # fmt: skip
     WriteLedger(path).intend((info.st_ino + 1, info.st_size), [("qvoid", "Added.")])
     WriteLedger(path).settle(str(data))
     assert synced == []
     WriteLedger(path).intend((info.st_ino, info.st_size), [("qabc", "Added.")])
     WriteLedger(path).settle(str(data))
-    assert synced == [(str(tmp_path), None)]
+    assert synced == [(str(data), None), (str(tmp_path), None)]
     assert WriteLedger(path).answer("qabc") == "Added."
 
 

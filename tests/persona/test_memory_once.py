@@ -312,6 +312,40 @@ def test_a_writer_killed_mid_commit_leaves_its_write_applied_once(
         assert kinds[-4:] == ["intent", "void", "intent", "key"]
 
 
+_KILLED_BEFORE_FLUSH = """
+import os, signal, sys
+import workers.persona.writes as writes
+from workers.persona.memory import memory_tool
+writes.fdatasync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)  # appended, never flushed
+memory_tool(sys.argv[1], write_scope="ava:9").execute(
+    {"action": "add", "text": "The sky is green."}
+)
+"""
+
+
+def test_an_append_its_writer_never_flushed_is_flushed_before_its_answer(home: Path) -> None:
+    """A worker SIGKILLed between its append and its fdatasync: the entry is in the file (the
+    page cache) but not on disk. The retry settles the intent: it flushes MEMORY.md before it
+    records and returns the answer, and applies nothing twice."""
+    _run(home, "ava:1", {"action": "add", "text": "an earlier write"})  # a ledger exists
+    done = subprocess.run([sys.executable, "-c", _KILLED_BEFORE_FLUSH, str(home)], check=False)
+    assert done.returncode == -signal.SIGKILL
+    assert (home / "MEMORY.md").read_text().count("The sky is green.") == 1
+    flushed: list[str] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        flushed.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fsync", fsync)
+        retry = _run(home, "ava:9", ADD)
+    assert retry[0].startswith("Added an entry")
+    assert flushed[:2] == [str(home / "MEMORY.md"), str(home)]
+    assert (home / "MEMORY.md").read_text().count("The sky is green.") == 1
+
+
 _KILLED_AFTER_RENAME = """
 import os, signal, sys
 import workers.persona.memory_commit as commit

@@ -4,6 +4,7 @@ own writer, so nothing is lost or applied twice."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -351,6 +352,29 @@ def test_a_batch_is_durable_before_its_answers_and_its_lock(
     else:  # the temp file's fsync is of another name
         assert (flushed, synced) == ([], [(False, False)])
     assert WriteLedger(flushes.ledger).answer(queued_key) is not None
+
+
+def test_a_batch_whose_directory_fsync_fails_tells_every_writer_it_was_changed(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replaced batch whose directory fsync fails (EIO) was applied: the holder and each
+    queued writer hear "changed, do not repeat it", never "nothing was changed" (the model
+    would add it again)."""
+    ok(memory_tool(home), action="add", text="before")
+    monkeypatch.setattr(memory_commit, "append_bytes", lambda *args, **kwargs: False)
+    enqueue(str(_queue(home)), "qqueued", _ADD, _until())
+
+    def failing(directory: str | os.PathLike[str]) -> None:
+        raise OSError(errno.EIO, "Input/output error", os.fspath(directory))
+
+    monkeypatch.setattr(memory_commit, "fsync_directory", failing)
+    result = memory_tool(home).execute({"action": "add", "text": "own"})
+    assert result.is_error
+    assert result.output.startswith("MEMORY.md was changed, but flushing it to disk failed")
+    assert (home / "MEMORY.md").read_text() == "- before\n- own\n- queued entry\n"
+    answer = WriteLedger(home.resolve() / ".locks" / "MEMORY.md.applied").answer("qqueued")
+    assert answer is not None
+    assert "Do not repeat it" in answer
 
 
 def test_a_served_writer_answers_without_a_flush_of_its_own(

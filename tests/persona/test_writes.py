@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.persona import tree
+from workers.persona import filesystems
 from workers.persona.writes import (
     append_bytes,
     atomic_write_bytes,
@@ -235,6 +236,11 @@ def _changed(target: Path) -> bytes:
     return read
 
 
+def _network(target: Path) -> bytes:
+    filesystems._known[target.stat().st_dev] = False  # as if on NFS (the fixture restores it)
+    return target.read_bytes()
+
+
 def _symlink(target: Path) -> bytes:
     real = target.parent / "real.md"
     target.rename(real)
@@ -248,15 +254,22 @@ def _symlink(target: Path) -> bytes:
         ("a hard link shared with another name", _linked, b"- new\n"),
         ("a file changed since it was read", _changed, b"- new\n"),
         ("a symlink", _symlink, b"- new\n"),
+        ("a file on a network filesystem", _network, b"- new\n"),
         ("bytes that cross a page boundary", Path.read_bytes, b"x" * mmap.PAGESIZE),
     ],
 )
 def test_append_leaves_to_the_replace_what_it_cannot_do_in_place(
-    tmp_path: Path, case: str, prepare: Callable[[Path], bytes], added: bytes
+    tmp_path: Path,
+    case: str,
+    prepare: Callable[[Path], bytes],
+    added: bytes,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Nothing is written (False: the caller replaces) for a file shared through a hard link
     (written through, the other name would change), one that changed since it was read, a
-    symlink, or an append a reader or a SIGKILL could see cut (across a page)."""
+    symlink, one on a network filesystem (a cut-off client can write a dead append back late),
+    or an append a reader or a SIGKILL could see cut (across a page)."""
+    monkeypatch.setattr(filesystems, "_known", {})
     target = tmp_path / "MEMORY.md"
     target.write_bytes(b"- first\n")
     current = prepare(target)

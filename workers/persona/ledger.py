@@ -70,7 +70,13 @@ from workers.persona.ledger_lines import (
     parse_intent,
     parsed_at,
 )
-from workers.persona.writes import fsync_directory, remove_stale_temps, replace_bytes, write_all
+from workers.persona.writes import (
+    fsync_directory,
+    fsync_file,
+    remove_stale_temps,
+    replace_bytes,
+    write_all,
+)
 
 __all__ = [
     "LEDGER_SUFFIX",
@@ -166,10 +172,10 @@ class WriteLedger:
         return head + b"".join(answer_line(key, message) for _, key, message in kept)
 
     def intend(self, identity: tuple[int, int], answered: list[tuple[str, str]]) -> None:
-        """Before a keyed or batched write's rename: note what it will answer and what the data
-        file will be once renamed (``identity``: inode, size). If the writer dies before the
-        answers are recorded, the next holder finishes its work (:meth:`settle`). Appended
-        without an fsync, like the answers."""
+        """Before a keyed or batched write's rename or append: note what it will answer and
+        what the data file will be once written (``identity``: inode, size). If the writer dies
+        before the answers are recorded, the next holder finishes its work (:meth:`settle`).
+        Appended without an fsync, like the answers."""
         raw = self._bytes()
         line = intent_line(identity, answered)
         if raw is None or len(raw) + len(line) > MAX_BYTES:
@@ -192,21 +198,23 @@ class WriteLedger:
 
     def settle(self, data: str) -> None:
         """Finish a commit whose writer died between its intent and its answers (its ledger
-        ends with the intent): if the data file is what the intent named, the rename happened
-        and its answers are recorded now (so neither its waiters nor a retry apply those
-        writes again); otherwise it never happened and the intent is voided. Call first,
-        under the lock."""
+        ends with the intent): if the data file is what the intent named, the write (a rename
+        or an append) happened: it is made durable and its answers are recorded now (so
+        neither its waiters nor a retry apply those writes again); otherwise it never happened
+        and the intent is voided. Call first, under the lock."""
         tail = self._raw if self._loaded else self._tail()
         if not tail or not last_line(tail).startswith(INTENT_PREFIX):
             return
         intent = parse_intent(last_line(self._bytes() or b""))
         try:
             info = os.stat(data, follow_symlinks=False)
-            renamed = intent is not None and (info.st_ino, info.st_size) == intent[0]
+            written = intent is not None and (info.st_ino, info.st_size) == intent[0]
         except FileNotFoundError:
-            renamed = False
-        if intent is not None and renamed:
-            # Its writer may have died before the directory fsync that makes a rename durable.
+            written = False
+        if intent is not None and written:
+            # Its writer may have died before the flush that makes its write durable, which
+            # every answer must follow: an append's (the data) or a rename's (the directory).
+            fsync_file(data)
             fsync_directory(os.path.dirname(data) or ".")
             _log.warning(
                 "memory.commit_finished",

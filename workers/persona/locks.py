@@ -3,11 +3,12 @@
 Why it is built this way:
 
 * **A sidecar lock file, never the data file.** Data files are replaced atomically
-  (``os.replace``), so a lock taken on the data file's inode would be on a file that is gone after
-  the first write. Lock files live under ``<persona>/.locks/``, mirroring the data file's relative
-  path (``.locks/MEMORY.md.lock``, ``.locks/memory/<slug>.md.lock``), so notes listings never see
-  them. They are deliberately left in place: one small file per data path, never more, and
-  waiters must all flock the same inode.
+  (``os.replace``) by every write but an in-place ``add``, so a lock taken on the data file's
+  inode would be on a file that is gone after the next replace. Lock files live under
+  ``<persona>/.locks/``, mirroring the data file's relative path (``.locks/MEMORY.md.lock``,
+  ``.locks/memory/<slug>.md.lock``), so notes listings never see them. They are deliberately
+  left in place: one small file per data path, never more, and waiters must all flock the same
+  inode.
 * **Two modes, because ``flock`` does not exclude across NFS clients.**
   ``"local"`` is ``fcntl.flock`` taken directly on a descriptor kept open per process
   (:mod:`workers.persona.flock`): fast, and the kernel releases it the moment a holder dies.

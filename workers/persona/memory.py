@@ -58,7 +58,7 @@ from workers.persona.files import confined, read_prefix
 from workers.persona.home import MAX_FILE_BYTES, persona_home
 from workers.persona.ledger import write_key
 from workers.persona.locks import CLAIM_SUFFIX, DEFAULT_LOCK_TIMEOUT, LockMode, path_lock
-from workers.persona.memory_commit import Committed, commit
+from workers.persona.memory_commit import Committed, commit, unflushed_message
 from workers.persona.memory_edit import not_found
 from workers.persona.memory_paths import TargetCache, WriteTarget
 from workers.persona.memory_spec import (
@@ -274,14 +274,8 @@ class MemoryTool:
         return done.result
 
     def _unflushed(self, request: MemoryRequest, result: ToolResult, error: OSError) -> ToolResult:
-        """The write was made (the file shows it) but its directory fsync failed: say so, not
-        "nothing was changed", which would have the model repeat an applied write."""
-        label = target_label(request.target)
-        problem = error.strerror or str(error)
-        message = (
-            f"{label} was changed, but flushing it to disk failed ({problem}): the change may "
-            "not survive a crash of the machine. Do not repeat it; read the file to check it."
-        )
+        """The write was made (the file shows it) but its directory fsync failed: say so."""
+        message = unflushed_message(target_label(request.target), error)
         self._failed(request, "os_error", message)
         return result if result.is_error else ToolResult(message, is_error=True)
 

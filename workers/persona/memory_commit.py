@@ -4,7 +4,7 @@
 module runs under it and decides what reaches the disk:
 
 * **Settle, then replay.** A ledger ending with an intent (a holder that died between its
-  rename and its answers) is settled first (:mod:`workers.persona.ledger` says how). A write
+  write and its answers) is settled first (:mod:`workers.persona.ledger` says how). A write
   whose key the ledger already holds (a retried turn repeating it, or a queued write another
   holder applied) is answered from the ledger, nothing written.
 * **Then the edit, then the queue.** The file is read once, the writer's own edit applied, and
@@ -44,7 +44,7 @@ from workers.persona.tools import ToolResult
 from workers.persona.write_queue import Handoff, QueuedWrite, is_handoff_key, take
 from workers.persona.writes import append_bytes, fsync_directory, replace_bytes
 
-__all__ = ["Committed", "commit"]
+__all__ = ["Committed", "commit", "unflushed_message"]
 
 _log = structlog.get_logger("soulfleet.memory")
 
@@ -111,7 +111,7 @@ def commit(
     try:
         return _commit(
             target, own, current, key=key, keyed=keyed, ledger=ledger, queued=queued,
-            rotated=rotated,
+            rotated=rotated, label=target_label(request.target),
         )  # fmt: skip
     finally:
         ledger.close()
@@ -127,9 +127,11 @@ def _commit(
     ledger: WriteLedger,
     queued: list[QueuedWrite],
     rotated: bool = False,
+    label: str = "",
 ) -> Committed:
     """``rotated``: ``current`` is the dream log with its older lines just archived, to be
-    written even if no edit applies (else they would be archived again)."""
+    written even if no edit applies (else they would be archived again). ``label``: the file
+    as the model names it."""
     state = current if isinstance(own, str) else own[0]
     served: list[tuple[str, str]] = []
     # Keys this batch has seen: a turn's attempt killed while its write waited in the queue,
@@ -166,9 +168,10 @@ def _commit(
         target, on_disk, new, before=lambda will_be: ledger.intend(will_be, answered)
     )
     if unflushed is not None:
-        # No answer before the write is durable: a retry trusts it. The intent stays, and the
-        # next holder settles it (the file was replaced: its answers are recorded then).
-        raise unflushed
+        # Applied, perhaps not durable: every writer of the batch (and a retry) hears that,
+        # and none applies its write again.
+        note = unflushed_message(label, unflushed)
+        answered = [(answered_key, note) for answered_key, _ in answered]
     if served:
         _log.info("memory.queued_writes_applied", path=target.relative, writes=len(served))
     return Committed(
@@ -177,6 +180,7 @@ def _commit(
         flush_ledger=_record(ledger, answered) if answered else "",
         applied=keyed and not refused,
         full=full,
+        unflushed=unflushed,
     )
 
 
@@ -201,6 +205,16 @@ def _write(
     except OSError as error:
         return error
     return None
+
+
+def unflushed_message(label: str, error: OSError) -> str:
+    """What a write applied but perhaps not durable answers (its directory fsync failed): not
+    "nothing was changed", which would have the model repeat it."""
+    problem = error.strerror or str(error)
+    return (
+        f"{label} was changed, but flushing it to disk failed ({problem}): the change may "
+        "not survive a crash of the machine. Do not repeat it; read the file to check it."
+    )
 
 
 def _trimmed_log(target: WriteTarget, current: bytes | None) -> bytes | None:

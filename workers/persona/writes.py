@@ -29,6 +29,7 @@ import stat
 from collections.abc import Callable
 
 from workers.persona.files import file_kind
+from workers.persona.filesystems import is_local
 from workers.persona.waits import fdatasync, fsync
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "atomic_write_text",
     "create_bytes",
     "fsync_directory",
+    "fsync_file",
     "open_regular",
     "remove_stale_temps",
     "replace_bytes",
@@ -61,6 +63,15 @@ _APPEND_FLAGS = (
 def fsync_directory(directory: str | os.PathLike[str]) -> None:
     """Flush a directory entry change (a rename, a create) to disk."""
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Flush a file's data and size to disk (never through a final symlink)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         fsync(fd)
     finally:
@@ -115,8 +126,8 @@ def replace_bytes(
     (fsynced before the rename, so a crash leaves the old file or the new one, never a mix),
     but the rename itself is durable only after :func:`fsync_directory` of ``path``'s parent.
 
-    For a writer that must keep a lock short: it renames under the lock and fsyncs the
-    directory after releasing it, before it reports the write as saved.
+    For a writer that has more to do between the rename and the directory fsync (the memory
+    tool records what it will answer first, :mod:`workers.persona.ledger`).
     """
     target = os.fspath(path)
     directory, name = os.path.split(target)
@@ -166,6 +177,10 @@ def append_bytes(
     * the file is a regular file with one link, ``current``'s size: a hard link shared with
       another file (or persona) is replaced, as before, never written through; a file changed
       since it was read is replaced from what was read, as before;
+    * the file is on a filesystem of this machine's own
+      (:func:`~workers.persona.filesystems.is_local`): a network filesystem's client keeps an
+      unflushed append of a killed process and can write it back after another host wrote
+      there;
     * the added bytes stay within one page of the page cache: the kernel copies them in before
       it moves the file's size, so a reader sees the file without them or with all of them, and
       a SIGKILL cannot cut the write short (Linux stops a write between pages, never inside
@@ -193,6 +208,8 @@ def append_bytes(
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size != len(current):
             return False
+        if not is_local(info.st_dev):
+            return False  # a network filesystem's client can write a dead append back late
         if before_append is not None:
             before_append((info.st_ino, len(data)))
         try:
