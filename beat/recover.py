@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from workers import metrics
+from beat import metrics as beat_metrics
 from workers.fleet import Fleet
 from workers.fleet.outcomes import Repair
 from workers.persona.models.spec import PAID_PROVIDERS
@@ -50,7 +50,7 @@ class Recoverer:
         # breaker alert would read an absent series, and a fleet that never had an outage
         # would look the same to the dashboard as a beat that never reports.
         for provider in PAID_PROVIDERS:
-            metrics.BREAKER_OPEN.labels(provider=provider).set(0)
+            beat_metrics.BREAKER_OPEN.labels(provider=provider).set(0)
 
     def run(self) -> RecoverReport:
         started = time.perf_counter()
@@ -61,7 +61,7 @@ class Recoverer:
             if len(repairs) < 1000:
                 break
         for state in self._fleet.breaker.states():
-            metrics.BREAKER_OPEN.labels(provider=state.provider).set(1 if state.open else 0)
+            beat_metrics.BREAKER_OPEN.labels(provider=state.provider).set(1 if state.open else 0)
         report.seconds = time.perf_counter() - started
         if report.repairs:
             _log.info(

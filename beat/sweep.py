@@ -34,10 +34,10 @@ from importlib import resources
 
 import structlog
 
+from beat import metrics as beat_metrics
 from beat.due import next_due_ms
 from beat.schedule import ScheduleSpec
 from beat.skips import Claimed, HeartbeatFiles, Skips
-from workers import metrics
 from workers.fleet import Fleet
 from workers.fleet.keys import split_schedule_member
 from workers.fleet.sweeps import PendingApply
@@ -293,13 +293,13 @@ class Sweeper:
             if code == "d":
                 skipped[(kind, "dead_lettered")] += count
             else:
-                metrics.TICKS.labels(kind=kind, outcome=_OUTCOME[code]).inc(count)
+                beat_metrics.TICKS.labels(kind=kind, outcome=_OUTCOME[code]).inc(count)
                 if code == "q":
                     report.emitted += count
                 else:
                     report.coalesced += count
         for (kind, reason), count in skipped.items():
-            metrics.TICKS_SKIPPED.labels(kind=kind, reason=reason).inc(count)
+            beat_metrics.TICKS_SKIPPED.labels(kind=kind, reason=reason).inc(count)
             report.skipped += count
         if _info_enabled():
             self._log_ticks(ticking, reasons, codes, int(now * 1000))
@@ -327,9 +327,9 @@ class Sweeper:
 
     def _finish(self, report: SweepReport) -> None:
         finished = self._clock.time()
-        metrics.SWEEP_SECONDS.observe(report.seconds)
-        metrics.SWEEP_DUE.set(report.due)
-        metrics.LAST_SWEEP.set(finished)
+        beat_metrics.SWEEP_SECONDS.observe(report.seconds)
+        beat_metrics.SWEEP_DUE.set(report.due)
+        beat_metrics.LAST_SWEEP.set(finished)
         summary = {**asdict(report), "at": finished, "host": self._fleet.settings.hostname}
         summary["seconds"] = round(report.seconds, 6)
         self._client.set(self._keys.last_sweep, json.dumps(summary, sort_keys=True))

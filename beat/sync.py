@@ -42,10 +42,10 @@ from pathlib import Path
 import redis
 import structlog
 
+from beat import metrics as beat_metrics
 from beat.cron import CronError
 from beat.entries import EntryChanges, PersonaEntries, ScheduleEntries
 from beat.schedule import ScheduleSpec, specs_for
-from workers import metrics
 from workers.fleet.door_settings import fleet_settings_record
 from workers.fleet.keys import Keys
 from workers.fleet.registry import PersonaRegistry
@@ -218,7 +218,7 @@ class RegistrySync:
         report.invalid = sum(1 for record in current.values() if record.error)
         report.lanes = self.registered_lanes
         self._entries.set_registered_lanes(report.lanes, fleet_settings_record(self._settings))
-        metrics.REGISTRY_INVALID.set(report.invalid)
+        beat_metrics.REGISTRY_INVALID.set(report.invalid)
         report.seconds = time.perf_counter() - started
         busy = report.added or report.updated or report.removed or report.parsed
         (_log.info if busy else _log.debug)(
@@ -252,7 +252,7 @@ class RegistrySync:
                 "running turns and today's token counts of that moment are lost (runbook: Redis "
                 "down or restarted)",
             )
-            metrics.REDIS_DATA_LOST.inc()
+            beat_metrics.REDIS_DATA_LOST.inc()
             self._entries.record_loss(now, personas)
         self._marker = marker
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import urllib.request
 
+import pytest
 from structlog.testing import capture_logs
 
 from tests.support.fleet import wait_until
@@ -71,3 +74,35 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+_SCRAPE = """
+import importlib, sys
+from prometheus_client import REGISTRY, generate_latest
+importlib.import_module(sys.argv[1])
+sys.stdout.write(generate_latest(REGISTRY).decode())
+"""
+_BEAT_ONLY = (
+    "soulfleet_last_sweep_timestamp_seconds",
+    "soulfleet_sweep_due",
+    "soulfleet_sweep_seconds",
+    "soulfleet_provider_breaker_open",
+    "soulfleet_registry_invalid_personas",
+    "soulfleet_redis_data_lost_total",
+    "soulfleet_ticks_total",
+    "soulfleet_ticks_skipped_total",
+)
+
+
+@pytest.mark.parametrize(
+    ("process", "module"), [("worker", "workers.celery"), ("beat", "beat.scheduler")]
+)
+def test_only_beat_exports_what_only_beat_measures(process: str, module: str) -> None:
+    """A worker's scrape shows none of beat's sweep, tick, registry or breaker metrics (each
+    was a 0 from every worker, read by any query without a job filter); beat's shows them."""
+    scrape = subprocess.run(
+        [sys.executable, "-c", _SCRAPE, module], capture_output=True, text=True, check=True
+    ).stdout
+    assert "soulfleet_turns_total" in scrape  # the scrape itself works in both
+    shown = {name for name in _BEAT_ONLY if f"# TYPE {name} " in scrape}
+    assert shown == (set(_BEAT_ONLY) if process == "beat" else set()), process

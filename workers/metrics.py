@@ -6,7 +6,9 @@ what ``soulfleet status`` and the logs are for.
 
 Workers and beat each serve ``/metrics`` on ``SOULFLEET_METRICS_PORT`` (0 = off). Lane-state
 gauges are read from Redis at scrape time by :class:`LaneStateCollector`, which only beat
-registers, so a fleet with many workers does not report the same lanes many times.
+registers, so a fleet with many workers does not report the same lanes many times. What only
+beat measures (its sweeps, ticks, registry syncs, breakers) is in :mod:`beat.metrics`, which
+no worker imports: a worker's scrape would otherwise show those gauges at 0.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 
 import structlog
-from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -26,14 +28,13 @@ __all__ = [
     "BATON_WAIT",
     "BATON_WAITED_OUT",
     "BEATS",
-    "BREAKER_OPEN",
     "CACHED_INPUT_TOKENS",
     "CACHE_WRITE_INPUT_TOKENS",
     "COUNT_KEYS",
     "DEAD_LETTERED",
     "LANES",
     "LANES_STUCK",
-    "LAST_SWEEP",
+    "LATENCY_BUCKETS",
     "LEASE_LOSSES",
     "MEMORY_LOCK_WAIT",
     "MEMORY_WRITE_FAILURES",
@@ -43,15 +44,9 @@ __all__ = [
     "MODEL_TOKENS",
     "REAPER_REPAIRS",
     "REDIS_CONNECTION_WAIT",
-    "REDIS_DATA_LOST",
     "REDIS_EVICTING",
     "REDIS_MEMORY_MAX",
     "REDIS_MEMORY_USED",
-    "REGISTRY_INVALID",
-    "SWEEP_DUE",
-    "SWEEP_SECONDS",
-    "TICKS",
-    "TICKS_SKIPPED",
     "TOOL_CALLS",
     "TOOL_CALL_SECONDS",
     "TURNS",
@@ -66,19 +61,8 @@ __all__ = [
 
 _log = structlog.get_logger("soulfleet.metrics")
 
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
-TICKS = Counter(
-    "soulfleet_ticks_total",
-    "Ticks beat's sweep handled, by outcome (emitted = a turn was queued); ticks a command sends "
-    "(`soulfleet dream`) are not counted here.",
-    ["kind", "outcome"],
-)
-TICKS_SKIPPED = Counter(
-    "soulfleet_ticks_skipped_total",
-    "Ticks the sweep skipped without a model call, by reason.",
-    ["kind", "reason"],
-)
 TURNS = Counter(
     "soulfleet_turns_total",
     "Turns that ended, by kind (interactive|heartbeat|dream) and status.",
@@ -109,13 +93,13 @@ CACHE_WRITE_INPUT_TOKENS = Counter(
     "cache_creation_input_tokens), summed over committed turns.",
 )
 TURN_SECONDS = Histogram(
-    "soulfleet_turn_seconds", "Wall time of a turn.", ["kind"], buckets=_LATENCY_BUCKETS
+    "soulfleet_turn_seconds", "Wall time of a turn.", ["kind"], buckets=LATENCY_BUCKETS
 )
 MODEL_CALL_SECONDS = Histogram(
     "soulfleet_model_call_seconds",
     "Wall time of one model call (inside the turn gate).",
     ["provider"],
-    buckets=_LATENCY_BUCKETS,
+    buckets=LATENCY_BUCKETS,
 )
 MODEL_TOKENS = Counter(
     "soulfleet_model_tokens_total",
@@ -136,7 +120,7 @@ TURNS_SKIPPED = Counter(
 TURN_GATE_WAIT = Histogram(
     "soulfleet_turn_gate_wait_seconds",
     "Time a model call waited for a fleet-wide turn gate slot.",
-    buckets=_LATENCY_BUCKETS,
+    buckets=LATENCY_BUCKETS,
 )
 TOOL_CALLS = Counter(
     "soulfleet_tool_calls_total",
@@ -148,7 +132,7 @@ TOOL_CALL_SECONDS = Histogram(
     "soulfleet_tool_call_seconds",
     "Wall time of one tool call, by source.",
     ["source"],
-    buckets=_LATENCY_BUCKETS,
+    buckets=LATENCY_BUCKETS,
 )
 
 
@@ -198,31 +182,11 @@ REDIS_CONNECTION_WAIT = Histogram(
     ["client"],
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30),
 )
-SWEEP_SECONDS = Histogram(
-    "soulfleet_sweep_seconds", "Wall time of one schedule sweep.", buckets=_LATENCY_BUCKETS
-)
-SWEEP_DUE = Gauge("soulfleet_sweep_due", "Schedule entries due in the newest sweep.")
-LAST_SWEEP = Gauge("soulfleet_last_sweep_timestamp_seconds", "Unix time the newest sweep finished.")
 REAPER_REPAIRS = Counter(
     "soulfleet_reaper_repairs_total",
     "Lanes beat's recovery re-queued, by reason: the reaper's repairs (a lost message, a dead "
     "worker) and routine recovery (retry_due: a backoff ended; resumed: a breaker closed).",
     ["reason"],
-)
-BREAKER_OPEN = Gauge(
-    "soulfleet_provider_breaker_open",
-    "1 while a model provider's breaker is open (calls paused, lanes deferred), else 0; set by "
-    "beat's recovery pass.",
-    ["provider"],
-)
-REDIS_DATA_LOST = Counter(
-    "soulfleet_redis_data_lost_total",
-    "Registry syncs that found the marker beat set in Redis gone: Redis lost its data (a "
-    "restart without AOF, FLUSHALL) while beat ran.",
-)
-REGISTRY_INVALID = Gauge(
-    "soulfleet_registry_invalid_personas",
-    "Personas beat's registry sync refused (bad persona.toml, non-regular or unreadable files).",
 )
 
 LANES = "soulfleet_lanes"

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 from prometheus_client import REGISTRY, Metric
 
+from beat import metrics as beat_metrics
 from workers import metrics
 
 __all__ = [
@@ -94,14 +95,15 @@ def _family_series(family: Metric, labelnames: Iterable[str]) -> Iterator[tuple[
 
 
 def exported_metrics() -> Exported:
-    """Series names exported by the live registry after importing ``workers.metrics``, plus the
+    """Series names exported by the live registry after importing ``workers.metrics`` and
+    ``beat.metrics`` (beat's scrape shows both), plus the
     gauges :class:`~workers.metrics.LaneStateCollector` yields (beat registers it at run time).
 
     Label names come from the metric objects (a labelled metric with no children yet has no
     samples to read them from) and, for the collector, from the samples it yields.
     """
     declared: dict[str, tuple[str, ...]] = {}
-    for value in vars(metrics).values():
+    for value in [*vars(metrics).values(), *vars(beat_metrics).values()]:
         name = getattr(value, "_name", None)
         labelnames = getattr(value, "_labelnames", None)
         if isinstance(name, str) and isinstance(labelnames, tuple):

@@ -80,6 +80,6 @@ for _command in (up, init, soul, tools, run, post, status, beats, dream, revive,
 
 
 def main() -> None:
-    """Console-script entry point (``soulfleet = "workers.cli:main"``)."""
+    """The command line (the console script, :mod:`workers.command`, calls it)."""
     quiet_logging()
     cli.main(prog_name="soulfleet")

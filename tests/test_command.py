@@ -1,0 +1,40 @@
+"""command.py: the console script, and a Ctrl-C while it imports the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+_INTERRUPTED_IMPORT = """
+import sys
+class Interrupt:  # a Ctrl-C arriving while workers.cli is imported
+    def find_spec(self, name, path=None, target=None):
+        if name == "workers.cli":
+            raise KeyboardInterrupt
+        return None
+sys.meta_path.insert(0, Interrupt())
+from workers.command import main
+main()
+"""
+
+
+def test_a_ctrl_c_while_the_command_line_imports_says_aborted_without_a_traceback() -> None:
+    """As click does once a command runs: "Aborted!" and exit 1, no Python traceback."""
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_IMPORT], capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stderr) == (1, "Aborted!\n")
+
+
+def test_the_console_script_runs_the_command_line() -> None:
+    """The entry point pyproject names is this one, and it runs the commands."""
+    project = tomllib.loads(Path(__file__).parents[1].joinpath("pyproject.toml").read_text())
+    assert project["project"]["scripts"]["soulfleet"] == "workers.command:main"
+    done = subprocess.run(
+        [sys.executable, "-c", "from workers.command import main; main()", "--version"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("soulfleet, version")
