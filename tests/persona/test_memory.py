@@ -13,6 +13,7 @@ import structlog.testing
 
 from tests.support.memory import held_by_thread, ok
 from tests.support.persona import make_persona, tree
+from workers.persona import memory as memory_module
 from workers.persona import memory_commit
 from workers.persona.home import MAX_FILE_BYTES, compose_soul
 from workers.persona.locks import lock_file_for
@@ -406,22 +407,27 @@ def test_a_refused_rename_names_the_memory_file_not_its_temp_file(home: Path) ->
     assert ".tmp" not in message
 
 
+@pytest.mark.parametrize("scope", [None, "ava:1"])
 def test_a_write_whose_directory_fsync_fails_is_not_reported_as_unchanged(
-    home: Path, monkeypatch: pytest.MonkeyPatch
+    home: Path, monkeypatch: pytest.MonkeyPatch, scope: str | None
 ) -> None:
     """The rename is done when the directory fsync after it fails (EIO): the file shows the
     entry, so the answer says it was changed and not to repeat it, never "Nothing was
-    changed" (the model would add it again)."""
+    changed" (the model would add it again). A keyed write's new ledger is still made
+    durable (its directory fsynced after the lock)."""
 
     def failing(directory: str | os.PathLike[str]) -> None:
         raise OSError(errno.EIO, "Input/output error", os.fspath(directory))
 
+    flushed: list[str] = []
     monkeypatch.setattr(memory_commit, "fsync_directory", failing)
-    output = _error(memory_tool(home), {"action": "add", "text": "kept"})
+    monkeypatch.setattr(memory_module, "fsync_directory", lambda path: flushed.append(str(path)))
+    output = _error(memory_tool(home, write_scope=scope), {"action": "add", "text": "kept"})
     assert output.startswith("MEMORY.md was changed, but flushing it to disk failed")
     assert "Do not repeat it" in output
     assert "Nothing was changed" not in output
     assert (home / "MEMORY.md").read_text() == "- kept\n"
+    assert flushed == ([] if scope is None else [str(home.resolve() / ".locks")])
 
 
 def test_no_edit_can_make_a_soul_section_header_line(home: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -343,6 +344,32 @@ def test_an_append_its_writer_never_flushed_is_flushed_before_its_answer(home: P
         retry = _run(home, "ava:9", ADD)
     assert retry[0].startswith("Added an entry")
     assert flushed[:2] == [str(home / "MEMORY.md"), str(home)]
+    assert (home / "MEMORY.md").read_text().count("The sky is green.") == 1
+
+
+def test_an_append_whose_settling_flush_fails_is_answered_as_applied_but_unflushed(
+    home: Path,
+) -> None:
+    """The retry of a writer killed before its flush settles the intent, and that flush fails
+    (EIO): the entry is in the file, so the retry hears it was changed and not to repeat it
+    (an error), never "nothing was changed"; a later retry replays that answer, an error
+    again; the entry stays once."""
+    _run(home, "ava:1", {"action": "add", "text": "an earlier write"})
+    done = subprocess.run([sys.executable, "-c", _KILLED_BEFORE_FLUSH, str(home)], check=False)
+    assert done.returncode == -signal.SIGKILL
+    real = os.fsync
+
+    def failing(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("MEMORY.md"):
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "fsync", failing)
+        retry = _run(home, "ava:9", ADD)[0]
+    unflushed = "ERROR MEMORY.md was changed, but flushing it to disk failed (Input/output error)"
+    assert retry.startswith(unflushed)
+    assert _run(home, "ava:9", ADD)[0] == retry
     assert (home / "MEMORY.md").read_text().count("The sky is green.") == 1
 
 

@@ -354,12 +354,13 @@ def test_a_batch_is_durable_before_its_answers_and_its_lock(
     assert WriteLedger(flushes.ledger).answer(queued_key) is not None
 
 
+@pytest.mark.parametrize("scope", [None, "ava:1"])
 def test_a_batch_whose_directory_fsync_fails_tells_every_writer_it_was_changed(
-    home: Path, monkeypatch: pytest.MonkeyPatch
+    home: Path, monkeypatch: pytest.MonkeyPatch, scope: str | None
 ) -> None:
     """A replaced batch whose directory fsync fails (EIO) was applied: the holder and each
-    queued writer hear "changed, do not repeat it", never "nothing was changed" (the model
-    would add it again)."""
+    queued writer hear "changed, do not repeat it" (an error), never "nothing was changed"
+    (the model would add it again); a keyed holder's retry replays the same error."""
     ok(memory_tool(home), action="add", text="before")
     monkeypatch.setattr(memory_commit, "append_bytes", lambda *args, **kwargs: False)
     enqueue(str(_queue(home)), "qqueued", _ADD, _until())
@@ -368,13 +369,16 @@ def test_a_batch_whose_directory_fsync_fails_tells_every_writer_it_was_changed(
         raise OSError(errno.EIO, "Input/output error", os.fspath(directory))
 
     monkeypatch.setattr(memory_commit, "fsync_directory", failing)
-    result = memory_tool(home).execute({"action": "add", "text": "own"})
+    result = memory_tool(home, write_scope=scope).execute({"action": "add", "text": "own"})
     assert result.is_error
     assert result.output.startswith("MEMORY.md was changed, but flushing it to disk failed")
     assert (home / "MEMORY.md").read_text() == "- before\n- own\n- queued entry\n"
     answer = WriteLedger(home.resolve() / ".locks" / "MEMORY.md.applied").answer("qqueued")
-    assert answer is not None
-    assert "Do not repeat it" in answer
+    assert answer == result.output  # what its waiter returns, as an error (is_unflushed)
+    if scope is not None:
+        retry = memory_tool(home, write_scope=scope).execute({"action": "add", "text": "own"})
+        assert (retry.is_error, retry.output) == (True, result.output)
+        assert (home / "MEMORY.md").read_text().count("- own") == 1
 
 
 def test_a_served_writer_answers_without_a_flush_of_its_own(

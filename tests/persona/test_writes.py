@@ -9,6 +9,7 @@ import random
 import re
 import stat
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -237,7 +238,8 @@ def _changed(target: Path) -> bytes:
 
 
 def _network(target: Path) -> bytes:
-    filesystems._known[target.stat().st_dev] = False  # as if on NFS (the fixture restores it)
+    # As if on NFS (the test restores the cache).
+    filesystems._known[target.stat().st_dev] = (time.monotonic(), False)
     return target.read_bytes()
 
 

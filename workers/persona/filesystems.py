@@ -11,15 +11,19 @@ memory tool replaces, as it always did.
 
 Known local: the filesystems of a disk or of memory (ext2/3/4, xfs, btrfs, f2fs, zfs,
 bcachefs, jfs, reiserfs, tmpfs, ramfs) and a container's overlay. Anything else, or a machine
-without ``/proc/self/mountinfo``, counts as shared.
+without ``/proc/self/mountinfo``, counts as shared. A file's device is looked up in the mount
+table; one the table does not name (a btrfs subvolume reports a device of its own) by the
+mount its path is under. An answer is kept for a minute per device (a device number can be
+reused by a later mount).
 """
 
 from __future__ import annotations
 
 import os
-import threading
+import re
+import time
 
-__all__ = ["LOCAL_KINDS", "is_local", "kinds_by_device"]
+__all__ = ["LOCAL_KINDS", "Mount", "is_local", "mounts"]
 
 LOCAL_KINDS = frozenset(
     {
@@ -28,37 +32,54 @@ LOCAL_KINDS = frozenset(
     }
 )  # fmt: skip
 _MOUNTINFO = "/proc/self/mountinfo"
+#: Seconds an answer is kept per device.
+_KEEP = 60.0
+_ESCAPED = re.compile(r"\\([0-7]{3})")
 
-_known: dict[int, bool] = {}
-_guard = threading.Lock()
+_known: dict[int, tuple[float, bool]] = {}
+
+Mount = tuple[str, str, str]  # (device "major:minor", mount point, filesystem type)
 
 
-def kinds_by_device(mountinfo: str) -> dict[str, str]:
-    """``"major:minor"`` -> filesystem type, from the text of ``/proc/self/mountinfo``."""
-    found: dict[str, str] = {}
+def mounts(mountinfo: str) -> list[Mount]:
+    """The mounts of ``/proc/self/mountinfo``'s text, mount points unescaped."""
+    found: list[Mount] = []
     for line in mountinfo.splitlines():
         fields = line.split()
-        if " - " not in line or len(fields) < 3:
+        if " - " not in line or len(fields) < 5:
             continue
         after = line.split(" - ", 1)[1].split()
         if after:
-            found.setdefault(fields[2], after[0])
+            point = _ESCAPED.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+            found.append((fields[2], point, after[0]))
     return found
 
 
-def is_local(device: int) -> bool:
-    """Whether ``device`` (a ``st_dev``) is a filesystem only this machine writes to. Read
-    once per device and process (mounts do not change under a running file)."""
+def is_local(device: int, path: str) -> bool:
+    """Whether ``path``, on ``device`` (its ``st_dev``), is on a filesystem only this machine
+    writes to."""
+    now = time.monotonic()
     known = _known.get(device)
-    if known is not None:
-        return known
+    if known is not None and now - known[0] < _KEEP:
+        return known[1]
     try:
-        with open(_MOUNTINFO, encoding="utf-8", errors="replace") as mounts:
-            kinds = kinds_by_device(mounts.read())
+        with open(_MOUNTINFO, encoding="utf-8", errors="replace") as table:
+            found = mounts(table.read())
     except OSError:
-        kinds = {}
-    kind = kinds.get(f"{os.major(device)}:{os.minor(device)}", "")
-    local = kind in LOCAL_KINDS
-    with _guard:
-        _known[device] = local
+        found = []
+    local = _kind(found, device, path) in LOCAL_KINDS
+    _known[device] = (now, local)
     return local
+
+
+def _kind(found: list[Mount], device: int, path: str) -> str:
+    number = f"{os.major(device)}:{os.minor(device)}"
+    for mount_device, _, kind in found:
+        if mount_device == number:
+            return kind
+    real = os.path.realpath(path)
+    best, longest = "", -1
+    for _, point, kind in found:  # the deepest mount over the path; of equal ones, the last
+        if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) >= longest:
+            best, longest = kind, len(point)
+    return best

@@ -70,6 +70,7 @@ from workers.persona.ledger_lines import (
     parse_intent,
     parsed_at,
 )
+from workers.persona.memory_spec import unflushed_message
 from workers.persona.writes import (
     fsync_directory,
     fsync_file,
@@ -196,12 +197,14 @@ class WriteLedger:
         self.close()  # its descriptor names the replaced file: later appends reopen
         self._raw, self._after = data, b""
 
-    def settle(self, data: str) -> None:
+    def settle(self, data: str, *, label: str = "") -> None:
         """Finish a commit whose writer died between its intent and its answers (its ledger
         ends with the intent): if the data file is what the intent named, the write (a rename
         or an append) happened: it is made durable and its answers are recorded now (so
-        neither its waiters nor a retry apply those writes again); otherwise it never happened
-        and the intent is voided. Call first, under the lock."""
+        neither its waiters nor a retry apply those writes again; if the flush fails, each
+        answer is replaced by what an applied but unflushed write answers, ``label`` naming
+        the file); otherwise it never happened and the intent is voided. Call first, under
+        the lock."""
         tail = self._raw if self._loaded else self._tail()
         if not tail or not last_line(tail).startswith(INTENT_PREFIX):
             return
@@ -212,17 +215,24 @@ class WriteLedger:
         except FileNotFoundError:
             written = False
         if intent is not None and written:
-            # Its writer may have died before the flush that makes its write durable, which
-            # every answer must follow: an append's (the data) or a rename's (the directory).
-            fsync_file(data)
-            fsync_directory(os.path.dirname(data) or ".")
+            answers = intent[1]
+            try:
+                # Its writer may have died before the flush that makes its write durable, which
+                # every answer must follow: an append's (the data) or a rename's (the directory).
+                fsync_file(data)
+                fsync_directory(os.path.dirname(data) or ".")
+            except OSError as error:
+                # Applied, perhaps not durable: its writers (a waiter, a retry) hear that, and
+                # none applies its write again.
+                note = unflushed_message(label or os.path.basename(data), error)
+                answers = [(key, note) for key, _ in answers]
             _log.warning(
                 "memory.commit_finished",
                 path=self.path,
-                writes=len(intent[1]),
+                writes=len(answers),
                 reason="its writer died after the write, before recording its answers",
             )
-            self.record_all(intent[1])
+            self.record_all(answers)
             return
         self._append(VOID_LINE)
 

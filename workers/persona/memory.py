@@ -58,16 +58,18 @@ from workers.persona.files import confined, read_prefix
 from workers.persona.home import MAX_FILE_BYTES, persona_home
 from workers.persona.ledger import write_key
 from workers.persona.locks import CLAIM_SUFFIX, DEFAULT_LOCK_TIMEOUT, LockMode, path_lock
-from workers.persona.memory_commit import Committed, commit, unflushed_message
+from workers.persona.memory_commit import Committed, commit
 from workers.persona.memory_edit import not_found
 from workers.persona.memory_paths import TargetCache, WriteTarget
 from workers.persona.memory_spec import (
     NOTES_DIR,
     MemoryRequest,
     describe,
+    is_unflushed,
     parse_request,
     schema,
     target_label,
+    unflushed_message,
     valid_note_slug,
 )
 from workers.persona.shared_claims import NO_LINKS
@@ -247,7 +249,7 @@ class MemoryTool:
             return ToolResult(_timeout_message(request, error, handoff.queued), is_error=True)
         if done is None:  # another writer applied it, durably, and left the answer
             answer = "" if handoff.answer is None else handoff.answer
-            done = Committed(ToolResult(answer), applied=keyed)
+            done = Committed(ToolResult(answer, is_error=is_unflushed(answer)), applied=keyed)
         return self._settle(request, target, done, what)
 
     def _settle(
@@ -261,13 +263,16 @@ class MemoryTool:
             if done.size < 0:
                 _log.info("memory.write_replayed", action=request.action,
                           target=request.target, scope=self.write_scope)  # fmt: skip
-        if done.unflushed is not None:
-            return self._unflushed(request, done.result, done.unflushed)
         if done.flush_ledger:
             try:
                 fsync_directory(done.flush_ledger)
             except OSError as exc:  # the write is durable: only a retry could repeat it now
                 _log.warning("memory.ledger_failed", path=done.flush_ledger, error=str(exc))
+        if done.unflushed is not None:
+            return self._unflushed(request, done.result, done.unflushed)
+        if done.result.is_error and is_unflushed(done.result.output):
+            # Its write was applied by another writer whose flush failed (a replayed answer).
+            self._failed(request, "os_error", done.result.output)
         if done.size >= 0:
             _log.info("memory.write", action=request.action, target=request.target,
                       path=target.relative, bytes=done.size)  # fmt: skip

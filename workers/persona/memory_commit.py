@@ -39,12 +39,17 @@ from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.ledger import WriteLedger
 from workers.persona.memory_edit import FileFull, edit
 from workers.persona.memory_paths import WriteTarget
-from workers.persona.memory_spec import MemoryRequest, target_label
+from workers.persona.memory_spec import (
+    MemoryRequest,
+    is_unflushed,
+    target_label,
+    unflushed_message,
+)
 from workers.persona.tools import ToolResult
 from workers.persona.write_queue import Handoff, QueuedWrite, is_handoff_key, take
 from workers.persona.writes import append_bytes, fsync_directory, replace_bytes
 
-__all__ = ["Committed", "commit", "unflushed_message"]
+__all__ = ["Committed", "commit"]
 
 _log = structlog.get_logger("soulfleet.memory")
 
@@ -80,12 +85,13 @@ def commit(
     is answered under ("" for none); ``keyed`` says it is a turn's keyed write; ``handoff`` is
     the writer's side of the queue, if it may have queued the write before it got the lock."""
     ledger = WriteLedger(target.ledger)
-    ledger.settle(target.data)  # a holder that died mid-commit: finish or void its work first
+    # A holder that died mid-commit: finish or void its work first.
+    ledger.settle(target.data, label=target_label(request.target))
     if key:
         before = ledger.answer(key)
         if before is not None:  # a retry of this turn's write, or another writer applied it
             # (durable: every write is, directory and all, before its lock is let go)
-            return Committed(ToolResult(before), applied=keyed)
+            return Committed(ToolResult(before, is_error=is_unflushed(before)), applied=keyed)
     current = read_prefix(target.data, MAX_FILE_BYTES)
     own = edit(request, current)
     rotated = False
@@ -205,16 +211,6 @@ def _write(
     except OSError as error:
         return error
     return None
-
-
-def unflushed_message(label: str, error: OSError) -> str:
-    """What a write applied but perhaps not durable answers (its directory fsync failed): not
-    "nothing was changed", which would have the model repeat it."""
-    problem = error.strerror or str(error)
-    return (
-        f"{label} was changed, but flushing it to disk failed ({problem}): the change may "
-        "not survive a crash of the machine. Do not repeat it; read the file to check it."
-    )
 
 
 def _trimmed_log(target: WriteTarget, current: bytes | None) -> bytes | None:

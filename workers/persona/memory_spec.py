@@ -19,9 +19,11 @@ __all__ = [
     "NOTES_DIR",
     "MemoryRequest",
     "describe",
+    "is_unflushed",
     "parse_request",
     "schema",
     "target_label",
+    "unflushed_message",
     "valid_note_slug",
 ]
 
@@ -144,6 +146,24 @@ def target_label(target: str) -> str:
     if target.startswith("note:"):
         return f"{target} ({NOTES_DIR}/{target[5:]}.md)"
     return _FILES.get(target, target)
+
+
+_UNFLUSHED = "but flushing it to disk failed"
+
+
+def unflushed_message(label: str, error: OSError) -> str:
+    """What a write that was applied but perhaps not made durable answers (a flush failed):
+    never "nothing was changed", which would have the model repeat it."""
+    problem = error.strerror or str(error)
+    return (
+        f"{label} was changed, {_UNFLUSHED} ({problem}): the change may not survive a crash "
+        "of the machine. Do not repeat it; read the file to check it."
+    )
+
+
+def is_unflushed(answer: str) -> bool:
+    """Whether a recorded answer is :func:`unflushed_message`'s (an error, when replayed)."""
+    return _UNFLUSHED in answer and answer.endswith("read the file to check it.")
 
 
 @dataclass(frozen=True, slots=True)

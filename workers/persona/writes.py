@@ -208,7 +208,7 @@ def append_bytes(
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size != len(current):
             return False
-        if not is_local(info.st_dev):
+        if not is_local(info.st_dev, os.fspath(path)):
             return False  # a network filesystem's client can write a dead append back late
         if before_append is not None:
             before_append((info.st_ino, len(data)))
