@@ -117,12 +117,23 @@ def test_reader_never_sees_a_torn_file(tmp_path: Path) -> None:
     target = tmp_path / "MEMORY.md"
     versions = (b"a" * 1_000_000, b"b" * 1_500_000)
     atomic_write_bytes(target, versions[0])
+
+    def writer() -> None:
+        for round_ in range(60):
+            atomic_write_bytes(target, versions[round_ % 2])
+
+    assert _reads_while(writer, lambda: target.read_bytes() in versions) > 0
+    assert tree(tmp_path) == {"MEMORY.md"}
+
+
+def _reads_while(write: Callable[[], None], read_ok: Callable[[], bool]) -> int:
+    """Run ``write`` on a thread while this one asserts ``read_ok()`` again and again (at
+    least once); how many reads it made."""
     done = threading.Event()
 
     def writer() -> None:
         try:
-            for round_ in range(60):
-                atomic_write_bytes(target, versions[round_ % 2])
+            write()
         finally:
             done.set()
 
@@ -131,12 +142,11 @@ def test_reader_never_sees_a_torn_file(tmp_path: Path) -> None:
     reads = 0
     try:
         while not done.is_set() or reads == 0:
-            assert target.read_bytes() in versions
+            assert read_ok()
             reads += 1
     finally:
         thread.join()
-    assert reads > 0
-    assert tree(tmp_path) == {"MEMORY.md"}
+    return reads
 
 
 def test_a_temp_name_already_taken_is_skipped_never_reused(
@@ -316,33 +326,20 @@ def test_a_reader_never_sees_part_of_an_append(tmp_path: Path) -> None:
     every read sees whole entries only: an append is never seen cut."""
     target = tmp_path / "MEMORY.md"
     target.write_bytes(b"")
-    done = threading.Event()
     entry = re.compile(rb"(- x+\n)*")
     appended = 0
 
     def writer() -> None:
         nonlocal appended
         rng = random.Random(7)
-        try:
-            current = b""
-            for _ in range(600):
-                data = current + b"- " + b"x" * rng.randrange(1, 900) + b"\n"
-                if append_bytes(target, current, data):
-                    appended += 1
-                else:
-                    atomic_write_bytes(target, data)
-                current = data
-        finally:
-            done.set()
+        current = b""
+        for _ in range(600):
+            data = current + b"- " + b"x" * rng.randrange(1, 900) + b"\n"
+            if append_bytes(target, current, data):
+                appended += 1
+            else:
+                atomic_write_bytes(target, data)
+            current = data
 
-    thread = threading.Thread(target=writer)
-    thread.start()
-    reads = 0
-    try:
-        while not done.is_set() or reads == 0:
-            assert entry.fullmatch(target.read_bytes())
-            reads += 1
-    finally:
-        thread.join()
+    assert _reads_while(writer, lambda: entry.fullmatch(target.read_bytes()) is not None) > 0
     assert appended > 300  # most went in place
-    assert reads > 0
