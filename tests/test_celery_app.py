@@ -140,11 +140,11 @@ def test_a_prefork_command_line_gets_preforks_settings(monkeypatch: pytest.Monke
     for name in ("SOULFLEET_WORKER_POOL", "SOULFLEET_WORKER_CONCURRENCY"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(sys, "argv", ["celery", "-A", "workers", "worker", "-P", "prefork"])
-    asked = worker_app._settings_or_exit()
+    asked = worker_app.settings_or_exit()
     assert asked.worker_pool == "prefork"
     assert 1 <= asked.worker_concurrency <= pool_limit("prefork")
     monkeypatch.setattr(sys, "argv", ["celery", "-A", "workers", "worker"])
-    assert worker_app._settings_or_exit().worker_pool == "threads"
+    assert worker_app.settings_or_exit().worker_pool == "threads"
 
 
 @pytest.mark.integration

@@ -9,9 +9,11 @@ this app and these settings passed in rather than importing them back.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from typing import Any
+
+# First: a prefork worker names its metric files before anything imports prometheus_client.
+from workers.process_settings import pool_asked, settings, settings_or_exit  # isort: split
 
 import structlog
 from celery.signals import (
@@ -33,46 +35,14 @@ from workers.logs import configure_logging
 from workers.persona.shared_claims import check_hard_links
 from workers.pools import effective_concurrency, refusal
 from workers.queues import TURN_TASK, unknown_queues
-from workers.settings import Settings, SettingsError
 
-__all__ = ["app", "make_app", "settings"]
+__all__ = ["app", "make_app", "pool_asked", "settings", "settings_or_exit"]
 
 _log = structlog.get_logger("soulfleet.worker")
 #: EX_CONFIG from sysexits.h, as for an evicting Redis: the setup is wrong, not the program.
 _EX_CONFIG = 78
 
 
-def _settings_or_exit() -> Settings:
-    """Settings, or a one-line error naming the variable and exit 2 (no traceback: a typo in the
-    environment is bad input, and a worker must never start on it and fail every turn)."""
-    environ = dict(os.environ)
-    if pool_asked(sys.argv) == "prefork":
-        # Celery cannot tell `-P prefork` from its own default and then takes the configured
-        # pool (threads, unless SOULFLEET_WORKER_POOL says otherwise): a worker asked for
-        # prefork ran threads without a word. What the command line asks for wins, as for every
-        # other pool, with prefork's own default concurrency (2 per core) unless one is set.
-        environ["SOULFLEET_WORKER_POOL"] = "prefork"
-    try:
-        return Settings.from_env(environ)
-    except SettingsError as exc:
-        sys.stderr.write(f"soulfleet: error: {exc}\n")
-        raise SystemExit(2) from None
-
-
-def pool_asked(argv: list[str]) -> str | None:
-    """The pool a ``celery worker`` command line names (``-P X``, ``-PX``, ``--pool X``,
-    ``--pool=X``), or None."""
-    for index, arg in enumerate(argv):
-        if arg in ("-P", "--pool") and index + 1 < len(argv):
-            return argv[index + 1]
-        if arg.startswith("--pool="):
-            return arg.removeprefix("--pool=")
-        if arg.startswith("-P") and len(arg) > 2:
-            return arg[2:]
-    return None
-
-
-settings = _settings_or_exit()
 app = make_app(settings)
 runtime.configure(settings, app)
 

@@ -20,9 +20,12 @@ import time
 from collections.abc import Callable, Iterable
 
 import structlog
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
+
+from workers.metric_files import shared
 
 __all__ = [
     "BATON_WAIT",
@@ -305,8 +308,9 @@ def serve_metrics(
         REGISTRY.register(collector)
     if port <= 0:
         return False
+    served = _served(collector)
     try:
-        start_http_server(port, addr=host)
+        start_http_server(port, addr=host, registry=served)
     except OSError as exc:
         if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
             # Not the port's fault: the host does not resolve, or is no address of this machine.
@@ -319,7 +323,7 @@ def serve_metrics(
                        retry_every=retry_every or None)  # fmt: skip
         if retry_every > 0:
             threading.Thread(
-                target=_serve_later, args=(port, host, retry_every),
+                target=_serve_later, args=(port, host, retry_every, served),
                 name="soulfleet-metrics-retry", daemon=True,
             ).start()  # fmt: skip
         return False
@@ -327,13 +331,25 @@ def serve_metrics(
     return True
 
 
-def _serve_later(port: int, host: str, every: float) -> None:
+def _served(collector: Collector | None) -> CollectorRegistry:
+    """What ``/metrics`` shows: this process's registry, or, for a prefork worker, what every
+    one of its processes counted, summed (:mod:`workers.metric_files`), and ``collector``."""
+    if not shared():
+        return REGISTRY
+    summed = CollectorRegistry()
+    MultiProcessCollector(summed)  # type: ignore[no-untyped-call]
+    if collector is not None:
+        summed.register(collector)
+    return summed
+
+
+def _serve_later(port: int, host: str, every: float, served: CollectorRegistry) -> None:
     tries = 1
     while True:
         time.sleep(every)
         tries += 1
         try:
-            start_http_server(port, addr=host)
+            start_http_server(port, addr=host, registry=served)
         except OSError:
             continue
         _log.info("metrics.serving", host=host, port=port, tries=tries)

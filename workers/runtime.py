@@ -14,7 +14,7 @@ import uuid
 import structlog
 from celery import Celery
 
-from workers import metrics
+from workers import metric_files, metrics
 from workers.fleet import Fleet
 from workers.fleet.gate import Gate
 from workers.fleet.lease import Renewer
@@ -112,17 +112,22 @@ def start_worker_services(
     baton = settings.turn_baton and pool == "threads" and concurrency > 1
     built.baton.enable(baton)
     set_wait_hook(built.baton.released if baton else None)
-    _log.info("worker.ready", pool=pool, concurrency=concurrency, baton=baton)
-    if pool == "prefork" and settings.metrics_port:
+    files = {"metric_files": os.environ[metric_files.ENV]} if metric_files.shared() else {}
+    _log.info("worker.ready", pool=pool, concurrency=concurrency, baton=baton, **files)
+    if pool == "prefork" and settings.metrics_port and not metric_files.shared():
         # Turns run (and count themselves) in the pool's child processes; this endpoint is the
-        # parent's. Said at start, or a dashboard of zeros reads as an idle fleet.
+        # parent's, and the children's metric files could not be shared with it (workers.celery
+        # was not the first to import the metrics). Said at start, or a dashboard of zeros
+        # reads as an idle fleet.
         _log.warning(
             "metrics.prefork_blind",
             port=settings.metrics_port,
             problem="the prefork pool runs turns in child processes this endpoint does not "
             "see: turns, model calls, tokens and tool calls stay 0 here, and this worker's "
             "turns are missing from the alerts and dashboards built on them",
-            hint="run the worker with the threads pool (the default) where its metrics matter",
+            hint="start it as `celery -A workers worker` (soulfleet's metrics were imported "
+            "before workers.celery, too late to share the children's metric files), or set "
+            "PROMETHEUS_MULTIPROC_DIR to an empty directory of its own, or use the threads pool",
         )
 
 

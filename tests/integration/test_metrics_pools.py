@@ -1,25 +1,60 @@
-"""Worker metrics and the pool: what a prefork worker's endpoint cannot see, it says."""
+"""Worker metrics and the pool: a prefork worker's endpoint sums what its children count."""
 
 from __future__ import annotations
+
+import os
+import re
+import urllib.request
 
 import pytest
 
 from tests.integration.conftest import Harness
+from tests.support.fleet import wait_until
 from workers.local.redis_server import free_port
 
 pytestmark = pytest.mark.integration
 
 
-def test_a_prefork_worker_serving_metrics_warns_they_miss_its_turns(harness: Harness) -> None:
-    """Turns run, and count themselves, in a prefork worker's children, which its metrics
-    endpoint (the parent's) does not see: the worker says so at start (its dashboard showed an
-    idle fleet). A threads worker, whose turns its endpoint counts, says nothing of it."""
-    harness.configure(SOULFLEET_METRICS_PORT=str(free_port()))
-    prefork = harness.worker("w1", pool="prefork", concurrency=1)
-    warned = prefork.wait_for_event("metrics.prefork_blind", timeout=60)
-    assert "child processes" in warned["problem"]
-    assert "threads pool" in warned["hint"]
-    harness.configure(SOULFLEET_METRICS_PORT=str(free_port()))
-    threads = harness.worker("w2", pool="threads", concurrency=2)
-    assert threads.events("worker.ready")
+def _turns_done(port: int) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found = re.search(
+        r'^soulfleet_turns_total\{kind="interactive",status="done"\} (\S+)$', text, re.MULTILINE
+    )
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_prefork_workers_endpoint_counts_the_turns_its_children_run(harness: Harness) -> None:
+    """Turns run, and count themselves, in a prefork worker's children: their counts reach
+    the parent's endpoint through metric files in a directory of the worker's own (its
+    dashboard showed an idle fleet), removed when the worker stops; no warning says it is
+    blind."""
+    names = ("ava", "bea", "cid")
+    for name in names:
+        harness.persona(name, rules='[[rules]]\ntext = "ok"\n')
+    port = free_port()
+    harness.configure(SOULFLEET_METRICS_PORT=str(port))
+    prefork = harness.worker("w1", pool="prefork", concurrency=2)
+    ready = prefork.wait_for_event("worker.ready", timeout=60)
+    for name in names:  # one turn each, run by whichever child takes it
+        harness.fleet.post(name, "hello")
+    wait_until(lambda: _turns_done(port) >= 3.0, timeout=60, what="3 turns counted")
+    assert _turns_done(port) == 3.0
+    assert prefork.events("metrics.prefork_blind") == []
+    assert ready["pool"] == "prefork"
+    files = ready["metric_files"]
+    assert any(name.endswith(".db") for name in os.listdir(files))
+    prefork.stop()
+    assert not os.path.exists(files)
+
+
+def test_a_threads_workers_endpoint_counts_its_turns(harness: Harness) -> None:
+    """A threads worker counts in its one process, with no metric files and no warning."""
+    harness.persona("ava", rules='[[rules]]\ntext = "ok"\n')
+    port = free_port()
+    harness.configure(SOULFLEET_METRICS_PORT=str(port))
+    threads = harness.worker("w1", pool="threads", concurrency=2)
+    assert "metric_files" not in threads.wait_for_event("worker.ready", timeout=60)
+    harness.fleet.post("ava", "hello")
+    wait_until(lambda: _turns_done(port) >= 1.0, timeout=60, what="the turn counted")
     assert threads.events("metrics.prefork_blind") == []

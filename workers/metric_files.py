@@ -1,0 +1,60 @@
+"""Metric files: how a prefork worker's children count into the endpoint of their parent.
+
+Why (issue 15's pools): the prefork pool runs turns in child processes, and each counted its
+turns, model calls and tokens in its own memory, which the parent's ``/metrics`` never saw: a
+prefork worker's dashboard showed an idle fleet. prometheus_client's multiprocess mode keeps
+every process's values in files of one directory (``PROMETHEUS_MULTIPROC_DIR``), which the
+parent's endpoint reads and sums (:func:`workers.metrics.serve_metrics`). The directory must be
+named before the first metric is constructed (prometheus_client picks how it stores values
+when imported, and :func:`share` has it pick again if it was imported first), so
+:mod:`workers.celery` calls :func:`share` before anything that imports soulfleet's metrics.
+
+This module imports nothing of prometheus_client at import time for that reason.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+
+__all__ = ["ENV", "share", "shared"]
+
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def share(pool: str | None, port: int) -> bool:
+    """For a prefork worker serving metrics (``port`` > 0): a fresh directory for its
+    processes' metric files, removed when the worker exits, named in :data:`ENV` (which its
+    children inherit). True when the worker's metrics are shared now (or the operator set
+    :data:`ENV` already); False for another pool, with metrics off, or when soulfleet's
+    metrics exist already (too late: the worker then warns, ``metrics.prefork_blind``)."""
+    if pool != "prefork" or port <= 0:
+        return False
+    if os.environ.get(ENV):
+        return True
+    if "workers.metrics" in sys.modules:
+        return False
+    directory = tempfile.mkdtemp(prefix="soulfleet-metrics-")
+    os.environ[ENV] = directory
+    atexit.register(_remove, directory, os.getpid())
+    if "prometheus_client" in sys.modules:
+        # Imported already (Celery's command line loads Flower's, which imports it), and it
+        # chose where values live then. Its rule is that the choice holds from the first metric
+        # constructed: none of soulfleet's is yet, so it chooses again.
+        from prometheus_client import values  # noqa: PLC0415
+
+        values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    return True
+
+
+def shared() -> bool:
+    """Whether this process keeps its metrics in files its worker's endpoint sums."""
+    return bool(os.environ.get(ENV))
+
+
+def _remove(directory: str, owner: int) -> None:
+    if os.getpid() == owner:  # a child that runs atexit hooks must not remove its parent's
+        shutil.rmtree(directory, ignore_errors=True)
