@@ -8,11 +8,11 @@ import tomllib
 from pathlib import Path
 
 _INTERRUPTED_IMPORT = """
-import sys
-class Interrupt:  # a Ctrl-C arriving while workers.cli is imported
+import os, signal, sys
+class Interrupt:  # a real Ctrl-C (SIGINT) arriving while workers.cli is imported
     def find_spec(self, name, path=None, target=None):
-        if name == "workers.cli":
-            raise KeyboardInterrupt
+        if name == "workers.cli.run":
+            os.kill(os.getpid(), signal.SIGINT)
         return None
 sys.meta_path.insert(0, Interrupt())
 from workers.command import main
@@ -21,11 +21,28 @@ main()
 
 
 def test_a_ctrl_c_while_the_command_line_imports_says_aborted_without_a_traceback() -> None:
-    """As click does once a command runs: "Aborted!" and exit 1, no Python traceback."""
+    """As click does once a command runs: "Aborted!" and exit 1; no Python traceback, and the
+    command does not run on (here it would print the usage)."""
     done = subprocess.run(
         [sys.executable, "-c", _INTERRUPTED_IMPORT], capture_output=True, text=True, check=False
     )
-    assert (done.returncode, done.stderr) == (1, "Aborted!\n")
+    assert (done.returncode, done.stderr, done.stdout) == (1, "Aborted!\n", "")
+
+
+def test_after_the_import_a_ctrl_c_is_clicks_again() -> None:
+    """The handler is put back: a Ctrl-C while a command runs is click's "Aborted!" (and a
+    KeyboardInterrupt the command can catch), not a flag nobody reads."""
+    script = (
+        "import signal, workers.cli\n"
+        "workers.cli.main = lambda: print(signal.getsignal(signal.SIGINT) is "
+        "signal.default_int_handler)\n"
+        "from workers.command import main\n"
+        "main()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=False
+    )
+    assert done.stdout.strip() == "True", done.stderr
 
 
 def test_the_console_script_runs_the_command_line() -> None:
