@@ -243,9 +243,11 @@ def main() -> None:
     rates: dict[_Case, list[float]] = {case: [] for case in cases}
     ratios: dict[_Case, list[float]] = {case: [] for case in cases}
     pool = _Pool(4)
+    measured_in = ""
     try:
         with tempfile.TemporaryDirectory(prefix="soulfleet-bench-memory-") as tmp:
             root = Path(tmp)
+            measured_in = f"{tmp} ({_filesystem(tmp)})"
             time.sleep(2.0)  # let the spawned interpreters import before the first clock starts
             for round_ in range(ROUNDS):
                 for number, case in enumerate(cases):
@@ -288,8 +290,29 @@ def main() -> None:
         )
     print(
         f"{ROUNDS} rounds; in each, blocks of {BLOCK} floor operations, {BLOCK} appends and "
-        f"{BLOCK} adds per process alternate; load average {os.getloadavg()[0]:.1f}"
+        f"{BLOCK} adds per process alternate; figures are medians over the rounds, (min-max) "
+        f"beside them; load average {os.getloadavg()[0]:.1f}; measured in {measured_in}"
     )
+    print(
+        "The fsync floor is what issue 15's goal measures adds against: a durable atomic "
+        "replace of a small file, what every add did before it appended in place. The append "
+        "floor is the cheapest durable add possible (one write and one fdatasync, no lock, no "
+        "read), for information."
+    )
+
+
+def _filesystem(path: str) -> str:
+    """The filesystem type ``path`` is on (tmpfs flushes nothing: its figures mean little)."""
+    device = os.stat(path).st_dev
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as table:
+            for line in table:
+                fields = line.split()
+                if fields[2] == f"{os.major(device)}:{os.minor(device)}" and " - " in line:
+                    return line.split(" - ", 1)[1].split()[0]
+    except OSError:
+        pass
+    return "filesystem unknown"
 
 
 def _spread(values: list[float], spec: str = ",.0f") -> str:

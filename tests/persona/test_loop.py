@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from tests.support.turns import Call, RecordingTool, ReplayModel, call, says
 from workers.persona.clock import VirtualClock
@@ -280,6 +281,23 @@ def test_max_tokens() -> None:
     assert len(model.calls) == 2
     assert result.usage.total_tokens == 120
     assert roles(result) == ["user", "assistant", "tool", "assistant", "tool"]
+
+
+def test_a_budget_the_turns_calls_used_up_is_no_input_over_budget_alarm() -> None:
+    """After model calls used the token budget, the next call not made is an ordinary end
+    (``turn.token_budget_reached``, info), never the warning that the input alone is over the
+    budget, which up's console showed as "no model call: its input alone is about 353,332
+    tokens, over the turn's budget of 400,000" for a turn that had made calls. A soul over the
+    budget still warns so."""
+    with capture_logs() as logs:  # the soul (~50 tokens) fits; after a 60-token call it does not
+        result = loop(ReplayModel(call(("t", {}), tokens=60)), tools=(RecordingTool("t"),),
+                      system="x" * 200, budget=Budget(max_tokens=100))  # fmt: skip
+    assert (result.limit, result.model_calls) == ("max_tokens", 1)
+    assert [e["event"] for e in logs if "budget" in e["event"]] == ["turn.token_budget_reached"]
+    assert next(e for e in logs if e["event"] == "turn.token_budget_reached")["used"] == 60
+    with capture_logs() as logs:
+        loop(ReplayModel(says("hi", tokens=5)), system="x" * 4_000, budget=Budget(max_tokens=900))
+    assert [e["event"] for e in logs if "budget" in e["event"]] == ["turn.input_over_budget"]
 
 
 def test_a_call_whose_input_alone_exceeds_the_token_budget_is_never_made() -> None:

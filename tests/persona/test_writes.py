@@ -321,6 +321,38 @@ def test_a_failed_flush_is_undone_and_raised(
     assert target.read_bytes() == b"- first\n"
 
 
+def test_an_append_never_overwrites_a_line_another_program_appended(tmp_path: Path) -> None:
+    """A person's `echo >> MEMORY.md` landing between the read and the write (outside the
+    lock) stays whole: the entry goes after it, never over it."""
+    target = tmp_path / "MEMORY.md"
+    target.write_bytes(b"- first\n")
+
+    def someone_appends(_will_be: tuple[int, int]) -> None:
+        with target.open("ab") as hand:
+            hand.write(b"a hand line\n")
+
+    assert append_bytes(target, b"- first\n", b"- first\n- entry\n", before_append=someone_appends)
+    assert target.read_bytes() == b"- first\na hand line\n- entry\n"
+
+
+def test_an_append_to_a_file_replaced_during_the_write_fails(tmp_path: Path) -> None:
+    """An editor's save (a new file renamed over it) between the open and the write: the bytes
+    went to the file it replaced, so the append says it failed (ESTALE), and the editor's
+    file is what stays."""
+    target = tmp_path / "MEMORY.md"
+    target.write_bytes(b"- first\n")
+
+    def editor_saves(_will_be: tuple[int, int]) -> None:
+        saved = tmp_path / "MEMORY.md~"
+        saved.write_bytes(b"- first, edited\n")
+        os.replace(saved, target)
+
+    with pytest.raises(OSError, match="replaced by another program") as failed:
+        append_bytes(target, b"- first\n", b"- first\n- entry\n", before_append=editor_saves)
+    assert failed.value.errno == errno.ESTALE
+    assert target.read_bytes() == b"- first, edited\n"
+
+
 def test_a_reader_never_sees_part_of_an_append(tmp_path: Path) -> None:
     """While one thread adds entries of many lengths (in place where it may, else replacing),
     every read sees whole entries only: an append is never seen cut."""

@@ -289,7 +289,17 @@ def run_loop(
         limit = turn.model_limit()
         if limit is None:
             estimate = sent_every_call + estimate_tokens(turn.messages)
-            if turn.usage.total_tokens + estimate > budget.max_tokens:
+            if turn.usage.total_tokens + estimate > budget.max_tokens and turn.model_calls:
+                # The turn's own calls used the budget up: an ordinary end, not an alarm.
+                limit = "max_tokens"
+                _log.info(
+                    "turn.token_budget_reached",
+                    persona=persona,
+                    estimated_input_tokens=estimate,
+                    used=turn.usage.total_tokens,
+                    max_tokens=budget.max_tokens,
+                )
+            elif turn.usage.total_tokens + estimate > budget.max_tokens:
                 limit = "max_tokens"
                 _log.warning(
                     "turn.input_over_budget",

@@ -56,7 +56,11 @@ _TEMP_ATTEMPTS = 4
 #: An append stays within one page of the page cache (:func:`append_bytes`).
 _PAGE = mmap.PAGESIZE
 _APPEND_FLAGS = (
-    os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    os.O_WRONLY
+    | os.O_APPEND
+    | os.O_NONBLOCK
+    | getattr(os, "O_NOFOLLOW", 0)
+    | getattr(os, "O_CLOEXEC", 0)
 )
 
 
@@ -170,7 +174,8 @@ def append_bytes(
 
     ``current`` is what the caller read of ``path`` under the lock every writer of ``path``
     holds; ``data`` must be ``current`` with bytes added at its end. Those bytes are written at
-    the end of the file (``pwrite``) and flushed with one ``fdatasync``: the file keeps its
+    the end of the file (``O_APPEND``: after anything another program appended since) and
+    flushed with one ``fdatasync``: the file keeps its
     inode, so the rename of the replace is not needed, nor the directory fsync that makes it
     durable (issue 15: a memory ``add`` paid a temp file, two flushes and a rename). Only when:
 
@@ -193,8 +198,9 @@ def append_bytes(
     added bytes (the write was not acknowledged).
 
     ``before_append`` gets the file's (inode, size) as they will be once the bytes are in,
-    before they are written. A failed write or flush is undone (the file cut back to
-    ``current``) and raised."""
+    before they are written. A failed write or flush is undone (the bytes cut off again) and
+    raised; a file another program replaced during the write raises ``OSError`` (ESTALE): the
+    bytes went to the file it replaced."""
     if current is None or len(data) <= len(current) or not data.startswith(current):
         return False
     added = data[len(current) :]
@@ -212,17 +218,32 @@ def append_bytes(
             return False  # a network filesystem's client can write a dead append back late
         if before_append is not None:
             before_append((info.st_ino, len(data)))
+        written = 0
         try:
-            if os.pwrite(fd, added, len(current)) != len(added):
+            # O_APPEND: at the file's end as it is then, so a line another program (a person's
+            # `echo >>`) appended since the read is written after, never over.
+            written = os.write(fd, added)
+            if written != len(added):
                 raise OSError(errno.ENOSPC, "No space left on device (a short write)", path)
             fdatasync(fd)
         except BaseException:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, len(current))
+            _undo_append(fd, written)
             raise
+        if os.stat(path, follow_symlinks=False).st_ino != info.st_ino:
+            # Another program replaced the file meanwhile (an editor's save): the bytes went to
+            # the file it replaced, which nobody reads.
+            raise OSError(errno.ESTALE, "it was replaced by another program during the write", path)
         return True
     finally:
         os.close(fd)
+
+
+def _undo_append(fd: int, written: int) -> None:
+    """Cut a failed append's bytes off again, if nothing was appended after them."""
+    with contextlib.suppress(OSError):
+        end = os.lseek(fd, 0, os.SEEK_CUR)
+        if written and os.fstat(fd).st_size == end:
+            os.ftruncate(fd, end - written)
 
 
 def open_regular(path: str | os.PathLike[str], flags: int, mode: int = _DEFAULT_MODE) -> int:
