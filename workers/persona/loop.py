@@ -249,6 +249,28 @@ class _Turn:
         )
 
 
+def _budget_log(turn: _Turn, estimate: int) -> None:
+    """Why the next call is not made: the turn's own calls used its token budget up (an
+    ordinary end), or its input alone is over it (an operator's alarm: every turn repeats it)."""
+    figures = {
+        "persona": turn.persona,
+        "estimated_input_tokens": estimate,
+        "used": turn.usage.total_tokens,
+        "max_tokens": turn.budget.max_tokens,
+    }
+    if turn.model_calls:
+        _log.info("turn.token_budget_reached", **figures)
+        return
+    _log.warning(
+        "turn.input_over_budget",
+        **figures,
+        error="the next model call's input alone would exceed the turn's token budget, so it "
+        "was not made: shrink the soul (MEMORY.md, or memory_index_cap) or the history, or "
+        "raise SOULFLEET_TURN_MAX_TOKENS; when the history is what is over, `soulfleet session "
+        "reset PERSONA` starts a new session (a soul over the budget starts one by itself)",
+    )
+
+
 def run_loop(
     *,
     system: str,
@@ -289,30 +311,9 @@ def run_loop(
         limit = turn.model_limit()
         if limit is None:
             estimate = sent_every_call + estimate_tokens(turn.messages)
-            if turn.usage.total_tokens + estimate > budget.max_tokens and turn.model_calls:
-                # The turn's own calls used the budget up: an ordinary end, not an alarm.
+            if turn.usage.total_tokens + estimate > budget.max_tokens:
                 limit = "max_tokens"
-                _log.info(
-                    "turn.token_budget_reached",
-                    persona=persona,
-                    estimated_input_tokens=estimate,
-                    used=turn.usage.total_tokens,
-                    max_tokens=budget.max_tokens,
-                )
-            elif turn.usage.total_tokens + estimate > budget.max_tokens:
-                limit = "max_tokens"
-                _log.warning(
-                    "turn.input_over_budget",
-                    persona=persona,
-                    estimated_input_tokens=estimate,
-                    used=turn.usage.total_tokens,
-                    max_tokens=budget.max_tokens,
-                    error="the next model call's input alone would exceed the turn's token "
-                    "budget, so it was not made: shrink the soul (MEMORY.md, or "
-                    "memory_index_cap) or the history, or raise SOULFLEET_TURN_MAX_TOKENS; "
-                    "when the history is what is over, `soulfleet session reset PERSONA` starts "
-                    "a new session (a soul over the budget starts one by itself)",
-                )
+                _budget_log(turn, estimate)
         if limit is not None:
             _log.info("turn.incomplete", limit=limit, model_calls=turn.model_calls)
             return turn.result("incomplete", limit=limit)
