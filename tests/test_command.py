@@ -60,3 +60,14 @@ def test_the_console_script_runs_the_command_line() -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("soulfleet, version")
+
+
+def test_an_ignored_ctrl_c_stays_ignored() -> None:
+    """Started with SIGINT ignored (`trap '' INT`, nohup): the import does not take it over,
+    so a Ctrl-C then neither aborts the command nor prints anything."""
+    script = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n" + _INTERRUPTED_IMPORT
+    done = subprocess.run(
+        [sys.executable, "-c", script, "--version"], capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.startswith("soulfleet, version")

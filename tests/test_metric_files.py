@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -52,3 +53,24 @@ def test_too_late_once_soulfleets_metrics_exist(monkeypatch: pytest.MonkeyPatch)
 
     assert not share("prefork", 9100)
     assert not metric_files.shared()
+
+
+def test_a_directory_in_the_environment_is_not_summed_by_other_processes() -> None:
+    """PROMETHEUS_MULTIPROC_DIR set for every process (as `up` passes its environment on): a
+    process that is not a prefork worker serves its own values, not the directory's sum."""
+    script = (
+        "import sys\n"
+        "from workers import metric_files, metrics\n"
+        "from prometheus_client import generate_latest\n"
+        "metrics.TURNS.labels(kind='interactive', status='done').inc(2)\n"
+        "print(metric_files.shared())\n"
+        "print(generate_latest(metrics._served(None)).decode())\n"
+    )
+    directory = tempfile.mkdtemp()
+    first = {**os.environ, ENV: directory}
+    subprocess.run([sys.executable, "-c", script], env=first, check=True, capture_output=True)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=first, check=True, capture_output=True, text=True
+    )
+    assert done.stdout.splitlines()[0] == "False"
+    assert 'soulfleet_turns_total{kind="interactive",status="done"} 2.0' in done.stdout

@@ -23,11 +23,17 @@ def main() -> None:
     def note(signum: int, _frame: FrameType | None) -> None:
         interrupted.append(signum)
 
-    previous = signal.signal(signal.SIGINT, note)
+    previous = signal.getsignal(signal.SIGINT)
+    # An interrupt the caller ignores (`trap '' INT`, nohup) stays ignored; one handled outside
+    # Python (None) could not be put back, so it is left alone too.
+    guard = previous not in (signal.SIG_IGN, None)
+    if guard:
+        signal.signal(signal.SIGINT, note)
     try:
         from workers.cli import main as run_cli  # noqa: PLC0415 (while SIGINT is only noted)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        if guard:
+            signal.signal(signal.SIGINT, previous)
     if interrupted:
         print("Aborted!", file=sys.stderr)
         sys.exit(1)

@@ -25,21 +25,24 @@ __all__ = ["ENV", "share", "shared"]
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
+_sharing = False
+
+
 def share(pool: str | None, port: int) -> bool:
     """For a prefork worker serving metrics (``port`` > 0): a fresh directory for its
     processes' metric files, removed when the worker exits, named in :data:`ENV` (which its
-    children inherit). True when the worker's metrics are shared now (or the operator set
-    :data:`ENV` already); False for another pool, with metrics off, or when soulfleet's
-    metrics exist already (too late: the worker then warns, ``metrics.prefork_blind``)."""
-    if pool != "prefork" or port <= 0:
-        return False
-    if os.environ.get(ENV):
-        return True
-    if "workers.metrics" in sys.modules:
+    children inherit). True when the worker's metrics are shared now; False for another pool,
+    with metrics off, or when soulfleet's metrics exist already (too late: the worker then
+    warns, ``metrics.prefork_blind``). A :data:`ENV` already in the environment is replaced:
+    shared with other processes (``soulfleet up`` passes its environment to every worker and
+    to beat), each endpoint would sum them all."""
+    global _sharing  # noqa: PLW0603
+    if pool != "prefork" or port <= 0 or "workers.metrics" in sys.modules:
         return False
     directory = tempfile.mkdtemp(prefix="soulfleet-metrics-")
     os.environ[ENV] = directory
     atexit.register(_remove, directory, os.getpid())
+    _sharing = True
     if "prometheus_client" in sys.modules:
         # Imported already (Celery's command line loads Flower's, which imports it), and it
         # chose where values live then. Its rule is that the choice holds from the first metric
@@ -51,8 +54,10 @@ def share(pool: str | None, port: int) -> bool:
 
 
 def shared() -> bool:
-    """Whether this process keeps its metrics in files its worker's endpoint sums."""
-    return bool(os.environ.get(ENV))
+    """Whether this process is (or was forked from) a prefork worker whose endpoint sums its
+    processes' metric files. Any other process serves its own values, whatever :data:`ENV`
+    says."""
+    return _sharing
 
 
 def _remove(directory: str, owner: int) -> None:

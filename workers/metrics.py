@@ -20,7 +20,15 @@ import time
 from collections.abc import Callable, Iterable
 
 import structlog
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
@@ -338,6 +346,9 @@ def _served(collector: Collector | None) -> CollectorRegistry:
         return REGISTRY
     summed = CollectorRegistry()
     MultiProcessCollector(summed)  # type: ignore[no-untyped-call]
+    # The worker's own process and interpreter figures, as its default registry shows them.
+    ProcessCollector(registry=summed)
+    PlatformCollector(registry=summed)
     if collector is not None:
         summed.register(collector)
     return summed

@@ -126,8 +126,8 @@ def start_worker_services(
             "see: turns, model calls, tokens and tool calls stay 0 here, and this worker's "
             "turns are missing from the alerts and dashboards built on them",
             hint="start it as `celery -A workers worker` (soulfleet's metrics were imported "
-            "before workers.celery, too late to share the children's metric files), or set "
-            "PROMETHEUS_MULTIPROC_DIR to an empty directory of its own, or use the threads pool",
+            "before workers.celery, too late to share the children's metric files), or use "
+            "the threads pool",
         )
 
 

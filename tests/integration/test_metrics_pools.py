@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -11,8 +13,14 @@ import pytest
 from tests.integration.conftest import Harness
 from tests.support.fleet import wait_until
 from workers.local.redis_server import free_port
+from workers.metric_files import ENV
 
 pytestmark = pytest.mark.integration
+
+
+_COUNT_FIVE = (
+    "from workers import metrics\nmetrics.TURNS.labels(kind='interactive', status='done').inc(5)\n"
+)
 
 
 def _turns_done(port: int) -> float:
@@ -32,8 +40,16 @@ def test_a_prefork_workers_endpoint_counts_the_turns_its_children_run(harness: H
     names = ("ava", "bea", "cid")
     for name in names:
         harness.persona(name, rules='[[rules]]\ntext = "ok"\n')
+    # A directory in the environment (`up` passes its own to every process) holding another
+    # process's counts: the worker uses a directory of its own, or it would count those too.
+    stale = harness.root.parent / "shared-metrics"
+    stale.mkdir()
+    subprocess.run(
+        [sys.executable, "-c", _COUNT_FIVE], env={**os.environ, ENV: str(stale)}, check=True
+    )
+    assert any(stale.iterdir())
     port = free_port()
-    harness.configure(SOULFLEET_METRICS_PORT=str(port))
+    harness.configure(SOULFLEET_METRICS_PORT=str(port), **{ENV: str(stale)})
     prefork = harness.worker("w1", pool="prefork", concurrency=2)
     ready = prefork.wait_for_event("worker.ready", timeout=60)
     for name in names:  # one turn each, run by whichever child takes it
@@ -43,6 +59,7 @@ def test_a_prefork_workers_endpoint_counts_the_turns_its_children_run(harness: H
     assert prefork.events("metrics.prefork_blind") == []
     assert ready["pool"] == "prefork"
     files = ready["metric_files"]
+    assert files != str(stale)
     assert any(name.endswith(".db") for name in os.listdir(files))
     prefork.stop()
     assert not os.path.exists(files)

@@ -323,7 +323,8 @@ def test_a_failed_flush_is_undone_and_raised(
 
 def test_an_append_never_overwrites_a_line_another_program_appended(tmp_path: Path) -> None:
     """A person's `echo >> MEMORY.md` landing between the read and the write (outside the
-    lock) stays whole: the entry goes after it, never over it."""
+    lock) stays whole: the entry goes after it, never over it, and the intent is told again
+    where the entry ended."""
     target = tmp_path / "MEMORY.md"
     target.write_bytes(b"- first\n")
 
@@ -331,8 +332,21 @@ def test_an_append_never_overwrites_a_line_another_program_appended(tmp_path: Pa
         with target.open("ab") as hand:
             hand.write(b"a hand line\n")
 
-    assert append_bytes(target, b"- first\n", b"- first\n- entry\n", before_append=someone_appends)
+    told: list[tuple[int, int]] = []
+
+    def told_then_someone_appends(will_be: tuple[int, int]) -> None:
+        told.append(will_be)
+        if len(told) == 1:
+            someone_appends(will_be)
+
+    added = append_bytes(
+        target, b"- first\n", b"- first\n- entry\n", before_append=told_then_someone_appends
+    )
+    assert added
     assert target.read_bytes() == b"- first\na hand line\n- entry\n"
+    # told again where the bytes really ended: a crash's intent names the file as it is
+    inode = target.stat().st_ino
+    assert told == [(inode, 16), (inode, 28)]
 
 
 def test_an_append_to_a_file_replaced_during_the_write_fails(tmp_path: Path) -> None:

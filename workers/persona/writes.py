@@ -198,7 +198,8 @@ def append_bytes(
     added bytes (the write was not acknowledged).
 
     ``before_append`` gets the file's (inode, size) as they will be once the bytes are in,
-    before they are written. A failed write or flush is undone (the bytes cut off again) and
+    before they are written, and again, before the flush, if they ended elsewhere (another
+    program appended meanwhile). A failed write or flush is undone (the bytes cut off again) and
     raised; a file another program replaced during the write raises ``OSError`` (ESTALE): the
     bytes went to the file it replaced."""
     if current is None or len(data) <= len(current) or not data.startswith(current):
@@ -225,6 +226,11 @@ def append_bytes(
             written = os.write(fd, added)
             if written != len(added):
                 raise OSError(errno.ENOSPC, "No space left on device (a short write)", path)
+            end = os.lseek(fd, 0, os.SEEK_CUR)
+            if end != len(data) and before_append is not None:
+                # Another program appended meanwhile, so the bytes ended further on: say so
+                # again, or a crash from here would leave an intent that names the wrong size.
+                before_append((info.st_ino, end))
             fdatasync(fd)
         except BaseException:
             _undo_append(fd, written)
