@@ -143,6 +143,8 @@ def test_a_prefork_command_line_gets_preforks_settings(monkeypatch: pytest.Monke
     asked = worker_app.settings_or_exit()
     assert asked.worker_pool == "prefork"
     assert 1 <= asked.worker_concurrency <= pool_limit("prefork")
+    monkeypatch.setattr(sys, "argv", ["celery", "-A", "workers", "worker", "-P", "processes"])
+    assert worker_app.settings_or_exit().worker_pool == "prefork"  # Celery's other name for it
     monkeypatch.setattr(sys, "argv", ["celery", "-A", "workers", "worker"])
     assert worker_app.settings_or_exit().worker_pool == "threads"
 

@@ -55,9 +55,10 @@ def test_too_late_once_soulfleets_metrics_exist(monkeypatch: pytest.MonkeyPatch)
     assert not metric_files.shared()
 
 
-def test_a_directory_in_the_environment_is_not_summed_by_other_processes() -> None:
+def test_a_directory_in_the_environment_is_not_used_by_other_processes() -> None:
     """PROMETHEUS_MULTIPROC_DIR set for every process (as `up` passes its environment on): a
-    process that is not a prefork worker serves its own values, not the directory's sum."""
+    process that is not a prefork worker keeps and serves its own values, writes no file
+    there (another program's sum would count it), and does not fail on one that is gone."""
     script = (
         "import sys\n"
         "from workers import metric_files, metrics\n"
@@ -74,3 +75,6 @@ def test_a_directory_in_the_environment_is_not_summed_by_other_processes() -> No
     )
     assert done.stdout.splitlines()[0] == "False"
     assert 'soulfleet_turns_total{kind="interactive",status="done"} 2.0' in done.stdout
+    assert os.listdir(directory) == []
+    gone = {**os.environ, ENV: os.path.join(directory, "gone")}
+    subprocess.run([sys.executable, "-c", script], env=gone, check=True, capture_output=True)

@@ -108,6 +108,7 @@ def _beat_init(**_: Any) -> None:
 def _worker_init(**_: Any) -> None:
     # Before the pool starts or a message is taken: never run turns on an evicting Redis.
     configure_logging(settings.log_format, settings.log_level)
+    runtime.install_observers()  # before a prefork pool forks its children
     refuse_to_start_on_eviction(settings, "worker")
     if settings.lock_mode == "shared" and (problem := check_hard_links(settings.personas)):
         _log.error("locks.no_hard_links", personas=str(settings.personas), error=problem)

@@ -14,6 +14,7 @@ no worker imports: a worker's scrape would otherwise show those gauges at 0.
 from __future__ import annotations
 
 import errno
+import os
 import socket
 import threading
 import time
@@ -28,12 +29,13 @@ from prometheus_client import (
     PlatformCollector,
     ProcessCollector,
     start_http_server,
+    values,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from workers.metric_files import shared
+from workers.metric_files import ENV, shared
 
 __all__ = [
     "BATON_WAIT",
@@ -71,6 +73,13 @@ __all__ = [
 ]
 
 _log = structlog.get_logger("soulfleet.metrics")
+
+if not shared():
+    # A PROMETHEUS_MULTIPROC_DIR in the environment is another program's: every soulfleet
+    # process but a prefork worker keeps its values in memory, so it neither fails on a
+    # directory that is gone nor leaves files in one (or counts into another's sum).
+    os.environ.pop(ENV, None)
+    values.ValueClass = values.MutexValue
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 

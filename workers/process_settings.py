@@ -13,14 +13,17 @@ import sys
 from workers.metric_files import share
 from workers.settings import Settings, SettingsError
 
-__all__ = ["pool_asked", "settings", "settings_or_exit"]
+__all__ = ["PREFORK", "pool_asked", "settings", "settings_or_exit"]
+
+#: The names Celery's command line takes for the prefork pool.
+PREFORK = frozenset({"prefork", "processes"})
 
 
 def settings_or_exit() -> Settings:
     """Settings, or a one-line error naming the variable and exit 2 (no traceback: a typo in the
     environment is bad input, and a worker must never start on it and fail every turn)."""
     environ = dict(os.environ)
-    if pool_asked(sys.argv) == "prefork":
+    if pool_asked(sys.argv) in PREFORK:
         # Celery cannot tell `-P prefork` from its own default and then takes the configured
         # pool (threads, unless SOULFLEET_WORKER_POOL says otherwise): a worker asked for
         # prefork ran threads without a word. What the command line asks for wins, as for every
@@ -48,4 +51,5 @@ def pool_asked(argv: list[str]) -> str | None:
 
 settings = settings_or_exit()
 if "worker" in sys.argv[1:]:  # a `celery worker` (beat serves its own process only)
-    share(pool_asked(sys.argv) or settings.worker_pool, settings.metrics_port)
+    asked = pool_asked(sys.argv)
+    share("prefork" if asked in PREFORK else asked or settings.worker_pool, settings.metrics_port)

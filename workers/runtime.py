@@ -95,14 +95,21 @@ def reset_runtime() -> None:
         _Holder.executor = None
 
 
-def start_worker_services(
-    settings: Settings, *, pool: str | None = None, concurrency: int | None = None
-) -> None:
-    """Metrics endpoint, the memory-lock, memory-failure and tool-call observers; then warm
-    the executor."""
+def install_observers() -> None:
+    """Count memory-lock waits, memory-write failures and tool calls in this process's
+    metrics. A worker installs them before its pool starts (``worker_init``): a prefork pool's
+    first children are forked before the worker is ready, and counted none of them."""
     set_lock_wait_observer(metrics.MEMORY_LOCK_WAIT.observe)
     set_write_failure_observer(metrics.observe_memory_failure)
     set_tool_call_observer(metrics.observe_tool_call)
+
+
+def start_worker_services(
+    settings: Settings, *, pool: str | None = None, concurrency: int | None = None
+) -> None:
+    """Metrics endpoint, the observers (again: :func:`install_observers`); then warm the
+    executor."""
+    install_observers()
     metrics.serve_metrics(settings.metrics_port, host=settings.metrics_host)
     built = executor()
     pool = pool or settings.worker_pool

@@ -52,6 +52,7 @@ from tests.support.fleet import (
     start_worker,
     wait_until,
 )
+from tests.support.memory import remember_then_answer
 from tests.support.providers import FakeProvider
 from tests.support.redis import live_redis
 from workers.local.redis_server import RedisServer
@@ -404,16 +405,6 @@ def bench_policy(_url: str) -> None:
 
 
 # -- memory -----------------------------------------------------------------------------------
-REMEMBER_THEN_HANG = """
-[[rules]]
-when = { tool_results = 0 }
-calls = [{ tool = "memory", args = { action = "add", text = "The sky is green." } }]
-
-[[rules]]
-when = { tool_results = 1 }
-sleep = SLEEP
-text = "noted"
-"""
 
 
 def bench_memory(url: str) -> None:
@@ -422,7 +413,7 @@ def bench_memory(url: str) -> None:
     with _fleet_dirs(url, extra) as (scratch, env):
         home = Path(env["SOULFLEET_PERSONAS"]) / "ava"
         home.mkdir()
-        (home / "rules.toml").write_text(REMEMBER_THEN_HANG.replace("SLEEP", "120"))
+        (home / "rules.toml").write_text(remember_then_answer(120))
         (home / "persona.toml").write_text('model = "scripted:rules.toml"\n')
         logs = scratch / "logs"
         beat = start_beat(env, logs)
@@ -443,7 +434,7 @@ def bench_memory(url: str) -> None:
                 print(
                     f"attempt {attempt + 1}: wrote, then SIGKILLed; entries in MEMORY.md: {count}"
                 )
-            (home / "rules.toml").write_text(REMEMBER_THEN_HANG.replace("SLEEP", "0"))
+            (home / "rules.toml").write_text(remember_then_answer(0))
             final = start_worker(env, logs, name="w3")
             wait_until(
                 lambda: [e for e in final.events("turn.end") if e.get("status") == "done"],

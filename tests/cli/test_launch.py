@@ -105,6 +105,25 @@ def test_metrics_line_says_when_a_port_is_taken(tmp_path: Path) -> None:
     assert shown["beat"].startswith(f"beat http://127.0.0.1:{base + 1}/metrics")
 
 
+def test_a_port_left_in_time_wait_by_a_scrape_is_not_in_use(tmp_path: Path) -> None:
+    """A metrics server that closed a scrape's connection first leaves it in TIME_WAIT: the
+    next `up` binds that port (as the server does, with SO_REUSEADDR), so the banner must not
+    call it "PORT IN USE" (it did after every restart under Prometheus)."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        base = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", base)) as scrape:
+            accepted, _ = server.accept()
+            accepted.close()  # the server's side closes first: it is the one in TIME_WAIT
+            scrape.recv(1)
+    settings = Settings.from_env({"SOULFLEET_METRICS_PORT": str(base)})
+    specs = child_specs(settings, {}, logs=tmp_path, cwd=tmp_path, workers=1, flower=False)
+    line = metrics_line(specs, "127.0.0.1")
+    assert "PORT IN USE" not in line, line
+
+
 def test_model_label_says_which_model() -> None:
     """inherit -> SOULFLEET_MODEL if set, else the built-in scripted model; explicit specs win."""
     plain = Settings.from_env({})

@@ -9,23 +9,11 @@ import pytest
 
 from tests.integration.conftest import Harness
 from tests.support.fleet import FleetProcess, post_past_the_door, wait_until
+from tests.support.memory import remember_then_answer
 from workers.cli.status import invalid_personas
 from workers.persona.errors import PersonaError
 
 pytestmark = pytest.mark.integration
-
-REMEMBER_THEN_HANG = """
-[[rules]]
-name = "remember"
-when = { tool_results = 0 }
-calls = [{ tool = "memory", args = { action = "add", text = "The sky is green." } }]
-
-[[rules]]
-name = "then-hang"
-when = { tool_results = 1 }
-sleep = SLEEP
-text = "noted"
-"""
 
 
 def test_a_memory_write_from_a_turn_killed_three_times_lands_once(harness: Harness) -> None:
@@ -33,7 +21,7 @@ def test_a_memory_write_from_a_turn_killed_three_times_lands_once(harness: Harne
     (the reaper re-queues it each time, a new worker retries it); the fourth attempt commits.
     MEMORY.md holds the entry ONCE, and each retry's repeated add was answered from the ledger."""
     harness.configure(SOULFLEET_LEASE_TTL="2", SOULFLEET_REAP_INTERVAL="1")
-    home = harness.persona("ava", rules=REMEMBER_THEN_HANG.replace("SLEEP", "120"))
+    home = harness.persona("ava", rules=remember_then_answer(120))
     harness.beat()
     for attempt in range(3):
         worker = harness.worker(f"w{attempt}")
@@ -45,7 +33,7 @@ def test_a_memory_write_from_a_turn_killed_three_times_lands_once(harness: Harne
 
         wait_until(wrote, timeout=120, what=f"attempt {attempt + 1}'s memory write")
         worker.kill()
-    (home / "rules.toml").write_text(REMEMBER_THEN_HANG.replace("SLEEP", "0"))
+    (home / "rules.toml").write_text(remember_then_answer(0))
     final = harness.worker("w3")
     wait_until(
         lambda: [e for e in final.events("turn.end") if e.get("status") == "done"],

@@ -12,24 +12,29 @@ import pytest
 
 from tests.integration.conftest import Harness
 from tests.support.fleet import wait_until
+from tests.support.memory import remember_then_answer
 from workers.local.redis_server import free_port
 from workers.metric_files import ENV
 
 pytestmark = pytest.mark.integration
 
 
-_COUNT_FIVE = (
-    "from workers import metrics\nmetrics.TURNS.labels(kind='interactive', status='done').inc(5)\n"
+_COUNT_FIVE = (  # another program's counts, in the directory it was given
+    "from prometheus_client import Counter\n"
+    "turns = Counter('soulfleet_turns', 'turns', ['kind', 'status'])\n"
+    "turns.labels(kind='interactive', status='done').inc(5)\n"
 )
 
 
-def _turns_done(port: int) -> float:
+def _sample(port: int, series: str) -> float:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
         text = reply.read().decode()
-    found = re.search(
-        r'^soulfleet_turns_total\{kind="interactive",status="done"\} (\S+)$', text, re.MULTILINE
-    )
+    found = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
+
+
+def _turns_done(port: int) -> float:
+    return _sample(port, 'soulfleet_turns_total{kind="interactive",status="done"}')
 
 
 def test_a_prefork_workers_endpoint_counts_the_turns_its_children_run(harness: Harness) -> None:
@@ -39,7 +44,7 @@ def test_a_prefork_workers_endpoint_counts_the_turns_its_children_run(harness: H
     blind."""
     names = ("ava", "bea", "cid")
     for name in names:
-        harness.persona(name, rules='[[rules]]\ntext = "ok"\n')
+        harness.persona(name, rules=remember_then_answer(0))
     # A directory in the environment (`up` passes its own to every process) holding another
     # process's counts: the worker uses a directory of its own, or it would count those too.
     stale = harness.root.parent / "shared-metrics"
@@ -56,6 +61,9 @@ def test_a_prefork_workers_endpoint_counts_the_turns_its_children_run(harness: H
         harness.fleet.post(name, "hello")
     wait_until(lambda: _turns_done(port) >= 3.0, timeout=60, what="3 turns counted")
     assert _turns_done(port) == 3.0
+    # counted by the observers the pool's first children inherit (set before they fork)
+    assert _sample(port, 'soulfleet_tool_calls_total{outcome="ok",source="builtin"}') == 3.0
+    assert _sample(port, "soulfleet_memory_lock_wait_seconds_count") == 3.0
     assert prefork.events("metrics.prefork_blind") == []
     assert ready["pool"] == "prefork"
     files = ready["metric_files"]

@@ -13,6 +13,26 @@ from typing import Any
 from workers.persona.locks import LockMode, path_lock
 from workers.persona.memory import MemoryTool
 
+#: Scripted-model rules: the turn adds one memory entry, then waits SECONDS and answers.
+REMEMBER_THEN_ANSWER = """
+[[rules]]
+name = "remember"
+when = { tool_results = 0 }
+calls = [{ tool = "memory", args = { action = "add", text = "The sky is green." } }]
+
+[[rules]]
+name = "then-answer"
+when = { tool_results = 1 }
+sleep = SECONDS
+text = "noted"
+"""
+
+
+def remember_then_answer(seconds: float) -> str:
+    """:data:`REMEMBER_THEN_ANSWER` answering after ``seconds``."""
+    return REMEMBER_THEN_ANSWER.replace("SECONDS", f"{seconds:g}")
+
+
 __all__ = ["held_by_child", "held_by_thread", "ok"]
 
 

@@ -222,6 +222,9 @@ def metrics_line(specs: list[ChildSpec], host: str) -> str:
 
 def _port_taken(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # As the metrics server binds: a port whose last connections are only in TIME_WAIT (a
+        # scrape just before a restart) is free to it, and so not "in use".
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:
