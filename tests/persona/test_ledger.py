@@ -154,3 +154,26 @@ def test_a_compaction_of_a_ledger_past_its_bound_vouches_for_no_offset(
     assert compacted is not None
     assert compacted.since != ""
     assert compacted.kept_from == UNPROVABLE
+
+
+def test_an_append_intent_is_found_by_its_bytes_not_the_files_size(tmp_path: Path) -> None:
+    """An append's intent names its bytes: found at the end it named though a line was
+    appended after them (recorded), and not taken as done when the file merely grew by as
+    many bytes of something else (voided: the append never happened)."""
+    data = tmp_path / "MEMORY.md"
+    data.write_bytes(b"- first\n- entry\n")
+    inode = data.stat().st_ino
+    path = tmp_path / "MEMORY.md.applied"
+    WriteLedger(path).intend((inode, 16), [("qyes", "Added.")], tail=b"- entry\n")
+    with data.open("ab") as person:
+        person.write(b"a person's line\n")
+    WriteLedger(path).settle(str(data))
+    assert WriteLedger(path).answer("qyes") == "Added."
+    other = tmp_path / "USER.md"
+    other.write_bytes(b"- first\n")
+    WriteLedger(path).intend((other.stat().st_ino, 16), [("qno", "Added.")], tail=b"- entry\n")
+    with other.open("ab") as person:
+        person.write(b"- other\n")  # as long as the entry, not the entry
+    WriteLedger(path).settle(str(other))
+    assert WriteLedger(path).answer("qno") is None
+    assert path.read_bytes().endswith(b'{"void": true}\n')

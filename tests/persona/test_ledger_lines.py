@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workers.persona.ledger_lines import (
+    Intent,
     answer_line,
     count_answers,
     find_answer,
@@ -15,6 +16,7 @@ from workers.persona.ledger_lines import (
     ledger_identity,
     parse_intent,
     parsed_at,
+    tail_digest,
 )
 
 
@@ -80,5 +82,9 @@ def test_answers_and_intents_read_back_as_written() -> None:
     entries = parsed_at(b"junk\n" + first + second)
     assert entries == [(5, "qa", "Added."), (5 + len(first), "qb", 'quote " and\nnewline')]
     intent = intent_line((7, 42), [("qa", "Added.")])
-    assert parse_intent(last_line(first + intent)) == ((7, 42), [("qa", "Added.")])
+    assert parse_intent(last_line(first + intent)) == Intent((7, 42), [("qa", "Added.")])
+    appended = intent_line((7, 42), [("qa", "Added.")], b"- entry\n")
+    assert parse_intent(appended) == Intent(
+        (7, 42), [("qa", "Added.")], (8, tail_digest(b"- entry\n"))
+    )
     assert parse_intent(b'{"intent": [7], "answers": []}') is None

@@ -274,8 +274,8 @@ if sys.argv[2] == "after-rename":  # the new MEMORY.md is in place, its answer n
     commit._record = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
 else:  # the intent is written, the rename never happens
     intend = ledger.WriteLedger.intend
-    def dying(self, *args):
-        intend(self, *args)
+    def dying(self, *args, **kwargs):
+        intend(self, *args, **kwargs)
         os.kill(os.getpid(), signal.SIGKILL)
     ledger.WriteLedger.intend = dying
 memory_tool(sys.argv[1], write_scope="ava:9").execute(
@@ -345,6 +345,25 @@ def test_an_append_its_writer_never_flushed_is_flushed_before_its_answer(home: P
     assert retry[0].startswith("Added an entry")
     assert flushed[:2] == [str(home / "MEMORY.md"), str(home)]
     assert (home / "MEMORY.md").read_text().count("The sky is green.") == 1
+
+
+def test_a_persons_append_after_a_writer_died_neither_repeats_nor_loses_its_entry(
+    home: Path,
+) -> None:
+    """A worker SIGKILLed between its append and its answer, then a person appends a line
+    (`echo >>`) before the retry: the intent finds the entry's bytes at the end it named, so
+    the retry answers from it and the entry stays once (the file's size alone no longer
+    matched, and the retry added it a second time)."""
+    _run(home, "ava:1", {"action": "add", "text": "an earlier write"})
+    done = subprocess.run([sys.executable, "-c", _KILLED_BEFORE_FLUSH, str(home)], check=False)
+    assert done.returncode == -signal.SIGKILL
+    with (home / "MEMORY.md").open("a") as person:
+        person.write("a line a person added\n")
+    retry = _run(home, "ava:9", ADD)
+    assert retry[0].startswith("Added an entry")
+    text = (home / "MEMORY.md").read_text()
+    assert text.count("The sky is green.") == 1
+    assert text.endswith("- The sky is green.\na line a person added\n")
 
 
 def test_an_append_whose_settling_flush_fails_is_answered_as_applied_but_unflushed(

@@ -35,9 +35,11 @@ retried turn repeats those writes once.
 A writer that dies between its write and its answers (a SIGKILL in those microseconds) would
 leave the write applied but unrecorded: its retry, or the queued writers it served, would then
 apply it a second time. So just before the rename or the append it appends an intent
-(:meth:`WriteLedger.intend`: the answers it will record and the data file's inode and size as
-they will be), and every holder first settles a ledger that ends with one
-(:meth:`WriteLedger.settle`): if the data file is what the intent names, the write happened:
+(:meth:`WriteLedger.intend`: the answers it will record, the data file's inode and size as
+they will be, and for an append its bytes' length and digest), and every holder first settles
+a ledger that ends with one (:meth:`WriteLedger.settle`): if the data file is what the intent
+names (for an append: its bytes at the end it named, whatever was appended after), the write
+happened:
 the directory is fsynced (its writer may have died before it did) and its answers recorded;
 otherwise it never did and the intent is voided. A created or compacted ledger is still
 written whole, fsynced and renamed (:meth:`WriteLedger.record` leaves its directory fsync to
@@ -59,6 +61,7 @@ from workers.persona.ledger_lines import (
     INTENT_PREFIX,
     UNPROVABLE,
     VOID_LINE,
+    Intent,
     answer_line,
     answers_in,
     count_answers,
@@ -69,6 +72,7 @@ from workers.persona.ledger_lines import (
     last_line,
     parse_intent,
     parsed_at,
+    tail_digest,
 )
 from workers.persona.memory_spec import unflushed_message
 from workers.persona.writes import (
@@ -172,13 +176,15 @@ class WriteLedger:
         head = generation_line(since=generation_of(whole), kept_from=kept_from)
         return head + b"".join(answer_line(key, message) for _, key, message in kept)
 
-    def intend(self, identity: tuple[int, int], answered: list[tuple[str, str]]) -> None:
+    def intend(
+        self, identity: tuple[int, int], answered: list[tuple[str, str]], *, tail: bytes = b""
+    ) -> None:
         """Before a keyed or batched write's rename or append: note what it will answer and
-        what the data file will be once written (``identity``: inode, size). If the writer dies
-        before the answers are recorded, the next holder finishes its work (:meth:`settle`).
-        Appended without an fsync, like the answers."""
+        what the data file will be once written (``identity``: inode, size; ``tail``: an
+        append's bytes). If the writer dies before the answers are recorded, the next holder
+        finishes its work (:meth:`settle`). Appended without an fsync, like the answers."""
         raw = self._bytes()
-        line = intent_line(identity, answered)
+        line = intent_line(identity, answered, tail)
         if raw is None or len(raw) + len(line) > MAX_BYTES:
             # A new ledger is written whole, like any created persona file; a full one is
             # compacted first: an intent past the bound would be read cut, and voided.
@@ -209,13 +215,8 @@ class WriteLedger:
         if not tail or not last_line(tail).startswith(INTENT_PREFIX):
             return
         intent = parse_intent(last_line(self._bytes() or b""))
-        try:
-            info = os.stat(data, follow_symlinks=False)
-            written = intent is not None and (info.st_ino, info.st_size) == intent[0]
-        except FileNotFoundError:
-            written = False
-        if intent is not None and written:
-            answers = intent[1]
+        if intent is not None and _written(data, intent):
+            answers = intent.answers
             try:
                 # Its writer may have died before the flush that makes its write durable, which
                 # every answer must follow: an append's (the data) or a rename's (the directory).
@@ -302,3 +303,26 @@ class WriteLedger:
             replaced = False
         _log.debug("memory.ledger_recorded", path=self.path, lines=len(answered))
         return replaced or self._created
+
+
+def _written(data: str, intent: Intent) -> bool:
+    """Whether the data file shows the intent's write: the file a rename leaves (its inode and
+    size), or an append's bytes at the end it named, whatever was appended after them (a
+    person's `echo >>` after its writer died; an append that never happened is not taken for
+    one because something of its length was)."""
+    try:
+        info = os.stat(data, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    inode, size = intent.identity
+    if intent.tail is None:
+        return (info.st_ino, info.st_size) == (inode, size)
+    length, digest = intent.tail
+    if info.st_ino != inode or info.st_size < size or not 0 < length <= size:
+        return False
+    fd = os.open(data, _TAIL)
+    try:
+        found = os.pread(fd, length, size - length)
+    finally:
+        os.close(fd)
+    return tail_digest(found) == digest

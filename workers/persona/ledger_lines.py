@@ -16,6 +16,7 @@ Every reader skips a torn or hand-edited line: forgetting one key is the safe si
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -28,6 +29,7 @@ __all__ = [
     "INTENT_PREFIX",
     "UNPROVABLE",
     "VOID_LINE",
+    "Intent",
     "LedgerIdentity",
     "answer_line",
     "answers_in",
@@ -41,6 +43,7 @@ __all__ = [
     "ledger_snapshot",
     "parse_intent",
     "parsed_at",
+    "tail_digest",
 ]
 
 #: How an intent line starts (:func:`intent_line`), and the line that voids one.
@@ -231,9 +234,33 @@ def _parsed(raw: bytes) -> list[tuple[str, str]]:
     return entries
 
 
-def intent_line(identity: tuple[int, int], answered: list[tuple[str, str]]) -> bytes:
-    """What a commit appends before its rename: the data file it will leave, its answers."""
-    record = {"intent": list(identity), "answers": [list(pair) for pair in answered]}
+class Intent(NamedTuple):
+    """A parsed intent line."""
+
+    #: The data file as the write leaves it: (inode, size).
+    identity: tuple[int, int]
+    answers: list[tuple[str, str]]
+    #: An append's bytes, as (length, digest) (:func:`tail_digest`); None for a rename.
+    tail: tuple[int, str] | None = None
+
+
+def tail_digest(data: bytes) -> str:
+    """How an intent names an append's bytes without holding them."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def intent_line(
+    identity: tuple[int, int], answered: list[tuple[str, str]], tail: bytes = b""
+) -> bytes:
+    """What a commit appends before its write: the data file it will leave, its answers, and
+    for an append its bytes' length and digest (so they are found at the end the intent
+    names even after something was appended behind them)."""
+    record: dict[str, object] = {
+        "intent": list(identity),
+        "answers": [list(pair) for pair in answered],
+    }
+    if tail:
+        record["tail"] = [len(tail), tail_digest(tail)]
     return (json.dumps(record, ensure_ascii=False) + "\n").encode()
 
 
@@ -243,13 +270,17 @@ def last_line(raw: bytes) -> bytes:
     return body[body.rfind(b"\n") + 1 :]
 
 
-def parse_intent(line: bytes) -> tuple[tuple[int, int], list[tuple[str, str]]] | None:
-    """An intent line's (inode, size) and answers; None for a torn or hand-edited one."""
+def parse_intent(line: bytes) -> Intent | None:
+    """An intent line's parts; None for a torn or hand-edited one."""
     try:
         record = json.loads(line)
         inode, size = record["intent"]
         answers = [(str(key), str(message)) for key, message in record["answers"]]
-        return (int(inode), int(size)), answers
+        tail = None
+        if "tail" in record:
+            length, digest = record["tail"]
+            tail = (int(length), str(digest))
+        return Intent((int(inode), int(size)), answers, tail)
     except (ValueError, KeyError, TypeError):
         return None
 

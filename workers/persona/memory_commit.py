@@ -171,8 +171,9 @@ def _commit(
     if keyed and not refused:
         answered.insert(0, (key, result.output))
     unflushed = _write(
-        target, on_disk, new, before=lambda will_be: ledger.intend(will_be, answered)
-    )
+        target, on_disk, new,
+        before=lambda will_be, tail: ledger.intend(will_be, answered, tail=tail),
+    )  # fmt: skip
     if unflushed is not None:
         # Applied, perhaps not durable: every writer of the batch (and a retry) hears that,
         # and none applies its write again.
@@ -195,17 +196,25 @@ def _write(
     on_disk: bytes | None,
     new: bytes,
     *,
-    before: Callable[[tuple[int, int]], None] | None = None,
+    before: Callable[[tuple[int, int], bytes], None] | None = None,
 ) -> OSError | None:
     """Make the data file hold ``new``, durably, before the lock is let go: appended in place
     when it only adds to ``on_disk`` and that is safe
     (:func:`~workers.persona.writes.append_bytes`: an ``add``, or a batch of them), else
     replaced and its directory fsynced. ``before`` gets what the file will be once written
-    (inode, size), just before it is. Returns the directory fsync's error (the file was
-    replaced, but the rename may not survive a crash of the machine), None when durable."""
-    if append_bytes(target.data, on_disk, new, before_append=before):
+    (inode, size) and the bytes an append adds (b"" for a replace), just before it is.
+    Returns the directory fsync's error (the file was replaced, but the rename may not survive
+    a crash of the machine), None when durable."""
+    added = new[len(on_disk) :] if on_disk is not None else b""
+    if append_bytes(
+        target.data, on_disk, new,
+        before_append=None if before is None else lambda will_be: before(will_be, added),
+    ):  # fmt: skip
         return None
-    replace_bytes(target.data, new, before_rename=before)
+    replace_bytes(
+        target.data, new,
+        before_rename=None if before is None else lambda will_be: before(will_be, b""),
+    )  # fmt: skip
     try:
         fsync_directory(target.directory)
     except OSError as error:
