@@ -177,3 +177,17 @@ def test_an_append_intent_is_found_by_its_bytes_not_the_files_size(tmp_path: Pat
     WriteLedger(path).settle(str(other))
     assert WriteLedger(path).answer("qno") is None
     assert path.read_bytes().endswith(b'{"void": true}\n')
+
+
+def test_an_append_intent_on_another_inode_is_void(tmp_path: Path) -> None:
+    """The same bytes at the same end of another file (an editor's save since) are not the
+    write the intent names: voided, and the retry applies it."""
+    data = tmp_path / "MEMORY.md"
+    data.write_bytes(b"- first\n- entry\n")
+    path = tmp_path / "MEMORY.md.applied"
+    WriteLedger(path).intend(
+        (data.stat().st_ino + 1, 16), [("qother", "Added.")], tail=b"- entry\n"
+    )
+    WriteLedger(path).settle(str(data))
+    assert WriteLedger(path).answer("qother") is None
+    assert path.read_bytes().endswith(b'{"void": true}\n')

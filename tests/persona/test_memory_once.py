@@ -366,6 +366,31 @@ def test_a_persons_append_after_a_writer_died_neither_repeats_nor_loses_its_entr
     assert text.endswith("- The sky is green.\na line a person added\n")
 
 
+_KILLED_AFTER_REPLACED_ADD = """
+import os, signal, sys
+import workers.persona.memory_commit as commit
+from workers.persona.memory import memory_tool
+commit.append_bytes = lambda *args, **kwargs: False  # the add replaces (a page crossed, a link)
+commit._record = lambda *_: os.kill(os.getpid(), signal.SIGKILL)  # written, not yet answered
+memory_tool(sys.argv[1], write_scope="ava:9").execute(
+    {"action": "add", "text": "The sky is green."}
+)
+"""
+
+
+def test_a_replaced_add_is_found_by_its_bytes_too(home: Path) -> None:
+    """An add that replaced the file (as one crossing a page does), its worker killed before
+    the answer, then a person's `echo >>`: the intent names the added bytes as well, so the
+    retry answers from it and the entry stays once."""
+    _run(home, "ava:1", {"action": "add", "text": "an earlier write"})
+    killed = [sys.executable, "-c", _KILLED_AFTER_REPLACED_ADD, str(home)]
+    assert subprocess.run(killed, check=False).returncode == -signal.SIGKILL
+    with (home / "MEMORY.md").open("a") as person:
+        person.write("a line a person added\n")
+    assert _run(home, "ava:9", ADD)[0].startswith("Added an entry")
+    assert (home / "MEMORY.md").read_text().count("The sky is green.") == 1
+
+
 def test_an_append_whose_settling_flush_fails_is_answered_as_applied_but_unflushed(
     home: Path,
 ) -> None:

@@ -320,8 +320,13 @@ def _written(data: str, intent: Intent) -> bool:
     length, digest = intent.tail
     if info.st_ino != inode or info.st_size < size or not 0 < length <= size:
         return False
-    fd = os.open(data, _TAIL)
     try:
+        fd = os.open(data, _TAIL)
+    except OSError:
+        return False  # gone or swapped since the stat: not the file the intent names
+    try:
+        if os.fstat(fd).st_ino != inode:
+            return False
         found = os.pread(fd, length, size - length)
     finally:
         os.close(fd)

@@ -205,16 +205,15 @@ def _write(
     (inode, size) and the bytes an append adds (b"" for a replace), just before it is.
     Returns the directory fsync's error (the file was replaced, but the rename may not survive
     a crash of the machine), None when durable."""
-    added = new[len(on_disk) :] if on_disk is not None else b""
-    if append_bytes(
-        target.data, on_disk, new,
-        before_append=None if before is None else lambda will_be: before(will_be, added),
-    ):  # fmt: skip
+    # Bytes that only extend the file are named in the intent either way (a replace of an add
+    # that crossed a page, a hard-linked or network file): then a line appended after them
+    # does not hide them from the next holder.
+    extends = on_disk is not None and new.startswith(on_disk)
+    added = new[len(on_disk) :] if on_disk is not None and extends else b""
+    told = None if before is None else lambda will_be: before(will_be, added)
+    if append_bytes(target.data, on_disk, new, before_append=told):
         return None
-    replace_bytes(
-        target.data, new,
-        before_rename=None if before is None else lambda will_be: before(will_be, b""),
-    )  # fmt: skip
+    replace_bytes(target.data, new, before_rename=told)
     try:
         fsync_directory(target.directory)
     except OSError as error:
