@@ -7,7 +7,8 @@ every process's values in files of one directory (``PROMETHEUS_MULTIPROC_DIR``),
 parent's endpoint reads and sums (:func:`workers.metrics.serve_metrics`). The directory must be
 named before the first metric is constructed (prometheus_client picks how it stores values
 when imported, and :func:`share` has it pick again if it was imported first), so
-:mod:`workers.celery` calls :func:`share` before anything that imports soulfleet's metrics.
+:mod:`workers.process_settings`, which :mod:`workers.celery` imports first, calls
+:func:`share` before anything imports :mod:`workers.metrics`.
 
 This module imports nothing of prometheus_client at import time for that reason.
 """

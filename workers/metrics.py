@@ -1,4 +1,4 @@
-"""Prometheus metrics for workers and beat, all defined here.
+"""Prometheus metrics of every soulfleet process (beat's own are in :mod:`beat.metrics`).
 
 Labels are low-cardinality by rule: kinds, statuses, reasons, states. Never a persona or lane
 name (a fleet of 100,000 personas would be 100,000 series per metric). Per-persona detail is

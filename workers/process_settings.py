@@ -1,7 +1,7 @@
 """The settings of a worker or beat process, read before anything imports the metrics.
 
 :mod:`workers.celery` imports :data:`settings` first: a prefork worker serving metrics must name
-its metric files' directory before prometheus_client is first imported
+its metric files' directory before :mod:`workers.metrics` builds the first metric
 (:mod:`workers.metric_files`), and which pool it runs is a setting (or its command line).
 """
 

@@ -243,7 +243,7 @@ def _linked(target: Path) -> bytes:
 
 def _changed(target: Path) -> bytes:
     read = target.read_bytes()
-    target.write_bytes(read + b"- a person's edit\n")
+    target.write_bytes(b"- a person's edit\n" + read)
     return read
 
 
@@ -347,6 +347,32 @@ def test_an_append_never_overwrites_a_line_another_program_appended(tmp_path: Pa
     # told again where the bytes really ended: a crash's intent names the file as it is
     inode = target.stat().st_ino
     assert told == [(inode, 16), (inode, 28)]
+
+
+@pytest.mark.parametrize(
+    ("meanwhile", "appended"),
+    [
+        (b"- first\na hand line\n", True),  # whole lines appended: the entry goes after them
+        (b"- first\na hand li", False),  # a line being written: replaced from what was read
+        (b"- FIRST\na hand line\n", False),  # changed, not appended to
+    ],
+)
+def test_lines_appended_between_the_read_and_the_append_are_kept(
+    tmp_path: Path, meanwhile: bytes, appended: bool
+) -> None:
+    """A person's `echo >>` between the writer's read (under its lock) and its open: the
+    entry goes after the person's whole lines instead of a replace from what was read, which
+    dropped them; anything else the file became is left to the replace, as before."""
+    target = tmp_path / "MEMORY.md"
+    target.write_bytes(meanwhile)
+    told: list[tuple[int, int]] = []
+    done = append_bytes(target, b"- first\n", b"- first\n- entry\n", before_append=told.append)
+    assert done is appended
+    if appended:
+        assert target.read_bytes() == meanwhile + b"- entry\n"
+        assert told == [(target.stat().st_ino, len(meanwhile) + 8)]
+    else:
+        assert target.read_bytes() == meanwhile
 
 
 def test_an_append_to_a_file_replaced_during_the_write_fails(tmp_path: Path) -> None:

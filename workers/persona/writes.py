@@ -55,8 +55,8 @@ _DEFAULT_MODE = 0o644
 _TEMP_ATTEMPTS = 4
 #: An append stays within one page of the page cache (:func:`append_bytes`).
 _PAGE = mmap.PAGESIZE
-_APPEND_FLAGS = (
-    os.O_WRONLY
+_APPEND_FLAGS = (  # read too: lines another program appended are checked (_extended)
+    os.O_RDWR
     | os.O_APPEND
     | os.O_NONBLOCK
     | getattr(os, "O_NOFOLLOW", 0)
@@ -174,14 +174,15 @@ def append_bytes(
 
     ``current`` is what the caller read of ``path`` under the lock every writer of ``path``
     holds; ``data`` must be ``current`` with bytes added at its end. Those bytes are written at
-    the end of the file (``O_APPEND``: after anything another program appended since) and
-    flushed with one ``fdatasync``: the file keeps its
+    the end of the file (``O_APPEND``: after whole lines another program appended since the
+    read, never over them) and flushed with one ``fdatasync``: the file keeps its
     inode, so the rename of the replace is not needed, nor the directory fsync that makes it
     durable (issue 15: a memory ``add`` paid a temp file, two flushes and a rename). Only when:
 
-    * the file is a regular file with one link, ``current``'s size: a hard link shared with
-      another file (or persona) is replaced, as before, never written through; a file changed
-      since it was read is replaced from what was read, as before;
+    * the file is a regular file with one link, holding ``current`` (or ``current`` and whole
+      lines another program appended since): a hard link shared with another file (or persona)
+      is replaced, as before, never written through; a file otherwise changed since it was
+      read is replaced from what was read, as before;
     * the file is on a filesystem of this machine's own
       (:func:`~workers.persona.filesystems.is_local`): a network filesystem's client keeps an
       unflushed append of a killed process and can write it back after another host wrote
@@ -199,26 +200,23 @@ def append_bytes(
 
     ``before_append`` gets the file's (inode, size) as they will be once the bytes are in,
     before they are written, and again, before the flush, if they ended elsewhere (another
-    program appended meanwhile). A failed write or flush is undone (the bytes cut off again) and
-    raised; a file another program replaced during the write raises ``OSError`` (ESTALE): the
-    bytes went to the file it replaced."""
+    program appended meanwhile). A failed write or flush is undone (the bytes cut off again,
+    unless another program appended after them) and raised; a file another program replaced
+    during the write raises ``OSError`` (ESTALE): the bytes went to the file it replaced."""
     if current is None or len(data) <= len(current) or not data.startswith(current):
         return False
     added = data[len(current) :]
-    if len(current) % _PAGE + len(added) > _PAGE:
-        return False
     try:
         fd = os.open(os.fspath(path), _APPEND_FLAGS)
     except OSError:
         return False  # the replace says what is wrong, or replaces what is there
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size != len(current):
+        start = _start(fd, info, os.fspath(path), current, added)
+        if start is None:
             return False
-        if not is_local(info.st_dev, os.fspath(path)):
-            return False  # a network filesystem's client can write a dead append back late
         if before_append is not None:
-            before_append((info.st_ino, len(data)))
+            before_append((info.st_ino, start + len(added)))
         written = 0
         try:
             # O_APPEND: at the file's end as it is then, so a line another program (a person's
@@ -227,7 +225,7 @@ def append_bytes(
             if written != len(added):
                 raise OSError(errno.ENOSPC, "No space left on device (a short write)", path)
             end = os.lseek(fd, 0, os.SEEK_CUR)
-            if end != len(data) and before_append is not None:
+            if end != start + len(added) and before_append is not None:
                 # Another program appended meanwhile, so the bytes ended further on: say so
                 # again, or a crash from here would leave an intent that names the wrong size.
                 before_append((info.st_ino, end))
@@ -242,6 +240,27 @@ def append_bytes(
         return True
     finally:
         os.close(fd)
+
+
+def _start(fd: int, info: os.stat_result, path: str, current: bytes, added: bytes) -> int | None:
+    """Where the append would start, or None when it may not be made in place."""
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        return None
+    if not is_local(info.st_dev, path):
+        return None  # a network filesystem's client can write a dead append back late
+    start = info.st_size
+    if start != len(current) and not _extended(fd, current, start):
+        return None
+    return None if start % _PAGE + len(added) > _PAGE else start
+
+
+def _extended(fd: int, current: bytes, size: int) -> bool:
+    """Whether the file (``size`` bytes) is ``current`` with whole lines another program
+    appended since it was read (a person's `echo >>`): the append then goes after them, where
+    a replace from what was read would drop them."""
+    if not len(current) < size <= len(current) + _PAGE:
+        return False
+    return os.pread(fd, len(current), 0) == current and os.pread(fd, 1, size - 1) == b"\n"
 
 
 def _undo_append(fd: int, written: int) -> None:
