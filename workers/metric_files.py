@@ -5,12 +5,9 @@ turns, model calls and tokens in its own memory, which the parent's ``/metrics``
 prefork worker's dashboard showed an idle fleet. prometheus_client's multiprocess mode keeps
 every process's values in files of one directory (``PROMETHEUS_MULTIPROC_DIR``), which the
 parent's endpoint reads and sums (:func:`workers.metrics.serve_metrics`). The directory must be
-named before the first metric is constructed (prometheus_client picks how it stores values
-when imported, and :func:`share` has it pick again if it was imported first), so
-:mod:`workers.process_settings`, which :mod:`workers.celery` imports first, calls
-:func:`share` before anything imports :mod:`workers.metrics`.
-
-This module imports nothing of prometheus_client at import time for that reason.
+named before the first metric is constructed, so :mod:`workers.process_settings`, which
+:mod:`workers.celery` imports first, calls :func:`share` before anything imports
+:mod:`workers.metrics`, where the store of every process's values is chosen from it.
 """
 
 from __future__ import annotations
@@ -44,13 +41,6 @@ def share(pool: str | None, port: int) -> bool:
     os.environ[ENV] = directory
     atexit.register(_remove, directory, os.getpid())
     _sharing = True
-    if "prometheus_client" in sys.modules:
-        # Imported already (Celery's command line loads Flower's, which imports it), and it
-        # chose where values live then. Its rule is that the choice holds from the first metric
-        # constructed: none of soulfleet's is yet, so it chooses again.
-        from prometheus_client import values  # noqa: PLC0415
-
-        values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
     return True
 
 

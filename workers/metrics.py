@@ -74,7 +74,12 @@ __all__ = [
 
 _log = structlog.get_logger("soulfleet.metrics")
 
-if not shared():
+# Where this process's values live, chosen before the first metric below is built (the rule
+# prometheus_client keeps; it chose once already when imported, maybe before share() ran:
+# Celery's command line loads Flower's, which imports it).
+if shared():  # a prefork worker and its children: files its endpoint sums (metric_files)
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+else:
     # A PROMETHEUS_MULTIPROC_DIR in the environment is another program's: every soulfleet
     # process but a prefork worker keeps its values in memory, so it neither fails on a
     # directory that is gone nor leaves files in one (or counts into another's sum).

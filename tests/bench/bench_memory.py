@@ -42,6 +42,7 @@ import structlog
 if __package__ in (None, ""):  # run as a file: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from workers.persona.filesystems import mounts
 from workers.persona.ledger import WriteLedger, write_key
 from workers.persona.locks import LockMode
 from workers.persona.memory import memory_tool
@@ -304,15 +305,13 @@ def main() -> None:
 def _filesystem(path: str) -> str:
     """The filesystem type ``path`` is on (tmpfs flushes nothing: its figures mean little)."""
     device = os.stat(path).st_dev
+    number = f"{os.major(device)}:{os.minor(device)}"
     try:
         with open("/proc/self/mountinfo", encoding="utf-8") as table:
-            for line in table:
-                fields = line.split()
-                if fields[2] == f"{os.major(device)}:{os.minor(device)}" and " - " in line:
-                    return line.split(" - ", 1)[1].split()[0]
+            found = mounts(table.read())
     except OSError:
-        pass
-    return "filesystem unknown"
+        found = []
+    return next((kind for mount, _, kind in found if mount == number), "filesystem unknown")
 
 
 def _spread(values: list[float], spec: str = ",.0f") -> str:

@@ -39,11 +39,11 @@ apply it a second time. So just before the rename or the append it appends an in
 they will be, and for an append its bytes' length and digest), and every holder first settles
 a ledger that ends with one (:meth:`WriteLedger.settle`): if the data file is what the intent
 names (for an append: its bytes at the end it named, whatever was appended after), the write
-happened:
-the directory is fsynced (its writer may have died before it did) and its answers recorded;
-otherwise it never did and the intent is voided. A created or compacted ledger is still
-written whole, fsynced and renamed (:meth:`WriteLedger.record` leaves its directory fsync to
-the caller, after the lock), so a compaction can never leave a torn or empty ledger.
+happened: the file and its directory are flushed (its writer may have died before it did) and
+its answers recorded; otherwise it never did and the intent is voided. A created or compacted
+ledger is still written whole, fsynced and renamed (:meth:`WriteLedger.record` leaves its
+directory fsync to the caller, after the lock), so a compaction can never leave a torn or
+empty ledger.
 """
 
 from __future__ import annotations

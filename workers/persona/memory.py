@@ -249,7 +249,7 @@ class MemoryTool:
             return ToolResult(_timeout_message(request, error, handoff.queued), is_error=True)
         if done is None:  # another writer applied it, durably, and left the answer
             answer = "" if handoff.answer is None else handoff.answer
-            done = Committed(ToolResult(answer, is_error=is_unflushed(answer)), applied=keyed)
+            done = Committed.replayed(answer, applied=keyed)
         return self._settle(request, target, done, what)
 
     def _settle(

@@ -71,6 +71,12 @@ class Committed:
     #: The file was replaced, but the directory fsync that makes it durable failed.
     unflushed: OSError | None = None
 
+    @classmethod
+    def replayed(cls, answer: str, *, applied: bool) -> Committed:
+        """An answer another commit recorded (for a retried turn, or a served waiter): an
+        error again if it said the write was applied but not flushed."""
+        return cls(ToolResult(answer, is_error=is_unflushed(answer)), applied=applied)
+
 
 def commit(
     target: WriteTarget,
@@ -85,13 +91,13 @@ def commit(
     is answered under ("" for none); ``keyed`` says it is a turn's keyed write; ``handoff`` is
     the writer's side of the queue, if it may have queued the write before it got the lock."""
     ledger = WriteLedger(target.ledger)
-    # A holder that died mid-commit: finish or void its work first.
-    ledger.settle(target.data, label=target_label(request.target))
+    label = target_label(request.target)
+    ledger.settle(target.data, label=label)  # a holder that died mid-commit: finish or void it
     if key:
         before = ledger.answer(key)
         if before is not None:  # a retry of this turn's write, or another writer applied it
             # (durable: every write is, directory and all, before its lock is let go)
-            return Committed(ToolResult(before, is_error=is_unflushed(before)), applied=keyed)
+            return Committed.replayed(before, applied=keyed)
     current = read_prefix(target.data, MAX_FILE_BYTES)
     own = edit(request, current)
     rotated = False
@@ -117,7 +123,7 @@ def commit(
     try:
         return _commit(
             target, own, current, key=key, keyed=keyed, ledger=ledger, queued=queued,
-            rotated=rotated, label=target_label(request.target),
+            rotated=rotated, label=label,
         )  # fmt: skip
     finally:
         ledger.close()
@@ -208,8 +214,7 @@ def _write(
     # Bytes that only extend the file are named in the intent either way (a replace of an add
     # that crossed a page, a hard-linked or network file): then a line appended after them
     # does not hide them from the next holder.
-    extends = on_disk is not None and new.startswith(on_disk)
-    added = new[len(on_disk) :] if on_disk is not None and extends else b""
+    added = new[len(on_disk) :] if on_disk is not None and new.startswith(on_disk) else b""
     told = None if before is None else lambda will_be: before(will_be, added)
     if append_bytes(target.data, on_disk, new, before_append=told):
         return None

@@ -66,16 +66,16 @@ _APPEND_FLAGS = (  # read too: lines another program appended are checked (_exte
 
 def fsync_directory(directory: str | os.PathLike[str]) -> None:
     """Flush a directory entry change (a rename, a create) to disk."""
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        fsync(fd)
-    finally:
-        os.close(fd)
+    _fsync_path(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:
     """Flush a file's data and size to disk (never through a final symlink)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    _fsync_path(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _fsync_path(path: str | os.PathLike[str], flags: int) -> None:
+    fd = os.open(path, flags)
     try:
         fsync(fd)
     finally:
