@@ -23,6 +23,7 @@ import collections
 import contextlib
 import json
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,6 +62,7 @@ class Reply:
     headers: Mapping[str, str] = field(default_factory=dict)
     delay: float = 0.0
     disconnect: bool = False  # close the connection without answering at all
+    drip: float = 0.0  # seconds between the body's bytes, sent one at a time (a trickle)
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,13 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], provider: FakeProvider) -> None:
         super().__init__(address, _Handler)
         self.provider = provider
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hung up on a connection it had not read to the end (an answer it
+        # refused, a timed-out try) resets it: a provider sees that every day, quietly.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -439,23 +448,39 @@ class FakeProvider:
         if reply.disconnect:
             handler.close_connection = True
             return
+        if self._write(handler, reply) and reply.status == 200:
+            self._bill(body, reply.body)
+
+    def _write(self, handler: BaseHTTPRequestHandler, reply: Reply) -> bool:
+        """Send ``reply``; whether all of it was written (a client gone leaves it unbilled)."""
         payload = reply.raw if reply.raw is not None else json.dumps(reply.body).encode()
         headers = {name.lower(): value for name, value in reply.headers.items()}
         headers.setdefault("content-type", "application/json")
+        if headers.get("transfer-encoding") == "chunked":  # no length: 1 KiB chunks (a stream)
+            pieces = [b"%x\r\n%s\r\n" % (len(payload[at : at + 1024]), payload[at : at + 1024])
+                      for at in range(0, len(payload), 1024)] + [b"0\r\n\r\n"]  # fmt: skip
+        else:
+            headers["content-length"] = str(len(payload))
+            pieces = (
+                [payload[at : at + 1] for at in range(len(payload))] if reply.drip else [payload]
+            )
         try:
             handler.send_response(reply.status)
             for name, value in headers.items():
                 handler.send_header(name, value)
-            handler.send_header("content-length", str(len(payload)))
             handler.end_headers()
-            handler.wfile.write(payload)
             handler.wfile.flush()
+            for piece in pieces:
+                if reply.drip and self._stopping.wait(reply.drip):
+                    handler.close_connection = True
+                    return False
+                handler.wfile.write(piece)
+                handler.wfile.flush()
         except OSError:
             # The client gave up (timed out) before we answered: expected in timeout tests.
             handler.close_connection = True
-            return
-        if reply.status == 200:
-            self._bill(body, reply.body)
+            return False
+        return True
 
     def _bill(self, request: Any, answer: Any) -> None:
         usage = answer.get("usage") if isinstance(answer, dict) else None

@@ -30,6 +30,7 @@ from workers.persona.errors import (
     TurnTimeUp,
 )
 from workers.persona.messages import Message
+from workers.persona.models import http as http_module
 from workers.persona.models.config import ModelConfig, Secret
 from workers.persona.models.http import (
     ProviderHTTP,
@@ -201,6 +202,57 @@ def test_a_try_cut_after_a_full_timeout_is_still_the_providers_timeout(
     assert len(openai_server.requests) == 2
 
 
+def test_a_provider_answering_in_a_trickle_is_cut_at_the_tries_timeout(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """A provider that sends its headers at once and then one byte of the body every 0.2 s
+    never leaves a read waiting its whole timeout (1 s), yet its ~90-byte answer would take
+    18 s: the timeout bounds the whole try, not each read, so each try ends after ~1 s as a
+    ModelTimeout (retried, and counted by the breaker as a provider not answering)."""
+    body = openai_completion("late")
+    openai_server.enqueue(*(Reply(body=body, drip=0.2) for _ in range(2)))
+    began = time.monotonic()
+    with pytest.raises(ModelTimeout, match=r"within 1s \(the answer still arriving\)"):
+        transport(openai_server, clock, retries=1, timeout=1.0).post_json("/chat/completions", {})
+    assert time.monotonic() - began < 4.0  # two tries of ~1 s, each at most one byte late
+    assert len(openai_server.requests) == 2
+
+
+def test_inside_a_turn_a_trickling_answer_is_cut_at_the_turns_time_limit(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """The same trickle inside a turn with 1.5 s left: the try ends with the turn's time
+    (TurnTimeUp, the turn's own limit), not after the 5 s try timeout or the whole answer."""
+    openai_server.enqueue(Reply(body=openai_completion("late"), drip=0.2))
+    began = time.monotonic()
+    with turn_deadline(1.5), pytest.raises(TurnTimeUp, match="SOULFLEET_TURN_MAX_SECONDS"):
+        transport(openai_server, clock).post_json("/chat/completions", {})
+    assert time.monotonic() - began < 3.0
+    assert len(openai_server.requests) == 1
+
+
+def test_an_answer_over_the_size_limit_is_refused_unread(
+    openai_server: FakeProvider, clock: RecordingClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer bigger than MAX_ANSWER_BYTES (a proxy's error page, a runaway stream) is
+    not held in memory: the call fails at once, not retried (asking again gets the same),
+    naming the limit. One with no content-length is cut off as it grows past the limit,
+    and a small answer after it still works on the same client."""
+    monkeypatch.setattr(http_module, "MAX_ANSWER_BYTES", 4096)
+    big = openai_completion("x" * 10_000)
+    openai_server.enqueue(Reply(body=big))
+    client = transport(openai_server, clock)
+    with pytest.raises(ModelResponseError, match=r"answer over 4,096 bytes \(content-length"):
+        client.post_json("/chat/completions", {})
+    assert len(openai_server.requests) == 1
+    openai_server.enqueue(Reply(body=big, headers={"transfer-encoding": "chunked"}))
+    with pytest.raises(ModelResponseError, match="answer over 4,096 bytes; not read further"):
+        client.post_json("/chat/completions", {})
+    assert len(openai_server.requests) == 2
+    openai_server.enqueue(Reply(body=openai_completion("fine")))
+    assert client.post_json("/chat/completions", {})["choices"][0]["message"]["content"] == "fine"
+
+
 def test_inside_a_turn_with_too_little_time_left_no_request_is_sent(
     openai_server: FakeProvider, clock: RecordingClock
 ) -> None:
@@ -334,6 +386,17 @@ def test_non_object_json(openai_server: FakeProvider, clock: RecordingClock) -> 
     openai_server.enqueue(Reply(body=[1, 2, 3]))
     with pytest.raises(ModelResponseError, match="not an object"):
         transport(openai_server, clock).post_json("/chat/completions", {})
+
+
+def test_an_answer_its_encoding_does_not_fit_is_an_error(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """A body that says gzip and is not: a ModelResponseError naming it, not retried, not an
+    httpx exception escaping the model client."""
+    openai_server.enqueue(Reply(raw=b"not gzip at all", headers={"content-encoding": "gzip"}))
+    with pytest.raises(ModelResponseError, match="undecodable"):
+        transport(openai_server, clock).post_json("/chat/completions", {})
+    assert len(openai_server.requests) == 1
 
 
 def test_redirect_is_reported(openai_server: FakeProvider, clock: RecordingClock) -> None:

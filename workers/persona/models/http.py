@@ -28,6 +28,7 @@ import random
 import re
 import ssl
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ from workers.persona.urls import split_credentials
 __all__ = [
     "EXCERPT_CHARS",
     "KEEPALIVE_SECONDS",
+    "MAX_ANSWER_BYTES",
     "RETRY_STATUSES",
     "THREAD_LIMITS",
     "ProviderHTTP",
@@ -77,6 +79,12 @@ THREAD_LIMITS = httpx.Limits(
     max_connections=1, max_keepalive_connections=1, keepalive_expiry=KEEPALIVE_SECONDS
 )
 EXCERPT_CHARS = 200
+#: The most of one answer a call takes in (decoded): a model's answer is a few hundred KiB at
+#: most, so anything larger is a proxy's page or a runaway stream, refused before it fills the
+#: worker's memory (200 threads at once).
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
+#: Of an error answer only the start is read: its excerpt is all that is shown.
+_ERROR_BODY_BYTES = 64 * 1024
 _REDACTED = "***"
 
 log = structlog.get_logger("soulfleet.model")
@@ -356,10 +364,10 @@ class ProviderHTTP:
                     )
                 timeout = min(timeout, left)
             timed_out = timed_out or (failure is not None and failure.kind is ModelTimeout)
-            response, failure = self._try(url, content, timeout)
+            answer, failure = self._try(url, content, timeout)
             made += 1
-            if response is not None:
-                return self._decode(response)
+            if answer is not None:
+                return self._decode(*answer)
             assert failure is not None
             if timed_out and failure.kind is TurnTimeUp:
                 # A full try timed out before this cut one: the provider is not answering, and
@@ -388,31 +396,83 @@ class ProviderHTTP:
 
     def _try(
         self, url: str, content: bytes, timeout: float
-    ) -> tuple[httpx.Response | None, _Failure | None]:
+    ) -> tuple[tuple[httpx.Response, bytes] | None, _Failure | None]:
         where = redact_url(url)
         capped = timeout < self.policy.timeout
-        # The httpx exception is rendered to text here, scrubbed by error(); it is never chained
-        # (its request object carries our auth headers).
+        # httpx's timeout bounds each phase (connect, send, one read): the whole try, body
+        # included, is bounded here, so an answer trickling in a byte at a time cannot hold the
+        # lane past the try's timeout or the turn's limit.
+        deadline = time.monotonic() + timeout
         try:
-            response = self._client().post(
+            with self._client().stream(
+                "POST",
                 url,
                 content=content,
                 headers={"content-type": "application/json"},
                 timeout=httpx.Timeout(timeout) if capped else httpx.USE_CLIENT_DEFAULT,
+            ) as response:
+                ok = 200 <= response.status_code < 300
+                body = self._read(response, where, deadline, ok=ok)
+        except (httpx.TransportError, httpx.DecodingError, httpx.InvalidURL) as exc:
+            return None, self._transport_failure(exc, where, timeout, capped=capped)
+        if body is None:
+            why = "the answer still arriving"
+            return None, self._timed_out(where, timeout, why, capped=capped)
+        if isinstance(body, _Failure):
+            return None, body
+        if ok:
+            return (response, body), None
+        return None, self._status_failure(response, body, where)
+
+    def _transport_failure(
+        self, exc: Exception, where: str, timeout: float, *, capped: bool
+    ) -> _Failure:
+        """What a try that httpx could not complete failed of, rendered to text (scrubbed by
+        error() later): the exception is never chained, its request carries our auth headers."""
+        if isinstance(exc, httpx.TimeoutException):
+            return self._timed_out(where, timeout, type(exc).__name__, capped=capped)
+        if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+            return _Failure(ModelRequestError, f"bad URL {where}: {exc}", False)
+        if isinstance(exc, httpx.ConnectError):
+            return _Failure(ModelUnreachable, f"cannot connect to {where}: {exc}", True)
+        if isinstance(exc, httpx.DecodingError):  # a body its content-encoding does not fit
+            return _Failure(ModelResponseError, f"answer from {where} undecodable: {exc}", False)
+        return _Failure(
+            ModelUnreachable, f"connection to {where} failed: {type(exc).__name__}: {exc}", True
+        )
+
+    def _read(
+        self, response: httpx.Response, where: str, deadline: float, *, ok: bool
+    ) -> bytes | _Failure | None:
+        """The answer's body, decoded; a failure when it is over :data:`MAX_ANSWER_BYTES`;
+        None when the try's deadline passed with more still to come. Of an error answer,
+        only its first :data:`_ERROR_BODY_BYTES`."""
+        limit = MAX_ANSWER_BYTES if ok else _ERROR_BODY_BYTES
+        declared = response.headers.get("content-length", "")
+        if ok and declared.isdigit() and int(declared) > limit:
+            return _Failure(
+                ModelResponseError,
+                f"answer over {limit:,} bytes (content-length {int(declared):,}) from {where}; "
+                "not read",
+                False,
             )
-        except httpx.TimeoutException as exc:
-            return None, self._timed_out(where, timeout, type(exc).__name__, capped=capped)
-        except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-            return None, _Failure(ModelRequestError, f"bad URL {where}: {exc}", False)
-        except httpx.ConnectError as exc:
-            return None, _Failure(ModelUnreachable, f"cannot connect to {where}: {exc}", True)
-        except httpx.TransportError as exc:
-            return None, _Failure(
-                ModelUnreachable, f"connection to {where} failed: {type(exc).__name__}: {exc}", True
-            )
-        if 200 <= response.status_code < 300:
-            return response, None
-        return None, self._status_failure(response, where)
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > limit:
+                if not ok:  # enough for the excerpt
+                    chunks.append(chunk[: limit - size])
+                    break
+                return _Failure(
+                    ModelResponseError,
+                    f"answer over {limit:,} bytes; not read further ({where})",
+                    False,
+                )
+            chunks.append(chunk)
+            if time.monotonic() > deadline:
+                return None
+        return b"".join(chunks)
 
     def _timed_out(self, where: str, timeout: float, kind: str, *, capped: bool) -> _Failure:
         if capped:  # the turn's limit, not the provider's timeout: ends the turn, not retried
@@ -424,9 +484,9 @@ class ProviderHTTP:
             )
         return _Failure(ModelTimeout, f"no answer from {where} within {timeout:g}s ({kind})", True)
 
-    def _status_failure(self, response: httpx.Response, where: str) -> _Failure:
+    def _status_failure(self, response: httpx.Response, body: bytes, where: str) -> _Failure:
         status = response.status_code
-        said = excerpt(response.text)
+        said = excerpt(_text(response, body))
         retryable = status in RETRY_STATUSES
         override = (response.headers.get("x-should-retry") or "").strip().lower()
         if override in ("true", "false"):
@@ -453,16 +513,26 @@ class ProviderHTTP:
             kind, what = ModelRequestError, "request refused"
         return _Failure(kind, f"{what} (HTTP {status}): {said}", retryable, wait)
 
-    def _decode(self, response: httpx.Response) -> dict[str, Any]:
+    def _decode(self, response: httpx.Response, body: bytes) -> dict[str, Any]:
         try:
-            data = json.loads(response.content)
+            data = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             raise self.error(
                 ModelResponseError,
-                f"answer is not JSON (HTTP {response.status_code}): {excerpt(response.text)}",
+                f"answer is not JSON (HTTP {response.status_code}): "
+                f"{excerpt(_text(response, body))}",
             ) from None
         if not isinstance(data, dict):
             raise self.error(
-                ModelResponseError, f"answer is JSON but not an object: {excerpt(response.text)}"
+                ModelResponseError,
+                f"answer is JSON but not an object: {excerpt(_text(response, body))}",
             )
         return data
+
+
+def _text(response: httpx.Response, body: bytes) -> str:
+    """``body`` as text, in the answer's declared charset (UTF-8 when none is, or unknown)."""
+    try:
+        return body.decode(response.encoding or "utf-8", errors="replace")
+    except LookupError:
+        return body.decode("utf-8", errors="replace")
