@@ -23,7 +23,8 @@ the last, so neither publishing nor the worker's start-up and warm-up is counted
 
 With ``--body``, a fourth figure: the scripted turns once more with no Celery at all, one after
 another on one thread of one process (:mod:`tests.bench.turn_body`), and the bare task's CPU
-over that turn body's, the most any delivery of today's turn could reach.
+over that turn body's, the most any delivery of today's turn could reach; and the ``fsync``
+calls a turn makes (of files and of directories), counted there.
 
 A turn is measured end to end: ``start.lua``, soul composition, the loop, transcript writes,
 ``finish.lua``. Rates are completions per second after warm-up; "p50 ms" is the median turn
@@ -344,6 +345,7 @@ def bench_body(
         tail = (logs / "body.log").read_text(errors="replace").splitlines()[-20:]
         raise BenchError("\n".join([f"turn body exited with {done.returncode}", *tail]))
     figures = json.loads(done.stdout)
+    fsyncs = figures["fsyncs"]
     return Result(
         "fleet turn body, 1 thread, no Celery",
         int(figures["turns"]),
@@ -351,6 +353,10 @@ def bench_body(
         "none",
         1,
         cpu_ms=float(figures["cpu_ms"]),
+        notes=(
+            f"fsyncs per turn: {fsyncs['files'] + fsyncs['directories']:.2f} "
+            f"({fsyncs['files']:.2f} of files, {fsyncs['directories']:.2f} of directories)",
+        ),
     )
 
 
@@ -607,10 +613,13 @@ def _bound(repeats: Sequence[_Repeat]) -> list[str]:
     bounds = [noop / body for noop, body in pairs if noop is not None and body]
     if not bounds:
         return []
-    return [
+    lines = [
         f"  bare no-op cpu / turn body cpu (1 thread, no Celery): {_spread(bounds, '.2f')}   "
         "(the most a CPU-bound worker can reach with today's turn, whatever delivers it)"
     ]
+    # The same in every repeat: what a turn writes durably does not depend on load.
+    notes = [r.body.notes[0] for r in repeats if r.body is not None and r.body.notes]
+    return [*lines, f"  turn body, {notes[0]}"] if notes else lines
 
 
 def _table(repeats: Sequence[_Repeat], setup: str) -> str:

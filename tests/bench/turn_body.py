@@ -11,15 +11,21 @@ ack, the pool, task events). CPU per turn here is therefore a floor for ANY way 
 turns that keeps today's turn, several turns per broker message included: a bare Celery no-op
 task's CPU divided by it bounds the drain-rate ratio issue 15's goal 1 asks for.
 
-Prints one JSON object: ``{"turns": n, "cpu_ms": per turn after warm-up, "rate": turns/s}``.
+Prints one JSON object: ``{"turns": n, "cpu_ms": per turn after warm-up, "rate": turns/s,
+"fsyncs": {"files": per turn, "directories": per turn}}``: every ``fsync``/``fdatasync`` the
+timed turns made, counted by wrapping the two (a turn's durable commits, issue 15 goal 1).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 from workers.fleet import Fleet
 from workers.logs import configure_logging
@@ -42,6 +48,30 @@ class KeptMessages:
         self.turns.extend(turns)
 
 
+@contextmanager
+def counting_fsyncs() -> Iterator[dict[str, int]]:
+    """Count every ``os.fsync``/``os.fdatasync`` made inside, of files and of directories
+    (the workers call them through the ``os`` module, so wrapping its attributes sees all)."""
+    counts = {"files": 0, "directories": 0}
+    real = {name: getattr(os, name) for name in ("fsync", "fdatasync")}
+
+    def counted(call: Callable[[Any], None]) -> Callable[[Any], None]:
+        def wrapper(fd: Any) -> None:
+            kind = "directories" if stat.S_ISDIR(os.fstat(fd).st_mode) else "files"
+            counts[kind] += 1
+            call(fd)
+
+        return wrapper
+
+    for name, call in real.items():
+        setattr(os, name, counted(call))
+    try:
+        yield counts
+    finally:
+        for name, call in real.items():
+            setattr(os, name, call)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     warmup, names = int(args[0]), args[1:]
@@ -59,19 +89,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     executor = build_executor(settings, fleet)
     try:
         began = cpu_began = 0.0
-        for n, (lane, turn_id, _kind) in enumerate(queued):
-            if n == warmup:
-                began, cpu_began = time.perf_counter(), time.process_time()
-            report = executor.execute(lane, turn_id)
-            if report.outcome != "done":
-                print(f"turn_body: {lane} ended {report.outcome!r}", file=sys.stderr)
-                return 1
+        with counting_fsyncs() as fsyncs:
+            for n, (lane, turn_id, _kind) in enumerate(queued):
+                if n == warmup:
+                    began, cpu_began = time.perf_counter(), time.process_time()
+                    fsyncs.update(files=0, directories=0)
+                report = executor.execute(lane, turn_id)
+                if report.outcome != "done":
+                    print(f"turn_body: {lane} ended {report.outcome!r}", file=sys.stderr)
+                    return 1
         wall, cpu = time.perf_counter() - began, time.process_time() - cpu_began
     finally:
         executor.renewer.stop()
         fleet.client.close()
     timed = len(queued) - warmup
-    print(json.dumps({"turns": timed, "cpu_ms": cpu * 1000 / timed, "rate": timed / wall}))
+    per_turn = {kind: n / timed for kind, n in fsyncs.items()}
+    print(json.dumps({"turns": timed, "cpu_ms": cpu * 1000 / timed, "rate": timed / wall,
+                      "fsyncs": per_turn}))  # fmt: skip
     return 0
 
 
