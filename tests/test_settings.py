@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from workers.broker_urls import redis_py_url
 from workers.persona.errors import SettingsError
 from workers.settings import Settings, redact_url
 
@@ -65,6 +66,16 @@ def test_values_are_read_and_the_object_is_frozen() -> None:
         ("SOULFLEET_METRICS_PORT", "70000", "TCP port"),
         ("SOULFLEET_HEARTBEAT_JITTER", "0.9", "between 0 and 0.5"),
         ("REDIS_URL", "http://x", "redis://"),
+        ("REDIS_URL", "redis://127.0.0.1:notaport/0", "Port could not be cast to integer"),
+        ("REDIS_URL", "redis://127.0.0.1:99999/0", "Port out of range"),
+        ("REDIS_URL", "redis://[::1/0", "Invalid IPv6 URL"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/x", "names database 'x'"),
+        ("REDIS_URL", "unix:///tmp/r.sock?db=x", "Invalid value for 'db'"),
+        ("REDIS_URL", "redis://h/0?socket_timeout=soon", "Invalid value for 'socket_timeout'"),
+        ("CELERY_BROKER_URL", "redis://127.0.0.1:abc/0", "Port could not be cast to integer"),
+        ("CELERY_BROKER_URL", "redis://127.0.0.1:6379/x", "names database 'x'"),
+        ("CELERY_BROKER_URL", "unix:///tmp/r.sock?db=x", "Invalid value for 'db'"),
+        ("CELERY_BROKER_URL", "amqp://guest@127.0.0.1:abc//", "Port could not be cast"),
         ("SOULFLEET_KEY_PREFIX", "a b", "white space"),
         ("SOULFLEET_MODEL_TIMEOUT", "soon", "duration such as"),
         ("SOULFLEET_RETRY_FOR", "six hours", "duration such as"),
@@ -91,6 +102,28 @@ def test_a_bad_value_fails_loudly_naming_the_variable(variable: str, value: str,
     assert caught.value.variable == variable
     assert variable in str(caught.value)
     assert says in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("REDIS_URL", "redis://127.0.0.1:6379/3"),
+        ("REDIS_URL", "redis://127.0.0.1:6379"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/"),
+        ("REDIS_URL", "rediss://user:p%2Fss@cache.example:6380/0?ssl_cert_reqs=none"),
+        ("REDIS_URL", "redis://[::1]:6379/0"),
+        ("REDIS_URL", "unix:///run/redis.sock?db=2"),
+        ("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//"),
+        ("CELERY_BROKER_URL", "unix:///run/redis.sock?db=2"),
+    ],
+)
+def test_good_redis_and_broker_urls_pass(variable: str, value: str) -> None:
+    """What the URL checks let through: every form the README names (TLS options, IPv6, a
+    Unix socket, a percent-encoded password, RabbitMQ for the broker)."""
+    settings = Settings.from_env({variable: value})
+    # The broker's is held in kombu's spelling (redis+socket:// for a socket): spelled back.
+    got = settings.redis_url if variable == "REDIS_URL" else redis_py_url(settings.broker_url)
+    assert got == value
 
 
 def test_a_retry_base_over_the_default_cap_says_the_cap_is_its_default() -> None:

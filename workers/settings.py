@@ -21,7 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from workers.broker_urls import kombu_url
+from kombu.utils.url import url_to_parts
+from redis.connection import parse_url
+
+from workers.broker_urls import kombu_url, redis_py_url
 from workers.persona.env import EnvReader
 from workers.persona.errors import SettingsError
 from workers.persona.mcp_servers import FleetServer, load_mcp_servers
@@ -164,6 +167,7 @@ class Settings:
                 f"has a password with a raw '/', '?' or '#' ({redact_url(broker_url)}): "
                 "percent-encode it (/ -> %2F, ? -> %3F, # -> %23)",
             )
+        _check_broker_url("CELERY_BROKER_URL", broker_url)
         prefix = env.text("SOULFLEET_KEY_PREFIX", "soulfleet:")
         if any(ch.isspace() for ch in prefix):
             raise SettingsError("SOULFLEET_KEY_PREFIX", "must not contain white space")
@@ -363,4 +367,37 @@ def _check_redis_url(name: str, url: str) -> None:
             f"has a password with a raw '/', '?' or '#' ({redact_url(url)}), which every URL "
             "parser reads as the end of the host: percent-encode the password (/ -> %2F, "
             "? -> %3F, # -> %23, @ -> %40, : -> %3A, % -> %25)",
+        )
+    _check_parts(name, redis_py_url(url))
+
+
+def _check_broker_url(name: str, url: str) -> None:
+    """A broker URL whose parts the broker's client would refuse only later, mid-command (a
+    Redis one after a message was already queued): refused here, naming the variable."""
+    if split_credentials(url).scheme in ("redis", "rediss", "redis+socket"):
+        _check_parts(name, redis_py_url(url))
+        return
+    try:
+        url_to_parts(url)  # RabbitMQ and the rest: kombu's own parser, as the worker uses it
+    except ValueError as exc:
+        raise SettingsError(name, f"is not a valid URL ({redact_url(url)}): {exc}") from None
+
+
+def _check_parts(name: str, url: str) -> None:
+    """The port, host, database and options of a redis-py URL, as its client parses them."""
+    parts = split_credentials(url)
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise SettingsError(name, f"is not a valid Redis URL ({redact_url(url)}): {exc}") from None
+    if parts.scheme == "unix":
+        return
+    database = parts.rest.partition("?")[0].partition("/")[2].strip("/")
+    if database and not database.isdigit():
+        # redis-py ignores it and kombu refuses it: which database would be used depends on
+        # the process, so it is an error for both
+        raise SettingsError(
+            name,
+            f"names database {database!r} ({redact_url(url)}): the path after the host is the "
+            "database number, such as redis://host:6379/0",
         )
