@@ -15,7 +15,7 @@ import pytest
 import redis
 import structlog.testing
 
-from tests.support.fleet import openai_env
+from tests.support.fleet import openai_env, settled
 from tests.support.providers import FakeProvider, error_reply
 from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.fleet.errors import RedisUnavailable
@@ -219,3 +219,40 @@ def test_a_turn_start_gives_up_on_redis_after_its_wait(tmp_path: Path) -> None:
             assert 0.5 <= time.monotonic() - began < 10
     finally:
         server.stop()
+
+
+def test_a_persona_caught_mid_edit_is_retried_and_goes_on_once_fixed(rig: Rig) -> None:
+    """persona.toml saved with a typo just as a queued turn starts: the load failure is not
+    final, since the files changed a moment ago (an edit in progress). The lane waits for its
+    retry instead of being dead-lettered, its error says why, no model call is made, and once
+    the file is fixed the retry answers the item."""
+    good = (rig.home / "persona.toml").read_text()
+    rig.fleet.post("ava", "hello")
+    (rig.home / "persona.toml").write_text(good + "memory = yes\n")
+    assert rig.run_next() == "error"
+    status = rig.fleet.status("ava")
+    assert (status["state"], status["last_error_kind"]) == ("retry", "transient")
+    error = str(status["last_error"])
+    assert "PersonaEditing" in error
+    assert "not valid TOML" in error
+    assert "may be an edit in progress" in error
+    assert rig.provider.requests == []
+    (rig.home / "persona.toml").write_text(good)
+    _release(rig)
+    assert rig.run_next() == "done"
+    assert rig.fleet.status("ava")["state"] == "idle"
+
+
+def test_a_persona_broken_for_longer_than_the_grace_is_dead_lettered_at_once(rig: Rig) -> None:
+    """The same typo in a file nobody has touched for two minutes: the persona is broken, not
+    being edited, so the lane is dead-lettered at once with the config error, as before."""
+    good = (rig.home / "persona.toml").read_text()
+    rig.fleet.post("ava", "hello")
+    (rig.home / "persona.toml").write_text(good + "memory = yes\n")
+    settled(rig.home)
+    assert rig.run_next() == "error"
+    status = rig.fleet.status("ava")
+    assert status["state"] == "dead"
+    assert str(status["last_error"]).startswith("permanent failure, not retried:")
+    assert "PersonaConfigError" in str(status["last_error"])
+    assert "PersonaEditing" not in str(status["last_error"])

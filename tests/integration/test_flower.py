@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.integration.conftest import Harness
-from tests.support.fleet import post_past_the_door, spawn, wait_until
+from tests.support.fleet import post_past_the_door, settled, spawn, wait_until
 from workers.local.redis_server import free_port
 
 pytestmark = pytest.mark.integration
@@ -51,7 +51,7 @@ def test_failed_turns_are_failures_in_flower_with_persona_kind_and_error(
     TurnFailed, the lane and PersonaConfigError; its args/kwargs show nora and 'interactive';
     the broker holds no unacked or queued message once the lane is dead-lettered."""
     harness.configure(SOULFLEET_MAX_ATTEMPTS="3", SOULFLEET_TASK_EVENTS="1")
-    harness.persona("nora", toml='hartbeat = "typo"\n')
+    settled(harness.persona("nora", toml='hartbeat = "typo"\n'))  # broken, not mid-edit
     harness.persona("ava")
     harness.worker()
     port = free_port()

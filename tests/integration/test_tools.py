@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.integration.conftest import Harness
-from tests.support.fleet import post_past_the_door, wait_until
+from tests.support.fleet import post_past_the_door, settled, wait_until
 from tests.support.mcp_helpers import SERVER_SCRIPT, new_tag, tagged_pids, wait_gone
 from workers.persona.errors import PersonaConfigError
 from workers.persona.transcripts import FileTranscripts
@@ -159,6 +159,7 @@ def test_python_tools_by_ref_and_an_invalid_ref(harness: Harness) -> None:
     # Refused at the door, the key named; queued behind it, the worker's turn fails the same.
     with pytest.raises(PersonaConfigError, match=r"tools\.python\[0\]\.ref"):
         harness.fleet.post("broken", "hello", wake=True)
+    settled(harness.root / "broken")  # broken, not being edited: dead-lettered at once
     post_past_the_door(harness.fleet, "broken", "hello")
     wait_until(lambda: harness.fleet.status("broken")["state"] == "dead", timeout=120, what="dead")
     error = str(harness.fleet.status("broken")["last_error"])

@@ -21,6 +21,7 @@ from typing import Any
 
 from tests.support.providers import FakeProvider
 from workers.fleet import Fleet
+from workers.persona.edits import EDIT_GRACE_SECONDS
 from workers.persona.inbox import InboxItem
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "openai_env",
     "post_past_the_door",
     "read_events",
+    "settled",
     "soak_seconds",
     "spawn",
     "start_beat",
@@ -284,6 +286,17 @@ def soak_seconds(default: float) -> float:
     if value <= 0:
         raise ValueError(f"SOULFLEET_TEST_SOAK must be > 0, got {raw!r}")
     return value
+
+
+def settled(home: Path) -> Path:
+    """Stamp ``home`` and its files as last modified well before the edit grace of
+    :mod:`workers.persona.edits`: a persona broken like this is broken, not being edited, so a
+    turn failing on it is dead-lettered at once, as for a file nobody has touched for a while.
+    Returns ``home``."""
+    stamp = time.time() - 2 * EDIT_GRACE_SECONDS
+    for path in [*home.iterdir(), home]:
+        os.utime(path, (stamp, stamp), follow_symlinks=False)
+    return home
 
 
 def post_past_the_door(fleet: Fleet, persona: str, text: str) -> str:

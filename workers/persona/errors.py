@@ -8,6 +8,7 @@
     │   ├── PersonaNotFound      the directory does not exist
     │   ├── PersonaFileError     a bootstrap file is unreadable, or is a directory (names the path)
     │   ├── PersonaConfigError   persona.toml is invalid (names the key)
+    │   ├── PersonaEditing       one of those, met while the persona's files were being changed
     │   ├── LockTimeout          a persona file stayed locked past the lock timeout
     │   └── StorageUnavailable   a persona directory's filesystem is full, read-only or refusing
     ├── ModelError               a model call failed; turned into an "error" RunResult by the loop
@@ -38,7 +39,9 @@ fleet decides "retry or dead-letter" from the class, never from an error message
   ``SOULFLEET_RETRY_FOR`` of continuous failure.
 - ``permanent``: asking again cannot help until someone fixes something (401/403, an unknown
   model or another refused request, an invalid persona file, a bad setting). Dead-lettered at
-  once, with the reason.
+  once, with the reason; except a persona that fails to load within a minute of a change to
+  its files (``PersonaEditing``: an editor's save caught half-way, a typo fixed seconds later),
+  which is retried until its files have been still that long.
 - ``unknown``: anything not classified (a bug, an unexpected ``OSError``). Retried with backoff
   but only ``SOULFLEET_MAX_ATTEMPTS`` times in a row, as every failure was before kinds existed.
 """
@@ -63,6 +66,7 @@ __all__ = [
     "ModelTimeout",
     "ModelUnreachable",
     "PersonaConfigError",
+    "PersonaEditing",
     "PersonaError",
     "PersonaFileError",
     "PersonaNotFound",
@@ -166,6 +170,23 @@ class PersonaConfigError(PersonaError):
         self.path = path
         self.key = key
         self.problem = problem
+
+
+class PersonaEditing(PersonaError):
+    """A persona failed to load (``__cause__``: how) while its files were being changed: the
+    edit may be unfinished, so the turn is retried; once the files have been still for
+    ``grace`` seconds, the same failure is permanent again."""
+
+    retryable = True
+
+    def __init__(self, cause: BaseException, age: float, grace: float) -> None:
+        super().__init__(
+            f"{cause}; the persona's files changed {age:.0f}s ago, so this may be an edit in "
+            f"progress: the turn is retried (a persona still failing {grace:.0f}s after its "
+            "last change is dead-lettered)"
+        )
+        self.age = age
+        self.grace = grace
 
 
 class LockTimeout(PersonaError):

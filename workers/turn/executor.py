@@ -61,6 +61,7 @@ from workers.logs import bind_task, monotonic_wall_time
 from workers.persona import storage
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.call_log import CallLog
+from workers.persona.edits import while_editing
 from workers.persona.errors import StorageUnavailable, TurnAborted
 from workers.persona.heartbeat import is_silent
 from workers.persona.inbox import render_inbox
@@ -192,8 +193,9 @@ class TurnExecutor:
         except TurnAborted:
             raise
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
-            error = f"{type(exc).__name__}: {exc}"
-            return self.endings.fail(lane, turn_id, started, error, began, cause=exc, model=spec)
+            failed = while_editing(exc, persona.home)
+            return self.endings.fail(lane, turn_id, started, _named(failed), began, cause=failed,
+                                     model=spec)  # fmt: skip
 
         refused = self._refuse_early(lane, turn_id, started, began, agent=agent, model=model)
         if refused is not None:
@@ -365,8 +367,8 @@ class TurnExecutor:
             )
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
             self.endings.started(started, kind, None)
-            error = f"{type(exc).__name__}: {exc}"
-            return self.endings.fail(lane, turn_id, started, error, began, cause=exc)
+            failed = self._while_editing(exc, name)
+            return self.endings.fail(lane, turn_id, started, _named(failed), began, cause=failed)
         spec = resolved.spec
         self.endings.started(started, kind, spec)
         last_pass = None if started.last_pass_ms is None else started.last_pass_ms / 1000
@@ -379,6 +381,15 @@ class TurnExecutor:
                 lane, turn_id, started, refusal, began, kind=kind, model=spec
             )
         return persona, resolved
+
+    def _while_editing(self, exc: BaseException, name: str) -> BaseException:
+        """``exc``, made transient when the persona's files were changed a moment ago
+        (:mod:`workers.persona.edits`)."""
+        try:
+            home = self.fleet.registry.home(name)
+        except Exception:  # no directory to look at: the failure stands as it is
+            return exc
+        return while_editing(exc, home)
 
     def _commit(
         self,
@@ -489,6 +500,11 @@ class TurnExecutor:
                 files.discard(session.state)
         except OSError as exc:  # housekeeping only: the commit already happened
             _log.warning("session.collect_failed", error=str(exc))
+
+
+def _named(exc: BaseException) -> str:
+    """``exc`` as a lane's error shows it: its class, then its message."""
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _seconds_left(budget: Budget, began: float) -> float:
