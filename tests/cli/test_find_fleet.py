@@ -246,6 +246,46 @@ def test_a_python_tool_is_imported_with_the_pythonpath_of_the_running_up(
 
 
 @pytest.mark.integration
+def test_a_python_tool_only_this_shell_can_import_is_refused_as_the_workers_would(
+    tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
+) -> None:
+    """This shell's PYTHONPATH finds the tool; the running `up` recorded that its workers have
+    none. `post`, `tools` and `revive` all refuse (exit 2, saying the workers cannot import
+    it), where they passed the check with this shell's path and the lane then dead-lettered
+    on the workers (and status called the error fixed)."""
+    url, client = decoy
+    tools = tmp_path / "pylib"
+    tools.mkdir()
+    (tools / "walk_tools_16.py").write_text(
+        "from workers.persona import FunctionTool, ToolResult\n"
+        "adder = FunctionTool('add', 'Add.', {'type': 'object'}, lambda a: ToolResult('3'))\n"
+    )
+    (fleet_root / "abacus").mkdir()
+    (fleet_root / "abacus" / "SOUL.md").write_text("You add.\n", encoding="utf-8")
+    (fleet_root / "abacus" / "persona.toml").write_text(
+        '[[tools.python]]\nref = "walk_tools_16:adder"\n'
+    )
+    data = DataDir(tmp_path / "xdg" / "soulfleet")
+    data.write_state(UpState(
+        pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
+        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
+        mcp_config="", python_path=(),
+    ))  # fmt: skip
+    env = {**_no_fleet_env(tmp_path, fleet_root), "PYTHONPATH": str(tools)}
+    for argv in (("post", "abacus", "1+2"), ("tools", "abacus")):
+        refused = _soulfleet("redis://127.0.0.1:1/0", env, *argv)
+        assert refused.returncode == 2, (argv, refused.stdout, refused.stderr)
+        assert "cannot import module 'walk_tools_16'" in refused.stderr
+        assert "the running up gave its workers no PYTHONPATH" in refused.stderr
+    assert client.dbsize() == 0
+    lanes = lanes_for({**env, "REDIS_URL": url, "SOULFLEET_KEY_PREFIX": "k:"})
+    dead_letter(lanes, "abacus")
+    not_revived = _soulfleet("redis://127.0.0.1:1/0", env, "revive", "abacus")
+    assert not_revived.returncode == 2, not_revived.stderr
+    assert lanes.status("abacus")["state"] == "dead"
+
+
+@pytest.mark.integration
 def test_a_use_is_checked_against_the_mcp_config_of_the_running_up(
     tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
 ) -> None:

@@ -34,6 +34,7 @@ import redis
 
 from workers.cli.beat_health import beat_stale, beat_summary
 from workers.cli.errors import BadInputError, CliError
+from workers.cli.launch import python_path
 from workers.fleet import Fleet
 from workers.fleet.door_settings import with_fleet_settings
 from workers.fleet.errors import FleetError, RedisUnavailable, UnknownPersona, UnusablePersonaName
@@ -371,12 +372,19 @@ class CliContext:
             raise PersonaConfigError(exc.path, exc.key, f"{exc.problem} ({elsewhere})") from None
 
     def import_as_workers(self) -> tuple[str, ...] | None:
-        """Put the PYTHONPATH the running `up` gave its workers ahead of this process's own
-        entries (as PYTHONPATH is), so a persona's Python tools are imported here as there;
-        returns those entries (None: no `up` recorded them). Idempotent."""
+        """Import path as the running `up` gave its workers: its PYTHONPATH ahead of this
+        process's own entries (as PYTHONPATH is), and this shell's PYTHONPATH entries that
+        theirs lacks taken out (a tool this shell alone can import passed the check, then
+        dead-lettered the lane on the workers), so a persona's Python tools are imported here
+        as there; returns the workers' entries (None: no `up` recorded them). Idempotent."""
         state = self.adopted
         if state is None or state.python_path is None:
             return None
+        # soulfleet's own directory stays, whoever's path found it: its lazy imports need it
+        own = str(Path(__file__).resolve().parents[2])
+        only_mine = set(python_path(os.environ)) - set(state.python_path) - {own}
+        sys.path[:] = [entry for entry in sys.path
+                       if not entry or str(Path(entry).absolute()) not in only_mine]  # fmt: skip
         missing = [entry for entry in state.python_path if entry not in sys.path]
         sys.path[1:1] = missing
         return state.python_path
