@@ -18,6 +18,7 @@ from tests.cli.conftest import Invoke
 from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for, settings_for
 from workers.cli.worker_health import QUEUED_TOO_LONG
 from workers.fleet import Fleet
+from workers.fleet.door_settings import fleet_settings_record
 from workers.fleet.gate import Gate
 from workers.fleet.keys import Keys
 from workers.fleet.lease import Renewer
@@ -61,6 +62,34 @@ def test_status_one_persona_table(invoke: Invoke, env: Mapping[str, str | None])
     assert models.startswith("models: conversation ")
     assert ", heartbeat " in models
     assert ", dream " in models
+
+
+def test_status_names_the_models_the_fleets_workers_use_not_this_shells(
+    invoke: Invoke, env: Mapping[str, str | None], redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """beat records the fleet's SOULFLEET_MODEL, SOULFLEET_HEARTBEAT_MODEL and
+    SOULFLEET_DREAM_MODEL; a shell with other values (its own SOULFLEET_MODEL) is told the
+    models the fleet's turns call, not its own (the models line contradicted the last reply,
+    written by the fleet's model); with no record (an older beat), the shell's own."""
+    commit_turn(lanes_for(env), "milo", "Found three sources")
+    fleet = Settings.from_env(
+        {"SOULFLEET_MODEL": "scripted:fleet.toml", "SOULFLEET_HEARTBEAT_MODEL": "scripted:hb.toml"},
+        model_reach=False,  # beat's machine has them; this one need not
+    )
+    shell = {**env, "SOULFLEET_MODEL": "scripted:mine.toml", "SOULFLEET_DREAM_MODEL": ""}
+    before = invoke("status", "milo", environ=shell).stdout.splitlines()[-1]
+    assert before == (
+        "models: conversation scripted:mine.toml, heartbeat scripted:mine.toml, "
+        "dream scripted:mine.toml"
+    )
+    redis_client.set(Keys(key_prefix).registry_settings, fleet_settings_record(fleet))
+    after = invoke("status", "milo", environ=shell).stdout.splitlines()[-1]
+    assert after == (
+        "models: conversation scripted:fleet.toml, heartbeat scripted:hb.toml, "
+        "dream scripted:fleet.toml"
+    )
+    payload = json.loads(invoke("status", "milo", "--json", environ=shell).stdout)
+    assert payload["models"]["heartbeat"] == "scripted:hb.toml"
 
 
 def test_status_shows_a_dead_lettered_lane_and_why(

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from workers.fleet.door_settings import fleet_settings_record, with_fleet_settings
+from workers.fleet.door_settings import (
+    ModelDefaults,
+    fleet_models,
+    fleet_settings_record,
+    with_fleet_settings,
+)
 from workers.settings import Settings
 
 
@@ -33,3 +38,19 @@ def test_the_recorded_budget_and_inbox_limits_replace_the_shells_and_nothing_els
                 '{"daily_tokens": true}', '{"daily_tokens": -1}', '{"inbox_max": 0}',
                 '{"inbox_max": "9"}'):  # fmt: skip
         assert with_fleet_settings(shell, raw) is shell
+
+
+def test_the_recorded_model_defaults_are_read_back_and_a_bad_record_gives_none() -> None:
+    """The record carries SOULFLEET_MODEL (scripted:builtin when unset),
+    SOULFLEET_HEARTBEAT_MODEL and SOULFLEET_DREAM_MODEL; an older beat's record, or one of
+    another shape, gives None (the shell's own are shown then)."""
+    fleet = Settings.from_env({"SOULFLEET_DREAM_MODEL": "scripted:dream.toml"}, model_reach=False)
+    assert fleet_models(fleet_settings_record(fleet)) == ModelDefaults(
+        "scripted:builtin", "", "scripted:dream.toml"
+    )
+    for raw in (None, "", "not json", "[]", '{"daily_tokens": 10}', '{"models": []}',
+                '{"models": {"default": ""}}', '{"models": {"default": 3}}'):  # fmt: skip
+        assert fleet_models(raw) is None
+    assert fleet_models('{"models": {"default": "openai:x", "heartbeat": 4}}') == ModelDefaults(
+        "openai:x"
+    )

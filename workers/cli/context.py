@@ -36,7 +36,7 @@ from workers.cli.beat_health import beat_stale, beat_summary
 from workers.cli.errors import BadInputError, CliError
 from workers.cli.launch import python_path
 from workers.fleet import Fleet
-from workers.fleet.door_settings import with_fleet_settings
+from workers.fleet.door_settings import fleet_models, with_fleet_settings
 from workers.fleet.errors import FleetError, RedisUnavailable, UnknownPersona, UnusablePersonaName
 from workers.fleet.keys import Keys
 from workers.fleet.registry import DREAMER_SUFFIX, PersonaRegistry, valid_persona_name
@@ -200,6 +200,8 @@ class CliContext:
                 # them), not as this shell's environment happens to say.
                 adopted = with_fleet_settings(self.settings, str(recorded))
                 fleet = Fleet(adopted, client=fleet.client, publisher=self._publisher)
+                # and the models status names are the ones its workers call
+                fleet.model_defaults = fleet_models(str(recorded)) or fleet.model_defaults
             # Its door checks a persona as its workers would: their MCP servers and PYTHONPATH.
             fleet.mcp_servers = self.fleet_mcp_servers()
             self.import_as_workers()

@@ -5,29 +5,70 @@ the fleet's: without the fleet's SOULFLEET_DAILY_TOKENS it showed no budget (or 
 does not have), and with a larger SOULFLEET_INBOX_MAX than the fleet's it filled an inbox past
 the fleet's limit. beat records what its processes read (:attr:`Keys.registry_settings`, each
 registry sync) and the CLI's fleet applies it (:func:`with_fleet_settings`). Models are not
-taken over: a command checks a persona's model with its own configuration (a scripted path or
-a key the workers' machine has would refuse posts).
+taken over for checks: a command checks a persona's model with its own configuration (a
+scripted path or a key the workers' machine has would refuse posts). They are for reports:
+``status`` names the model each kind of turn uses from the fleet's defaults
+(:func:`fleet_models`), where a shell's own SOULFLEET_MODEL named one the fleet never calls.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from workers.settings import Settings
 
-__all__ = ["fleet_settings_record", "with_fleet_settings"]
+__all__ = ["ModelDefaults", "fleet_models", "fleet_settings_record", "with_fleet_settings"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDefaults:
+    """The fleet's model defaults: SOULFLEET_MODEL (``default``, what ``inherit`` means), and
+    SOULFLEET_HEARTBEAT_MODEL / SOULFLEET_DREAM_MODEL (``""``: the persona's own model)."""
+
+    default: str
+    heartbeat: str = ""
+    dream: str = ""
+
+    @classmethod
+    def of(cls, settings: Settings) -> ModelDefaults:
+        default = settings.model.default_spec or "scripted:builtin"
+        return cls(default, settings.heartbeat_model, settings.dream_model)
 
 
 def fleet_settings_record(settings: Settings) -> str:
-    """What beat records (:attr:`Keys.registry_settings`): its daily budget and inbox limits."""
+    """What beat records (:attr:`Keys.registry_settings`): its daily budget and inbox limits,
+    and its model defaults."""
+    models = ModelDefaults.of(settings)
     return json.dumps(
         {
             "daily_tokens": settings.daily_tokens,
             "inbox_max": settings.inbox_max,
             "item_max_bytes": settings.item_max_bytes,
+            "models": {"default": models.default, "heartbeat": models.heartbeat,
+                       "dream": models.dream},
         }
+    )  # fmt: skip
+
+
+def fleet_models(raw: str | None) -> ModelDefaults | None:
+    """The model defaults beat recorded (``raw``, :func:`fleet_settings_record`); None when the
+    record holds none (an older beat) or none readable."""
+    try:
+        record = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    models = record.get("models") if isinstance(record, dict) else None
+    if not isinstance(models, dict):
+        return None
+    default, heartbeat, dream = (models.get(k) for k in ("default", "heartbeat", "dream"))
+    if not (isinstance(default, str) and default):
+        return None
+    return ModelDefaults(
+        default,
+        heartbeat if isinstance(heartbeat, str) else "",
+        dream if isinstance(dream, str) else "",
     )
 
 

@@ -32,6 +32,7 @@ from workers.fleet import dead_letters
 from workers.fleet.beats import Beats
 from workers.fleet.breaker import Breaker
 from workers.fleet.clients import fleet_client
+from workers.fleet.door_settings import ModelDefaults
 from workers.fleet.errors import (
     BudgetStopped,
     LaneDeadLettered,
@@ -95,6 +96,9 @@ class Fleet(FleetReports):
         #: this process's SOULFLEET_MCP_CONFIG, unless its owner knows the workers' better (the
         #: CLI sets those the running `up` gave its workers); None skips that check.
         self.mcp_servers: Mapping[str, FleetServer] | None = settings.mcp_servers
+        #: The model defaults ``status`` names a persona's models by: this process's, unless
+        #: its owner knows the fleet's (the CLI sets those beat recorded).
+        self.model_defaults = ModelDefaults.of(settings)
         self.publisher: Publisher = publisher
         self.lanes = Lanes(
             self.client,

@@ -16,6 +16,7 @@ import redis
 
 from workers.fleet.beats import Beat, Beats
 from workers.fleet.breaker import Breaker
+from workers.fleet.door_settings import ModelDefaults
 from workers.fleet.errors import FleetError, RedisUnavailable
 from workers.fleet.eviction import evicts
 from workers.fleet.gate import InFlight, in_flight
@@ -40,6 +41,7 @@ class FleetReports:
     client: redis.Redis
     clock: Clock
     keys: Keys
+    model_defaults: ModelDefaults
     registry: PersonaRegistry
     lanes: Lanes
     breaker: Breaker
@@ -68,7 +70,7 @@ class FleetReports:
             status: dict[str, Any] = {"persona": name, **lanes[index]}
             status["tokens_today"] = spent[index]
             status["daily_tokens"] = budgets[index].daily_tokens
-            status["models"] = persona_models(homes[index], self.settings)
+            status["models"] = persona_models(homes[index], self.model_defaults)
             dreamer = lanes[len(names) + index]
             if dreamer.get("last_turn") or dreamer.get("state") not in (None, "idle"):
                 status["dreamer"] = {"lane": dreamer_lanes[index], **dreamer}

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 from zoneinfo import ZoneInfo
 
+from workers.fleet.door_settings import ModelDefaults
 from workers.fleet.scripts import redis_errors
 from workers.fleet.usage import UsageLedger
 from workers.persona.agent import AgentDef
@@ -82,18 +83,24 @@ def persona_budget(home: Path, settings: Settings) -> DailyBudget:
     return effective_budget(None if config is None else config.budget, settings.daily_tokens)
 
 
-def persona_models(home: Path, settings: Settings) -> dict[str, str]:
-    """The model spec each kind of turn of the persona uses ({} if persona.toml is invalid);
-    ``inherit`` is shown as what it inherits."""
+def persona_models(home: Path, defaults: ModelDefaults) -> dict[str, str]:
+    """The model spec each kind of turn of the persona uses ({} if persona.toml is invalid),
+    with the fleet's ``defaults``; ``inherit`` is shown as what it inherits."""
     config = _config(home)
     if config is None:
         return {}
-    fallback = settings.model.default_spec or "scripted:builtin"
     models = {}
     for kind, label in (("interactive", "conversation"), ("heartbeat", "heartbeat"),
                         ("dream", "dream")):  # fmt: skip
-        spec = kind_model(config, kind, settings)
-        models[label] = fallback if spec == "inherit" else spec
+        spec = model_for_kind(
+            kind,
+            persona_model=config.model,
+            heartbeat_model=config.heartbeat.model if config.heartbeat else None,
+            dream_model=config.dream.model if config.dream else None,
+            fleet_heartbeat_model=defaults.heartbeat,
+            fleet_dream_model=defaults.dream,
+        )
+        models[label] = defaults.default if spec == "inherit" else spec
     return models
 
 
