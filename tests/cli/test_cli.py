@@ -54,12 +54,13 @@ def test_up_with_an_unreachable_redis_fails_before_starting_anything(
 ) -> None:
     """`up` pointed at a dead REDIS_URL exits 1 naming it without password; no state is left.
     On a Redis of the user's own its banner tells other shells what they need besides it
-    (prefixes, personas), and not the data dir, which does not lead them there."""
+    (prefixes, personas, and a data dir other than the default: through it they check a
+    persona's tools with what this `up` gave its workers)."""
     data = tmp_path / "data"
     result = invoke("up", "--data", str(data), "--personas", str(fleet_root),
                     environ=dead_redis_env)  # fmt: skip
     assert result.exit_code == 1
-    assert "SOULFLEET_DATA" not in result.output
+    assert f"SOULFLEET_DATA={data}" in result.output
     needed = f"SOULFLEET_KEY_PREFIX={dead_redis_env['SOULFLEET_KEY_PREFIX']}"
     hidden = 'REDIS_URL="<the URL given to this up; not printed: it holds a password>"'
     assert f"other shells: {hidden} {needed}" in result.output
@@ -84,7 +85,8 @@ def test_other_shells_are_told_what_they_need_to_find_this_fleet(
 ) -> None:
     """Embedded Redis: nothing on the default data dir, SOULFLEET_DATA on another. A Redis of
     the user's own: REDIS_URL (as it is when it holds no password, so the line can be pasted;
-    else a placeholder), the prefixes that differ from the defaults, and the personas root,
+    else a placeholder), the prefixes that differ from the defaults, the personas root, a data
+    dir other than the default, the MCP config and the PYTHONPATH its workers were given,
     shell-quoted."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("SOULFLEET_DATA", raising=False)
@@ -106,5 +108,15 @@ def test_other_shells_are_told_what_they_need_to_find_this_fleet(
     needed = other_shells(prefixed, tmp_path / "d", personas)
     assert needed == (
         f"{hidden} SOULFLEET_KEY_PREFIX=t2: SOULFLEET_QUEUE_PREFIX=t2 "
-        f"SOULFLEET_PERSONAS='{personas}'"
+        f"SOULFLEET_PERSONAS='{personas}' SOULFLEET_DATA={tmp_path}/d"
+    )
+    # What the workers check a persona's tools with: a shell left without them would check
+    # against its own (and accept what the workers then fail on, or refuse what they run).
+    mcp = tmp_path / "mcp.json"
+    mcp.write_text('{"mcpServers": {}}', encoding="utf-8")
+    tooled = Settings.from_env({"REDIS_URL": "redis://db:6379/15",
+                                "SOULFLEET_MCP_CONFIG": str(mcp)})  # fmt: skip
+    assert other_shells(tooled, default, personas, ("/opt/tools", "/srv/lib")) == (
+        f"REDIS_URL=redis://db:6379/15 SOULFLEET_PERSONAS='{personas}' "
+        f"SOULFLEET_MCP_CONFIG={mcp} PYTHONPATH=/opt/tools:/srv/lib"
     )

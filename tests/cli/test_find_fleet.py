@@ -329,3 +329,35 @@ def test_a_use_is_checked_against_the_mcp_config_of_the_running_up(
         done = _soulfleet("redis://127.0.0.1:1/0", bare, *argv)
         assert done.returncode == 0, (argv, done.stderr)
     assert json.loads(done.stdout)["tools"][0]["server"] == "time"
+
+
+@pytest.mark.integration
+def test_a_shell_on_the_same_redis_as_an_up_of_its_own_redis_checks_with_that_ups_tools(
+    tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
+) -> None:
+    """An `up` on a Redis of the user's own, started with SOULFLEET_MCP_CONFIG; a shell with
+    the same REDIS_URL and prefix (as up's "other shells" line says) but no MCP config: a post
+    to a persona using that config's server goes in (it was refused: "SOULFLEET_MCP_CONFIG is
+    not set"). A shell on another prefix is another fleet: not adopted, refused as before."""
+    url, client = decoy
+    mcp = tmp_path / "mcp.json"
+    mcp.write_text('{"mcpServers": {"time": {"command": "mcp-server-time"}}}', encoding="utf-8")
+    (fleet_root / "tim").mkdir()
+    (fleet_root / "tim" / "SOUL.md").write_text("You are Tim.\n", encoding="utf-8")
+    (fleet_root / "tim" / "persona.toml").write_text('[[tools.mcp]]\nuse = "time"\n')
+    data = DataDir(tmp_path / "xdg" / "soulfleet")
+    data.write_state(UpState(
+        pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
+        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=False,
+        mcp_config=str(mcp.resolve()), python_path=(),
+    ))  # fmt: skip
+    env = {**_no_fleet_env(tmp_path, fleet_root), "REDIS_URL": url,
+           "SOULFLEET_KEY_PREFIX": "k:", "SOULFLEET_QUEUE_PREFIX": "q"}  # fmt: skip
+    accepted = _soulfleet("redis://127.0.0.1:1/0", env, "post", "tim", "hi")
+    assert accepted.returncode == 0, accepted.stderr
+    assert lanes_for(env).status("tim")["inbox_depth"] == 1
+    other = {**env, "SOULFLEET_KEY_PREFIX": "other:"}
+    refused = _soulfleet("redis://127.0.0.1:1/0", other, "post", "tim", "hi")
+    assert refused.returncode == 2, refused.stderr
+    assert "SOULFLEET_MCP_CONFIG is not set" in refused.stderr
+    assert client.dbsize() > 0

@@ -98,6 +98,15 @@ def fleet_environ(
             ):
                 if not (env.get(name) or "").strip():
                     env[name] = value
+    else:
+        state = DataDir(default_data_dir(env)).running_state()
+        prefix = (env.get("SOULFLEET_KEY_PREFIX") or "").strip() or Settings().key_prefix
+        # An `up` on a Redis of the user's own (recorded without its password) is the fleet
+        # this shell reaches when the Redis and prefix are the same: its workers' MCP config
+        # and PYTHONPATH are what a persona is checked with, not this shell's.
+        if (state is not None and not state.embedded_redis and state.key_prefix == prefix
+                and state.redis_url == redact_url(env["REDIS_URL"].strip())):  # fmt: skip
+            adopted = state
     if personas is not None:
         env["SOULFLEET_PERSONAS"] = str(personas)
     return env, adopted

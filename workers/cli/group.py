@@ -85,9 +85,9 @@ class SoulfleetGroup(click.Group):
             error = translate(exc, redis_url=state.redis_url if state else None)
             if error is None:
                 raise
-            if state is not None and state.adopted is not None and _unreachable(exc):
+            up = state.adopted if state is not None else None
+            if up is not None and up.embedded_redis and _unreachable(exc):
                 # This shell's REDIS_URL is not set: the Redis was the running `up`'s.
-                up = state.adopted
                 error = CliError(
                     f"the `soulfleet up` this command found (data {up.data}, pid {up.pid}) no "
                     f"longer answers at {redact_url(up.redis_url)}: it has stopped; start it "

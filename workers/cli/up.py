@@ -159,7 +159,7 @@ class _Up:
         settings = Settings.from_env(env)  # invalid settings fail before anything starts
         echo = self.console.out
         echo(f"soulfleet up: data in {self.data.root}")
-        if needed := other_shells(settings, self.data.root, choice.root):
+        if needed := other_shells(settings, self.data.root, choice.root, python_path(env)):
             echo(f"  other shells: {needed} soulfleet status")
         redis_url = self._redis_url(settings)
         env["REDIS_URL"] = redis_url
@@ -466,13 +466,18 @@ def _reach(fleet: Fleet, settings: Settings) -> None:
         ) from None
 
 
-def other_shells(settings: Settings, data: Path, personas: Path) -> str | None:
+def other_shells(
+    settings: Settings, data: Path, personas: Path, python_path: tuple[str, ...] = ()
+) -> str | None:
     """The environment another shell needs to reach this fleet; None when it needs nothing.
 
     With the embedded Redis, other commands find a running ``up`` through its data dir (only
-    the default one unless told: SOULFLEET_DATA). On a Redis of the user's own they find it
-    only through what it was started with (a prefix left out posts to a queue no worker
-    reads); REDIS_URL is printed only when it holds no password."""
+    the default one unless told: SOULFLEET_DATA), and with it the MCP config and PYTHONPATH
+    its workers were given. On a Redis of the user's own they find it only through what it was
+    started with (a prefix left out posts to a queue no worker reads; without the MCP config
+    or PYTHONPATH, a persona's tools are checked against what that shell has); REDIS_URL is
+    printed only when it holds no password, and a data dir other than the default is named
+    (it is how a shell finds this `up`'s MCP config and PYTHONPATH)."""
     if not settings.redis_url_explicit:
         if data == default_data_dir().expanduser().resolve():
             return None
@@ -488,4 +493,10 @@ def other_shells(settings: Settings, data: Path, personas: Path) -> str | None:
     if settings.queue_prefix != default.queue_prefix:
         parts.append(f"SOULFLEET_QUEUE_PREFIX={shlex.quote(settings.queue_prefix)}")
     parts.append(f"SOULFLEET_PERSONAS={shlex.quote(str(personas))}")
+    if data != default_data_dir().expanduser().resolve():
+        parts.append(f"SOULFLEET_DATA={shlex.quote(str(data))}")
+    if settings.mcp_config:
+        parts.append(f"SOULFLEET_MCP_CONFIG={shlex.quote(str(settings.mcp_config.resolve()))}")
+    if python_path:
+        parts.append(f"PYTHONPATH={shlex.quote(os.pathsep.join(python_path))}")
     return " ".join(parts)
