@@ -185,6 +185,35 @@ def test_status_unknown_persona_exit_2(invoke: Invoke) -> None:
     assert "unknown persona 'nobody'" in result.stderr
 
 
+def test_status_of_another_root_lists_only_its_own_invalid_personas(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path, tmp_path: Path
+) -> None:
+    """`status --personas DIR` where the fleet's workers serve another root: DIR's personas
+    are listed (with the warning), and nothing beat recorded of the fleet's own personas is
+    said of DIR (its invalid ava, the dead lane of nora, which DIR lacks, as "removed")."""
+    (fleet_root / "ava" / "persona.toml").write_text("hartbeat = 1\n")
+    settings = settings_for(env)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    RegistrySync(client=client, keys=Keys(settings.key_prefix),
+                 registry=PersonaRegistry(fleet_root), settings=settings).run()  # fmt: skip
+    dead_letter(lanes_for(env), "nora", error="PersonaConfigError: persona.toml: bad")
+    other = tmp_path / "other"
+    (other / "alpha").mkdir(parents=True)
+    (other / "alpha" / "SOUL.md").write_text("You are alpha.\n")
+    assert "invalid personas" in invoke("status").stdout  # the fleet's own root: listed
+    result = invoke("status", "--personas", str(other))
+    assert result.exit_code == 0, result.output
+    assert "the fleet's workers serve personas from" in result.stderr
+    assert "alpha" in result.stdout
+    assert "invalid personas" not in result.stdout
+    assert "ava" not in result.stdout
+    assert "removed personas" not in result.stdout
+    payload = json.loads(invoke("status", "--personas", str(other), "--json").stdout)
+    assert payload["invalid"] == {}
+    assert payload["dead_persona_gone"] == []
+    assert [entry["persona"] for entry in payload["personas"]] == ["alpha"]
+
+
 def test_status_missing_root_exit_2(invoke: Invoke, tmp_path: Path) -> None:
     """A personas root that does not exist is bad input, named in the error."""
     result = invoke("status", "--personas", str(tmp_path / "nowhere"))

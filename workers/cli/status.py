@@ -160,7 +160,7 @@ def status(
     if persona is not None:
         _status_one(state, persona, as_json=as_json)
     else:
-        _status_all(state, only, as_json=as_json)
+        _status_all(state, only, as_json=as_json, foreign=foreign is not None)
 
 
 def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
@@ -273,17 +273,38 @@ def _dead_hint(entry: Mapping[str, Any], name: str, fixed: set[str]) -> None:
             )
 
 
-def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
+def _recorded_lists(
+    state: CliContext, names: list[str], *, foreign: bool
+) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]:
+    """Invalid personas (beat's records), dead lanes whose configuration error is fixed, and
+    dead lanes of removed personas. Of a root the fleet's workers do not serve (``foreign``),
+    only its own invalid personas: the rest is about theirs."""
+    fleet = state.fleet()
+    invalid = invalid_personas(fleet)
+    if foreign:
+        listed = set(names)
+        return {name: why for name, why in invalid.items() if name in listed}, [], []
+    fixed = fixed_since(
+        fleet, state.settings.model, invalid=invalid, mcp_servers=state.fleet_mcp_servers()
+    )
+    return invalid, fixed, fleet.orphaned_dead()
+
+
+def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: bool) -> None:
+    """Every persona under the root, and the fleet-wide lists. ``foreign``: the root is not
+    the one the fleet's workers serve, so what beat recorded of theirs (invalid personas, dead
+    lanes of removed or fixed personas) is not said of this one's."""
     fleet = state.fleet()  # Redis first: with no fleet, the personas root is moot
     root = state.settings.personas
     if not root.is_dir():
         raise BadInputError(
             f"personas root {root} does not exist (set SOULFLEET_PERSONAS or pass --personas)"
         )
-    invalid = invalid_personas(fleet)
+    names = fleet.registry.names()
+    invalid, fixed, orphans = _recorded_lists(state, names, foreign=foreign)
     entries = [
         annotate(entry, invalid, fleet.registry.root, fleet.settings.lease_ttl)
-        for entry in fleet.statuses(fleet.registry.names())
+        for entry in fleet.statuses(names)
     ]
     shown = [entry for entry in entries if only is None or only in _states(entry)]
     counts = fleet.lanes.counts()
@@ -291,10 +312,6 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool) -> None:
     breakers = fleet.breaker.states()
     beat = beat_summary(fleet)
     claims = lock_claims(fleet, [str(entry["persona"]) for entry in entries])
-    fixed = fixed_since(
-        fleet, state.settings.model, invalid=invalid, mcp_servers=state.fleet_mcp_servers()
-    )
-    orphans = fleet.orphaned_dead()
     unusable = fleet.registry.unusable_names()
     used, limit, policy = fleet.redis_memory()
     full = 0 < limit <= used
