@@ -83,6 +83,16 @@ def test_full_schema_parses(tmp_path: Path) -> None:
     )
 
 
+def test_a_byte_order_mark_is_not_a_toml_error(tmp_path: Path) -> None:
+    """A persona.toml saved with a UTF-8 byte-order mark (Windows editors add one; no editor
+    shows it) reads as without it: it was "not valid TOML ... (at line 1, column 1)"."""
+    (tmp_path / MANIFEST_NAME).write_bytes(b"\xef\xbb\xbf" + FULL.encode())
+    assert load_manifest(tmp_path) == parse_manifest(FULL)
+    # Only at the very start: anywhere else it is a character TOML refuses, as before.
+    with pytest.raises(PersonaConfigError, match="not valid TOML"):
+        parse_manifest('model = "openai:x"\n\ufeffmemory = true\n')
+
+
 def test_dream_every_defaults_timezone_and_window(tmp_path: Path) -> None:
     """[dream] every = "24h" alone means UTC, no own window and no instructions."""
     write(tmp_path, '[dream]\nevery = "24h"\n')

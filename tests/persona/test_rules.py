@@ -93,6 +93,14 @@ def test_rule_errors_name_the_rule_index_and_field(rules: list[Any], where: str)
     assert where in str(raised.value)
 
 
+def test_a_rules_file_with_a_byte_order_mark_loads(tmp_path: Path) -> None:
+    """TOML and JSON rules saved with a UTF-8 byte-order mark load as without it."""
+    for name, text in (("r.toml", '[[rules]]\ntext = "hi"\n'),
+                       ("r.json", '{"rules": [{"text": "hi"}]}')):  # fmt: skip
+        (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + text.encode())
+        assert load_rules(tmp_path / name) == parse_rules({"rules": [{"text": "hi"}]}, source=name)
+
+
 def test_file_errors_are_clear(tmp_path: Path) -> None:
     """Missing file, bad TOML/JSON, wrong suffix and a missing rules list each say so."""
     with pytest.raises(ModelSpecError, match="not found"):

@@ -295,7 +295,9 @@ def parse_manifest(text: str, *, home: Path | None = None, source: object = None
     """Parse persona.toml text. ``home`` anchors relative ``scripted:`` paths; ``source`` names
     the file in errors."""
     try:
-        data = tomllib.loads(text)
+        # A byte-order mark (Windows editors save one) is not TOML, and is invisible in every
+        # editor: "Invalid statement at line 1, column 1" for it sent people hunting a typo.
+        data = tomllib.loads(text.removeprefix("\ufeff"))
     except tomllib.TOMLDecodeError as exc:
         raise _error(None, f"is not valid TOML: {exc}", source) from exc
     root = TomlTable(data, "", source)

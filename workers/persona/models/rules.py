@@ -259,7 +259,9 @@ def load_rules(path: str | Path) -> tuple[Rule, ...]:
 
 
 def decode(raw: str, suffix: str, source: str) -> Any:
-    """Decode rules text by file suffix (.toml or .json)."""
+    """Decode rules text by file suffix (.toml or .json); a leading byte-order mark is
+    dropped (neither format takes one, and no editor shows it)."""
+    raw = raw.removeprefix("\ufeff")
     if suffix == ".toml":
         try:
             return tomllib.loads(raw)
