@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+import redis
+
+from beat.sync import RegistrySync
 from tests.cli.conftest import Invoke
-from tests.support.cli import PASSWORD, lanes_for, soulfleet_argv, subprocess_env
+from tests.support.cli import PASSWORD, lanes_for, settings_for, soulfleet_argv, subprocess_env
 from tests.support.fleet import wait_until
+from workers.fleet.keys import Keys
+from workers.fleet.registry import PersonaRegistry
 from workers.persona.inbox import InboxItem
 
 
@@ -194,6 +200,32 @@ def test_run_local_locks_memory_as_the_fleet_is_configured(
     assert (locks / "MEMORY.md.claim.wait").exists()
     assert not (locks / "MEMORY.md.lock").exists()
     assert "- the kettle is blue" in (fleet_root / "nora" / "MEMORY.md").read_text("utf-8")
+
+
+def test_run_local_refuses_a_lock_mode_the_fleet_does_not_use(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path, tmp_path: Path
+) -> None:
+    """The fleet's beat records SOULFLEET_LOCK_MODE=local; `run --local` with shared locks on
+    one of its personas exits 2 before any write (shared claims and local flocks do not exclude
+    each other: a memory write could be lost), naming the mode to use. The fleet's own mode
+    runs; so does a persona outside the fleet's root, which no worker writes."""
+    settings = settings_for(env)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    RegistrySync(client=client, keys=Keys(settings.key_prefix),
+                 registry=PersonaRegistry(fleet_root), settings=settings).run()  # fmt: skip
+    shared = {**env, "SOULFLEET_LOCK_MODE": "shared"}
+    refused = invoke("run", "nora", "remember: the kettle is blue", "--local", environ=shared)
+    assert refused.exit_code == 2, refused.output
+    assert "writes its personas' files with local locks" in refused.stderr
+    assert "Run with SOULFLEET_LOCK_MODE=local" in refused.stderr
+    assert "kettle" not in (fleet_root / "nora" / "MEMORY.md").read_text("utf-8")
+    assert not (fleet_root / "nora" / ".locks" / "MEMORY.md.claim.wait").exists()
+    mine = invoke("run", "nora", "remember: the kettle is blue", "--local")
+    assert mine.exit_code == 0, mine.output
+    elsewhere = tmp_path / "elsewhere" / "nora"
+    shutil.copytree(fleet_root / "nora", elsewhere)
+    away = invoke("run", str(elsewhere), "remember: the pot is red", "--local", environ=shared)
+    assert away.exit_code == 0, away.output
 
 
 def test_run_local_keeps_the_transcripts_the_fleet_keeps(

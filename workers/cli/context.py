@@ -36,7 +36,7 @@ from workers.cli.beat_health import beat_stale, beat_summary
 from workers.cli.errors import BadInputError, CliError
 from workers.cli.launch import python_path
 from workers.fleet import Fleet
-from workers.fleet.door_settings import fleet_models, with_fleet_settings
+from workers.fleet.door_settings import fleet_lock_mode, fleet_models, with_fleet_settings
 from workers.fleet.errors import FleetError, RedisUnavailable, UnknownPersona, UnusablePersonaName
 from workers.fleet.keys import Keys
 from workers.fleet.registry import DREAMER_SUFFIX, PersonaRegistry, valid_persona_name
@@ -52,6 +52,7 @@ __all__ = [
     "NO_FLEET",
     "CliContext",
     "fleet_environ",
+    "lock_mode_conflict",
     "no_fleet_error",
     "persona_dir",
     "recorded_root",
@@ -116,17 +117,45 @@ def recorded_root(settings: Settings) -> str | None:
     """The personas root the fleet's workers serve, as beat's registry sync recorded it in
     ``settings``' Redis; None when none is recorded or that Redis does not answer (the command
     then says so itself when it needs the fleet)."""
+    return _recorded(settings, Keys(settings.key_prefix).registry_root)
+
+
+def _recorded(settings: Settings, key: str) -> str | None:
+    """What beat recorded under ``key`` in ``settings``' Redis, with a short wait; None when
+    nothing is, or that Redis does not answer."""
     try:
         client = redis.Redis.from_url(
             settings.redis_url, decode_responses=True, socket_connect_timeout=2, socket_timeout=2
         )
         try:
-            recorded = client.get(Keys(settings.key_prefix).registry_root)
+            recorded = client.get(key)
         finally:
             client.close()
     except (redis.RedisError, OSError, ValueError):
         return None
     return str(recorded) if recorded else None
+
+
+def lock_mode_conflict(settings: Settings, home: Path) -> str | None:
+    """Why a write to ``home``'s files from this process could go unexcluded by the fleet's
+    own: its beat records another SOULFLEET_LOCK_MODE and ``home`` is under the root its
+    workers serve (the two kinds of lock do not see each other). None when no fleet is
+    configured or reachable, or nothing conflicts."""
+    if not settings.redis_url_explicit:
+        return None
+    keys = Keys(settings.key_prefix)
+    theirs = fleet_lock_mode(_recorded(settings, keys.registry_settings))
+    root = _recorded(settings, keys.registry_root)
+    if theirs is None or theirs == settings.lock_mode or root is None:
+        return None
+    if not home.resolve().is_relative_to(Path(root).resolve()):
+        return None
+    return (
+        f"SOULFLEET_LOCK_MODE is {settings.lock_mode} here, but the fleet serving {root} "
+        f"writes its personas' files with {theirs} locks, which a {settings.lock_mode} lock "
+        f"does not exclude: a memory write of this run could overwrite one of the fleet's. "
+        f"Run with SOULFLEET_LOCK_MODE={theirs}"
+    )
 
 
 def persona_dir(arg: str, root: Path) -> Path:

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from workers.cli.context import CliContext, persona_dir
+from workers.cli.context import CliContext, lock_mode_conflict, persona_dir
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import JSON_FAILURE_SHOWN, cli_context, personas_option
 from workers.fleet.errors import RedisUnavailable
@@ -255,6 +255,8 @@ def _local(
     from workers.persona.runner import run as run_persona  # noqa: PLC0415 - only for --local
 
     home = persona_dir(persona, settings.personas)
+    if (conflict := lock_mode_conflict(settings, home)) is not None:
+        raise BadInputError(conflict)
     # The same check-up as a fleet command: an invalid file (a cron that can never fire) exits
     # 2 naming the key, and an empty directory is a warning, not a silent empty soul.
     checkup = check_persona(

@@ -19,7 +19,13 @@ from typing import Any
 
 from workers.settings import Settings
 
-__all__ = ["ModelDefaults", "fleet_models", "fleet_settings_record", "with_fleet_settings"]
+__all__ = [
+    "ModelDefaults",
+    "fleet_lock_mode",
+    "fleet_models",
+    "fleet_settings_record",
+    "with_fleet_settings",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +45,7 @@ class ModelDefaults:
 
 def fleet_settings_record(settings: Settings) -> str:
     """What beat records (:attr:`Keys.registry_settings`): its daily budget and inbox limits,
-    and its model defaults."""
+    its model defaults and its lock mode."""
     models = ModelDefaults.of(settings)
     return json.dumps(
         {
@@ -48,8 +54,19 @@ def fleet_settings_record(settings: Settings) -> str:
             "item_max_bytes": settings.item_max_bytes,
             "models": {"default": models.default, "heartbeat": models.heartbeat,
                        "dream": models.dream},
+            "lock_mode": settings.lock_mode,
         }
     )  # fmt: skip
+
+
+def fleet_lock_mode(raw: str | None) -> str | None:
+    """The SOULFLEET_LOCK_MODE beat recorded (``raw``); None when the record has none."""
+    try:
+        record = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    mode = record.get("lock_mode") if isinstance(record, dict) else None
+    return mode if mode in ("local", "shared") else None
 
 
 def fleet_models(raw: str | None) -> ModelDefaults | None:
