@@ -74,3 +74,19 @@ def test_a_full_redis_says_so_and_what_to_do() -> None:
         assert error.message.startswith("Redis is full")
         assert "CONFIG SET maxmemory" in error.message
         assert "runbook" in error.message
+
+
+def test_a_file_error_names_the_path_then_the_reason_without_python_errno() -> None:
+    """An OSError a command meets (`init /proc/nope`, `up --data` on a full disk) reads
+    "PATH: reason", not Python's "[Errno 2] No such file or directory: 'PATH'"; a rename
+    names both paths; one without a path is its reason alone."""
+    missing = translate(FileNotFoundError(2, "No such file or directory", "/proc/nope"))
+    assert missing is not None
+    assert missing.message == "/proc/nope: No such file or directory"
+    assert missing.exit_code == EXIT_FAILURE
+    moved = translate(OSError(18, "Invalid cross-device link", "/a", None, "/b"))
+    assert moved is not None
+    assert moved.message == "/a -> /b: Invalid cross-device link"
+    bare = translate(OSError(28, "No space left on device"))
+    assert bare is not None
+    assert bare.message == "No space left on device"

@@ -128,6 +128,18 @@ def _translate(exc: BaseException, redis_url: str | None) -> CliError | None:
     elif isinstance(exc, TimeoutError):
         message = str(exc) or "timed out"
     elif isinstance(exc, OSError):
-        # A file the command needs or writes (permissions, a full disk): errno text + path.
-        message = str(exc)
+        # A file the command needs or writes (permissions, a full disk): its path, then the
+        # system's words, without Python's "[Errno 2]" in front.
+        message = _os_error(exc)
     return None if message is None else CliError(message)
+
+
+def _os_error(exc: OSError) -> str:
+    """``exc`` as a person reads it: ``PATH: reason`` (``PATH -> OTHER: reason`` for a rename)."""
+    reason = exc.strerror or str(exc)
+    if exc.filename is None:
+        return reason
+    where = str(exc.filename)
+    if exc.filename2 is not None:
+        where = f"{where} -> {exc.filename2}"
+    return f"{where}: {reason}"
