@@ -95,6 +95,12 @@ def test_item_over_the_byte_limit_is_refused_before_redis(redis_url: str) -> Non
         lanes.post("ava", item("é" * 200), wake=True)
     assert caught.value.limit == 100
     assert caught.value.size > 400
+    # The size counts the envelope: the message says how much of it is the text, and how
+    # large a text would fit (the item's other fields take the rest).
+    message = str(caught.value)
+    assert "its text 400 bytes" in message
+    envelope = caught.value.size - 400
+    assert f"send a text of at most about {max(0, 100 - envelope)} bytes" in message
 
 
 def test_post_to_a_dead_lane_keeps_the_item_and_queues_nothing(

@@ -105,10 +105,16 @@ class ItemTooLarge(FleetError):
 
     retryable = False
 
-    def __init__(self, lane: str, size: int, limit: int) -> None:
+    def __init__(self, lane: str, size: int, limit: int, text: int | None = None) -> None:
+        # The limit is on the item as stored, envelope included: a text just under it was
+        # refused as a larger number the user never wrote.
+        advice = "; send a smaller item" if text is None else (
+            f" (its text {text} bytes, the rest its sender, channel, id and time, and JSON "
+            f"escapes); send a text of at most about {max(0, limit - (size - text))} bytes"
+        )  # fmt: skip
         super().__init__(
-            f"inbox item for lane {lane!r} is {size} bytes, over the {limit}-byte limit "
-            "(SOULFLEET_ITEM_MAX_BYTES, the fleet's): it was NOT accepted; send a smaller item"
+            f"inbox item for lane {lane!r} is {size} bytes as stored, over the {limit}-byte "
+            f"limit (SOULFLEET_ITEM_MAX_BYTES, the fleet's): it was NOT accepted{advice}"
         )
         self.lane = lane
         self.size = size
