@@ -49,6 +49,22 @@ def test_invalid_settings_name_the_variable(
     assert result.stderr.startswith("soulfleet: error: SOULFLEET_LEASE_TTL")
 
 
+def test_up_refusing_a_setting_copies_no_demo_personas(
+    invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """`up` without --personas on a new data folder copies the demo personas, and the start
+    that copies them is the one that posts nora her welcome. A bad setting is refused before
+    that: the folder holds no personas after it (they were copied, so the next, real first
+    start posted no welcome)."""
+    data = tmp_path / "data"
+    environ = {**env, "SOULFLEET_PERSONAS": None, "SOULFLEET_MODEL": "anthropic:claude-x",
+               "ANTHROPIC_API_KEY": None}  # fmt: skip
+    result = invoke("up", "--data", str(data), environ=environ)
+    assert result.exit_code == 2, result.output
+    assert "ANTHROPIC_API_KEY" in result.stderr
+    assert not (data / "personas").exists()
+
+
 def test_up_with_an_unreachable_redis_fails_before_starting_anything(
     invoke: Invoke, dead_redis_env: Mapping[str, str | None], fleet_root: Path, tmp_path: Path
 ) -> None:

@@ -149,7 +149,7 @@ class _Up:
             self._shutdown()
 
     def _run(self) -> int:
-        env = dict(os.environ)
+        env = _checked_environ()
         with _writing(self.data.root):
             self.data.create()
             choice = choose_personas(self.personas_option, env, self.data.personas)
@@ -464,6 +464,15 @@ def _reach(fleet: Fleet, settings: Settings) -> None:
             f"Redis at {exc.url} (REDIS_URL) is unavailable{why}: start that Redis, or "
             "unset REDIS_URL and `soulfleet up` runs an embedded one"
         ) from None
+
+
+def _checked_environ() -> dict[str, str]:
+    """This process's environment, its settings checked: invalid ones fail before anything is
+    written (the demo personas copied by a start that then refused a setting made the next,
+    real first start skip nora's welcome)."""
+    env = dict(os.environ)
+    Settings.from_env(env)
+    return env
 
 
 def other_shells(
