@@ -9,8 +9,9 @@ connection of its own (connections come from the channel's pool for each command
 pipeline is made per call), so one client per channel and pool serves every thread; it is made
 again whenever the channel replaces its pool (after a connection error).
 
-It also keeps a lost broker connection (see :meth:`Channel._create_client`) or a full Redis
-(see :class:`Transport`) from killing the worker.
+It also keeps a lost broker connection (see :meth:`Channel._create_client`), a full Redis or
+one failing over (see :class:`Transport` and :meth:`Channel._brpop_read`) from killing the
+worker.
 
 Installed for ``redis://`` and ``rediss://`` by :func:`install`, which :func:`workers.app.make_app`
 calls: kombu picks a transport by the URL's scheme, so its alias table is the one place to say
@@ -20,6 +21,7 @@ kombu's own transport.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -32,6 +34,8 @@ __all__ = ["Channel", "Transport", "install", "is_redis"]
 _PATH = f"{__name__}:Transport"
 #: Seconds a worker's consumer waits before trying a full Redis again (see Transport).
 FULL_REDIS_PAUSE = 2.0
+#: Replies that end a waiting BRPOP when the server's role changes (a failover, a demotion).
+_FAILOVER_REPLIES = ("UNBLOCKED", "READONLY", "MASTERDOWN")
 #: Broker URLs served by kombu's Redis transport (a Unix socket is ``redis+socket://``:
 #: :mod:`workers.broker_urls`).
 _REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
@@ -71,6 +75,20 @@ class Channel(kombu_redis.Channel):
             self._soulfleet_client = client
         return client
 
+    def _brpop_read(self, **options: Any) -> Any:
+        stock: Any = super()  # kombu's type stubs do not declare it
+        try:
+            return stock._brpop_read(**options)
+        except redis.ResponseError as exc:
+            if not str(exc).startswith(_FAILOVER_REPLIES):
+                raise
+            # The server cut the waiting BRPOP off as it stopped being a master ("UNBLOCKED
+            # force unblock ... master -> replica"): a lost connection, so the consumer
+            # reconnects (and finds the new master) instead of the worker exiting.
+            with contextlib.suppress(Exception):
+                self.client.connection.disconnect()
+            raise redis.ConnectionError(f"the broker's Redis failed over: {exc}") from exc
+
 
 class Transport(kombu_redis.Transport):
     """kombu's Redis transport with :class:`Channel`, and a full Redis taken as a lost one."""
@@ -84,8 +102,13 @@ class Transport(kombu_redis.Transport):
     # As a connection error (Celery reads the class's tuple), the consumer retries with backoff
     # and consumes again once Redis has room; lanes whose message was lost meanwhile are
     # re-published by the reaper.
+    # The same for a Redis failing over: a demoted master refuses writes (ReadOnlyError) and a
+    # replica without its master refuses reads (MasterDownError); every worker exited on them
+    # (a one-second demotion took the whole fleet down) where the fleet's own calls wait.
     connection_errors = (
         redis.exceptions.OutOfMemoryError,
+        redis.exceptions.ReadOnlyError,
+        redis.exceptions.MasterDownError,
         *kombu_redis.Transport.connection_errors,
     )
 

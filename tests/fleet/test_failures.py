@@ -34,6 +34,7 @@ from workers.persona.errors import (
     PersonaConfigError,
     PersonaFileError,
     SettingsError,
+    SoulfleetError,
 )
 
 HOUR = 3600.0
@@ -246,3 +247,28 @@ def test_a_full_redis_is_told_from_its_error_or_the_one_it_caused() -> None:
     assert is_redis_full(_raised_while_handling(oom))
     assert not is_redis_full(_raised_while_handling(redis.ConnectionError("refused")))
     assert not is_redis_full(ValueError("maxmemory must be a number"))
+
+
+def test_redis_full_read_only_or_failing_over_is_transient_as_redis_py_raises_it() -> None:
+    """What redis-py raises for a Redis full, read-only, failing over or busy (it takes the
+    reply's first word off the message for OOM, READONLY, TRYAGAIN and MASTERDOWN, raising a
+    class of its own) is a transient failure: the turn waits and retries, spending no attempt.
+    They were "unknown": the check read the message for the word redis-py had removed."""
+    from redis._parsers.base import BaseParser  # noqa: PLC0415 - redis-py's own reply parsing
+
+    replies = (
+        "OOM command not allowed when used memory > 'maxmemory'.",
+        "READONLY You can't write against a read only replica.",
+        "MASTERDOWN Link with MASTER is down",
+        "TRYAGAIN Multiple keys request during rehashing of slot",
+        "BUSY Redis is busy running a script",
+        "LOADING Redis is loading the dataset in memory",
+        "UNBLOCKED force unblock from blocking operation, instance state changed",
+    )
+    for reply in replies:
+        error = BaseParser.parse_error(reply)  # type: ignore[no-untyped-call]
+        assert classify(error) == "transient", (reply, type(error))
+        wrapped = SoulfleetError("a turn step failed")
+        wrapped.__cause__ = error
+        assert classify(wrapped) == "transient", reply
+    assert classify(redis.ResponseError("WRONGTYPE Operation against a key")) == "unknown"

@@ -23,7 +23,8 @@ Every message says what happened and what to do next; none contains a password.
 
 Failure kinds (:func:`classify`): each class carries ``retryable`` (True transient, False
 permanent) as the persona core's errors do; Redis's own connection and timeout errors, and its
-``BUSY``/``LOADING``/``READONLY``/``OOM``/``TRYAGAIN``/``MASTERDOWN`` replies, are transient too.
+``BUSY``/``LOADING``/``READONLY``/``OOM``/``TRYAGAIN``/``MASTERDOWN``/``UNBLOCKED`` replies
+(by redis-py's class where it has one: it strips the word), are transient too.
 """
 
 from __future__ import annotations
@@ -62,21 +63,37 @@ __all__ = [
     "UnusablePersonaName",
     "as_redis_refusal",
     "classify",
+    "is_redis_blip",
     "is_redis_full",
     "redis_refusal",
 ]
 
-#: Error replies of a Redis that is only busy, starting, failing over or full for a moment.
-_REDIS_BLIPS = ("BUSY", "LOADING", "READONLY", "OOM", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN")
+#: Error replies of a Redis that is only busy, starting, failing over or full for a moment
+#: (UNBLOCKED: a blocking command cut off as the server was demoted to a replica).
+_REDIS_BLIPS = ("BUSY", "LOADING", "READONLY", "OOM", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN",
+                "UNBLOCKED")  # fmt: skip
+#: redis-py's classes for some of those replies: it takes the word off their message, so the
+#: text alone never matched them (a full Redis was an "unknown" failure, spending attempts).
+_REDIS_BLIP_CLASSES: tuple[type[redis.RedisError], ...] = (
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,  # MasterDownError too
+)
+
+
+def is_redis_blip(exc: BaseException) -> bool:
+    """Whether ``exc`` is a Redis that is unreachable, or only busy, starting, failing over or
+    full for a moment: a wait fixes it."""
+    if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, *_REDIS_BLIP_CLASSES)):
+        return True
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith(_REDIS_BLIPS)
 
 
 def classify(exc: BaseException) -> FailureKind:
     """``transient``, ``permanent`` or ``unknown`` for any turn failure (see the module doc)."""
-    for current in causes(exc):
-        if isinstance(current, (redis.ConnectionError, redis.TimeoutError)):
-            return "transient"
-        if isinstance(current, redis.ResponseError) and str(current).startswith(_REDIS_BLIPS):
-            return "transient"
+    if any(is_redis_blip(current) for current in causes(exc)):
+        return "transient"
     return failure_kind(exc)
 
 
@@ -285,7 +302,7 @@ def redis_refusal(url: str, exc: BaseException) -> RedisUnavailable:
     """The error for a broker or Redis command that failed with ``exc``: :class:`RedisFull`
     when Redis refused it for memory, else :class:`RedisUnavailable`."""
     refusal = as_redis_refusal(exc, url)
-    return refusal or RedisUnavailable(url, str(exc) or type(exc).__name__)
+    return refusal or RedisUnavailable(url, f"{type(exc).__name__}: {exc}".removesuffix(": "))
 
 
 class EvictingRedis(FleetError):

@@ -25,7 +25,7 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from workers.fleet.errors import RedisUnavailable
+from workers.fleet.errors import RedisUnavailable, is_redis_blip, redis_refusal
 
 __all__ = [
     "SCRIPT_NAMES",
@@ -128,11 +128,18 @@ def client_url(client: redis.Redis) -> str:
 
 @contextmanager
 def redis_errors(client: redis.Redis) -> Iterator[None]:
-    """Turn a lost connection to ``client``'s Redis into :class:`RedisUnavailable`."""
+    """Turn a lost connection to ``client``'s Redis into :class:`RedisUnavailable`, and so a
+    Redis that is full (:class:`RedisFull`), read-only or failing over for a while: every
+    caller that waits out an unreachable Redis waits those out too (a turn running during a
+    failover escaped its worker with a bare ReadOnlyError, its lane left to its lease)."""
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise RedisUnavailable(client_url(client), str(exc) or type(exc).__name__) from exc
+    except redis.ResponseError as exc:
+        if not is_redis_blip(exc):
+            raise
+        raise redis_refusal(client_url(client), exc) from exc
 
 
 @dataclass(frozen=True, slots=True)
