@@ -92,6 +92,32 @@ def test_status_names_the_models_the_fleets_workers_use_not_this_shells(
     assert payload["models"]["heartbeat"] == "scripted:hb.toml"
 
 
+def test_status_says_when_every_heartbeat_is_skipped_for_its_file(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """A persona with a heartbeat schedule whose HEARTBEAT.md was removed: every tick is
+    skipped, and `status NAME` says so and what to do (it only said HEARTBEAT.md "changed
+    after this session froze its soul"); so for one that asks for nothing; --json carries
+    the reason, and the files edited since the session began. No schedule: nothing said."""
+    home = fleet_root / "milo"
+    (home / "persona.toml").write_text('[heartbeat]\nevery = "30m"\n')
+    (home / "HEARTBEAT.md").write_text("- check the feeds\n")
+    commit_turn(lanes_for(env), "milo", "Found three sources")
+    assert "heartbeats:" not in invoke("status", "milo").stdout
+    (home / "HEARTBEAT.md").unlink()
+    out = invoke("status", "milo").stdout
+    assert "heartbeats: every tick is skipped: there is no HEARTBEAT.md" in out
+    assert "put it back to resume" in out
+    payload = json.loads(invoke("status", "milo", "--json").stdout)
+    assert payload["heartbeat_skipped"] == "no_heartbeat_file"
+    assert isinstance(payload["session_edited"], list)
+    (home / "HEARTBEAT.md").write_text("# Heartbeat\n<!-- nothing yet -->\n- \n")
+    assert "HEARTBEAT.md asks for nothing" in invoke("status", "milo").stdout
+    (home / "persona.toml").write_text("")
+    assert "heartbeats:" not in invoke("status", "milo").stdout
+    assert "heartbeat_skipped" not in json.loads(invoke("status", "milo", "--json").stdout)
+
+
 def test_status_shows_a_dead_lettered_lane_and_why(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:

@@ -42,6 +42,8 @@ from workers.fleet.registry import DREAMER_SUFFIX
 from workers.fleet.spend import next_reset, persona_budget
 from workers.persona.errors import ModelAuthError, SoulfleetError
 from workers.persona.locks import shared_claims_under
+from workers.persona.manifest import load_manifest
+from workers.persona.spend import heartbeat_file_skip
 from workers.queues import queue_name
 
 __all__ = [
@@ -175,6 +177,13 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
     used_up = budget_used_up(fleet, name, entry)
     if used_up is not None:
         entry["budget_used_up"] = used_up
+    if (skipped := _heartbeat_skipped(fleet.registry.home(name))) is not None:
+        entry["heartbeat_skipped"] = skipped
+    try:
+        session = fleet.session(name)
+    except (SoulfleetError, OSError):  # a broken persona.toml, an unreadable state: said below
+        session = {}
+    entry["session_edited"] = list(session.get("edited") or [])
     click.echo(
         json.dumps(entry, ensure_ascii=False) if as_json else table([row(entry, whole_error=True)])
     )
@@ -188,11 +197,9 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
     _echo_models(entry)
     _echo_calls(fleet, name)
     _echo_budget(used_up)
-    try:
-        note = edited_note(fleet.session(name))
-    except (SoulfleetError, OSError):  # a broken persona.toml, an unreadable state: said above
-        note = None
-    if note:
+    if skipped is not None:
+        click.echo(f"heartbeats: {_SKIPPED[skipped]}")
+    if session and (note := edited_note(session)):
         click.echo(f"session: {note}")
     fixed = fixed_since(
         fleet,
@@ -202,6 +209,29 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
     )
     _dead_hint(entry, name, {lane for lane, _ in fixed})
     _fixed_hint(fixed)
+
+
+#: What ``status NAME`` says of a persona whose every heartbeat beat skips (beat/skips.py).
+_SKIPPED = {
+    "no_heartbeat_file": "every tick is skipped: there is no HEARTBEAT.md (beat logs "
+    "tick.skipped reason=no_heartbeat_file); put it back to resume",
+    "blank_heartbeat": "every tick is skipped without a model call: HEARTBEAT.md asks for "
+    "nothing (only headings, comments or empty list items); write what is due in it",
+    "invalid_heartbeat_file": "every tick is skipped: something other than a readable file is "
+    "at HEARTBEAT.md; replace it with a file",
+}
+
+
+def _heartbeat_skipped(home: Path) -> str | None:
+    """Why every heartbeat of the persona at ``home`` is skipped for its HEARTBEAT.md, when it
+    has a heartbeat schedule at all; None otherwise (or when its persona.toml is invalid,
+    which status says itself)."""
+    try:
+        if load_manifest(home).heartbeat is None:
+            return None
+    except (SoulfleetError, OSError):
+        return None
+    return heartbeat_file_skip(home)
 
 
 def _echo_calls(fleet: Fleet, name: str) -> None:

@@ -35,15 +35,12 @@ import structlog
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.clock import Clock, Timer
 from workers.persona.dream_agent import dreamer
-from workers.persona.errors import PersonaError
-from workers.persona.files import read_inside
 from workers.persona.heartbeat import is_silent
-from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.inbox import InboxItem, render_inbox
 from workers.persona.loop import Budget, RunResult
 from workers.persona.models import Model
 from workers.persona.runner import ModelChoice, model_for, run_agent
-from workers.persona.spend import heartbeat_blank
+from workers.persona.spend import heartbeat_file_skip
 from workers.persona.transcripts import FileTranscripts
 
 __all__ = ["HeartbeatDriver", "start_agent"]
@@ -171,13 +168,7 @@ class HeartbeatDriver:
         hours = None if schedule is None else schedule.active_hours
         if hours is not None and not hours.contains(self.clock.time()):
             return "quiet_hours"
-        try:
-            text = read_inside(self.agent.home, "HEARTBEAT.md", MAX_FILE_BYTES)
-        except PersonaError:
-            return "invalid_heartbeat_file"
-        if text is None:
-            return "no_heartbeat_file"
-        return "blank_heartbeat" if heartbeat_blank(text.decode("utf-8", "replace")) else None
+        return heartbeat_file_skip(self.agent.home)
 
     def _pump(self) -> bool:
         with self._lock:

@@ -24,6 +24,9 @@ from datetime import UTC, datetime
 from typing import Literal
 from zoneinfo import ZoneInfo
 
+from workers.persona.errors import PersonaError
+from workers.persona.files import read_inside
+from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.summary_cache import SUMMARY_NAME
 
 __all__ = [
@@ -33,11 +36,13 @@ __all__ = [
     "ON_EXCEED",
     "WRITTEN",
     "DailyBudget",
+    "HeartbeatSkip",
     "OnExceed",
     "TurnKind",
     "budget_refuses",
     "effective_budget",
     "heartbeat_blank",
+    "heartbeat_file_skip",
     "model_for_kind",
     "newest_write",
     "nothing_new",
@@ -47,6 +52,7 @@ __all__ = [
 ]
 
 TurnKind = Literal["interactive", "heartbeat", "dream"]
+HEARTBEAT_FILE = "HEARTBEAT.md"
 OnExceed = Literal["skip_background", "stop"]
 ON_EXCEED: tuple[OnExceed, ...] = ("skip_background", "stop")
 #: Turns nobody is waiting for: the ones a budget skips first.
@@ -57,6 +63,23 @@ _HEADING = re.compile(r"#{1,6}(?:\s.*)?")
 _SETEXT = re.compile(r"=+|-+")
 _EMPTY_ITEM = re.compile(r"(?:[-*+]|\d+[.)])(?:\s+\[[ xX]?\])?")
 _LIST_ITEM = re.compile(r"(?:[-*+]|\d+[.)])\s")
+
+
+HeartbeatSkip = Literal["no_heartbeat_file", "blank_heartbeat", "invalid_heartbeat_file"]
+
+
+def heartbeat_file_skip(home: str | os.PathLike[str]) -> HeartbeatSkip | None:
+    """Why every beat of the persona at ``home`` is skipped for its HEARTBEAT.md, as the fleet's
+    beat and the in-process driver skip it: there is none, it asks for nothing
+    (:func:`heartbeat_blank`), or something other than a readable file sits at its name; None
+    when it asks for something."""
+    try:
+        raw = read_inside(home, HEARTBEAT_FILE, MAX_FILE_BYTES)
+    except PersonaError:
+        return "invalid_heartbeat_file"
+    if raw is None:
+        return "no_heartbeat_file"
+    return "blank_heartbeat" if heartbeat_blank(raw.decode("utf-8", "replace")) else None
 
 
 def heartbeat_blank(text: str) -> bool:
