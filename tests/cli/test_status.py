@@ -550,12 +550,16 @@ def test_lanes_waiting_in_a_queue_no_worker_consumes_are_called_out(
     lanes.tick("milo", kind="heartbeat")
     fresh = invoke("status").stdout
     assert "workers:" not in fresh
+    assert json.loads(invoke("status", "--json").stdout)["unserved_queues"] == {}
     old_ms = int((time.time() - QUEUED_TOO_LONG - 5) * 1000)
     lanes.client.hset(lanes.keys.lane("milo"), "queued_at", old_ms)
     [line] = [line for line in invoke("status").stdout.splitlines() if line.startswith("workers:")]
     queue = queue_name(settings_for(env).queue_prefix, "heartbeat")
     assert f"NONE answered for {queue} (1 lane(s) queued over" in line
     assert "Workers down or dying" in line
+    # and --json says it too (scripts and dashboards saw no sign of it)
+    payload = json.loads(invoke("status", "--json").stdout)
+    assert payload["unserved_queues"] == {"heartbeat": {"queue": queue, "lanes": 1}}
 
 
 def test_a_used_up_budget_says_what_it_does_to_the_persona(

@@ -347,6 +347,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
     full = 0 < limit <= used
     evicting = evicts(policy)
     lost = redis_data_lost(fleet)
+    unserved = _unserved(state, entries)
     if as_json:
         payload = {
             "root": str(root),
@@ -361,6 +362,11 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
             "dead_persona_gone": orphans,
             "unusable_names": unusable,
             "redis_data_lost": lost,
+            # each turn kind no worker consumes: {queue, lanes queued over QUEUED_TOO_LONG}
+            "unserved_queues": {
+                kind: {"queue": queue_name(state.settings.queue_prefix, kind), "lanes": n}
+                for kind, n in unserved.items()
+            },
             "redis_memory": {
                 "used": used,
                 "max": limit,
@@ -421,16 +427,20 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
             'ops/runbook.md "Redis down or restarted" (said for a day)'
         )
     click.echo(_beat_line(beat, state.settings.sweep_interval, redis_full=full))
-    _workers_line(state, entries)
+    _workers_line(state, unserved)
     _fixed_hint(fixed)
 
 
-def _workers_line(state: CliContext, entries: Sequence[Mapping[str, Any]]) -> None:
-    """Say so when lanes have waited in a queue no worker consumes (every worker gone)."""
+def _unserved(state: CliContext, entries: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Turn kinds whose queue no worker consumes, with their lanes queued too long."""
     publisher = state.publisher
     if publisher is None:
-        return
-    unserved = unserved_kinds(entries, publisher.consumers_by_kind)
+        return {}
+    return unserved_kinds(entries, publisher.consumers_by_kind)
+
+
+def _workers_line(state: CliContext, unserved: Mapping[str, int]) -> None:
+    """Say so when lanes have waited in a queue no worker consumes (every worker gone)."""
     if unserved:
         waiting = ", ".join(
             f"{queue_name(state.settings.queue_prefix, kind)} ({n} lane(s) queued over "
