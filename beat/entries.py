@@ -38,6 +38,7 @@ from workers.fleet.registry import PersonaRegistry
 
 __all__ = [
     "LOSS_KEPT",
+    "ROOT_CONFLICT_KEPT",
     "SETTINGS_RECORD_TTL",
     "EntryChanges",
     "PersonaEntries",
@@ -53,6 +54,8 @@ CHUNK = 1000
 LOSS_KEPT = 24 * 3600
 #: Seconds the fleet's door settings stay recorded after beat's last registry sync.
 SETTINGS_RECORD_TTL = 24 * 3600
+#: Seconds a root conflict is kept after a sync last found it (several syncs' worth).
+ROOT_CONFLICT_KEPT = 300
 
 
 def members_of(name: str) -> tuple[str, str]:
@@ -147,6 +150,18 @@ class ScheduleEntries:
             names.add(PersonaRegistry.parse_lane(lane)[0])
         names.update(str(name) for name in self._client.hkeys(self._keys.registry))
         return names
+
+    def recorded_root(self) -> str | None:
+        """The personas root the newest registry sync (this beat's or another's) recorded."""
+        recorded = self._client.get(self._keys.registry_root)
+        return None if recorded is None else str(recorded)
+
+    def record_root_conflict(self, other: str, now: float) -> None:
+        """Keep, for ``status`` and for :data:`ROOT_CONFLICT_KEPT`, that another beat recorded
+        ``other`` as the root since this one recorded its own."""
+        record = json.dumps({"root": str(self._root.expanduser().resolve()), "other": other,
+                             "at": now})  # fmt: skip
+        self._client.set(self._keys.registry_root_conflict, record, ex=ROOT_CONFLICT_KEPT)
 
     def set_registered_lanes(self, lanes: int, spend: str) -> None:
         """Record the lane count, the root and ``spend`` (:attr:`Keys.registry_settings`)."""

@@ -17,6 +17,7 @@ __all__ = [
     "LAST_SWEEP",
     "REDIS_DATA_LOST",
     "REGISTRY_INVALID",
+    "ROOT_CONFLICTS",
     "SWEEP_DUE",
     "SWEEP_SECONDS",
     "TICKS",
@@ -60,4 +61,10 @@ REDIS_DATA_LOST = Counter(
 REGISTRY_INVALID = Gauge(
     "soulfleet_registry_invalid_personas",
     "Personas beat's registry sync refused (bad persona.toml, non-regular or unreadable files).",
+)
+
+ROOT_CONFLICTS = Counter(
+    "soulfleet_beat_root_conflicts_total",
+    "Registry syncs that found the personas root this beat records replaced by another's: two "
+    "beats serving different roots, each removing the other's schedule at every sync.",
 )

@@ -160,6 +160,9 @@ class RegistrySync:
         self._reconciled = False
         #: The marker's value at the previous sync (None before the first).
         self._marker: str | None = None
+        #: Whether this beat has recorded its root (a sync after that finding another's is a
+        #: conflict; the first finding another is a root that moved).
+        self._recorded_root = False
 
     @property
     def registered_lanes(self) -> int:
@@ -217,6 +220,7 @@ class RegistrySync:
         report.personas = len(current)
         report.invalid = sum(1 for record in current.values() if record.error)
         report.lanes = self.registered_lanes
+        self._check_root()
         self._entries.set_registered_lanes(report.lanes, fleet_settings_record(self._settings))
         beat_metrics.REGISTRY_INVALID.set(report.invalid)
         report.seconds = time.perf_counter() - started
@@ -255,6 +259,25 @@ class RegistrySync:
             beat_metrics.REDIS_DATA_LOST.inc()
             self._entries.record_loss(now, personas)
         self._marker = marker
+
+    def _check_root(self) -> None:
+        """Say so when another beat recorded another personas root since this one recorded
+        its own: two beats serving different roots each remove the other's personas from the
+        schedule at every sync (heartbeats thinned out, and only a generic drift warning said
+        anything). A root found different at this beat's first sync is a move, not a fight."""
+        mine = str(self._registry.root.expanduser().resolve())
+        recorded = self._entries.recorded_root()
+        if self._recorded_root and recorded is not None and recorded != mine:
+            _log.error(
+                "registry.root_conflict",
+                root=mine,
+                other=recorded,
+                hint="another beat serves personas from the other root: every beat of a fleet "
+                "must have the same SOULFLEET_PERSONAS; stop or fix the one that is wrong",
+            )
+            beat_metrics.ROOT_CONFLICTS.inc()
+            self._entries.record_root_conflict(recorded, self._clock.time())
+        self._recorded_root = True
 
     def _load(self, home: Path) -> PersonaConfig:
         """persona.toml, with its ``use`` of fleet MCP servers checked against the fleet file

@@ -18,6 +18,7 @@ from beat.sync import RegistrySync, SyncReport
 from tests.beat.conftest import Events
 from tests.support.beat import write_persona
 from workers.fleet import Fleet
+from workers.fleet.registry import PersonaRegistry
 from workers.persona.clock import VirtualClock
 from workers.persona.manifest import PersonaConfig, load_manifest
 from workers.persona.mcp_servers import parse_mcp_servers
@@ -593,3 +594,36 @@ def test_a_model_spec_in_no_accepted_form_makes_the_persona_invalid(
     error = registry_record(redis_client, fleet, "ava")["error"]
     assert "key 'model' is not a model spec ('openai-typo:gpt-4o-mini')" in error
     assert "got 'anthropic:'" in registry_record(redis_client, fleet, "cat")["error"]
+
+
+def test_two_beats_serving_different_roots_are_told_apart_from_a_moved_root(
+    fleet: Fleet, persona_root: Path, tmp_path: Path, redis_client: redis.Redis, events: Events
+) -> None:
+    """A beat started on another root than the one recorded moved the fleet: not a conflict.
+    Two beats running on different roots each find, at their next sync, the other's root
+    where they recorded theirs: an error naming both roots, a counter, and a record `status`
+    shows (they only logged a generic schedule drift, removing each other's personas)."""
+    write_persona(persona_root, "ava", None)
+    other_root = tmp_path / "elsewhere"
+    other_root.mkdir()
+    write_persona(other_root, "zed", None)
+    other = dataclasses.replace(fleet.settings, personas=other_root)
+    mine = make_sync(fleet)
+    theirs = RegistrySync(client=fleet.client, keys=fleet.keys,
+                          registry=PersonaRegistry(other_root), settings=other,
+                          clock=fleet.clock, loader=CountingLoader())  # fmt: skip
+    counted = REGISTRY.get_sample_value("soulfleet_beat_root_conflicts_total") or 0.0
+    mine.run()
+    theirs.run()  # its first sync: the recorded root moved, nothing to say
+    assert events.named("registry.root_conflict") == []
+    assert redis_client.get(fleet.keys.registry_root_conflict) is None
+    mine.run()  # the other beat replaced the root this one recorded: two beats, two roots
+    [conflict] = events.named("registry.root_conflict")
+    assert conflict["level"] == "error"
+    assert (conflict["root"], conflict["other"]) == (str(persona_root.resolve()),
+                                                      str(other_root.resolve()))  # fmt: skip
+    record = json.loads(str(redis_client.get(fleet.keys.registry_root_conflict)))
+    assert record["other"] == str(other_root.resolve())
+    assert REGISTRY.get_sample_value("soulfleet_beat_root_conflicts_total") == counted + 1
+    mine.run()  # the root it recorded is its own again: no new conflict
+    assert len(events.named("registry.root_conflict")) == 1

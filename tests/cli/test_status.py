@@ -118,6 +118,21 @@ def test_status_says_when_every_heartbeat_is_skipped_for_its_file(
     assert "heartbeat_skipped" not in json.loads(invoke("status", "milo", "--json").stdout)
 
 
+def test_status_says_when_two_beats_serve_different_roots(
+    invoke: Invoke, redis_client: redis.Redis, key_prefix: str
+) -> None:
+    """A beat's record that another beat serves another personas root is said on the beat's
+    line, with both roots and what to do, and carried in --json."""
+    assert "TWO personas roots" not in invoke("status").stdout
+    record = {"root": "/srv/personas", "other": "/tmp/empty", "at": time.time() - 5}
+    redis_client.set(Keys(key_prefix).registry_root_conflict, json.dumps(record))
+    out = invoke("status").stdout
+    assert "beats: TWO personas roots: a beat serving /srv/personas found another serving " in out
+    assert "/tmp/empty" in out
+    assert "give every beat the same SOULFLEET_PERSONAS" in out
+    assert json.loads(invoke("status", "--json").stdout)["beat_root_conflict"] == record
+
+
 def test_status_shows_a_dead_lettered_lane_and_why(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:

@@ -11,10 +11,17 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from workers.cli.status_table import ago
 from workers.fleet import Fleet
 from workers.fleet.scripts import redis_errors
 
-__all__ = ["beat_stale", "beat_summary", "redis_data_lost"]
+__all__ = [
+    "beat_stale",
+    "beat_summary",
+    "redis_data_lost",
+    "root_conflict",
+    "root_conflict_line",
+]
 
 #: Sweeps missed before beat is called stopped (with a floor for slow sweeps of big fleets);
 #: the SoulfleetBeatNotSweeping alert says the same after 60 s.
@@ -38,6 +45,22 @@ def redis_data_lost(fleet: Fleet) -> dict[str, Any] | None:
     """When beat last found Redis had lost its data (``at``, ``personas``), kept a day after
     it; None if it has not."""
     return _record(fleet, fleet.keys.redis_data_lost)
+
+
+def root_conflict(fleet: Fleet) -> dict[str, Any] | None:
+    """Two beats serving different personas roots, as one of them last found it (``root``,
+    ``other``, ``at``; kept a few minutes after the last sync that found it); else None."""
+    return _record(fleet, fleet.keys.registry_root_conflict)
+
+
+def root_conflict_line(conflict: Mapping[str, Any]) -> str:
+    """What ``status`` says of :func:`root_conflict`."""
+    return (
+        f"beats: TWO personas roots: a beat serving {conflict.get('root')} found another "
+        f"serving {conflict.get('other')} ({ago(conflict.get('at'))}); each removes the other's "
+        "personas from the schedule at every sync: give every beat the same "
+        'SOULFLEET_PERSONAS (ops/runbook.md "Two beats serving different roots")'
+    )
 
 
 def _record(fleet: Fleet, key: str) -> dict[str, Any] | None:

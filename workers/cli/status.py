@@ -23,7 +23,13 @@ from typing import Any
 
 import click
 
-from workers.cli.beat_health import beat_stale, beat_summary, redis_data_lost
+from workers.cli.beat_health import (
+    beat_stale,
+    beat_summary,
+    redis_data_lost,
+    root_conflict,
+    root_conflict_line,
+)
 from workers.cli.context import CliContext
 from workers.cli.errors import BadInputError
 from workers.cli.group import cli_context, personas_option
@@ -348,6 +354,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
     evicting = evicts(policy)
     lost = redis_data_lost(fleet)
     unserved = _unserved(state, entries)
+    conflict = root_conflict(fleet)
     if as_json:
         payload = {
             "root": str(root),
@@ -356,6 +363,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
             "waiting": waiting,
             "breakers": [asdict(state) for state in breakers],
             "beat": beat,
+            "beat_root_conflict": conflict,
             "invalid": invalid,
             "lock_claims": claims,
             "fixed_since_dead": [lane for lane, _ in fixed],
@@ -402,33 +410,48 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
         f"{waiting['retry']} retrying, {waiting['deferred']} deferred "
         f"| personas: {len(entries)} in {root}"
     )
-    for line in breaker_lines(breakers):
+    for line in [*breaker_lines(breakers), *_redis_lines((used, limit, policy), lost)]:
         click.echo(line)
-    if full:
-        click.echo(
+    click.echo(_beat_line(beat, state.settings.sweep_interval, redis_full=full))
+    if conflict is not None:
+        click.echo(root_conflict_line(conflict))
+    _workers_line(state, unserved)
+    _fixed_hint(fixed)
+
+
+def _redis_lines(memory: tuple[int, int, str], lost: Mapping[str, Any] | None) -> list[str]:
+    """What ``status`` says of Redis itself (``memory``: used, maxmemory, policy): full, on
+    an evicting policy, lost its data."""
+    used, limit, policy = memory
+    lines = []
+    if 0 < limit <= used:
+        lines.append(
             f"redis: FULL ({used:,} bytes used of its maxmemory {limit:,}): posts, ticks and turn "
             "commits are refused until it has room: `redis-cli CONFIG SET maxmemory <more>`, "
             'then ops/runbook.md "Redis memory near its limit"'
         )
+    evicting = evicts(policy)
     if evicting:
         # beat only logs it (redis.evicting_policy) and LRU keeps used memory under maxmemory,
         # so nothing else here would say that the fleet's state is being thrown away.
-        click.echo(
+        lines.append(
             f"redis: maxmemory-policy {policy}: Redis may silently evict lane hashes, fences, "
             "leases and inbox items (lost or doubled turns): `redis-cli CONFIG SET "
-            'maxmemory-policy noeviction` now, and in its config; ops/runbook.md "Redis memory '
-            'near its limit"'
+            'maxmemory-policy noeviction` now, and in its config; ops/runbook.md "Redis may '
+            'evict keys"'
         )
     if lost is not None:
-        click.echo(
-            f"redis: lost its data {ago(lost.get('at'))} (beat found its marker gone: a restart "
-            "without its AOF, FLUSHALL): the schedule was rebuilt from the persona files, but "
-            "inbox items, running turns and today's token counts of that moment are lost; "
-            'ops/runbook.md "Redis down or restarted" (said for a day)'
+        # Under an evicting policy the marker itself may have been evicted: no restart needed.
+        how = "a restart without its AOF, FLUSHALL" + (
+            f", or eviction under maxmemory-policy {policy}" if evicting else ""
         )
-    click.echo(_beat_line(beat, state.settings.sweep_interval, redis_full=full))
-    _workers_line(state, unserved)
-    _fixed_hint(fixed)
+        lines.append(
+            f"redis: lost its data {ago(lost.get('at'))} (beat found its marker gone: {how}): "
+            "the schedule was rebuilt from the persona files, but inbox items, running turns "
+            "and today's token counts of that moment are lost; ops/runbook.md \"Redis down or "
+            'restarted" (said for a day)'
+        )
+    return lines
 
 
 def _unserved(state: CliContext, entries: Sequence[Mapping[str, Any]]) -> dict[str, int]:

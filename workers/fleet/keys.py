@@ -176,6 +176,12 @@ class Keys:
         return f"{self.prefix}registry:root"
 
     @property
+    def registry_root_conflict(self) -> str:
+        """JSON ``{root, other, at}`` a beat writes (for a few minutes) when it finds the root
+        it records replaced by another beat's: two beats serving different personas roots."""
+        return f"{self.prefix}registry:root_conflict"
+
+    @property
     def registry_settings(self) -> str:
         """JSON of the fleet's door settings as beat reads them (daily budget, inbox limits):
         the CLI shows and checks by them, not by its own shell's environment. (Named for what
