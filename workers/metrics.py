@@ -304,6 +304,12 @@ class LaneStateCollector(Collector):
             "whichever process posted; every beat exports the same count).",
             value=float(counts.get("inbox_rejects", 0)),
         )
+        yield CounterMetricFamily(
+            "soulfleet_redis_evicted_keys",
+            "Keys the fleet's Redis evicted since it started (INFO evicted_keys): under an "
+            "evicting maxmemory-policy, lane state and inbox items thrown away.",
+            value=float(counts.get("redis_evicted_keys", 0)),
+        )
 
 
 #: Seconds between attempts to bind a metrics port that was taken at start.

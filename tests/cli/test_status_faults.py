@@ -18,7 +18,9 @@ from tests.support.cli import lanes_for
 from workers.cli.status import breaker_lines
 from workers.fleet import Fleet
 from workers.fleet.breaker import BreakerState
+from workers.fleet.keys import Keys
 from workers.local.redis_server import RedisServer
+from workers.metrics import LaneStateCollector
 from workers.persona.errors import ModelAuthError, ModelServerError
 from workers.persona.inbox import InboxItem
 from workers.settings import Settings
@@ -60,6 +62,47 @@ def test_status_says_when_redis_may_evict_the_fleets_keys(
             payload = json.loads(invoke("status", "--json", environ=own).stdout)
             assert payload["redis_memory"]["policy"] == "allkeys-lru"
         finally:
+            client.config_set("maxmemory-policy", "noeviction")
+            client.close()
+
+
+def test_status_and_metrics_count_the_keys_redis_evicted(
+    invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """Keys evicted under an evicting policy were counted nowhere: status then read a lost
+    marker as "a restart ... FLUSHALL" though Redis never restarted. Evicted keys are said
+    (with the fix), carried in --json, exported as a counter, and a lost-data line under an
+    evicting policy names eviction as a cause."""
+    with RedisServer(tmp_path / "redis") as server:
+        own = {**env, "REDIS_URL": server.url}
+        client = redis.Redis.from_url(server.url)
+        try:
+            assert "EVICTED" not in invoke("status", environ=own).stdout
+            client.config_set("maxmemory-policy", "allkeys-lru")
+            used = int(client.info("memory")["used_memory"])
+            client.config_set("maxmemory", used + 200_000)
+            for n in range(400):
+                client.set(f"filler:{n}", "x" * 4096)
+            evicted = int(client.info("stats")["evicted_keys"])
+            assert evicted > 0
+            result = invoke("status", environ=own)
+            [line] = [ln for ln in result.stdout.splitlines() if "EVICTED" in ln]
+            assert "keys EVICTED since it started (maxmemory-policy allkeys-lru now)" in line
+            assert "CONFIG SET maxmemory-policy noeviction" in line
+            payload = json.loads(invoke("status", "--json", environ=own).stdout)
+            assert payload["redis_memory"]["evicted_keys"] >= evicted
+            counts = _fleet(own).lane_counts()
+            assert counts["redis_evicted_keys"] >= evicted
+            samples = {sample.name: sample.value for family in LaneStateCollector(
+                lambda: counts).collect() for sample in family.samples}  # fmt: skip
+            assert samples["soulfleet_redis_evicted_keys_total"] >= evicted
+            keys = Keys(own["SOULFLEET_KEY_PREFIX"] or "soulfleet:")
+            client.set(keys.redis_data_lost, json.dumps({"at": time.time(), "personas": 3}))
+            lost = [ln for ln in invoke("status", environ=own).stdout.splitlines()
+                    if "lost its data" in ln]  # fmt: skip
+            assert "or eviction under maxmemory-policy allkeys-lru" in lost[0]
+        finally:
+            client.config_set("maxmemory", 0)
             client.config_set("maxmemory-policy", "noeviction")
             client.close()
 

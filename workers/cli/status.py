@@ -353,6 +353,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
     full = 0 < limit <= used
     evicting = evicts(policy)
     lost = redis_data_lost(fleet)
+    evicted = fleet.redis_evicted_keys()
     unserved = _unserved(state, entries)
     conflict = root_conflict(fleet)
     if as_json:
@@ -381,6 +382,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
                 "full": full,
                 "policy": policy,
                 "evicting": evicting,
+                "evicted_keys": evicted,
             },
         }
         click.echo(json.dumps(payload, ensure_ascii=False))
@@ -410,7 +412,8 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
         f"{waiting['retry']} retrying, {waiting['deferred']} deferred "
         f"| personas: {len(entries)} in {root}"
     )
-    for line in [*breaker_lines(breakers), *_redis_lines((used, limit, policy), lost)]:
+    redis_lines = _redis_lines((used, limit, policy), lost, evicted)
+    for line in [*breaker_lines(breakers), *redis_lines]:
         click.echo(line)
     click.echo(_beat_line(beat, state.settings.sweep_interval, redis_full=full))
     if conflict is not None:
@@ -419,11 +422,20 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
     _fixed_hint(fixed)
 
 
-def _redis_lines(memory: tuple[int, int, str], lost: Mapping[str, Any] | None) -> list[str]:
+def _redis_lines(
+    memory: tuple[int, int, str], lost: Mapping[str, Any] | None, evicted: int
+) -> list[str]:
     """What ``status`` says of Redis itself (``memory``: used, maxmemory, policy): full, on
-    an evicting policy, lost its data."""
+    an evicting policy, keys evicted, lost its data."""
     used, limit, policy = memory
     lines = []
+    if evicted:
+        lines.append(
+            f"redis: {evicted:,} keys EVICTED since it started (maxmemory-policy {policy or '?'} "
+            "now): lane hashes, fences and inbox items may have been thrown away: "
+            '`redis-cli CONFIG SET maxmemory-policy noeviction`; ops/runbook.md "Redis may '
+            'evict keys"'
+        )
     if 0 < limit <= used:
         lines.append(
             f"redis: FULL ({used:,} bytes used of its maxmemory {limit:,}): posts, ticks and turn "

@@ -162,8 +162,9 @@ class FleetReports:
         pipe.zcard(self.keys.retry)
         pipe.zrangebyscore(self.keys.gate, now_ms, "+inf")
         pipe.get(self.keys.inbox_rejects)
+        pipe.info("stats")
         (queued, running, dead, stuck_running, stuck_queued, registered, memory, retry,
-         slots, rejects) = self._call(pipe.execute)  # fmt: skip
+         slots, rejects, stats) = self._call(pipe.execute)  # fmt: skip
         calls = in_flight(slots)
         oldest = calls[0].started if calls else None
         breakers = self.breaker.states()
@@ -188,6 +189,7 @@ class FleetReports:
             # just "running" until its model timeout, the breaker counting nothing yet.
             "model_call_oldest": 0 if oldest is None else max(0, int(now_ms / 1000 - oldest)),
             "inbox_rejects": _count(rejects),
+            "redis_evicted_keys": int(stats.get("evicted_keys", 0)),
         }
 
     def model_calls(self, lanes: Sequence[str]) -> list[InFlight]:
@@ -207,6 +209,12 @@ class FleetReports:
             int(memory.get("maxmemory", 0)),
             str(memory.get("maxmemory_policy", "")),
         )
+
+    def redis_evicted_keys(self) -> int:
+        """Keys the fleet's Redis evicted since it started (``INFO stats``): under an evicting
+        maxmemory-policy, lane hashes, fences and inbox items lost without a word."""
+        stats = self._call(lambda: self.client.info("stats"))
+        return int(stats.get("evicted_keys", 0))
 
     def served_root(self) -> Path | None:
         """The personas root the fleet's workers serve, as beat's newest registry sync recorded
