@@ -373,14 +373,16 @@ def _check_redis_url(name: str, url: str) -> None:
 
 def _check_broker_url(name: str, url: str) -> None:
     """A broker URL whose parts the broker's client would refuse only later, mid-command (a
-    Redis one after a message was already queued): refused here, naming the variable."""
-    if split_credentials(url).scheme in ("redis", "rediss", "redis+socket"):
-        _check_parts(name, redis_py_url(url))
-        return
-    try:
-        url_to_parts(url)  # RabbitMQ and the rest: kombu's own parser, as the worker uses it
-    except ValueError as exc:
-        raise SettingsError(name, f"is not a valid URL ({redact_url(url)}): {exc}") from None
+    Redis one after a message was already queued): refused here, naming the variable. Celery
+    takes several, separated by ``;`` (failover brokers, Sentinels): each is checked."""
+    for one in (part.strip() for part in url.split(";") if part.strip()):
+        if split_credentials(one).scheme in ("redis", "rediss", "redis+socket"):
+            _check_parts(name, redis_py_url(one))
+            continue
+        try:
+            url_to_parts(one)  # Sentinel, RabbitMQ and the rest: kombu's parser, as it is used
+        except ValueError as exc:
+            raise SettingsError(name, f"is not a valid URL ({redact_url(one)}): {exc}") from None
 
 
 def _check_parts(name: str, url: str) -> None:

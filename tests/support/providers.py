@@ -63,6 +63,7 @@ class Reply:
     delay: float = 0.0
     disconnect: bool = False  # close the connection without answering at all
     drip: float = 0.0  # seconds between the body's bytes, sent one at a time (a trickle)
+    body_delay: float = 0.0  # seconds between the headers and the body
 
 
 @dataclass(frozen=True)
@@ -470,6 +471,9 @@ class FakeProvider:
                 handler.send_header(name, value)
             handler.end_headers()
             handler.wfile.flush()
+            if reply.body_delay and self._stopping.wait(reply.body_delay):
+                handler.close_connection = True
+                return False
             for piece in pieces:
                 if reply.drip and self._stopping.wait(reply.drip):
                     handler.close_connection = True

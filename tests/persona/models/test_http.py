@@ -218,6 +218,24 @@ def test_a_provider_answering_in_a_trickle_is_cut_at_the_tries_timeout(
     assert len(openai_server.requests) == 2
 
 
+def test_an_answer_complete_just_past_the_deadline_is_kept_and_a_slow_error_keeps_its_status(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """Headers at 0.8 s and the whole body at ~1.2 s of a 1 s try: the answer came in whole,
+    so it is kept (it is paid for; cutting it retried and paid again). A 401 whose body
+    trickles past the deadline is still the provider's refusal (not retried), not a timeout."""
+    openai_server.enqueue(Reply(body=openai_completion("just in time"), delay=0.8,
+                                body_delay=0.4))  # fmt: skip
+    data = transport(openai_server, clock, timeout=1.0).post_json("/chat/completions", {})
+    assert data["choices"][0]["message"]["content"] == "just in time"
+    assert len(openai_server.requests) == 1
+    refused = error_reply("openai", 401, "bad key " + "x" * 60)
+    openai_server.enqueue(Reply(status=refused.status, body=refused.body, drip=0.1))
+    with pytest.raises(ModelAuthError, match="HTTP 401"):
+        transport(openai_server, clock, timeout=1.0).post_json("/chat/completions", {})
+    assert len(openai_server.requests) == 2
+
+
 def test_inside_a_turn_a_trickling_answer_is_cut_at_the_turns_time_limit(
     openai_server: FakeProvider, clock: RecordingClock
 ) -> None:

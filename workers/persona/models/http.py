@@ -445,8 +445,10 @@ class ProviderHTTP:
         self, response: httpx.Response, where: str, deadline: float, *, ok: bool
     ) -> bytes | _Failure | None:
         """The answer's body, decoded; a failure when it is over :data:`MAX_ANSWER_BYTES`;
-        None when the try's deadline passed with more still to come. Of an error answer,
-        only its first :data:`_ERROR_BODY_BYTES`."""
+        None when the try's deadline passed with more still to come (checked as each piece
+        arrives: httpx bounds each read by the timeout, so a try ends at most one read timeout
+        past its deadline). Of an error answer, only its first :data:`_ERROR_BODY_BYTES`, and
+        what had come by the deadline."""
         limit = MAX_ANSWER_BYTES if ok else _ERROR_BODY_BYTES
         declared = response.headers.get("content-length", "")
         if ok and declared.isdigit() and int(declared) > limit:
@@ -470,8 +472,10 @@ class ProviderHTTP:
                     False,
                 )
             chunks.append(chunk)
-            if time.monotonic() > deadline:
-                return None
+            if time.monotonic() > deadline and not _complete(response, declared):
+                # An error's status is known: its excerpt is what arrived. An answer still
+                # arriving is cut (one whose last bytes came in is kept: it is paid for).
+                return b"".join(chunks) if not ok else None
         return b"".join(chunks)
 
     def _timed_out(self, where: str, timeout: float, kind: str, *, capped: bool) -> _Failure:
@@ -528,6 +532,11 @@ class ProviderHTTP:
                 f"answer is JSON but not an object: {excerpt(_text(response, body))}",
             )
         return data
+
+
+def _complete(response: httpx.Response, declared: str) -> bool:
+    """Whether every byte the answer announced (``content-length``) has come in."""
+    return declared.isdigit() and response.num_bytes_downloaded >= int(declared)
 
 
 def _text(response: httpx.Response, body: bytes) -> str:
