@@ -3,11 +3,14 @@
 Why: the fleet runs while people edit personas. An editor's save, or a typo fixed seconds
 later, can be what a turn starting at that moment reads; failing permanently then would
 dead-letter the lane (heartbeats and replies stop until someone runs ``soulfleet revive``) for
-a file that is already fine again. A failure that would be permanent is made transient
-(:class:`~workers.persona.errors.PersonaEditing`) while the newest modification of the
-persona's directory or its top-level files is younger than :data:`EDIT_GRACE_SECONDS`; the
-lane's retry then reads the files again, and a persona still failing once they have been still
-that long is dead-lettered as before.
+a file that is already fine again. A failure of the persona's own configuration (its
+``persona.toml``, a ``[[tools]]`` entry, a scripted rules file in its directory) that would be
+permanent is made transient (:class:`~workers.persona.errors.PersonaEditing`) while the newest
+modification of its configuration files (the ``.toml`` and ``.json`` files directly in its
+directory: an editor's save by rename leaves a file stamped now) is younger than
+:data:`EDIT_GRACE_SECONDS`; the lane's retry then reads them again, and a persona still
+failing once they have been still that long is dead-lettered as before. The files the
+persona writes itself (MEMORY.md, USER.md) never count, nor a fleet-wide setting's failure.
 """
 
 from __future__ import annotations
@@ -15,42 +18,58 @@ from __future__ import annotations
 import os
 import time
 
-from workers.persona.errors import PersonaEditing, failure_kind
+from workers.persona.errors import (
+    ModelSpecError,
+    PersonaConfigError,
+    PersonaEditing,
+    failure_kind,
+)
 
-__all__ = ["EDIT_GRACE_SECONDS", "last_change", "while_editing"]
+__all__ = ["CONFIG_SUFFIXES", "EDIT_GRACE_SECONDS", "last_change", "while_editing"]
 
 #: How long after a change to its files a persona that fails to load is retried, not given up.
 EDIT_GRACE_SECONDS = 60.0
+#: The persona's configuration files, by suffix (persona.toml, scripted rules files).
+CONFIG_SUFFIXES = (".toml", ".json")
 
 
 def last_change(home: str | os.PathLike[str]) -> float | None:
-    """The newest modification time (epoch seconds) of ``home`` itself (a save by rename, as
-    editors and ``sed -i`` do, or a file moved in, changes it) and of the regular files directly
-    in it; None if it cannot be listed."""
+    """The newest modification time (epoch seconds) of the configuration files directly in
+    ``home`` (:data:`CONFIG_SUFFIXES`); None if there is none or it cannot be listed."""
+    newest: float | None = None
     try:
-        newest = os.stat(home).st_mtime
         with os.scandir(home) as entries:
             for entry in entries:
-                if entry.is_file(follow_symlinks=False):
-                    newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+                if entry.name.endswith(CONFIG_SUFFIXES) and entry.is_file(follow_symlinks=False):
+                    stamp = entry.stat(follow_symlinks=False).st_mtime
+                    newest = stamp if newest is None else max(newest, stamp)
     except OSError:
         return None
     return newest
 
 
+def _own(exc: BaseException, home: str | os.PathLike[str]) -> bool:
+    """Whether ``exc`` is a failure of the persona's own configuration: persona.toml or a
+    tool entry in it, or a model spec naming a file in its directory (its rules file)."""
+    if isinstance(exc, PersonaConfigError):
+        return True
+    return isinstance(exc, ModelSpecError) and os.fspath(home) in str(exc)
+
+
 def while_editing(
     exc: BaseException, home: str | os.PathLike[str], now: float | None = None
 ) -> BaseException:
-    """``exc``, or a :class:`PersonaEditing` raised from it when it would fail the turn for
-    good and ``home``'s files changed less than :data:`EDIT_GRACE_SECONDS` before ``now``
-    (the wall clock the files were stamped by, not a fleet's clock: a test's virtual one
-    would make every file look new or old)."""
-    if failure_kind(exc) != "permanent":
+    """``exc``, or a :class:`PersonaEditing` raised from it when it is a permanent failure of
+    the persona's own configuration and those files changed less than
+    :data:`EDIT_GRACE_SECONDS` before ``now`` (the wall clock the files were stamped by, not a
+    fleet's clock: a test's virtual one would make every file look new or old; a file stamped
+    in the future, a clock's skew, is no edit)."""
+    if failure_kind(exc) != "permanent" or not _own(exc, home):
         return exc
     now = time.time() if now is None else now
     changed = last_change(home)
-    if changed is None or now - changed >= EDIT_GRACE_SECONDS:
+    if changed is None or not 0 <= now - changed < EDIT_GRACE_SECONDS:
         return exc
-    editing = PersonaEditing(exc, max(0.0, now - changed), EDIT_GRACE_SECONDS)
+    editing = PersonaEditing(exc, now - changed, EDIT_GRACE_SECONDS)
     editing.__cause__ = exc
     return editing

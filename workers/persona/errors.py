@@ -180,10 +180,12 @@ class PersonaEditing(PersonaError):
     retryable = True
 
     def __init__(self, cause: BaseException, age: float, grace: float) -> None:
+        # The cause's class stays in the text: `revive --reason PersonaConfigError` and the
+        # fixed-since check find the lane by it.
         super().__init__(
-            f"{cause}; the persona's files changed {age:.0f}s ago, so this may be an edit in "
-            f"progress: the turn is retried (a persona still failing {grace:.0f}s after its "
-            "last change is dead-lettered)"
+            f"{type(cause).__name__}: {cause}; the persona's files changed {age:.0f}s ago, so "
+            f"this may be an edit in progress: the turn is retried (a persona still failing "
+            f"{grace:.0f}s after its last change is dead-lettered)"
         )
         self.age = age
         self.grace = grace
