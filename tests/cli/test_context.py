@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 
 from tests.cli.conftest import Invoke
 from tests.support.cli import closed_port_url
-from workers.cli.context import fleet_environ, persona_dir
+from workers.cli.context import CliContext, fleet_environ, persona_dir
 from workers.fleet.errors import UnknownPersona
 from workers.local.datadir import DataDir, UpState
 
@@ -100,3 +101,28 @@ def test_a_command_whose_adopted_up_stopped_answering_says_so(
     assert "the `soulfleet up` this command found" in result.stderr
     assert "no longer answers" in result.stderr
     assert "REDIS_URL" not in result.stderr
+
+
+def test_the_workers_import_path_replaces_this_shells_but_keeps_site_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An `up` recorded its workers' PYTHONPATH (none here). This shell's PYTHONPATH names a
+    tools directory of its own, which goes (the workers cannot import from it), and its
+    virtualenv's site-packages, which stays: it would be on the path without PYTHONPATH, and
+    taking it out broke every later import of this process (mcp, anthropic, psutil)."""
+    import site  # noqa: PLC0415 - only this test needs it
+
+    site_packages = site.getsitepackages()[0]
+    tools = tmp_path / "pylib"
+    tools.mkdir()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tools), site_packages]))
+    monkeypatch.setattr(sys, "path", [*sys.path, str(tools)])
+    context = CliContext()
+    context.adopted = dataclasses.replace(_state(tmp_path, os.getpid()), python_path=())
+    assert context.import_as_workers() == ()
+    assert str(tools) not in sys.path
+    assert site_packages in sys.path
+    theirs = tmp_path / "theirs"
+    context.adopted = dataclasses.replace(context.adopted, python_path=(str(theirs),))
+    assert context.import_as_workers() == (str(theirs),)
+    assert sys.path[1] == str(theirs)

@@ -23,7 +23,9 @@ name.
 from __future__ import annotations
 
 import os
+import site
 import sys
+import sysconfig
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -134,6 +136,16 @@ def _recorded(settings: Settings, key: str) -> str | None:
     except (redis.RedisError, OSError, ValueError):
         return None
     return str(recorded) if recorded else None
+
+
+def _base_paths() -> list[str]:
+    """The import path entries Python has without PYTHONPATH: the standard library and the
+    site-packages directories (the virtualenv's, the user's)."""
+    paths = [sysconfig.get_path(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")]
+    paths += site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        paths.append(site.getusersitepackages())
+    return [path for path in paths if path]
 
 
 def lock_mode_conflict(settings: Settings, home: Path) -> str | None:
@@ -420,9 +432,12 @@ class CliContext:
         state = self.adopted
         if state is None or state.python_path is None:
             return None
-        # soulfleet's own directory stays, whoever's path found it: its lazy imports need it
-        own = str(Path(__file__).resolve().parents[2])
-        only_mine = set(python_path(os.environ)) - set(state.python_path) - {own}
+        # What would be on the path without PYTHONPATH stays (site-packages, the standard
+        # library: a shell naming one in its PYTHONPATH must not lose its own packages), and
+        # soulfleet's own directory, whoever's path found it: its lazy imports need it.
+        kept = {str(Path(entry).absolute()) for entry in _base_paths()}
+        kept.add(str(Path(__file__).resolve().parents[2]))
+        only_mine = set(python_path(os.environ)) - set(state.python_path) - kept
         sys.path[:] = [entry for entry in sys.path
                        if not entry or str(Path(entry).absolute()) not in only_mine]  # fmt: skip
         missing = [entry for entry in state.python_path if entry not in sys.path]
