@@ -34,8 +34,15 @@ __all__ = ["Channel", "Transport", "install", "is_redis"]
 _PATH = f"{__name__}:Transport"
 #: Seconds a worker's consumer waits before trying a full Redis again (see Transport).
 FULL_REDIS_PAUSE = 2.0
-#: Replies that end a waiting BRPOP when the server's role changes (a failover, a demotion).
-_FAILOVER_REPLIES = ("UNBLOCKED", "READONLY", "MASTERDOWN")
+#: The reply that ends a waiting BRPOP when the server's role changes (a failover, a demotion).
+_FAILOVER_REPLY = "UNBLOCKED"
+#: Refusals of a Redis that answers but will not take the consumer's writes or reads for a
+#: while: full (noeviction at maxmemory), a demoted master, a replica without its master.
+_REFUSING = (
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.MasterDownError,
+)
 #: Broker URLs served by kombu's Redis transport (a Unix socket is ``redis+socket://``:
 #: :mod:`workers.broker_urls`).
 _REDIS_SCHEMES = ("redis://", "rediss://", "redis+socket://")
@@ -80,7 +87,7 @@ class Channel(kombu_redis.Channel):
         try:
             return stock._brpop_read(**options)
         except redis.ResponseError as exc:
-            if not str(exc).startswith(_FAILOVER_REPLIES):
+            if not str(exc).startswith(_FAILOVER_REPLY):
                 raise
             # The server cut the waiting BRPOP off as it stopped being a master ("UNBLOCKED
             # force unblock ... master -> replica"): a lost connection, so the consumer
@@ -105,20 +112,16 @@ class Transport(kombu_redis.Transport):
     # The same for a Redis failing over: a demoted master refuses writes (ReadOnlyError) and a
     # replica without its master refuses reads (MasterDownError); every worker exited on them
     # (a one-second demotion took the whole fleet down) where the fleet's own calls wait.
-    connection_errors = (
-        redis.exceptions.OutOfMemoryError,
-        redis.exceptions.ReadOnlyError,
-        redis.exceptions.MasterDownError,
-        *kombu_redis.Transport.connection_errors,
-    )
+    connection_errors = (*_REFUSING, *kombu_redis.Transport.connection_errors)
 
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
         try:
             super().register_with_event_loop(connection, loop)
-        except redis.exceptions.OutOfMemoryError:
+        except _REFUSING:
             # Celery restarts its consumer at once after this (its backoff is for errors at
             # connect): without a pause a full Redis was retried ~25 times a second, each with
-            # a logged traceback. The consumer has nothing else to do meanwhile.
+            # a logged traceback (and a read-only one, mid-failover, ~6 a second with a
+            # RestartFreqExceeded). The consumer has nothing else to do meanwhile.
             time.sleep(FULL_REDIS_PAUSE)
             raise
 

@@ -49,6 +49,33 @@ def test_a_worker_survives_its_redis_being_demoted_for_a_moment(
         server.stop()
 
 
+def test_a_worker_started_on_a_read_only_redis_waits_calmly_and_then_serves(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """A worker (re)started while its Redis is a replica (mid-failover, or a URL pointing at
+    one): kombu's first write is refused READONLY. It stays up, retrying with a pause (it
+    retried ~6 times a second, with a RestartFreqExceeded traceback each second), and serves
+    once the server is a master again."""
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        harness.configure(REDIS_URL=server.url)
+        harness.persona("ava")
+        client = redis.Redis.from_url(server.url)
+        client.replicaof("127.0.0.1", 1)
+        worker = harness.worker(queues=("interactive",), wait=False)
+        time.sleep(8.0)
+        assert worker.popen.poll() is None, worker.tail()
+        log = worker.log_path.read_text(errors="replace")
+        assert 1 <= log.count("Cannot connect") <= 10, log.count("Cannot connect")
+        assert "RestartFreqExceeded" not in log
+        client.replicaof("NO", "ONE")
+        harness.answered("ava", "hello once it leads", timeout=90, what="ava's turn")
+        assert worker.popen.poll() is None
+    finally:
+        harness.stop()
+        server.stop()
+
+
 def test_a_read_only_redis_is_a_redis_to_wait_for_not_a_crash(tmp_path: Path) -> None:
     """A fleet call meeting a demoted master (its writes refused READONLY) raises
     RedisUnavailable, which every caller that waits out a lost Redis waits out (a turn running

@@ -70,7 +70,7 @@ __all__ = [
 
 #: Error replies of a Redis that is only busy, starting, failing over or full for a moment
 #: (UNBLOCKED: a blocking command cut off as the server was demoted to a replica).
-_REDIS_BLIPS = ("BUSY", "LOADING", "READONLY", "OOM", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN",
+_REDIS_BLIPS = ("BUSY ", "LOADING", "READONLY", "OOM", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN",
                 "UNBLOCKED")  # fmt: skip
 #: redis-py's classes for some of those replies: it takes the word off their message, so the
 #: text alone never matched them (a full Redis was an "unknown" failure, spending attempts).
