@@ -64,6 +64,9 @@ __all__ = ["HEARTBEAT_FILE", "PersonaRecord", "RegistrySync", "SyncReport"]
 _log = structlog.get_logger("soulfleet.beat")
 
 HEARTBEAT_FILE = "HEARTBEAT.md"
+#: Syncs in a row that must find another beat's root, serving other personas, before it is a
+#: conflict: an old beat's last sync during a rolling move is not one.
+_ROOT_CONFLICT_SYNCS = 2
 
 Loader = Callable[[Path], PersonaConfig]
 
@@ -160,9 +163,11 @@ class RegistrySync:
         self._reconciled = False
         #: The marker's value at the previous sync (None before the first).
         self._marker: str | None = None
-        #: Whether this beat has recorded its root (a sync after that finding another's is a
-        #: conflict; the first finding another is a root that moved).
+        #: Whether this beat has recorded its root (a sync after that finding another's may be
+        #: a conflict; the first finding another is a root that moved), and for how many syncs
+        #: in a row another beat's root, serving other personas, replaced it.
         self._recorded_root = False
+        self._root_replaced = 0
 
     @property
     def registered_lanes(self) -> int:
@@ -177,6 +182,7 @@ class RegistrySync:
         started = time.perf_counter()
         report = SyncReport()
         seen = self._scan(report)
+        self._check_root(set(seen))
         changed: dict[str, PersonaRecord] = {}
         for name in sorted(seen):
             record = self._examine(name, seen[name], report)
@@ -220,8 +226,8 @@ class RegistrySync:
         report.personas = len(current)
         report.invalid = sum(1 for record in current.values() if record.error)
         report.lanes = self.registered_lanes
-        self._check_root()
         self._entries.set_registered_lanes(report.lanes, fleet_settings_record(self._settings))
+        self._recorded_root = True
         beat_metrics.REGISTRY_INVALID.set(report.invalid)
         report.seconds = time.perf_counter() - started
         busy = report.added or report.updated or report.removed or report.parsed
@@ -260,24 +266,36 @@ class RegistrySync:
             self._entries.record_loss(now, personas)
         self._marker = marker
 
-    def _check_root(self) -> None:
-        """Say so when another beat recorded another personas root since this one recorded
-        its own: two beats serving different roots each remove the other's personas from the
-        schedule at every sync (heartbeats thinned out, and only a generic drift warning said
-        anything). A root found different at this beat's first sync is a move, not a fight."""
+    def _check_root(self, seen: set[str]) -> None:
+        """Say so when another beat keeps recording another personas root where this one
+        records its own, serving other personas: two beats on different roots each remove the
+        other's personas from the schedule at every sync (heartbeats thinned out, and only a
+        generic drift warning said anything). Checked before this sync writes anything, so
+        Redis still holds what the other beat left. Not for a root found different at this
+        beat's first sync (a move), nor for one seen once (an old beat's last sync in a
+        rolling move), nor for the same personas under another path (one share mounted at two
+        places: nothing is removed)."""
         mine = str(self._registry.root.expanduser().resolve())
         recorded = self._entries.recorded_root()
-        if self._recorded_root and recorded is not None and recorded != mine:
-            _log.error(
-                "registry.root_conflict",
-                root=mine,
-                other=recorded,
-                hint="another beat serves personas from the other root: every beat of a fleet "
-                "must have the same SOULFLEET_PERSONAS; stop or fix the one that is wrong",
-            )
-            beat_metrics.ROOT_CONFLICTS.inc()
-            self._entries.record_root_conflict(recorded, self._clock.time())
-        self._recorded_root = True
+        fight = (
+            self._recorded_root
+            and recorded is not None
+            and recorded != mine
+            and self._entries.personas_in_redis() != seen
+        )
+        self._root_replaced = self._root_replaced + 1 if fight else 0
+        if self._root_replaced < _ROOT_CONFLICT_SYNCS:
+            return
+        _log.error(
+            "registry.root_conflict",
+            root=mine,
+            other=recorded,
+            syncs=self._root_replaced,
+            hint="another beat serves other personas from the other root: every beat of a "
+            "fleet must have the same SOULFLEET_PERSONAS; stop or fix the one that is wrong",
+        )
+        beat_metrics.ROOT_CONFLICTS.inc()
+        self._entries.record_root_conflict(str(recorded), self._clock.time())
 
     def _load(self, home: Path) -> PersonaConfig:
         """persona.toml, with its ``use`` of fleet MCP servers checked against the fleet file

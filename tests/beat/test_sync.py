@@ -596,28 +596,34 @@ def test_a_model_spec_in_no_accepted_form_makes_the_persona_invalid(
     assert "got 'anthropic:'" in registry_record(redis_client, fleet, "cat")["error"]
 
 
+def _sync_of(fleet: Fleet, root: Path) -> RegistrySync:
+    settings = dataclasses.replace(fleet.settings, personas=root)
+    return RegistrySync(client=fleet.client, keys=fleet.keys, registry=PersonaRegistry(root),
+                        settings=settings, clock=fleet.clock, loader=CountingLoader())  # fmt: skip
+
+
 def test_two_beats_serving_different_roots_are_told_apart_from_a_moved_root(
     fleet: Fleet, persona_root: Path, tmp_path: Path, redis_client: redis.Redis, events: Events
 ) -> None:
-    """A beat started on another root than the one recorded moved the fleet: not a conflict.
-    Two beats running on different roots each find, at their next sync, the other's root
-    where they recorded theirs: an error naming both roots, a counter, and a record `status`
-    shows (they only logged a generic schedule drift, removing each other's personas)."""
-    write_persona(persona_root, "ava", None)
+    """A beat started on another root than the one recorded moved the fleet: not a conflict,
+    nor is the old beat finding the new root once (its last sync in a rolling move). Two beats
+    that keep running on different roots, removing each other's personas from the schedule,
+    are: an error naming both roots, a counter, and a record `status` shows (they only logged
+    a generic schedule drift)."""
+    beating = '[heartbeat]\nevery = "30m"\n'
+    write_persona(persona_root, "ava", beating)
     other_root = tmp_path / "elsewhere"
     other_root.mkdir()
-    write_persona(other_root, "zed", None)
-    other = dataclasses.replace(fleet.settings, personas=other_root)
-    mine = make_sync(fleet)
-    theirs = RegistrySync(client=fleet.client, keys=fleet.keys,
-                          registry=PersonaRegistry(other_root), settings=other,
-                          clock=fleet.clock, loader=CountingLoader())  # fmt: skip
+    write_persona(other_root, "zed", beating)
+    mine, theirs = make_sync(fleet), _sync_of(fleet, other_root)
     counted = REGISTRY.get_sample_value("soulfleet_beat_root_conflicts_total") or 0.0
     mine.run()
     theirs.run()  # its first sync: the recorded root moved, nothing to say
+    mine.run()  # once: an old beat's last sync after a move, perhaps
     assert events.named("registry.root_conflict") == []
     assert redis_client.get(fleet.keys.registry_root_conflict) is None
-    mine.run()  # the other beat replaced the root this one recorded: two beats, two roots
+    theirs.run()
+    mine.run()  # again, and the schedule keeps drifting: two beats, two roots
     [conflict] = events.named("registry.root_conflict")
     assert conflict["level"] == "error"
     assert (conflict["root"], conflict["other"]) == (str(persona_root.resolve()),
@@ -625,5 +631,20 @@ def test_two_beats_serving_different_roots_are_told_apart_from_a_moved_root(
     record = json.loads(str(redis_client.get(fleet.keys.registry_root_conflict)))
     assert record["other"] == str(other_root.resolve())
     assert REGISTRY.get_sample_value("soulfleet_beat_root_conflicts_total") == counted + 1
-    mine.run()  # the root it recorded is its own again: no new conflict
-    assert len(events.named("registry.root_conflict")) == 1
+
+
+def test_one_share_at_two_paths_is_no_conflict(
+    fleet: Fleet, persona_root: Path, tmp_path: Path, redis_client: redis.Redis, events: Events
+) -> None:
+    """Two beats reading the same personas through different paths (one share mounted at two
+    places, here a symlink) record different roots but remove nothing of each other's: no
+    alarm, however long they run."""
+    write_persona(persona_root, "ava", '[heartbeat]\nevery = "30m"\n')
+    alias = tmp_path / "mounted-here"
+    shutil.copytree(persona_root, alias)  # the same personas under another path
+    mine, theirs = make_sync(fleet), _sync_of(fleet, alias)
+    for _ in range(4):
+        mine.run()
+        theirs.run()
+    assert events.named("registry.root_conflict") == []
+    assert redis_client.get(fleet.keys.registry_root_conflict) is None
