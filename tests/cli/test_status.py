@@ -231,7 +231,8 @@ def test_status_of_another_root_lists_only_its_own_invalid_personas(
 ) -> None:
     """`status --personas DIR` where the fleet's workers serve another root: DIR's personas
     are listed (with the warning), and nothing beat recorded of the fleet's own personas is
-    said of DIR (its invalid ava, the dead lane of nora, which DIR lacks, as "removed")."""
+    said of DIR (its invalid ava, also when DIR is a copy holding an ava fixed there; the dead
+    lane of nora, which DIR lacks, as "removed")."""
     (fleet_root / "ava" / "persona.toml").write_text("hartbeat = 1\n")
     settings = settings_for(env)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
@@ -241,18 +242,21 @@ def test_status_of_another_root_lists_only_its_own_invalid_personas(
     other = tmp_path / "other"
     (other / "alpha").mkdir(parents=True)
     (other / "alpha" / "SOUL.md").write_text("You are alpha.\n")
+    (other / "ava").mkdir()  # a copy of ava, fixed there
+    (other / "ava" / "persona.toml").write_text("")
     assert "invalid personas" in invoke("status").stdout  # the fleet's own root: listed
     result = invoke("status", "--personas", str(other))
     assert result.exit_code == 0, result.output
     assert "the fleet's workers serve personas from" in result.stderr
     assert "alpha" in result.stdout
     assert "invalid personas" not in result.stdout
-    assert "ava" not in result.stdout
+    assert "hartbeat" not in result.stdout
     assert "removed personas" not in result.stdout
     payload = json.loads(invoke("status", "--personas", str(other), "--json").stdout)
     assert payload["invalid"] == {}
     assert payload["dead_persona_gone"] == []
-    assert [entry["persona"] for entry in payload["personas"]] == ["alpha"]
+    assert [entry["persona"] for entry in payload["personas"]] == ["alpha", "ava"]
+    assert not any(entry.get("invalid") for entry in payload["personas"])
 
 
 def test_status_missing_root_exit_2(invoke: Invoke, tmp_path: Path) -> None:

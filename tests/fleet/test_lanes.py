@@ -96,11 +96,20 @@ def test_item_over_the_byte_limit_is_refused_before_redis(redis_url: str) -> Non
     assert caught.value.limit == 100
     assert caught.value.size > 400
     # The size counts the envelope: the message says how much of it is the text, and how
-    # large a text would fit (the item's other fields take the rest).
-    message = str(caught.value)
-    assert "its text 400 bytes" in message
-    envelope = caught.value.size - 400
-    assert f"send a text of at most about {max(0, 100 - envelope)} bytes" in message
+    # large a text would fit (the item's other fields take the rest, and a text's escapes
+    # count at the rate it has them: 1,500 newlines store as 3,000 bytes).
+    assert "its text 400 bytes" in str(caught.value)
+    roomy = make_lanes(dead, "x:", item_max_bytes=2000)
+    for char in ("é", "\n", "a"):
+        text = char * 2100
+        with pytest.raises(ItemTooLarge) as caught:
+            roomy.post("ava", item(text), wake=True)
+        most = int(str(caught.value).rsplit("at most about ", 1)[1].split()[0])
+        assert 0 < most < len(text.encode()), (char, most)
+        fits = item(text.encode()[:most].decode("utf-8", "ignore"))
+        assert len(fits.to_json().encode()) <= 2000, char
+        over = item(text.encode()[: most + 64].decode("utf-8", "ignore"))
+        assert len(over.to_json().encode()) > 2000, char
 
 
 def test_post_to_a_dead_lane_keeps_the_item_and_queues_nothing(

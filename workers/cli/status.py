@@ -310,16 +310,16 @@ def _dead_hint(entry: Mapping[str, Any], name: str, fixed: set[str]) -> None:
 
 
 def _recorded_lists(
-    state: CliContext, names: list[str], *, foreign: bool
+    state: CliContext, *, foreign: bool
 ) -> tuple[dict[str, str], list[tuple[str, str]], list[str]]:
     """Invalid personas (beat's records), dead lanes whose configuration error is fixed, and
-    dead lanes of removed personas. Of a root the fleet's workers do not serve (``foreign``),
-    only its own invalid personas: the rest is about theirs."""
+    dead lanes of removed personas. Of a root the fleet's workers do not serve (``foreign``)
+    none: beat judged their files, not this root's (a copy of the root made to try an edit
+    showed the original's errors for personas fixed in the copy)."""
     fleet = state.fleet()
+    if foreign:  # beat never looked at this root's files: nothing it recorded is about them
+        return {}, [], []
     invalid = invalid_personas(fleet)
-    if foreign:
-        listed = set(names)
-        return {name: why for name, why in invalid.items() if name in listed}, [], []
     fixed = fixed_since(
         fleet, state.settings.model, invalid=invalid, mcp_servers=state.fleet_mcp_servers()
     )
@@ -337,7 +337,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
             f"personas root {root} does not exist (set SOULFLEET_PERSONAS or pass --personas)"
         )
     names = fleet.registry.names()
-    invalid, fixed, orphans = _recorded_lists(state, names, foreign=foreign)
+    invalid, fixed, orphans = _recorded_lists(state, foreign=foreign)
     entries = [
         annotate(entry, invalid, fleet.registry.root, fleet.settings.lease_ttl)
         for entry in fleet.statuses(names)
@@ -434,7 +434,7 @@ def _redis_lines(
             f"redis: {evicted:,} keys EVICTED since it started (maxmemory-policy {policy or '?'} "
             "now): lane hashes, fences and inbox items may have been thrown away: "
             '`redis-cli CONFIG SET maxmemory-policy noeviction`; ops/runbook.md "Redis may '
-            'evict keys"'
+            'evict keys" (the count stays until Redis restarts or `CONFIG RESETSTAT`)'
         )
     if 0 < limit <= used:
         lines.append(

@@ -122,12 +122,15 @@ class ItemTooLarge(FleetError):
 
     retryable = False
 
-    def __init__(self, lane: str, size: int, limit: int, text: int | None = None) -> None:
+    def __init__(
+        self, lane: str, size: int, limit: int, text: tuple[int, int] | None = None
+    ) -> None:
         # The limit is on the item as stored, envelope included: a text just under it was
-        # refused as a larger number the user never wrote.
+        # refused as a larger number the user never wrote. ``text``: (its bytes, the most
+        # that would fit, escapes counted: InboxItem.text_room).
         advice = "; send a smaller item" if text is None else (
-            f" (its text {text} bytes, the rest its sender, channel, id and time, and JSON "
-            f"escapes); send a text of at most about {max(0, limit - (size - text))} bytes"
+            f" (its text {text[0]} bytes, the rest its sender, channel, id and time, and JSON "
+            f"escapes); send a text of at most about {text[1]} bytes"
         )  # fmt: skip
         super().__init__(
             f"inbox item for lane {lane!r} is {size} bytes as stored, over the {limit}-byte "

@@ -134,7 +134,7 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         raw = item.to_json()
         size = len(raw.encode("utf-8"))
         if size > self.item_max_bytes:
-            raise ItemTooLarge(lane, size, self.item_max_bytes, len(item.text.encode("utf-8")))
+            raise ItemTooLarge(lane, size, self.item_max_bytes, item.text_room(self.item_max_bytes))
         turn_id = new_turn_id()
         args = [lane, raw, "1" if wake else "0", self.inbox_max, self._now_ms(), turn_id]
         with redis_errors(self.client):

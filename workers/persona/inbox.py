@@ -21,7 +21,7 @@ import json
 import re
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from workers.persona.clock import Clock, SystemClock
@@ -101,6 +101,16 @@ class InboxItem:
         if self.trusted is not None:
             data["trusted"] = self.trusted
         return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+    def text_room(self, limit: int) -> tuple[int, int]:
+        """``(its text's bytes, the most text bytes that fit in limit)`` of this item as stored
+        (:meth:`to_json`): the envelope (sender, channel, id, time) measured with an empty text,
+        the text's JSON escapes (a newline stores as two bytes) taken at the rate it has them."""
+        text = len(self.text.encode("utf-8"))
+        envelope = len(replace(self, text="").to_json().encode("utf-8"))
+        stored = len(self.to_json().encode("utf-8")) - envelope
+        rate = stored / text if text else 1.0
+        return text, max(0, int((limit - envelope) / rate))
 
     def trusted_by(self, persona: str) -> bool:
         """Whether this item renders as trusted for ``persona`` (see the class doc)."""
