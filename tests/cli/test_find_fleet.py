@@ -197,6 +197,20 @@ def test_with_redis_url_and_no_personas_root_the_fleets_recorded_root_is_used(
     assert lanes_for(env).status("nora")["state"] == "queued"
 
 
+def _persona_with_python_tool(tools: Path, fleet_root: Path, module: str) -> None:
+    """``abacus`` under ``fleet_root``, with a Python tool from ``module`` in ``tools``."""
+    tools.mkdir()
+    (tools / f"{module}.py").write_text(
+        "from workers.persona import FunctionTool, ToolResult\n"
+        "adder = FunctionTool('add', 'Add.', {'type': 'object'}, lambda a: ToolResult('3'))\n"
+    )
+    (fleet_root / "abacus").mkdir()
+    (fleet_root / "abacus" / "SOUL.md").write_text("You add.\n", encoding="utf-8")
+    (fleet_root / "abacus" / "persona.toml").write_text(
+        f'[[tools.python]]\nref = "{module}:adder"\n'
+    )
+
+
 @pytest.mark.integration
 def test_a_python_tool_is_imported_with_the_pythonpath_of_the_running_up(
     tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
@@ -207,16 +221,7 @@ def test_a_python_tool_is_imported_with_the_pythonpath_of_the_running_up(
     the refusal says the workers cannot import it either."""
     url, client = decoy
     tools = tmp_path / "tools"
-    tools.mkdir()
-    (tools / "walk_tools_15.py").write_text(
-        "from workers.persona import FunctionTool, ToolResult\n"
-        "adder = FunctionTool('add', 'Add.', {'type': 'object'}, lambda a: ToolResult('3'))\n"
-    )
-    (fleet_root / "abacus").mkdir()
-    (fleet_root / "abacus" / "SOUL.md").write_text("You add.\n", encoding="utf-8")
-    (fleet_root / "abacus" / "persona.toml").write_text(
-        '[[tools.python]]\nref = "walk_tools_15:adder"\n'
-    )
+    _persona_with_python_tool(tools, fleet_root, "walk_tools_15")
     data = DataDir(tmp_path / "xdg" / "soulfleet")
     state = UpState(
         pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
@@ -255,16 +260,7 @@ def test_a_python_tool_only_this_shell_can_import_is_refused_as_the_workers_woul
     on the workers (and status called the error fixed)."""
     url, client = decoy
     tools = tmp_path / "pylib"
-    tools.mkdir()
-    (tools / "walk_tools_16.py").write_text(
-        "from workers.persona import FunctionTool, ToolResult\n"
-        "adder = FunctionTool('add', 'Add.', {'type': 'object'}, lambda a: ToolResult('3'))\n"
-    )
-    (fleet_root / "abacus").mkdir()
-    (fleet_root / "abacus" / "SOUL.md").write_text("You add.\n", encoding="utf-8")
-    (fleet_root / "abacus" / "persona.toml").write_text(
-        '[[tools.python]]\nref = "walk_tools_16:adder"\n'
-    )
+    _persona_with_python_tool(tools, fleet_root, "walk_tools_16")
     data = DataDir(tmp_path / "xdg" / "soulfleet")
     data.write_state(UpState(
         pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",

@@ -92,28 +92,25 @@ def persona_models(home: Path, defaults: ModelDefaults) -> dict[str, str]:
     models = {}
     for kind, label in (("interactive", "conversation"), ("heartbeat", "heartbeat"),
                         ("dream", "dream")):  # fmt: skip
-        spec = model_for_kind(
-            kind,
-            persona_model=config.model,
-            heartbeat_model=config.heartbeat.model if config.heartbeat else None,
-            dream_model=config.dream.model if config.dream else None,
-            fleet_heartbeat_model=defaults.heartbeat,
-            fleet_dream_model=defaults.dream,
-        )
+        spec = kind_model(config, kind, defaults)
         models[label] = defaults.default if spec == "inherit" else spec
     return models
 
 
-def kind_model(persona: AgentDef | PersonaConfig, kind: str, settings: Settings) -> str:
+def kind_model(
+    persona: AgentDef | PersonaConfig, kind: str, defaults: Settings | ModelDefaults
+) -> str:
     """The model spec a turn of ``kind`` pays for (:func:`model_for_kind` with the fleet's
-    per-kind defaults); may be ``inherit`` (the fleet's SOULFLEET_MODEL)."""
+    per-kind defaults, from its settings or as beat recorded them); may be ``inherit`` (the
+    fleet's SOULFLEET_MODEL)."""
+    fleet = ModelDefaults.of(defaults) if isinstance(defaults, Settings) else defaults
     return model_for_kind(
         kind,
         persona_model=persona.model,
         heartbeat_model=persona.heartbeat.model if persona.heartbeat else None,
         dream_model=persona.dream.model if persona.dream else None,
-        fleet_heartbeat_model=settings.heartbeat_model,
-        fleet_dream_model=settings.dream_model,
+        fleet_heartbeat_model=fleet.heartbeat,
+        fleet_dream_model=fleet.dream,
     )
 
 
