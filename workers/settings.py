@@ -161,12 +161,6 @@ class Settings:
         redis_url = redis_raw or DEFAULT_REDIS_URL
         _check_redis_url("REDIS_URL", redis_url)
         broker_url = kombu_url(env.text("CELERY_BROKER_URL", redis_url))
-        if ambiguous_credentials(broker_url):
-            raise SettingsError(
-                "CELERY_BROKER_URL",
-                f"has a password with a raw '/', '?' or '#' ({redact_url(broker_url)}): "
-                "percent-encode it (/ -> %2F, ? -> %3F, # -> %23)",
-            )
         _check_broker_url("CELERY_BROKER_URL", broker_url)
         prefix = env.text("SOULFLEET_KEY_PREFIX", "soulfleet:")
         if any(ch.isspace() for ch in prefix):
@@ -376,6 +370,12 @@ def _check_broker_url(name: str, url: str) -> None:
     Redis one after a message was already queued): refused here, naming the variable. Celery
     takes several, separated by ``;`` (failover brokers, Sentinels): each is checked."""
     for one in (part.strip() for part in url.split(";") if part.strip()):
+        if ambiguous_credentials(one):
+            raise SettingsError(
+                name,
+                f"has a password with a raw '/', '?' or '#' ({redact_url(one)}): "
+                "percent-encode it (/ -> %2F, ? -> %3F, # -> %23)",
+            )
         if split_credentials(one).scheme in ("redis", "rediss", "redis+socket"):
             _check_parts(name, redis_py_url(one))
             continue

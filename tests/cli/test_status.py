@@ -133,6 +133,32 @@ def test_status_says_when_two_beats_serve_different_roots(
     assert json.loads(invoke("status", "--json").stdout)["beat_root_conflict"] == record
 
 
+def test_a_lane_retrying_a_persona_caught_mid_edit_shows_retry_and_its_own_error(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """persona.toml saved with a typo while a turn was queued: beat marks the persona invalid
+    and the lane waits out its retry with PersonaEditing, counting towards a dead letter. The
+    table showed `invalid` with beat's reason (only --json had the retry): it shows `retry`
+    and the lane's own error, and --json's `error` is that error too."""
+    (fleet_root / "ava" / "persona.toml").write_text("memroy = true\n")
+    settings = settings_for(env)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    RegistrySync(client=client, keys=Keys(settings.key_prefix),
+                 registry=PersonaRegistry(fleet_root), settings=settings).run()  # fmt: skip
+    lanes = lanes_for(env)
+    editing = "PersonaEditing: PersonaConfigError: persona.toml: key 'memroy' ... in progress"
+    client.hset(lanes.keys.lane("ava"), mapping={
+        "state": "retry", "last_error": editing, "last_error_at": int(time.time() * 1000),
+    })  # fmt: skip
+    payload = json.loads(invoke("status", "ava", "--json").stdout)
+    assert payload["display_state"] == "retry"
+    assert payload["error"] == editing
+    assert "memroy" in payload["invalid"]
+    row = invoke("status", "ava").stdout.splitlines()[1]
+    assert row.split()[:2] == ["ava", "retry"]
+    assert "PersonaEditing" in row
+
+
 def test_status_shows_a_dead_lettered_lane_and_why(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:

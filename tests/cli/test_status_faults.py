@@ -100,7 +100,15 @@ def test_status_and_metrics_count_the_keys_redis_evicted(
             client.set(keys.redis_data_lost, json.dumps({"at": time.time(), "personas": 3}))
             lost = [ln for ln in invoke("status", environ=own).stdout.splitlines()
                     if "lost its data" in ln]  # fmt: skip
-            assert "or eviction under maxmemory-policy allkeys-lru" in lost[0]
+            assert "FLUSHALL, or eviction)" in lost[0]
+            # the runbook's fix applied: eviction is still named (it happened), and the line
+            # no longer tells the operator to do what is done
+            client.config_set("maxmemory-policy", "noeviction")
+            out = invoke("status", environ=own).stdout
+            assert "FLUSHALL, or eviction)" in out
+            [line] = [ln for ln in out.splitlines() if "EVICTED" in ln]
+            assert "the policy is noeviction now" in line
+            assert "CONFIG SET maxmemory-policy noeviction" not in line
         finally:
             client.config_set("maxmemory", 0)
             client.config_set("maxmemory-policy", "noeviction")

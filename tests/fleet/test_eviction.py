@@ -20,8 +20,13 @@ import workers.fleet.eviction
 from tests.support.cli import run_soulfleet
 from tests.support.fleet import REPO, fleet_env
 from workers.fleet.errors import EvictingRedis
-from workers.fleet.eviction import EXIT_EVICTING, check_eviction_policy
+from workers.fleet.eviction import (
+    EXIT_EVICTING,
+    check_eviction_policy,
+    refuse_to_start_on_eviction,
+)
 from workers.local.redis_server import RedisServer
+from workers.settings import Settings
 
 
 @pytest.fixture
@@ -121,3 +126,19 @@ def test_up_refuses_an_evicting_redis_before_starting_any_child(
     assert "maxmemory-policy allkeys-lru" in done.stderr
     assert not list(data.rglob("worker-*.log"))
     assert not list(data.rglob("beat.log"))
+
+
+def test_a_worker_or_beat_on_a_database_redis_lacks_refuses_to_start(
+    own_redis: tuple[str, redis.Redis], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """REDIS_URL=.../99 on a Redis with 16 databases: the start-up check exits 78 saying
+    which database and what to use. Celery swallowed the ResponseError of this worker_init
+    check and started the worker anyway, retrying the database forever (beat: a traceback)."""
+    url, _client = own_redis
+    settings = Settings.from_env({"REDIS_URL": url.rsplit("/", 1)[0] + "/99"})
+    with pytest.raises(SystemExit) as caught:
+        refuse_to_start_on_eviction(settings, "worker")
+    assert caught.value.code == 78
+    err = capsys.readouterr().err
+    assert "refusing to start: Redis refused the database that REDIS_URL selects" in err
+    assert "/99" in err

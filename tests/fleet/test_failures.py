@@ -13,8 +13,10 @@ from workers.fleet.errors import (
     GateTimeout,
     InboxFull,
     ProviderPaused,
+    RedisFull,
     RedisUnavailable,
     UnknownPersona,
+    as_redis_refusal,
     classify,
     is_redis_full,
 )
@@ -272,3 +274,23 @@ def test_redis_full_read_only_or_failing_over_is_transient_as_redis_py_raises_it
         wrapped.__cause__ = error
         assert classify(wrapped) == "transient", reply
     assert classify(redis.ResponseError("WRONGTYPE Operation against a key")) == "unknown"
+
+
+def test_a_read_only_or_failing_over_redis_is_a_refusal_to_wait_out_not_a_bug() -> None:
+    """beat's passes and the CLI turn a Redis error into one line when it is a Redis to wait
+    for (as_redis_refusal); a read-only or master-down one was None there, so beat logged a
+    full traceback every second of a failover. A full one stays RedisFull; a wrong-type reply
+    is still a bug's traceback."""
+    from redis._parsers.base import BaseParser  # noqa: PLC0415 - redis-py's own reply parsing
+
+    url = "redis://127.0.0.1:6379/0"
+    for reply in ("READONLY You can't write against a read only replica.",
+                  "MASTERDOWN Link with MASTER is down"):  # fmt: skip
+        error = BaseParser.parse_error(reply)  # type: ignore[no-untyped-call]
+        refusal = as_redis_refusal(error, url)
+        assert isinstance(refusal, RedisUnavailable), reply
+        assert not isinstance(refusal, RedisFull)
+        assert type(error).__name__ in str(refusal)
+    full = BaseParser.parse_error("OOM command not allowed")  # type: ignore[no-untyped-call]
+    assert isinstance(as_redis_refusal(full, url), RedisFull)
+    assert as_redis_refusal(redis.ResponseError("WRONGTYPE Operation"), url) is None

@@ -84,10 +84,10 @@ def current_error(lane: Mapping[str, Any]) -> str | None:
 
 def display_state(entry: Mapping[str, Any]) -> str:
     """``invalid`` (files beat rejected), ``failing`` (queued or running again after an error
-    that still applies), else the lane's own state (``retry`` waits out a backoff,
-    ``deferred`` an open breaker)."""
+    that still applies), else the lane's own state (``retry`` waits out a backoff, also for a
+    persona beat rejected: it counts towards a dead letter; ``deferred`` an open breaker)."""
     state = str(entry.get("state", "idle"))
-    if entry.get("invalid") and state != "dead":
+    if entry.get("invalid") and state not in ("dead", "retry"):
         return "invalid"
     if state in ("idle", "queued", "running") and current_error(entry) is not None:
         return "failing"

@@ -429,12 +429,18 @@ def _redis_lines(
     an evicting policy, keys evicted, lost its data."""
     used, limit, policy = memory
     lines = []
+    evicting = evicts(policy)
     if evicted:
+        fix = (
+            "`redis-cli CONFIG SET maxmemory-policy noeviction`"
+            if evicting
+            else "the policy is noeviction now, so nothing more is evicted"
+        )
         lines.append(
             f"redis: {evicted:,} keys EVICTED since it started (maxmemory-policy {policy or '?'} "
-            "now): lane hashes, fences and inbox items may have been thrown away: "
-            '`redis-cli CONFIG SET maxmemory-policy noeviction`; ops/runbook.md "Redis may '
-            'evict keys" (the count stays until Redis restarts or `CONFIG RESETSTAT`)'
+            f"now): lane hashes, fences and inbox items may have been thrown away; {fix}; "
+            'ops/runbook.md "Redis may evict keys" (the count stays until Redis restarts or '
+            "`CONFIG RESETSTAT`)"
         )
     if 0 < limit <= used:
         lines.append(
@@ -442,7 +448,6 @@ def _redis_lines(
             "commits are refused until it has room: `redis-cli CONFIG SET maxmemory <more>`, "
             'then ops/runbook.md "Redis memory near its limit"'
         )
-    evicting = evicts(policy)
     if evicting:
         # beat only logs it (redis.evicting_policy) and LRU keeps used memory under maxmemory,
         # so nothing else here would say that the fleet's state is being thrown away.
@@ -455,7 +460,7 @@ def _redis_lines(
     if lost is not None:
         # Under an evicting policy the marker itself may have been evicted: no restart needed.
         how = "a restart without its AOF, FLUSHALL" + (
-            f", or eviction under maxmemory-policy {policy}" if evicting else ""
+            ", or eviction" if evicting or evicted else ""
         )
         lines.append(
             f"redis: lost its data {ago(lost.get('at'))} (beat found its marker gone: {how}): "

@@ -59,7 +59,10 @@ def annotate(
     entry.setdefault("home", str(root / str(entry.get("persona"))))
     if reason:
         entry["invalid"] = reason
-    entry["error"] = reason or current_error(entry)
+    # A lane waiting out its retry has its own error to show, counting towards a dead letter
+    # (a persona caught mid-edit: PersonaEditing): beat's reason would hide it.
+    lane_error = current_error(entry) if entry.get("state") == "retry" else None
+    entry["error"] = lane_error or reason or current_error(entry)
     # No error, but the newest turn ended short for a reason that repeats (a soul over the
     # token budget ends every turn without a model call): shown where an error would be.
     entry["note"] = None if entry["error"] else entry.get("last_note")

@@ -298,6 +298,8 @@ def as_redis_refusal(exc: BaseException, url: str) -> RedisUnavailable | None:
         return RedisUnavailable(url, str(exc) or type(exc).__name__)
     if is_redis_full(exc):
         return RedisFull(url, str(exc))
+    if is_redis_blip(exc):  # read-only or failing over: beat logged a traceback each second
+        return RedisUnavailable(url, f"{type(exc).__name__}: {exc}")
     return None
 
 

@@ -83,7 +83,8 @@ def check_eviction_policy(client: redis.Redis, *, allow: bool, url: str, process
 
 def refuse_to_start_on_eviction(settings: Settings, process: str) -> None:
     """The start-up gate of workers and beat: exit (status 78, EX_CONFIG) with a message naming
-    ``maxmemory-policy`` when Redis may evict; warn when it keeps nothing on disk
+    ``maxmemory-policy`` when Redis may evict, or naming the database when Redis has none of
+    that number; warn when it keeps nothing on disk
     (:mod:`workers.fleet.persistence`). An unreachable Redis is only logged
     (``redis.policy_unchecked``): the process then waits for it like for any outage."""
     client = redis.Redis.from_url(
@@ -100,5 +101,18 @@ def refuse_to_start_on_eviction(settings: Settings, process: str) -> None:
         raise SystemExit(EXIT_EVICTING) from None
     except (RedisUnavailable, redis.ConnectionError, redis.TimeoutError) as exc:
         _log.warning("redis.policy_unchecked", process=process, error=str(exc))
+    except redis.ResponseError as exc:
+        if "DB index is out of range" not in str(exc):
+            _log.warning("redis.policy_unchecked", process=process, error=str(exc))
+            return
+        # Celery swallows a worker_init handler's exception and starts anyway, retrying the
+        # database forever; beat died with a traceback. Neither can ever work: refuse.
+        message = (
+            f"Redis refused the database that REDIS_URL selects ({redact_url(settings.redis_url)}"
+            "): it has fewer databases (its `databases` setting, 16 by default: 0-15); use one"
+        )
+        _log.error("redis.bad_database", process=process, error=message)
+        print(f"soulfleet {process}: refusing to start: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_EVICTING) from None
     finally:
         client.close()
