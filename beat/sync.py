@@ -57,13 +57,13 @@ from workers.persona.manifest import MANIFEST_NAME, PersonaConfig, load_manifest
 from workers.persona.mcp_servers import check_uses
 from workers.persona.models.config import ModelConfig
 from workers.persona.models.spec import BUILTIN, resolve_model
+from workers.persona.spend import HEARTBEAT_FILE
 from workers.settings import Settings
 
 __all__ = ["HEARTBEAT_FILE", "PersonaRecord", "RegistrySync", "SyncReport"]
 
 _log = structlog.get_logger("soulfleet.beat")
 
-HEARTBEAT_FILE = "HEARTBEAT.md"
 #: Syncs in a row that must find another beat's root, serving other personas, before it is a
 #: conflict: an old beat's last sync during a rolling move is not one.
 _ROOT_CONFLICT_SYNCS = 2

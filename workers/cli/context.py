@@ -119,23 +119,23 @@ def recorded_root(settings: Settings) -> str | None:
     """The personas root the fleet's workers serve, as beat's registry sync recorded it in
     ``settings``' Redis; None when none is recorded or that Redis does not answer (the command
     then says so itself when it needs the fleet)."""
-    return _recorded(settings, Keys(settings.key_prefix).registry_root)
+    return _recorded(settings, Keys(settings.key_prefix).registry_root)[0]
 
 
-def _recorded(settings: Settings, key: str) -> str | None:
-    """What beat recorded under ``key`` in ``settings``' Redis, with a short wait; None when
-    nothing is, or that Redis does not answer."""
+def _recorded(settings: Settings, *keys: str) -> list[str | None]:
+    """What beat recorded under each of ``keys`` in ``settings``' Redis (one round trip, a
+    short wait); None for a key with nothing, or for all when that Redis does not answer."""
     try:
         client = redis.Redis.from_url(
             settings.redis_url, decode_responses=True, socket_connect_timeout=2, socket_timeout=2
         )
         try:
-            recorded = client.get(key)
+            values = client.mget(keys)
         finally:
             client.close()
     except (redis.RedisError, OSError, ValueError):
-        return None
-    return str(recorded) if recorded else None
+        return [None] * len(keys)
+    return [str(value) if value else None for value in values]
 
 
 def _base_paths() -> list[str]:
@@ -156,8 +156,8 @@ def lock_mode_conflict(settings: Settings, home: Path) -> str | None:
     if not settings.redis_url_explicit:
         return None
     keys = Keys(settings.key_prefix)
-    theirs = fleet_lock_mode(_recorded(settings, keys.registry_settings))
-    root = _recorded(settings, keys.registry_root)
+    record, root = _recorded(settings, keys.registry_settings, keys.registry_root)
+    theirs = fleet_lock_mode(record)
     if theirs is None or theirs == settings.lock_mode or root is None:
         return None
     if not home.resolve().is_relative_to(Path(root).resolve()):

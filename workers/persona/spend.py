@@ -33,6 +33,7 @@ __all__ = [
     "BACKGROUND_KINDS",
     "DREAM_SOURCES",
     "HEARD",
+    "HEARTBEAT_FILE",
     "ON_EXCEED",
     "WRITTEN",
     "DailyBudget",
