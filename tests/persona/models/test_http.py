@@ -236,6 +236,31 @@ def test_an_answer_complete_just_past_the_deadline_is_kept_and_a_slow_error_keep
     assert len(openai_server.requests) == 2
 
 
+def test_a_read_still_waiting_past_the_deadline_is_cut_within_the_grace(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """Headers at once, the body a byte every 0.95 s under a 1 s try: each read is within
+    httpx's read timeout, so the deadline, checked as each byte arrives, ended the try with
+    the second byte (~1.9 s). The watchdog cuts the waiting read a quarter of the timeout
+    past the deadline: a ModelTimeout at ~1.25 s. An error answer cut the same way keeps its
+    status (a 401, not a timeout)."""
+    body = openai_completion("late")
+    openai_server.enqueue(Reply(body=body, drip=0.95))
+    began = time.monotonic()
+    with pytest.raises(ModelTimeout, match=r"within 1s \(the answer still arriving\)"):
+        transport(openai_server, clock, retries=0, timeout=1.0).post_json("/chat/completions", {})
+    assert 1.0 <= time.monotonic() - began < 1.6
+    refused = error_reply("openai", 401, "bad key " + "x" * 60)
+    openai_server.enqueue(Reply(status=refused.status, body=refused.body, drip=0.95))
+    began = time.monotonic()
+    with pytest.raises(ModelAuthError, match="HTTP 401"):
+        transport(openai_server, clock, retries=0, timeout=1.0).post_json("/chat/completions", {})
+    assert time.monotonic() - began < 1.6
+    openai_server.enqueue(Reply(body=openai_completion("fine")))
+    data = transport(openai_server, clock, timeout=1.0).post_json("/chat/completions", {})
+    assert data["choices"][0]["message"]["content"] == "fine"
+
+
 def test_inside_a_turn_a_trickling_answer_is_cut_at_the_turns_time_limit(
     openai_server: FakeProvider, clock: RecordingClock
 ) -> None:

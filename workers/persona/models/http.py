@@ -26,6 +26,7 @@ import json
 import math
 import random
 import re
+import socket
 import ssl
 import threading
 import time
@@ -52,6 +53,7 @@ from workers.persona.errors import (
     ModelUnreachable,
     TurnTimeUp,
 )
+from workers.persona.models.watchdog import WATCHDOG
 from workers.persona.turn_time import time_left
 from workers.persona.urls import split_credentials
 
@@ -59,6 +61,7 @@ __all__ = [
     "EXCERPT_CHARS",
     "KEEPALIVE_SECONDS",
     "MAX_ANSWER_BYTES",
+    "READ_GRACE_MAX",
     "RETRY_STATUSES",
     "THREAD_LIMITS",
     "ProviderHTTP",
@@ -85,6 +88,10 @@ EXCERPT_CHARS = 200
 MAX_ANSWER_BYTES = 32 * 1024 * 1024
 #: Of an error answer only the start is read: its excerpt is all that is shown.
 _ERROR_BODY_BYTES = 64 * 1024
+#: How far past its deadline a try may still read an answer that has begun to arrive (its
+#: headers are in): one finishing within it is kept, as it is paid for; a read still waiting
+#: then is cut (watchdog.py). A quarter of the try's timeout, at most this many seconds.
+READ_GRACE_MAX = 5.0
 _REDACTED = "***"
 
 log = structlog.get_logger("soulfleet.model")
@@ -412,7 +419,13 @@ class ProviderHTTP:
                 timeout=httpx.Timeout(timeout) if capped else httpx.USE_CLIENT_DEFAULT,
             ) as response:
                 ok = 200 <= response.status_code < 300
-                body = self._read(response, where, deadline, ok=ok)
+                body = self._read(
+                    response,
+                    where,
+                    deadline,
+                    ok=ok,
+                    cut_at=deadline + min(READ_GRACE_MAX, timeout / 4),
+                )
         except (httpx.TransportError, httpx.DecodingError, httpx.InvalidURL) as exc:
             return None, self._transport_failure(exc, where, timeout, capped=capped)
         if body is None:
@@ -442,12 +455,13 @@ class ProviderHTTP:
         )
 
     def _read(
-        self, response: httpx.Response, where: str, deadline: float, *, ok: bool
+        self, response: httpx.Response, where: str, deadline: float, *, ok: bool, cut_at: float
     ) -> bytes | _Failure | None:
         """The answer's body, decoded; a failure when it is over :data:`MAX_ANSWER_BYTES`;
         None when the try's deadline passed with more still to come (checked as each piece
-        arrives: httpx bounds each read by the timeout, so a try ends at most one read timeout
-        past its deadline). Of an error answer, only its first :data:`_ERROR_BODY_BYTES`, and
+        arrives; httpx bounds each read by the timeout, not the whole answer, so a read still
+        waiting at ``cut_at`` is cut by the :data:`~workers.persona.models.watchdog.WATCHDOG`).
+        Of an error answer, only its first :data:`_ERROR_BODY_BYTES`, and
         what had come by the deadline."""
         limit = MAX_ANSWER_BYTES if ok else _ERROR_BODY_BYTES
         declared = response.headers.get("content-length", "")
@@ -460,23 +474,31 @@ class ProviderHTTP:
             )
         chunks: list[bytes] = []
         size = 0
-        for chunk in response.iter_bytes():
-            size += len(chunk)
-            if size > limit:
-                if not ok:  # enough for the excerpt
-                    chunks.append(chunk[: limit - size])
-                    break
-                return _Failure(
-                    ModelResponseError,
-                    f"answer over {limit:,} bytes; not read further ({where})",
-                    False,
-                )
-            chunks.append(chunk)
-            if time.monotonic() > deadline and not _complete(response, declared):
-                # An error's status is known: its excerpt is what arrived. An answer still
-                # arriving is cut (one whose last bytes came in is kept: it is paid for).
-                return b"".join(chunks) if not ok else None
-        return b"".join(chunks)
+        with WATCHDOG.guard(_socket(response), cut_at) as guard:
+            try:
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    if size > limit:
+                        if not ok:  # enough for the excerpt
+                            chunks.append(chunk[: limit - size])
+                            break
+                        return _Failure(
+                            ModelResponseError,
+                            f"answer over {limit:,} bytes; not read further ({where})",
+                            False,
+                        )
+                    chunks.append(chunk)
+                    if time.monotonic() > deadline and not _complete(response, declared):
+                        break
+                else:
+                    return b"".join(chunks)
+            except httpx.TransportError:
+                if guard is None or not guard.fired:
+                    raise
+        # The deadline passed with more to come. An error's status is known: its excerpt is
+        # what arrived. An answer still arriving is cut (one whose last bytes came in before
+        # the deadline was kept above: it is paid for).
+        return b"".join(chunks) if not ok else None
 
     def _timed_out(self, where: str, timeout: float, kind: str, *, capped: bool) -> _Failure:
         if capped:  # the turn's limit, not the provider's timeout: ends the turn, not retried
@@ -532,6 +554,14 @@ class ProviderHTTP:
                 f"answer is JSON but not an object: {excerpt(_text(response, body))}",
             )
         return data
+
+
+def _socket(response: httpx.Response) -> socket.socket | None:
+    """The socket an HTTP/1.1 answer arrives on (httpcore's ``network_stream`` extension);
+    None where the transport does not say (then only the checks between pieces bound it)."""
+    stream = response.extensions.get("network_stream")
+    sock = None if stream is None else stream.get_extra_info("socket")
+    return sock if isinstance(sock, socket.socket) else None
 
 
 def _complete(response: httpx.Response, declared: str) -> bool:
