@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from workers import broker
@@ -68,5 +69,33 @@ def test_a_published_task_is_delivered_acked_and_forgotten(
             message.ack()
             assert redis_client.hlen(unacked) == 0
             simple.close()
+    finally:
+        app.close()
+
+
+def test_acking_on_a_channel_closed_after_a_lost_connection_is_a_connection_error(
+    redis_url: str, key_prefix: str, tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    """After the broker connection is lost (a full Redis refusing the consumer, a restart)
+    Celery closes the channel, which leaves it with no connection, and then acks the tasks
+    that finish: that must be a connection error, which Celery logs and survives, not an AttributeError, which
+    Celery takes as unrecoverable and exits the worker on. The message is delivered again."""
+    settings = _settings(redis_url, key_prefix, tmp_path)
+    app = make_app(settings)
+    queue = queue_name(settings.queue_prefix, "interactive")
+    try:
+        app.send_task("soulfleet.turn", args=["ava", "t1", "interactive"], queue=queue)
+        with app.connection_for_read() as conn:
+            simple = conn.SimpleQueue(queue, no_ack=False)
+            message = simple.get(timeout=5)
+            message.channel.close()
+            assert message.channel.connection is None  # what kombu's close leaves
+            with pytest.raises(tuple(conn.connection_errors)):
+                message.ack()
+        with app.connection_for_read() as conn:
+            again = conn.SimpleQueue(queue, no_ack=False).get(timeout=5)
+            assert again.decode()[0] == ["ava", "t1", "interactive"]
+            again.ack()
+            assert redis_client.hlen(f"{key_prefix}broker:unacked") == 0
     finally:
         app.close()

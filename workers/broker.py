@@ -61,10 +61,10 @@ class Channel(kombu_redis.Channel):
     def _create_client(self, asynchronous: bool = False) -> Any:
         # kombu's type stubs do not declare this private hook.
         stock: Any = super()
-        if self.connection.client is None:
-            # The broker connection was lost and Celery has detached the transport from it;
-            # closing the channel now (giving back unacknowledged messages) or acking a
-            # finished task reaches here. kombu would build a pool from the missing
+        if self.connection is None or self.connection.client is None:
+            # The broker connection was lost and Celery has detached the transport from it
+            # (or closed this channel, which drops its connection); closing the channel now
+            # (giving back unacknowledged messages) or acking a finished task reaches here. kombu would build a pool from the missing
             # connection's URL and fail with an AttributeError, which Celery treats as
             # unrecoverable: the worker exited on every Redis restart that found it running
             # turns. A connection error is what both callers expect and ignore; the messages
