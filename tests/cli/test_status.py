@@ -556,6 +556,36 @@ def test_status_says_when_redis_is_full(
             client.close()
 
 
+def test_status_answers_on_a_full_redis_with_lanes_queued_too_long(
+    invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
+) -> None:
+    """A full Redis stops the workers taking messages, so lanes wait queued past
+    QUEUED_TOO_LONG, which makes status ping the workers: a write the full Redis refused,
+    and status answered with that error alone, blind when it was needed. It shows
+    everything now and says the workers were not asked (--json: unserved_queues null)."""
+    with RedisServer(tmp_path / "redis") as server:
+        own = {**env, "REDIS_URL": server.url}
+        lanes = lanes_for(own)
+        try:
+            lanes.tick("milo", kind="heartbeat")
+            old_ms = int((time.time() - QUEUED_TOO_LONG - 5) * 1000)
+            lanes.client.hset(lanes.keys.lane("milo"), "queued_at", old_ms)
+            lanes.client.config_set("maxmemory", 1)
+            result = invoke("status", environ=own)
+            assert result.exit_code == 0, result.output
+            assert "redis: FULL" in result.stdout
+            assert "milo" in result.stdout
+            [line] = [x for x in result.stdout.splitlines() if x.startswith("workers:")]
+            assert "not asked" in line
+            assert "Redis refused the ping" in line
+            payload = json.loads(invoke("status", "--json", environ=own).stdout)
+            assert payload["unserved_queues"] is None
+            assert payload["redis_memory"]["full"] is True
+        finally:
+            lanes.client.config_set("maxmemory", 0)
+            lanes.client.close()
+
+
 def test_a_redis_url_selecting_a_database_redis_lacks_says_so(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:

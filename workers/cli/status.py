@@ -43,10 +43,11 @@ from workers.cli.status_table import ago, annotate, row, table, until
 from workers.cli.worker_health import QUEUED_TOO_LONG, unserved_kinds
 from workers.fleet import Fleet
 from workers.fleet.breaker import BreakerState
+from workers.fleet.errors import is_redis_blip
 from workers.fleet.eviction import evicts
 from workers.fleet.registry import DREAMER_SUFFIX
 from workers.fleet.spend import next_reset, persona_budget
-from workers.persona.errors import ModelAuthError, SoulfleetError
+from workers.persona.errors import ModelAuthError, SoulfleetError, causes
 from workers.persona.locks import shared_claims_under
 from workers.persona.manifest import load_manifest
 from workers.persona.spend import heartbeat_file_skip
@@ -372,7 +373,10 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
             "unusable_names": unusable,
             "redis_data_lost": lost,
             # each turn kind no worker consumes: {queue, lanes queued over QUEUED_TOO_LONG}
-            "unserved_queues": {
+            # null: the workers could not be asked (Redis refused the ping: full, failing over)
+            "unserved_queues": None
+            if unserved is None
+            else {
                 kind: {"queue": queue_name(state.settings.queue_prefix, kind), "lanes": n}
                 for kind, n in unserved.items()
             },
@@ -471,17 +475,31 @@ def _redis_lines(
     return lines
 
 
-def _unserved(state: CliContext, entries: Sequence[Mapping[str, Any]]) -> dict[str, int]:
-    """Turn kinds whose queue no worker consumes, with their lanes queued too long."""
+def _unserved(state: CliContext, entries: Sequence[Mapping[str, Any]]) -> dict[str, int] | None:
+    """Turn kinds whose queue no worker consumes, with their lanes queued too long; None when
+    the workers could not be asked: the remote-control ping writes to Redis, which a full
+    Redis refuses, and a full Redis is just when lanes pile up queued (no worker can take
+    its messages). Everything else status shows is read, so it still answers."""
     publisher = state.publisher
     if publisher is None:
         return {}
-    return unserved_kinds(entries, publisher.consumers_by_kind)
+    try:
+        return unserved_kinds(entries, publisher.consumers_by_kind)
+    except Exception as exc:
+        if not any(is_redis_blip(cause) for cause in causes(exc, context=True)):
+            raise
+        return None
 
 
-def _workers_line(state: CliContext, unserved: Mapping[str, int]) -> None:
+def _workers_line(state: CliContext, unserved: Mapping[str, int] | None) -> None:
     """Say so when lanes have waited in a queue no worker consumes (every worker gone)."""
-    if unserved:
+    if unserved is None:
+        click.echo(
+            "workers: not asked (lanes have waited queued over "
+            f"{QUEUED_TOO_LONG:.0f}s, but Redis refused the ping to the workers, which writes: "
+            "see the redis line)"
+        )
+    elif unserved:
         waiting = ", ".join(
             f"{queue_name(state.settings.queue_prefix, kind)} ({n} lane(s) queued over "
             f"{QUEUED_TOO_LONG:.0f}s)"
