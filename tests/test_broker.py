@@ -78,8 +78,9 @@ def test_acking_on_a_channel_closed_after_a_lost_connection_is_a_connection_erro
 ) -> None:
     """After the broker connection is lost (a full Redis refusing the consumer, a restart)
     Celery closes the channel, which leaves it with no connection, and then acks the tasks
-    that finish: that must be a connection error, which Celery logs and survives, not an AttributeError, which
-    Celery takes as unrecoverable and exits the worker on. The message is delivered again."""
+    that finish: that must be a connection error, which Celery logs and survives, not an
+    AttributeError, which Celery takes as unrecoverable and exits the worker on. The
+    message is delivered again."""
     settings = _settings(redis_url, key_prefix, tmp_path)
     app = make_app(settings)
     queue = queue_name(settings.queue_prefix, "interactive")
@@ -88,8 +89,9 @@ def test_acking_on_a_channel_closed_after_a_lost_connection_is_a_connection_erro
         with app.connection_for_read() as conn:
             simple = conn.SimpleQueue(queue, no_ack=False)
             message = simple.get(timeout=5)
-            message.channel.close()
-            assert message.channel.connection is None  # what kombu's close leaves
+            channel: Any = message.channel
+            channel.close()
+            assert channel.connection is None  # what kombu's close leaves
             with pytest.raises(tuple(conn.connection_errors)):
                 message.ack()
         with app.connection_for_read() as conn:

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -21,6 +22,7 @@ from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.fleet.errors import RedisUnavailable
 from workers.local.redis_server import RedisServer
 from workers.persona.clock import VirtualClock
+from workers.persona.session_files import SessionFiles
 
 
 @dataclass
@@ -255,4 +257,61 @@ def test_a_persona_broken_for_longer_than_the_grace_is_dead_lettered_at_once(rig
     assert status["state"] == "dead"
     assert str(status["last_error"]).startswith("permanent failure, not retried:")
     assert "PersonaConfigError" in str(status["last_error"])
+    assert "PersonaEditing" not in str(status["last_error"])
+
+
+def test_a_persona_directory_swapped_during_a_turn_is_retried_not_dead_lettered(
+    rig: Rig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator swaps in a new version of a persona by moving its directory aside and the
+    new one in: a turn that had its answer when the old directory left could not save its
+    session (PersonaNotFound) and was dead-lettered at once. The personas root changed a
+    moment ago, so it is a retry now; with the new directory in place the retry answers the
+    item. (The move is made at that point of the turn, the session save, by wrapping it.)"""
+    aside = tmp_path.parent / f"{tmp_path.name}-ava-old"
+    real_write = SessionFiles.write
+
+    def moved_first(files: SessionFiles, *args: Any, **kwargs: Any) -> Any:
+        if rig.home.exists() and not aside.exists():
+            rig.home.rename(aside)
+        return real_write(files, *args, **kwargs)
+
+    monkeypatch.setattr(SessionFiles, "write", moved_first)
+    rig.fleet.post("ava", "hello")
+    assert rig.run_next() == "error"
+    monkeypatch.setattr(SessionFiles, "write", real_write)
+    aside.rename(rig.home)  # the new version (here: the old one back)
+    status = rig.fleet.status("ava")
+    assert (status["state"], status["last_error_kind"]) == ("retry", "transient")
+    error = str(status["last_error"])
+    assert error.startswith("could not save the turn: PersonaNotFound: ")
+    assert "its directory changed" in error
+    _release(rig)
+    assert rig.run_next() == "done"
+    assert rig.fleet.status("ava")["state"] == "idle"
+
+
+def test_a_persona_directory_gone_for_longer_than_the_grace_is_dead_lettered(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """A directory removed for good, the personas root unchanged since for over the grace:
+    the lane's next turn is dead-lettered at once, naming UnknownPersona, as before. Moved
+    aside a moment ago instead (the root just changed), the turn is retried."""
+    rig.fleet.post("ava", "hello")
+    gone = tmp_path.parent / f"{tmp_path.name}-ava-gone"
+    rig.home.rename(gone)
+    assert rig.run_next() == "error"
+    gone.rename(rig.home)  # to read the lane's status through the persona
+    status = rig.fleet.status("ava")
+    assert (status["state"], status["last_error_kind"]) == ("retry", "transient")
+    assert "its directory changed" in str(status["last_error"])
+    assert rig.provider.requests == []
+    rig.home.rename(gone)
+    settled(tmp_path)
+    _release(rig)
+    assert rig.run_next() == "error"
+    gone.rename(rig.home)
+    status = rig.fleet.status("ava")
+    assert status["state"] == "dead"
+    assert "UnknownPersona" in str(status["last_error"])
     assert "PersonaEditing" not in str(status["last_error"])

@@ -64,11 +64,12 @@ class Channel(kombu_redis.Channel):
         if self.connection is None or self.connection.client is None:
             # The broker connection was lost and Celery has detached the transport from it
             # (or closed this channel, which drops its connection); closing the channel now
-            # (giving back unacknowledged messages) or acking a finished task reaches here. kombu would build a pool from the missing
-            # connection's URL and fail with an AttributeError, which Celery treats as
-            # unrecoverable: the worker exited on every Redis restart that found it running
-            # turns. A connection error is what both callers expect and ignore; the messages
-            # stay in Redis's unacked index and the lanes' own recovery re-runs their turns.
+            # (giving back unacknowledged messages) or acking a finished task reaches here.
+            # kombu would build a pool from the missing connection's URL and fail with an
+            # AttributeError, which Celery treats as unrecoverable: the worker exited on every
+            # Redis restart (or full Redis) that found it running turns. A connection error is
+            # what both callers expect and ignore; the messages stay in Redis's unacked index
+            # and the lanes' own recovery re-runs their turns.
             raise redis.exceptions.ConnectionError(
                 "the broker connection is closed (lost; Celery reconnects)"
             )

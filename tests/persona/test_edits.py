@@ -12,6 +12,7 @@ from workers.persona.errors import (
     PersonaConfigError,
     PersonaEditing,
     PersonaFileError,
+    PersonaNotFound,
     StorageUnavailable,
 )
 
@@ -74,4 +75,25 @@ def test_a_file_stamped_in_the_future_is_no_edit(tmp_path: Path) -> None:
     "being edited" until that time."""
     home = _home(tmp_path, toml_age=-3600)
     error = PersonaConfigError(home / "persona.toml", None, "is not valid TOML")
+    assert while_editing(error, home) is error
+
+
+def test_a_persona_directory_gone_gets_the_grace_from_the_personas_root(tmp_path: Path) -> None:
+    """PersonaNotFound (the directory moved aside to swap a new version in): the rename
+    stamped the personas root, so it is an edit in progress naming the directory; the root
+    untouched for longer than the grace, the directory is gone for good. A caller that found
+    no directory itself says so with ``gone`` (the fleet's own unknown-persona error)."""
+    root = tmp_path / "personas"
+    root.mkdir()
+    home = root / "ava"
+    error = PersonaNotFound(home)
+    editing = while_editing(error, home)
+    assert isinstance(editing, PersonaEditing)
+    assert "its directory changed" in str(editing)
+    assert str(editing).startswith("PersonaNotFound: ")
+    other = ValueError("unknown persona 'ava'")
+    assert while_editing(other, home) is other
+    assert isinstance(while_editing(KeyError("ava"), home, gone=True), KeyError)  # not permanent
+    old = time.time() - 2 * EDIT_GRACE_SECONDS
+    os.utime(root, (old, old))
     assert while_editing(error, home) is error

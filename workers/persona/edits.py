@@ -11,6 +11,11 @@ directory: an editor's save by rename leaves a file stamped now) is younger than
 :data:`EDIT_GRACE_SECONDS`; the lane's retry then reads them again, and a persona still
 failing once they have been still that long is dead-lettered as before. The files the
 persona writes itself (MEMORY.md, USER.md) never count, nor a fleet-wide setting's failure.
+
+A persona whose directory is gone (:class:`~workers.persona.errors.PersonaNotFound`, at the
+turn's start or as it saves its session) gets the same grace from the last change of the
+personas root: moving a directory aside to swap a new version in is a change there, and a
+turn caught between the two renames is retried instead of dead-lettered.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from workers.persona.errors import (
     ModelSpecError,
     PersonaConfigError,
     PersonaEditing,
+    PersonaNotFound,
+    causes,
     failure_kind,
 )
 
@@ -48,6 +55,14 @@ def last_change(home: str | os.PathLike[str]) -> float | None:
     return newest
 
 
+def _stamp(path: str) -> float | None:
+    """``path``'s modification time, None if it cannot be read."""
+    try:
+        return os.stat(path).st_mtime
+    except (OSError, ValueError):
+        return None
+
+
 def _own(exc: BaseException, home: str | os.PathLike[str]) -> bool:
     """Whether ``exc`` is a failure of the persona's own configuration: persona.toml or a
     tool entry in it, or a model spec naming a file in its directory (its rules file)."""
@@ -57,19 +72,31 @@ def _own(exc: BaseException, home: str | os.PathLike[str]) -> bool:
 
 
 def while_editing(
-    exc: BaseException, home: str | os.PathLike[str], now: float | None = None
+    exc: BaseException,
+    home: str | os.PathLike[str],
+    now: float | None = None,
+    *,
+    gone: bool = False,
 ) -> BaseException:
     """``exc``, or a :class:`PersonaEditing` raised from it when it is a permanent failure of
     the persona's own configuration and those files changed less than
     :data:`EDIT_GRACE_SECONDS` before ``now`` (the wall clock the files were stamped by, not a
     fleet's clock: a test's virtual one would make every file look new or old; a file stamped
-    in the future, a clock's skew, is no edit)."""
-    if failure_kind(exc) != "permanent" or not _own(exc, home):
+    in the future, a clock's skew, is no edit). ``gone``: the caller found no directory at
+    ``home`` (the fleet's own "unknown persona"), which :class:`PersonaNotFound` says too."""
+    if failure_kind(exc) != "permanent":
+        return exc
+    if _own(exc, home):
+        changed, what = last_change(home), "the persona's files"
+    elif gone or any(isinstance(cause, PersonaNotFound) for cause in causes(exc, context=True)):
+        # Its directory moved aside (a new version swapped in by two renames): the rename
+        # stamps the personas root, which is all there is left to look at.
+        changed, what = _stamp(os.path.dirname(os.fspath(home).rstrip(os.sep))), "its directory"
+    else:
         return exc
     now = time.time() if now is None else now
-    changed = last_change(home)
     if changed is None or not 0 <= now - changed < EDIT_GRACE_SECONDS:
         return exc
-    editing = PersonaEditing(exc, now - changed, EDIT_GRACE_SECONDS)
+    editing = PersonaEditing(exc, now - changed, EDIT_GRACE_SECONDS, what=what)
     editing.__cause__ = exc
     return editing

@@ -179,11 +179,13 @@ class PersonaEditing(PersonaError):
 
     retryable = True
 
-    def __init__(self, cause: BaseException, age: float, grace: float) -> None:
+    def __init__(
+        self, cause: BaseException, age: float, grace: float, *, what: str = "the persona's files"
+    ) -> None:
         # The cause's class stays in the text: `revive --reason PersonaConfigError` and the
         # fixed-since check find the lane by it.
         super().__init__(
-            f"{type(cause).__name__}: {cause}; the persona's files changed {age:.0f}s ago, so "
+            f"{type(cause).__name__}: {cause}; {what} changed {age:.0f}s ago, so "
             f"this may be an edit in progress: the turn is retried (a persona still failing "
             f"{grace:.0f}s after its last change is dead-lettered)"
         )

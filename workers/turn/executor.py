@@ -51,7 +51,7 @@ import structlog
 
 from workers import metrics
 from workers.fleet import Fleet
-from workers.fleet.errors import ProviderPaused
+from workers.fleet.errors import ProviderPaused, UnknownPersona
 from workers.fleet.gate import Gate, GatedModel
 from workers.fleet.lanes import SessionCommit, work_id
 from workers.fleet.lease import Renewer
@@ -387,6 +387,8 @@ class TurnExecutor:
         (:mod:`workers.persona.edits`)."""
         try:
             home = self.fleet.registry.home(name)
+        except UnknownPersona:  # no directory: moved aside a moment ago (a swap), or removed
+            return while_editing(exc, self.fleet.registry.root / name, gone=True)
         except Exception:  # no directory to look at: the failure stands as it is
             return exc
         return while_editing(exc, home)
@@ -429,13 +431,16 @@ class TurnExecutor:
         except Exception as exc:  # the persona's home refused the turn's own files (a
             # read-only sessions/ directory, a full disk): this turn fails with the reason,
             # recorded and counted, instead of escaping the task as a "lost worker"
+            failed = while_editing(exc, agent.home)  # its directory swapped for a new one
             error = (
                 storage.failure_message(
                     agent.home, exc, "saving the turn (its model calls were made and counted)"
                 )
                 or f"could not save the turn: {type(exc).__name__}: {exc}"
             )
-            return self.endings.fail(lane, turn_id, started, error, began, cause=exc,
+            if failed is not exc:
+                error = f"could not save the turn: {failed}"
+            return self.endings.fail(lane, turn_id, started, error, began, cause=failed,
                                      model=agent.model)  # fmt: skip
         guard()
         # Taken before the commit: once finish returns, a follow-up may already be running on
