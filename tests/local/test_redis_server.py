@@ -190,13 +190,15 @@ def test_stop_says_whether_the_server_shut_down_cleanly(tmp_path: Path) -> None:
 def test_a_password_is_required_and_never_on_the_command_line(tmp_path: Path) -> None:
     """With a password, a client that does not AUTH is refused; the URL carries it; the
     password reaches redis-server through an owner-only config file, not its argv (which
-    every user of the machine can read in ps)."""
+    every user of the machine can read in ps), and its data directory is owner-only too."""
     server = RedisServer(tmp_path / "r", password="s3cret-Pass_word").start(timeout=10)
     try:
         assert server.process is not None
         assert not any("s3cret" in arg for arg in server.argv())
         assert "s3cret" not in server.public_url
         assert oct(server.config_path.stat().st_mode & 0o777) == "0o600"
+        # and its data (the AOF: every inbox item) is the owner's alone, whatever the umask
+        assert oct(server.data_dir.stat().st_mode & 0o777) == "0o700"
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=server.port).ping()
         client = redis.Redis.from_url(server.url)

@@ -272,6 +272,9 @@ class RedisServer:
 
     def start(self, timeout: float = 10.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Owner-only: its AOF holds every inbox item and reply (redis-server writes its files
+        # by the umask, readable by every user of the machine under the usual 022).
+        os.chmod(self.data_dir, 0o700)
         self.check_data()
         self._write_config()
         try:
