@@ -141,6 +141,24 @@ def test_each_distinct_error_is_printed_once_and_counted() -> None:
     )
 
 
+def test_an_error_differing_only_in_a_duration_is_the_same_error() -> None:
+    """A persona mid-edit fails every few seconds with "... changed 6s ago", then "8s ago":
+    one error, printed once (up printed E10, E12 ... E17 for it); HTTP 500 and HTTP 503
+    stay two."""
+    reporter, lines = _reporter()
+    editing = "PersonaEditing: PersonaConfigError: bad; the persona's files changed {}s ago"
+    for age in (6, 8, 10.5, 28):
+        reporter.event({"event": "turn.end", "lane": "cara", "status": "error",
+                        "error": editing.format(age)})  # fmt: skip
+    for code in (500, 503):
+        reporter.event({"event": "turn.end", "lane": "cara", "status": "error",
+                        "error": f"ModelServerError: HTTP {code}"})  # fmt: skip
+    errors = [line for line in lines if line.split()[1] == "error"]
+    assert [line.split()[2] for line in errors] == ["[E1]", "[E2]", "[E3]"]
+    assert "changed 6s ago" in errors[0]
+    assert reporter.repeated_errors() == [(1, 4, 1)]
+
+
 def test_the_status_line_counts_lanes_waiting_out_a_retry_or_a_breaker() -> None:
     """Lanes in retry or deferred by an open breaker are neither idle nor busy: the line says
     how many when there are any (it showed 5 deferred lanes as nothing at all)."""

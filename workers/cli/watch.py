@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -44,6 +45,9 @@ from workers.persona.checkup import input_over_budget_remedy
 __all__ = ["LogTail", "Reporter", "Tally", "follow_beats", "live_status"]
 
 Echo = Callable[[str], None]
+
+#: A duration in an error's text ("changed 6s ago", "retry in 21s"): left out of its identity.
+_DURATION = re.compile(r"\b\d+(?:\.\d+)?s\b")
 
 
 class LogTail:
@@ -243,8 +247,11 @@ class Reporter:
         if status not in ("done", "incomplete"):
             error = _short(event.get("error", ""))
             # Keyed without the lane: a provider outage failing 200 lanes is one error, shown
-            # once with the first lane it hit; the status line counts the lanes.
-            self.error(("turn", str(status), error), f"{lane}: turn {status}: {error}", lane)
+            # once with the first lane it hit; the status line counts the lanes. And without
+            # the durations in it: a persona mid-edit failing every few seconds says "changed
+            # 6s ago", then "8s ago", one error all the same.
+            key = ("turn", str(status), _DURATION.sub("#s", error))
+            self.error(key, f"{lane}: turn {status}: {error}", lane)
             return
         heartbeat = not lane.endswith(DREAMER_SUFFIX) and int(event.get("ticks") or 0) > 0
         if heartbeat and event.get("silent"):
