@@ -77,12 +77,18 @@ def test_a_python_tool_by_ref_and_by_factory() -> None:
         ("tests.support.python_tools:unmarked_factory", "not marked as a tool factory"),
         ("os:abort", "not marked as a tool factory"),
         ("sys:exit", "not marked as a tool factory"),
+        ("tests.support.python_tools:NAMELESS", "a tool whose name is NoneType, not a string"),
+        ("tests.support.python_tools:SCHEMA_A_STRING", "input_schema that is str, not a JSON"),
+        ("tests.support.python_tools:SCHEMA_NOT_JSON", "input_schema that is not JSON"),
+        ("tests.support.python_tools:DESCRIBED_BY_A_NUMBER", "description that is int"),
     ],
 )
 def test_a_bad_ref_is_an_invalid_persona(ref: str, words: str) -> None:
     """Missing module, missing attribute, not a Tool, a raising factory, a callable not marked
     with @tool_factory (never called: `os:abort` in a persona file crash-looped the worker that
-    validated it): each names the key."""
+    validated it), a Tool whose name, description or input_schema is of the wrong type (a
+    traceback at `soulfleet tools`, and an error naming nothing at each turn): each names the
+    key."""
     with pytest.raises(PersonaConfigError) as caught:
         _build(_refs("tests.support.python_tools:shout", ref))
     assert caught.value.key == "tools.python[1].ref"

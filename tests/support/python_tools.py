@@ -10,7 +10,11 @@ from workers.persona.tools import FunctionTool, ToolResult, tool_factory
 
 __all__ = [
     "CALLS",
+    "DESCRIBED_BY_A_NUMBER",
+    "NAMELESS",
     "NOT_A_TOOL",
+    "SCHEMA_A_STRING",
+    "SCHEMA_NOT_JSON",
     "broken_factory",
     "make_shout",
     "shout",
@@ -42,6 +46,12 @@ def _slow(arguments: Mapping[str, Any]) -> ToolResult:
 slow = FunctionTool("slow", "Sleep, then answer.", {"type": "object"}, _slow)
 
 NOT_A_TOOL = 42
+
+# Tools of the right shape with fields of the wrong type (a Tool is a structural check).
+NAMELESS: Any = FunctionTool(None, "No name.", _SCHEMA, _shout)  # type: ignore[arg-type]
+SCHEMA_A_STRING: Any = FunctionTool("badschema", "x", "not a dict", _shout)  # type: ignore[arg-type]
+SCHEMA_NOT_JSON: Any = FunctionTool("badjson", "x", {"type": object}, _shout)
+DESCRIBED_BY_A_NUMBER: Any = FunctionTool("numbered", 7, _SCHEMA, _shout)  # type: ignore[arg-type]
 
 
 @tool_factory

@@ -299,6 +299,9 @@ def build_declared(
 def python_tool(decl: PythonDecl, source: object) -> Tool:
     """The Tool a ``[[tools.python]]`` entry names, imported, its name checked."""
     tool = resolve_ref(decl, source)
+    problem = _shape_problem(tool)
+    if problem is not None:
+        raise PersonaConfigError(source, f"{decl.key}.ref", f"gives {problem}")
     if not valid_tool_name(tool.name):
         raise PersonaConfigError(
             source,
@@ -306,6 +309,29 @@ def python_tool(decl: PythonDecl, source: object) -> Tool:
             f"gives a tool named {tool.name!r}; tool names must match ^[a-zA-Z0-9_-]{{1,64}}$",
         )
     return tool
+
+
+def _shape_problem(tool: Tool) -> str | None:
+    """What is wrong with a Tool's fields, or None. ``Tool`` is a structural check (it has the
+    attributes): a name that is not a string, or a schema that is not a JSON object, failed
+    later, in the provider request, naming nothing."""
+    name: object = tool.name
+    description: object = tool.description
+    if not isinstance(name, str):
+        return f"a tool whose name is {type(name).__name__}, not a string"
+    if not isinstance(description, str):
+        return f"tool {name!r} a description that is {type(description).__name__}, not a string"
+    schema: object = tool.input_schema
+    if not isinstance(schema, Mapping):
+        return (
+            f"tool {tool.name!r} an input_schema that is {type(schema).__name__}, not a JSON "
+            "object (a dict)"
+        )
+    try:
+        json.dumps(dict(schema))
+    except (TypeError, ValueError) as exc:
+        return f"tool {tool.name!r} an input_schema that is not JSON: {exc}"
+    return None
 
 
 def refuse_shared_names(
