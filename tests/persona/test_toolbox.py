@@ -16,7 +16,8 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from tests.support.python_tools import CALLS
+from tests.support.python_tools import CALLS, RELEASE
+from workers.persona import python_tools
 from workers.persona.agent import from_dir
 from workers.persona.dream_agent import dreamer
 from workers.persona.errors import PersonaConfigError
@@ -95,6 +96,30 @@ def test_a_bad_ref_is_an_invalid_persona(ref: str, words: str) -> None:
     assert words in caught.value.problem
     assert str(SOURCE) in str(caught.value)
     assert CALLS == []
+
+
+def test_a_tool_module_or_factory_that_blocks_is_refused_in_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Module code that blocks at import (or a factory that never returns) held the turn
+    past SOULFLEET_TURN_MAX_SECONDS with its lease renewed, and hung `post` and `tools` in
+    the CLI: both are given SETUP_TIMEOUT, then refused naming the key."""
+    monkeypatch.setattr(python_tools, "SETUP_TIMEOUT", 0.5)
+    module = f"hangs_at_import_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text("import threading\nthreading.Event().wait(30)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    began = time.monotonic()
+    with pytest.raises(PersonaConfigError) as caught:
+        _build(_refs(f"{module}:tool"))
+    assert caught.value.key == "tools.python[0].ref"
+    assert f"importing module {module!r} did not finish within 0.5s" in caught.value.problem
+    with pytest.raises(PersonaConfigError) as caught:
+        _build(_refs("tests.support.python_tools:stuck_factory"))
+    assert "calling the factory tests.support.python_tools:stuck_factory did not finish" in (
+        caught.value.problem
+    )
+    assert time.monotonic() - began < 5
+    RELEASE.set()
 
 
 def test_two_tools_with_one_name_are_an_error_naming_both() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -13,12 +14,14 @@ __all__ = [
     "DESCRIBED_BY_A_NUMBER",
     "NAMELESS",
     "NOT_A_TOOL",
+    "RELEASE",
     "SCHEMA_A_STRING",
     "SCHEMA_NOT_JSON",
     "broken_factory",
     "make_shout",
     "shout",
     "slow",
+    "stuck_factory",
     "unmarked_factory",
 ]
 
@@ -57,6 +60,17 @@ DESCRIBED_BY_A_NUMBER: Any = FunctionTool("numbered", 7, _SCHEMA, _shout)  # typ
 @tool_factory
 def broken_factory() -> FunctionTool:
     raise RuntimeError("no weather today")
+
+
+#: What :func:`stuck_factory` waits for (a test sets it once it has seen the factory refused).
+RELEASE = threading.Event()
+
+
+@tool_factory
+def stuck_factory() -> FunctionTool:
+    """A factory that does not return until :data:`RELEASE` is set."""
+    RELEASE.wait(60)
+    return FunctionTool("stuck", "Never in time.", _SCHEMA, _shout)
 
 
 #: How many times :func:`unmarked_factory` ran (a persona file must never make it run).

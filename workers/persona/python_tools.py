@@ -12,6 +12,9 @@ Every problem with a ref (the module does not import, the attribute is missing, 
 Tool, the factory raises) is a :class:`PersonaConfigError` naming ``tools.python[n].ref`` and
 the file: an invalid persona, reported like any other.
 
+Its module's import and its factory get :data:`SETUP_TIMEOUT` (bounded by the turn's time
+left), on a thread of their own: one that blocks is refused, naming the ref.
+
 A Python tool cannot be killed, so its timeout is enforced by running it on its own daemon
 thread: at the timeout the model gets an error result and the turn goes on; the stuck call
 keeps its thread until it returns.
@@ -20,15 +23,20 @@ keeps its thread until it returns.
 from __future__ import annotations
 
 import importlib
+import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from workers.persona.errors import PersonaConfigError
 from workers.persona.tool_config import PythonDecl
 from workers.persona.tools import Tool, ToolResult, bounded_timeout, is_tool_factory
 
-__all__ = ["PythonTool", "resolve_ref"]
+__all__ = ["SETUP_TIMEOUT", "PythonTool", "resolve_ref"]
+
+#: Seconds a tool's module may take to import, and its factory to return, before the persona
+#: is refused (PersonaConfigError naming the ref).
+SETUP_TIMEOUT = 30.0
 
 
 def resolve_ref(decl: PythonDecl, source: object) -> Tool:
@@ -36,7 +44,9 @@ def resolve_ref(decl: PythonDecl, source: object) -> Tool:
     key = f"{decl.key}.ref"
     module_name, _, attribute = decl.ref.partition(":")
     try:
-        value: Any = importlib.import_module(module_name)
+        value: Any = _import(module_name)
+    except _Unfinished as late:
+        raise PersonaConfigError(source, key, str(late)) from None
     except Exception as exc:
         raise PersonaConfigError(
             source, key, f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
@@ -54,8 +64,11 @@ def resolve_ref(decl: PythonDecl, source: object) -> Tool:
                 "function decorated with @workers.persona.tool_factory (only those are called: "
                 "a persona file must not run any function the worker can import)",
             )
+        factory = value
         try:
-            value = value()
+            value = _within(f"calling the factory {decl.ref}", factory)
+        except _Unfinished as late:
+            raise PersonaConfigError(source, key, str(late)) from None
         except (Exception, SystemExit) as exc:
             raise PersonaConfigError(
                 source, key, f"{decl.ref} raised {type(exc).__name__}: {exc}"
@@ -68,6 +81,46 @@ def resolve_ref(decl: PythonDecl, source: object) -> Tool:
             f"callable returning one; got {type(value).__name__}",
         )
     return value
+
+
+class _Unfinished(Exception):
+    """A tool's setup (its module's import, its factory) still running at its time limit."""
+
+
+def _within(what: str, work: Callable[[], Any]) -> Any:
+    """``work()``, on a thread of its own, waited for at most :data:`SETUP_TIMEOUT` (or what
+    the turn has left): module code that blocks at import, or a factory that never returns,
+    held the turn past its limit with its lease renewed, and hung the CLI's check. The stuck
+    thread is left to finish on its own (a thread cannot be killed); its outcome is dropped."""
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, work()))
+        except BaseException as exc:  # handed to the caller's thread as it was raised
+            box.append((False, exc))
+
+    limit = bounded_timeout(SETUP_TIMEOUT)
+    thread = threading.Thread(target=run, name="tool-setup", daemon=True)
+    thread.start()
+    thread.join(limit)
+    if not box:
+        raise _Unfinished(
+            f"{what} did not finish within {limit:g}s (a tool's module must import, and its "
+            "factory return, promptly: it is set up at every turn)"
+        )
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _import(name: str) -> Any:
+    """The module ``name``, imported within :data:`SETUP_TIMEOUT` (see :func:`_within`)."""
+    module = sys.modules.get(name)
+    if module is not None and not getattr(module.__spec__, "_initializing", False):
+        return module  # imported whole already: nothing can block (no thread needed)
+    return _within(f"importing module {name!r}", lambda: importlib.import_module(name))
 
 
 class PythonTool:
