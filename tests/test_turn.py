@@ -18,6 +18,7 @@ import redis
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
+from tests.support.fleet import post_past_the_door
 from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.fleet.outcomes import StartOutcome
 from workers.persona.errors import PersonaError, PersonaFileError
@@ -220,7 +221,9 @@ def test_transcripts_leading_out_of_the_home_fail_the_turn_with_the_reason(
     outside = tmp_path / "elsewhere"
     outside.mkdir()
     (home / "transcripts").symlink_to(outside, target_is_directory=True)
-    rig.fleet.post("ava", "hello", wake=True)
+    with pytest.raises(PersonaFileError, match="outside the persona directory"):
+        rig.fleet.post("ava", "hello", wake=True)  # the door's check-up refuses it
+    post_past_the_door(rig.fleet, "ava", "hello")  # as if the link came after the post
     assert rig.run_next() == "error"
     status = rig.fleet.status("ava")
     assert status["state"] in ("queued", "dead")

@@ -148,3 +148,26 @@ def test_a_model_chosen_with_run_local_model_is_blamed_for_its_own_missing_key(
     assert "the model given with --model, 'anthropic:claude-x', needs ANTHROPIC_API_KEY" in message
     assert "choose another --model" in message
     assert "without --local" not in message
+
+
+@pytest.mark.parametrize("kept", ["transcripts", "sessions"])
+def test_a_conversation_directory_leading_out_of_the_persona_fails_the_check_up(
+    tmp_path: Path, kept: str
+) -> None:
+    """transcripts/ or sessions/ a symlink out of the persona: every turn refuses it (and the
+    lane is dead-lettered), so the check-up does too, naming the path and where it leads. The
+    door accepted the post, and status called the dead lane fixed while the link stood."""
+    home = make_persona(tmp_path / "ava", {"SOUL.md": "You are ava.\n"})
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (home / kept).symlink_to(outside)
+    with pytest.raises(PersonaFileError, match="outside the persona directory") as caught:
+        check_persona(home)
+    assert f"{kept}/ava" in str(caught.value)
+    (home / kept).unlink()
+    (home / kept).mkdir()
+    (home / kept / "ava-dreamer").symlink_to(outside)
+    with pytest.raises(PersonaFileError, match="outside the persona directory"):
+        check_persona(home)
+    (home / kept / "ava-dreamer").unlink()
+    assert check_persona(home).agent.name == "ava"

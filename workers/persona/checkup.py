@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.dream_soul import DREAM_FILE
 from workers.persona.errors import ModelSpecError
+from workers.persona.files import confined
 from workers.persona.home import BOOTSTRAP_ORDER
 from workers.persona.manifest import MANIFEST_NAME
 from workers.persona.mcp_servers import FleetServer, check_uses
@@ -29,8 +30,10 @@ from workers.persona.models.client import HTTPModel
 from workers.persona.models.config import ModelConfig
 from workers.persona.models.spec import inherits, resolve_model
 from workers.persona.session import estimate_tokens
+from workers.persona.session_files import SESSIONS_DIR
 from workers.persona.tool_config import PythonDecl
 from workers.persona.toolbox import python_tool, refuse_shared_names
+from workers.persona.transcript_layout import TRANSCRIPTS_DIR
 
 __all__ = [
     "KNOWN_NAMES",
@@ -129,6 +132,11 @@ def check_persona(
     """
     agent = from_dir(path)
     soul, found = agent.soul()
+    # Where a turn keeps its conversation: a symlink leading out of the persona (refused by
+    # every turn, the lane dead-lettered) was accepted here, and status called it fixed.
+    for kept in (TRANSCRIPTS_DIR, SESSIONS_DIR):
+        for lane in (agent.name, f"{agent.name}-dreamer"):
+            confined(agent.home, f"{kept}/{lane}")
     # What building the turn's tools would refuse, short of starting MCP servers: a Python
     # tool's ref (imported; only a Tool or a marked factory is accepted) and a ``use`` of a
     # server the fleet file lacks. A post to a persona with either was accepted here and
