@@ -699,7 +699,8 @@ def test_status_of_a_persona_names_its_model_call_in_flight(
 ) -> None:
     """While milo's turn holds a turn-gate slot (its model call in flight), `status milo` says
     how long it has waited and on which worker (it said only "running"), and the fleet gauge
-    soulfleet_model_call_oldest_seconds counts it; once released, neither does."""
+    soulfleet_model_call_oldest_seconds counts it; once released, neither does. A call whose
+    lane's lease is no longer renewed (its worker killed) is said to be orphaned instead."""
     settings = settings_for(env)
     client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
     renewer = Renewer(ttl=30)
@@ -713,6 +714,13 @@ def test_status_of_a_persona_names_its_model_call_in_flight(
             assert f":{os.getpid()}; it ends by SOULFLEET_MODEL_TIMEOUT" in out
             assert "model call:" not in invoke("status", "nora").stdout
             assert fleet.lane_counts()["model_call_oldest"] >= 1
+            # Its worker killed: the lane runs on with no lease renewed (here: none at all),
+            # and the call is said to be orphaned, not waiting.
+            client.hset(Keys(settings.key_prefix).lane("milo"), "state", "running")
+            out = invoke("status", "milo").stdout
+            assert "has waited" not in out
+            assert "but the lane's lease has not been renewed for " in out
+            assert "that worker is probably gone" in out
         assert "model call:" not in invoke("status", "milo").stdout
         assert fleet.lane_counts()["model_call_oldest"] == 0
     finally:

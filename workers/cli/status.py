@@ -202,7 +202,7 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
         click.echo(f"INVALID (not scheduled until fixed): {' '.join(why.split())}")
     _echo_claims(claims)
     _echo_models(entry)
-    _echo_calls(fleet, name)
+    _echo_calls(fleet, name, entry)
     _echo_budget(used_up)
     if skipped is not None:
         click.echo(f"heartbeats: {_SKIPPED[skipped]}")
@@ -241,16 +241,31 @@ def _heartbeat_skipped(home: Path) -> str | None:
     return heartbeat_file_skip(home)
 
 
-def _echo_calls(fleet: Fleet, name: str) -> None:
+def _echo_calls(fleet: Fleet, name: str, entry: Mapping[str, Any]) -> None:
     """What a running turn waits on: a model call in flight, and for how long (a provider that
-    takes calls and never answers showed only as a turn "running")."""
-    lanes = [name, fleet.registry.lane_of(name, "dreamer")]
+    takes calls and never answers showed only as a turn "running"). A call whose worker has
+    stopped renewing the lane's lease is said to be orphaned, not waiting: its slot outlives
+    a killed worker until it expires."""
+    dreamer = fleet.registry.lane_of(name, "dreamer")
+    silences = {name: entry.get("lease_silent"), dreamer: (entry.get("dreamer") or {}).get(
+        "lease_silent"
+    )}  # fmt: skip
     now = fleet.clock.time()
-    for call in fleet.model_calls(lanes):
+    for call in fleet.model_calls([name, dreamer]):
+        age = f"{max(0.0, now - call.started):.0f}s"
+        silent = silences.get(call.lane)
+        if silent is not None:
+            click.echo(
+                f"model call: lane {call.lane}'s call on worker {call.holder} began {age} ago, "
+                f"but the lane's lease has not been renewed for {silent}s: that worker is "
+                "probably gone, and the call with it (beat's reaper takes the lane back once "
+                "the lease lapses)"
+            )
+            continue
         click.echo(
-            f"model call: lane {call.lane} has waited {max(0.0, now - call.started):.0f}s on "
-            f"its model call (worker {call.holder}; it ends by SOULFLEET_MODEL_TIMEOUT per "
-            "try and the turn by SOULFLEET_TURN_MAX_SECONDS)"
+            f"model call: lane {call.lane} has waited {age} on its model call (worker "
+            f"{call.holder}; it ends by SOULFLEET_MODEL_TIMEOUT per try and the turn by "
+            "SOULFLEET_TURN_MAX_SECONDS)"
         )
 
 
