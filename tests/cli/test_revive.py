@@ -62,6 +62,29 @@ def test_revive_queues_a_dead_lettered_lane_again(
     assert status["inflight_items"] == 1
 
 
+def test_revive_drop_kept_drops_the_dead_turns_items_and_keeps_later_posts(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A message the provider refuses for good (HTTP 400 on its content) dead-lettered the
+    lane at every revive, since its kept items run first: `--drop-kept` drops the items the
+    dead turn held, and the one posted since still runs. Refused with --all."""
+    fleet = _dead_letter(env, "nora")
+    fleet.post("nora", "posted since", wake=True)
+    status = fleet.lanes.status("nora")
+    assert (status["state"], status["inflight_items"], status["inbox_depth"]) == ("dead", 1, 1)
+    result = invoke("revive", "nora", "--drop-kept", "--json")
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert (answer["revived"], answer["items_dropped"]) == (True, 1)
+    status = fleet.lanes.status("nora")
+    assert (status["state"], status["inflight_items"], status["inbox_depth"]) == ("queued", 0, 1)
+    started = fleet.lanes.start("nora", str(answer["turn_id"]), "test-worker")
+    assert [item.text for item in started.items] == ["posted since"]
+    refused = invoke("revive", "--all", "--drop-kept")
+    assert refused.exit_code == 2
+    assert "--drop-kept takes one PERSONA" in refused.stderr
+
+
 def test_revive_warns_as_post_does_of_a_model_key_this_shell_lacks(
     invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
 ) -> None:

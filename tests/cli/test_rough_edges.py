@@ -138,7 +138,8 @@ def test_json_on_post_dream_revive_and_init(
     assert dreamt["outcome"] == "queued"
     dead_letter(lanes_for(env), "milo")
     revived = json.loads(invoke("revive", "milo", "--json").stdout)
-    assert revived == {"lane": "milo", "revived": True, "turn_id": revived["turn_id"]}
+    assert revived == {"lane": "milo", "revived": True, "turn_id": revived["turn_id"],
+                       "items_dropped": 0}  # fmt: skip
     assert revived["turn_id"]
     again = invoke("revive", "milo", "--json")
     assert again.exit_code == 1

@@ -11,7 +11,7 @@
     soulfleet status [PERSONA] [--json]
     soulfleet beats [--follow] [--json]
     soulfleet dream PERSONA | --all
-    soulfleet revive PERSONA [--dreamer]
+    soulfleet revive PERSONA [--dreamer] [--drop-kept]
     soulfleet session show PERSONA [--json] | session reset PERSONA
     soulfleet usage [NAME] [--top N] [--days N] [--json]
 

@@ -42,6 +42,12 @@ __all__ = ["revive"]
     is_flag=True,
     help="Remove dead lanes whose persona directory is gone, with their kept items.",
 )
+@click.option(
+    "--drop-kept",
+    is_flag=True,
+    help="Drop the items the dead turn held instead of running them again (a message the "
+    "provider refuses for good); items posted since still run.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @personas_option
 @click.pass_context
@@ -53,6 +59,7 @@ def revive(
     every: bool,
     reason: str | None,
     forget_gone: bool,
+    drop_kept: bool,
     as_json: bool,
     personas: Path | None,
 ) -> None:
@@ -64,6 +71,8 @@ def revive(
             raise BadInputError("--forget-gone takes no PERSONA, --dreamer, --all or --reason")
         _forget_gone(state, as_json=as_json)
         return
+    if drop_kept and (every or reason is not None):
+        raise BadInputError("--drop-kept takes one PERSONA (and --dreamer), not --all/--reason")
     if every or reason is not None:
         if persona is not None or dreamer:
             raise BadInputError("give PERSONA (and --dreamer) or --all/--reason, not both")
@@ -74,17 +83,23 @@ def revive(
     # The check `post` makes, warnings included (a model key this shell lacks: the lane it
     # revives may die again on it).
     name = state.checked(persona)
-    outcome = state.fleet().revive(name, dreamer=dreamer)
+    outcome = state.fleet().revive(name, dreamer=dreamer, drop_kept=drop_kept)
     queued = outcome.outcome == "queued"
     if as_json:
         answer: dict[str, object] = {
             "lane": outcome.lane, "revived": queued, "turn_id": outcome.turn_id,
+            "items_dropped": outcome.dropped,
         }  # fmt: skip
         if not queued:
             answer["reason"] = "not dead-lettered"
         click.echo(json.dumps(answer))
     elif queued:
-        click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued")
+        dropped = (
+            f"; {outcome.dropped} item(s) the dead turn held dropped (their senders get no reply)"
+            if drop_kept
+            else ""
+        )
+        click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued{dropped}")
     else:
         click.echo(f"soulfleet: error: lane {outcome.lane} is not dead-lettered", err=True)
     if not queued:

@@ -321,7 +321,8 @@ def _dead_hint(entry: Mapping[str, Any], name: str, fixed: set[str]) -> None:
             click.echo(
                 f"dead: lane {lane} is dead-lettered and runs no turn until revived; fix the "
                 f"cause (its error above), then `soulfleet revive {name}{flag}` (its kept items "
-                "run then)"
+                "run then; add --drop-kept to drop the ones its dead turn held, when they are "
+                "what failed: a message the provider refuses, HTTP 400)"
             )
 
 

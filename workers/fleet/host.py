@@ -322,8 +322,11 @@ class Fleet(FleetReports):
         name = self.registry.resolve(persona)
         return self.lanes.reset_session(name)
 
-    def revive(self, persona: str, *, dreamer: bool = False) -> TickOutcome:
-        """Take a dead-lettered lane back into service (its kept items run first).
+    def revive(
+        self, persona: str, *, dreamer: bool = False, drop_kept: bool = False
+    ) -> TickOutcome:
+        """Take a dead-lettered lane back into service (its kept items run first, or with
+        ``drop_kept`` are dropped: see :meth:`Lanes.revive`).
 
         Raises the :class:`~workers.persona.errors.PersonaError` its files would fail its turn
         with, as :meth:`post` does: a lane revived before its persona is fixed would only be
@@ -331,7 +334,7 @@ class Fleet(FleetReports):
         name = self.registry.resolve(persona)
         self.check(name)
         lane = self.registry.lane_of(name, "dreamer" if dreamer else "persona")
-        outcome = self.lanes.revive(lane)
+        outcome = self.lanes.revive(lane, drop_kept=drop_kept)
         if outcome.outcome == "queued" and outcome.turn_id and outcome.turn_kind:
             self.send([(lane, outcome.turn_id, outcome.turn_kind)])
         return outcome

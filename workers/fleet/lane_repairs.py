@@ -23,20 +23,25 @@ _log = structlog.get_logger("soulfleet.lanes")
 class LaneRepairs(LaneStore):
     """The repair side of :class:`~workers.fleet.lanes.Lanes`."""
 
-    def revive(self, lane: str) -> TickOutcome:
-        """Queue a dead-lettered lane again with attempts reset (its kept items run first).
+    def revive(self, lane: str, *, drop_kept: bool = False) -> TickOutcome:
+        """Queue a dead-lettered lane again with attempts reset (its kept items run first;
+        with ``drop_kept``, the items the dead turn held are dropped instead: a message the
+        provider refuses for good would kill the lane again).
 
         A lane that is not dead is left alone: outcome ``coalesced``, no turn id.
         """
         turn_id = new_turn_id()
+        args: list[str | int] = [lane, self._now_ms(), turn_id, "1" if drop_kept else "0"]
         with redis_errors(self.client):
-            reply = self.scripts.revive(
-                keys=self.keys.lane_keys(lane), args=[lane, self._now_ms(), turn_id]
-            )
+            reply = self.scripts.revive(keys=self.keys.lane_keys(lane), args=args)
         if reply[0] != "queued":
             return TickOutcome(lane, "revive", "coalesced")
-        _log.info("lane.revived", lane=lane, turn_id=turn_id)
-        return TickOutcome(lane, "revive", "queued", str(reply[1]), str(reply[2]))
+        dropped = int(reply[3])
+        if dropped:
+            _log.warning("lane.revived", lane=lane, turn_id=turn_id, items_dropped=dropped)
+        else:
+            _log.info("lane.revived", lane=lane, turn_id=turn_id)
+        return TickOutcome(lane, "revive", "queued", str(reply[1]), str(reply[2]), dropped)
 
     def forget(self, lane: str) -> int | None:
         """Remove dead-lettered ``lane`` and the items it kept (``forget.lua``): for a lane

@@ -53,6 +53,7 @@ class TickOutcome:
     outcome: Literal["queued", "coalesced", "dead_lettered"]
     turn_id: str | None = None
     turn_kind: str | None = None
+    dropped: int = 0  # items a revive with drop_kept dropped
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,12 @@
 --
 -- KEYS  [1] lane hash  [2] inbox  [3] inflight  [4] lease  [5] lanes:queued
 --       [6] lanes:running  [7] lanes:dead                         (Keys.lane_keys(lane))
--- ARGV  [1] lane name  [2] now (ms)  [3] new turn id
--- Reply {"queued", turn id, kind}: the lane was dead and now has a queued turn (same kind as
---       the turn that died); its in-flight items and inbox are kept and run first
+-- ARGV  [1] lane name  [2] now (ms)  [3] new turn id  [4] "1": drop the in-flight items
+-- Reply {"queued", turn id, kind, items dropped}: the lane was dead and now has a queued turn
+--       (same kind as the turn that died); its in-flight items (the ones the dead turn held)
+--       are kept and run first, unless ARGV[4] drops them: a message the provider refuses for
+--       good (a 400 on its content) would dead-letter the lane again at every revive. The
+--       inbox (posted since) is kept either way.
 --     | {"not_dead", state}: NOTHING changed
 local lane, queued, dead = KEYS[1], KEYS[5], KEYS[7]
 local f = redis.call('HMGET', lane, 'state', 'kind')
@@ -13,9 +16,14 @@ if state ~= 'dead' then
   return {'not_dead', state}
 end
 local kind = f[2] or 'interactive'
+local dropped = 0
+if ARGV[4] == '1' then
+  dropped = redis.call('LLEN', KEYS[3])
+  redis.call('DEL', KEYS[3])
+end
 redis.call('HDEL', lane, 'failing_since', 'failures', 'retry_at', 'provider')
 redis.call('HSET', lane, 'state', 'queued', 'attempts', 0, 'lost', 0, 'turn_id', ARGV[3],
            'kind', kind, 'queued_at', ARGV[2])
 redis.call('ZREM', dead, ARGV[1])
 redis.call('ZADD', queued, ARGV[2], ARGV[1])
-return {'queued', ARGV[3], kind}
+return {'queued', ARGV[3], kind, dropped}
