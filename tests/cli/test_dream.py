@@ -49,14 +49,17 @@ def test_dream_dead_lettered_dreamer_exit_1(invoke: Invoke, env: Mapping[str, st
 
 
 def test_dream_all_times_out_with_a_summary(invoke: Invoke, env: Mapping[str, str | None]) -> None:
-    """With no worker running, --all reports every dreamer still running (exit 1) and counts a
-    dead-lettered one as failed."""
+    """With no worker running, --all reports every dreamer still queued (exit 1: it called
+    them "still running", which no worker was doing) and counts a dead-lettered one as
+    failed."""
     dead_letter(lanes_for(env), "milo-dreamer")
     result = invoke("dream", "--all", "--timeout", "0")
     assert result.exit_code == 1
-    assert "done: 0  skipped: 0  failed: 1  still running: 2" in result.stdout
+    assert "done: 0  skipped: 0  failed: 1  still running: 0  still queued: 2" in result.stdout
     assert "failed: milo-dreamer" in result.stdout
-    assert "still running: ava-dreamer, nora-dreamer" in result.stdout
+    assert "still queued (no worker has taken them yet): ava-dreamer, nora-dreamer" in (
+        result.stdout
+    )
     assert lanes_for(env).status("ava-dreamer")["state"] == "queued"
     # Not a terminal: no progress bar, whose bare label was left as a stray "dreaming" line.
     assert [line for line in result.stderr.splitlines() if line.strip() == "dreaming"] == []
@@ -106,7 +109,8 @@ def test_dream_all_skips_a_persona_whose_files_are_invalid(
     outcome = json.loads(result.stdout)
     assert set(outcome["invalid"]) == {"milo"}
     assert "persona.toml" in outcome["invalid"]["milo"]
-    assert outcome["still_running"] == ["ava-dreamer", "nora-dreamer"]
+    assert outcome["still_queued"] == ["ava-dreamer", "nora-dreamer"]
+    assert outcome["still_running"] == []
     assert "skipped milo" in result.stderr
     assert lanes_for(env).status("milo-dreamer").get("state") in (None, "idle")
 

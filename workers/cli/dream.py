@@ -176,21 +176,26 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
     skipped = sorted(lane for lane, status in ended.items() if status == "skipped")
     done = sorted(lane for lane in ended if lane not in skipped)
     # A lane whose provider's breaker is open waits for it, not for a worker: said apart.
-    deferred = [lane for lane in waiting if fleet.lanes.status(lane).get("state") == "deferred"]
-    running = [lane for lane in waiting if lane not in deferred]
+    # So is one still queued (no worker has taken it: busy, or none consuming the dream
+    # queue), which was called "still running".
+    states = {lane: fleet.lanes.status(lane).get("state") for lane in waiting}
+    deferred = [lane for lane in waiting if states[lane] == "deferred"]
+    queued = [lane for lane in waiting if states[lane] == "queued"]
+    running = [lane for lane in waiting if lane not in deferred and lane not in queued]
     if as_json:
         click.echo(json.dumps({
             "done": done, "skipped": skipped, "failed": failed, "still_running": running,
-            "deferred": deferred, "invalid": invalid,
+            "still_queued": queued, "deferred": deferred, "invalid": invalid,
         }))  # fmt: skip
     else:
         click.echo(
             f"done: {len(done)}  skipped: {len(skipped)}  failed: {len(failed)}  "
-            f"still running: {len(running)}  deferred: {len(deferred)}  "
-            f"invalid (not queued): {len(invalid)}"
+            f"still running: {len(running)}  still queued: {len(queued)}  "
+            f"deferred: {len(deferred)}  invalid (not queued): {len(invalid)}"
         )
         for label, group in (("skipped (budget used up, or nothing new)", skipped),
                              ("failed", failed), ("still running", running),
+                             ("still queued (no worker has taken them yet)", queued),
                              ("deferred (their provider's breaker is open: they run when it "
                               "closes; `soulfleet status` names it)", deferred),
                              ("invalid", sorted(invalid))):  # fmt: skip
