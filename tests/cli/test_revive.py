@@ -291,3 +291,27 @@ def test_forget_gone_refuses_when_every_persona_would_look_gone(
     finally:
         library.client.close()
     assert fleet.lanes.status("nora")["state"] == "dead"
+
+
+def test_a_queued_lane_lost_from_the_queue_index_is_named_and_revive_puts_it_back(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A Redis that evicted keys left lanes queued in their hash but missing from the queued
+    index: not counted, never re-sent by the reaper, queued for ever, and `revive` said "not
+    dead-lettered". status names them (--json: unindexed_lanes) and `revive NAME` puts the
+    lane back and sends its turn again."""
+    settings = Settings.from_env({k: v for k, v in env.items() if v is not None})
+    recorder = _Recorder()
+    fleet = Fleet(settings, publisher=recorder)
+    queued = fleet.post("nora", "hello", wake=True)
+    fleet.lanes.client.zrem(fleet.keys.queued, "nora")  # the index entry evicted
+    out = invoke("status").stdout
+    assert "lanes lost from the queue index (1: nora)" in out
+    assert json.loads(invoke("status", "--json").stdout)["unindexed_lanes"] == ["nora"]
+    result = invoke("revive", "nora")
+    assert result.exit_code == 0, result.output
+    assert f"revived nora: turn {queued.turn_id} queued" in result.stdout
+    assert fleet.lanes.client.zscore(fleet.keys.queued, "nora") is not None
+    assert json.loads(invoke("status", "--json").stdout)["unindexed_lanes"] == []
+    started = fleet.lanes.start("nora", str(queued.turn_id), "test-worker")
+    assert [item.text for item in started.items] == ["hello"]

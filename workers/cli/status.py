@@ -362,6 +362,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
     shown = [entry for entry in entries if only is None or only in _states(entry)]
     counts = fleet.lanes.counts()
     waiting = fleet.lanes.waiting()
+    unindexed = fleet.lanes.unindexed(_queued_lanes(entries))
     breakers = fleet.breaker.states()
     beat = beat_summary(fleet)
     claims = lock_claims(fleet, [str(entry["persona"]) for entry in entries])
@@ -379,6 +380,8 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
             "personas": shown,
             "counts": counts,
             "waiting": waiting,
+            # queued lanes missing from the queued index (evicted keys): `revive NAME` fixes one
+            "unindexed_lanes": unindexed,
             "breakers": [asdict(state) for state in breakers],
             "beat": beat,
             "beat_root_conflict": conflict,
@@ -432,6 +435,12 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
         f"{waiting['retry']} retrying, {waiting['deferred']} deferred "
         f"| personas: {len(entries)} in {root}"
     )
+    if unindexed:
+        click.echo(
+            f"lanes lost from the queue index ({len(unindexed)}: {', '.join(unindexed)}): queued, "
+            "but not counted above and never re-sent, since Redis evicted or lost keys of "
+            "theirs; `soulfleet revive NAME` (--dreamer for a dreamer lane) queues each again"
+        )
     redis_lines = _redis_lines((used, limit, policy), lost, evicted)
     for line in [*breaker_lines(breakers), *redis_lines]:
         click.echo(line)
@@ -489,6 +498,20 @@ def _redis_lines(
             'restarted" (said for a day)'
         )
     return lines
+
+
+def _queued_lanes(entries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The lanes (persona and dreamer) whose state reads ``queued``."""
+    found: list[str] = []
+    for entry in entries:
+        dreamer = entry.get("dreamer")
+        for lane_entry, lane in (
+            (entry, entry.get("lane") or entry.get("persona")),
+            (dreamer, dreamer.get("lane") if isinstance(dreamer, Mapping) else None),
+        ):
+            if isinstance(lane_entry, Mapping) and lane_entry.get("state") == "queued" and lane:
+                found.append(str(lane))
+    return found
 
 
 def _unserved(state: CliContext, entries: Sequence[Mapping[str, Any]]) -> dict[str, int] | None:

@@ -28,12 +28,18 @@ class LaneRepairs(LaneStore):
         with ``drop_kept``, the items the dead turn held are dropped instead: a message the
         provider refuses for good would kill the lane again).
 
-        A lane that is not dead is left alone: outcome ``coalesced``, no turn id.
+        A lane queued but missing from the queued index (a Redis that evicted keys) is put back
+        and its turn queued again (outcome ``queued``, its own turn id). Any other lane that is
+        not dead is left alone: outcome ``coalesced``, no turn id.
         """
         turn_id = new_turn_id()
         args: list[str | int] = [lane, self._now_ms(), turn_id, "1" if drop_kept else "0"]
         with redis_errors(self.client):
             reply = self.scripts.revive(keys=self.keys.lane_keys(lane), args=args)
+        if reply[0] == "requeued":
+            why = "queued but missing from the queued index (evicted keys?)"
+            _log.warning("lane.requeued", lane=lane, turn_id=str(reply[1]), why=why)
+            return TickOutcome(lane, "revive", "queued", str(reply[1]), str(reply[2]))
         if reply[0] != "queued":
             return TickOutcome(lane, "revive", "coalesced")
         dropped = int(reply[3])

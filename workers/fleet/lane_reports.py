@@ -71,6 +71,19 @@ class LaneReports(LaneStore):
             queued, running, dead = pipe.execute()
         return {"queued": int(queued), "running": int(running), "dead": int(dead)}
 
+    def unindexed(self, queued: Sequence[str]) -> list[str]:
+        """Of ``queued`` (lanes whose hash says queued), those missing from the queued index:
+        a Redis that evicted keys (or a hand that deleted them) left them queued where no
+        reaper pass looks, for ever; :meth:`revive` puts one back."""
+        if not queued:
+            return []
+        with redis_errors(self.client):
+            pipe = self.client.pipeline(transaction=False)
+            for lane in queued:
+                pipe.zscore(self.keys.queued, lane)
+            scores = pipe.execute()
+        return [lane for lane, score in zip(queued, scores, strict=True) if score is None]
+
     def waiting(self) -> dict[str, int]:
         """How many lanes wait out a backoff (``retry``) or an open provider breaker
         (``deferred``)."""

@@ -8,10 +8,20 @@
 --       are kept and run first, unless ARGV[4] drops them: a message the provider refuses for
 --       good (a 400 on its content) would dead-letter the lane again at every revive. The
 --       inbox (posted since) is kept either way.
+--     | {"requeued", turn id, kind, 0}: the lane was queued but missing from lanes:queued
+--       (its index entry evicted): put back, to publish its turn again
 --     | {"not_dead", state}: NOTHING changed
 local lane, queued, dead = KEYS[1], KEYS[5], KEYS[7]
-local f = redis.call('HMGET', lane, 'state', 'kind')
+local f = redis.call('HMGET', lane, 'state', 'kind', 'turn_id')
 local state = f[1] or 'idle'
+if state == 'queued' and f[3] and not redis.call('ZSCORE', queued, ARGV[1]) then
+  -- Queued, but missing from lanes:queued (Redis evicted or someone deleted keys): no reaper
+  -- pass could ever see it, and it stayed queued for ever. Back into the index as a turn
+  -- never sent (unsent.lua's mark): the caller publishes it now, the reaper again if needed.
+  redis.call('ZADD', queued, 0, ARGV[1])
+  redis.call('HSET', lane, 'queued_at', 0)
+  return {'requeued', f[3], f[2] or 'interactive', 0}
+end
 if state ~= 'dead' then
   return {'not_dead', state}
 end
