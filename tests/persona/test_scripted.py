@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from workers.persona.clock import VirtualClock
+from workers.persona.errors import TurnTimeUp
 from workers.persona.heartbeat import HEARTBEAT_OK, HEARTBEAT_PROMPT
 from workers.persona.inbox import InboxItem, render_inbox
 from workers.persona.messages import Completion, Message, ToolSpec
@@ -20,6 +21,7 @@ from workers.persona.models.scripted import (
     ScriptedModel,
     sections_of,
 )
+from workers.persona.turn_time import turn_deadline
 
 SOUL = (
     "## SOUL.md\n\nI am Ava.\n\n## HEARTBEAT.md\n\n- check the mail\n\n## MEMORY.md\n\n- likes tea"
@@ -271,6 +273,20 @@ def test_sleep_goes_through_the_injected_clock() -> None:
     before = clock.monotonic()
     assert ask(model, [user("x")]).text == "slow"
     assert clock.monotonic() - before == 7.5
+
+
+def test_a_sleep_longer_than_the_turn_has_left_ends_at_the_turns_limit() -> None:
+    """Inside a turn with 3 s left, a rule sleeping 1e9 s sleeps 3 s and raises TurnTimeUp
+    naming the rule and the setting (the turn ends incomplete, max_seconds), as an HTTP
+    model's try would: it slept on past SOULFLEET_TURN_MAX_SECONDS."""
+    clock = VirtualClock()
+    model = ScriptedModel.from_rules(
+        {"rules": [{"name": "forever", "text": "slow", "sleep": 1e9}]}, clock=clock
+    )
+    before = clock.monotonic()
+    with turn_deadline(3.0), pytest.raises(TurnTimeUp, match="'forever' sleeps 1e\\+09s"):
+        ask(model, [user("x")])
+    assert 2.5 < clock.monotonic() - before <= 3.0
 
 
 def test_usage_is_estimated_at_four_characters_a_token() -> None:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from workers.persona.clock import Clock, SystemClock
+from workers.persona.errors import TurnTimeUp
 from workers.persona.heartbeat import HEARTBEAT_PROMPT
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
 from workers.persona.models.rules import (
@@ -51,6 +52,7 @@ from workers.persona.models.rules import (
     load_rules,
     parse_rules,
 )
+from workers.persona.turn_time import bounded_timeout
 
 __all__ = [
     "BUILTIN_SPEC",
@@ -235,7 +237,15 @@ class ScriptedModel:
             if values is None:
                 continue
             if rule.sleep > 0:
-                self._clock.sleep(rule.sleep)
+                # As an HTTP model's try: no longer than the turn has left (turn_time.py).
+                allowed = bounded_timeout(rule.sleep)
+                self._clock.sleep(allowed)
+                if allowed < rule.sleep:
+                    raise TurnTimeUp(
+                        f"the scripted rule {rule.name!r} sleeps {rule.sleep:g}s, "
+                        f"more than the {allowed:.1f}s the turn had left of "
+                        "SOULFLEET_TURN_MAX_SECONDS"
+                    )
             text = _substitute(rule.text, values) if rule.text is not None else ""
             calls = tuple(
                 ToolCall(
