@@ -35,6 +35,22 @@ def test_post_no_wake_keeps_the_item_with_its_provenance(
     assert (item.text, item.sender, item.channel) == ("hello there", "tester", "sms")
 
 
+def test_post_no_wake_says_when_no_heartbeat_will_read_the_item(
+    invoke: Invoke, fleet_root: Path
+) -> None:
+    """A --no-wake item is read by the persona's next heartbeat: nora has none, and a blank
+    HEARTBEAT.md (what `soulfleet init` scaffolds) has every heartbeat skipped, so each says
+    the item waits for a post that wakes it (it said only "not woken", and the item waited
+    indefinitely). ava's heartbeat reads it: nothing more is said."""
+    assert "it has no heartbeat" in invoke("post", "nora", "one", "--no-wake").stdout
+    out = invoke("post", "ava", "two", "--no-wake").stdout
+    assert out.rstrip().endswith("not woken (--no-wake)")
+    (fleet_root / "ava" / "HEARTBEAT.md").write_text("# Heartbeat\n\n<!-- nothing yet -->\n")
+    out = invoke("post", "ava", "three", "--no-wake").stdout
+    assert "every heartbeat of it is skipped (blank_heartbeat" in out
+    assert "waits for the next post that wakes it" in out
+
+
 def test_post_keeps_to_the_fleets_inbox_limit_not_the_shells(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:

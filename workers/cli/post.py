@@ -15,6 +15,9 @@ import click
 
 from workers.cli.errors import EXIT_FAILURE, BadInputError, one_line
 from workers.cli.group import cli_context, personas_option
+from workers.persona.errors import SoulfleetError
+from workers.persona.manifest import load_manifest
+from workers.persona.spend import heartbeat_file_skip
 
 __all__ = ["post"]
 
@@ -84,9 +87,30 @@ def post(
             f"lane is dead-lettered: the item is kept (do not post it again), and no turn reads "
             f"it until `soulfleet revive {name}` (`soulfleet status {name}` says why it died)"
         )
+    elif wake:
+        what = "waiting for the next turn"
     else:
-        what = "waiting for the next turn" if wake else "not woken (--no-wake)"
+        what = "not woken (--no-wake)" + _unwoken(state.fleet().registry.home(name))
     click.echo(f"posted to {name} (item {outcome.item_id}, inbox depth {outcome.depth}): {what}")
     state.warn_if_no_fleet()
     if outcome.outcome == "dead":
         ctx.exit(EXIT_FAILURE)
+
+
+def _unwoken(home: Path) -> str:
+    """What a ``--no-wake`` item waits for when the persona's next heartbeat will not read it:
+    it has none, or every one is skipped for its HEARTBEAT.md (a persona fresh from
+    ``soulfleet init`` has a blank one); "" when a heartbeat will come (or its files are
+    invalid, which the check-up said)."""
+    try:
+        if load_manifest(home).heartbeat is None:
+            return "; it has no heartbeat, so the item waits for the next post that wakes it"
+    except (SoulfleetError, OSError):
+        return ""
+    skip = heartbeat_file_skip(home)
+    if skip is None:
+        return ""
+    return (
+        f"; every heartbeat of it is skipped ({skip}: see its HEARTBEAT.md), so the item waits "
+        "for the next post that wakes it"
+    )
