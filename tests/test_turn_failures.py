@@ -315,3 +315,22 @@ def test_a_persona_directory_gone_for_longer_than_the_grace_is_dead_lettered(
     assert status["state"] == "dead"
     assert "UnknownPersona" in str(status["last_error"])
     assert "PersonaEditing" not in str(status["last_error"])
+
+
+def test_a_persona_directory_still_gone_at_its_retry_is_dead_lettered(
+    rig: Rig, tmp_path: Path
+) -> None:
+    """The grace for a directory gone is one retry: still gone then, the lane is
+    dead-lettered even though the personas root changed again meanwhile (another persona
+    created: on a busy root every change kept a removed persona's lane retrying)."""
+    rig.fleet.post("ava", "hello")
+    gone = tmp_path.parent / f"{tmp_path.name}-ava-gone"
+    rig.home.rename(gone)
+    assert rig.run_next() == "error"
+    (tmp_path / "someone-new").mkdir()  # the root changes again
+    _release(rig)
+    assert rig.run_next() == "error"
+    gone.rename(rig.home)
+    status = rig.fleet.status("ava")
+    assert status["state"] == "dead"
+    assert "UnknownPersona" in str(status["last_error"])

@@ -32,10 +32,12 @@ from workers.persona.errors import (
     failure_kind,
 )
 
-__all__ = ["CONFIG_SUFFIXES", "EDIT_GRACE_SECONDS", "last_change", "while_editing"]
+__all__ = ["CONFIG_SUFFIXES", "EDIT_GRACE_SECONDS", "MOVED", "last_change", "while_editing"]
 
 #: How long after a change to its files a persona that fails to load is retried, not given up.
 EDIT_GRACE_SECONDS = 60.0
+#: What a persona whose directory is gone is said to have had changed (see ``moved_grace``).
+MOVED = "its directory"
 #: The persona's configuration files, by suffix (persona.toml, scripted rules files).
 CONFIG_SUFFIXES = (".toml", ".json")
 
@@ -77,21 +79,28 @@ def while_editing(
     now: float | None = None,
     *,
     gone: bool = False,
+    moved_grace: bool = True,
 ) -> BaseException:
     """``exc``, or a :class:`PersonaEditing` raised from it when it is a permanent failure of
     the persona's own configuration and those files changed less than
     :data:`EDIT_GRACE_SECONDS` before ``now`` (the wall clock the files were stamped by, not a
     fleet's clock: a test's virtual one would make every file look new or old; a file stamped
     in the future, a clock's skew, is no edit). ``gone``: the caller found no directory at
-    ``home`` (the fleet's own "unknown persona"), which :class:`PersonaNotFound` says too."""
+    ``home`` (the fleet's own "unknown persona"), which :class:`PersonaNotFound` says too.
+    ``moved_grace`` False: the lane already had its one retry for a directory gone (its last
+    error says :data:`MOVED`): a swap by two renames is over by then, and any change to the
+    personas root (another persona created) would otherwise keep a removed persona's lane
+    retrying instead of dead-lettered."""
     if failure_kind(exc) != "permanent":
         return exc
     if _own(exc, home):
         changed, what = last_change(home), "the persona's files"
+    elif not moved_grace:
+        return exc
     elif gone or any(isinstance(cause, PersonaNotFound) for cause in causes(exc, context=True)):
         # Its directory moved aside (a new version swapped in by two renames): the rename
         # stamps the personas root, which is all there is left to look at.
-        changed, what = _stamp(os.path.dirname(os.fspath(home).rstrip(os.sep))), "its directory"
+        changed, what = _stamp(os.path.dirname(os.fspath(home).rstrip(os.sep))), MOVED
     else:
         return exc
     now = time.time() if now is None else now

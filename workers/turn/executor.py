@@ -61,7 +61,7 @@ from workers.logs import bind_task, monotonic_wall_time
 from workers.persona import storage
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.call_log import CallLog
-from workers.persona.edits import while_editing
+from workers.persona.edits import MOVED, while_editing
 from workers.persona.errors import StorageUnavailable, TurnAborted
 from workers.persona.heartbeat import is_silent
 from workers.persona.inbox import render_inbox
@@ -193,7 +193,7 @@ class TurnExecutor:
         except TurnAborted:
             raise
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
-            failed = while_editing(exc, persona.home)
+            failed = while_editing(exc, persona.home, moved_grace=_first_move(started))
             return self.endings.fail(lane, turn_id, started, _named(failed), began, cause=failed,
                                      model=spec)  # fmt: skip
 
@@ -367,7 +367,7 @@ class TurnExecutor:
             )
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
             self.endings.started(started, kind, None)
-            failed = self._while_editing(exc, name)
+            failed = self._while_editing(exc, name, started)
             return self.endings.fail(lane, turn_id, started, _named(failed), began, cause=failed)
         spec = resolved.spec
         self.endings.started(started, kind, spec)
@@ -382,13 +382,15 @@ class TurnExecutor:
             )
         return persona, resolved
 
-    def _while_editing(self, exc: BaseException, name: str) -> BaseException:
+    def _while_editing(self, exc: BaseException, name: str, started: StartOutcome) -> BaseException:
         """``exc``, made transient when the persona's files were changed a moment ago
         (:mod:`workers.persona.edits`)."""
         try:
             home = self.fleet.registry.home(name)
         except UnknownPersona:  # no directory: moved aside a moment ago (a swap), or removed
-            return while_editing(exc, self.fleet.registry.root / name, gone=True)
+            return while_editing(
+                exc, self.fleet.registry.root / name, gone=True, moved_grace=_first_move(started)
+            )
         except Exception:  # no directory to look at: the failure stands as it is
             return exc
         return while_editing(exc, home)
@@ -431,7 +433,8 @@ class TurnExecutor:
         except Exception as exc:  # the persona's home refused the turn's own files (a
             # read-only sessions/ directory, a full disk): this turn fails with the reason,
             # recorded and counted, instead of escaping the task as a "lost worker"
-            failed = while_editing(exc, agent.home)  # its directory swapped for a new one
+            # its directory swapped for a new one
+            failed = while_editing(exc, agent.home, moved_grace=_first_move(started))
             error = (
                 storage.failure_message(
                     agent.home, exc, "saving the turn (its model calls were made and counted)"
@@ -515,3 +518,9 @@ def _named(exc: BaseException) -> str:
 def _seconds_left(budget: Budget, began: float) -> float:
     """What is left of the turn's ``max_seconds`` (it began at ``began``, monotonic)."""
     return budget.max_seconds - (time.monotonic() - began)
+
+
+def _first_move(started: StartOutcome) -> bool:
+    """Whether a persona directory found gone may still be a swap in progress: not when the
+    lane's last try already failed so (one retry is the grace, see workers/persona/edits.py)."""
+    return f"{MOVED} changed" not in started.error
