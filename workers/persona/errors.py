@@ -10,6 +10,7 @@
     │   ├── PersonaConfigError   persona.toml is invalid (names the key)
     │   ├── PersonaEditing       one of those, met while the persona's files were being changed
     │   ├── LockTimeout          a persona file stayed locked past the lock timeout
+    │   ├── ToolSetupSlow        a Python tool's module import or factory outran its time limit
     │   └── StorageUnavailable   a persona directory's filesystem is full, read-only or refusing
     ├── ModelError               a model call failed; turned into an "error" RunResult by the loop
     │   ├── ModelSpecError       a model spec string that names no model ("openai:", "foo:bar")
@@ -73,6 +74,7 @@ __all__ = [
     "SettingsError",
     "SoulfleetError",
     "StorageUnavailable",
+    "ToolSetupSlow",
     "TurnAborted",
     "TurnTimeUp",
     "causes",
@@ -219,6 +221,22 @@ _STORAGE_FIX = {
     errno.EPERM: "Give the worker's user write access to the persona directory (its owner, "
     "and no immutable flag: `lsattr -d` it)",
 }
+
+
+class ToolSetupSlow(PersonaError):
+    """A ``[[tools.python]]`` entry's module import, or its factory, still running at its time
+    limit (names the file and key). Transient: a cold import (a large library, a slow
+    filesystem, many threads importing at once) finishes meanwhile, and the retry finds the
+    module imported; one that never finishes fails every try until the lane is dead-lettered.
+    """
+
+    retryable = True
+
+    def __init__(self, source: object, key: str, problem: str) -> None:
+        super().__init__(f"{source}: key {key!r} {problem}")
+        self.source = source
+        self.key = key
+        self.problem = problem
 
 
 class StorageUnavailable(PersonaError):

@@ -12,8 +12,10 @@ Every problem with a ref (the module does not import, the attribute is missing, 
 Tool, the factory raises) is a :class:`PersonaConfigError` naming ``tools.python[n].ref`` and
 the file: an invalid persona, reported like any other.
 
-Its module's import and its factory get :data:`SETUP_TIMEOUT` (bounded by the turn's time
-left), on a thread of their own: one that blocks is refused, naming the ref.
+Its module's import and its factory get :data:`SETUP_TIMEOUT` on a thread of their own: one
+still running then fails the turn (:class:`~workers.persona.errors.ToolSetupSlow`, naming the
+ref; transient, so a cold import that finishes meanwhile costs one retry, and one that never
+finishes ends in a dead-lettered lane).
 
 A Python tool cannot be killed, so its timeout is enforced by running it on its own daemon
 thread: at the timeout the model gets an error result and the turn goes on; the stuck call
@@ -22,20 +24,21 @@ keeps its thread until it returns.
 
 from __future__ import annotations
 
+import contextvars
 import importlib
 import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from workers.persona.errors import PersonaConfigError
+from workers.persona.errors import PersonaConfigError, ToolSetupSlow
 from workers.persona.tool_config import PythonDecl
 from workers.persona.tools import Tool, ToolResult, bounded_timeout, is_tool_factory
 
 __all__ = ["SETUP_TIMEOUT", "PythonTool", "resolve_ref"]
 
-#: Seconds a tool's module may take to import, and its factory to return, before the persona
-#: is refused (PersonaConfigError naming the ref).
+#: Seconds a tool's module may take to import, and its factory to return, before the turn
+#: fails (ToolSetupSlow naming the ref: transient, the retry finds a slow import done).
 SETUP_TIMEOUT = 30.0
 
 
@@ -46,7 +49,7 @@ def resolve_ref(decl: PythonDecl, source: object) -> Tool:
     try:
         value: Any = _import(module_name)
     except _Unfinished as late:
-        raise PersonaConfigError(source, key, str(late)) from None
+        raise ToolSetupSlow(source, key, str(late)) from None
     except Exception as exc:
         raise PersonaConfigError(
             source, key, f"cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
@@ -68,7 +71,7 @@ def resolve_ref(decl: PythonDecl, source: object) -> Tool:
         try:
             value = _within(f"calling the factory {decl.ref}", factory)
         except _Unfinished as late:
-            raise PersonaConfigError(source, key, str(late)) from None
+            raise ToolSetupSlow(source, key, str(late)) from None
         except (Exception, SystemExit) as exc:
             raise PersonaConfigError(
                 source, key, f"{decl.ref} raised {type(exc).__name__}: {exc}"
@@ -87,22 +90,38 @@ class _Unfinished(Exception):
     """A tool's setup (its module's import, its factory) still running at its time limit."""
 
 
-def _within(what: str, work: Callable[[], Any]) -> Any:
-    """``work()``, on a thread of its own, waited for at most :data:`SETUP_TIMEOUT` (or what
-    the turn has left): module code that blocks at import, or a factory that never returns,
-    held the turn past its limit with its lease renewed, and hung the CLI's check. The stuck
-    thread is left to finish on its own (a thread cannot be killed); its outcome is dropped."""
+_Setup = tuple[threading.Thread, list[tuple[bool, Any]]]
+#: Module imports under way on a setup thread, by module name: a turn finding one still running
+#: waits for it instead of starting another thread that would only block on the module's import
+#: lock (one leaked thread a turn for as long as the import hangs).
+_IMPORTING: dict[str, _Setup] = {}
+_IMPORTING_LOCK = threading.Lock()
+
+
+def _start(work: Callable[[], Any]) -> _Setup:
+    """``work()`` begun on a daemon thread, in a copy of this context (a turn's deadline, its
+    bound log fields); its outcome lands in the returned box."""
     box: list[tuple[bool, Any]] = []
+    context = contextvars.copy_context()
 
     def run() -> None:
         try:
-            box.append((True, work()))
-        except BaseException as exc:  # handed to the caller's thread as it was raised
+            box.append((True, context.run(work)))
+        except BaseException as exc:  # handed to the waiting thread as it was raised
             box.append((False, exc))
 
-    limit = bounded_timeout(SETUP_TIMEOUT)
     thread = threading.Thread(target=run, name="tool-setup", daemon=True)
     thread.start()
+    return thread, box
+
+
+def _wait(what: str, setup: _Setup) -> Any:
+    """The outcome of ``setup``, waited for at most :data:`SETUP_TIMEOUT` (or what the turn
+    has left): module code that blocks at import, or a factory that never returns, held the
+    turn past its limit with its lease renewed, and hung the CLI's check. A stuck thread is
+    left to finish on its own (a thread cannot be killed)."""
+    thread, box = setup
+    limit = bounded_timeout(SETUP_TIMEOUT)
     thread.join(limit)
     if not box:
         raise _Unfinished(
@@ -115,12 +134,21 @@ def _within(what: str, work: Callable[[], Any]) -> Any:
     return value
 
 
+def _within(what: str, work: Callable[[], Any]) -> Any:
+    """``work()`` on a thread of its own, within the limit (:func:`_wait`)."""
+    return _wait(what, _start(work))
+
+
 def _import(name: str) -> Any:
-    """The module ``name``, imported within :data:`SETUP_TIMEOUT` (see :func:`_within`)."""
+    """The module ``name``, imported within :data:`SETUP_TIMEOUT` (see :func:`_wait`)."""
     module = sys.modules.get(name)
     if module is not None and not getattr(module.__spec__, "_initializing", False):
         return module  # imported whole already: nothing can block (no thread needed)
-    return _within(f"importing module {name!r}", lambda: importlib.import_module(name))
+    with _IMPORTING_LOCK:
+        setup = _IMPORTING.get(name)
+        if setup is None or not setup[0].is_alive():
+            setup = _IMPORTING[name] = _start(lambda: importlib.import_module(name))
+    return _wait(f"importing module {name!r}", setup)
 
 
 class PythonTool:
