@@ -82,6 +82,7 @@ def test_a_python_tool_by_ref_and_by_factory() -> None:
         ("tests.support.python_tools:NAMELESS", "a tool whose name is NoneType, not a string"),
         ("tests.support.python_tools:SCHEMA_A_STRING", "input_schema that is str, not a JSON"),
         ("tests.support.python_tools:SCHEMA_NOT_JSON", "input_schema that is not JSON"),
+        ("tests.support.python_tools:SCHEMA_INFINITE", "input_schema that is not JSON"),
         ("tests.support.python_tools:DESCRIBED_BY_A_NUMBER", "description that is int"),
     ],
 )

@@ -461,7 +461,8 @@ class FakeProvider:
             pieces = [b"%x\r\n%s\r\n" % (len(payload[at : at + 1024]), payload[at : at + 1024])
                       for at in range(0, len(payload), 1024)] + [b"0\r\n\r\n"]  # fmt: skip
         else:
-            headers["content-length"] = str(len(payload))
+            if headers.get("connection") != "close":  # close: the body ends with the connection
+                headers["content-length"] = str(len(payload))
             pieces = (
                 [payload[at : at + 1] for at in range(len(payload))] if reply.drip else [payload]
             )

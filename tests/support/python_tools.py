@@ -16,6 +16,7 @@ __all__ = [
     "NOT_A_TOOL",
     "RELEASE",
     "SCHEMA_A_STRING",
+    "SCHEMA_INFINITE",
     "SCHEMA_NOT_JSON",
     "broken_factory",
     "make_shout",
@@ -54,6 +55,7 @@ NOT_A_TOOL = 42
 NAMELESS: Any = FunctionTool(None, "No name.", _SCHEMA, _shout)  # type: ignore[arg-type]
 SCHEMA_A_STRING: Any = FunctionTool("badschema", "x", "not a dict", _shout)  # type: ignore[arg-type]
 SCHEMA_NOT_JSON: Any = FunctionTool("badjson", "x", {"type": object}, _shout)
+SCHEMA_INFINITE: Any = FunctionTool("inf", "x", {"maximum": float("inf")}, _shout)
 DESCRIBED_BY_A_NUMBER: Any = FunctionTool("numbered", 7, _SCHEMA, _shout)  # type: ignore[arg-type]
 
 

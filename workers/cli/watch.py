@@ -250,7 +250,8 @@ class Reporter:
             # once with the first lane it hit; the status line counts the lanes. And without
             # the durations in it: a persona mid-edit failing every few seconds says "changed
             # 6s ago", then "8s ago", one error all the same.
-            key = ("turn", str(status), _DURATION.sub("#s", error))
+            whole = " ".join(str(event.get("error", "")).split())  # not cut: a cut moves
+            key = ("turn", str(status), _DURATION.sub("#s", whole))
             self.error(key, f"{lane}: turn {status}: {error}", lane)
             return
         heartbeat = not lane.endswith(DREAMER_SUFFIX) and int(event.get("ticks") or 0) > 0

@@ -28,6 +28,8 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import quote
 
+import structlog
+
 from workers.local.lifeline import die_with_parent
 from workers.persona.writes import atomic_write_bytes
 
@@ -39,6 +41,8 @@ __all__ = [
     "free_port",
     "server_version",
 ]
+
+_log = structlog.get_logger("soulfleet.redis")
 
 #: In a persistent data directory: the version and binary of the server that last ran on it.
 WRITTEN_BY = "soulfleet-redis.json"
@@ -273,8 +277,12 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # Owner-only: its AOF holds every inbox item and reply (redis-server writes its files
-        # by the umask, readable by every user of the machine under the usual 022).
-        os.chmod(self.data_dir, 0o700)
+        # by the umask, readable by every user of the machine under the usual 022). Not fatal:
+        # a filesystem without modes (vfat), or a directory another user owns, still serves.
+        try:
+            os.chmod(self.data_dir, 0o700)
+        except OSError as exc:
+            _log.warning("redis.data_dir_mode", path=str(self.data_dir), error=str(exc))
         self.check_data()
         self._write_config()
         try:

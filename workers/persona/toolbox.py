@@ -328,7 +328,7 @@ def _shape_problem(tool: Tool) -> str | None:
             "object (a dict)"
         )
     try:
-        json.dumps(dict(schema))
+        json.dumps(dict(schema), allow_nan=False)  # as the request is encoded
     except (TypeError, ValueError) as exc:
         return f"tool {tool.name!r} an input_schema that is not JSON: {exc}"
     return None

@@ -256,6 +256,11 @@ def test_a_read_still_waiting_past_the_deadline_is_cut_within_the_grace(
     with pytest.raises(ModelAuthError, match="HTTP 401"):
         transport(openai_server, clock, retries=0, timeout=1.0).post_json("/chat/completions", {})
     assert time.monotonic() - began < 1.6
+    # An answer whose end is its connection's (no length, not chunked): the cut socket is
+    # not taken for the answer's end (it gave "answer is not JSON" for the half that came).
+    openai_server.enqueue(Reply(body=body, drip=0.95, headers={"connection": "close"}))
+    with pytest.raises(ModelTimeout, match=r"the answer still arriving"):
+        transport(openai_server, clock, retries=0, timeout=1.0).post_json("/chat/completions", {})
     openai_server.enqueue(Reply(body=openai_completion("fine")))
     data = transport(openai_server, clock, timeout=1.0).post_json("/chat/completions", {})
     assert data["choices"][0]["message"]["content"] == "fine"

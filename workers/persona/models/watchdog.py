@@ -36,7 +36,7 @@ class Guard:
     __slots__ = ("done", "fired", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+        self.sock: socket.socket | None = sock
         self.done = False
         self.fired = False
 
@@ -47,10 +47,10 @@ class Watchdog:
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self._monotonic = monotonic
         self._reset()
+        # A forked child (prefork pool) has neither the thread nor a usable copy of the lock.
+        os.register_at_fork(after_in_child=self._reset)
 
     def _reset(self) -> None:
-        # A forked child (prefork pool) has neither the thread nor a usable copy of the lock.
-        self._pid = os.getpid()
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Guard]] = []
         self._order = itertools.count()
@@ -64,8 +64,6 @@ class Watchdog:
         if sock is None:
             yield None
             return
-        if self._pid != os.getpid():
-            self._reset()
         guard = Guard(sock)
         with self._cond:
             heapq.heappush(self._heap, (deadline, next(self._order), guard))
@@ -81,6 +79,7 @@ class Watchdog:
         finally:
             with self._cond:
                 guard.done = True
+                guard.sock = None  # the heap keeps finished guards a while: not their sockets
                 # Reads end long before their deadlines: drop the finished ones in bulk
                 # instead of keeping each until its deadline comes up (a timeout's worth).
                 if not guard.fired:  # a fired one left the heap when it fired
@@ -108,7 +107,8 @@ class Watchdog:
                 guard.fired = True
                 # An OSError: already closed by its reader, nothing left to wake.
                 with contextlib.suppress(OSError):
-                    socket.socket.shutdown(guard.sock, socket.SHUT_RDWR)
+                    if guard.sock is not None:
+                        socket.socket.shutdown(guard.sock, socket.SHUT_RDWR)
 
 
 WATCHDOG = Watchdog()
