@@ -70,6 +70,7 @@ def test_revive_drop_kept_drops_the_dead_turns_items_and_keeps_later_posts(
     dead turn held, and the one posted since still runs. Refused with --all."""
     fleet = _dead_letter(env, "nora")
     fleet.post("nora", "posted since", wake=True)
+    dead_work = fleet.lanes.client.hget(fleet.keys.lane("nora"), "commits")
     status = fleet.lanes.status("nora")
     assert (status["state"], status["inflight_items"], status["inbox_depth"]) == ("dead", 1, 1)
     result = invoke("revive", "nora", "--drop-kept", "--json")
@@ -80,6 +81,8 @@ def test_revive_drop_kept_drops_the_dead_turns_items_and_keeps_later_posts(
     assert (status["state"], status["inflight_items"], status["inbox_depth"]) == ("queued", 0, 1)
     started = fleet.lanes.start("nora", str(answer["turn_id"]), "test-worker")
     assert [item.text for item in started.items] == ["posted since"]
+    # a work id of its own: the dead work's memory ledger does not answer its writes
+    assert started.commits == int(dead_work or 0) + 1
     refused = invoke("revive", "--all", "--drop-kept")
     assert refused.exit_code == 2
     assert "--drop-kept takes one PERSONA" in refused.stderr

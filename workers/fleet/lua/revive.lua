@@ -30,6 +30,9 @@ local dropped = 0
 if ARGV[4] == '1' then
   dropped = redis.call('LLEN', KEYS[3])
   redis.call('DEL', KEYS[3])
+  -- The dropped work is over: the next turn's work gets an id of its own (lane:born:commits),
+  -- or a memory write it repeats would be answered from the dead work's ledger, not applied.
+  redis.call('HINCRBY', lane, 'commits', 1)
 end
 redis.call('HDEL', lane, 'failing_since', 'failures', 'retry_at', 'provider')
 redis.call('HSET', lane, 'state', 'queued', 'attempts', 0, 'lost', 0, 'turn_id', ARGV[3],
