@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import redis
+from celery import Celery
 
 from workers import broker
 from workers.app import make_app
@@ -23,6 +24,14 @@ def _settings(redis_url: str, key_prefix: str, tmp_path: Path) -> Settings:
             "SOULFLEET_PERSONAS": str(tmp_path),
         }
     )
+
+
+def _sent_turn(settings: Settings) -> tuple[Celery, str]:
+    """The fleet's app, and its interactive queue holding one turn message for ava."""
+    app = make_app(settings)
+    queue = queue_name(settings.queue_prefix, "interactive")
+    app.send_task("soulfleet.turn", args=["ava", "t1", "interactive"], queue=queue)
+    return app, queue
 
 
 def test_a_channel_builds_one_client_per_pool(
@@ -54,11 +63,8 @@ def test_a_published_task_is_delivered_acked_and_forgotten(
     """A task message sent by the app reaches a consumer on the fleet's queue with its args;
     once acked (through the shared client) kombu's unacked bookkeeping under the broker's key
     prefix is empty again."""
-    settings = _settings(redis_url, key_prefix, tmp_path)
-    app = make_app(settings)
-    queue = queue_name(settings.queue_prefix, "interactive")
+    app, queue = _sent_turn(_settings(redis_url, key_prefix, tmp_path))
     try:
-        app.send_task("soulfleet.turn", args=["ava", "t1", "interactive"], queue=queue)
         with app.connection_for_read() as conn:
             simple = conn.SimpleQueue(queue, no_ack=False)
             message = simple.get(timeout=5)
@@ -81,11 +87,8 @@ def test_acking_on_a_channel_closed_after_a_lost_connection_is_a_connection_erro
     that finish: that must be a connection error, which Celery logs and survives, not an
     AttributeError, which Celery takes as unrecoverable and exits the worker on. The
     message is delivered again."""
-    settings = _settings(redis_url, key_prefix, tmp_path)
-    app = make_app(settings)
-    queue = queue_name(settings.queue_prefix, "interactive")
+    app, queue = _sent_turn(_settings(redis_url, key_prefix, tmp_path))
     try:
-        app.send_task("soulfleet.turn", args=["ava", "t1", "interactive"], queue=queue)
         with app.connection_for_read() as conn:
             simple = conn.SimpleQueue(queue, no_ack=False)
             message = simple.get(timeout=5)

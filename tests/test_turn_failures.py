@@ -295,38 +295,34 @@ def test_a_persona_directory_gone_for_longer_than_the_grace_is_dead_lettered(
     rig: Rig, tmp_path: Path
 ) -> None:
     """A directory removed for good, the personas root unchanged since for over the grace:
-    the lane's next turn is dead-lettered at once, naming UnknownPersona, as before. Moved
-    aside a moment ago instead (the root just changed), the turn is retried."""
+    the lane's next turn is dead-lettered at once, naming UnknownPersona, as before."""
     rig.fleet.post("ava", "hello")
     gone = tmp_path.parent / f"{tmp_path.name}-ava-gone"
     rig.home.rename(gone)
+    settled(tmp_path)
     assert rig.run_next() == "error"
     gone.rename(rig.home)  # to read the lane's status through the persona
-    status = rig.fleet.status("ava")
-    assert (status["state"], status["last_error_kind"]) == ("retry", "transient")
-    assert "its directory changed" in str(status["last_error"])
-    assert rig.provider.requests == []
-    rig.home.rename(gone)
-    settled(tmp_path)
-    _release(rig)
-    assert rig.run_next() == "error"
-    gone.rename(rig.home)
     status = rig.fleet.status("ava")
     assert status["state"] == "dead"
     assert "UnknownPersona" in str(status["last_error"])
     assert "PersonaEditing" not in str(status["last_error"])
 
 
-def test_a_persona_directory_still_gone_at_its_retry_is_dead_lettered(
-    rig: Rig, tmp_path: Path
-) -> None:
-    """The grace for a directory gone is one retry: still gone then, the lane is
-    dead-lettered even though the personas root changed again meanwhile (another persona
-    created: on a busy root every change kept a removed persona's lane retrying)."""
+def test_a_persona_directory_gone_a_moment_ago_gets_one_retry(rig: Rig, tmp_path: Path) -> None:
+    """Moved aside a moment ago (the root just changed), the turn is retried, with no model
+    call; still gone at that retry, the lane is dead-lettered, even though the personas root
+    changed again meanwhile (another persona created: on a busy root every change kept a
+    removed persona's lane retrying)."""
     rig.fleet.post("ava", "hello")
     gone = tmp_path.parent / f"{tmp_path.name}-ava-gone"
     rig.home.rename(gone)
     assert rig.run_next() == "error"
+    gone.rename(rig.home)
+    status = rig.fleet.status("ava")
+    assert (status["state"], status["last_error_kind"]) == ("retry", "transient")
+    assert "its directory changed" in str(status["last_error"])
+    assert rig.provider.requests == []
+    rig.home.rename(gone)
     (tmp_path / "someone-new").mkdir()  # the root changes again
     _release(rig)
     assert rig.run_next() == "error"
