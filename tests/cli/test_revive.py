@@ -127,7 +127,7 @@ def test_revive_of_a_lane_that_is_not_dead_fails_clearly(invoke: Invoke) -> None
     """Reviving a healthy lane changes nothing and exits 1 with one line saying why."""
     result = invoke("revive", "milo")
     assert result.exit_code == 1
-    assert "milo is not dead-lettered" in result.output
+    assert "milo is not dead-lettered (it is idle)" in result.output
     as_json = invoke("revive", "milo", "--json")
     assert as_json.exit_code == 1
     assert json.loads(as_json.stdout)["reason"] == "not dead-lettered"

@@ -101,7 +101,12 @@ def revive(
         )
         click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued{dropped}")
     else:
-        click.echo(f"soulfleet: error: lane {outcome.lane} is not dead-lettered", err=True)
+        now = state.fleet().lanes.status(outcome.lane).get("state") or "idle"
+        click.echo(
+            f"soulfleet: error: lane {outcome.lane} is not dead-lettered (it is {now}): "
+            f"nothing to revive (`soulfleet status {name}` shows it)",
+            err=True,
+        )
     if not queued:
         ctx.exit(EXIT_FAILURE)
 
