@@ -22,6 +22,7 @@ from tests.support.rig import TurnRig, turn_engine, write_persona
 from workers.fleet.errors import RedisUnavailable
 from workers.local.redis_server import RedisServer
 from workers.persona.clock import VirtualClock
+from workers.persona.edits import EDIT_GRACE_SECONDS
 from workers.persona.session_files import SessionFiles
 
 
@@ -308,11 +309,15 @@ def test_a_persona_directory_gone_for_longer_than_the_grace_is_dead_lettered(
     assert "PersonaEditing" not in str(status["last_error"])
 
 
-def test_a_persona_directory_gone_a_moment_ago_gets_one_retry(rig: Rig, tmp_path: Path) -> None:
+def test_a_persona_directory_gone_a_moment_ago_is_retried_for_the_grace(
+    rig: Rig, tmp_path: Path
+) -> None:
     """Moved aside a moment ago (the root just changed), the turn is retried, with no model
-    call; still gone at that retry, the lane is dead-lettered, even though the personas root
-    changed again meanwhile (another persona created: on a busy root every change kept a
-    removed persona's lane retrying)."""
+    call, and retried again while the lane has been failing for less than the grace (one
+    retry, a jittered second or two later, found many a move still under way); still gone
+    past the grace, the lane is dead-lettered, though the personas root changed again
+    meanwhile (another persona created: on a busy root every change kept a removed persona's
+    lane retrying)."""
     rig.fleet.post("ava", "hello")
     gone = tmp_path.parent / f"{tmp_path.name}-ava-gone"
     rig.home.rename(gone)
@@ -325,6 +330,13 @@ def test_a_persona_directory_gone_a_moment_ago_gets_one_retry(rig: Rig, tmp_path
     rig.home.rename(gone)
     (tmp_path / "someone-new").mkdir()  # the root changes again
     _release(rig)
+    assert rig.run_next() == "error"
+    gone.rename(rig.home)
+    assert rig.fleet.status("ava")["state"] == "retry"  # 11 s into the grace
+    rig.home.rename(gone)
+    (tmp_path / "someone-else").mkdir()
+    rig.clock.advance(EDIT_GRACE_SECONDS)
+    assert rig.fleet.recover()
     assert rig.run_next() == "error"
     gone.rename(rig.home)
     status = rig.fleet.status("ava")

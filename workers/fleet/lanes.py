@@ -175,11 +175,12 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
             1:11
         ]
         failing = str(reply[11] or "")
+        since = str(reply[12] or "")
         times = pass_times(last_pass)
         return StartOutcome(
             "started",
             fence=int(fence),
-            items=[_item(raw) for raw in reply[12:]],
+            items=[_item(raw) for raw in reply[13:]],
             ticks=int(ticks),
             recovered=int(recovered),
             attempt=int(attempt),
@@ -191,6 +192,7 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
             last_pass_began_ms=None if times is None else round(times[1] * 1000),
             born_ms=int(born),
             error=failing,
+            failing_since_ms=int(since) if since.isdigit() else None,
         )
 
     def finish(

@@ -70,6 +70,7 @@ class StartOutcome:
     #: ``dead``: why the lane is dead-lettered; ``started``: the error of its last try while
     #: the lane is failing (failed since its last success), else "".
     error: str = ""
+    failing_since_ms: int | None = None  # since when the lane has been failing (error set)
     #: The lane as this start found it (read in the same script, so no extra round trip):
     #: turns committed so far (the work id), the current session state and reset epoch, and
     #: when the dreamer's last pass ended (epoch ms; None: never).

@@ -87,10 +87,9 @@ def while_editing(
     fleet's clock: a test's virtual one would make every file look new or old; a file stamped
     in the future, a clock's skew, is no edit). ``gone``: the caller found no directory at
     ``home`` (the fleet's own "unknown persona"), which :class:`PersonaNotFound` says too.
-    ``moved_grace`` False: the lane already had its one retry for a directory gone (its last
-    error says :data:`MOVED`): a swap by two renames is over by then, and any change to the
-    personas root (another persona created) would otherwise keep a removed persona's lane
-    retrying instead of dead-lettered."""
+    ``moved_grace`` False: the lane has been failing for longer than the grace (the caller
+    knows since when): any change to the personas root (another persona created) would
+    otherwise keep a removed persona's lane retrying instead of dead-lettered."""
     if failure_kind(exc) != "permanent":
         return exc
     if _own(exc, home):

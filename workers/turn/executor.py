@@ -61,7 +61,7 @@ from workers.logs import bind_task, monotonic_wall_time
 from workers.persona import storage
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.call_log import CallLog
-from workers.persona.edits import MOVED, while_editing
+from workers.persona.edits import EDIT_GRACE_SECONDS, while_editing
 from workers.persona.errors import StorageUnavailable, TurnAborted
 from workers.persona.heartbeat import is_silent
 from workers.persona.inbox import render_inbox
@@ -193,7 +193,9 @@ class TurnExecutor:
         except TurnAborted:
             raise
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
-            failed = while_editing(exc, persona.home, moved_grace=_first_move(started))
+            failed = while_editing(
+                exc, persona.home, moved_grace=_move_grace(started, self.fleet.clock.time())
+            )
             return self.endings.fail(lane, turn_id, started, _named(failed), began, cause=failed,
                                      model=spec)  # fmt: skip
 
@@ -389,7 +391,10 @@ class TurnExecutor:
             home = self.fleet.registry.home(name)
         except UnknownPersona:  # no directory: moved aside a moment ago (a swap), or removed
             return while_editing(
-                exc, self.fleet.registry.root / name, gone=True, moved_grace=_first_move(started)
+                exc,
+                self.fleet.registry.root / name,
+                gone=True,
+                moved_grace=_move_grace(started, self.fleet.clock.time()),
             )
         except Exception:  # no directory to look at: the failure stands as it is
             return exc
@@ -434,7 +439,9 @@ class TurnExecutor:
             # read-only sessions/ directory, a full disk): this turn fails with the reason,
             # recorded and counted, instead of escaping the task as a "lost worker"
             # its directory swapped for a new one
-            failed = while_editing(exc, agent.home, moved_grace=_first_move(started))
+            failed = while_editing(
+                exc, agent.home, moved_grace=_move_grace(started, self.fleet.clock.time())
+            )
             error = (
                 storage.failure_message(
                     agent.home, exc, "saving the turn (its model calls were made and counted)"
@@ -520,7 +527,10 @@ def _seconds_left(budget: Budget, began: float) -> float:
     return budget.max_seconds - (time.monotonic() - began)
 
 
-def _first_move(started: StartOutcome) -> bool:
-    """Whether a persona directory found gone may still be a swap in progress: not when the
-    lane's last try already failed so (one retry is the grace, see workers/persona/edits.py)."""
-    return f"{MOVED} changed" not in started.error
+def _move_grace(started: StartOutcome, now: float) -> bool:
+    """Whether a persona directory found gone may still be a swap in progress: while the lane
+    has been failing for less than EDIT_GRACE_SECONDS (a busy personas root, changing all the
+    time, must not keep a removed persona's lane retrying; one retry alone, a backoff's
+    jittered second or two later, found many a move still under way)."""
+    since = started.failing_since_ms
+    return since is None or now * 1000 - since < EDIT_GRACE_SECONDS * 1000

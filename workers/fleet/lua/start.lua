@@ -8,7 +8,7 @@
 --       [5] lease ttl (ms)  [6] max_attempts
 -- Reply {"dead", last_error} | {"stale"} | {"duplicate"}
 --     | {"started", fence, attempt, kind, ticks, recovered, commits, session, session_epoch,
---        last_pass, born, failing, item JSON...}
+--        last_pass, born, failing, failing_since, item JSON...}
 --       items: in-flight items left by a dead worker FIRST (recovered = their count), then the
 --       whole inbox in arrival order; ticks = in-flight ticks (recovered ones included), except
 --       on a retry (in-flight work left by an earlier attempt): work holding ticks shows the
@@ -21,7 +21,8 @@
 --       kept after), which with commits makes the work id: a lane whose Redis state was lost
 --       starts counting commits from 0 again, and must not reuse the old work ids. failing:
 --       the error of the lane's last try while it is failing (failures since its last
---       success), else '' (the turn checks its storage harder after a storage failure).
+--       success), else '' (the turn checks its storage harder after a storage failure);
+--       failing_since: since when (ms) it has been failing then, else ''.
 -- Guarantees: at most one live lease per lane; each start bumps the fence, so a worker whose
 -- lease lapsed can no longer finish; drained items stay in in-flight until finish, so a
 -- crashed turn's items are recovered by the next start; a lane whose turns keep crashing is
@@ -32,7 +33,7 @@ local queued, running, dead = KEYS[5], KEYS[6], KEYS[7]
 local name, turn_id, worker, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 local f = redis.call('HMGET', lane, 'state', 'turn_id', 'last_error', 'lost', 'kind',
-  'commits', 'session', 'session_epoch', 'last_pass', 'born', 'failures')
+  'commits', 'session', 'session_epoch', 'last_pass', 'born', 'failures', 'failing_since')
 local state = f[1] or 'idle'
 if state == 'dead' then
   return {'dead', f[3] or ''}
@@ -110,12 +111,13 @@ if kind == 'heartbeat' and #items > 0 then
   kind = 'interactive'
   redis.call('HSET', lane, 'kind', kind)
 end
-local failing = ''
+local failing, failing_since = '', ''
 if tonumber(f[11] or '0') > 0 then
   failing = f[3] or ''
+  failing_since = f[12] or ''
 end
 local reply = {'started', fence, attempt, kind, ticks, recovered,
-  f[6] or '', f[7] or '', f[8] or '', f[9] or '', born, failing}
+  f[6] or '', f[7] or '', f[8] or '', f[9] or '', born, failing, failing_since}
 for i = 1, #items do
   reply[#reply + 1] = items[i]
 end
