@@ -28,6 +28,7 @@ import contextvars
 import importlib
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -90,7 +91,8 @@ class _Unfinished(Exception):
     """A tool's setup (its module's import, its factory) still running at its time limit."""
 
 
-_Setup = tuple[threading.Thread, list[tuple[bool, Any]]]
+#: A setup's thread, its outcome box, and when its time is up (monotonic seconds).
+_Setup = tuple[threading.Thread, list[tuple[bool, Any]], float]
 #: Module imports under way on a setup thread, by module name: a turn finding one still running
 #: waits for it instead of starting another thread that would only block on the module's import
 #: lock (one leaked thread a turn for as long as the import hangs).
@@ -112,7 +114,7 @@ def _start(work: Callable[[], Any]) -> _Setup:
 
     thread = threading.Thread(target=run, name="tool-setup", daemon=True)
     thread.start()
-    return thread, box
+    return thread, box, time.monotonic() + SETUP_TIMEOUT
 
 
 def _wait(what: str, setup: _Setup) -> Any:
@@ -120,13 +122,14 @@ def _wait(what: str, setup: _Setup) -> Any:
     has left): module code that blocks at import, or a factory that never returns, held the
     turn past its limit with its lease renewed, and hung the CLI's check. A stuck thread is
     left to finish on its own (a thread cannot be killed)."""
-    thread, box = setup
-    limit = bounded_timeout(SETUP_TIMEOUT)
-    thread.join(limit)
+    thread, box, due = setup
+    # Every caller shares the setup's one deadline: a module stuck at import cost each later
+    # turn (and each dead lane `status` checks) another whole SETUP_TIMEOUT.
+    thread.join(bounded_timeout(max(0.0, due - time.monotonic())))
     if not box:
         raise _Unfinished(
-            f"{what} did not finish within {limit:g}s (a tool's module must import, and its "
-            "factory return, promptly: it is set up at every turn)"
+            f"{what} did not finish within {SETUP_TIMEOUT:g}s (a tool's module must import, "
+            "and its factory return, promptly: it is set up at every turn)"
         )
     ok, value = box[0]
     if not ok:
