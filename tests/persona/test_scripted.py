@@ -356,8 +356,9 @@ def test_builtin_is_silent_when_nothing_is_due(system: str) -> None:
 def test_builtin_answers_a_message_that_joined_a_heartbeat() -> None:
     """A post arriving while a heartbeat was queued joins that turn: the inbox comes after
     the heartbeat prompt. With nothing due, HEARTBEAT_OK was the person's answer (silent, so
-    none); the message is answered instead. A pure heartbeat stays silent, and a due line
-    still surfaces first."""
+    none), and with a due line the reminder was, the post ignored; the message is answered
+    instead (what is due surfaces at the next heartbeat). A pure heartbeat stays silent, or
+    surfaces its due line."""
     model = ScriptedModel.builtin()
     item = InboxItem(text="hello are you back", sender="cli", channel="run", id="1", at=0)
     mixed = render_inbox([item], 2, persona="cara")
@@ -367,8 +368,10 @@ def test_builtin_answers_a_message_that_joined_a_heartbeat() -> None:
     ticks_only = render_inbox([], 2, persona="cara")
     assert ask(model, [user(ticks_only)], system=system, tools=(MEMORY,)).text == HEARTBEAT_OK
     due = "## HEARTBEAT.md\n\ndue: water the plants"
-    assert (
-        ask(model, [user(mixed)], system=due, tools=(MEMORY,)).text == "Reminder: water the plants"
+    answer = ask(model, [user(mixed)], system=due, tools=(MEMORY,)).text
+    assert answer.endswith("echo the first entry: hello are you back")  # not the reminder
+    assert ask(model, [user(ticks_only)], system=due, tools=(MEMORY,)).text == (
+        "Reminder: water the plants"
     )
 
 
