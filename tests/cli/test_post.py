@@ -49,6 +49,10 @@ def test_post_no_wake_says_when_no_heartbeat_will_read_the_item(
     out = invoke("post", "ava", "three", "--no-wake").stdout
     assert "every heartbeat of it is skipped (blank_heartbeat" in out
     assert "waits for the next post that wakes it" in out
+    payload = json.loads(invoke("post", "ava", "four", "--no-wake", "--json").stdout)
+    assert str(payload["no_heartbeat_reads_it"]).startswith("every heartbeat of it is skipped")
+    payload = json.loads(invoke("post", "milo", "five", "--no-wake", "--json").stdout)
+    assert payload["no_heartbeat_reads_it"] is None
 
 
 def test_post_keeps_to_the_fleets_inbox_limit_not_the_shells(

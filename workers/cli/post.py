@@ -61,10 +61,17 @@ def post(
     )
     if as_json:
         state.warn_if_no_fleet()
+        unwoken = (
+            _unwoken(state.fleet().registry.home(name)).removeprefix("; ")
+            if outcome.outcome == "pending" and not wake
+            else ""
+        )
         click.echo(json.dumps({
             "persona": name, "lane": outcome.lane, "item_id": outcome.item_id,
             "outcome": outcome.outcome, "turn_id": outcome.turn_id, "depth": outcome.depth,
             "unsent": outcome.unsent, "resend_soon": outcome.resend_soon,
+            # --no-wake with no heartbeat that will read the item: why (else null)
+            "no_heartbeat_reads_it": unwoken or None,
         }))  # fmt: skip
         if outcome.outcome == "dead":  # kept, but no turn reads it until a revive: exit 1
             ctx.exit(EXIT_FAILURE)
