@@ -144,7 +144,7 @@ def test_each_distinct_error_is_printed_once_and_counted() -> None:
 def test_an_error_differing_only_in_a_duration_is_the_same_error() -> None:
     """A persona mid-edit fails every few seconds with "... changed 6s ago", then "8s ago":
     one error, printed once (up printed E10, E12 ... E17 for it); HTTP 500 and HTTP 503
-    stay two."""
+    stay two. Celery's "Couldn't ack '<task id>'" for many tasks in one outage is one."""
     reporter, lines = _reporter()
     editing = (
         "PersonaEditing: PersonaConfigError: /srv/cara/persona.toml: is not valid TOML; "
@@ -157,10 +157,14 @@ def test_an_error_differing_only_in_a_duration_is_the_same_error() -> None:
     for code in (500, 503):
         reporter.event({"event": "turn.end", "lane": "cara", "status": "error",
                         "error": f"ModelServerError: HTTP {code}"})  # fmt: skip
+    for task in ("a3d0780f-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "29294245-0000-0000-0000-000000000000"):
+        reporter.event({"event": f"Couldn't ack '{task}', reason: ConnectionError()",
+                        "level": "error", "_source": "worker-1"})  # fmt: skip
     errors = [line for line in lines if line.split()[1] == "error"]
-    assert [line.split()[2] for line in errors] == ["[E1]", "[E2]", "[E3]"]
+    assert [line.split()[2] for line in errors] == ["[E1]", "[E2]", "[E3]", "[E4]"]
     assert "cara: turn error: PersonaEditing: PersonaConfigError" in errors[0]
-    assert reporter.repeated_errors() == [(1, 5, 1)]
+    assert "worker-1: Couldn't ack 'a3d0780f" in errors[3]
+    assert reporter.repeated_errors() == [(1, 5, 1), (4, 2, 0)]
 
 
 def test_the_status_line_counts_lanes_waiting_out_a_retry_or_a_breaker() -> None:

@@ -48,6 +48,13 @@ Echo = Callable[[str], None]
 
 #: A duration in an error's text ("changed 6s ago", "retry in 21s"): left out of its identity.
 _DURATION = re.compile(r"\b\d+(?:\.\d+)?s\b")
+#: A task, turn or item id (a UUID, or 32 hex digits): left out of an error's identity.
+_ID = re.compile(r"\b[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}\b", re.I)
+
+
+def _anonymous(text: str) -> str:
+    """``text`` without what differs between repeats of one error: durations and ids."""
+    return _ID.sub("#id", _DURATION.sub("#s", text))
 
 
 class LogTail:
@@ -224,7 +231,10 @@ class Reporter:
         detail = [str(event[key]) for key in ("error", "hint") if event and event.get(key)]
         text = f"{message}: {'; '.join(detail)}" if detail else message
         # Keyed by the reason too: a second beat.task_failed with another cause is its own error.
-        key = ("log", source, message[:120], str(event.get("error", ""))[:200] if event else "")
+        # And without ids and durations: Celery's "Couldn't ack '<task id>'" for 50 tasks during
+        # one outage is one error.
+        key = ("log", source, _anonymous(message[:120]),
+               _anonymous(str(event.get("error", ""))[:200]) if event else "")  # fmt: skip
         self.error(key, f"{source}: {_short(text, 400)} (see its log)")
 
     def _memory(self, event: Mapping[str, Any], lane: str, persona: str) -> None:
@@ -251,7 +261,7 @@ class Reporter:
             # the durations in it: a persona mid-edit failing every few seconds says "changed
             # 6s ago", then "8s ago", one error all the same.
             whole = " ".join(str(event.get("error", "")).split())  # not cut: a cut moves
-            key = ("turn", str(status), _DURATION.sub("#s", whole))
+            key = ("turn", str(status), _anonymous(whole))
             self.error(key, f"{lane}: turn {status}: {error}", lane)
             return
         heartbeat = not lane.endswith(DREAMER_SUFFIX) and int(event.get("ticks") or 0) > 0
