@@ -318,3 +318,20 @@ def test_a_queued_lane_lost_from_the_queue_index_is_named_and_revive_puts_it_bac
     assert json.loads(invoke("status", "--json").stdout)["unindexed_lanes"] == []
     started = fleet.lanes.start("nora", str(queued.turn_id), "test-worker")
     assert [item.text for item in started.items] == ["hello"]
+
+
+def test_revive_all_puts_back_every_lane_lost_from_the_queue_index(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """After an eviction took many index entries, `revive --all` puts every such lane back
+    (a dreamer lane too, whose name `revive NAME` does not take), and says so."""
+    settings = Settings.from_env({k: v for k, v in env.items() if v is not None})
+    fleet = Fleet(settings, publisher=_Recorder())
+    fleet.post("nora", "hello", wake=True)
+    fleet.dream("milo")
+    fleet.lanes.client.zrem(fleet.keys.queued, "nora", "milo-dreamer")
+    result = invoke("revive", "--all", "--json")
+    assert result.exit_code == 0, result.output
+    put_back = {entry["lane"] for entry in json.loads(result.stdout)["put_back"]}
+    assert put_back == {"nora", "milo-dreamer"}
+    assert json.loads(invoke("status", "--json").stdout)["unindexed_lanes"] == []

@@ -117,12 +117,20 @@ def _revive_all(state: CliContext, reason: str | None, *, as_json: bool) -> None
     fleet = state.fleet()
     revived, broken = fleet.revive_dead(reason=reason)
     orphans = fleet.orphaned_dead()
+    # --all also puts back the lanes `status` names as lost from the queue index
+    put_back = fleet.requeue_unindexed() if reason is None else []
     if as_json:
         lanes = [{"lane": outcome.lane, "turn_id": outcome.turn_id} for outcome in revived]
         still = [{"lane": lane, "error": error} for lane, error in broken]
+        back = [{"lane": outcome.lane, "turn_id": outcome.turn_id} for outcome in put_back]
         click.echo(json.dumps({"revived": lanes, "reason": reason, "persona_gone": orphans,
-                               "still_broken": still}))  # fmt: skip
+                               "still_broken": still, "put_back": back}))  # fmt: skip
         return
+    for outcome in put_back:
+        click.echo(
+            f"put back {outcome.lane}: queued but lost from the queue index; turn "
+            f"{outcome.turn_id} sent again"
+        )
     for outcome in revived:
         click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued")
     matching = f" whose last error contains {reason!r}" if reason is not None else ""

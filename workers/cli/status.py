@@ -439,7 +439,8 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
         click.echo(
             f"lanes lost from the queue index ({len(unindexed)}: {', '.join(unindexed)}): queued, "
             "but not counted above and never re-sent, since Redis evicted or lost keys of "
-            "theirs; `soulfleet revive NAME` (--dreamer for a dreamer lane) queues each again"
+            "theirs; `soulfleet revive --all` puts them back and sends their turns (or `soulfleet "
+            "revive NAME`, --dreamer for NAME-dreamer)"
         )
     redis_lines = _redis_lines((used, limit, policy), lost, evicted)
     for line in [*breaker_lines(breakers), *redis_lines]:

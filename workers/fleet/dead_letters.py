@@ -44,6 +44,7 @@ __all__ = [
     "forget_gone",
     "orphaned_dead",
     "persona_exists",
+    "requeue_unindexed",
     "revive_dead",
 ]
 
@@ -86,6 +87,20 @@ def revive_dead(
     queued = [o for o in outcomes if o.outcome == "queued" and o.turn_id and o.turn_kind]
     fleet.send([(o.lane, str(o.turn_id), str(o.turn_kind)) for o in queued])
     return queued, broken
+
+
+def requeue_unindexed(fleet: Fleet) -> list[TickOutcome]:
+    """Put back every lane of the fleet's personas that is queued but missing from the queue
+    index (a Redis that evicted keys), and send its turn (``revive.lua``): no reaper pass sees
+    such a lane, so it stayed queued for ever. Returns what was queued and sent."""
+    names = fleet.registry.names()
+    lanes = [lane for name in names for lane in (name, fleet.registry.lane_of(name, "dreamer"))]
+    states = fleet.lanes.status_many(lanes)
+    queued = [lane for lane, st in zip(lanes, states, strict=True) if st.get("state") == "queued"]
+    outcomes = [fleet.lanes.revive(lane) for lane in fleet.lanes.unindexed(queued)]
+    sent = [o for o in outcomes if o.outcome == "queued" and o.turn_id and o.turn_kind]
+    fleet.send([(o.lane, str(o.turn_id), str(o.turn_kind)) for o in sent])
+    return sent
 
 
 def orphaned_dead(fleet: Fleet) -> list[str]:

@@ -345,6 +345,10 @@ class Fleet(FleetReports):
         """:func:`workers.fleet.dead_letters.revive_dead` on this fleet."""
         return dead_letters.revive_dead(self, reason=reason)
 
+    def requeue_unindexed(self) -> list[TickOutcome]:
+        """:func:`workers.fleet.dead_letters.requeue_unindexed` on this fleet."""
+        return dead_letters.requeue_unindexed(self)
+
     def orphaned_dead(self) -> list[str]:
         """:func:`workers.fleet.dead_letters.orphaned_dead` on this fleet."""
         return dead_letters.orphaned_dead(self)
