@@ -237,7 +237,9 @@ class LaneDeadLettered(FleetError):
     def __init__(self, lane: str, last_error: str) -> None:
         super().__init__(
             f"lane {lane!r} is dead-lettered (last error: {last_error}); fix the cause, then "
-            f"`soulfleet revive {lane}` (its kept items run first)"
+            f"`soulfleet revive {lane}` (its kept items run first; `--drop-kept` drops the "
+            "ones its dead turn held, when they are what failed: a message the provider "
+            "refuses, HTTP 400)"
         )
         self.lane = lane
         self.last_error = last_error
