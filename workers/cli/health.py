@@ -16,20 +16,24 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from workers.fleet import Fleet
 from workers.fleet.scripts import redis_errors
 from workers.persona.checkup import check_persona
 from workers.persona.errors import SoulfleetError
+from workers.persona.manifest import load_manifest
 from workers.persona.mcp_servers import FleetServer
 from workers.persona.models.config import ModelConfig
+from workers.persona.spend import heartbeat_file_skip
 
 __all__ = [
     "CONFIG_ERRORS",
     "current_error",
     "display_state",
     "fixed_since",
+    "heartbeat_unread",
     "invalid_personas",
     "states_of",
 ]
@@ -153,3 +157,16 @@ def fixed_since(
             continue
         fixed.append((lane, error))
     return fixed
+
+
+def heartbeat_unread(home: Path) -> str | None:
+    """Why no heartbeat of the persona at ``home`` runs a turn: ``"no_heartbeat"`` (no
+    schedule), or why every one is skipped for its HEARTBEAT.md
+    (:func:`~workers.persona.spend.heartbeat_file_skip`); None when its heartbeats run, or when
+    its persona.toml is invalid (the caller's check-up says that itself)."""
+    try:
+        if load_manifest(home).heartbeat is None:
+            return "no_heartbeat"
+    except (SoulfleetError, OSError):
+        return None
+    return heartbeat_file_skip(home)

@@ -15,9 +15,7 @@ import click
 
 from workers.cli.errors import EXIT_FAILURE, BadInputError, one_line
 from workers.cli.group import cli_context, personas_option
-from workers.persona.errors import SoulfleetError
-from workers.persona.manifest import load_manifest
-from workers.persona.spend import heartbeat_file_skip
+from workers.cli.health import heartbeat_unread
 
 __all__ = ["post"]
 
@@ -109,14 +107,11 @@ def _unwoken(home: Path) -> str:
     it has none, or every one is skipped for its HEARTBEAT.md (a persona fresh from
     ``soulfleet init`` has a blank one); "" when a heartbeat will come (or its files are
     invalid, which the check-up said)."""
-    try:
-        if load_manifest(home).heartbeat is None:
-            return "; it has no heartbeat, so the item waits for the next post that wakes it"
-    except (SoulfleetError, OSError):
-        return ""
-    skip = heartbeat_file_skip(home)
+    skip = heartbeat_unread(home)
     if skip is None:
         return ""
+    if skip == "no_heartbeat":
+        return "; it has no heartbeat, so the item waits for the next post that wakes it"
     return (
         f"; every heartbeat of it is skipped ({skip}: see its HEARTBEAT.md), so the item waits "
         "for the next post that wakes it"

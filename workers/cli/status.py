@@ -35,6 +35,7 @@ from workers.cli.errors import BadInputError
 from workers.cli.group import cli_context, personas_option
 from workers.cli.health import (
     fixed_since,
+    heartbeat_unread,
     invalid_personas,
     states_of,
 )
@@ -49,8 +50,6 @@ from workers.fleet.registry import DREAMER_SUFFIX
 from workers.fleet.spend import next_reset, persona_budget
 from workers.persona.errors import ModelAuthError, SoulfleetError, causes
 from workers.persona.locks import shared_claims_under
-from workers.persona.manifest import load_manifest
-from workers.persona.spend import heartbeat_file_skip
 from workers.queues import queue_name
 
 __all__ = [
@@ -233,12 +232,8 @@ def _heartbeat_skipped(home: Path) -> str | None:
     """Why every heartbeat of the persona at ``home`` is skipped for its HEARTBEAT.md, when it
     has a heartbeat schedule at all; None otherwise (or when its persona.toml is invalid,
     which status says itself)."""
-    try:
-        if load_manifest(home).heartbeat is None:
-            return None
-    except (SoulfleetError, OSError):
-        return None
-    return heartbeat_file_skip(home)
+    unread = heartbeat_unread(home)
+    return None if unread == "no_heartbeat" else unread
 
 
 def _echo_calls(fleet: Fleet, name: str, entry: Mapping[str, Any]) -> None:
@@ -308,16 +303,8 @@ def _echo_budget(used_up: Mapping[str, Any] | None) -> None:
 def _dead_hint(entry: Mapping[str, Any], name: str, fixed: set[str]) -> None:
     """How to take back the persona's dead-lettered lanes (those the fixed-since line does not
     already name): the error above says what to fix."""
-    dreamer = entry.get("dreamer")
-    for lane_entry, lane, flag in (
-        (entry, name, ""),
-        (dreamer, dreamer.get("lane") if isinstance(dreamer, Mapping) else None, " --dreamer"),
-    ):
-        if (
-            isinstance(lane_entry, Mapping)
-            and lane_entry.get("state") == "dead"
-            and (lane not in fixed)
-        ):
+    for lane, lane_entry, flag in _lanes_of(entry):
+        if lane_entry.get("state") == "dead" and lane not in fixed:
             click.echo(
                 f"dead: lane {lane} is dead-lettered and runs no turn until revived; fix the "
                 f"cause (its error above), then `soulfleet revive {name}{flag}` (its kept items "
@@ -501,18 +488,26 @@ def _redis_lines(
     return lines
 
 
+def _lanes_of(entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
+    """``(lane, its status entry, the revive flag naming it)`` for a persona's status entry:
+    its own lane, and its dreamer's when it has one."""
+    lanes: list[tuple[str, Mapping[str, Any], str]] = [
+        (str(entry.get("lane") or entry.get("persona")), entry, "")
+    ]
+    dreamer = entry.get("dreamer")
+    if isinstance(dreamer, Mapping) and dreamer.get("lane"):
+        lanes.append((str(dreamer["lane"]), dreamer, " --dreamer"))
+    return lanes
+
+
 def _queued_lanes(entries: Sequence[Mapping[str, Any]]) -> list[str]:
     """The lanes (persona and dreamer) whose state reads ``queued``."""
-    found: list[str] = []
-    for entry in entries:
-        dreamer = entry.get("dreamer")
-        for lane_entry, lane in (
-            (entry, entry.get("lane") or entry.get("persona")),
-            (dreamer, dreamer.get("lane") if isinstance(dreamer, Mapping) else None),
-        ):
-            if isinstance(lane_entry, Mapping) and lane_entry.get("state") == "queued" and lane:
-                found.append(str(lane))
-    return found
+    return [
+        lane
+        for entry in entries
+        for lane, lane_entry, _ in _lanes_of(entry)
+        if lane_entry.get("state") == "queued"
+    ]
 
 
 def _unserved(state: CliContext, entries: Sequence[Mapping[str, Any]]) -> dict[str, int] | None:

@@ -32,12 +32,10 @@ from workers.persona.errors import (
     failure_kind,
 )
 
-__all__ = ["CONFIG_SUFFIXES", "EDIT_GRACE_SECONDS", "MOVED", "last_change", "while_editing"]
+__all__ = ["CONFIG_SUFFIXES", "EDIT_GRACE_SECONDS", "last_change", "while_editing"]
 
 #: How long after a change to its files a persona that fails to load is retried, not given up.
 EDIT_GRACE_SECONDS = 60.0
-#: What a persona whose directory is gone is said to have had changed (see ``moved_grace``).
-MOVED = "its directory"
 #: The persona's configuration files, by suffix (persona.toml, scripted rules files).
 CONFIG_SUFFIXES = (".toml", ".json")
 
@@ -99,7 +97,7 @@ def while_editing(
     elif gone or any(isinstance(cause, PersonaNotFound) for cause in causes(exc, context=True)):
         # Its directory moved aside (a new version swapped in by two renames): the rename
         # stamps the personas root, which is all there is left to look at.
-        changed, what = _stamp(os.path.dirname(os.fspath(home).rstrip(os.sep))), MOVED
+        changed, what = _stamp(os.path.dirname(os.fspath(home).rstrip(os.sep))), "its directory"
     else:
         return exc
     now = time.time() if now is None else now

@@ -324,13 +324,13 @@ def _shape_problem(tool: Tool) -> str | None:
     schema: object = tool.input_schema
     if not isinstance(schema, Mapping):
         return (
-            f"tool {tool.name!r} an input_schema that is {type(schema).__name__}, not a JSON "
+            f"tool {name!r} an input_schema that is {type(schema).__name__}, not a JSON "
             "object (a dict)"
         )
     try:
         json.dumps(dict(schema), allow_nan=False)  # as the request is encoded
     except (TypeError, ValueError) as exc:
-        return f"tool {tool.name!r} an input_schema that is not JSON: {exc}"
+        return f"tool {name!r} an input_schema that is not JSON: {exc}"
     return None
 
 

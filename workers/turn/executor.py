@@ -43,6 +43,7 @@ compaction (``max_tokens``).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -193,9 +194,7 @@ class TurnExecutor:
         except TurnAborted:
             raise
         except Exception as exc:  # a persona that cannot be composed fails only its own turn
-            failed = while_editing(
-                exc, persona.home, moved_grace=_move_grace(started, self.fleet.clock.time())
-            )
+            failed = self._edit_grace(exc, persona.home, started)
             return self.endings.fail(lane, turn_id, started, _named(failed), began, cause=failed,
                                      model=spec)  # fmt: skip
 
@@ -390,15 +389,28 @@ class TurnExecutor:
         try:
             home = self.fleet.registry.home(name)
         except UnknownPersona:  # no directory: moved aside a moment ago (a swap), or removed
-            return while_editing(
-                exc,
-                self.fleet.registry.root / name,
-                gone=True,
-                moved_grace=_move_grace(started, self.fleet.clock.time()),
-            )
+            return self._edit_grace(exc, self.fleet.registry.root / name, started, gone=True)
         except Exception:  # no directory to look at: the failure stands as it is
             return exc
-        return while_editing(exc, home)
+        return self._edit_grace(exc, home, started)
+
+    def _edit_grace(
+        self,
+        exc: BaseException,
+        home: str | os.PathLike[str],
+        started: StartOutcome,
+        *,
+        gone: bool = False,
+    ) -> BaseException:
+        """:func:`~workers.persona.edits.while_editing` for this turn: a directory found gone
+        gets the grace only while the lane has been failing for less than EDIT_GRACE_SECONDS
+        (a busy personas root, changing all the time, must not keep a removed persona's lane
+        retrying; one retry alone, a backoff's jittered second or two later, found many a
+        move still under way)."""
+        since = started.failing_since_ms
+        now_ms = self.fleet.clock.time() * 1000
+        moved_grace = since is None or now_ms - since < EDIT_GRACE_SECONDS * 1000
+        return while_editing(exc, home, gone=gone, moved_grace=moved_grace)
 
     def _commit(
         self,
@@ -438,10 +450,7 @@ class TurnExecutor:
         except Exception as exc:  # the persona's home refused the turn's own files (a
             # read-only sessions/ directory, a full disk): this turn fails with the reason,
             # recorded and counted, instead of escaping the task as a "lost worker"
-            # its directory swapped for a new one
-            failed = while_editing(
-                exc, agent.home, moved_grace=_move_grace(started, self.fleet.clock.time())
-            )
+            failed = self._edit_grace(exc, agent.home, started)  # a directory swapped mid-turn
             error = (
                 storage.failure_message(
                     agent.home, exc, "saving the turn (its model calls were made and counted)"
@@ -525,12 +534,3 @@ def _named(exc: BaseException) -> str:
 def _seconds_left(budget: Budget, began: float) -> float:
     """What is left of the turn's ``max_seconds`` (it began at ``began``, monotonic)."""
     return budget.max_seconds - (time.monotonic() - began)
-
-
-def _move_grace(started: StartOutcome, now: float) -> bool:
-    """Whether a persona directory found gone may still be a swap in progress: while the lane
-    has been failing for less than EDIT_GRACE_SECONDS (a busy personas root, changing all the
-    time, must not keep a removed persona's lane retrying; one retry alone, a backoff's
-    jittered second or two later, found many a move still under way)."""
-    since = started.failing_since_ms
-    return since is None or now * 1000 - since < EDIT_GRACE_SECONDS * 1000
