@@ -12,6 +12,7 @@ import pytest
 from tests.cli.conftest import Invoke
 from tests.support.cli import PASSWORD, closed_port_url, dead_letter, lanes_for, sync_registry
 from tests.support.tmpfs import fill, tmpfs
+from workers.persona import python_tools
 from workers.persona.inbox import InboxItem
 from workers.persona.storage import MIN_FREE_BYTES, STORAGE_MARK
 
@@ -239,3 +240,31 @@ def test_a_post_to_a_persona_on_a_full_disk_is_accepted_with_a_warning(
         assert result.exit_code == 0, result.output
         assert "posted to full" in result.stdout
         assert f"warning: {STORAGE_MARK} at {home}" in result.stderr
+
+
+def test_a_tool_import_still_running_is_accepted_with_a_warning_not_refused(
+    invoke: Invoke,
+    env: Mapping[str, str | None],
+    fleet_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Python tool whose import is still running at its limit is transient (the fleet's
+    turns retry it): `post` queues the item and says so on stderr, exit 0. It refused the
+    post as invalid input (exit 2) and the person's message was not delivered; `run --local`,
+    which needs the tool now, fails as a runtime failure (exit 1, "transient"), not exit 2."""
+    monkeypatch.setattr(python_tools, "SETUP_TIMEOUT", 0.3)
+    module = f"slow_import_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text("import threading\nthreading.Event().wait(5)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with (fleet_root / "ava" / "persona.toml").open("a") as toml:
+        toml.write(f'\n[[tools.python]]\nref = "{module}:tool"\n')
+    result = invoke("post", "ava", "hello", "--no-wake")
+    assert result.exit_code == 0, result.output
+    assert "did not finish within 0.3s" in result.stderr
+    assert "accepted all the same" in result.stderr
+    assert "posted to ava" in result.stdout
+    assert lanes_for(env).status("ava")["inbox_depth"] == 1
+    local = invoke("run", "ava", "hi", "--local")
+    assert local.exit_code == 1, local.output
+    assert "(transient: try again)" in local.stderr

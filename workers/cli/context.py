@@ -45,7 +45,12 @@ from workers.fleet.registry import DREAMER_SUFFIX, PersonaRegistry, valid_person
 from workers.local.datadir import DataDir, UpState, default_data_dir
 from workers.persona import storage
 from workers.persona.checkup import check_persona
-from workers.persona.errors import PersonaConfigError, SettingsError, StorageUnavailable
+from workers.persona.errors import (
+    PersonaConfigError,
+    SettingsError,
+    StorageUnavailable,
+    ToolSetupSlow,
+)
 from workers.persona.mcp_servers import FleetServer, load_mcp_servers
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings, redact_url
@@ -369,13 +374,23 @@ class CliContext:
         """:meth:`persona`, then the persona's check-up: invalid files fail HERE (exit 2, the
         reason named) before anything is queued; warnings (an empty soul) go to stderr."""
         name = self.persona(arg)
-        with self.refusals_explained():
-            checkup = check_persona(
-                self.registry.home(name),
-                self.settings.model,
-                turn_max_tokens=self.settings.turn_max_tokens,
-                mcp_servers=self.fleet_mcp_servers(),
+        try:
+            with self.refusals_explained():
+                checkup = check_persona(
+                    self.registry.home(name),
+                    self.settings.model,
+                    turn_max_tokens=self.settings.turn_max_tokens,
+                    mcp_servers=self.fleet_mcp_servers(),
+                )
+        except ToolSetupSlow as exc:
+            # Not invalid: the workers' turns retry it until the import finishes (or the lane
+            # is dead-lettered), so what is asked for is queued all the same.
+            click.echo(
+                f"soulfleet: warning: {exc}; accepted all the same: the persona's turns are "
+                "retried until it finishes (`soulfleet status` shows the lane's error meanwhile)",
+                err=True,
             )
+            return name
         for warning in checkup.warnings:
             click.echo(f"soulfleet: warning: {warning}", err=True)
         try:

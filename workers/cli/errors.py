@@ -6,7 +6,8 @@ Exit codes (the README documents them):
 0     success (``up``: stopped by Ctrl-C / SIGTERM after a clean shutdown)
 1     runtime failure: Redis unreachable, inbox full, lane dead-lettered, a turn that
       failed or did not answer in time, `up` already running, a child of `up` died, a
-      file that cannot be read or written
+      file that cannot be read or written, a Python tool's import still running at its
+      time limit (transient)
 2     usage or bad input: unknown option or persona, invalid persona.toml (the key is
       named), invalid settings (the variable is named), a model spec naming no model,
       files `init` would overwrite
@@ -101,6 +102,10 @@ def _translate(exc: BaseException, redis_url: str | None) -> CliError | None:
     message: str | None = None
     if isinstance(exc, CliError):
         return exc
+    if isinstance(exc, PersonaError) and exc.retryable:
+        # Not bad input (ToolSetupSlow: an import still running at its limit): trying again
+        # later may succeed, and the fleet's workers retry it; a runtime failure, exit 1.
+        return CliError(f"{exc} (transient: try again)")
     if isinstance(exc, _USAGE_ERRORS):
         return BadInputError(str(exc))
     if isinstance(exc, SoulfleetError):  # FleetError (RedisUnavailable, InboxFull …), LockTimeout

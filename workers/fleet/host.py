@@ -50,6 +50,7 @@ from workers.fleet.sweeps import SweepWrites
 from workers.fleet.usage import UsageLedger
 from workers.persona.checkup import check_persona
 from workers.persona.clock import Clock, SystemClock
+from workers.persona.errors import PersonaError
 from workers.persona.inbox import InboxItem
 from workers.persona.mcp_servers import FleetServer
 from workers.persona.spend import budget_refuses
@@ -358,8 +359,18 @@ class Fleet(FleetReports):
         return dead_letters.forget_gone(self)
 
     def check(self, name: str) -> None:
-        """Raise what persona ``name``'s files would fail its turn with (post, revive)."""
-        check_persona(self.registry.home(name), self.settings.model, mcp_servers=self.mcp_servers)
+        """Raise what persona ``name``'s files would fail its turn with (post, revive): a
+        permanent failure only. A transient one (a Python tool's import still running at its
+        limit) is logged and let through: the lane's turns retry it, and refusing would lose
+        the item its sender cannot tell from an invalid persona."""
+        try:
+            check_persona(
+                self.registry.home(name), self.settings.model, mcp_servers=self.mcp_servers
+            )
+        except PersonaError as exc:
+            if not exc.retryable:
+                raise
+            _log.warning("persona.check_transient", persona=name, error=str(exc))
 
     def recover(self) -> list[Repair]:
         """beat's fast pass: queue retries whose backoff is over, re-publish turns whose
