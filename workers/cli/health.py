@@ -35,6 +35,7 @@ __all__ = [
     "fixed_since",
     "heartbeat_unread",
     "invalid_personas",
+    "lanes_of",
     "states_of",
 ]
 
@@ -96,6 +97,18 @@ def display_state(entry: Mapping[str, Any]) -> str:
     if state in ("idle", "queued", "running") and current_error(entry) is not None:
         return "failing"
     return state
+
+
+def lanes_of(entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
+    """``(lane, its status entry, the revive flag naming it)`` for a persona's status entry:
+    its own lane, and its dreamer's when it has one."""
+    lanes: list[tuple[str, Mapping[str, Any], str]] = [
+        (str(entry.get("lane") or entry.get("persona")), entry, "")
+    ]
+    dreamer = entry.get("dreamer")
+    if isinstance(dreamer, Mapping) and dreamer.get("lane"):
+        lanes.append((str(dreamer["lane"]), dreamer, " --dreamer"))
+    return lanes
 
 
 def states_of(entry: Mapping[str, Any]) -> set[str]:

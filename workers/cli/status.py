@@ -37,6 +37,7 @@ from workers.cli.health import (
     fixed_since,
     heartbeat_unread,
     invalid_personas,
+    lanes_of,
     states_of,
 )
 from workers.cli.session import edited_note
@@ -303,7 +304,7 @@ def _echo_budget(used_up: Mapping[str, Any] | None) -> None:
 def _dead_hint(entry: Mapping[str, Any], name: str, fixed: set[str]) -> None:
     """How to take back the persona's dead-lettered lanes (those the fixed-since line does not
     already name): the error above says what to fix."""
-    for lane, lane_entry, flag in _lanes_of(entry):
+    for lane, lane_entry, flag in lanes_of(entry):
         if lane_entry.get("state") == "dead" and lane not in fixed:
             click.echo(
                 f"dead: lane {lane} is dead-lettered and runs no turn until revived; fix the "
@@ -488,24 +489,12 @@ def _redis_lines(
     return lines
 
 
-def _lanes_of(entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any], str]]:
-    """``(lane, its status entry, the revive flag naming it)`` for a persona's status entry:
-    its own lane, and its dreamer's when it has one."""
-    lanes: list[tuple[str, Mapping[str, Any], str]] = [
-        (str(entry.get("lane") or entry.get("persona")), entry, "")
-    ]
-    dreamer = entry.get("dreamer")
-    if isinstance(dreamer, Mapping) and dreamer.get("lane"):
-        lanes.append((str(dreamer["lane"]), dreamer, " --dreamer"))
-    return lanes
-
-
 def _queued_lanes(entries: Sequence[Mapping[str, Any]]) -> list[str]:
     """The lanes (persona and dreamer) whose state reads ``queued``."""
     return [
         lane
         for entry in entries
-        for lane, lane_entry, _ in _lanes_of(entry)
+        for lane, lane_entry, _ in lanes_of(entry)
         if lane_entry.get("state") == "queued"
     ]
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from workers.cli.health import lanes_of
 from workers.queues import KINDS
 
 __all__ = ["QUEUED_TOO_LONG", "unserved_kinds"]
@@ -32,8 +33,7 @@ def unserved_kinds(
     at = time.time() if now is None else now
     waiting: dict[str, int] = {}
     for entry in entries:
-        lanes = [entry, entry.get("dreamer") or {}]
-        for lane in lanes:
+        for _, lane, _ in lanes_of(entry):
             queued_at = lane.get("queued_at")
             kind = str(lane.get("kind") or "")
             if (

@@ -59,8 +59,9 @@ class Checkup:
 def soul_over_budget_warning(name: str, size: int, limit: int) -> str:
     return (
         f"persona {name}'s soul alone is about {size} tokens, over the turn budget "
-        f"(SOULFLEET_TURN_MAX_TOKENS={limit}): every turn ends before its model call "
-        "(limit max_tokens). Shrink MEMORY.md (or set memory_index_cap in persona.toml) or "
+        f"(SOULFLEET_TURN_MAX_TOKENS={limit}): every turn of a new session ends before its "
+        "model call (limit max_tokens; a conversation under way keeps the soul it started "
+        "with until it resets). Shrink MEMORY.md (or set memory_index_cap in persona.toml) or "
         "raise the budget"
     )
 
