@@ -37,7 +37,9 @@ import redis
 from workers.cli.beat_health import beat_stale, beat_summary
 from workers.cli.errors import BadInputError, CliError
 from workers.cli.launch import python_path
+from workers.cli.stall import StallNotice, watched_client
 from workers.fleet import Fleet
+from workers.fleet.clients import fleet_client
 from workers.fleet.door_settings import fleet_lock_mode, fleet_models, with_fleet_settings
 from workers.fleet.errors import FleetError, RedisUnavailable, UnknownPersona, UnusablePersonaName
 from workers.fleet.keys import Keys
@@ -205,6 +207,7 @@ class CliContext:
     _settings: Settings | None = field(default=None, repr=False)
     _fleet: Fleet | None = field(default=None, repr=False)
     _publisher: CeleryPublisher | None = field(default=None, repr=False)
+    _stall: StallNotice | None = field(default=None, repr=False)
     adopted: UpState | None = None
 
     @property
@@ -244,7 +247,13 @@ class CliContext:
             if not self.settings.redis_url_explicit:
                 raise no_fleet_error(self.environ)
             self._publisher = CeleryPublisher(self.settings)
-            fleet = Fleet(self.settings, publisher=self._publisher)
+            # A Redis that does not answer (paused, busy, loading) is named after a few
+            # seconds instead of leaving the command silent until its socket timeout.
+            self._stall = StallNotice(
+                redact_url(self.settings.redis_url), lambda line: click.echo(line, err=True)
+            )
+            client = watched_client(fleet_client(self.settings), self._stall)
+            fleet = Fleet(self.settings, client=client, publisher=self._publisher)
             fleet.ping()
             try:
                 recorded = fleet.client.get(fleet.keys.registry_settings)
@@ -505,6 +514,8 @@ class CliContext:
         )
 
     def close(self) -> None:
+        if self._stall is not None:
+            self._stall.close()
         if self._publisher is not None:
             self._publisher.close()
         if self._fleet is not None:
