@@ -48,7 +48,7 @@ def test_status_on_a_paused_redis_names_the_wait_then_answers(
     other = redis.Redis.from_url(redis_url)
     try:
         began = time.monotonic()
-        other.execute_command("CLIENT", "PAUSE", "2500", "ALL")
+        other.client_pause(2500, all=True)
         result = invoke("status")
     finally:
         other.close()
