@@ -72,6 +72,8 @@ def test_values_are_read_and_the_object_is_frozen() -> None:
         ("REDIS_URL", "redis://127.0.0.1:6379/x", "names database 'x'"),
         ("REDIS_URL", "unix:///tmp/r.sock?db=x", "Invalid value for 'db'"),
         ("REDIS_URL", "redis://h/0?socket_timeout=soon", "Invalid value for 'socket_timeout'"),
+        # let through by redis-py's parser, refused by its connection at the first command
+        ("REDIS_URL", "redis://:pw@127.0.0.1:6379/0?foo=1", "unexpected keyword argument 'foo'"),
         ("CELERY_BROKER_URL", "redis://127.0.0.1:abc/0", "Port could not be cast to integer"),
         ("CELERY_BROKER_URL", "redis://127.0.0.1:6379/x", "names database 'x'"),
         ("CELERY_BROKER_URL", "unix:///tmp/r.sock?db=x", "Invalid value for 'db'"),

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from kombu.utils.url import url_to_parts
-from redis.connection import parse_url
+from redis.connection import ConnectionPool, parse_url
 
 from workers.broker_urls import kombu_url, redis_py_url
 from workers.persona.env import EnvReader
@@ -362,7 +362,21 @@ def _check_redis_url(name: str, url: str) -> None:
             "parser reads as the end of the host: percent-encode the password (/ -> %2F, "
             "? -> %3F, # -> %23, @ -> %40, : -> %3A, % -> %25)",
         )
-    _check_parts(name, redis_py_url(url))
+    _check_parts(name, redis_py_url(url), client=True)
+
+
+def _check_options(name: str, url: str) -> None:
+    """A query option redis-py's parser lets through reaches the connection's constructor only
+    when a command first connects, as a TypeError: the connection is built here (no socket
+    opened) so the variable is named instead."""
+    try:
+        ConnectionPool.from_url(url).make_connection()
+    except TypeError as exc:
+        raise SettingsError(
+            name,
+            f"has an option the Redis client does not take ({redact_url(url)}): {exc} "
+            "(redis-py's URL options: socket_timeout, health_check_interval, ...)",
+        ) from None
 
 
 def _check_broker_url(name: str, url: str) -> None:
@@ -385,13 +399,17 @@ def _check_broker_url(name: str, url: str) -> None:
             raise SettingsError(name, f"is not a valid URL ({redact_url(one)}): {exc}") from None
 
 
-def _check_parts(name: str, url: str) -> None:
-    """The port, host, database and options of a redis-py URL, as its client parses them."""
+def _check_parts(name: str, url: str, *, client: bool = False) -> None:
+    """The port, host, database and options of a redis-py URL, as its client parses them
+    (``client``: the URL of a redis-py client, whose every option must be one it takes; a
+    broker URL's may be kombu's)."""
     parts = split_credentials(url)
     try:
         parse_url(url)  # type: ignore[no-untyped-call]
     except ValueError as exc:
         raise SettingsError(name, f"is not a valid Redis URL ({redact_url(url)}): {exc}") from None
+    if client:
+        _check_options(name, url)
     if parts.scheme == "unix":
         return
     database = parts.rest.partition("?")[0].partition("/")[2].strip("/")

@@ -79,6 +79,22 @@ def test_init_refuses_to_overwrite_and_writes_nothing(invoke: Invoke, tmp_path: 
     assert (home / "SOUL.md").read_text(encoding="utf-8") == "mine"
 
 
+def test_init_refuses_a_dangling_symlink_at_a_name_and_writes_nothing(
+    invoke: Invoke, tmp_path: Path
+) -> None:
+    """A dangling symlink at SOUL.md passed the check (`exists` follows it) and init failed
+    half-way (`File exists`, exit 1) with AGENTS.md written: refused up front, exit 2."""
+    home = tmp_path / "kai"
+    home.mkdir()
+    (home / "SOUL.md").symlink_to(tmp_path / "nowhere")
+    result = invoke("init", str(home))
+    assert result.exit_code == 2, result.output
+    assert "refusing to overwrite existing files" in result.stderr
+    assert "SOUL.md" in result.stderr
+    assert [p.name for p in home.iterdir()] == ["SOUL.md"]
+    assert not (tmp_path / "nowhere").exists()
+
+
 def test_init_into_an_empty_existing_directory(invoke: Invoke, tmp_path: Path) -> None:
     """An existing empty directory is fine: init fills it."""
     home = tmp_path / "empty"

@@ -755,3 +755,19 @@ def test_budgets_are_shown_as_the_fleet_has_them_not_as_the_shell_says(
     told = invoke("status", "milo", environ={**env, "SOULFLEET_DAILY_TOKENS": "50"}).stdout
     assert "budget:" not in told
     assert "151/" not in told
+
+
+def test_a_persona_toml_nested_past_the_recursion_limit_is_invalid_not_a_crash(
+    invoke: Invoke, fleet_root: Path
+) -> None:
+    """One persona's persona.toml holding an array nested 100,000 deep made `status` (and
+    `soul`) fail for the whole fleet with a RecursionError traceback: it is that persona's
+    invalid file, named as such, and every other persona is still shown."""
+    deep = "[" * 100_000 + "]" * 100_000
+    (fleet_root / "milo" / "persona.toml").write_text(f"memory_index_cap = {deep}\n")
+    result = invoke("status")
+    assert result.exit_code == 0, result.output
+    assert "ava" in result.stdout
+    soul = invoke("soul", str(fleet_root / "milo"))
+    assert soul.exit_code == 2, soul.output
+    assert "persona.toml: is nested too deeply to read" in soul.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -67,6 +68,25 @@ def test_a_torn_line_is_skipped_and_the_rest_kept(tmp_path: Path) -> None:
     kept = CallLog(home, "ava", "w").recall("c")
     assert kept is not None
     assert kept.text == "third"
+
+
+def test_a_log_nested_past_the_recursion_limit_is_read_as_empty(tmp_path: Path) -> None:
+    """A hand-made (or hostile) log whose header or answer line nests 100,000 deep raised
+    RecursionError, which failed the lane's every turn until it was dead-lettered: it is a
+    foreign file, read as nothing kept, and the next keep starts the log afresh."""
+    home = make_persona(tmp_path / "ava")
+    path = home / "sessions" / "ava" / CALLS_NAME
+    path.parent.mkdir(parents=True)
+    deep = "[" * 100_000 + "]" * 100_000
+    path.write_text(deep + "\n")
+    assert CallLog(home, "ava", "w").recall("a") is None
+    path.write_text(json.dumps({"work": "w"}) + "\n" + '{"key": "a", "answer": ' + deep + "}\n")
+    log = CallLog(home, "ava", "w")
+    assert log.recall("a") is None
+    log.keep("b", Completion("kept"))
+    kept = CallLog(home, "ava", "w").recall("b")
+    assert kept is not None
+    assert kept.text == "kept"
 
 
 def test_a_log_that_cannot_be_written_only_costs_the_saving(tmp_path: Path) -> None:

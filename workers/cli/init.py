@@ -11,6 +11,7 @@ files, because a persona home is someone's work.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from importlib import resources
 from pathlib import Path
@@ -35,7 +36,8 @@ def scaffold(directory: Path) -> list[Path]:
     """
     if directory.exists() and not directory.is_dir():
         raise BadInputError(f"{directory} exists and is not a directory")
-    existing = [name for name in SCAFFOLD_FILES if (directory / name).exists()]
+    # lexists: a dangling symlink at a name counts (writing would fail half-way through)
+    existing = [name for name in SCAFFOLD_FILES if os.path.lexists(directory / name)]
     if existing:
         raise BadInputError(
             f"refusing to overwrite existing files in {directory}: {', '.join(existing)} "

@@ -137,7 +137,7 @@ class CallLog:
         lines = raw.split(b"\n")
         try:
             header = json.loads(lines[0])
-        except ValueError:
+        except (ValueError, RecursionError):
             return self._answers
         if not isinstance(header, dict) or header.get("work") != self.work:
             return self._answers  # a later turn's first keep starts the file anew
@@ -147,7 +147,7 @@ class CallLog:
             try:
                 entry = json.loads(line)
                 self._answers[str(entry["key"])] = _decoded(entry["answer"])
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 continue  # a line torn by a crash mid-append
         return self._answers
 

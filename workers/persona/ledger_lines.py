@@ -138,7 +138,7 @@ def _lineage(head: bytes) -> tuple[str, int]:
     try:
         record = json.loads(head[: head.index(b"\n")])
         return str(record["since"]), int(record["kept_from"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return "", 0
 
 
@@ -229,7 +229,7 @@ def _parsed(raw: bytes) -> list[tuple[str, str]]:
         try:
             record = json.loads(line)
             entries.append((str(record["key"]), str(record["message"])))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue  # a torn or hand-edited line: forgetting one key is the safe side
     return entries
 
@@ -281,7 +281,7 @@ def parse_intent(line: bytes) -> Intent | None:
             length, digest = record["tail"]
             tail = (int(length), str(digest))
         return Intent((int(inode), int(size)), answers, tail)
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None
 
 

@@ -300,6 +300,8 @@ def parse_manifest(text: str, *, home: Path | None = None, source: object = None
         data = tomllib.loads(text.removeprefix("\ufeff"))
     except tomllib.TOMLDecodeError as exc:
         raise _error(None, f"is not valid TOML: {exc}", source) from exc
+    except RecursionError:  # arrays or tables nested past Python's recursion limit
+        raise _error(None, "is nested too deeply to read", source) from None
     root = TomlTable(data, "", source)
     known = ("does", "model", "memory", "notes", "memory_index_cap", "heartbeat", "dream")
     root.check_keys((*known, "budget", "tools", "session"))

@@ -118,6 +118,8 @@ def parse_mcp_servers(text: str, *, source: object = None) -> Mapping[str, Fleet
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise _fail(where, f"is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise _fail(where, "is nested too deeply to read") from None
     if not isinstance(data, dict):
         raise _fail(where, 'must be a JSON object such as {"mcpServers": {...}}')
     wrappers = [key for key in ("mcpServers", "servers", "mcp") if key in data]

@@ -206,7 +206,7 @@ class SessionState:
         """Parse a state file; ValueError (saying what is wrong) for anything malformed."""
         try:
             data = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise ValueError(f"not a JSON session state: {exc}") from exc
         if not isinstance(data, dict) or data.get("session") != _FORMAT:
             raise ValueError(f"not a session state of format {_FORMAT}")

@@ -236,7 +236,7 @@ class FilePointer:
             return Pointer(state if isinstance(state, str) and state else None, int(data["epoch"]))
         except FileNotFoundError:
             return Pointer()
-        except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
             _log.warning("session.pointer_unreadable", lane=self.files.lane, error=str(exc))
             return Pointer()
 

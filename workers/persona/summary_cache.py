@@ -60,7 +60,7 @@ class SummaryFile:
             if raw is None or len(raw) > _MAX_BYTES:
                 return None
             data = json.loads(raw)
-        except (OSError, PersonaError, ValueError) as exc:
+        except (OSError, PersonaError, ValueError, RecursionError) as exc:
             _log.warning("session.summary_unreadable", path=self.relative, error=str(exc))
             return None
         if not isinstance(data, dict) or data.get("key") != key:

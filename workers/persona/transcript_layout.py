@@ -125,7 +125,7 @@ def _parse_line(
 ) -> TranscriptRecord | None:
     try:
         data = json.loads(chunk.decode("utf-8", errors="replace"))
-    except ValueError:
+    except (ValueError, RecursionError):
         log.warning("transcript.torn_line", path=str(path), line=number, bytes=len(chunk))
         return None
     if isinstance(data, dict) and "transcript" in data and "message" not in data:

@@ -295,7 +295,7 @@ def take(path: str, relative: str, max_entry_bytes: int) -> list[QueuedWrite]:
 def _parse(line: bytes, relative: str, max_entry_bytes: int, now: float) -> QueuedWrite | None:
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(record, dict):
         return None

@@ -18,6 +18,7 @@ from tests.support.providers import (
 from workers.persona.errors import (
     ModelAuthError,
     ModelError,
+    ModelRequestError,
     ModelResponseError,
     ModelServerError,
     ModelTimeout,
@@ -375,3 +376,45 @@ def test_absurd_token_counts_read_as_the_maximum(
         system="", messages=[Message("user", "hi")], tools=[]
     )
     assert completion.usage == Usage(MAX_TOKEN_COUNT, MAX_TOKEN_COUNT)
+
+
+@pytest.mark.parametrize("status", [400, 200])
+def test_a_key_the_excerpt_cut_would_split_is_scrubbed_first(
+    openai_server: FakeProvider, clock: RecordingClock, status: int
+) -> None:
+    """A provider echoing the key so that the 200-character excerpt cuts through it: the key
+    was scrubbed only after the cut, so all but its last characters were shown (in the lane's
+    error, the logs and `run --local`). Both a refused request and a 200 answer carrying an
+    error are scrubbed whole before the cut."""
+    lead = "Incorrect API key provided: "
+    # the key starts a few characters before the 199th, where the excerpt is cut
+    message = lead + "x" * (199 - 5 - len(lead)) + KEY + " please check"
+    openai_server.enqueue(Reply(status=status, body={"error": {"message": message}}))
+    with pytest.raises((ModelRequestError, ModelResponseError)) as caught:
+        make(openai_server.base_url, clock, retries=0).complete(
+            system="", messages=[Message(role="user", content="hi")], tools=[]
+        )
+    shown = str(caught.value)
+    assert KEY[:4] not in shown
+    assert "***" in shown
+
+
+def test_an_answer_nested_past_the_recursion_limit_is_a_response_error(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """A body nested 100,000 deep raised RecursionError out of the client (a traceback in
+    `run --local`; retried as unclassified, then dead-lettered, in the fleet): it is a
+    ModelResponseError naming the provider. Tool-call arguments nested so are arguments
+    that are not an object (the loop answers the call with an error the model can fix)."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    openai_server.enqueue(Reply(raw=b'{"choices": ' + deep + b"}"))
+    with pytest.raises(ModelResponseError, match="nested too deeply"):
+        make(openai_server.base_url, clock, retries=0).complete(
+            system="", messages=[Message(role="user", content="hi")], tools=[]
+        )
+    openai_server.enqueue(openai_completion("ok", [("a", "weather", deep.decode())]))
+    answer = make(openai_server.base_url, clock).complete(
+        system="", messages=[Message(role="user", content="hi")], tools=[WEATHER]
+    )
+    assert answer.tool_calls[0].raw_arguments == deep.decode()
+    assert dict(answer.tool_calls[0].arguments) == {}

@@ -33,7 +33,6 @@ from workers.persona.errors import ModelAuthError
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
 from workers.persona.models.client import Endpoint, HTTPModel, MalformedAnswer, token_count
 from workers.persona.models.config import ModelConfig
-from workers.persona.models.http import excerpt
 
 __all__ = ["ANTHROPIC_VERSION", "AnthropicModel"]
 
@@ -128,7 +127,7 @@ def _parse(data: Mapping[str, Any]) -> Completion:
     content = data.get("content")
     if not isinstance(content, list):
         if data.get("type") == "error" or "error" in data:
-            raise MalformedAnswer(f"answer carries an error: {excerpt(json.dumps(data))}")
+            raise MalformedAnswer("answer carries an error", answer=json.dumps(data))
         raise MalformedAnswer("answer has no content list")
     texts: list[str] = []
     calls: list[ToolCall] = []

@@ -28,7 +28,12 @@ __all__ = ["Endpoint", "HTTPModel", "MalformedAnswer", "token_count"]
 
 class MalformedAnswer(Exception):
     """The answer broke the wire protocol; :meth:`HTTPModel._post` turns it into a
-    ModelResponseError with the provider's name, so it never leaves a client."""
+    ModelResponseError with the provider's name, so it never leaves a client. ``answer``: the
+    text to show an excerpt of after the message (made where the keys to scrub are known)."""
+
+    def __init__(self, message: str, *, answer: str | None = None) -> None:
+        super().__init__(message)
+        self.answer = answer
 
 
 #: No real call comes near this; a count above it is a broken or hostile endpoint's.
@@ -148,4 +153,7 @@ class HTTPModel(ABC):
         try:
             return parse(data)
         except MalformedAnswer as exc:
-            raise self._http.error(ModelResponseError, str(exc)) from None
+            detail = str(exc)
+            if exc.answer is not None:
+                detail = f"{detail}: {self._http.excerpt(exc.answer)}"
+            raise self._http.error(ModelResponseError, detail) from None

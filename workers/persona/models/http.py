@@ -180,16 +180,18 @@ def scrub(text: str, secrets: Sequence[str]) -> str:
     return text
 
 
-def excerpt(body: str, limit: int = EXCERPT_CHARS) -> str:
+def excerpt(body: str, limit: int = EXCERPT_CHARS, *, secrets: Sequence[str] = ()) -> str:
     """A short, one-line summary of a provider's answer: its error message if it has one.
 
     Both providers wrap errors as ``{"error": {"message": ...}}`` (Anthropic adds a top-level
-    ``type``); anything else is shown as its first characters.
+    ``type``); anything else is shown as its first characters. ``secrets`` are scrubbed
+    before the cut: a key the cut split would no longer be found whole, and its first part
+    would be shown.
     """
     text = body
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the recursion limit
         data = None
     if isinstance(data, dict):
         error = data.get("error")
@@ -199,7 +201,7 @@ def excerpt(body: str, limit: int = EXCERPT_CHARS) -> str:
             text = error
         elif isinstance(data.get("message"), str):
             text = data["message"]
-    text = re.sub(r"\s+", " ", text).strip()
+    text = re.sub(r"\s+", " ", scrub(text, secrets)).strip()
     if not text:
         return "(empty body)"
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -322,6 +324,10 @@ class ProviderHTTP:
             clients = list(self._clients)
         for client in clients:
             client.close()
+
+    def excerpt(self, answer: str) -> str:
+        """:func:`excerpt` of ``answer`` with this client's keys scrubbed before the cut."""
+        return excerpt(answer, secrets=self._secrets)
 
     def error(self, kind: type[ModelError], detail: str) -> ModelError:
         """An error of ``kind`` whose message names the provider and holds no secret."""
@@ -515,7 +521,7 @@ class ProviderHTTP:
 
     def _status_failure(self, response: httpx.Response, body: bytes, where: str) -> _Failure:
         status = response.status_code
-        said = excerpt(_text(response, body))
+        said = self.excerpt(_text(response, body))
         retryable = status in RETRY_STATUSES
         override = (response.headers.get("x-should-retry") or "").strip().lower()
         if override in ("true", "false"):
@@ -545,16 +551,22 @@ class ProviderHTTP:
     def _decode(self, response: httpx.Response, body: bytes) -> dict[str, Any]:
         try:
             data = json.loads(body)
+        except RecursionError:
+            raise self.error(
+                ModelResponseError,
+                f"answer is nested too deeply to read (HTTP {response.status_code}, "
+                f"{len(body)} bytes)",
+            ) from None
         except (ValueError, UnicodeDecodeError):
             raise self.error(
                 ModelResponseError,
                 f"answer is not JSON (HTTP {response.status_code}): "
-                f"{excerpt(_text(response, body))}",
+                f"{self.excerpt(_text(response, body))}",
             ) from None
         if not isinstance(data, dict):
             raise self.error(
                 ModelResponseError,
-                f"answer is JSON but not an object: {excerpt(_text(response, body))}",
+                f"answer is JSON but not an object: {self.excerpt(_text(response, body))}",
             )
         return data
 

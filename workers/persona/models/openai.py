@@ -36,7 +36,6 @@ from urllib.parse import urlsplit
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
 from workers.persona.models.client import Endpoint, HTTPModel, MalformedAnswer, token_count
 from workers.persona.models.config import ModelConfig
-from workers.persona.models.http import excerpt
 
 __all__ = ["OpenAIModel"]
 
@@ -121,7 +120,7 @@ def _parse(data: Mapping[str, Any]) -> Completion:
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         if "error" in data:
-            raise MalformedAnswer(f"answer carries an error: {excerpt(json.dumps(data))}")
+            raise MalformedAnswer("answer carries an error", answer=json.dumps(data))
         raise MalformedAnswer("answer has no choices[0]")
     choice: dict[str, Any] = choices[0]
     message = choice.get("message")
@@ -177,7 +176,7 @@ def _call(raw: object, index: int) -> ToolCall:
     text = arguments if isinstance(arguments, str) else json.dumps(arguments)
     try:
         parsed = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the recursion limit
         parsed = None
     if isinstance(parsed, dict):
         return ToolCall(id=call_id, name=name, arguments=parsed)

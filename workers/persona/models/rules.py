@@ -267,9 +267,13 @@ def decode(raw: str, suffix: str, source: str) -> Any:
             return tomllib.loads(raw)
         except tomllib.TOMLDecodeError as exc:
             raise ModelSpecError(f"scripted rules {source}: not valid TOML: {exc}") from None
+        except RecursionError:
+            raise ModelSpecError(f"scripted rules {source}: nested too deeply to read") from None
     if suffix == ".json":
         try:
             return json.loads(raw)
         except json.JSONDecodeError as exc:
             raise ModelSpecError(f"scripted rules {source}: not valid JSON: {exc}") from None
+        except RecursionError:
+            raise ModelSpecError(f"scripted rules {source}: nested too deeply to read") from None
     raise ModelSpecError(f"scripted rules {source}: the file must end in .toml or .json")
