@@ -89,6 +89,22 @@ def test_a_log_nested_past_the_recursion_limit_is_read_as_empty(tmp_path: Path) 
     assert kept.text == "kept"
 
 
+def test_a_log_hard_linked_to_another_file_is_not_truncated_or_written(tmp_path: Path) -> None:
+    """A lane's call log swapped for a hard link to a file elsewhere: a new work's first keep
+    truncated that file and wrote the model's answers into it. The keep is dropped (a warning,
+    as for any log that cannot be written) and the other file is untouched."""
+    home = make_persona(tmp_path / "ava")
+    CallLog(home, "ava", "w").keep("a", Completion("first"))
+    path = home / "sessions" / "ava" / CALLS_NAME
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious\n")
+    path.unlink()
+    os.link(outside, path)
+    CallLog(home, "ava", "w2").keep("b", Completion("second"))
+    CallLog(home, "ava", "w").keep("c", Completion("third"))
+    assert outside.read_bytes() == b"precious\n"
+
+
 def test_a_log_that_cannot_be_written_only_costs_the_saving(tmp_path: Path) -> None:
     """A FIFO at the log's name (or any refusal): the keep is dropped with a warning, never
     blocks, never fails the call."""

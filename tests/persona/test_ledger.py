@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,18 @@ def test_an_append_intent_on_another_inode_is_void(tmp_path: Path) -> None:
     WriteLedger(path).settle(str(data))
     assert WriteLedger(path).answer("qother") is None
     assert path.read_bytes().endswith(b'{"void": true}\n')
+
+
+def test_a_ledger_hard_linked_to_another_file_is_not_written(tmp_path: Path) -> None:
+    """The memory tool's ledger (.locks/<file>.applied) swapped for a hard link to a file
+    elsewhere had the writes' intents and answers appended to that file: the write is refused
+    (OSError naming the link) before anything changes, and the other file is untouched."""
+    path = tmp_path / "MEMORY.md.applied"
+    WriteLedger(path).record_all([("qa", "Added.")])
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious\n")
+    path.unlink()
+    os.link(outside, path)
+    with pytest.raises(OSError, match="hard links"):
+        WriteLedger(path).record_all([("qb", "Added.")])
+    assert outside.read_bytes() == b"precious\n"

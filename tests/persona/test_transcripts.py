@@ -525,3 +525,19 @@ def test_a_conversation_still_being_written_outlives_newer_one_shots(tmp_path: P
     assert "live" in ids
     assert len(ids) == 3
     assert next(r.message.content for r in store.messages("live")) == "my name is Bob"
+
+
+def test_a_transcript_hard_linked_to_another_file_is_not_appended_to(tmp_path: Path) -> None:
+    """A conversation's file swapped for a hard link to a file elsewhere: its next message
+    was appended to that file too. Refused (EMLINK) and the other file is untouched."""
+    store = FileTranscripts(tmp_path)
+    store.open("ava", "t1").append(Message(role="user", content="first"))
+    [path] = (tmp_path / "transcripts" / "ava").iterdir()
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious\n")
+    path.unlink()
+    os.link(outside, path)
+    writer = store.open("ava", "t1")
+    with pytest.raises(OSError, match="hard links"):
+        writer.append(Message(role="user", content="second"))
+    assert outside.read_bytes() == b"precious\n"

@@ -22,6 +22,7 @@ from workers.persona.writes import (
     atomic_write_bytes,
     atomic_write_text,
     create_bytes,
+    open_regular,
     remove_stale_temps,
 )
 
@@ -415,3 +416,21 @@ def test_a_reader_never_sees_part_of_an_append(tmp_path: Path) -> None:
 
     assert _reads_while(writer, lambda: entry.fullmatch(target.read_bytes()) is not None) > 0
     assert appended > 300  # most went in place
+
+
+@pytest.mark.parametrize(
+    "flags", [os.O_WRONLY | os.O_CREAT | os.O_TRUNC, os.O_WRONLY | os.O_APPEND]
+)
+def test_open_regular_refuses_a_file_with_other_hard_links(tmp_path: Path, flags: int) -> None:
+    """A hard link planted in a persona's directory names a file outside it: opened in place
+    (truncated with O_TRUNC before anything was checked, or appended to), the outside file was
+    changed. Refused (EMLINK, saying what to do), and the other file is untouched."""
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious\n")
+    inside = tmp_path / "persona" / "log"
+    inside.parent.mkdir()
+    os.link(outside, inside)
+    with pytest.raises(OSError, match="has 2 hard links") as caught:
+        open_regular(inside, flags)
+    assert caught.value.errno == errno.EMLINK
+    assert outside.read_bytes() == b"precious\n"

@@ -78,6 +78,7 @@ from workers.persona.memory_spec import unflushed_message
 from workers.persona.writes import (
     fsync_directory,
     fsync_file,
+    open_regular,
     remove_stale_temps,
     replace_bytes,
     write_all,
@@ -138,7 +139,7 @@ class WriteLedger:
             if not os.access(parent, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "Permission denied", parent)
             return
-        self._fd = os.open(self.path, _APPEND)
+        self._fd = open_regular(self.path, _APPEND)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -265,7 +266,7 @@ class WriteLedger:
         ledger is never copied to add a line to it."""
         written = self._after or self._raw or b""
         data = (b"" if not written or written.endswith(b"\n") else b"\n") + line
-        target = fd if fd is not None else os.open(self.path, _APPEND)
+        target = fd if fd is not None else open_regular(self.path, _APPEND)
         try:
             write_all(target, data)
         finally:

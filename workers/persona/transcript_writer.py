@@ -29,7 +29,7 @@ from workers.persona.files import file_kind
 from workers.persona.messages import Message
 from workers.persona.transcript_layout import FORMAT_VERSION, ConversationInfo
 from workers.persona.waits import fsync
-from workers.persona.writes import fsync_directory, write_all
+from workers.persona.writes import fsync_directory, single_link, write_all
 
 __all__ = ["ConversationWriter", "LaneFiles"]
 
@@ -111,6 +111,7 @@ class ConversationWriter:
             if not stat.S_ISREG(info.st_mode):
                 problem = f"is {file_kind(info.st_mode)}, not a transcript file"
                 raise PersonaFileError(self._path, problem)
+            single_link(info, self._path)
             if not self._checked_tail:
                 self._terminate_torn_tail(fd, info.st_size)
             write_all(fd, line)

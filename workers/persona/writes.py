@@ -43,6 +43,7 @@ __all__ = [
     "open_regular",
     "remove_stale_temps",
     "replace_bytes",
+    "single_link",
     "write_all",
     "write_synced",
 ]
@@ -276,20 +277,43 @@ def open_regular(path: str | os.PathLike[str], flags: int, mode: int = _DEFAULT_
     block: a FIFO at the name with no reader fails at once (``O_NONBLOCK``: ENXIO, where a
     plain open waited for a reader for ever, under whatever lock the writer holds), and one
     that opened anyway (a FIFO with a reader, a device) is closed and refused; never through a
-    final symlink. Raises ``OSError`` naming what it found."""
+    final symlink, nor into a file with other hard links (:func:`single_link`; ``O_TRUNC`` is
+    applied only once that is known). Raises ``OSError`` naming what it found."""
     target = os.fspath(path)
     nofollow = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(target, flags | os.O_NONBLOCK | nofollow, mode)
+        fd = os.open(target, (flags & ~os.O_TRUNC) | os.O_NONBLOCK | nofollow, mode)
     except OSError as error:
         if error.errno == errno.ENXIO:
             raise OSError(errno.ENXIO, "not a regular file (a FIFO or a socket)", target) from None
         raise
-    kind = os.fstat(fd).st_mode
-    if not stat.S_ISREG(kind):
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(
+                errno.EINVAL, f"not a regular file (it is {file_kind(info.st_mode)})", target
+            )
+        single_link(info, target)
+        if flags & os.O_TRUNC:
+            os.ftruncate(fd, 0)
+    except BaseException:
         os.close(fd)
-        raise OSError(errno.EINVAL, f"not a regular file (it is {file_kind(kind)})", target)
+        raise
     return fd
+
+
+def single_link(info: os.stat_result, path: str | os.PathLike[str]) -> None:
+    """Refuse to write in place into a file that has other names: a hard link planted in a
+    persona's directory may name a file outside it, which the write would change too.
+    (Replacing a file, as :func:`replace_bytes` does, breaks such a link instead.)"""
+    if info.st_nlink > 1:
+        raise OSError(
+            errno.EMLINK,
+            f"has {info.st_nlink} hard links: written in place, every other name of it (maybe "
+            "outside the persona) would change too; remove it (soulfleet writes a new one) or "
+            "replace it with a copy",
+            os.fspath(path),
+        )
 
 
 def write_all(fd: int, data: bytes) -> None:
