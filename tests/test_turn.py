@@ -91,6 +91,16 @@ def test_a_dream_that_did_not_log_itself_is_logged_by_the_runtime(rig: Rig) -> N
     assert rig.fleet.beats() == [], "dream replies never reach the beats feed"
 
 
+def test_a_dream_that_answered_nothing_is_not_logged(rig: Rig) -> None:
+    """A pass with no text (an empty answer; a pass ended before its model call, its input
+    over the turn budget) wrote an empty entry to memory/log.md, and `up` said "dream pass
+    logged": nothing is logged for it."""
+    home = rig.persona("ava", '[[rules]]\ntext = ""\n', '[dream]\nevery = "1h"\n')
+    rig.fleet.dream("ava")
+    assert rig.run_next() == "done"
+    assert not (home / "memory" / "log.md").exists()
+
+
 READ_LOG_THEN_REPORT = """
 [[rules]]
 when = { tool_results = 0 }

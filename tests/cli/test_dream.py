@@ -133,6 +133,31 @@ def test_dream_all_counts_a_pass_that_ended_without_a_model_call_as_skipped(
     assert outcome_json["skipped"] == ["nora-dreamer"]
 
 
+def test_dream_all_counts_a_pass_that_ended_at_a_limit_as_incomplete_and_fails(
+    invoke: Invoke, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass that ended 'incomplete' (its input over the turn budget: no model call; its time
+    or calls used up) was listed as done, exit 0, though the README says exit 1 unless every
+    pass succeeded: it is listed apart, and the command exits 1."""
+    monkeypatch.setattr(
+        sys.modules["workers.cli.dream"],
+        "watch_batch",
+        lambda fleet, before, timeout: (
+            {"ava-dreamer": "done", "nora-dreamer": "incomplete", "milo-dreamer": "done"},
+            [],
+            [],
+        ),
+    )
+    result = invoke("dream", "--all", "--json")
+    assert result.exit_code == 1, result.output
+    outcome_json = json.loads(result.stdout)
+    assert outcome_json["done"] == ["ava-dreamer", "milo-dreamer"]
+    assert outcome_json["incomplete"] == ["nora-dreamer"]
+    plain = invoke("dream", "--all")
+    assert "incomplete: 1" in plain.stdout
+    assert "incomplete (ended at a limit" in plain.stdout
+
+
 def test_watch_batch_counts_a_pass_that_dead_lettered_its_dreamer_as_failed(
     env: Mapping[str, str | None],
 ) -> None:

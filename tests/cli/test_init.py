@@ -5,6 +5,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests.cli.conftest import Invoke
 from workers.cli.init import SCAFFOLD_FILES
 from workers.persona.home import BOOTSTRAP_ORDER, compose_soul
@@ -129,3 +131,17 @@ def test_init_under_a_file_is_bad_input_naming_it(invoke: Invoke, tmp_path: Path
     assert result.exit_code == 2, result.output
     assert f"{blocker} is a file, not a directory" in result.stderr
     assert blocker.read_text() == "not a directory\n"
+
+
+def test_init_refuses_an_empty_directory_argument(
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`soulfleet init ""` (an unset shell variable) wrote nine files into the current
+    directory: refused, exit 2, nothing written."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    result = invoke("init", "")
+    assert result.exit_code == 2, result.output
+    assert "DIRECTORY is empty" in result.stderr
+    assert list(here.iterdir()) == []

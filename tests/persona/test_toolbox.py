@@ -335,3 +335,16 @@ def test_a_servers_oversized_tool_listing_is_bounded(tmp_path: Path) -> None:
     assert wordy.endswith(f"[description cut at {MCP_DESCRIPTION_MAX_CHARS} characters]")
     assert len(wordy) < MCP_DESCRIPTION_MAX_CHARS + 100
     assert [e["tool"] for e in logs if e["event"] == "mcp.tool_refused"] == ["bloated"]
+
+
+def test_a_function_tool_returning_the_wrong_type_says_what_it_must_return() -> None:
+    """A FunctionTool whose function returns a str (or None) gave the model "AttributeError:
+    'str' object has no attribute 'output'": it now says the function must return a
+    ToolResult, and a right answer passes through unchanged."""
+    from workers.persona.tools import FunctionTool, ToolResult  # noqa: PLC0415
+
+    wrong = FunctionTool("rstr", "Returns a str.", {"type": "object"}, lambda _: "23")  # type: ignore[arg-type,return-value]
+    with pytest.raises(TypeError, match="returned str, not a ToolResult: it must return"):
+        wrong.execute({})
+    right = FunctionTool("ok", "Returns a result.", {"type": "object"}, lambda _: ToolResult("5"))
+    assert right.execute({}) == ToolResult("5")

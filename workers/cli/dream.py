@@ -174,7 +174,10 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
     failed = sorted([*failed, *dead])
     # A pass that ended without a model call (a used-up budget, nothing new) did not dream.
     skipped = sorted(lane for lane, status in ended.items() if status == "skipped")
-    done = sorted(lane for lane in ended if lane not in skipped)
+    # One that ended at a limit (its input over the turn budget, its time or calls used up)
+    # did not finish its pass: not done, and the command fails.
+    incomplete = sorted(lane for lane, status in ended.items() if status == "incomplete")
+    done = sorted(lane for lane in ended if lane not in skipped and lane not in incomplete)
     # A lane whose provider's breaker is open waits for it, not for a worker: said apart.
     # So is one still queued (no worker has taken it: busy, or none consuming the dream
     # queue), which was called "still running".
@@ -184,16 +187,20 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
     running = [lane for lane in waiting if lane not in deferred and lane not in queued]
     if as_json:
         click.echo(json.dumps({
-            "done": done, "skipped": skipped, "failed": failed, "still_running": running,
+            "done": done, "skipped": skipped, "incomplete": incomplete, "failed": failed,
+            "still_running": running,
             "still_queued": queued, "deferred": deferred, "invalid": invalid,
         }))  # fmt: skip
     else:
         click.echo(
-            f"done: {len(done)}  skipped: {len(skipped)}  failed: {len(failed)}  "
+            f"done: {len(done)}  skipped: {len(skipped)}  incomplete: {len(incomplete)}  "
+            f"failed: {len(failed)}  "
             f"still running: {len(running)}  still queued: {len(queued)}  "
             f"deferred: {len(deferred)}  invalid (not queued): {len(invalid)}"
         )
         for label, group in (("skipped (budget used up, or nothing new)", skipped),
+                             ("incomplete (ended at a limit: `soulfleet status` says which)",
+                              incomplete),
                              ("failed", failed), ("still running", running),
                              ("still queued (no worker has taken them yet)", queued),
                              ("deferred (their provider's breaker is open: they run when it "
@@ -201,7 +208,7 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
                              ("invalid", sorted(invalid))):  # fmt: skip
             if group:
                 click.echo(f"{label}: {', '.join(group)}")
-    if failed or waiting or invalid:
+    if failed or waiting or invalid or incomplete:
         ctx.exit(EXIT_FAILURE)
 
 

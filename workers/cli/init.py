@@ -65,10 +65,16 @@ def scaffold(directory: Path) -> list[Path]:
 
 
 @click.command()
-@click.argument("directory", type=click.Path(path_type=Path))
+@click.argument("given", metavar="DIRECTORY")
 @click.option("--json", "as_json", is_flag=True, help="Print what was created as JSON.")
-def init(directory: Path, as_json: bool) -> None:
+def init(given: str, as_json: bool) -> None:
     """Scaffold a persona home in DIRECTORY (bootstrap files, persona.toml, DREAM.md)."""
+    if not given.strip():  # Path("") is the current directory: `init "$UNSET"` filled it
+        raise BadInputError(
+            "DIRECTORY is empty (an unset shell variable?): name the persona's new directory, "
+            "such as personas/ava"
+        )
+    directory = Path(given)
     written = scaffold(directory)
     if as_json:
         click.echo(json.dumps({

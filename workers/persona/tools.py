@@ -84,7 +84,14 @@ class FunctionTool:
     source: str = "python"
 
     def execute(self, arguments: Mapping[str, Any]) -> ToolResult:
-        return self.fn(arguments)
+        result: object = self.fn(arguments)
+        if not isinstance(result, ToolResult):
+            # The model would otherwise read an AttributeError from deep in the loop.
+            raise TypeError(
+                f"the function of tool {self.name!r} returned {type(result).__name__}, not a "
+                "ToolResult: it must return ToolResult(text) (or ToolResult(text, is_error=True))"
+            )
+        return result
 
 
 def spec_of(tool: Tool) -> ToolSpec:

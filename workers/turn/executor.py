@@ -434,7 +434,7 @@ class TurnExecutor:
         files = SessionFiles(agent.home, lane)
         session: SessionCommit | None = None
         try:
-            if role == "dreamer" and not silent and not wrote_log(result):
+            if role == "dreamer" and not silent and result.text.strip() and not wrote_log(result):
                 # The dream prompt asks the model to log its pass; if it did not, the runtime
                 # keeps the promise that what a dream did lands in memory/log.md.
                 guard()
