@@ -10,11 +10,19 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import Invoke
-from tests.support.cli import PASSWORD, closed_port_url, dead_letter, lanes_for, sync_registry
+from tests.support.cli import (
+    PASSWORD,
+    closed_port_url,
+    dead_letter,
+    lanes_for,
+    settings_for,
+    sync_registry,
+)
 from tests.support.tmpfs import fill, tmpfs
 from workers.persona import python_tools
 from workers.persona.inbox import InboxItem
 from workers.persona.storage import MIN_FREE_BYTES, STORAGE_MARK
+from workers.queues import queue_name
 
 
 def test_post_no_wake_keeps_the_item_with_its_provenance(
@@ -268,3 +276,34 @@ def test_a_tool_import_still_running_is_accepted_with_a_warning_not_refused(
     local = invoke("run", "ava", "hi", "--local")
     assert local.exit_code == 1, local.output
     assert "(transient: try again)" in local.stderr
+
+
+def test_a_full_inbox_on_an_idle_lane_gets_a_turn_to_drain_it(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """Items posted --no-wake until the inbox was full, to a persona no heartbeat reads: every
+    later post was refused with "retry after the persona's next turn drains it", and no turn
+    ever came. A refused post that asks to wake now queues that turn (its own item is still
+    refused) and says so; refused without a wake, it says nothing will drain the inbox."""
+    sync_registry({**env, "SOULFLEET_INBOX_MAX": "2"})
+    for n in range(2):
+        assert invoke("post", "nora", f"m{n}", "--no-wake").exit_code == 0
+    unwoken = invoke("post", "nora", "one more", "--no-wake")
+    assert unwoken.exit_code == 1, unwoken.output
+    assert "no turn is queued to drain it" in unwoken.stderr
+    lanes = lanes_for(env)
+    assert lanes.status("nora")["state"] == "idle"
+    woken = invoke("post", "nora", "one more")
+    assert woken.exit_code == 1, woken.output
+    assert "a turn to drain it was queued just now" in woken.stderr
+    status = lanes.status("nora")
+    assert (status["state"], status["inbox_depth"]) == ("queued", 2)
+    assert status["kind"] == "interactive"
+    # and its message was sent: a worker consuming the queue runs it
+    settings = settings_for(env)
+    queue = queue_name(settings.queue_prefix, "interactive")
+    # kombu's global_keyprefix (workers/app.py) namespaces the broker's lists
+    [message] = lanes.client.lrange(f"{settings.key_prefix}broker:{queue}", 0, -1)
+    assert str(status["turn_id"]) in str(message)
+    again = invoke("post", "nora", "and another")
+    assert "retry after the persona's next turn drains it" in again.stderr

@@ -102,19 +102,37 @@ class FleetError(SoulfleetError):
 
 
 class InboxFull(FleetError):
-    """The lane's inbox is at its bound; the post was refused and nothing was written."""
+    """The lane's inbox is at its bound; the post was refused and nothing was written.
+
+    ``drain_turn``: the turn the refused post queued to drain an idle lane's inbox (the caller
+    publishes it); ``state``: the lane's state when the post was refused."""
 
     retryable = True
 
-    def __init__(self, lane: str, limit: int) -> None:
+    def __init__(
+        self, lane: str, limit: int, *, drain_turn: str | None = None, state: str = ""
+    ) -> None:
+        if drain_turn is not None:
+            when = "a turn to drain it was queued just now: retry once it has run"
+        elif state == "idle":
+            when = (
+                "no turn is queued to drain it (posted without a wake): wake the persona "
+                f"(`soulfleet post {lane} TEXT` wakes it, or `soulfleet run`), then retry"
+            )
+        elif state == "dead":
+            when = f"the lane is dead-lettered: `soulfleet revive {lane}` runs its items"
+        else:
+            when = "retry after the persona's next turn drains it"
         super().__init__(
             f"inbox of lane {lane!r} is full ({limit} items waiting): the item was NOT "
-            "accepted and nothing was dropped; retry after the persona's next turn drains it "
-            "(or raise SOULFLEET_INBOX_MAX where the fleet runs: beat records the fleet's, and a "
-            "`soulfleet` command keeps to that, whatever its own shell says)"
+            f"accepted and nothing was dropped; {when} (or raise SOULFLEET_INBOX_MAX where "
+            "the fleet runs: beat records the fleet's, and a `soulfleet` command keeps to "
+            "that, whatever its own shell says)"
         )
         self.lane = lane
         self.limit = limit
+        self.drain_turn = drain_turn
+        self.state = state
 
 
 class ItemTooLarge(FleetError):

@@ -35,6 +35,7 @@ from workers.fleet.clients import fleet_client
 from workers.fleet.door_settings import ModelDefaults
 from workers.fleet.errors import (
     BudgetStopped,
+    InboxFull,
     LaneDeadLettered,
     RedisUnavailable,
 )
@@ -192,7 +193,13 @@ class Fleet(FleetReports):
             reply=reply,
             trusted=trusted,
         )
-        outcome = self.lanes.post(name, item, wake=wake)
+        try:
+            outcome = self.lanes.post(name, item, wake=wake)
+        except InboxFull as full:
+            if full.drain_turn is not None:  # refused, but the idle lane now drains its inbox
+                with contextlib.suppress(RedisUnavailable):  # send() hands it to the reaper
+                    self.send([(name, full.drain_turn, "interactive")])
+            raise
         if on_posted is not None:
             on_posted(outcome)
         if outcome.turn_id is not None and outcome.turn_kind is not None:

@@ -147,7 +147,9 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
             if held_back is not None:  # a caller posting in a loop: a line a minute per lane
                 _log.warning("lane.inbox_full", lane=lane, limit=self.inbox_max,
                              refused_before=held_back)  # fmt: skip
-            raise InboxFull(lane, self.inbox_max)
+            drain = str(reply[2]) if len(reply) > 2 and reply[2] else None
+            state = str(reply[3]) if len(reply) > 3 else ""
+            raise InboxFull(lane, self.inbox_max, drain_turn=drain, state=state)
         if outcome == "queued":
             return PostOutcome(lane, "queued", item.id, depth, turn_id, "interactive")
         return PostOutcome(lane, "dead" if outcome == "dead" else "pending", item.id, depth)

@@ -5,7 +5,10 @@
 -- ARGV  [1] lane name  [2] item JSON  [3] wake "1"|"0"  [4] inbox_max  [5] now (ms)
 --       [6] turn id for the turn this post may queue (unused unless it queues)
 -- Reply {outcome, inbox depth}, or {"queued", depth, turn_id} when a turn must be published:
---   "full"     the inbox already holds inbox_max items: NOTHING was written
+--   "full"     the inbox already holds inbox_max items: the item was NOT written. Reply
+--              {"full", depth, turn_id or "", state}: an idle lane woken by this post gets a
+--              turn to drain its inbox all the same (turn_id: publish it), since no turn may
+--              ever come otherwise (no heartbeat reads it, every item posted without a wake)
 --   "dead"     the lane is dead-lettered: the item is kept (never dropped), no turn queued
 --   "queued"   the lane was idle and wake was asked: a new interactive turn is queued
 --   "pending"  the item waits for the lane's queued or running turn, or for a later wake
@@ -16,7 +19,14 @@ local lane, inbox, queued = KEYS[1], KEYS[2], KEYS[5]
 
 local depth = redis.call('LLEN', inbox)
 if depth >= tonumber(ARGV[4]) then
-  return {'full', depth}
+  local state = redis.call('HGET', lane, 'state') or 'idle'
+  if state == 'idle' and ARGV[3] == '1' then
+    redis.call('HSET', lane, 'state', 'queued', 'turn_id', ARGV[6], 'kind', 'interactive',
+               'queued_at', ARGV[5])
+    redis.call('ZADD', queued, ARGV[5], ARGV[1])
+    return {'full', depth, ARGV[6], state}
+  end
+  return {'full', depth, '', state}
 end
 depth = redis.call('RPUSH', inbox, ARGV[2])
 -- When the last inbound post arrived: an idle persona's heartbeat stretches (heartbeat.idle_*).
