@@ -206,6 +206,36 @@ def test_start_drains_inbox_and_ticks_into_inflight_under_a_new_fence(
     assert lanes.counts() == {"queued": 0, "running": 1, "dead": 0}
 
 
+def test_a_backlog_over_the_drain_bound_is_taken_over_several_turns(
+    redis_client: redis.Redis, key_prefix: str, keys: Keys, clock: VirtualClock
+) -> None:
+    """A turn took the whole inbox: a backlog whose text alone was over the turn's token
+    budget ended that turn before its model call, and every item went unanswered. A turn
+    now takes items (in order) up to drain_max_bytes, the first one always; the rest stay in
+    the inbox, and finish queues the turn that takes them."""
+    big = [item("x" * 300) for _ in range(3)]
+    bound = len(big[0].to_json()) * 2 + 10  # two items fit, three do not
+    lanes = make_lanes(redis_client, key_prefix, clock=clock, drain_max_bytes=bound)
+    turn = lanes.post("ava", big[0], wake=True).turn_id
+    assert turn is not None
+    for one in big[1:]:
+        lanes.post("ava", one, wake=True)
+    started = lanes.start("ava", turn, "w1")
+    assert [i.id for i in started.items] == [big[0].id, big[1].id]
+    assert redis_client.llen(keys.inbox("ava")) == 1
+    finished = lanes.finish("ava", started.fence, status="done", text="two answered")
+    assert finished.follow_up_turn_id is not None
+    again = lanes.start("ava", finished.follow_up_turn_id, "w1")
+    assert [i.id for i in again.items] == [big[2].id]
+    assert redis_client.llen(keys.inbox("ava")) == 0
+    # one item over the bound by itself is still taken, alone
+    tiny = make_lanes(redis_client, key_prefix + "t:", clock=clock, drain_max_bytes=10)
+    first = tiny.post("bob", big[0], wake=True).turn_id
+    assert first is not None
+    tiny.post("bob", big[1], wake=True)
+    assert [i.id for i in tiny.start("bob", first, "w1").items] == [big[0].id]
+
+
 def test_duplicate_and_stale_starts_are_rejected_and_change_nothing(
     lanes: Lanes, redis_client: redis.Redis, key_prefix: str
 ) -> None:

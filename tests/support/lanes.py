@@ -50,6 +50,7 @@ def make_lanes(
     reply_ttl: float = 60.0,
     item_max_bytes: int = 64 * 1024,
     beat_max_bytes: int = 4096,
+    drain_max_bytes: int = 0,
     clock: Clock | None = None,
 ) -> Lanes:
     """A Lanes on ``client`` with small, test-friendly limits."""
@@ -63,6 +64,7 @@ def make_lanes(
         reply_ttl=reply_ttl,
         item_max_bytes=item_max_bytes,
         beat_max_bytes=beat_max_bytes,
+        drain_max_bytes=drain_max_bytes,
         clock=clock,
     )
 

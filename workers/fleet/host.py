@@ -112,6 +112,9 @@ class Fleet(FleetReports):
             beats_max=settings.beats_max,
             beat_max_bytes=settings.beat_max_bytes,
             reply_ttl=settings.reply_ttl,
+            # Items of one turn hold at most a quarter of its token budget (4 bytes a token):
+            # the soul, the history and the answers need the rest.
+            drain_max_bytes=settings.turn_max_tokens,
             clock=self.clock,
         )
         self._beats = Beats(self.client, self.keys)

@@ -39,6 +39,7 @@ class LaneStore:
         reply_ttl: float,
         item_max_bytes: int = 64 * 1024,
         beat_max_bytes: int = 4096,
+        drain_max_bytes: int = 0,
         clock: Clock | None = None,
     ) -> None:
         if not client.connection_pool.connection_kwargs.get("decode_responses"):
@@ -63,6 +64,8 @@ class LaneStore:
         self.beats_max = beats_max
         self.beat_max_bytes = beat_max_bytes
         self.reply_ttl = reply_ttl
+        #: the most bytes of inbox items one turn takes (0: all): start.lua's ARGV[7]
+        self.drain_max_bytes = max(0, drain_max_bytes)
         self.clock: Clock = clock or SystemClock()
         self.scripts = Scripts.register(client)
 

@@ -164,6 +164,7 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         """
         args: list[str | int] = [
             lane, turn_id, worker, self._now_ms(), self._ms(self.lease_ttl), self.max_attempts,
+            self.drain_max_bytes,
         ]  # fmt: skip
         keys = [*self.keys.lane_keys(lane), self.keys.claim(lane), self.keys.claimed]
         with redis_errors(self.client):

@@ -5,12 +5,14 @@
 --       [6] lanes:running  [7] lanes:dead  (Keys.lane_keys(lane))  [8] claim:<lane>
 --       [9] lanes:claimed
 -- ARGV  [1] lane name  [2] turn id (from the turn message)  [3] worker  [4] now (ms)
---       [5] lease ttl (ms)  [6] max_attempts
+--       [5] lease ttl (ms)  [6] max_attempts  [7] most bytes of inbox items one turn drains
+--       (0: all; the first item always): the rest stay in the inbox, and finish queues the
+--       turn after this one for them
 -- Reply {"dead", last_error} | {"stale"} | {"duplicate"}
 --     | {"started", fence, attempt, kind, ticks, recovered, commits, session, session_epoch,
 --        last_pass, born, failing, failing_since, item JSON...}
 --       items: in-flight items left by a dead worker FIRST (recovered = their count), then the
---       whole inbox in arrival order; ticks = in-flight ticks (recovered ones included), except
+--       inbox in arrival order, as much of it as ARGV[7] allows; ticks = in-flight ticks (recovered ones included), except
 --       on a retry (in-flight work left by an earlier attempt): work holding ticks shows the
 --       count its first attempt showed (shown_ticks) while the ticks that came since fold into
 --       it; work holding none leaves them pending for the turn after it.
@@ -70,10 +72,26 @@ local fence = redis.call('HINCRBY', lane, 'fence', 1)
 redis.call('SET', lease, fence .. ':' .. worker, 'PX', ARGV[5])
 local recovered = redis.call('LLEN', inflight)
 local fresh = redis.call('LRANGE', inbox, 0, -1)
-for i = 1, #fresh, 500 do
-  redis.call('RPUSH', inflight, unpack(fresh, i, math.min(i + 499, #fresh)))
+-- Bounded: a backlog whose text alone is over the turn's token budget was drained into one
+-- turn that ended before its model call, and every item in it went unanswered.
+local most, taken, bytes = tonumber(ARGV[7] or '0'), #fresh, 0
+if most > 0 then
+  for i = 1, #fresh do
+    bytes = bytes + #fresh[i]
+    if bytes > most and i > 1 then
+      taken = i - 1
+      break
+    end
+  end
 end
-redis.call('DEL', inbox)
+for i = 1, taken, 500 do
+  redis.call('RPUSH', inflight, unpack(fresh, i, math.min(i + 499, taken)))
+end
+if taken == #fresh then
+  redis.call('DEL', inbox)
+else
+  redis.call('LTRIM', inbox, taken, -1)
+end
 local pending = tonumber(redis.call('HGET', lane, 'ticks') or '0')
 local held = tonumber(redis.call('HGET', lane, 'inflight_ticks') or '0')
 local ticks
