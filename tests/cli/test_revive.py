@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests.cli.conftest import Invoke
+from tests.support.cli import lanes_for, settings_for
+from tests.support.lanes import item
 from workers.fleet import Fleet
 from workers.fleet.errors import FleetError
+from workers.queues import queue_name
 from workers.settings import Settings
 
 
@@ -335,3 +338,32 @@ def test_revive_all_puts_back_every_lane_lost_from_the_queue_index(
     put_back = {entry["lane"] for entry in json.loads(result.stdout)["put_back"]}
     assert put_back == {"nora", "milo-dreamer"}
     assert json.loads(invoke("status", "--json").stdout)["unindexed_lanes"] == []
+
+
+def test_revive_runs_a_lane_waiting_out_a_long_retry_now(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A provider's Retry-After held lanes up to an hour after it was back, and `revive` said
+    "not dead-lettered (it is retry): nothing to revive", leaving no way to retry sooner: it
+    now queues the lane's turn at once (attempt count kept) and says so."""
+    lanes = lanes_for(env)
+    outcome = lanes.post("ava", item("are you back?"), wake=True)
+    assert outcome.turn_id is not None
+    started = lanes.start("ava", outcome.turn_id, "w1")
+    failed = lanes.fail("ava", started.fence, error="rate limited", kind="transient",
+                        backoff=(2.0, 300.0), wait_at_least=3600.0)  # fmt: skip
+    assert lanes.status("ava")["state"] == "retry"
+    result = invoke("revive", "ava")
+    assert result.exit_code == 0, result.output
+    assert "was waiting out a retry backoff" in result.stdout
+    status = lanes.status("ava")
+    assert status["state"] == "queued"
+    assert failed.retry_at is not None
+    settings = settings_for(env)  # and its turn is sent (kombu's global_keyprefix, app.py)
+    queue = f"{settings.key_prefix}broker:{queue_name(settings.queue_prefix, 'interactive')}"
+    [message] = lanes.client.lrange(queue, 0, -1)
+    assert str(status["turn_id"]) in str(message)
+    assert lanes.client.zscore(lanes.keys.retry, "ava") is None
+    assert lanes.client.zscore(lanes.keys.queued, "ava") is not None
+    # an idle lane is still refused, as before
+    assert invoke("revive", "milo").exit_code == 1

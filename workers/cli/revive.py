@@ -63,7 +63,8 @@ def revive(
     as_json: bool,
     personas: Path | None,
 ) -> None:
-    """Queue a dead-lettered lane of PERSONA again (its kept items run first)."""
+    """Queue a dead-lettered lane of PERSONA again (its kept items run first); a lane
+    waiting out a retry backoff runs now."""
     state = cli_context(ctx, personas)
     state.honour_personas("revive")
     if forget_gone:
@@ -92,7 +93,14 @@ def revive(
         }  # fmt: skip
         if not queued:
             answer["reason"] = "not dead-lettered"
+        elif outcome.kind == "retry_now":
+            answer["reason"] = "was waiting out a retry backoff: queued now"
         click.echo(json.dumps(answer))
+    elif queued and outcome.kind == "retry_now":
+        click.echo(
+            f"lane {outcome.lane} was waiting out a retry backoff (a provider's Retry-After): "
+            f"turn {outcome.turn_id} queued now"
+        )
     elif queued:
         dropped = (
             f"; {outcome.dropped} item(s) the dead turn held dropped (their senders get no reply)"

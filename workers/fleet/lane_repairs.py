@@ -29,13 +29,19 @@ class LaneRepairs(LaneStore):
         provider refuses for good would kill the lane again).
 
         A lane queued but missing from the queued index (a Redis that evicted keys) is put back
-        and its turn queued again (outcome ``queued``, its own turn id). Any other lane that is
-        not dead is left alone: outcome ``coalesced``, no turn id.
+        and its turn queued again (outcome ``queued``, its own turn id). A lane waiting out a
+        retry backoff is queued now (kind ``retry_now``: the provider is back before its
+        Retry-After said). Any other lane that is not dead is left alone: outcome
+        ``coalesced``, no turn id.
         """
         turn_id = new_turn_id()
         args: list[str | int] = [lane, self._now_ms(), turn_id, "1" if drop_kept else "0"]
+        keys = [*self.keys.lane_keys(lane), self.keys.retry]
         with redis_errors(self.client):
-            reply = self.scripts.revive(keys=self.keys.lane_keys(lane), args=args)
+            reply = self.scripts.revive(keys=keys, args=args)
+        if reply[0] == "retried":
+            _log.info("lane.retried_now", lane=lane, turn_id=str(reply[1]))
+            return TickOutcome(lane, "retry_now", "queued", str(reply[1]), str(reply[2]))
         if reply[0] == "requeued":
             why = "queued but missing from the queued index (evicted keys?)"
             _log.warning("lane.requeued", lane=lane, turn_id=str(reply[1]), why=why)

@@ -1,7 +1,7 @@
 -- revive.lua: take a dead-lettered lane back into service with a fresh attempt count.
 --
 -- KEYS  [1] lane hash  [2] inbox  [3] inflight  [4] lease  [5] lanes:queued
---       [6] lanes:running  [7] lanes:dead                         (Keys.lane_keys(lane))
+--       [6] lanes:running  [7] lanes:dead  (Keys.lane_keys(lane))  [8] lanes:retry
 -- ARGV  [1] lane name  [2] now (ms)  [3] new turn id  [4] "1": drop the in-flight items
 -- Reply {"queued", turn id, kind, items dropped}: the lane was dead and now has a queued turn
 --       (same kind as the turn that died); its in-flight items (the ones the dead turn held)
@@ -10,6 +10,8 @@
 --       inbox (posted since) is kept either way.
 --     | {"requeued", turn id, kind, 0}: the lane was queued but missing from lanes:queued
 --       (its index entry evicted): put back, to publish its turn again
+--     | {"retried", turn id, kind, 0}: the lane was waiting out a retry backoff (a provider's
+--       Retry-After holds it up to an hour): queued now, its attempt count kept, to publish
 --     | {"not_dead", state}: NOTHING changed
 local lane, queued, dead = KEYS[1], KEYS[5], KEYS[7]
 local f = redis.call('HMGET', lane, 'state', 'kind', 'turn_id')
@@ -21,6 +23,15 @@ if state == 'queued' and f[3] and not redis.call('ZSCORE', queued, ARGV[1]) then
   redis.call('ZADD', queued, 0, ARGV[1])
   redis.call('HSET', lane, 'queued_at', 0)
   return {'requeued', f[3], f[2] or 'interactive', 0}
+end
+if state == 'retry' and f[3] and KEYS[8] then
+  -- The operator's "try now" (the provider is back before its Retry-After said): what
+  -- release.lua does when the backoff is over, early.
+  redis.call('ZREM', KEYS[8], ARGV[1])
+  redis.call('HDEL', lane, 'retry_at', 'provider')
+  redis.call('HSET', lane, 'state', 'queued', 'queued_at', ARGV[2])
+  redis.call('ZADD', queued, ARGV[2], ARGV[1])
+  return {'retried', f[3], f[2] or 'interactive', 0}
 end
 if state ~= 'dead' then
   return {'not_dead', state}
