@@ -556,6 +556,22 @@ def test_status_says_when_redis_is_full(
             client.close()
 
 
+def test_status_says_when_redis_memory_nears_its_limit() -> None:
+    """At 97% of maxmemory a 60 KB post was refused (OOM) while status said nothing of Redis
+    (it spoke only once used >= max): from MEMORY_HIGH of it there is a line with the share
+    and what to do; below it, none; at the limit, the FULL line alone."""
+    from workers.cli.status import MEMORY_HIGH, _redis_lines  # noqa: PLC0415
+
+    near = _redis_lines((970_000, 1_000_000, "noeviction"), None, 0)
+    assert len(near) == 1
+    assert near[0].startswith("redis: memory at 97% of its maxmemory (970,000 of 1,000,000")
+    assert "CONFIG SET maxmemory" in near[0]
+    assert _redis_lines((int(1_000_000 * MEMORY_HIGH) - 1, 1_000_000, "noeviction"), None, 0) == []
+    assert _redis_lines((500, 0, "noeviction"), None, 0) == []  # no maxmemory: no share
+    [full] = _redis_lines((1_000_000, 1_000_000, "noeviction"), None, 0)
+    assert full.startswith("redis: FULL")
+
+
 def test_status_answers_on_a_full_redis_with_lanes_queued_too_long(
     invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
 ) -> None:

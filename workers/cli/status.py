@@ -64,6 +64,9 @@ __all__ = [
 STATES = ("dead", "failing", "retry", "deferred", "running", "queued", "idle", "invalid")
 #: A breaker's last error that no amount of waiting cures (the probe's key was refused).
 _KEY_REFUSED = f"{ModelAuthError.__name__}:"
+#: Used memory over this share of maxmemory gets its own line (the SoulfleetRedisMemoryHigh
+#: alert fires at 0.8; a line only nearer the edge, where posts start being refused).
+MEMORY_HIGH = 0.9
 
 
 def breaker_lines(states: Sequence[BreakerState], now: float | None = None) -> list[str]:
@@ -465,6 +468,15 @@ def _redis_lines(
             f"redis: FULL ({used:,} bytes used of its maxmemory {limit:,}): posts, ticks and turn "
             "commits are refused until it has room: `redis-cli CONFIG SET maxmemory <more>`, "
             'then ops/runbook.md "Redis memory near its limit"'
+        )
+    elif 0 < limit and used >= limit * MEMORY_HIGH:
+        # Said before it is full: a large post is refused (OOM) while used is still below max,
+        # and status said nothing until every write was.
+        lines.append(
+            f"redis: memory at {used / limit:.0%} of its maxmemory ({used:,} of {limit:,} "
+            "bytes): large posts are refused first, then every write; give it room "
+            '(`redis-cli CONFIG SET maxmemory <more>`) or find what grew: ops/runbook.md "Redis '
+            'memory near its limit"'
         )
     if evicting:
         # beat only logs it (redis.evicting_policy) and LRU keeps used memory under maxmemory,
