@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.cli.conftest import Invoke
 from workers.persona.home import compose_soul
 
@@ -106,3 +108,23 @@ def test_soul_refuses_what_a_turn_would_fail_with(invoke: Invoke, fleet_root: Pa
     assert result.exit_code == 2, result.output
     assert "nope.toml" in result.stderr
     assert result.stdout == ""
+
+
+def test_soul_of_a_bare_name_is_the_fleets_persona_and_says_when_a_local_one_differs(
+    invoke: Invoke, fleet_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`soul ava` with a directory ./ava here showed the local one, while `run`, `status` and
+    `session` use the fleet's ava: it shows the fleet's now and says the local one differs
+    (`./ava` previews that)."""
+    here = tmp_path / "here"
+    (here / "ava").mkdir(parents=True)
+    (here / "ava" / "SOUL.md").write_text("the local impostor\n")
+    monkeypatch.chdir(here)
+    result = invoke("soul", "ava")
+    assert result.exit_code == 0, result.output
+    assert "the local impostor" not in result.stdout
+    assert (fleet_root / "ava" / "SOUL.md").read_text().strip().splitlines()[0] in result.stdout
+    assert "pass ./ava to preview that one" in result.stderr
+    local = invoke("soul", "./ava")
+    assert "the local impostor" in local.stdout
+    assert "note:" not in local.stderr

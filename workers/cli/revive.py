@@ -24,6 +24,7 @@ import click
 from workers.cli.context import CliContext
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import cli_context, personas_option
+from workers.fleet.outcomes import TickOutcome
 
 __all__ = ["revive"]
 
@@ -86,6 +87,16 @@ def revive(
     name = state.checked(persona)
     outcome = state.fleet().revive(name, dreamer=dreamer, drop_kept=drop_kept)
     queued = outcome.outcome == "queued"
+    _report(state, outcome, name, drop_kept=drop_kept, as_json=as_json)
+    if not queued:
+        ctx.exit(EXIT_FAILURE)
+
+
+def _report(
+    state: CliContext, outcome: TickOutcome, name: str, *, drop_kept: bool, as_json: bool
+) -> None:
+    """What ``revive PERSONA`` did, plain or as JSON."""
+    queued = outcome.outcome == "queued"
     if as_json:
         answer: dict[str, object] = {
             "lane": outcome.lane, "revived": queued, "turn_id": outcome.turn_id,
@@ -115,8 +126,6 @@ def revive(
             f"nothing to revive (`soulfleet status {name}` shows it)",
             err=True,
         )
-    if not queued:
-        ctx.exit(EXIT_FAILURE)
 
 
 def _revive_all(state: CliContext, reason: str | None, *, as_json: bool) -> None:

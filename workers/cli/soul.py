@@ -26,10 +26,17 @@ __all__ = ["soul"]
 @click.pass_context
 def soul(ctx: click.Context, directory: str, as_json: bool) -> None:
     """Show the soul composed from DIRECTORY (a path, or a persona name under the root)."""
-    path = Path(directory).expanduser()
     settings = cli_context(ctx).settings
-    if not path.is_dir():  # not a directory here: maybe a persona name under the root
-        path = persona_dir(directory, settings.personas)
+    # A bare name is the fleet's persona first, as `run`, `status` and `session` read it (a
+    # directory of that name here showed another persona's soul, with no word of it).
+    path = persona_dir(directory, settings.personas)
+    here = Path(directory).expanduser()
+    if path != here and here.is_dir() and here.resolve() != path.resolve():
+        click.echo(
+            f"soulfleet: note: showing persona {directory} of {settings.personas}; the directory "
+            f"{directory} here is another (pass ./{directory} to preview that one)",
+            err=True,
+        )
     # Refuses what a turn would fail with (a model spec or rules file that cannot load, a
     # Python tool that does not import, a `use` the fleet lacks), as `post` does; warns on an
     # empty soul (`soulfleet soul /etc`), a soul over the turn budget, a key this shell lacks.

@@ -469,7 +469,7 @@ def _redis_lines(
             "commits are refused until it has room: `redis-cli CONFIG SET maxmemory <more>`, "
             'then ops/runbook.md "Redis memory near its limit"'
         )
-    elif 0 < limit and used >= limit * MEMORY_HIGH:
+    elif limit > 0 and used >= limit * MEMORY_HIGH:
         # Said before it is full: a large post is refused (OOM) while used is still below max,
         # and status said nothing until every write was.
         lines.append(
