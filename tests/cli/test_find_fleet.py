@@ -251,6 +251,33 @@ def test_a_python_tool_is_imported_with_the_pythonpath_of_the_running_up(
 
 
 @pytest.mark.integration
+def test_run_local_imports_a_python_tool_as_the_running_ups_workers_do(
+    tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
+) -> None:
+    """`run --local` in a shell without the PYTHONPATH the README gives `up` failed (exit 2,
+    "cannot import module", no hint) while `tools` and `post` found the tool through the
+    running `up`'s path: it imports as they do now, and with an empty path recorded says
+    the workers cannot import it either."""
+    url, _ = decoy
+    tools = tmp_path / "tools"
+    _persona_with_python_tool(tools, fleet_root, "walk_tools_17")
+    data = DataDir(tmp_path / "xdg" / "soulfleet")
+    state = UpState(
+        pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
+        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
+        mcp_config="", python_path=(str(tools),),
+    )  # fmt: skip
+    data.write_state(state)
+    env = {**_no_fleet_env(tmp_path, fleet_root), "PYTHONPATH": None}
+    ran = _soulfleet("redis://127.0.0.1:1/0", env, "run", "abacus", "hello", "--local")
+    assert ran.returncode == 0, ran.stderr
+    data.write_state(replace(state, python_path=()))
+    refused = _soulfleet("redis://127.0.0.1:1/0", env, "run", "abacus", "hello", "--local")
+    assert refused.returncode == 2, refused.stderr
+    assert "the running up gave its workers no PYTHONPATH" in refused.stderr
+
+
+@pytest.mark.integration
 def test_a_python_tool_only_this_shell_can_import_is_refused_as_the_workers_would(
     tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
 ) -> None:

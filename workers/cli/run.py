@@ -31,7 +31,7 @@ from workers.fleet.errors import RedisUnavailable
 from workers.persona.checkup import check_persona
 from workers.persona.loop import Budget
 from workers.queues import queue_name
-from workers.settings import Settings, redact_url
+from workers.settings import redact_url
 
 __all__ = ["NO_WORKER_HINT_AFTER", "run"]
 
@@ -83,9 +83,7 @@ def run(
         raise BadInputError("PROMPT is empty: give the persona something to answer")
     state = cli_context(ctx, personas)
     if local:
-        report = _local(
-            persona, prompt, model_spec, state.settings, _budget(state), new=new_session
-        )
+        report = _local(state, persona, prompt, model_spec, _budget(state), new=new_session)
     else:
         if model_spec is not None:
             raise BadInputError(
@@ -244,29 +242,34 @@ def _budget(state: CliContext) -> Budget:
 
 
 def _local(
+    state: CliContext,
     persona: str,
     prompt: str,
     model_spec: str | None,
-    settings: Settings,
     budget: Budget,
     *,
     new: bool,
 ) -> dict[str, Any]:
     from workers.persona.runner import run as run_persona  # noqa: PLC0415 - only for --local
 
+    settings = state.settings
+    # The persona's tools as the running `up`'s workers have them (its PYTHONPATH, its MCP
+    # config), as every other command checks them: here they were this shell's own.
+    mcp_servers = state.fleet_mcp_servers()
     home = persona_dir(persona, settings.personas)
     if (conflict := lock_mode_conflict(settings, home)) is not None:
         raise BadInputError(conflict)
     # The same check-up as a fleet command: an invalid file (a cron that can never fire) exits
     # 2 naming the key, and an empty directory is a warning, not a silent empty soul.
-    checkup = check_persona(
-        home,
-        settings.model,
-        model=model_spec,
-        turn_max_tokens=settings.turn_max_tokens,
-        mcp_servers=settings.mcp_servers,
-        calls_model=True,
-    )
+    with state.refusals_explained():
+        checkup = check_persona(
+            home,
+            settings.model,
+            model=model_spec,
+            turn_max_tokens=settings.turn_max_tokens,
+            mcp_servers=mcp_servers,
+            calls_model=True,
+        )
     for warning in checkup.warnings:
         click.echo(f"soulfleet: warning: {warning}", err=True)
     result = run_persona(
@@ -274,7 +277,7 @@ def _local(
         prompt,
         model_spec,
         budget,
-        mcp_servers=settings.mcp_servers,
+        mcp_servers=mcp_servers,
         session="new" if new else True,
         lock_mode=settings.lock_mode,
         lock_timeout=settings.lock_timeout,
