@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
 import redis
 
@@ -68,6 +70,22 @@ def test_usage_for_one_persona_shows_each_model_and_past_days(
     text = invoke("usage", "ava").stdout
     assert "openai:small" in text
     assert "openai:big" in text
+
+
+def test_usage_of_a_removed_persona_still_shows_its_recorded_spend(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """`usage` listed a removed persona's spend, but `usage NAME` refused it (unknown persona,
+    exit 2): its recorded spend is shown, with a note that it has no directory; a name with
+    nothing recorded is still unknown."""
+    ledger = _ledger(env)
+    _spend(ledger, "ava", "openai:big", 100, usage_day(time.time()))
+    shutil.rmtree(fleet_root / "ava")
+    result = invoke("usage", "ava")
+    assert result.exit_code == 0, result.output
+    assert "openai:big" in result.stdout
+    assert "has no directory under" in result.stderr
+    assert invoke("usage", "nobody").exit_code == 2
 
 
 def test_usage_with_nothing_counted_says_so(invoke: Invoke) -> None:

@@ -15,7 +15,10 @@ from typing import Any
 
 import click
 
+from workers.cli.context import CliContext
 from workers.cli.group import cli_context, personas_option
+from workers.fleet.errors import UnknownPersona, UnusablePersonaName
+from workers.fleet.registry import valid_persona_name
 
 __all__ = ["usage"]
 
@@ -73,7 +76,7 @@ def usage(
 ) -> None:
     """Tokens and model calls per persona per day (NAME: one persona, per model)."""
     state = cli_context(ctx, personas)
-    persona = state.persona(name) if name is not None else None
+    persona = _persona(state, name, days) if name is not None else None
     entries = state.fleet().usage(persona, days=days)
     if persona is None and top is not None:
         per_day: dict[str, int] = {}
@@ -92,3 +95,25 @@ def usage(
     click.echo(_table(_rows(entries, per_model=persona is not None)))
     total = sum(int(entry["tokens"]) for entry in entries)
     click.echo(f"total: {total} tokens in {sum(int(e['calls']) for e in entries)} model calls")
+
+
+def _persona(state: CliContext, name: str, days: int) -> str:
+    """The fleet's name for ``name``; a removed persona's too while its spend is on record
+    (the fleet-wide table lists it, and its spend was refused by model)."""
+    try:
+        return state.persona(name)
+    except UnusablePersonaName:
+        raise
+    except UnknownPersona:
+        recorded = valid_persona_name(name) and any(
+            int(entry["calls"]) or int(entry["tokens"])
+            for entry in state.fleet().usage(name, days=days)
+        )
+        if not recorded:
+            raise
+        click.echo(
+            f"soulfleet: note: {name} has no directory under {state.settings.personas} "
+            "(removed or renamed?): its recorded usage",
+            err=True,
+        )
+        return name

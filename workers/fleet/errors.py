@@ -225,8 +225,8 @@ class UnusablePersonaName(UnknownPersona):
 
     def __init__(self, name: str, root: Path | str) -> None:
         rules = (
-            f"{name!r} is not a usable persona name (letters, digits, '.', '_' and '-'; at "
-            "most 64; no '..'; not ending in -dreamer)"
+            f"{name!r} is not a usable persona name (letters, digits, '.', '_' and '-', "
+            "starting with a letter or digit; at most 64; no '..'; not ending in -dreamer)"
         )
         if name.strip(".") == "":  # "", "." or "..": a path step, not a directory to rename
             message = f"{rules}: name a persona directory under {root}"

@@ -17,12 +17,12 @@ import redis
 from workers.fleet.beats import Beat, Beats
 from workers.fleet.breaker import Breaker
 from workers.fleet.door_settings import ModelDefaults
-from workers.fleet.errors import FleetError, RedisUnavailable
+from workers.fleet.errors import FleetError, RedisUnavailable, UnknownPersona
 from workers.fleet.eviction import evicts
 from workers.fleet.gate import InFlight, in_flight
 from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
-from workers.fleet.registry import PersonaRegistry
+from workers.fleet.registry import PersonaRegistry, valid_persona_name
 from workers.fleet.spend import persona_budget, persona_models
 from workers.fleet.usage import UsageLedger
 from workers.persona.clock import Clock
@@ -128,9 +128,13 @@ class FleetReports:
                     rows.append(row)
             rows.sort(key=lambda r: (-date.fromisoformat(r.day).toordinal(), -r.tokens, r.persona))
         else:
-            name = self.registry.resolve(persona)
-            timezone = persona_budget(self.registry.home(name), self.settings).timezone
-            rows = self.ledger.usage([name], self.ledger.days_back(days, timezone))
+            try:
+                name = self.registry.resolve(persona)
+            except UnknownPersona:
+                if not valid_persona_name(persona):
+                    raise
+                name = persona  # removed or renamed: its spend is still on record
+            rows = self.ledger.usage([name], self.ledger.days_back(days, self._usage_zone(name)))
         return [row.to_dict() for row in rows]
 
     def _usage_zone(self, name: str) -> str:
