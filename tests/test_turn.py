@@ -438,6 +438,11 @@ def test_the_note_of_an_incomplete_turn_names_its_limit_and_setting() -> None:
     blocked = RunResult("", "incomplete", usage, (), limit="max_tokens", model_calls=0)
     assert "no model call was made" in incomplete_note(blocked, "ava")
     assert "`soulfleet session reset ava`" in incomplete_note(blocked, "ava")
+    # a dream pass has no session to reset (`session reset ava-dreamer` is no command): its
+    # DREAM.md and memory are what to shrink
+    dream = incomplete_note(blocked, "ava", dreamer=True)
+    assert "shrink ava's DREAM.md or MEMORY.md" in dream
+    assert "session reset" not in dream
     assert incomplete_note(RunResult("hi", "done", usage, ()), "ava") == ""
 
 

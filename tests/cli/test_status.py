@@ -497,6 +497,22 @@ def test_a_turn_that_ended_short_is_explained_where_an_error_would_be(
     assert payload["last_note"] is None
 
 
+def test_a_dream_pass_that_ended_short_is_explained_in_its_personas_row(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A dreamer whose every pass ends before its model call (DREAM.md over the budget) showed
+    LAST ERROR "-" on its persona's row, though a dreamer's error is shown there: its note
+    is too, marked as the dreamer's, and --json has it on the dreamer."""
+    lanes = lanes_for(env)
+    note = "incomplete: the input alone (soul + session) is over the turn's token budget"
+    commit_turn(lanes, "ava-dreamer", "", kind="dream", status="incomplete", note=note)
+    [row] = [line for line in invoke("status").stdout.splitlines() if line.startswith("ava ")]
+    assert "dreamer: incomplete: the input alone" in row
+    payload = json.loads(invoke("status", "ava", "--json").stdout)
+    assert payload["dreamer"]["note"] == note
+    assert payload["note"] == f"dreamer: {note}"
+
+
 def test_a_running_turn_whose_lease_is_not_renewed_is_flagged(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:

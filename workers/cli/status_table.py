@@ -73,8 +73,13 @@ def annotate(
         dreamer["error"] = current_error(dreamer)
         dreamer["display_state"] = display_state(dreamer)
         dreamer["lease_silent"] = _lease_silent(dreamer, lease_ttl)
+        dreamer["note"] = None if dreamer["error"] else dreamer.get("last_note")
         if entry["error"] is None and dreamer["error"]:
             entry["error"] = f"dreamer: {dreamer['error']}"
+        elif entry["error"] is None and entry["note"] is None and dreamer["note"]:
+            # A dream pass that ends short every night (its DREAM.md over the token budget)
+            # showed nothing anywhere in the table.
+            entry["note"] = f"dreamer: {dreamer['note']}"
     return entry
 
 

@@ -218,7 +218,10 @@ class Reporter:
                 f"{lane or '?'}: turn incomplete, no model call: its input alone is about "
                 f"{event.get('estimated_input_tokens', '?')} tokens, over the turn's budget of "
                 f"{event.get('max_tokens', '?')} (SOULFLEET_TURN_MAX_TOKENS); "
-                + input_over_budget_remedy(lane.removesuffix(DREAMER_SUFFIX) or "PERSONA"),
+                + input_over_budget_remedy(
+                    lane.removesuffix(DREAMER_SUFFIX) or "PERSONA",
+                    dreamer=lane.endswith(DREAMER_SUFFIX),
+                ),
             )
         elif event.get("level") in ("error", "critical"):
             self._other_error(source, str(name), event)

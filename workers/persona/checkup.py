@@ -72,8 +72,14 @@ def soul_budget_warning(name: str, soul: str, limit: int) -> str | None:
     return soul_over_budget_warning(name, size, limit) if size > limit else None
 
 
-def input_over_budget_remedy(persona: str) -> str:
-    """What to do when a turn's input alone is over its token budget (no model call made)."""
+def input_over_budget_remedy(persona: str, *, dreamer: bool = False) -> str:
+    """What to do when a turn's input alone is over its token budget (no model call made).
+    A dream pass has no history to reset: its soul is DREAM.md and the memory it reads."""
+    if dreamer:
+        return (
+            f"shrink {persona}'s DREAM.md or MEMORY.md (or set memory_index_cap in "
+            "persona.toml), or raise SOULFLEET_TURN_MAX_TOKENS"
+        )
     return (
         "shrink MEMORY.md (or set memory_index_cap in persona.toml), start a new session if "
         f"the history is what is long (`soulfleet session reset {persona}`), or raise "

@@ -283,7 +283,7 @@ def input_over_budget(result: RunResult) -> bool:
     return result.status == "incomplete" and result.limit == "max_tokens" and not result.model_calls
 
 
-def incomplete_note(result: RunResult, persona: str) -> str:
+def incomplete_note(result: RunResult, persona: str, *, dreamer: bool = False) -> str:
     """What an operator should know about a turn that ended short ("" for any other): a turn
     stopped by a budget answered its items with what it had, and one whose input alone was
     over the token budget made no model call at all, which repeats every turn until the soul
@@ -293,7 +293,7 @@ def incomplete_note(result: RunResult, persona: str) -> str:
     if input_over_budget(result):
         return (
             "incomplete: the input alone (soul + session) is over the turn's token budget, so "
-            f"no model call was made; {input_over_budget_remedy(persona)}"
+            f"no model call was made; {input_over_budget_remedy(persona, dreamer=dreamer)}"
         )
     if result.limit is None:
         return "incomplete"

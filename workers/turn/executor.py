@@ -479,7 +479,11 @@ class TurnExecutor:
                 session=session,
                 publisher=self.worker_id,
                 claim_ttl=self.settings.claim_ttl,
-                note=incomplete_note(result, agent.name),
+                note=incomplete_note(
+                    result,
+                    self.fleet.registry.parse_lane(lane)[0],
+                    dreamer=role == "dreamer",
+                ),
             ),
         )
         if input_over_budget(result):  # every turn of the persona ends so: an alert's worth
