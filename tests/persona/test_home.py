@@ -191,6 +191,21 @@ def test_invalid_utf8_is_replaced_and_warned(tmp_path: Path) -> None:
     assert warnings[0]["path"] == str(tmp_path.resolve() / "USER.md")
 
 
+def test_invalid_utf8_is_warned_once_per_process_until_the_file_changes(tmp_path: Path) -> None:
+    """A bad file was warned about at every compose: 3-4 times per `run` or `soul` (check-up,
+    then soul), and at every turn of a worker. Once per file and content; an edit that moves
+    the bad byte (or changes the size) is warned about again."""
+    make_persona(tmp_path, {"USER.md": b"caf\xe9 once", "SOUL.md": "fine"})
+    with capture_logs() as logs:
+        for _ in range(3):
+            compose_soul(tmp_path)
+        (tmp_path / "USER.md").write_bytes(b"still caf\xe9, longer")
+        compose_soul(tmp_path)
+        compose_soul(tmp_path)
+    warnings = [entry for entry in logs if entry["event"] == "soul.invalid_utf8"]
+    assert [w["offset"] for w in warnings] == [3, 9]
+
+
 def test_directory_in_place_of_a_file_names_the_path(tmp_path: Path) -> None:
     """A directory called SOUL.md is a PersonaFileError naming that path."""
     (tmp_path / "SOUL.md").mkdir()

@@ -161,14 +161,30 @@ def apply_index_cap(content: str, max_lines: int, max_bytes: int, *, notes: bool
     return body + index_cap_notice(max_lines, max_bytes, notes=notes)
 
 
+#: (path, size, offset) of invalid UTF-8 already logged by this process: a bad file is
+#: composed several times a command (the check-up, then the soul) and at every turn of a
+#: worker; once is what an operator needs. Bounded: cleared when full.
+_INVALID_SEEN: set[tuple[str, int, int]] = set()
+_INVALID_SEEN_MAX = 4096
+
+
+def _invalid_utf8(name: str, path: str, size: int, offset: int) -> None:
+    seen = (path, size, offset)
+    if seen in _INVALID_SEEN:
+        return
+    if len(_INVALID_SEEN) >= _INVALID_SEEN_MAX:
+        _INVALID_SEEN.clear()
+    _INVALID_SEEN.add(seen)
+    _log().warning("soul.invalid_utf8", file=name, path=path, offset=offset)
+
+
 def _section_body(name: str, home: str, raw: bytes) -> str:
     """The text of one bootstrap file from its first ``MAX_FILE_BYTES + 1`` bytes."""
     if len(raw) <= MAX_FILE_BYTES:
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError as error:
-            path = str(persona_home(home) / name)
-            _log().warning("soul.invalid_utf8", file=name, path=path, offset=error.start)
+            _invalid_utf8(name, str(persona_home(home) / name), len(raw), error.start)
             return raw.decode("utf-8", "replace")
     path = str(persona_home(home) / name)
     _log().info("soul.truncated", file=name, path=path, cap_bytes=MAX_FILE_BYTES)
@@ -178,7 +194,7 @@ def _section_body(name: str, home: str, raw: bytes) -> str:
     try:
         text = codecs.getincrementaldecoder("utf-8")("strict").decode(raw, final=False)
     except UnicodeDecodeError as error:
-        _log().warning("soul.invalid_utf8", file=name, path=path, offset=error.start)
+        _invalid_utf8(name, path, len(raw), error.start)
         text = codecs.getincrementaldecoder("utf-8")("replace").decode(raw, final=False)
     return text + TRUNCATION_NOTICE
 
