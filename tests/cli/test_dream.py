@@ -10,10 +10,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import redis
 
 from tests.cli.conftest import Invoke
-from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for
+from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for, settings_for
 from workers.cli.dream import watch_batch
+from workers.fleet.keys import Keys
+from workers.fleet.usage import UsageLedger
+from workers.persona.messages import Usage
 
 
 def test_dream_persona_queues_a_pass_on_the_dreamer_lane(
@@ -55,7 +59,10 @@ def test_dream_all_times_out_with_a_summary(invoke: Invoke, env: Mapping[str, st
     dead_letter(lanes_for(env), "milo-dreamer")
     result = invoke("dream", "--all", "--timeout", "0")
     assert result.exit_code == 1
-    assert "done: 0  skipped: 0  failed: 1  still running: 0  still queued: 2" in result.stdout
+    assert (
+        "done: 0  skipped: 0  incomplete: 0  failed: 1  still running: 0  still queued: 2"
+        in result.stdout
+    )
     assert "failed: milo-dreamer" in result.stdout
     assert "still queued (no worker has taken them yet): ava-dreamer, nora-dreamer" in (
         result.stdout
@@ -206,3 +213,26 @@ def test_watch_batch_keeps_the_status_a_pass_ended_with(env: Mapping[str, str | 
     ended, failed, running = watch_batch(fleet, before, timeout=5.0, poll=0.01)  # type: ignore[arg-type]
     assert ended == {"ava-dreamer": "skipped", "nora-dreamer": "done"}
     assert (failed, running) == ([], [])
+
+
+def test_dream_says_when_a_used_up_budget_will_skip_the_pass(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """`dream milo` past its daily budget (on_exceed = skip_background) printed only "dream
+    pass queued", and the pass was then skipped: it now warns that it will be, and until when;
+    under the budget, nothing is said."""
+    toml = fleet_root / "milo" / "persona.toml"
+    toml.write_text(toml.read_text("utf-8") + "\n[budget]\ndaily_tokens = 100\n", "utf-8")
+    settings = settings_for(env)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    ledger = UsageLedger(client, Keys(settings.key_prefix), days=settings.usage_days)
+    spend = {"persona": "milo", "day": ledger.today("UTC"), "model": "openai:small",
+             "kind": "heartbeat"}  # fmt: skip
+    ledger.record(call_id="c1", usage=Usage(40, 1), **spend)
+    assert "budget is used up" not in invoke("dream", "milo").stderr
+    ledger.record(call_id="c2", usage=Usage(90, 1), **spend)
+    result = invoke("dream", "milo")
+    assert result.exit_code == 0, result.output
+    assert "milo's daily budget is used up (132 of 100 tokens" in result.stderr
+    assert "the pass will be skipped, until " in result.stderr
+    client.close()

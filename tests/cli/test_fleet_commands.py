@@ -57,7 +57,7 @@ def test_dream_all_waits_for_every_dreamer(
     """`dream --all` wakes every dreamer, waits for the batch and reports them all done."""
     result = invoke("dream", "--all", "--timeout", "120")
     assert result.exit_code == 0, result.output
-    assert "done: 3  skipped: 0  failed: 0  still running: 0" in result.stdout
+    assert "done: 3  skipped: 0  incomplete: 0  failed: 0  still running: 0" in result.stdout
     for name in ("ava", "milo", "nora"):
         log = fleet_root / name / "memory" / "log.md"
         assert "dream pass" in log.read_text(encoding="utf-8"), name

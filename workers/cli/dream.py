@@ -28,8 +28,10 @@ from workers.cli.context import CliContext
 from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
 from workers.cli.group import cli_context, personas_option
 from workers.fleet import Fleet
+from workers.fleet.spend import next_reset, persona_budget
 from workers.persona.checkup import check_persona
 from workers.persona.errors import ModelError, PersonaError
+from workers.persona.spend import budget_refuses
 
 __all__ = ["dream", "watch_batch"]
 
@@ -124,6 +126,8 @@ def dream(
 def _dream_one(ctx: click.Context, state: CliContext, persona: str, *, as_json: bool) -> None:
     name = state.checked(persona)
     outcome = state.fleet().dream(name)
+    if outcome.outcome != "dead_lettered":
+        _warn_if_budget_skips(state, name)
     if as_json:
         click.echo(json.dumps({
             "persona": name, "lane": outcome.lane, "outcome": outcome.outcome,
@@ -143,6 +147,21 @@ def _dream_one(ctx: click.Context, state: CliContext, persona: str, *, as_json: 
         click.echo(f"{name}: a dream pass {waits}; this tick joins it")
     else:
         raise CliError(f"lane {outcome.lane} is dead-lettered: `soulfleet status {name}` says why")
+
+
+def _warn_if_budget_skips(state: CliContext, name: str) -> None:
+    """Say so when the persona's used-up daily budget will skip the pass just queued (it said
+    only "dream pass queued", and the pass was skipped without a word here)."""
+    fleet = state.fleet()
+    budget = persona_budget(fleet.registry.home(name), fleet.settings)
+    spent = fleet.ledger.spent(name, fleet.ledger.today(budget.timezone))
+    if budget_refuses(budget, "dream", spent):
+        click.echo(
+            f"soulfleet: warning: {name}'s daily budget is used up ({spent:,} of "
+            f"{budget.daily_tokens:,} tokens, on_exceed = {budget.on_exceed!r}): the pass will "
+            f"be skipped, until {next_reset(budget, fleet.clock.time())}",
+            err=True,
+        )
 
 
 def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json: bool) -> None:
