@@ -117,6 +117,7 @@ def test_a_bad_value_fails_loudly_naming_the_variable(variable: str, value: str,
         ("REDIS_URL", "rediss://user:p%2Fss@cache.example:6380/0?ssl_cert_reqs=none"),
         ("REDIS_URL", "redis://[::1]:6379/0"),
         ("REDIS_URL", "unix:///run/redis.sock?db=2"),
+        ("REDIS_URL", "redis://127.0.0.1:6379/0?timeout=5"),  # the blocking pool's own option
         ("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//"),
         ("CELERY_BROKER_URL", "sentinel://h1:26379;sentinel://h2:26379"),
         ("CELERY_BROKER_URL", "sentinel://:pw@h1:26379;sentinel://:pw@h2:26379"),

@@ -101,6 +101,21 @@ def test_a_dream_that_answered_nothing_is_not_logged(rig: Rig) -> None:
     assert not (home / "memory" / "log.md").exists()
 
 
+def test_a_dream_that_changed_memory_but_said_nothing_is_still_logged(rig: Rig) -> None:
+    """A pass that wrote memory and answered with no text is logged (with a placeholder):
+    what a dream did lands in memory/log.md, whether or not it summed it up."""
+    rules = (
+        "[[rules]]\nwhen = { tool_results = 0 }\n"
+        'calls = [{ tool = "memory", args = { action = "add", text = "Tom likes tea" } }]\n'
+        '\n[[rules]]\ntext = ""\n'
+    )
+    home = rig.persona("ava", rules, '[dream]\nevery = "1h"\n')
+    rig.fleet.dream("ava")
+    assert rig.run_next() == "done"
+    assert "Tom likes tea" in (home / "MEMORY.md").read_text()
+    assert "(changed memory, no summary)" in (home / "memory" / "log.md").read_text()
+
+
 READ_LOG_THEN_REPORT = """
 [[rules]]
 when = { tool_results = 0 }

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from kombu.utils.url import url_to_parts
-from redis.connection import ConnectionPool, parse_url
+from redis.connection import BlockingConnectionPool, parse_url
 
 from workers.broker_urls import kombu_url, redis_py_url
 from workers.persona.env import EnvReader
@@ -370,7 +370,8 @@ def _check_options(name: str, url: str) -> None:
     when a command first connects, as a TypeError: the connection is built here (no socket
     opened) so the variable is named instead."""
     try:
-        ConnectionPool.from_url(url).make_connection()
+        # the pool the fleet uses (its own options, `timeout`, pass)
+        BlockingConnectionPool.from_url(url).make_connection()  # type: ignore[no-untyped-call]
     except TypeError as exc:
         raise SettingsError(
             name,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -275,6 +276,13 @@ def test_run_local_imports_a_python_tool_as_the_running_ups_workers_do(
     refused = _soulfleet("redis://127.0.0.1:1/0", env, "run", "abacus", "hello", "--local")
     assert refused.returncode == 2, refused.stderr
     assert "the running up gave its workers no PYTHONPATH" in refused.stderr
+    # a persona outside the fleet's root, which no worker runs, keeps this shell's path
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(fleet_root / "abacus", elsewhere / "abacus")
+    mine = {**env, "PYTHONPATH": str(tools)}
+    ran = _soulfleet("redis://127.0.0.1:1/0", mine, "run", str(elsewhere / "abacus"), "hi",
+                     "--local")  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
 
 
 @pytest.mark.integration

@@ -367,3 +367,12 @@ def test_revive_runs_a_lane_waiting_out_a_long_retry_now(
     assert lanes.client.zscore(lanes.keys.queued, "ava") is not None
     # an idle lane is still refused, as before
     assert invoke("revive", "milo").exit_code == 1
+    # --drop-kept drops the items the failed turn held, as for a dead lane (it was ignored)
+    started = lanes.start("ava", str(status["turn_id"]), "w1")
+    assert len(started.items) == 1
+    lanes.fail("ava", started.fence, error="HTTP 400", kind="transient",
+               backoff=(2.0, 300.0), wait_at_least=3600.0)  # fmt: skip
+    dropped = invoke("revive", "ava", "--drop-kept")
+    assert dropped.exit_code == 0, dropped.output
+    assert "1 item(s) the failed turn held dropped" in dropped.stdout
+    assert lanes.client.llen(lanes.keys.inflight("ava")) == 0

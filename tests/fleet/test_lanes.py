@@ -215,7 +215,7 @@ def test_a_backlog_over_the_drain_bound_is_taken_over_several_turns(
     the inbox, and finish queues the turn that takes them."""
     big = [item("x" * 300) for _ in range(3)]
     bound = len(big[0].to_json()) * 2 + 10  # two items fit, three do not
-    lanes = make_lanes(redis_client, key_prefix, clock=clock, drain_max_bytes=bound)
+    lanes = make_lanes(redis_client, key_prefix, clock=clock, drain_max_bytes=bound, inbox_max=20)
     turn = lanes.post("ava", big[0], wake=True).turn_id
     assert turn is not None
     for one in big[1:]:
@@ -228,6 +228,20 @@ def test_a_backlog_over_the_drain_bound_is_taken_over_several_turns(
     again = lanes.start("ava", finished.follow_up_turn_id, "w1")
     assert [i.id for i in again.items] == [big[2].id]
     assert redis_client.llen(keys.inbox("ava")) == 0
+    # a retry holds no more: its recovered items count (each attempt of a failing turn took
+    # another bound, and the attempt after a long outage held the whole backlog again)
+    for _ in range(6):
+        lanes.post("ava", item("x" * 300), wake=True)
+    done = lanes.finish("ava", again.fence, status="done", text="one answered")
+    assert done.follow_up_turn_id is not None
+    turn_id = done.follow_up_turn_id
+    for _ in range(3):
+        attempt = lanes.start("ava", turn_id, "w1")
+        assert attempt.status == "started"
+        assert len(attempt.items) == 2
+        failed = lanes.fail("ava", attempt.fence, error="boom", kind="transient")
+        assert failed.retry_turn_id is not None
+        turn_id = failed.retry_turn_id
     # one item over the bound by itself is still taken, alone
     tiny = make_lanes(redis_client, key_prefix + "t:", clock=clock, drain_max_bytes=10)
     first = tiny.post("bob", big[0], wake=True).turn_id

@@ -118,6 +118,21 @@ def test_a_symlinked_queue_is_neither_read_nor_written_through(home: Path, tmp_p
     assert outside.read_bytes().count(b"\n") == 1  # untouched
 
 
+def test_a_hard_linked_queue_is_neither_taken_nor_truncated(home: Path, tmp_path: Path) -> None:
+    """A queue that is a hard link to a file elsewhere: `take` (at every memory write)
+    truncated that file to nothing. It is left whole, and read as an empty queue."""
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(_line(key="evil", arguments={"action": "add", "text": "x"}, until=None))
+    queue = _queue(home)
+    queue.parent.mkdir(parents=True, exist_ok=True)
+    os.link(outside, queue)
+    before = outside.read_bytes()
+    assert take(str(queue), "MEMORY.md", MAX_ENTRY_BYTES) == []
+    with pytest.raises(OSError, match="hard links"):
+        enqueue(str(queue), "qa", _ADD, None)
+    assert outside.read_bytes() == before
+
+
 # --- the waiting writer's side ---------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Protocol
 
 import click
+import redis
 
 from workers.cli.context import CliContext
 from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
@@ -30,7 +31,7 @@ from workers.cli.group import cli_context, personas_option
 from workers.fleet import Fleet
 from workers.fleet.spend import next_reset, persona_budget
 from workers.persona.checkup import check_persona
-from workers.persona.errors import ModelError, PersonaError
+from workers.persona.errors import ModelError, PersonaError, SoulfleetError, ToolSetupSlow
 from workers.persona.spend import budget_refuses
 
 __all__ = ["dream", "watch_batch"]
@@ -153,8 +154,11 @@ def _warn_if_budget_skips(state: CliContext, name: str) -> None:
     """Say so when the persona's used-up daily budget will skip the pass just queued (it said
     only "dream pass queued", and the pass was skipped without a word here)."""
     fleet = state.fleet()
-    budget = persona_budget(fleet.registry.home(name), fleet.settings)
-    spent = fleet.ledger.spent(name, fleet.ledger.today(budget.timezone))
+    try:
+        budget = persona_budget(fleet.registry.home(name), fleet.settings)
+        spent = fleet.ledger.spent(name, fleet.ledger.today(budget.timezone))
+    except (SoulfleetError, redis.RedisError, OSError):  # the pass is queued: a hint, no more
+        return
     if budget_refuses(budget, "dream", spent):
         click.echo(
             f"soulfleet: warning: {name}'s daily budget is used up ({spent:,} of "
@@ -179,6 +183,8 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
                 state.settings.model,
                 mcp_servers=state.fleet_mcp_servers(),
             )
+        except ToolSetupSlow as exc:  # transient: its pass is queued, and retried
+            click.echo(f"soulfleet: warning: {name}: {exc}; queued all the same", err=True)
         except (PersonaError, ModelError) as exc:
             invalid[name] = str(exc)
             click.echo(f"soulfleet: skipped {name}: {exc}", err=True)

@@ -107,17 +107,18 @@ def _report(
         elif outcome.kind == "retry_now":
             answer["reason"] = "was waiting out a retry backoff: queued now"
         click.echo(json.dumps(answer))
-    elif queued and outcome.kind == "retry_now":
+        return
+    dropped = (
+        f"; {outcome.dropped} item(s) the failed turn held dropped (their senders get no reply)"
+        if drop_kept
+        else ""
+    )
+    if queued and outcome.kind == "retry_now":
         click.echo(
             f"lane {outcome.lane} was waiting out a retry backoff (a provider's Retry-After): "
-            f"turn {outcome.turn_id} queued now"
+            f"turn {outcome.turn_id} queued now{dropped}"
         )
     elif queued:
-        dropped = (
-            f"; {outcome.dropped} item(s) the dead turn held dropped (their senders get no reply)"
-            if drop_kept
-            else ""
-        )
         click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued{dropped}")
     else:
         now = state.fleet().lanes.status(outcome.lane).get("state") or "idle"

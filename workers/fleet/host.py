@@ -200,8 +200,7 @@ class Fleet(FleetReports):
             outcome = self.lanes.post(name, item, wake=wake)
         except InboxFull as full:
             if full.drain_turn is not None:  # refused, but the idle lane now drains its inbox
-                with contextlib.suppress(RedisUnavailable):  # send() hands it to the reaper
-                    self.send([(name, full.drain_turn, "interactive")])
+                self._send_drain(name, full.drain_turn)
             raise
         if on_posted is not None:
             on_posted(outcome)
@@ -228,6 +227,18 @@ class Fleet(FleetReports):
             self.publisher.publish_many(turns)
         except RedisUnavailable as exc:
             self.lanes.unsent([(lane, turn_id) for lane, turn_id, _ in turns], str(exc))
+            raise
+
+    def _send_drain(self, name: str, turn_id: str) -> None:
+        """Publish the turn a refused post queued to drain a full inbox; one that cannot be
+        sent (the broker refuses, or the caller is interrupted) goes to the reaper's next
+        pass, as a post's own turn does, not to its 600 s wait for a lost message."""
+        try:
+            self.publisher.publish(name, turn_id, "interactive")
+        except RedisUnavailable as exc:
+            self.lanes.unsent([(name, turn_id)], str(exc))
+        except BaseException:
+            self.lanes.unsent([(name, turn_id)], "interrupted while sending the turn")
             raise
 
     def _refuse_if_stopped(self, name: str) -> None:

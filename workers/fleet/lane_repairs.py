@@ -41,7 +41,9 @@ class LaneRepairs(LaneStore):
             reply = self.scripts.revive(keys=keys, args=args)
         if reply[0] == "retried":
             _log.info("lane.retried_now", lane=lane, turn_id=str(reply[1]))
-            return TickOutcome(lane, "retry_now", "queued", str(reply[1]), str(reply[2]))
+            return TickOutcome(
+                lane, "retry_now", "queued", str(reply[1]), str(reply[2]), int(reply[3])
+            )
         if reply[0] == "requeued":
             why = "queued but missing from the queued index (evicted keys?)"
             _log.warning("lane.requeued", lane=lane, turn_id=str(reply[1]), why=why)

@@ -129,7 +129,8 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         """Append ``item`` to the lane's inbox; with ``wake``, queue a turn if the lane is idle.
 
         Raises :class:`ItemTooLarge` (before touching Redis) or :class:`InboxFull`; in both
-        cases nothing was written.
+        cases the item was not written. An InboxFull with ``drain_turn`` queued that turn on
+        the idle lane (wake asked): the caller publishes it, as a queued post's turn.
         """
         raw = item.to_json()
         size = len(raw.encode("utf-8"))

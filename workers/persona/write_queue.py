@@ -63,7 +63,7 @@ from workers.persona.ledger_lines import (
     ledger_snapshot,
 )
 from workers.persona.memory_spec import MemoryRequest, parse_request
-from workers.persona.writes import open_regular, write_all
+from workers.persona.writes import open_regular, single_link, write_all
 
 __all__ = [
     "MAX_QUEUE_BYTES",
@@ -276,7 +276,9 @@ def take(path: str, relative: str, max_entry_bytes: int) -> list[QueuedWrite]:
     try:
         # What is there, and room for appends landing meanwhile (a read of the whole bound
         # would allocate a megabyte per commit); whatever lies beyond is truncated away.
-        raw = os.read(fd, min(MAX_QUEUE_BYTES, os.fstat(fd).st_size + _TAKE_SLACK))
+        info = os.fstat(fd)
+        single_link(info, path)  # a planted hard link: never truncate the file it names
+        raw = os.read(fd, min(MAX_QUEUE_BYTES, info.st_size + _TAKE_SLACK))
         os.ftruncate(fd, 0)
     except OSError:
         return []

@@ -310,8 +310,8 @@ def single_link(info: os.stat_result, path: str | os.PathLike[str]) -> None:
         raise OSError(
             errno.EMLINK,
             f"has {info.st_nlink} hard links: written in place, every other name of it (maybe "
-            "outside the persona) would change too; remove it (soulfleet writes a new one) or "
-            "replace it with a copy",
+            "outside the persona, a `cp -al` snapshot) would change too; give it a name of its "
+            "own: `cp -p FILE FILE.own && mv FILE.own FILE`",
             os.fspath(path),
         )
 

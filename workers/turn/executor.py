@@ -81,7 +81,7 @@ from workers.settings import Settings
 from workers.turn.baton import Baton
 from workers.turn.claims import Claims
 from workers.turn.endings import Endings, incomplete_note, input_over_budget
-from workers.turn.kit import TurnKit, paused, wrote_log
+from workers.turn.kit import TurnKit, paused, wrote_log, wrote_memory
 from workers.turn.report import TurnReport
 
 __all__ = ["TurnExecutor"]
@@ -434,11 +434,14 @@ class TurnExecutor:
         files = SessionFiles(agent.home, lane)
         session: SessionCommit | None = None
         try:
-            if role == "dreamer" and not silent and result.text.strip() and not wrote_log(result):
+            if role == "dreamer" and not silent and not wrote_log(result):
                 # The dream prompt asks the model to log its pass; if it did not, the runtime
-                # keeps the promise that what a dream did lands in memory/log.md.
-                guard()
-                self.kit.log_dream(agent, turn_id, result.text)
+                # keeps the promise that what a dream did lands in memory/log.md. A pass that
+                # did nothing and said nothing (input over budget: no call) is not logged.
+                text = result.text.strip()
+                if text or wrote_memory(result):
+                    guard()
+                    self.kit.log_dream(agent, turn_id, text or "(changed memory, no summary)")
             silent_beat = started.ticks > 0 and not started.items and silent
             state = plan.conclude(result.messages, silent_beat=silent_beat)
             if state is not None:

@@ -156,6 +156,21 @@ def wrote_log(result: RunResult) -> bool:
     )
 
 
+def wrote_memory(result: RunResult) -> bool:
+    """Whether the pass changed memory: a memory add, replace or remove that succeeded."""
+    succeeded = {
+        message.tool_call_id for message in result.messages
+        if message.role == "tool" and not message.is_error
+    }  # fmt: skip
+    return any(
+        call.name == "memory"
+        and call.arguments.get("action") in ("add", "replace", "remove")
+        and call.id in succeeded
+        for message in result.messages
+        for call in message.tool_calls
+    )
+
+
 def paused(model: GatedModel) -> bool:
     """Whether the model's provider breaker holds the turn back now (one read); a breaker seen
     closed also admits the model's first call (:meth:`GatedModel.seen_closed`)."""

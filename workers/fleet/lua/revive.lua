@@ -10,8 +10,9 @@
 --       inbox (posted since) is kept either way.
 --     | {"requeued", turn id, kind, 0}: the lane was queued but missing from lanes:queued
 --       (its index entry evicted): put back, to publish its turn again
---     | {"retried", turn id, kind, 0}: the lane was waiting out a retry backoff (a provider's
---       Retry-After holds it up to an hour): queued now, its attempt count kept, to publish
+--     | {"retried", turn id, kind, items dropped}: the lane was waiting out a retry backoff (a
+--       provider's Retry-After holds it up to an hour): queued now, its attempt count kept,
+--       to publish; ARGV[4] drops its in-flight items as for a dead lane
 --     | {"not_dead", state}: NOTHING changed
 local lane, queued, dead = KEYS[1], KEYS[5], KEYS[7]
 local f = redis.call('HMGET', lane, 'state', 'kind', 'turn_id')
@@ -24,27 +25,32 @@ if state == 'queued' and f[3] and not redis.call('ZSCORE', queued, ARGV[1]) then
   redis.call('HSET', lane, 'queued_at', 0)
   return {'requeued', f[3], f[2] or 'interactive', 0}
 end
+local function drop_kept()
+  if ARGV[4] ~= '1' then
+    return 0
+  end
+  local dropped = redis.call('LLEN', KEYS[3])
+  redis.call('DEL', KEYS[3])
+  -- The dropped work is over: the next turn's work gets an id of its own (lane:born:commits),
+  -- or a memory write it repeats would be answered from the dead work's ledger, not applied.
+  redis.call('HINCRBY', lane, 'commits', 1)
+  return dropped
+end
 if state == 'retry' and f[3] and KEYS[8] then
   -- The operator's "try now" (the provider is back before its Retry-After said): what
   -- release.lua does when the backoff is over, early.
+  local dropped = drop_kept()
   redis.call('ZREM', KEYS[8], ARGV[1])
   redis.call('HDEL', lane, 'retry_at', 'provider')
   redis.call('HSET', lane, 'state', 'queued', 'queued_at', ARGV[2])
   redis.call('ZADD', queued, ARGV[2], ARGV[1])
-  return {'retried', f[3], f[2] or 'interactive', 0}
+  return {'retried', f[3], f[2] or 'interactive', dropped}
 end
 if state ~= 'dead' then
   return {'not_dead', state}
 end
 local kind = f[2] or 'interactive'
-local dropped = 0
-if ARGV[4] == '1' then
-  dropped = redis.call('LLEN', KEYS[3])
-  redis.call('DEL', KEYS[3])
-  -- The dropped work is over: the next turn's work gets an id of its own (lane:born:commits),
-  -- or a memory write it repeats would be answered from the dead work's ledger, not applied.
-  redis.call('HINCRBY', lane, 'commits', 1)
-end
+local dropped = drop_kept()
 redis.call('HDEL', lane, 'failing_since', 'failures', 'retry_at', 'provider')
 redis.call('HSET', lane, 'state', 'queued', 'attempts', 0, 'lost', 0, 'turn_id', ARGV[3],
            'kind', kind, 'queued_at', ARGV[2])

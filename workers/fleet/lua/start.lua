@@ -5,14 +5,16 @@
 --       [6] lanes:running  [7] lanes:dead  (Keys.lane_keys(lane))  [8] claim:<lane>
 --       [9] lanes:claimed
 -- ARGV  [1] lane name  [2] turn id (from the turn message)  [3] worker  [4] now (ms)
---       [5] lease ttl (ms)  [6] max_attempts  [7] most bytes of inbox items one turn drains
---       (0: all; the first item always): the rest stay in the inbox, and finish queues the
---       turn after this one for them
+--       [5] lease ttl (ms)  [6] max_attempts  [7] most bytes of items one turn holds, the
+--       in-flight ones it recovers included (0: no bound; a first item is always taken when
+--       nothing is recovered): the rest stay in the inbox, and finish queues the turn after
+--       this one for them
 -- Reply {"dead", last_error} | {"stale"} | {"duplicate"}
 --     | {"started", fence, attempt, kind, ticks, recovered, commits, session, session_epoch,
 --        last_pass, born, failing, failing_since, item JSON...}
 --       items: in-flight items left by a dead worker FIRST (recovered = their count), then the
---       inbox in arrival order, as much of it as ARGV[7] allows; ticks = in-flight ticks (recovered ones included), except
+--       inbox in arrival order, as much of it as ARGV[7] allows; ticks = in-flight ticks
+--       (recovered ones included), except
 --       on a retry (in-flight work left by an earlier attempt): work holding ticks shows the
 --       count its first attempt showed (shown_ticks) while the ticks that came since fold into
 --       it; work holding none leaves them pending for the turn after it.
@@ -74,11 +76,18 @@ local recovered = redis.call('LLEN', inflight)
 local fresh = redis.call('LRANGE', inbox, 0, -1)
 -- Bounded: a backlog whose text alone is over the turn's token budget was drained into one
 -- turn that ended before its model call, and every item in it went unanswered.
+-- The items a retry (or a redelivery) recovers count too: each attempt of a failing turn took
+-- another full bound, and the attempt after a long outage held the whole backlog again.
 local most, taken, bytes = tonumber(ARGV[7] or '0'), #fresh, 0
 if most > 0 then
+  if recovered > 0 then
+    for _, held in ipairs(redis.call('LRANGE', inflight, 0, -1)) do
+      bytes = bytes + #held
+    end
+  end
   for i = 1, #fresh do
     bytes = bytes + #fresh[i]
-    if bytes > most and i > 1 then
+    if bytes > most and (i > 1 or recovered > 0) then
       taken = i - 1
       break
     end
