@@ -10,14 +10,17 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import redis
 
 from tests.cli.conftest import Invoke
-from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for, settings_for
+from tests.support.cli import (
+    PASSWORD,
+    commit_turn,
+    dead_letter,
+    lanes_for,
+    spend_today,
+    with_budget,
+)
 from workers.cli.dream import watch_batch
-from workers.fleet.keys import Keys
-from workers.fleet.usage import UsageLedger
-from workers.persona.messages import Usage
 
 
 def test_dream_persona_queues_a_pass_on_the_dreamer_lane(
@@ -221,18 +224,11 @@ def test_dream_says_when_a_used_up_budget_will_skip_the_pass(
     """`dream milo` past its daily budget (on_exceed = skip_background) printed only "dream
     pass queued", and the pass was then skipped: it now warns that it will be, and until when;
     under the budget, nothing is said."""
-    toml = fleet_root / "milo" / "persona.toml"
-    toml.write_text(toml.read_text("utf-8") + "\n[budget]\ndaily_tokens = 100\n", "utf-8")
-    settings = settings_for(env)
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-    ledger = UsageLedger(client, Keys(settings.key_prefix), days=settings.usage_days)
-    spend = {"persona": "milo", "day": ledger.today("UTC"), "model": "openai:small",
-             "kind": "heartbeat"}  # fmt: skip
-    ledger.record(call_id="c1", usage=Usage(40, 1), **spend)
+    with_budget(fleet_root, "milo", 100)
+    spend_today(env, "milo", "c1", 40)
     assert "budget is used up" not in invoke("dream", "milo").stderr
-    ledger.record(call_id="c2", usage=Usage(90, 1), **spend)
+    spend_today(env, "milo", "c2", 90)
     result = invoke("dream", "milo")
     assert result.exit_code == 0, result.output
     assert "milo's daily budget is used up (132 of 100 tokens" in result.stderr
     assert "the pass will be skipped, until " in result.stderr
-    client.close()

@@ -15,7 +15,15 @@ import redis
 
 from beat.sync import RegistrySync
 from tests.cli.conftest import Invoke
-from tests.support.cli import PASSWORD, commit_turn, dead_letter, lanes_for, settings_for
+from tests.support.cli import (
+    PASSWORD,
+    commit_turn,
+    dead_letter,
+    lanes_for,
+    settings_for,
+    spend_today,
+    with_budget,
+)
 from workers.cli.worker_health import QUEUED_TOO_LONG
 from workers.fleet import Fleet
 from workers.fleet.door_settings import fleet_settings_record
@@ -675,16 +683,10 @@ def test_a_used_up_budget_says_what_it_does_to_the_persona(
     """Past [budget] daily_tokens, `status NAME` says heartbeats and dreams are skipped (or,
     with on_exceed = "stop", every turn refused) and until when, and --json says it too
     (`budget_used_up`: it was in the plain text only); under it, nothing is said."""
-    toml = fleet_root / "milo" / "persona.toml"
-    toml.write_text(toml.read_text("utf-8") + "\n[budget]\ndaily_tokens = 100\n", "utf-8")
-    settings = settings_for(env)
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
-    ledger = UsageLedger(client, Keys(settings.key_prefix), days=settings.usage_days)
-    spend = {"persona": "milo", "day": ledger.today("UTC"), "model": "openai:small",
-             "kind": "heartbeat"}  # fmt: skip
-    ledger.record(call_id="c1", usage=Usage(40, 1), **spend)
+    with_budget(fleet_root, "milo", 100)
+    spend_today(env, "milo", "c1", 40)
     assert "budget:" not in invoke("status", "milo").stdout
-    ledger.record(call_id="c2", usage=Usage(90, 1), **spend)
+    spend_today(env, "milo", "c2", 90)
     out = invoke("status", "milo").stdout
     assert (
         "budget: used up today (132 of 100 tokens, on_exceed=skip_background): heartbeats "
@@ -696,6 +698,7 @@ def test_a_used_up_budget_says_what_it_does_to_the_persona(
         "skips": "heartbeats_and_dreams",
     }  # fmt: skip
     assert used_up["until"].endswith("T00:00+00:00")
+    toml = fleet_root / "milo" / "persona.toml"
     toml.write_text(toml.read_text("utf-8") + 'on_exceed = "stop"\n', "utf-8")
     assert "every turn is refused, posts at the door" in invoke("status", "milo").stdout
     assert json.loads(invoke("status", "milo", "--json").stdout)["budget_used_up"]["skips"] == (

@@ -16,8 +16,10 @@ import redis
 
 from workers.fleet.keys import Keys
 from workers.fleet.lanes import Lanes
+from workers.fleet.usage import UsageLedger
 from workers.local.demo import install_demo
 from workers.local.redis_server import free_port
+from workers.persona.messages import Usage
 from workers.settings import Settings
 
 __all__ = [
@@ -152,6 +154,26 @@ def sync_registry(environ: Mapping[str, str | None]) -> None:
         RegistrySync(
             client=client, keys=fleet.keys, registry=fleet.registry, settings=settings
         ).run()
+    finally:
+        client.close()
+
+
+def with_budget(fleet_root: Path, persona: str, daily_tokens: int) -> None:
+    """Give ``persona`` a ``[budget] daily_tokens`` in its persona.toml."""
+    toml = fleet_root / persona / "persona.toml"
+    toml.write_text(
+        toml.read_text("utf-8") + f"\n[budget]\ndaily_tokens = {daily_tokens}\n", "utf-8"
+    )
+
+
+def spend_today(environ: Mapping[str, str | None], persona: str, call_id: str, tokens: int) -> None:
+    """Record a heartbeat model call of ``persona`` today (UTC) worth ``tokens`` + 1 tokens."""
+    settings = settings_for(environ)
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    try:
+        ledger = UsageLedger(client, Keys(settings.key_prefix), days=settings.usage_days)
+        ledger.record(call_id=call_id, usage=Usage(tokens, 1), persona=persona,
+                      day=ledger.today("UTC"), model="openai:small", kind="heartbeat")  # fmt: skip
     finally:
         client.close()
 

@@ -7,7 +7,9 @@ when the model did not.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import structlog
 
@@ -139,35 +141,33 @@ class TurnKit:
             _log.warning("dream.log_not_written", persona=agent.name, error=written.output[:300])
 
 
-def wrote_log(result: RunResult) -> bool:
-    """Whether the pass itself wrote to its log: an add or replace on ``note:log`` that
-    succeeded (reading it, as the dream prompt's first step does, or a refused write, is not)."""
+def _memory_writes(result: RunResult) -> list[Mapping[str, Any]]:
+    """The arguments of the pass's memory tool calls that succeeded."""
     succeeded = {
         message.tool_call_id for message in result.messages
         if message.role == "tool" and not message.is_error
     }  # fmt: skip
-    return any(
-        call.name == "memory"
-        and call.arguments.get("target") == "note:log"
-        and call.arguments.get("action") in ("add", "replace")
-        and call.id in succeeded
+    return [
+        call.arguments
         for message in result.messages
         for call in message.tool_calls
+        if call.name == "memory" and call.id in succeeded
+    ]
+
+
+def wrote_log(result: RunResult) -> bool:
+    """Whether the pass itself wrote to its log: an add or replace on ``note:log`` that
+    succeeded (reading it, as the dream prompt's first step does, or a refused write, is not)."""
+    return any(
+        args.get("target") == "note:log" and args.get("action") in ("add", "replace")
+        for args in _memory_writes(result)
     )
 
 
 def wrote_memory(result: RunResult) -> bool:
     """Whether the pass changed memory: a memory add, replace or remove that succeeded."""
-    succeeded = {
-        message.tool_call_id for message in result.messages
-        if message.role == "tool" and not message.is_error
-    }  # fmt: skip
     return any(
-        call.name == "memory"
-        and call.arguments.get("action") in ("add", "replace", "remove")
-        and call.id in succeeded
-        for message in result.messages
-        for call in message.tool_calls
+        args.get("action") in ("add", "replace", "remove") for args in _memory_writes(result)
     )
 
 
