@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -806,3 +807,23 @@ def test_a_persona_toml_nested_past_the_recursion_limit_is_invalid_not_a_crash(
     soul = invoke("soul", str(fleet_root / "milo"))
     assert soul.exit_code == 2, soul.output
     assert "persona.toml: is nested too deeply to read" in soul.stderr
+
+
+def test_a_retrying_lane_of_a_removed_persona_is_named(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """A persona moved away mid-turn is retried for the edit grace: status counted it in
+    "N retrying" and named it nowhere (the table lists the root's directories, and `status
+    NAME` says it is unknown). It is named now, plain and --json."""
+    lanes = lanes_for(env)
+    outcome = lanes.post("milo", InboxItem(text="hi", sender="x", channel="api", id="i1", at=1.0),
+                         wake=True)  # fmt: skip
+    assert outcome.turn_id is not None
+    started = lanes.start("milo", outcome.turn_id, "w1")
+    lanes.fail("milo", started.fence, error="PersonaNotFound: gone", kind="transient",
+               backoff=(30.0, 60.0), wait_at_least=30.0)  # fmt: skip
+    shutil.rmtree(fleet_root / "milo")
+    out = invoke("status").stdout
+    assert "retrying lanes of removed personas (1, their directories are gone" in out
+    assert "dead-lettered after 60s of it): milo" in out
+    assert json.loads(invoke("status", "--json").stdout)["retrying_persona_gone"] == ["milo"]

@@ -49,6 +49,7 @@ from workers.fleet.errors import is_redis_blip
 from workers.fleet.eviction import evicts
 from workers.fleet.registry import DREAMER_SUFFIX
 from workers.fleet.spend import next_reset, persona_budget
+from workers.persona.edits import EDIT_GRACE_SECONDS
 from workers.persona.errors import ModelAuthError, SoulfleetError, causes
 from workers.persona.locks import shared_claims_under
 from workers.queues import queue_name
@@ -346,6 +347,8 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
         )
     names = fleet.registry.names()
     invalid, fixed, orphans = _recorded_lists(state, foreign=foreign)
+    # not of this root's personas when it is not the fleet's: its directories decide "gone"
+    retrying_gone = [] if foreign else fleet.orphaned_retrying()
     entries = [
         annotate(entry, invalid, fleet.registry.root, fleet.settings.lease_ttl)
         for entry in fleet.statuses(names)
@@ -380,6 +383,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
             "lock_claims": claims,
             "fixed_since_dead": [lane for lane, _ in fixed],
             "dead_persona_gone": orphans,
+            "retrying_persona_gone": retrying_gone,
             "unusable_names": unusable,
             "redis_data_lost": lost,
             # each turn kind no worker consumes: {queue, lanes queued over QUEUED_TOO_LONG}
@@ -413,14 +417,11 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
     if unusable and only is None:
         click.echo(
             f"directories skipped ({len(unusable)}, not usable persona names: letters, digits, "
-            f"'.', '_', '-'; at most 64; no '..'; not ending in -dreamer; rename them): "
+            f"'.', '_', '-', a letter or digit first; at most 64; no '..'; not ending in "
+            f"-dreamer; rename them): "
             f"{', '.join(repr(name) for name in unusable)}"
         )
-    if orphans and only in (None, "dead"):
-        click.echo(
-            f"dead lanes of removed personas ({len(orphans)}, their directories are gone; "
-            f"never revived): {', '.join(orphans)}"
-        )
+    _echo_gone(orphans, retrying_gone, only)
     click.echo(
         f"lanes: {counts['queued']} queued, {counts['running']} running, {counts['dead']} dead, "
         f"{waiting['retry']} retrying, {waiting['deferred']} deferred "
@@ -441,6 +442,22 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
         click.echo(root_conflict_line(conflict))
     _workers_line(state, unserved)
     _fixed_hint(fixed)
+
+
+def _echo_gone(dead: Sequence[str], retrying: Sequence[str], only: str | None) -> None:
+    """The lanes of personas whose directories are gone: not in the table, which lists the
+    root's directories, so named here for the counts to add up."""
+    if dead and only in (None, "dead"):
+        click.echo(
+            f"dead lanes of removed personas ({len(dead)}, their directories are gone; "
+            f"never revived): {', '.join(dead)}"
+        )
+    if retrying and only in (None, "retry", "failing"):
+        click.echo(
+            f"retrying lanes of removed personas ({len(retrying)}, their directories are "
+            "gone: retried while a move may be under way, dead-lettered after "
+            f"{EDIT_GRACE_SECONDS:.0f}s of it): {', '.join(retrying)}"
+        )
 
 
 def _redis_lines(

@@ -43,6 +43,7 @@ __all__ = [
     "check_error",
     "forget_gone",
     "orphaned_dead",
+    "orphaned_retrying",
     "persona_exists",
     "requeue_unindexed",
     "revive_dead",
@@ -108,6 +109,15 @@ def orphaned_dead(fleet: Fleet) -> list[str]:
     never revived by :func:`revive_dead` (they could only fail again); ``status`` names them
     so the dead count adds up, and :func:`forget_gone` removes them."""
     return [lane for lane in _dead(fleet) if not persona_exists(fleet, lane)]
+
+
+def orphaned_retrying(fleet: Fleet) -> list[str]:
+    """Lanes waiting out a retry whose persona directory is gone: a persona moved or removed
+    mid-turn, retried within the edit grace (a move may be under way), dead-lettered after
+    it. ``status`` lists its personas by directory, so it counted them and named none."""
+    with redis_errors(fleet.client):
+        lanes: list[str] = fleet.client.zrange(fleet.keys.retry, 0, -1)  # type: ignore[assignment]
+    return [lane for lane in lanes if not persona_exists(fleet, lane)]
 
 
 def forget_gone(fleet: Fleet) -> list[tuple[str, int]]:

@@ -375,6 +375,10 @@ class Fleet(FleetReports):
         """:func:`workers.fleet.dead_letters.orphaned_dead` on this fleet."""
         return dead_letters.orphaned_dead(self)
 
+    def orphaned_retrying(self) -> list[str]:
+        """:func:`workers.fleet.dead_letters.orphaned_retrying` on this fleet."""
+        return dead_letters.orphaned_retrying(self)
+
     def forget_gone(self) -> list[tuple[str, int]]:
         """:func:`workers.fleet.dead_letters.forget_gone` on this fleet."""
         return dead_letters.forget_gone(self)
