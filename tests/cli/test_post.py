@@ -276,6 +276,15 @@ def test_a_tool_import_still_running_is_accepted_with_a_warning_not_refused(
     local = invoke("run", "ava", "hi", "--local")
     assert local.exit_code == 1, local.output
     assert "(transient: try again)" in local.stderr
+    # the rest of the check-up still runs: a scripted rules file that is not there is refused,
+    # exit 2, where the slow import stopped the check-up before it
+    with (fleet_root / "ava" / "persona.toml").open() as toml:
+        text = toml.read()
+    (fleet_root / "ava" / "persona.toml").write_text(
+        text.replace('model = "inherit"', 'model = "scripted:no-such-rules.toml"')
+    )
+    refused = invoke("post", "ava", "hello again", "--no-wake")
+    assert refused.exit_code == 2, refused.output
 
 
 def test_a_full_inbox_on_an_idle_lane_gets_a_turn_to_drain_it(

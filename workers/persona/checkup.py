@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from workers.persona.agent import AgentDef, from_dir
 from workers.persona.dream_soul import DREAM_FILE
-from workers.persona.errors import ModelSpecError
+from workers.persona.errors import ModelSpecError, ToolSetupSlow
 from workers.persona.files import confined
 from workers.persona.home import BOOTSTRAP_ORDER
 from workers.persona.manifest import MANIFEST_NAME
@@ -118,6 +118,20 @@ def misnamed_file_warnings(agent: AgentDef) -> list[str]:
     ]
 
 
+def _python_tools(agent: AgentDef) -> tuple[list[tuple[str, str]], ToolSetupSlow | None]:
+    """``(key, tool name)`` of each Python tool the persona declares (each imported: a bad ref
+    raises), and the first whose import or factory was still running at its time limit."""
+    python: list[tuple[str, str]] = []
+    slow: ToolSetupSlow | None = None
+    for decl in agent.declared.entries:
+        if isinstance(decl, PythonDecl):
+            try:
+                python.append((decl.key, python_tool(decl, agent.declared.source).name))
+            except ToolSetupSlow as exc:
+                slow = slow or exc
+    return python, slow
+
+
 def check_persona(
     path: str | os.PathLike[str],
     config: ModelConfig | None = None,
@@ -151,11 +165,7 @@ def check_persona(
     if mcp_servers is not None:
         check_uses(agent.declared, mcp_servers)
     source = agent.declared.source
-    python = [
-        (decl.key, python_tool(decl, source).name)
-        for decl in agent.declared.entries
-        if isinstance(decl, PythonDecl)
-    ]
+    python, slow = _python_tools(agent)  # slow: transient, raised last once the rest is checked
     # Two Python tools (or one and `memory`) giving one name: the turn's toolbox refuses it,
     # so the door does. A name shared with an MCP tool only a started server can show.
     refuse_shared_names(python, ("memory",) if agent.memory else (), source)
@@ -199,4 +209,6 @@ def check_persona(
             f"persona {agent.name}'s model {resolved.spec!r} needs {missing}, which is not set "
             "here: the workers that run its turns must have it, or every turn fails"
         )
+    if slow is not None:
+        raise slow
     return Checkup(agent, warnings, soul, found)
