@@ -436,8 +436,22 @@ def test_finish_with_a_stale_fence_raises_lease_lost_and_changes_nothing(
             reply_ids=[asked.id],
         )
     assert (caught.value.lane, caught.value.fence) == ("ava", zombie.fence)
+    assert "the fence is no longer current (the lane is running now)" in str(caught.value)
     assert dump_keys(redis_client, key_prefix) == before
     assert redis_client.exists(keys.beats, keys.reply(asked.id)) == 0
+
+
+def test_an_end_refused_because_redis_lost_the_lane_says_so(
+    lanes: Lanes, redis_client: redis.Redis, keys: Keys
+) -> None:
+    """Turns cut by a Redis that restarted empty were logged "fence is no longer current",
+    as if another worker had taken the lane: the refusal says the lane's state is gone."""
+    started = lanes.start("ava", _queued_turn(lanes), "w1")
+    redis_client.delete(keys.lane("ava"))
+    with pytest.raises(LeaseLost, match="the lane's state is gone from Redis"):
+        lanes.finish("ava", started.fence, status="done", text="late")
+    with pytest.raises(LeaseLost, match="the lane's state is gone from Redis"):
+        lanes.fail("ava", started.fence, error="boom")
 
 
 def test_finish_without_a_beat_publishes_nothing(

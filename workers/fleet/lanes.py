@@ -35,7 +35,7 @@ import json
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import redis
 import structlog
@@ -256,7 +256,7 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         with redis_errors(self.client):
             reply = self.scripts.finish(keys=keys, args=args)
         if reply[0] == "lost":
-            raise LeaseLost(lane, fence, "finish refused: the fence is no longer current")
+            raise LeaseLost(lane, fence, _lost("finish", reply))
         beat_id = str(reply[2]) or None
         outcome = str(reply[3])
         if reply[0] == "queued":
@@ -306,7 +306,7 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         with redis_errors(self.client):
             reply = self.scripts.fail(keys=keys, args=args)
         if reply[0] == "lost":
-            raise LeaseLost(lane, fence, "fail refused: the fence is no longer current")
+            raise LeaseLost(lane, fence, _lost("fail", reply))
         if reply[0] == "dead":
             _log.error("lane.dead_lettered", lane=lane, failure=kind, error=str(reply[3])[:300])
             return FailOutcome(
@@ -330,5 +330,16 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         with redis_errors(self.client):
             reply = self.scripts.defer(keys=keys, args=args)
         if reply[0] == "lost":
-            raise LeaseLost(lane, fence, "defer refused: the fence is no longer current")
+            raise LeaseLost(lane, fence, _lost("defer", reply))
         return turn_id
+
+
+def _lost(verb: str, reply: Sequence[Any]) -> str:
+    """Why a turn's ``verb`` was refused by its lane's fence check (the script's reply)."""
+    state = str(reply[1]) if len(reply) > 1 else "?"
+    if not state:
+        return (
+            f"{verb} refused: the lane's state is gone from Redis (it lost its data, a restart "
+            "without its AOF or FLUSHALL, or evicted keys): the turn has nothing to commit to"
+        )
+    return f"{verb} refused: the fence is no longer current (the lane is {state} now)"

@@ -10,7 +10,8 @@
 --       [10] jitter, a uniform random number in [0, 1) drawn by the caller  [11] retry_for (ms)
 --       [12] who publishes a retry queued now ("" for no claim)  [13] its claim ttl (ms)
 --       [14] the least delay (ms): what the provider asked to be left alone for (0: none)
--- Reply {"lost"}: the fence is not current; NOTHING changed
+-- Reply {"lost", state}: the fence is not current; NOTHING changed (state: the lane's, ''
+--       when its hash is gone: a Redis that lost its data or evicted it)
 --     | {"dead", turn_id, kind, reason}: the lane is dead-lettered; reason is its last_error
 --     | {"queued", turn_id, kind, retry turn id}: queued again now (the delay came out 0)
 --     | {"retry", turn_id, kind, retry turn id, retry_at}: waits in lanes:retry until retry_at;
@@ -32,7 +33,7 @@ local name, fence, now, kind = ARGV[1], ARGV[2], ARGV[3], ARGV[7]
 local f = redis.call('HMGET', lane, 'state', 'fence', 'turn_id', 'kind', 'attempts',
                      'failing_since')
 if f[1] ~= 'running' or f[2] ~= fence then
-  return {'lost'}
+  return {'lost', f[1] or ''}
 end
 local turn_id, turn_kind = f[3] or '', f[4] or 'interactive'
 local since = tonumber(f[6] or now)

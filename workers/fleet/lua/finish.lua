@@ -15,7 +15,8 @@
 --       [14+n] who publishes a follow-up ("" for no claim)  [15+n] its claim ttl (ms)
 --       [16+n] a note on how the turn ended that an operator must act on ("": none; an
 --              incomplete turn's reason), kept as last_note until a turn ends without one
--- Reply {"lost"}: the fence is not current; NOTHING changed
+-- Reply {"lost", state}: the fence is not current; NOTHING changed (state: the lane's, ''
+--       when its hash is gone: a Redis that lost its data or evicted it)
 --     | {"idle", turn_id, beat_id, session}
 --     | {"queued", turn_id, beat_id, session, follow-up turn id, follow-up kind}
 --       beat_id is "" when no beat was given; follow-up kind is "interactive" when items wait,
@@ -34,7 +35,7 @@ local name, fence, now = ARGV[1], ARGV[2], ARGV[3]
 
 local f = redis.call('HMGET', lane, 'state', 'fence', 'turn_id', 'tick_kind', 'ticks')
 if f[1] ~= 'running' or f[2] ~= fence then
-  return {'lost'}
+  return {'lost', f[1] or ''}
 end
 local turn_id = f[3] or ''
 
