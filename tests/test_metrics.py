@@ -106,3 +106,26 @@ def test_only_beat_exports_what_only_beat_measures(process: str, module: str) ->
     assert "soulfleet_turns_total" in scrape  # the scrape itself works in both
     shown = {name for name in _BEAT_ONLY if f"# TYPE {name} " in scrape}
     assert shown == (set(_BEAT_ONLY) if process == "beat" else set()), process
+
+
+def test_the_series_alerts_watch_are_exported_from_zero_at_start() -> None:
+    """A fresh process exported soulfleet_turns_total{status="error"}, the memory write
+    failures, the reaper's repairs and the Redis connection waits only after their first
+    event, and Prometheus's increase() does not count a series' first appearance: the first
+    failure of each kind in each process never fired its alert. Checked in a new interpreter,
+    where nothing has happened yet."""
+    script = (
+        "from prometheus_client import generate_latest\n"
+        "import workers.metrics\n"
+        "print(generate_latest().decode())\n"
+    )
+    text = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    for series in (
+        'soulfleet_turns_total{kind="heartbeat",status="error"} 0.0',
+        'soulfleet_memory_write_failures_total{reason="os_error"} 0.0',
+        'soulfleet_reaper_repairs_total{reason="lease_expired"} 0.0',
+        'soulfleet_redis_connection_wait_seconds_count{client="coordination"} 0.0',
+    ):
+        assert series in text, series

@@ -214,6 +214,21 @@ REAPER_REPAIRS = Counter(
     ["reason"],
 )
 
+# Every label value an alert watches is exported from 0 when the process starts: Prometheus's
+# increase() does not count a series' first appearance, so the first failure of each kind in
+# each process (the first error turn, the first memory write refused, the first lane the
+# reaper takes back) was invisible to the alerts.
+for _kind in ("interactive", "heartbeat", "dream"):
+    for _status in ("done", "incomplete", "error"):
+        TURNS.labels(kind=_kind, status=_status)
+for _reason in ("full", "os_error", "lock_timeout", "persona_file"):
+    MEMORY_WRITE_FAILURES.labels(reason=_reason)
+for _reason in ("lease_expired", "queued_too_long", "unsent", "claim_lapsed", "retry_due",
+                "resumed"):  # fmt: skip
+    REAPER_REPAIRS.labels(reason=_reason)
+for _client in ("coordination", "publisher"):
+    REDIS_CONNECTION_WAIT.labels(client=_client)
+
 LANES = "soulfleet_lanes"
 LANES_STUCK = "soulfleet_lanes_stuck"
 DEAD_LETTERED = "soulfleet_dead_lettered_lanes"
