@@ -26,6 +26,8 @@ from typing import Any
 
 import structlog
 
+from workers.persona.mcp_stderr import set_json_lines
+
 __all__ = ["Throttle", "bind_task", "configure_logging", "monotonic_wall_time"]
 
 _ANCHOR_WALL = time.time()
@@ -86,6 +88,7 @@ def configure_logging(fmt: str = "console", level: str = "INFO", *, force: bool 
     if _configured == [(fmt, level)] and not force:
         return
     _configured[:] = [(fmt, level)]
+    set_json_lines(fmt == "json")  # a stdio MCP server's stderr lines take the log's shape
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,

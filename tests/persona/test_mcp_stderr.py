@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from workers.persona import mcp_stderr
 from workers.persona.manifest import parse_manifest
 from workers.persona.mcp_hub import McpHub
 from workers.persona.mcp_stderr import MAX_LINE, StderrRelay, secrets_for
@@ -130,3 +132,49 @@ def test_a_token_written_literally_in_a_server_env_is_masked_too(tmp_path: Path)
     assert "GITHUB_PERSONAL_ACCESS_TOKEN=***" in text
     assert "TZ=UTC" in text
     assert literal not in text
+
+
+def test_a_flood_of_lines_is_rate_limited_with_a_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server printing in a loop wrote 190,000 lines into the worker's log within seconds
+    (a log disk filled by one server): past BURST_LINES at once (then LINES_PER_SECOND) the
+    lines are dropped and counted in one notice; the last line is still kept for errors."""
+    monkeypatch.setattr(mcp_stderr, "BURST_LINES", 5)
+    out_path = tmp_path / "stderr.txt"
+    with out_path.open("w", encoding="utf-8") as out:
+        relay = StderrRelay("flood", [KEY], out)
+        script = "import sys\nfor i in range(5000): print('line', i, file=sys.stderr)"
+        subprocess.run([sys.executable, "-c", script], stderr=relay.writer, check=True)
+        relay.close()
+        relay.join(timeout=10)
+    lines = out_path.read_text().splitlines()
+    assert len(lines) < 100
+    assert lines[:5] == [f"[mcp flood] line {i}" for i in range(5)]
+    assert lines[-1].startswith("[mcp flood] (")
+    assert "lines dropped: over 10 lines a second" in lines[-1]
+    assert relay.last_line == "line 4999"
+
+
+def test_under_json_logging_each_line_is_one_json_object(tmp_path: Path) -> None:
+    """With SOULFLEET_LOG_FORMAT=json every line of the log is one JSON object, but a
+    server's stderr came through as plain text (and `jq 'fromjson?'` dropped it): it is an
+    ``mcp.stderr`` event naming the server, masked as before."""
+    out_path = tmp_path / "stderr.txt"
+    mcp_stderr.set_json_lines(True)
+    try:
+        with out_path.open("w", encoding="utf-8") as out:
+            relay = StderrRelay("jsonny", [KEY], out)
+            script = "import sys; print('token ' + sys.argv[1], file=sys.stderr)"
+            subprocess.run([sys.executable, "-c", script, KEY], stderr=relay.writer, check=True)
+            relay.close()
+            relay.join(timeout=10)
+    finally:
+        mcp_stderr.set_json_lines(False)
+    [line] = out_path.read_text().splitlines()
+    record = json.loads(line)
+    assert (record["event"], record["server"], record["line"]) == (
+        "mcp.stderr",
+        "jsonny",
+        "token ***",
+    )

@@ -21,22 +21,48 @@ and protect nothing.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from typing import TextIO
 
 from workers.persona.urls import credential_forms
 
-__all__ = ["LAST_LINE_CHARS", "MAX_LINE", "MIN_SECRET", "StderrRelay", "secrets_for"]
+__all__ = [
+    "BURST_LINES",
+    "LAST_LINE_CHARS",
+    "LINES_PER_SECOND",
+    "MAX_LINE",
+    "MIN_SECRET",
+    "StderrRelay",
+    "secrets_for",
+    "set_json_lines",
+]
 
 #: The longest stderr line relayed (bytes); a longer one is dropped with a notice.
 MAX_LINE = 64 * 1024
+#: Lines a server may relay a second, on average, and at once: a server printing in a loop
+#: filled the worker's log disk (190,000 lines in seconds). The lines over it are dropped and
+#: counted in a notice.
+LINES_PER_SECOND = 10.0
+BURST_LINES = 200
 #: The most of a server's last stderr line an error quotes.
 LAST_LINE_CHARS = 300
 #: The shortest value treated as a secret.
 MIN_SECRET = 6
+_json_lines = False
+
+
+def set_json_lines(on: bool) -> None:
+    """Relay each line as one JSON object (``mcp.stderr``), as the process logs
+    (``SOULFLEET_LOG_FORMAT=json``: every line of the log one object), instead of plain text."""
+    global _json_lines  # noqa: PLW0603
+    _json_lines = on
+
+
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASS$|CREDENTIAL", re.IGNORECASE)
 _REDACTED = "***"
 
@@ -80,6 +106,10 @@ class StderrRelay:
         #: The last line relayed (masked, at most :data:`LAST_LINE_CHARS`): what a server that
         #: died at start said last, for the error that names it.
         self.last_line = ""
+        self._json = _json_lines
+        self._allowance = float(BURST_LINES)
+        self._checked = time.monotonic()
+        self._dropped = 0
         self._thread = threading.Thread(target=self._relay, name=f"mcp-stderr-{name}", daemon=True)
         self._thread.start()
 
@@ -104,11 +134,44 @@ class StderrRelay:
                 line = self._mask(raw.decode("utf-8", errors="replace").rstrip("\n"))
                 if line.strip():
                     self.last_line = line.strip()[:LAST_LINE_CHARS]
-                self._write(line)
+                if self._allowed():
+                    self._write(line)
+            self._say_dropped()
+
+    def _allowed(self) -> bool:
+        """Whether one more line may be relayed now (a token bucket of :data:`BURST_LINES`,
+        refilled at :data:`LINES_PER_SECOND`); a line refused is counted for the notice."""
+        now = time.monotonic()
+        self._allowance = min(
+            float(BURST_LINES), self._allowance + (now - self._checked) * LINES_PER_SECOND
+        )
+        self._checked = now
+        if self._allowance < 1:
+            self._dropped += 1
+            return False
+        self._allowance -= 1
+        self._say_dropped()
+        return True
+
+    def _say_dropped(self) -> None:
+        if self._dropped:
+            dropped, self._dropped = self._dropped, 0
+            self._write(
+                f"({dropped:,} lines dropped: over {LINES_PER_SECOND:g} lines a second; the "
+                "server's last line is kept for its errors)"
+            )
 
     def _write(self, line: str) -> None:
+        if self._json:
+            text = json.dumps({
+                "event": "mcp.stderr", "level": "info", "logger": "soulfleet.mcp",
+                "server": self._name, "line": line,
+                "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }, ensure_ascii=False)  # fmt: skip
+        else:
+            text = f"[mcp {self._name}] {line}"
         with contextlib.suppress(OSError, ValueError):
-            self._out.write(f"[mcp {self._name}] {line}\n")
+            self._out.write(text + "\n")
             self._out.flush()
 
     def close(self) -> None:
