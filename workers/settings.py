@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import redis
 from kombu.utils.url import url_to_parts
-from redis.connection import BlockingConnectionPool, parse_url
+from redis.connection import ConnectionPool, parse_url
 
 from workers.broker_urls import kombu_url, redis_py_url
 from workers.persona.env import EnvReader
@@ -370,9 +371,10 @@ def _check_options(name: str, url: str) -> None:
     when a command first connects, as a TypeError: the connection is built here (no socket
     opened) so the variable is named instead."""
     try:
-        # the pool the fleet uses (its own options, `timeout`, pass)
-        BlockingConnectionPool.from_url(url).make_connection()  # type: ignore[no-untyped-call]
-    except TypeError as exc:
+        # A plain pool, as the CLI's short reads and kombu take the URL too: an option only
+        # the fleet's blocking pool knows (`timeout`) crashed them.
+        ConnectionPool.from_url(url).make_connection()
+    except (TypeError, redis.ConnectionError) as exc:  # ConnectionError: `protocol=9`
         raise SettingsError(
             name,
             f"has an option the Redis client does not take ({redact_url(url)}): {exc} "
