@@ -556,3 +556,25 @@ def test_a_large_soul_under_the_turn_budget_still_compacts_and_answers(
         for n in range(15):
             rig.fleet.post("ava", f"message {n}: " + "words " * 150)
             assert rig.run_all() == ["done"], (n, rig.fleet.status("ava").get("last_note"))
+
+
+def test_a_dream_pass_that_made_no_call_does_not_count_as_the_last_pass(
+    redis_url: str, key_prefix: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """A pass whose input alone was over the token budget (a huge DREAM.md) made no call and
+    read nothing, yet it moved the last-pass mark: once DREAM.md was shrunk, as its note says,
+    every later pass was skipped "nothing new" and the conversation before it was never
+    dreamt over. The next pass runs."""
+    with FakeProvider("openai", text="ok") as server, make_rig(
+        redis_url, key_prefix, tmp_path, server, SOULFLEET_TURN_MAX_TOKENS="3000"
+    ) as rig:  # fmt: skip
+        home = rig.persona("ava", '[dream]\nevery = "1h"\n', DREAM_md="dream hard. " * 3000)
+        rig.fleet.post("ava", "I moved to Oslo")
+        assert rig.run_all() == ["done"]
+        rig.clock.advance(60)
+        rig.fleet.dream("ava")
+        assert rig.run_all() == ["incomplete"]
+        (home / "DREAM.md").write_text("Fold the day into memory.\n")
+        rig.clock.advance(60)
+        rig.fleet.dream("ava")
+        assert rig.run_all() == ["done"]

@@ -491,7 +491,10 @@ class TurnExecutor:
         )
         if input_over_budget(result):  # every turn of the persona ends so: an alert's worth
             metrics.TURNS_NO_CALL.labels(kind=started.kind).inc()
-        if role == "dreamer":  # the plan was made before the pass read anything
+        if role == "dreamer" and result.model_calls:
+            # The plan was made before the pass read anything. A pass that made no model call
+            # (its input over the token budget) read nothing: what came before it is still new
+            # to the next pass (the mark moved, and every pass after was skipped "nothing new").
             self.guard.passed(lane, self.fleet.clock.time(), plan.started_at)
         if finished.follow_up_turn_id and finished.follow_up_kind:
             self.endings.follow_up(lane, finished.follow_up_turn_id, finished.follow_up_kind)
