@@ -21,6 +21,7 @@ import pytest
 import redis
 
 from tests.support.cli import (
+    closed_port_url,
     dead_letter,
     lanes_for,
     run_soulfleet,
@@ -392,3 +393,24 @@ def test_a_shell_on_the_same_redis_as_an_up_of_its_own_redis_checks_with_that_up
     assert refused.returncode == 2, refused.stderr
     assert "SOULFLEET_MCP_CONFIG is not set" in refused.stderr
     assert client.dbsize() > 0
+
+
+@pytest.mark.integration
+def test_an_up_whose_redis_does_not_answer_is_not_called_stopped_while_it_runs(
+    tmp_path: Path, fleet_root: Path
+) -> None:
+    """A command whose found `up` had its Redis paused past the 30 s socket timeout said the
+    `up` "has stopped; start it again", while it ran (a second `up` would be refused): with
+    the `up`'s pid alive it says its Redis did not answer and to try again."""
+    data = DataDir(tmp_path / "xdg" / "soulfleet")
+    state = UpState(
+        pid=os.getpid(), redis_url=closed_port_url(), personas=str(fleet_root), key_prefix="k:",
+        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
+        mcp_config="", python_path=(),
+    )  # fmt: skip
+    data.write_state(state)
+    env = _no_fleet_env(tmp_path, fleet_root)
+    alive = _soulfleet("redis://127.0.0.1:1/0", env, "usage")
+    assert alive.returncode == 1, alive.stderr
+    assert f"(data {data.root}, pid {os.getpid()}) is running, but its Redis" in alive.stderr
+    assert "it has stopped" not in alive.stderr

@@ -22,6 +22,7 @@ import structlog
 from workers.cli.context import CliContext
 from workers.cli.errors import BadInputError, CliError, translate
 from workers.fleet.errors import RedisFull, RedisUnavailable
+from workers.local.datadir import pid_alive
 from workers.settings import redact_url
 
 __all__ = [
@@ -88,11 +89,19 @@ class SoulfleetGroup(click.Group):
             up = state.adopted if state is not None else None
             if up is not None and up.embedded_redis and _unreachable(exc):
                 # This shell's REDIS_URL is not set: the Redis was the running `up`'s.
-                error = CliError(
-                    f"the `soulfleet up` this command found (data {up.data}, pid {up.pid}) no "
-                    f"longer answers at {redact_url(up.redis_url)}: it has stopped; start it "
-                    "again (`soulfleet up`)"
-                )
+                if pid_alive(up.pid):  # running: its Redis is paused, busy or overloaded
+                    error = CliError(
+                        f"the `soulfleet up` this command found (data {up.data}, pid {up.pid}) "
+                        f"is running, but its Redis at {redact_url(up.redis_url)} did not "
+                        f"answer ({error.format_message()}): paused, busy with a slow command "
+                        "or out of memory? Try again in a moment (`up`'s own output says more)"
+                    )
+                else:
+                    error = CliError(
+                        f"the `soulfleet up` this command found (data {up.data}, pid {up.pid}) "
+                        f"no longer answers at {redact_url(up.redis_url)}: it has stopped; "
+                        "start it again (`soulfleet up`)"
+                    )
             _json_failure(ctx, error)
             raise error from exc
 
