@@ -253,10 +253,11 @@ def test_a_python_tool_is_imported_with_the_pythonpath_of_the_running_up(
 
 
 @pytest.mark.integration
-def test_run_local_imports_a_python_tool_as_the_running_ups_workers_do(
+def test_run_local_and_soul_import_a_python_tool_as_the_running_ups_workers_do(
     tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
 ) -> None:
-    """`run --local` in a shell without the PYTHONPATH the README gives `up` failed (exit 2,
+    """`run --local` (and `soul`) in a shell without the PYTHONPATH the README gives `up`
+    failed (exit 2,
     "cannot import module", no hint) while `tools` and `post` found the tool through the
     running `up`'s path: it imports as they do now, and with an empty path recorded says
     the workers cannot import it either."""
@@ -273,6 +274,8 @@ def test_run_local_imports_a_python_tool_as_the_running_ups_workers_do(
     env = {**_no_fleet_env(tmp_path, fleet_root), "PYTHONPATH": None}
     ran = _soulfleet("redis://127.0.0.1:1/0", env, "run", "abacus", "hello", "--local")
     assert ran.returncode == 0, ran.stderr
+    soul = _soulfleet("redis://127.0.0.1:1/0", env, "soul", "abacus")  # `soul` alike
+    assert soul.returncode == 0, soul.stderr
     data.write_state(replace(state, python_path=()))
     refused = _soulfleet("redis://127.0.0.1:1/0", env, "run", "abacus", "hello", "--local")
     assert refused.returncode == 2, refused.stderr

@@ -27,7 +27,7 @@ import site
 import sys
 import sysconfig
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -413,6 +413,24 @@ class CliContext:
         when that cannot be told (the file the running `up` was given is unreadable now: its
         workers hold what it was)."""
         return self._fleet_mcp()[0]
+
+    def as_workers_see(
+        self, home: Path
+    ) -> tuple[AbstractContextManager[None], Mapping[str, FleetServer] | None]:
+        """How to check persona ``home`` here: a persona of the running `up`'s fleet has its
+        tools as that fleet's workers have them (their PYTHONPATH: the context to check it in;
+        their MCP servers), as `post` and `tools` check them; one from anywhere else, which no
+        worker runs, has this shell's own (its tools were this shell's for `run --local` and
+        `soul` only)."""
+        up = self.adopted
+        if up is None or not home.resolve().is_relative_to(
+            Path(up.personas).expanduser().resolve()
+        ):
+            return nullcontext(), self.settings.mcp_servers
+        servers = self.fleet_mcp_servers()
+        # None: the `up`'s config is unreadable now (its workers hold what it was): this
+        # shell's is the best guess
+        return self.refusals_explained(), self.settings.mcp_servers if servers is None else servers
 
     @contextmanager
     def refusals_explained(self) -> Iterator[None]:

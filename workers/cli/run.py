@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -255,19 +254,7 @@ def _local(
 
     settings = state.settings
     home = persona_dir(persona, settings.personas)
-    # A persona of the running `up`'s fleet has its tools as that fleet's workers have them
-    # (its PYTHONPATH, its MCP config), as every other command checks them (they were this
-    # shell's own); one from anywhere else, which no worker runs, keeps this shell's.
-    served = state.adopted is not None and home.resolve().is_relative_to(
-        Path(state.adopted.personas).expanduser().resolve()
-    )
-    as_workers: AbstractContextManager[None] = (
-        state.refusals_explained() if served else nullcontext()
-    )
-    fleet_servers = state.fleet_mcp_servers() if served else None
-    # None: not the fleet's persona, or the `up`'s config is unreadable now (its workers hold
-    # what it was): this shell's is the best guess
-    mcp_servers = settings.mcp_servers if fleet_servers is None else fleet_servers
+    as_workers, mcp_servers = state.as_workers_see(home)
     if (conflict := lock_mode_conflict(settings, home)) is not None:
         raise BadInputError(conflict)
     # The same check-up as a fleet command: an invalid file (a cron that can never fire) exits

@@ -40,12 +40,14 @@ def soul(ctx: click.Context, directory: str, as_json: bool) -> None:
     # Refuses what a turn would fail with (a model spec or rules file that cannot load, a
     # Python tool that does not import, a `use` the fleet lacks), as `post` does; warns on an
     # empty soul (`soulfleet soul /etc`), a soul over the turn budget, a key this shell lacks.
-    checkup = check_persona(
-        path,
-        settings.model,
-        turn_max_tokens=settings.turn_max_tokens,
-        mcp_servers=settings.mcp_servers,
-    )
+    as_workers, mcp_servers = cli_context(ctx).as_workers_see(path)
+    with as_workers:
+        checkup = check_persona(
+            path,
+            settings.model,
+            turn_max_tokens=settings.turn_max_tokens,
+            mcp_servers=mcp_servers,
+        )
     for warning in checkup.warnings:
         click.echo(f"soulfleet: warning: {warning}", err=True)
     text, found = checkup.soul, checkup.found
