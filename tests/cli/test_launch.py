@@ -243,3 +243,26 @@ def test_a_flower_password_file_that_is_a_symlink_is_refused_not_followed(tmp_pa
         flower_auth({}, secret)
     assert target.read_text() == "keep me\n"
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
+
+
+def test_describe_personas_does_not_call_a_slow_tool_import_invalid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`up` listed a persona whose Python tool was still importing at its limit as INVALID,
+    though beat does not call it invalid and its turns retry it (ToolSetupSlow is transient):
+    it says the tools are still setting up and that its turns are retried."""
+    from workers.persona import python_tools  # noqa: PLC0415
+
+    monkeypatch.setattr(python_tools, "SETUP_TIMEOUT", 0.3)
+    module = f"slow_at_up_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text("import threading\nthreading.Event().wait(5)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    root = choose_personas(None, {}, tmp_path / "personas").root
+    with (root / "ava" / "persona.toml").open("a") as toml:
+        toml.write(f'\n[[tools.python]]\nref = "{module}:tool"\n')
+    lines, _ = describe_personas(root, Settings.from_env({}))
+    name, rest = lines[0].split(None, 1)
+    assert name == "ava"
+    assert rest.startswith("tools still setting up:")
+    assert "INVALID" not in lines[0]
+    assert "its turns are retried until that finishes" in lines[0]

@@ -32,7 +32,7 @@ from workers.fleet.registry import PersonaRegistry
 from workers.local.demo import install_demo
 from workers.local.supervisor import ChildSpec
 from workers.persona.checkup import check_persona
-from workers.persona.errors import ModelSpecError, PersonaError
+from workers.persona.errors import ModelSpecError, PersonaError, ToolSetupSlow
 from workers.queues import KINDS, queue_name
 from workers.settings import Settings
 
@@ -308,6 +308,13 @@ def describe_personas(root: Path, settings: Settings) -> tuple[list[str], int]:
                 mcp_servers=settings.mcp_servers,
                 turn_max_tokens=settings.turn_max_tokens,
             )
+        except ToolSetupSlow as exc:  # transient (beat does not call it invalid): retried
+            lines.append(
+                f"{name:<{width}}  tools still setting up: {' '.join(str(exc).split())}; its "
+                "turns are retried until that finishes"
+            )
+            lanes += 1
+            continue
         except (PersonaError, ModelSpecError, ValueError) as exc:
             lines.append(f"{name:<{width}}  INVALID: {' '.join(str(exc).split())}")
             lanes += 1
