@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from tests.support.memory import held_by_thread, ok
 from workers.persona import ledger as ledger_module
@@ -127,7 +128,9 @@ def test_a_hard_linked_queue_is_neither_taken_nor_truncated(home: Path, tmp_path
     queue.parent.mkdir(parents=True, exist_ok=True)
     os.link(outside, queue)
     before = outside.read_bytes()
-    assert take(str(queue), "MEMORY.md", MAX_ENTRY_BYTES) == []
+    with capture_logs() as logs:
+        assert take(str(queue), "MEMORY.md", MAX_ENTRY_BYTES) == []
+    assert [entry["event"] for entry in logs] == ["memory.queue_unusable"]
     with pytest.raises(OSError, match="hard links"):
         enqueue(str(queue), "qa", _ADD, None)
     assert outside.read_bytes() == before

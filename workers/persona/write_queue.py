@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
 import random
@@ -280,7 +281,9 @@ def take(path: str, relative: str, max_entry_bytes: int) -> list[QueuedWrite]:
         single_link(info, path)  # a planted hard link: never truncate the file it names
         raw = os.read(fd, min(MAX_QUEUE_BYTES, info.st_size + _TAKE_SLACK))
         os.ftruncate(fd, 0)
-    except OSError:
+    except OSError as exc:
+        if exc.errno == errno.EMLINK:  # its writers are refused too: the operator must hear
+            _log.warning("memory.queue_unusable", path=path, error=str(exc))
         return []
     finally:
         with contextlib.suppress(OSError):
