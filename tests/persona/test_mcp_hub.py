@@ -107,7 +107,7 @@ def _misbehave(tools: dict[str, Tool], restarted: object) -> None:
 
     seconds, output, is_error, failure = _timed(tools["t__crash"], {})
     assert (is_error, failure) == (True, "server_died"), output
-    assert "restarted for the next call" in output
+    assert "restarted for a later call" in output
     assert seconds < 6 + 6
     if callable(restarted):
         restarted()

@@ -273,8 +273,9 @@ class McpConnection:
     def _died_during(self, tool: str) -> CallOutcome:
         return CallOutcome(
             f"error: MCP server {self.label!r} stopped during the call of {tool!r} (it crashed or "
-            "hung up); it is restarted for the next call. The call may or may not have taken "
-            "effect.",
+            "hung up); it is restarted for a later call (after a pause of a few seconds when "
+            "it keeps failing: its tools may be missing meanwhile). The call may or may not "
+            "have taken effect.",
             True,
             "server_died",
         )
