@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -405,15 +406,25 @@ def test_an_up_whose_redis_does_not_answer_is_not_called_stopped_while_it_runs(
     """A command whose found `up` had its Redis paused past the 30 s socket timeout said the
     `up` "has stopped; start it again", while it ran (a second `up` would be refused): with
     the `up`'s pid alive it says its Redis did not answer and to try again."""
+    silent = socket.create_server(("127.0.0.1", 0))  # connects, never answers: a paused Redis
+    port = silent.getsockname()[1]
     data = DataDir(tmp_path / "xdg" / "soulfleet")
     state = UpState(
-        pid=os.getpid(), redis_url=closed_port_url(), personas=str(fleet_root), key_prefix="k:",
-        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
-        mcp_config="", python_path=(),
+        pid=os.getpid(), redis_url=f"redis://127.0.0.1:{port}/0?socket_timeout=1",
+        personas=str(fleet_root), key_prefix="k:", queue_prefix="q", data=str(data.root),
+        started_at=1.0, embedded_redis=True, mcp_config="", python_path=(),
     )  # fmt: skip
     data.write_state(state)
     env = _no_fleet_env(tmp_path, fleet_root)
-    alive = _soulfleet("redis://127.0.0.1:1/0", env, "usage")
+    try:
+        alive = _soulfleet("redis://127.0.0.1:1/0", env, "usage")
+    finally:
+        silent.close()
     assert alive.returncode == 1, alive.stderr
     assert f"(data {data.root}, pid {os.getpid()}) is running, but its Redis" in alive.stderr
     assert "it has stopped" not in alive.stderr
+    # a Redis that refuses the connection (its process gone) is still "stopped"
+    data.write_state(replace(state, redis_url=closed_port_url()))
+    gone = _soulfleet("redis://127.0.0.1:1/0", env, "usage")
+    assert "no longer answers at" in gone.stderr
+    assert "it has stopped; start it again" in gone.stderr

@@ -89,7 +89,7 @@ class SoulfleetGroup(click.Group):
             up = state.adopted if state is not None else None
             if up is not None and up.embedded_redis and _unreachable(exc):
                 # This shell's REDIS_URL is not set: the Redis was the running `up`'s.
-                if pid_alive(up.pid):  # running: its Redis is paused, busy or overloaded
+                if _timed_out(exc) and pid_alive(up.pid):  # its Redis is paused or busy
                     error = CliError(
                         f"the `soulfleet up` this command found (data {up.data}, pid {up.pid}) "
                         f"is running, but its Redis at {redact_url(up.redis_url)} did not "
@@ -120,6 +120,17 @@ def _unreachable(exc: BaseException) -> bool:
     if isinstance(exc, RedisUnavailable):
         return not isinstance(exc, RedisFull)
     return isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Redis was reached but did not answer in time (paused, busy), as opposed to refusing
+    the connection (its process gone): told by the exception or what it was raised from."""
+    current: BaseException | None = exc
+    while current is not None:
+        if isinstance(current, (redis.TimeoutError, TimeoutError)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def _not_utf8(arg: str) -> str | None:
