@@ -17,13 +17,21 @@
 -- never overshoot inbox_max; an accepted item is never dropped.
 local lane, inbox, queued = KEYS[1], KEYS[2], KEYS[5]
 
+-- Queue an interactive turn if the lane is idle and the post asks to wake it; true if it did.
+local function wake(state)
+  if state ~= 'idle' or ARGV[3] ~= '1' then
+    return false
+  end
+  redis.call('HSET', lane, 'state', 'queued', 'turn_id', ARGV[6], 'kind', 'interactive',
+             'queued_at', ARGV[5])
+  redis.call('ZADD', queued, ARGV[5], ARGV[1])
+  return true
+end
+
 local depth = redis.call('LLEN', inbox)
 if depth >= tonumber(ARGV[4]) then
   local state = redis.call('HGET', lane, 'state') or 'idle'
-  if state == 'idle' and ARGV[3] == '1' then
-    redis.call('HSET', lane, 'state', 'queued', 'turn_id', ARGV[6], 'kind', 'interactive',
-               'queued_at', ARGV[5])
-    redis.call('ZADD', queued, ARGV[5], ARGV[1])
+  if wake(state) then
     return {'full', depth, ARGV[6], state}
   end
   return {'full', depth, '', state}
@@ -36,10 +44,7 @@ local state = redis.call('HGET', lane, 'state') or 'idle'
 if state == 'dead' then
   return {'dead', depth}
 end
-if state == 'idle' and ARGV[3] == '1' then
-  redis.call('HSET', lane, 'state', 'queued', 'turn_id', ARGV[6], 'kind', 'interactive',
-             'queued_at', ARGV[5])
-  redis.call('ZADD', queued, ARGV[5], ARGV[1])
+if wake(state) then
   return {'queued', depth, ARGV[6]}
 end
 return {'pending', depth}

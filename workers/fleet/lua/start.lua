@@ -72,7 +72,10 @@ redis.call('DEL', KEYS[8])
 redis.call('ZREM', KEYS[9], name)
 local fence = redis.call('HINCRBY', lane, 'fence', 1)
 redis.call('SET', lease, fence .. ':' .. worker, 'PX', ARGV[5])
-local recovered = redis.call('LLEN', inflight)
+-- What a dead worker (or a failed attempt) left in flight, then what this turn takes: the items
+-- it runs, read once.
+local items = redis.call('LRANGE', inflight, 0, -1)
+local recovered = #items
 local fresh = redis.call('LRANGE', inbox, 0, -1)
 -- Bounded: a backlog whose text alone is over the turn's token budget was drained into one
 -- turn that ended before its model call, and every item in it went unanswered.
@@ -80,10 +83,8 @@ local fresh = redis.call('LRANGE', inbox, 0, -1)
 -- another full bound, and the attempt after a long outage held the whole backlog again.
 local most, taken, bytes = tonumber(ARGV[7] or '0'), #fresh, 0
 if most > 0 then
-  if recovered > 0 then
-    for _, held in ipairs(redis.call('LRANGE', inflight, 0, -1)) do
-      bytes = bytes + #held
-    end
+  for i = 1, recovered do
+    bytes = bytes + #items[i]
   end
   for i = 1, #fresh do
     bytes = bytes + #fresh[i]
@@ -95,6 +96,9 @@ if most > 0 then
 end
 for i = 1, taken, 500 do
   redis.call('RPUSH', inflight, unpack(fresh, i, math.min(i + 499, taken)))
+end
+for i = 1, taken do
+  items[recovered + i] = fresh[i]
 end
 if taken == #fresh then
   redis.call('DEL', inbox)
@@ -129,7 +133,6 @@ redis.call('HSET', lane, 'state', 'running', 'started_at', now, 'worker', worker
 redis.call('ZREM', queued, name)
 redis.call('ZADD', running, tonumber(now) + tonumber(ARGV[5]), name)
 
-local items = redis.call('LRANGE', inflight, 0, -1)
 -- A turn that drains inbox items is a conversation, whatever queued it: a post that arrived
 -- behind a queued heartbeat must get the conversation's model and budget rules (a heartbeat
 -- turn over budget is skipped, and its items with it).
