@@ -29,10 +29,9 @@ from workers.cli.context import CliContext
 from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
 from workers.cli.group import cli_context, personas_option
 from workers.fleet import Fleet
-from workers.fleet.spend import next_reset, persona_budget
+from workers.fleet.spend import next_reset
 from workers.persona.checkup import check_persona
 from workers.persona.errors import ModelError, PersonaError, SoulfleetError, ToolSetupSlow
-from workers.persona.spend import budget_refuses
 
 __all__ = ["dream", "watch_batch"]
 
@@ -155,11 +154,11 @@ def _warn_if_budget_skips(state: CliContext, name: str) -> None:
     only "dream pass queued", and the pass was skipped without a word here)."""
     fleet = state.fleet()
     try:
-        budget = persona_budget(fleet.registry.home(name), fleet.settings)
-        spent = fleet.ledger.spent(name, fleet.ledger.today(budget.timezone))
+        refusal = fleet.budget_refusal(name, "dream")
     except (SoulfleetError, redis.RedisError, OSError):  # the pass is queued: a hint, no more
         return
-    if budget_refuses(budget, "dream", spent):
+    if refusal is not None:
+        budget, spent = refusal
         click.echo(
             f"soulfleet: warning: {name}'s daily budget is used up ({spent:,} of "
             f"{budget.daily_tokens:,} tokens, on_exceed = {budget.on_exceed!r}): the pass will "

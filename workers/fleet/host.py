@@ -54,7 +54,7 @@ from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import PersonaError
 from workers.persona.inbox import InboxItem
 from workers.persona.mcp_servers import FleetServer
-from workers.persona.spend import budget_refuses
+from workers.persona.spend import BACKGROUND_KINDS, DailyBudget, budget_refuses
 from workers.settings import Settings
 
 __all__ = ["Fleet", "Publisher", "RunReply"]
@@ -200,24 +200,17 @@ class Fleet(FleetReports):
             outcome = self.lanes.post(name, item, wake=wake)
         except InboxFull as full:
             if full.drain_turn is not None:  # refused, but the idle lane now drains its inbox
-                self._send_drain(name, full.drain_turn)
+                self._publish_queued(name, full.drain_turn, "interactive")
             raise
         if on_posted is not None:
             on_posted(outcome)
         if outcome.turn_id is not None and outcome.turn_kind is not None:
-            try:
-                self.publisher.publish(name, outcome.turn_id, outcome.turn_kind)
-            except RedisUnavailable as exc:
+            refused = self._publish_queued(name, outcome.turn_id, outcome.turn_kind)
+            if refused is not None:
                 # The item is in the inbox and the turn queued: raising would tell the sender
                 # to post again (a duplicate). The reaper's next pass sends the wake-up.
-                marked = self.lanes.unsent([(name, outcome.turn_id)], str(exc))
-                return replace(outcome, unsent=str(exc), resend_soon=marked == 1)
-            except BaseException:
-                # Interrupted mid-publish (Ctrl-C, a caller's exception): the turn is queued
-                # and maybe unsent; the reaper's next pass sends it, not its 600 s wait.
-                with contextlib.suppress(Exception):
-                    self.lanes.unsent([(name, outcome.turn_id)], "publish interrupted")
-                raise
+                why, marked = refused
+                return replace(outcome, unsent=why, resend_soon=marked == 1)
         return outcome
 
     def send(self, turns: Sequence[tuple[str, str, str]]) -> None:
@@ -229,28 +222,41 @@ class Fleet(FleetReports):
             self.lanes.unsent([(lane, turn_id) for lane, turn_id, _ in turns], str(exc))
             raise
 
-    def _send_drain(self, name: str, turn_id: str) -> None:
-        """Publish the turn a refused post queued to drain a full inbox; one that cannot be
-        sent (the broker refuses, or the caller is interrupted) goes to the reaper's next
-        pass, as a post's own turn does, not to its 600 s wait for a lost message."""
+    def _publish_queued(self, lane: str, turn_id: str, kind: str) -> tuple[str, int] | None:
+        """Publish a turn a post queued. One the broker refuses goes to the reaper's next pass
+        (not its 600 s wait for a lost message): returned as ``(why, how many were marked)``;
+        None when sent. Interrupted mid-publish (Ctrl-C, a caller's exception), the turn is
+        queued and maybe unsent: handed over the same way, and the interruption re-raised."""
         try:
-            self.publisher.publish(name, turn_id, "interactive")
+            self.publisher.publish(lane, turn_id, kind)
         except RedisUnavailable as exc:
-            self.lanes.unsent([(name, turn_id)], str(exc))
+            return str(exc), self.lanes.unsent([(lane, turn_id)], str(exc))
         except BaseException:
-            self.lanes.unsent([(name, turn_id)], "interrupted while sending the turn")
+            with contextlib.suppress(Exception):
+                self.lanes.unsent([(lane, turn_id)], "publish interrupted")
             raise
+        return None
 
     def _refuse_if_stopped(self, name: str) -> None:
         """A persona whose budget is used up with ``on_exceed = "stop"`` would refuse the turn
         and lose the item: refuse the post instead, while its sender still has it."""
-        budget = persona_budget(self.registry.home(name), self.settings)
-        if budget.daily_tokens is None or budget.on_exceed != "stop":
-            return
-        spent = self.ledger.spent(name, self.ledger.today(budget.timezone))
-        if budget_refuses(budget, "interactive", spent):
+        refusal = self.budget_refusal(name, "interactive")
+        if refusal is not None:
+            budget, spent = refusal
             resets = next_reset(budget, self.clock.time())
-            raise BudgetStopped(name, spent, budget.daily_tokens, resets)
+            raise BudgetStopped(name, spent, budget.daily_tokens or 0, resets)
+
+    def budget_refusal(self, name: str, kind: str) -> tuple[DailyBudget, int] | None:
+        """The persona's daily budget and today's spend when that budget refuses turns of
+        ``kind`` now (used up, and its ``on_exceed`` covers them); None otherwise. Redis is
+        read only when it could."""
+        budget = persona_budget(self.registry.home(name), self.settings)
+        if budget.daily_tokens is None or (
+            budget.on_exceed != "stop" and kind not in BACKGROUND_KINDS
+        ):
+            return None
+        spent = self.ledger.spent(name, self.ledger.today(budget.timezone))
+        return (budget, spent) if budget_refuses(budget, kind, spent) else None
 
     def tick(self, persona: str, kind: str = "heartbeat") -> TickOutcome:
         """What beat does: fold one tick into the lane; queue a turn only if it is idle."""
