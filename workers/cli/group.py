@@ -23,6 +23,7 @@ from workers.cli.context import CliContext
 from workers.cli.errors import BadInputError, CliError, translate
 from workers.fleet.errors import RedisFull, RedisUnavailable
 from workers.local.datadir import pid_alive
+from workers.persona.errors import causes
 from workers.settings import redact_url
 
 __all__ = [
@@ -125,12 +126,9 @@ def _unreachable(exc: BaseException) -> bool:
 def _timed_out(exc: BaseException) -> bool:
     """Redis was reached but did not answer in time (paused, busy), as opposed to refusing
     the connection (its process gone): told by the exception or what it was raised from."""
-    current: BaseException | None = exc
-    while current is not None:
-        if isinstance(current, (redis.TimeoutError, TimeoutError)):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(
+        isinstance(cause, (redis.TimeoutError, TimeoutError)) for cause in causes(exc, context=True)
+    )
 
 
 def _not_utf8(arg: str) -> str | None:

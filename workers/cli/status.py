@@ -246,12 +246,9 @@ def _echo_calls(fleet: Fleet, name: str, entry: Mapping[str, Any]) -> None:
     takes calls and never answers showed only as a turn "running"). A call whose worker has
     stopped renewing the lane's lease is said to be orphaned, not waiting: its slot outlives
     a killed worker until it expires."""
-    dreamer = fleet.registry.lane_of(name, "dreamer")
-    silences = {name: entry.get("lease_silent"), dreamer: (entry.get("dreamer") or {}).get(
-        "lease_silent"
-    )}  # fmt: skip
+    silences = {lane: lane_entry.get("lease_silent") for lane, lane_entry, _ in lanes_of(entry)}
     now = fleet.clock.time()
-    for call in fleet.model_calls([name, dreamer]):
+    for call in fleet.model_calls([name, fleet.registry.lane_of(name, "dreamer")]):
         age = f"{max(0.0, now - call.started):.0f}s"
         silent = silences.get(call.lane)
         if silent is not None:

@@ -76,8 +76,9 @@ def usage(
 ) -> None:
     """Tokens and model calls per persona per day (NAME: one persona, per model)."""
     state = cli_context(ctx, personas)
-    persona = _persona(state, name, days) if name is not None else None
-    entries = state.fleet().usage(persona, days=days)
+    persona, entries = (
+        _persona(state, name, days) if name is not None else (None, state.fleet().usage(days=days))
+    )
     if persona is None and top is not None:
         per_day: dict[str, int] = {}
         kept = []
@@ -97,23 +98,21 @@ def usage(
     click.echo(f"total: {total} tokens in {sum(int(e['calls']) for e in entries)} model calls")
 
 
-def _persona(state: CliContext, name: str, days: int) -> str:
-    """The fleet's name for ``name``; a removed persona's too while its spend is on record
-    (the fleet-wide table lists it, and its spend was refused by model)."""
+def _persona(state: CliContext, name: str, days: int) -> tuple[str, list[dict[str, Any]]]:
+    """The fleet's name for ``name`` and its usage; a removed persona's too while its spend is
+    on record (the fleet-wide table lists it, and its spend was refused by model)."""
     try:
-        return state.persona(name)
+        persona = state.persona(name)
     except UnusablePersonaName:
         raise
     except UnknownPersona:
-        recorded = valid_persona_name(name) and any(
-            int(entry["calls"]) or int(entry["tokens"])
-            for entry in state.fleet().usage(name, days=days)
-        )
-        if not recorded:
+        entries = state.fleet().usage(name, days=days) if valid_persona_name(name) else []
+        if not any(int(entry["calls"]) or int(entry["tokens"]) for entry in entries):
             raise
         click.echo(
             f"soulfleet: note: {name} has no directory under {state.settings.personas} "
             "(removed or renamed?): its recorded usage",
             err=True,
         )
-        return name
+        return name, entries
+    return persona, state.fleet().usage(persona, days=days)

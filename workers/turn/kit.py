@@ -141,7 +141,7 @@ class TurnKit:
             _log.warning("dream.log_not_written", persona=agent.name, error=written.output[:300])
 
 
-def _memory_writes(result: RunResult) -> list[Mapping[str, Any]]:
+def _memory_calls(result: RunResult) -> list[Mapping[str, Any]]:
     """The arguments of the pass's memory tool calls that succeeded."""
     succeeded = {
         message.tool_call_id for message in result.messages
@@ -160,15 +160,13 @@ def wrote_log(result: RunResult) -> bool:
     succeeded (reading it, as the dream prompt's first step does, or a refused write, is not)."""
     return any(
         args.get("target") == "note:log" and args.get("action") in ("add", "replace")
-        for args in _memory_writes(result)
+        for args in _memory_calls(result)
     )
 
 
 def wrote_memory(result: RunResult) -> bool:
     """Whether the pass changed memory: a memory add, replace or remove that succeeded."""
-    return any(
-        args.get("action") in ("add", "replace", "remove") for args in _memory_writes(result)
-    )
+    return any(args.get("action") in ("add", "replace", "remove") for args in _memory_calls(result))
 
 
 def paused(model: GatedModel) -> bool:
