@@ -17,6 +17,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -82,6 +83,17 @@ def _no_fleet_env(tmp_path: Path, personas: Path) -> dict[str, str | None]:
     return env
 
 
+def _up(data: DataDir, fleet_root: Path, redis_url: str, **fields: Any) -> UpState:
+    """A live `up`'s record (this test process's pid) on ``data`` serving ``fleet_root``
+    through ``redis_url`` (embedded unless ``fields`` say otherwise)."""
+    record: dict[str, Any] = {
+        "pid": os.getpid(), "redis_url": redis_url, "personas": str(fleet_root),
+        "key_prefix": "k:", "queue_prefix": "q", "data": str(data.root), "started_at": 1.0,
+        "embedded_redis": True, **fields,
+    }  # fmt: skip
+    return UpState(**record)
+
+
 def _soulfleet(
     default: str, env: Mapping[str, str | None], *args: str
 ) -> subprocess.CompletedProcess[str]:
@@ -123,11 +135,7 @@ def test_an_up_on_its_own_redis_is_named_instead_of_guessed(
     url, client = decoy
     before = _connections(client)
     data = DataDir(tmp_path / "xdg" / "soulfleet")
-    data.write_state(UpState(
-        pid=os.getpid(), redis_url="redis://:***@10.9.8.7:6390/0", personas=str(fleet_root),
-        key_prefix="k:", queue_prefix="q", data=str(data.root), started_at=1.0,
-        embedded_redis=False,
-    ))  # fmt: skip
+    data.write_state(_up(data, fleet_root, "redis://:***@10.9.8.7:6390/0", embedded_redis=False))
     result = _soulfleet(url, _no_fleet_env(tmp_path, fleet_root), "post", "nora", "hi")
     assert result.returncode == 2, result.stderr
     assert "set REDIS_URL to the same URL" in result.stderr
@@ -152,10 +160,7 @@ def test_an_up_on_another_data_dir_is_found_through_soulfleet_data(
     dir: the error says to set SOULFLEET_DATA=DIR; with it set, the command reaches that Redis."""
     url, client = decoy
     data = DataDir(tmp_path / "elsewhere")
-    data.write_state(UpState(
-        pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
-        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
-    ))  # fmt: skip
+    data.write_state(_up(data, fleet_root, url))
     env = _no_fleet_env(tmp_path, fleet_root)
     before = _connections(client)
     missed = _soulfleet("redis://127.0.0.1:1/0", env, "status")
@@ -226,11 +231,7 @@ def test_a_python_tool_is_imported_with_the_pythonpath_of_the_running_up(
     tools = tmp_path / "tools"
     _persona_with_python_tool(tools, fleet_root, "walk_tools_15")
     data = DataDir(tmp_path / "xdg" / "soulfleet")
-    state = UpState(
-        pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
-        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
-        mcp_config="", python_path=(),
-    )  # fmt: skip
+    state = _up(data, fleet_root, url, mcp_config="", python_path=())
     data.write_state(state)
     env = {**_no_fleet_env(tmp_path, fleet_root), "PYTHONPATH": None}
     refused = _soulfleet("redis://127.0.0.1:1/0", env, "post", "abacus", "1+2")
@@ -266,11 +267,7 @@ def test_run_local_and_soul_import_a_python_tool_as_the_running_ups_workers_do(
     tools = tmp_path / "tools"
     _persona_with_python_tool(tools, fleet_root, "walk_tools_17")
     data = DataDir(tmp_path / "xdg" / "soulfleet")
-    state = UpState(
-        pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
-        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
-        mcp_config="", python_path=(str(tools),),
-    )  # fmt: skip
+    state = _up(data, fleet_root, url, mcp_config="", python_path=(str(tools),))
     data.write_state(state)
     env = {**_no_fleet_env(tmp_path, fleet_root), "PYTHONPATH": None}
     ran = _soulfleet("redis://127.0.0.1:1/0", env, "run", "abacus", "hello", "--local")
@@ -302,11 +299,7 @@ def test_a_python_tool_only_this_shell_can_import_is_refused_as_the_workers_woul
     tools = tmp_path / "pylib"
     _persona_with_python_tool(tools, fleet_root, "walk_tools_16")
     data = DataDir(tmp_path / "xdg" / "soulfleet")
-    data.write_state(UpState(
-        pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
-        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
-        mcp_config="", python_path=(),
-    ))  # fmt: skip
+    data.write_state(_up(data, fleet_root, url, mcp_config="", python_path=()))
     env = {**_no_fleet_env(tmp_path, fleet_root), "PYTHONPATH": str(tools)}
     for argv in (("post", "abacus", "1+2"), ("tools", "abacus")):
         refused = _soulfleet("redis://127.0.0.1:1/0", env, *argv)
@@ -336,11 +329,7 @@ def test_a_use_is_checked_against_the_mcp_config_of_the_running_up(
     (fleet_root / "tim" / "SOUL.md").write_text("You are Tim.\n", encoding="utf-8")
     (fleet_root / "tim" / "persona.toml").write_text('[[tools.mcp]]\nuse = "time"\n')
     data = DataDir(tmp_path / "xdg" / "soulfleet")
-    state = UpState(
-        pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
-        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=True,
-        mcp_config="",
-    )  # fmt: skip
+    state = _up(data, fleet_root, url, mcp_config="")
     data.write_state(state)
     env = {**_no_fleet_env(tmp_path, fleet_root), "SOULFLEET_MCP_CONFIG": str(mcp)}
     refused = _soulfleet("redis://127.0.0.1:1/0", env, "post", "tim", "hi")
@@ -382,11 +371,16 @@ def test_a_shell_on_the_same_redis_as_an_up_of_its_own_redis_checks_with_that_up
     (fleet_root / "tim" / "SOUL.md").write_text("You are Tim.\n", encoding="utf-8")
     (fleet_root / "tim" / "persona.toml").write_text('[[tools.mcp]]\nuse = "time"\n')
     data = DataDir(tmp_path / "xdg" / "soulfleet")
-    data.write_state(UpState(
-        pid=os.getpid(), redis_url=url, personas=str(fleet_root), key_prefix="k:",
-        queue_prefix="q", data=str(data.root), started_at=1.0, embedded_redis=False,
-        mcp_config=str(mcp.resolve()), python_path=(),
-    ))  # fmt: skip
+    data.write_state(
+        _up(
+            data,
+            fleet_root,
+            url,
+            embedded_redis=False,
+            mcp_config=str(mcp.resolve()),
+            python_path=(),
+        )
+    )
     env = {**_no_fleet_env(tmp_path, fleet_root), "REDIS_URL": url,
            "SOULFLEET_KEY_PREFIX": "k:", "SOULFLEET_QUEUE_PREFIX": "q"}  # fmt: skip
     accepted = _soulfleet("redis://127.0.0.1:1/0", env, "post", "tim", "hi")
@@ -409,11 +403,13 @@ def test_an_up_whose_redis_does_not_answer_is_not_called_stopped_while_it_runs(
     silent = socket.create_server(("127.0.0.1", 0))  # connects, never answers: a paused Redis
     port = silent.getsockname()[1]
     data = DataDir(tmp_path / "xdg" / "soulfleet")
-    state = UpState(
-        pid=os.getpid(), redis_url=f"redis://127.0.0.1:{port}/0?socket_timeout=1",
-        personas=str(fleet_root), key_prefix="k:", queue_prefix="q", data=str(data.root),
-        started_at=1.0, embedded_redis=True, mcp_config="", python_path=(),
-    )  # fmt: skip
+    state = _up(
+        data,
+        fleet_root,
+        f"redis://127.0.0.1:{port}/0?socket_timeout=1",
+        mcp_config="",
+        python_path=(),
+    )
     data.write_state(state)
     env = _no_fleet_env(tmp_path, fleet_root)
     try:
