@@ -178,3 +178,35 @@ def test_under_json_logging_each_line_is_one_json_object(tmp_path: Path) -> None
         "jsonny",
         "token ***",
     )
+
+
+@pytest.mark.integration
+def test_lines_on_stdout_that_are_not_json_rpc_are_one_masked_line_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server printing a start-up banner on stdout (the protocol's channel) got the SDK's
+    full pydantic traceback per line in the worker's log, its text unmasked: each such line is
+    one line through the server's relay, named and masked, and the server's tools still come
+    up."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    server = Path(__file__).parents[1] / "support" / "mcp_server.py"
+    log = tmp_path / "worker-stderr.txt"
+    toml = (
+        '[[tools.mcp]]\nname = "chatty"\ncommand = "sh"\n'
+        f'args = ["-c", "echo Starting chatty v1 key=$TOKEN; exec {sys.executable} {server}"]\n'
+        'env = { TOKEN = "${OPENAI_API_KEY}" }\n'
+    )
+    with log.open("w", encoding="utf-8") as errlog:
+        hub = McpHub(start_timeout=60, errlog=errlog)
+        try:
+            config = parse_manifest(toml, source=Path("persona.toml"))
+            box = build_declared(config.tools, hub=hub, limits=ToolLimits())
+            assert "chatty__echo" in {tool.name for tool in box.tools}
+        finally:
+            hub.close()
+    text = log.read_text()
+    assert "[mcp sh] ignored a line on stdout that is not JSON-RPC" in text
+    assert "'Starting chatty v1 key=***'" in text
+    assert KEY not in text + caplog.text
+    assert "Traceback" not in text + caplog.text
+    assert "Failed to parse JSONRPC" not in caplog.text

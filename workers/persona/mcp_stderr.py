@@ -110,6 +110,8 @@ class StderrRelay:
         self._allowance = float(BURST_LINES)
         self._checked = time.monotonic()
         self._dropped = 0
+        # The relay thread and the event loop (stdout noise, :meth:`stdout_line`) both write.
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._relay, name=f"mcp-stderr-{name}", daemon=True)
         self._thread.start()
 
@@ -134,9 +136,23 @@ class StderrRelay:
                 line = self._mask(raw.decode("utf-8", errors="replace").rstrip("\n"))
                 if line.strip():
                     self.last_line = line.strip()[:LAST_LINE_CHARS]
-                if self._allowed():
-                    self._write(line)
-            self._say_dropped()
+                with self._lock:
+                    if self._allowed():
+                        self._write(line)
+            with self._lock:
+                self._say_dropped()
+
+    def stdout_line(self, line: str) -> None:
+        """Say that the server wrote ``line`` on stdout, which is not JSON-RPC and was ignored
+        (a banner or a log line: stdout carries the protocol), masked and rate-limited like its
+        stderr. Never its last line: that is what it said on stderr, for its errors."""
+        shown = self._mask(line.strip())[:LAST_LINE_CHARS]
+        with self._lock:
+            if self._allowed():
+                self._write(
+                    f"ignored a line on stdout that is not JSON-RPC (stdout carries the protocol: "
+                    f"a server must log to stderr): {shown!r}"
+                )
 
     def _allowed(self) -> bool:
         """Whether one more line may be relayed now (a token bucket of :data:`BURST_LINES`,

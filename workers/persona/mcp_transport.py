@@ -12,6 +12,8 @@ persona files, and its stderr reaches ours with them masked (:mod:`workers.perso
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import platform
 import re
@@ -19,6 +21,7 @@ import shutil
 import sys
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import Any, TextIO
 
 import httpx2
@@ -51,6 +54,37 @@ _LAUNCH = (
     "os.execv(sys.argv[2],sys.argv[2:])\n"
 )
 _PDEATHSIG = platform.system() == "Linux"
+# The relay of the stdio server whose transport the current task opened: the SDK's stdout
+# reader runs in a task started inside it, so it sees the relay its noise belongs to.
+_relay: ContextVar[StderrRelay | None] = ContextVar("soulfleet_mcp_relay", default=None)
+_UNPARSED = "Failed to parse JSONRPC message from server"
+
+
+class _StdoutNoise(logging.Filter):
+    """The SDK logs a full pydantic traceback, unmasked, for every stdout line of a server that
+    is not JSON-RPC (a start-up banner, a stray print): one line through the server's stderr
+    relay instead (named, masked, rate-limited), or, outside a transport, one line without the
+    server's text (it could hold a secret)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != _UNPARSED or not record.exc_info:
+            return True
+        error = record.exc_info[1]
+        errors = getattr(error, "errors", None)
+        found = errors()[0].get("input") if callable(errors) and errors() else None
+        line = found if isinstance(found, str) else ""
+        relay = _relay.get()
+        if relay is not None:
+            relay.stdout_line(line)
+            return False
+        record.msg = "an MCP server wrote a line on stdout that is not JSON-RPC; it was ignored"
+        record.args = ()
+        record.exc_info = None
+        record.exc_text = None
+        return True
+
+
+logging.getLogger("mcp.client.stdio").addFilter(_StdoutNoise())
 
 
 def expand(value: str) -> str:
@@ -92,12 +126,15 @@ async def open_transport(server: McpServer, errlog: TextIO) -> AsyncIterator[tup
         secrets = secrets_for(names, given=server.env)
         relay = StderrRelay(os.path.basename(str(server.command)), secrets, errlog)
         failed: Exception | None = None
+        token = _relay.set(relay)
         try:
             async with stdio_client(stdio_parameters(server), errlog=relay.writer) as streams:
                 yield streams
         except Exception as exc:
             failed = exc
         finally:
+            with contextlib.suppress(ValueError):  # closed from another context than opened
+                _relay.reset(token)
             relay.close()
             # The server has exited: let its last lines through before whoever reads our
             # stderr moves on (off the loop, which serves every other session meanwhile).
