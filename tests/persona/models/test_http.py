@@ -221,12 +221,13 @@ def test_a_provider_answering_in_a_trickle_is_cut_at_the_tries_timeout(
 def test_an_answer_complete_just_past_the_deadline_is_kept_and_a_slow_error_keeps_its_status(
     openai_server: FakeProvider, clock: RecordingClock
 ) -> None:
-    """Headers at 0.8 s and the whole body at ~1.2 s of a 1 s try: the answer came in whole,
-    so it is kept (it is paid for; cutting it retried and paid again). A 401 whose body
-    trickles past the deadline is still the provider's refusal (not retried), not a timeout."""
-    openai_server.enqueue(Reply(body=openai_completion("just in time"), delay=0.8,
-                                body_delay=0.4))  # fmt: skip
-    data = transport(openai_server, clock, timeout=1.0).post_json("/chat/completions", {})
+    """Headers at 1.6 s and the whole body at ~2.2 s of a 2 s try (cut at 2.5 s): the answer
+    came in whole, so it is kept (it is paid for; cutting it retried and paid again). A 401
+    whose body trickles past the deadline is still the provider's refusal (not retried), not a
+    timeout. (Margins of 0.2 s: the fake provider's own delays run some 60 ms late.)"""
+    openai_server.enqueue(Reply(body=openai_completion("just in time"), delay=1.6,
+                                body_delay=0.6))  # fmt: skip
+    data = transport(openai_server, clock, timeout=2.0).post_json("/chat/completions", {})
     assert data["choices"][0]["message"]["content"] == "just in time"
     assert len(openai_server.requests) == 1
     refused = error_reply("openai", 401, "bad key " + "x" * 60)
