@@ -304,6 +304,28 @@ def test_closing_while_a_server_starts_is_no_failure_to_report() -> None:
     assert [e for e in logs if e["event"] == "mcp.down"] == []
 
 
+def test_closing_while_a_failed_start_is_torn_down_stops_the_server_and_its_children() -> None:
+    """A server that never answers, with a child of its own, given up at its start budget just
+    as the caller gives up waiting (`soulfleet tools` waits the whole budget): the hub closed
+    at that moment cancelled the SDK's teardown, so close waited its 15 s limit and the
+    server's child outlived the process (one more orphan per `soulfleet tools`). Now close
+    lets the teardown finish: quick, and nothing of the server is left."""
+    tag = new_tag()
+    toml = f'[[tools.mcp]]\nname = "kid"\ncommand = "sh"\nargs = ["-c", "sleep 600; : {tag}"]\n'
+    hub = McpHub(start_timeout=2.0)
+    try:
+        config = parse_manifest(toml, source=Path("persona.toml"))
+        box = build_declared(config.tools, hub=hub)
+        assert "after 2s" in box.unavailable[0][2]
+        assert tagged_pids(tag)
+    finally:
+        began = time.monotonic()
+        hub.close()
+        took = time.monotonic() - began
+    assert took < 10.0
+    wait_until(lambda: not tagged_pids(tag), timeout=10.0, what="the server and its child gone")
+
+
 def test_a_call_waits_for_a_start_no_longer_than_its_timeout(hub: McpHub) -> None:
     """A tool whose server died and hangs on its restart: the next call is an error within the
     call's own timeout (the start included), not the hub's whole start budget."""

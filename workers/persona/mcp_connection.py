@@ -83,6 +83,9 @@ class McpConnection:
         self._starting: asyncio.Future[ClientSession] | None = None
         self._runner: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        # While the runner waits for the server to open (the only wait close() may cancel: a
+        # cancel landing in the SDK's teardown broke it, and the server's children outlived us).
+        self._opening = False
         self._failures = 0
         #: starts that failed since the last one that worked (a server that died while
         #: running does not count: its restart is waited for like any start)
@@ -151,6 +154,18 @@ class McpConnection:
         self._tools = tuple(tools)
         return session
 
+    async def _open_within(
+        self, budget: float, stack: AsyncExitStack, ended: asyncio.Event
+    ) -> ClientSession:
+        self._opening = True
+        try:
+            async with asyncio.timeout(budget):
+                return await self._open(stack, ended)
+        except TimeoutError:
+            raise McpUnavailable(f"did not start within {budget:g}s") from None
+        finally:
+            self._opening = False
+
     async def _run(
         self, ready: asyncio.Future[ClientSession], stop: asyncio.Event, budget: float
     ) -> None:
@@ -159,11 +174,7 @@ class McpConnection:
         mine: ClientSession | None = None
         try:
             async with AsyncExitStack() as stack:
-                try:
-                    async with asyncio.timeout(budget):
-                        session = await self._open(stack, ended)
-                except TimeoutError:
-                    raise McpUnavailable(f"did not start within {budget:g}s") from None
+                session = await self._open_within(budget, stack, ended)
                 mine = session
                 self._session, self.starts, self._starting = session, self.starts + 1, None
                 self._failed_starts = 0
@@ -222,8 +233,10 @@ class McpConnection:
         self._stop.set()
         runner = self._runner
         if runner is not None and not runner.done():
-            if self._session is None:  # still starting: nothing to wind down gracefully
+            if self._session is None and self._opening:  # nothing to wind down gracefully
                 runner.cancel()
+            # Else serving (stop ends it) or tearing a failed start down (the SDK's teardown,
+            # bounded by its own timeouts, must finish: it kills the server's process group).
             with contextlib.suppress(BaseException):
                 await runner
 
