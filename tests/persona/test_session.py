@@ -304,6 +304,11 @@ def test_an_empty_summary_loses_no_history_and_is_charged(home: Path) -> None:
     ("table", "key"),
     [
         ('idle_reset = "4 hours"', "session.idle_reset"),
+        # Past the 3650d cap, and counts whose int() overflows a float (400 digits) or that
+        # int() refuses (5,000): an OverflowError/ValueError crashed the whole fleet's status.
+        ('idle_reset = "99999d"', "session.idle_reset"),
+        (f'idle_reset = "{"9" * 400}s"', "session.idle_reset"),
+        (f'idle_reset = "{"9" * 5000}s"', "session.idle_reset"),
         ('daily_reset = "4am"', "session.daily_reset"),
         ('timezone = "Mars/Base"', "session.timezone"),
         ("max_tokens = -1", "session.max_tokens"),

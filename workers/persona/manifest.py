@@ -59,6 +59,7 @@ from workers.persona.files import read_inside
 from workers.persona.home import DEFAULT_INDEX_CAP
 from workers.persona.models.config import spec_problem
 from workers.persona.schedules import (
+    MAX_DURATION_SECONDS,
     ActiveHours,
     DreamSchedule,
     HeartbeatSchedule,
@@ -218,6 +219,12 @@ def _session(table: TomlTable) -> SessionConfig:
                 "idle_reset",
                 'must be "<n>s", "<n>m", "<n>h" or "<n>d" with n a whole number ("0s": every '
                 f"turn is its own session), got {table.data['idle_reset']!r}",
+            )
+        if parsed > MAX_DURATION_SECONDS:  # a 400-digit count crashed the whole fleet's status
+            raise table.fail(
+                "idle_reset",
+                f"is {str(table.data['idle_reset'])[:40]!r}, longer than the longest duration "
+                f"soulfleet takes ({MAX_DURATION_SECONDS // 86400}d, about ten years)",
             )
         idle = parsed
     daily = (
