@@ -7,7 +7,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
-VARIABLE = re.compile(r'"((?:SOULFLEET|OPENAI|ANTHROPIC)_[A-Z_]+|REDIS_URL|CELERY_BROKER_URL)"')
+VARIABLE = re.compile(
+    r'"((?:SOULFLEET|OPENAI|ANTHROPIC)_[A-Z_]+|REDIS_URL|CELERY_BROKER_URL|FLOWER_BASIC_AUTH)"'
+)
 
 
 def _read_by_code() -> set[str]:
@@ -16,6 +18,8 @@ def _read_by_code() -> set[str]:
         REPO / "workers" / "persona" / "models" / "config.py",
         # Where `up` keeps its data and other commands find it: read before any settings.
         REPO / "workers" / "local" / "datadir.py",
+        # Flower's password, for `up --flower` (compose hands it to Flower itself).
+        REPO / "workers" / "cli" / "launch.py",
     ]
     return {name for path in sources for name in VARIABLE.findall(path.read_text("utf-8"))}
 

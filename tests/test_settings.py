@@ -83,6 +83,10 @@ def test_values_are_read_and_the_object_is_frozen() -> None:
         ("CELERY_BROKER_URL", "amqp://guest@127.0.0.1:abc//", "Port could not be cast"),
         ("CELERY_BROKER_URL", "sentinel://h1:26379;sentinel://h2:x", "Port could not be cast"),
         ("CELERY_BROKER_URL", "redis://a:6379/0;redis://b:6379/y", "names database 'y'"),
+        # kombu took these for hosts or schemes of nothing: a worker retried amqp://guest@bogus
+        ("CELERY_BROKER_URL", "bogus", "is not a broker URL (bogus): its scheme must name"),
+        ("CELERY_BROKER_URL", "http://x:1/0", "is not a broker URL"),
+        ("CELERY_BROKER_URL", "redis://a:6379/0;bogus://b", "is not a broker URL (bogus://b)"),
         ("SOULFLEET_KEY_PREFIX", "a b", "white space"),
         ("SOULFLEET_MODEL_TIMEOUT", "soon", "duration such as"),
         ("SOULFLEET_RETRY_FOR", "six hours", "duration such as"),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 import redis
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.utils.url import url_to_parts
 from redis.connection import ConnectionPool, parse_url
 
@@ -393,9 +394,18 @@ def _check_broker_url(name: str, url: str) -> None:
                 f"has a password with a raw '/', '?' or '#' ({redact_url(one)}): "
                 "percent-encode it (/ -> %2F, ? -> %3F, # -> %23)",
             )
-        if split_credentials(one).scheme in ("redis", "rediss", "redis+socket"):
+        scheme = split_credentials(one).scheme
+        if scheme in ("redis", "rediss", "redis+socket"):
             _check_parts(name, redis_py_url(one))
             continue
+        # kombu takes `bogus` for a host of its default transport (amqp): a worker then
+        # retried connecting to amqp://guest@bogus forever, naming no variable.
+        if "://" not in one or scheme.split("+")[0] not in TRANSPORT_ALIASES:
+            raise SettingsError(
+                name,
+                f"is not a broker URL ({redact_url(one)}): its scheme must name a transport "
+                "kombu has, e.g. redis://host:6379/0 or amqp://user:password@host:5672//",
+            )
         try:
             url_to_parts(one)  # Sentinel, RabbitMQ and the rest: kombu's parser, as it is used
         except ValueError as exc:

@@ -97,3 +97,20 @@ def test_a_soulfleet_personas_other_than_the_fleets_is_refused_on_commands_that_
     for lane in ("nora", "nora-dreamer"):
         assert lanes.status(lane)["inbox_depth"] == 0
         assert lanes.status(lane)["state"] == "idle"
+
+
+def test_soul_and_tools_read_a_persona_of_the_root_personas_names(
+    invoke: Invoke, tmp_path: Path
+) -> None:
+    """The README says a PERSONA name is looked up under SOULFLEET_PERSONAS or --personas, and
+    `soul` suggested --personas in its own error, but `soul` and `tools` had no such option
+    ("No such option", exit 2): they read the name under that root."""
+    other = tmp_path / "other"
+    (other / "zed").mkdir(parents=True)
+    (other / "zed" / "SOUL.md").write_text("I am zed of the other root.\n", encoding="utf-8")
+    shown = invoke("soul", "zed", "--personas", str(other))
+    assert shown.exit_code == 0, shown.output
+    assert "I am zed of the other root." in shown.stdout
+    listed = invoke("tools", "zed", "--personas", str(other), "--json")
+    assert listed.exit_code == 0, listed.output
+    assert "memory" in [tool["name"] for tool in json.loads(listed.stdout)["tools"]]

@@ -14,7 +14,7 @@ from pathlib import Path
 import click
 
 from workers.cli.context import persona_dir
-from workers.cli.group import cli_context
+from workers.cli.group import cli_context, personas_option
 from workers.persona.checkup import check_persona
 
 __all__ = ["soul"]
@@ -23,10 +23,11 @@ __all__ = ["soul"]
 @click.command()
 @click.argument("directory")
 @click.option("--json", "as_json", is_flag=True, help='Print {"soul": ..., "found": [...]}.')
+@personas_option
 @click.pass_context
-def soul(ctx: click.Context, directory: str, as_json: bool) -> None:
+def soul(ctx: click.Context, directory: str, as_json: bool, personas: Path | None) -> None:
     """Show the soul composed from DIRECTORY (a path, or a persona name under the root)."""
-    settings = cli_context(ctx).settings
+    settings = cli_context(ctx, personas).settings
     # A bare name is the fleet's persona first, as `run`, `status` and `session` read it (a
     # directory of that name here showed another persona's soul, with no word of it).
     path = persona_dir(directory, settings.personas)

@@ -13,13 +13,14 @@ stopped before the command exits.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
 
 from workers.cli.context import persona_dir
 from workers.cli.errors import EXIT_FAILURE
-from workers.cli.group import cli_context
+from workers.cli.group import cli_context, personas_option
 from workers.persona.agent import from_dir
 from workers.persona.mcp_hub import McpHub
 from workers.persona.toolbox import McpTool, ToolLimits, build_declared
@@ -46,10 +47,11 @@ def _describe(tool: Tool) -> dict[str, Any]:
 @click.command()
 @click.argument("persona")
 @click.option("--json", "as_json", is_flag=True, help="Print the tools and unavailable servers.")
+@personas_option
 @click.pass_context
-def tools(ctx: click.Context, persona: str, as_json: bool) -> None:
+def tools(ctx: click.Context, persona: str, as_json: bool, personas: Path | None) -> None:
     """List PERSONA's tools as the model sees them (starting its MCP servers to ask them)."""
-    context = cli_context(ctx)
+    context = cli_context(ctx, personas)
     settings = context.settings
     agent = from_dir(persona_dir(persona, settings.personas))
     # The servers the fleet's workers know (a running `up` records the file it was given).

@@ -60,3 +60,24 @@ def test_bad_numbers_name_the_variable(name: str, raw: str, message: str) -> Non
         ModelConfig.from_env({name: raw})
     assert caught.value.variable == name
     assert str(caught.value) == f"{name} {message}"
+
+
+@pytest.mark.parametrize("name", ["OPENAI_BASE_URL", "ANTHROPIC_BASE_URL"])
+@pytest.mark.parametrize("url", ["bogus", "ftp://host/v1", "http:///v1", "https://[::1/v1"])
+def test_a_base_url_that_is_not_http_is_refused_at_start_naming_the_variable(
+    name: str, url: str
+) -> None:
+    """A typo in a provider's base URL let every worker and beat start; each lane of that
+    provider was then dead-lettered at its first turn (the URL is checked when a client is
+    built). Read at start, it is a SettingsError naming the variable, as the README says."""
+    with pytest.raises(SettingsError, match=f"^{name} must be an http\\(s\\) URL") as raised:
+        ModelConfig.from_env({name: url}, reach=False)
+    assert raised.value.variable == name
+
+
+def test_a_refused_base_url_does_not_show_its_password_or_query() -> None:
+    """The error is logged and printed: credentials in the URL and its query are not."""
+    with pytest.raises(SettingsError) as raised:
+        ModelConfig.from_env({"OPENAI_BASE_URL": "htp://me:hunter22@host/v1?api-key=sk-x"})
+    assert "hunter22" not in str(raised.value)
+    assert "sk-x" not in str(raised.value)

@@ -11,9 +11,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from workers.persona.env import EnvReader
 from workers.persona.errors import SettingsError
+from workers.persona.urls import mask_credentials
 
 __all__ = ["ACCEPTED_FORMS", "PROVIDERS", "ModelConfig", "Secret", "spec_problem"]
 
@@ -123,12 +125,27 @@ class ModelConfig:
             raise unreachable
         return cls(
             default_spec=default_spec,
-            openai_base_url=env.text("OPENAI_BASE_URL", "https://api.openai.com/v1"),
+            openai_base_url=_base_url(env, "OPENAI_BASE_URL", "https://api.openai.com/v1"),
             openai_api_key=Secret(env.text("OPENAI_API_KEY", "")),
-            anthropic_base_url=env.text("ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
+            anthropic_base_url=_base_url(env, "ANTHROPIC_BASE_URL", "https://api.anthropic.com"),
             anthropic_api_key=Secret(env.text("ANTHROPIC_API_KEY", "")),
             timeout=env.duration("SOULFLEET_MODEL_TIMEOUT", 300.0, minimum=0.1),
             retries=env.integer("SOULFLEET_MODEL_RETRIES", 3, minimum=0),
             max_output_tokens=env.integer("SOULFLEET_MODEL_MAX_OUTPUT_TOKENS", 4096, minimum=1),
             unreachable="" if unreachable is None else str(unreachable),
         )
+
+
+def _base_url(env: EnvReader, name: str, default: str) -> str:
+    """A provider's base URL, refused at start unless http(s) with a host: a typo otherwise
+    let every process start and dead-lettered each lane of that provider at its first turn."""
+    url = env.text(name, default)
+    try:
+        parts = urlsplit(url)
+        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        usable = False
+    if not usable:
+        shown = mask_credentials(url.split("?", 1)[0])
+        raise SettingsError(name, f"must be an http(s) URL with a host, got {shown!r}")
+    return url
