@@ -371,6 +371,20 @@ def test_an_interactive_reply_never_surfaces_as_a_beat(rig: Rig) -> None:
     assert rig.fleet.beats() == []
 
 
+def test_a_reply_to_a_post_that_joined_a_heartbeat_surfaces_even_quoting_the_sentinel(
+    rig: Rig,
+) -> None:
+    """A post that joins a heartbeat's turn makes it a conversation, whose answer surfaces: an
+    answer that quoted HEARTBEAT_OK (a user asked what it means; a real model appending it,
+    as the heartbeat prompt tells it to) was counted silent and shown nowhere."""
+    answer = "You asked about HEARTBEAT_OK: it is how I stay quiet."
+    rig.persona("ava", f'[[rules]]\ntext = "{answer}"\n', HEARTBEAT_md="check things\n")
+    rig.fleet.post("ava", "what does HEARTBEAT_OK mean?", wake=False)
+    rig.fleet.tick("ava")
+    assert rig.run_next() == "done"
+    assert [(b.persona, b.text) for b in rig.fleet.beats()] == [("ava", answer)]
+
+
 @pytest.mark.parametrize("reply", ["HEARTBEAT_OK", "HEARTBEAT_OK.", "**HEARTBEAT_OK**"])
 def test_heartbeat_ok_in_any_dress_is_silent(rig: Rig, reply: str) -> None:
     """ "HEARTBEAT_OK.", "**HEARTBEAT_OK**" and "HEARTBEAT_OK" are all the silent sentinel: no

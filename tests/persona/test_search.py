@@ -226,3 +226,25 @@ def test_trusted_and_untrusted_items_of_one_inbox_are_told_apart() -> None:
     ops = next(line for line in lines if "wiki" in line)
     assert "user {from: ops, channel: api}: " in ops
     assert "UNTRUSTED" not in ops
+
+
+def test_an_answer_to_posted_items_is_searchable_even_quoting_the_sentinel() -> None:
+    """A reply to a person (after tool calls, too) that quotes HEARTBEAT_OK is a conversation's
+    answer: it was dropped from the search as silence. A heartbeat's own HEARTBEAT_OK, in the
+    same conversation afterwards, still is."""
+    item = InboxItem(text="what does the sentinel mean?", sender="bob", channel="x", id="i", at=1)
+    call = ToolCall("c1", "memory", {"action": "read", "target": "self"})
+    store = MemoryTranscripts()
+    store.add(
+        "c1",
+        user(render_inbox([item], 0, persona="ava")),
+        Message(role="assistant", content="", tool_calls=(call,)),
+        tool_result("nothing"),
+        assistant("HEARTBEAT_OK is how I stay quiet when nothing is due: orchid"),
+        user(render_inbox([], 1, persona="ava")),
+        assistant("HEARTBEAT_OK orchid"),
+        at=T0,
+    )
+    lines = result_lines(search(store, query="orchid")[0])
+    assert len(lines) == 1
+    assert "how I stay quiet" in lines[0]

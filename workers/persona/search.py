@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from workers.persona.heartbeat import is_silent
+from workers.persona.heartbeat import HEARTBEAT_PROMPT, is_silent
 from workers.persona.inbox import InboxEntry, inbox_entries, inbox_text
 from workers.persona.messages import Message
 from workers.persona.tools import FunctionTool, Tool, ToolResult
@@ -89,9 +89,21 @@ class _Hit:
         return (self.phrase, self.terms, self.hits, self.at)
 
 
-def _searchable(message: Message) -> list[tuple[str, str]]:
+def _answering(message: Message, before: bool) -> bool:
+    """Whether the assistant messages after ``message`` answer inbox items (a conversation,
+    never silent) rather than a heartbeat alone; a tool result changes nothing."""
+    if message.role != "user":
+        return before
+    entries = inbox_entries(message.content)
+    if entries is not None:
+        return bool(entries)
+    return False if message.content.lstrip().startswith(HEARTBEAT_PROMPT) else before
+
+
+def _searchable(message: Message, answering: bool = False) -> list[tuple[str, str]]:
     """``(who, text)`` pieces of ``message`` worth searching (none for heartbeat wakes,
-    silence and tools). An inbox is searched item by item, each labelled with its sender and
+    silence and tools; an answer to inbox items is never silence, even quoting the sentinel).
+    An inbox is searched item by item, each labelled with its sender and
     channel and, when it came from outside the persona's tree, marked UNTRUSTED: the dreamer
     copies what it finds into memory, and must never take an outsider's text for the
     operator's."""
@@ -101,7 +113,7 @@ def _searchable(message: Message) -> list[tuple[str, str]]:
             text = inbox_text(message.content)
             return [("user", text)] if text else []
         return [(_who(entry), entry.text) for entry in entries if entry.text]
-    if message.role == "assistant" and not is_silent(message.content):
+    if message.role == "assistant" and (answering or not is_silent(message.content)):
         return [("assistant", message.content)]
     return []
 
@@ -181,11 +193,13 @@ def _search(store: TranscriptStore, arguments: Mapping[str, Any]) -> ToolResult:
     terms = list(dict.fromkeys(phrase.split()))
     hits: list[_Hit] = []
     for info in store.conversations():
+        answering = False
         for record in store.messages(info.id):
             message = record.message
+            answering = _answering(message, answering)
             if since is not None and record.at < since:
                 continue
-            for who, text in _searchable(message):
+            for who, text in _searchable(message, answering):
                 found = _match(text, phrase, terms)
                 if found is None:
                     continue

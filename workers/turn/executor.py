@@ -425,7 +425,10 @@ class TurnExecutor:
         began: float,
         plan: SessionPlan,
     ) -> TurnReport:
-        silent = is_silent(result.text)
+        # Only a heartbeat alone can be silent: a post that joined it made it a conversation,
+        # whose answer surfaces even when it quotes the sentinel (or appends it, as the
+        # heartbeat prompt tells a model to).
+        silent = is_silent(result.text) and not started.items
         beat: dict[str, str] | None = None
         if role == "persona" and started.ticks > 0:
             metrics.BEATS.labels(outcome="silent" if silent else "surfaced").inc()
@@ -442,7 +445,7 @@ class TurnExecutor:
                 if text or wrote_memory(result):
                     guard()
                     self.kit.log_dream(agent, turn_id, text or "(changed memory, no summary)")
-            silent_beat = started.ticks > 0 and not started.items and silent
+            silent_beat = started.ticks > 0 and silent
             state = plan.conclude(result.messages, silent_beat=silent_beat)
             if state is not None:
                 guard()
