@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.beat import fleet_for, settings_for, write_persona
 from workers.fleet import Fleet
+from workers.fleet.errors import ItemTooLarge
 from workers.local.redis_server import RedisServer
 
 
@@ -100,5 +101,34 @@ def test_a_reject_count_that_is_not_a_count_costs_no_other_gauge(
         counts = fleet.lane_counts()
         assert counts["inbox_rejects"] == 0
         assert counts["queued"] == 0
+    finally:
+        fleet.client.close()
+
+
+class _Kept:
+    """A publisher that sends nothing (the turns are not run here)."""
+
+    def publish(self, lane: str, turn_id: str, kind: str) -> None:
+        pass
+
+    def publish_many(self, turns: object) -> None:
+        pass
+
+
+def test_a_refused_post_asking_for_a_new_session_leaves_the_session_alone(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """`soulfleet run ava BIG --new-session` refused BIG (too large: exit 2, "NOT accepted")
+    yet had already ended ava's conversation; an accepted one ends it."""
+    root = tmp_path / "personas"
+    write_persona(root, "ava")
+    settings = settings_for(redis_url, "newsess:", root, SOULFLEET_ITEM_MAX_BYTES="2048")
+    fleet = Fleet.from_settings(settings, publisher=_Kept())
+    try:
+        with pytest.raises(ItemTooLarge, match="NOT accepted"):
+            fleet.post("ava", "x" * 5000, new_session=True)
+        assert fleet.client.hget(fleet.keys.lane("ava"), "session_epoch") is None
+        fleet.post("ava", "small", new_session=True)
+        assert fleet.client.hget(fleet.keys.lane("ava"), "session_epoch") == "1"
     finally:
         fleet.client.close()

@@ -87,6 +87,24 @@ def test_full_inbox_rejects_loudly_and_writes_nothing(
     assert after == before
 
 
+def test_a_post_that_asks_for_a_new_session_ends_it_only_if_accepted(
+    lanes: Lanes, redis_client: redis.Redis
+) -> None:
+    """`run --new-session` with an item the inbox refused ended the conversation all the
+    same (the reset came first): the epoch moves with an accepted item, in the same step,
+    and not at all with a refused one (full inbox, item too large)."""
+    lane = lanes.keys.lane("ava")
+    lanes.post("ava", item("keep me"), wake=False, new_session=True)
+    assert redis_client.hget(lane, "session_epoch") == "1"
+    for n in range(4):
+        lanes.post("ava", item(f"m{n}"), wake=False)
+    with pytest.raises(InboxFull):
+        lanes.post("ava", item("refused"), wake=False, new_session=True)
+    with pytest.raises(ItemTooLarge):
+        lanes.post("ava", item("x" * 100_000), wake=False, new_session=True)
+    assert redis_client.hget(lane, "session_epoch") == "1"
+
+
 def test_item_over_the_byte_limit_is_refused_before_redis(redis_url: str) -> None:
     """ItemTooLarge comes before any Redis call: even an unreachable Redis is never asked."""
     dead = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", decode_responses=True)

@@ -170,8 +170,9 @@ class Fleet(FleetReports):
         the persona's own side sends (its operator, its own turns, its dreamer); never for text
         that came from outside, whatever address it claims.
 
-        ``new_session`` ends the persona's session first (:meth:`reset_session`), so the turn
-        that reads ``text`` starts a new one. ``on_posted(outcome)`` runs the moment the item
+        ``new_session`` ends the persona's session with the post (:meth:`reset_session`, in
+        the same step: a refused post ends nothing), so the turn that reads ``text`` starts a
+        new one. ``on_posted(outcome)`` runs the moment the item
         is in the inbox, before its turn is published (a caller interrupted after it knows the
         item is kept: posting it again would be a duplicate).
 
@@ -185,8 +186,6 @@ class Fleet(FleetReports):
         name = self.registry.resolve(persona)
         self.check(name)
         self._refuse_if_stopped(name)
-        if new_session:
-            self.lanes.reset_session(name)
         item = InboxItem(
             text=text,
             sender=sender,
@@ -197,7 +196,7 @@ class Fleet(FleetReports):
             trusted=trusted,
         )
         try:
-            outcome = self.lanes.post(name, item, wake=wake)
+            outcome = self.lanes.post(name, item, wake=wake, new_session=new_session)
         except InboxFull as full:
             if full.drain_turn is not None:  # refused, but the idle lane now drains its inbox
                 self._publish_queued(name, full.drain_turn, "interactive")

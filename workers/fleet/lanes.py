@@ -125,8 +125,12 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
     per process."""
 
     # -- inbound ----------------------------------------------------------------------------
-    def post(self, lane: str, item: InboxItem, *, wake: bool) -> PostOutcome:
-        """Append ``item`` to the lane's inbox; with ``wake``, queue a turn if the lane is idle.
+    def post(
+        self, lane: str, item: InboxItem, *, wake: bool, new_session: bool = False
+    ) -> PostOutcome:
+        """Append ``item`` to the lane's inbox; with ``wake``, queue a turn if the lane is idle;
+        with ``new_session``, end the lane's session (:meth:`reset_session`) in the same step,
+        only if the item is accepted.
 
         Raises :class:`ItemTooLarge` (before touching Redis) or :class:`InboxFull`; in both
         cases the item was not written. An InboxFull with ``drain_turn`` queued that turn on
@@ -137,7 +141,8 @@ class Lanes(LaneReports, LaneRepairs, LaneTicks, LaneHolds):
         if size > self.item_max_bytes:
             raise ItemTooLarge(lane, size, self.item_max_bytes, item.text_room(self.item_max_bytes))
         turn_id = new_turn_id()
-        args = [lane, raw, "1" if wake else "0", self.inbox_max, self._now_ms(), turn_id]
+        args = [lane, raw, "1" if wake else "0", self.inbox_max, self._now_ms(), turn_id,
+                "1" if new_session else "0"]  # fmt: skip
         with redis_errors(self.client):
             reply = self.scripts.post(keys=self.keys.lane_keys(lane), args=args)
         outcome, depth = str(reply[0]), int(reply[1])

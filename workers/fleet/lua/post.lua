@@ -4,6 +4,8 @@
 --       [6] lanes:running  [7] lanes:dead                         (Keys.lane_keys(lane))
 -- ARGV  [1] lane name  [2] item JSON  [3] wake "1"|"0"  [4] inbox_max  [5] now (ms)
 --       [6] turn id for the turn this post may queue (unused unless it queues)
+--       [7] "1": end the lane's session (session_epoch + 1) with the item, only if it is
+--           accepted (a refused post changes nothing); absent or "0": keep it
 -- Reply {outcome, inbox depth}, or {"queued", depth, turn_id} when a turn must be published:
 --   "full"     the inbox already holds inbox_max items: the item was NOT written. Reply
 --              {"full", depth, turn_id or "", state}: an idle lane woken by this post gets a
@@ -39,6 +41,9 @@ end
 depth = redis.call('RPUSH', inbox, ARGV[2])
 -- When the last inbound post arrived: an idle persona's heartbeat stretches (heartbeat.idle_*).
 redis.call('HSET', lane, 'last_post', ARGV[5])
+if ARGV[7] == '1' then
+  redis.call('HINCRBY', lane, 'session_epoch', 1)
+end
 
 local state = redis.call('HGET', lane, 'state') or 'idle'
 if state == 'dead' then
