@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import structlog.testing
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
@@ -25,6 +26,7 @@ from workers.persona.errors import PersonaError, PersonaFileError
 from workers.persona.inbox import InboxItem
 from workers.persona.loop import RunResult
 from workers.persona.messages import Usage
+from workers.persona.session_files import current_session
 from workers.turn.endings import incomplete_note
 
 
@@ -216,6 +218,28 @@ def test_a_persona_that_cannot_be_composed_fails_only_its_own_turn(rig: Rig) -> 
     assert "permanent failure, not retried" in str(status["last_error"])
     rig.fleet.post("fine", "hello", wake=True)
     assert rig.run_next() == "done"
+
+
+def test_a_revive_that_kept_nothing_makes_no_model_call(rig: Rig) -> None:
+    """`revive --drop-kept` of a lane whose only item was dropped queued a turn that asked the
+    model about an empty inbox (paid for, and saved into the conversation): it ends skipped
+    with no call, and the lane is idle for its next post, which is answered."""
+    home = rig.persona("ava", '[[rules]]\ntext = "answered"\n')
+    rig.fleet.post("ava", "hello", wake=True)
+    (home / "MEMORY.md").mkdir()  # dead-letters the turn, its item kept in flight
+    assert rig.run_next() == "error"
+    (home / "MEMORY.md").rmdir()
+    assert rig.fleet.revive("ava", drop_kept=True).outcome == "queued"
+    with structlog.testing.capture_logs() as logs:
+        assert rig.run_next() == "skipped"
+    assert [e["reason"] for e in logs if e["event"] == "turn.skipped"] == ["nothing_to_answer"]
+    status = rig.fleet.status("ava")
+    assert (status["state"], status["last_status"]) == ("idle", "skipped")
+    assert status["last_text"] != "answered"  # the scripted model was never asked
+    assert current_session(home, "ava") is None
+    rig.fleet.post("ava", "again", wake=True)
+    assert rig.run_next() == "done"
+    assert rig.fleet.status("ava")["last_text"] == "answered"
 
 
 def test_the_host_api_refuses_a_post_to_a_persona_whose_files_are_invalid(rig: Rig) -> None:

@@ -139,7 +139,8 @@ MODEL_CALLS = Counter(
 )
 TURNS_SKIPPED = Counter(
     "soulfleet_turns_skipped_total",
-    "Turns a worker ended without a model call, by kind and reason (budget, nothing_new).",
+    "Turns a worker ended without a model call, by kind and reason (budget, nothing_new, "
+    "quiet_hours, nothing_to_answer).",
     ["kind", "reason"],
 )
 TURN_GATE_WAIT = Histogram(

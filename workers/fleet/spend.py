@@ -54,7 +54,7 @@ class Refusal:
     """Why a turn ends without a model call. ``skipped``: background work nobody waits for;
     ``refused``: a conversation turned away (its senders get ``detail`` as the reply)."""
 
-    reason: Literal["budget", "nothing_new", "quiet_hours"]
+    reason: Literal["budget", "nothing_new", "quiet_hours", "nothing_to_answer"]
     status: Literal["skipped", "refused"]
     detail: str
 

@@ -57,7 +57,7 @@ from workers.fleet.gate import Gate, GatedModel
 from workers.fleet.lanes import SessionCommit, work_id
 from workers.fleet.lease import Renewer
 from workers.fleet.outcomes import StartOutcome
-from workers.fleet.spend import SpendGuard, kind_model
+from workers.fleet.spend import Refusal, SpendGuard, kind_model
 from workers.logs import bind_task, monotonic_wall_time
 from workers.persona import storage
 from workers.persona.agent import AgentDef, from_dir
@@ -377,6 +377,14 @@ class TurnExecutor:
             None if started.last_pass_began_ms is None else started.last_pass_began_ms / 1000
         )
         refusal = self.guard.check(persona, kind, last_pass=last_pass, last_pass_began=began_pass)
+        if refusal is None and kind != "dream" and not started.items and not started.ticks:
+            # A revive with nothing kept or posted (`--drop-kept` of the only item): asking the
+            # model about an empty inbox was paid for, and saved into the conversation.
+            refusal = Refusal(
+                "nothing_to_answer",
+                "skipped",
+                "the turn found no item and no tick to answer (a revive that kept nothing, say)",
+            )
         if refusal is not None:
             return self.endings.refuse(
                 lane, turn_id, started, refusal, began, kind=kind, model=spec
