@@ -72,7 +72,7 @@ def test_a_transient_failure_waits_in_redis_then_an_open_breaker_defers_turns(
     bo.mkdir()
     (bo / "persona.toml").write_text('model = "openai:gpt-test"\n')
     rig.provider.enqueue(*[error_reply("openai", 500, "overloaded")] * 2)
-    rig.fleet.post("ava", "one")
+    rig.fleet.post("ava", "item-one")
     assert rig.run_next() == "error"
     status = rig.fleet.status("ava")
     assert (status["state"], status["attempts"], status["last_error_kind"]) == (
@@ -84,7 +84,7 @@ def test_a_transient_failure_waits_in_redis_then_an_open_breaker_defers_turns(
     _release(rig)
     assert rig.run_next() == "deferred"
     assert rig.fleet.breaker.is_open("openai")
-    rig.fleet.post("ava", "two")  # kept in the inbox while the lane waits
+    rig.fleet.post("ava", "item-two")  # kept in the inbox while the lane waits
 
     rig.fleet.post("bo", "three")
     calls = len(rig.provider.requests)
@@ -105,8 +105,10 @@ def test_a_transient_failure_waits_in_redis_then_an_open_breaker_defers_turns(
     assert rig.run_next() == "done"
     assert not rig.fleet.breaker.is_open("openai")
     answered = str(rig.provider.bodies[-1])
-    assert "one" in answered
-    assert "two" in answered
+    assert "item-one" in answered
+    assert "item-two" not in answered  # the held turn re-runs what it held; the post is next
+    assert rig.run_next() == "done"
+    assert "item-two" in str(rig.provider.bodies[-1])
     [resumed] = rig.fleet.recover()
     assert resumed.lane == "bo"
     assert rig.run_next() == "done"

@@ -283,12 +283,12 @@ def test_duplicate_and_stale_starts_are_rejected_and_change_nothing(
     assert lanes.start("ava", turn, "w3").status == "stale"
 
 
-def test_start_after_a_crash_recovers_inflight_items_first_then_the_new_inbox(
+def test_start_after_a_crash_recovers_inflight_items_and_leaves_the_new_inbox_next(
     lanes: Lanes, redis_client: redis.Redis, keys: Keys
 ) -> None:
-    """A redelivered turn whose worker died gets the dead turn's items first, then new ones; a
-    tick that came meanwhile waits for the turn after it (the retry sends what the dead
-    attempt sent, so the answers it paid for are replayed)."""
+    """A redelivered turn whose worker died gets the dead turn's items and nothing more: an
+    item and a tick that came meanwhile wait for the turn after it (the retry sends what the
+    dead attempt sent, so the answers it paid for are replayed)."""
     a, b, c = item("a"), item("b"), item("c")
     turn = lanes.post("ava", a, wake=True).turn_id
     assert turn is not None
@@ -299,16 +299,15 @@ def test_start_after_a_crash_recovers_inflight_items_first_then_the_new_inbox(
     _crash(redis_client, keys)
     again = lanes.start("ava", turn, "w2")
     assert again.status == "started"
-    assert [i.id for i in again.items] == [a.id, b.id, c.id]
+    assert [i.id for i in again.items] == [a.id, b.id]
     assert (again.recovered, again.ticks, again.attempt) == (2, 0, 2)
     assert again.fence == first.fence + 1
     with pytest.raises(LeaseLost):
         lanes.finish("ava", first.fence, status="done", text="zombie")
     done = lanes.finish("ava", again.fence, status="done", text="ok")
-    assert done.follow_up_kind == "heartbeat"
     assert done.follow_up_turn_id is not None
     follow = lanes.start("ava", done.follow_up_turn_id, "w3")
-    assert (follow.ticks, follow.items) == (1, [])
+    assert (follow.ticks, [i.id for i in follow.items]) == (1, [c.id])
 
 
 def test_a_retry_of_ticked_work_shows_its_first_count_and_folds_the_ticks_since(
@@ -684,7 +683,9 @@ def test_dead_letter_after_mixed_failures_and_crashes_names_both(
 def test_revive_requeues_a_dead_lane_with_its_kept_items_first(
     lanes: Lanes, redis_client: redis.Redis, keys: Keys
 ) -> None:
-    """revive resets attempts and queues a new turn that gets the dead turn's items first."""
+    """revive resets attempts and queues a new turn that runs the dead turn's items alone
+    (a message the provider refuses for good then dies alone: `--drop-kept` drops only it);
+    what was posted meanwhile is the turn after it."""
     kept, later = item("kept"), item("later")
     turn = lanes.post("ava", kept, wake=True).turn_id
     for _ in range(3):
@@ -698,7 +699,36 @@ def test_revive_requeues_a_dead_lane_with_its_kept_items_first(
     assert lanes.counts() == {"queued": 1, "running": 0, "dead": 0}
     again = lanes.start("ava", revived.turn_id, "w")
     assert (again.status, again.attempt) == ("started", 1)
-    assert [i.id for i in again.items] == [kept.id, later.id]
+    assert [i.id for i in again.items] == [kept.id]
+    done = lanes.finish("ava", again.fence, status="done", text="ok")
+    assert done.follow_up_turn_id is not None
+    follow = lanes.start("ava", done.follow_up_turn_id, "w")
+    assert [i.id for i in follow.items] == [later.id]
+
+
+def test_a_poison_item_dies_alone_so_drop_kept_spares_what_was_posted_since(
+    lanes: Lanes,
+) -> None:
+    """A message the provider refuses for good dead-letters its lane; a plain revive ran it
+    with the posts that came meanwhile, died again, and `--drop-kept` then dropped those
+    innocent posts with it (their senders never answered). The revived turn runs the poison
+    alone: dropping it leaves the later post to run."""
+    poison, later = item("POISON"), item("please ack")
+    turn = lanes.post("ava", poison, wake=True).turn_id
+    assert turn is not None
+    started = lanes.start("ava", turn, "w")
+    lanes.fail("ava", started.fence, error="HTTP 400", kind="permanent")
+    lanes.post("ava", later, wake=True)
+    revived = lanes.revive("ava")
+    assert revived.turn_id is not None
+    again = lanes.start("ava", revived.turn_id, "w")
+    assert [i.id for i in again.items] == [poison.id]
+    lanes.fail("ava", again.fence, error="HTTP 400", kind="permanent")
+    dropped = lanes.revive("ava", drop_kept=True)
+    assert dropped.turn_id is not None
+    assert lanes.status("ava")["inbox_depth"] == 1
+    last = lanes.start("ava", dropped.turn_id, "w")
+    assert [i.id for i in last.items] == [later.id]
 
 
 def test_revive_of_a_live_lane_changes_nothing(

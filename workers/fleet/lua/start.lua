@@ -12,8 +12,9 @@
 -- Reply {"dead", last_error} | {"stale"} | {"duplicate"}
 --     | {"started", fence, attempt, kind, ticks, recovered, commits, session, session_epoch,
 --        last_pass, born, failing, failing_since, item JSON...}
---       items: in-flight items left by a dead worker FIRST (recovered = their count), then the
---       inbox in arrival order, as much of it as ARGV[7] allows; ticks = in-flight ticks
+--       items: the in-flight items an earlier attempt or a dead worker left (recovered =
+--       their count) and NOTHING more: a retry re-runs what it held; else the inbox in arrival
+--       order, as much of it as ARGV[7] allows; ticks = in-flight ticks
 --       (recovered ones included), except
 --       on a retry (in-flight work left by an earlier attempt): work holding ticks shows the
 --       count its first attempt showed (shown_ticks) while the ticks that came since fold into
@@ -76,7 +77,16 @@ redis.call('SET', lease, fence .. ':' .. worker, 'PX', ARGV[5])
 -- it runs, read once.
 local items = redis.call('LRANGE', inflight, 0, -1)
 local recovered = #items
-local fresh = redis.call('LRANGE', inbox, 0, -1)
+local held = tonumber(redis.call('HGET', lane, 'inflight_ticks') or '0')
+-- A retry, a redelivery or a revive re-runs exactly the work it holds: what came since waits
+-- for the turn after it (finish queues it). Its request is then the one its first attempt
+-- sent, so an answer already paid for is replayed from the call log, not bought again; and a
+-- message the provider refuses for good dies alone, so `revive --drop-kept` drops only it,
+-- not the posts a revived turn had drained beside it.
+local fresh = {}
+if recovered == 0 and held == 0 then
+  fresh = redis.call('LRANGE', inbox, 0, -1)
+end
 -- Bounded: a backlog whose text alone is over the turn's token budget was drained into one
 -- turn that ended before its model call, and every item in it went unanswered.
 -- The items a retry (or a redelivery) recovers count too: each attempt of a failing turn took
@@ -100,13 +110,12 @@ end
 for i = 1, taken do
   items[recovered + i] = fresh[i]
 end
-if taken == #fresh then
+if taken > 0 and taken == #fresh then
   redis.call('DEL', inbox)
-else
+elseif taken > 0 then
   redis.call('LTRIM', inbox, taken, -1)
 end
 local pending = tonumber(redis.call('HGET', lane, 'ticks') or '0')
-local held = tonumber(redis.call('HGET', lane, 'inflight_ticks') or '0')
 local ticks
 if held > 0 then
   -- A retry of work that already answers ticks: those that came meanwhile fold in silently
