@@ -312,7 +312,7 @@ def test_a_queued_lane_lost_from_the_queue_index_is_named_and_revive_puts_it_bac
     queued = fleet.post("nora", "hello", wake=True)
     fleet.lanes.client.zrem(fleet.keys.queued, "nora")  # the index entry evicted
     out = invoke("status").stdout
-    assert "lanes lost from the queue index (1: nora)" in out
+    assert "lanes lost from their index (1: nora)" in out
     assert json.loads(invoke("status", "--json").stdout)["unindexed_lanes"] == ["nora"]
     result = invoke("revive", "nora")
     assert result.exit_code == 0, result.output
@@ -376,3 +376,42 @@ def test_revive_runs_a_lane_waiting_out_a_long_retry_now(
     assert dropped.exit_code == 0, dropped.output
     assert "1 item(s) the failed turn held dropped" in dropped.stdout
     assert lanes.client.llen(lanes.keys.inflight("ava")) == 0
+
+
+def test_running_retrying_and_deferred_lanes_lost_from_their_index_are_named_and_put_back(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """An evicting Redis took lanes:running, lanes:retry and a provider's deferred set: their
+    lanes stayed running, retrying or deferred for ever (no reaper, release or resume pass
+    sees them), status promised the reaper would take one back, and revive said "not
+    dead-lettered". status names all three; `revive --all` puts each back where a pass sees it:
+    the running one for the reaper, the deferred one for the breaker, the retrying one now."""
+    settings = Settings.from_env({k: v for k, v in env.items() if v is not None})
+    fleet = Fleet(settings, publisher=_Recorder())
+    lanes = fleet.lanes
+    for name in ("nora", "milo", "ava"):
+        turn = fleet.post(name, f"hello {name}", wake=True).turn_id
+        started = lanes.start(name, str(turn), "w")
+        if name == "milo":
+            lanes.fail(name, started.fence, error="HTTP 500", kind="transient",
+                       backoff=(600.0, 600.0), jitter=1.0)  # fmt: skip
+        if name == "ava":
+            lanes.defer(name, started.fence, provider="openai", why="breaker open")
+    client = lanes.client
+    client.delete(fleet.keys.running, fleet.keys.retry, fleet.keys.deferred("openai"))
+    status = json.loads(invoke("status", "--json").stdout)
+    assert sorted(status["unindexed_lanes"]) == ["ava", "milo", "nora"]
+    assert "lanes lost from their index (3: " in invoke("status").stdout
+    one = invoke("revive", "nora")
+    assert one.exit_code == 0, one.output
+    assert "put back nora: running but lost from the running index" in one.stdout
+    result = invoke("revive", "--all")
+    assert result.exit_code == 0, result.output
+    assert "put back ava: deferred but lost from its provider's index" in result.stdout
+    assert "put back milo: lost from its index; turn " in result.stdout
+    assert client.zscore(fleet.keys.running, "nora") == 0
+    assert client.zscore(fleet.keys.deferred("openai"), "ava") is not None
+    assert lanes.status("milo")["state"] == "queued"
+    assert json.loads(invoke("status", "--json").stdout)["unindexed_lanes"] == []
+    lanes.client.delete(fleet.keys.lease("nora"))  # its worker gone: the reaper takes it back
+    assert [r.lane for r in fleet.reap()] == ["nora"]

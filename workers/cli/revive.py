@@ -88,7 +88,7 @@ def revive(
     outcome = state.fleet().revive(name, dreamer=dreamer, drop_kept=drop_kept)
     queued = outcome.outcome == "queued"
     _report(state, outcome, name, drop_kept=drop_kept, as_json=as_json)
-    if not queued:
+    if not queued and not outcome.kind.startswith("reindexed_"):
         ctx.exit(EXIT_FAILURE)
 
 
@@ -102,7 +102,9 @@ def _report(
             "lane": outcome.lane, "revived": queued, "turn_id": outcome.turn_id,
             "items_dropped": outcome.dropped,
         }  # fmt: skip
-        if not queued:
+        if outcome.kind.startswith("reindexed_"):
+            answer["reason"] = _put_back(outcome)
+        elif not queued:
             answer["reason"] = "not dead-lettered"
         elif outcome.kind == "retry_now":
             answer["reason"] = "was waiting out a retry backoff: queued now"
@@ -113,7 +115,9 @@ def _report(
         if drop_kept
         else ""
     )
-    if queued and outcome.kind == "retry_now":
+    if outcome.kind.startswith("reindexed_"):
+        click.echo(f"put back {outcome.lane}: {_put_back(outcome)}")
+    elif queued and outcome.kind == "retry_now":
         click.echo(
             f"lane {outcome.lane} was waiting out a retry backoff (a provider's Retry-After): "
             f"turn {outcome.turn_id} queued now{dropped}"
@@ -145,10 +149,7 @@ def _revive_all(state: CliContext, reason: str | None, *, as_json: bool) -> None
                                "still_broken": still, "put_back": back}))  # fmt: skip
         return
     for outcome in put_back:
-        click.echo(
-            f"put back {outcome.lane}: queued but lost from the queue index; turn "
-            f"{outcome.turn_id} sent again"
-        )
+        click.echo(f"put back {outcome.lane}: {_put_back(outcome)}")
     for outcome in revived:
         click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued")
     matching = f" whose last error contains {reason!r}" if reason is not None else ""
@@ -173,3 +174,14 @@ def _forget_gone(state: CliContext, *, as_json: bool) -> None:
     for lane, dropped in forgotten:
         click.echo(f"forgot {lane}: its persona directory is gone; {dropped} kept item(s) dropped")
     click.echo(f"forgot {len(forgotten)} dead lane(s) of removed personas")
+
+
+def _put_back(outcome: TickOutcome) -> str:
+    """What putting a lane lost from its index back did (``revive.lua``)."""
+    if outcome.kind == "reindexed_running":
+        return ("running but lost from the running index; back in it: beat's reaper takes the "
+                "lane back at its next pass once its turn's lease is gone")  # fmt: skip
+    if outcome.kind == "reindexed_deferred":
+        return ("deferred but lost from its provider's index; back in it: it resumes once the "
+                "provider's breaker lets it")  # fmt: skip
+    return f"lost from its index; turn {outcome.turn_id} sent again"

@@ -353,7 +353,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
     shown = [entry for entry in entries if only is None or only in _states(entry)]
     counts = fleet.lanes.counts()
     waiting = fleet.lanes.waiting()
-    unindexed = fleet.lanes.unindexed(_queued_lanes(entries))
+    unindexed = fleet.lanes.unindexed(_indexed_lanes(entries))
     breakers = fleet.breaker.states()
     beat = beat_summary(fleet)
     claims = lock_claims(fleet, [str(entry["persona"]) for entry in entries])
@@ -426,8 +426,9 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
     )
     if unindexed:
         click.echo(
-            f"lanes lost from the queue index ({len(unindexed)}: {', '.join(unindexed)}): queued, "
-            "but not counted above and never re-sent, since Redis evicted or lost keys of "
+            f"lanes lost from their index ({len(unindexed)}: {', '.join(unindexed)}): queued, "
+            "running, retrying or deferred, but not counted above and never taken on by any "
+            "pass (re-sent, reaped, released or resumed), since Redis evicted or lost keys of "
             "theirs; `soulfleet revive --all` puts them back and sends their turns (or `soulfleet "
             "revive NAME`, --dreamer for NAME-dreamer)"
         )
@@ -515,13 +516,14 @@ def _redis_lines(
     return lines
 
 
-def _queued_lanes(entries: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The lanes (persona and dreamer) whose state reads ``queued``."""
+def _indexed_lanes(entries: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """``(lane, state, provider)`` of every lane (persona and dreamer) whose state is kept in
+    an index: queued, running, retry, deferred."""
     return [
-        lane
+        (lane, str(lane_entry.get("state")), str(lane_entry.get("provider") or ""))
         for entry in entries
         for lane, lane_entry, _ in lanes_of(entry)
-        if lane_entry.get("state") == "queued"
+        if lane_entry.get("state") in ("queued", "running", "retry", "deferred")
     ]
 
 

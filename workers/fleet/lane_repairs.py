@@ -31,14 +31,23 @@ class LaneRepairs(LaneStore):
         A lane queued but missing from the queued index (a Redis that evicted keys) is put back
         and its turn queued again (outcome ``queued``, its own turn id). A lane waiting out a
         retry backoff is queued now (kind ``retry_now``: the provider is back before its
-        Retry-After said). Any other lane that is not dead is left alone: outcome
-        ``coalesced``, no turn id.
+        Retry-After said). A running or deferred lane missing from that index is put back in it
+        (kind ``reindexed_running``/``reindexed_deferred``, outcome ``coalesced``: the reaper or
+        the breaker's resume takes it on). Any other lane that is not dead is left alone:
+        outcome ``coalesced``, no turn id.
         """
         turn_id = new_turn_id()
         args: list[str | int] = [lane, self._now_ms(), turn_id, "1" if drop_kept else "0"]
         keys = [*self.keys.lane_keys(lane), self.keys.retry]
         with redis_errors(self.client):
+            provider = self.client.hget(self.keys.lane(lane), "provider")
+            if provider:  # where a deferred lane is indexed (a key a script must be given)
+                keys.append(self.keys.deferred(str(provider)))
             reply = self.scripts.revive(keys=keys, args=args)
+        if reply[0] == "reindexed":
+            _log.warning("lane.reindexed", lane=lane, state=str(reply[1]),
+                         why="missing from its index (evicted keys?)")  # fmt: skip
+            return TickOutcome(lane, f"reindexed_{reply[1]}", "coalesced")
         if reply[0] == "retried":
             _log.info("lane.retried_now", lane=lane, turn_id=str(reply[1]))
             return TickOutcome(

@@ -71,18 +71,29 @@ class LaneReports(LaneStore):
             queued, running, dead = pipe.execute()
         return {"queued": int(queued), "running": int(running), "dead": int(dead)}
 
-    def unindexed(self, queued: Sequence[str]) -> list[str]:
-        """Of ``queued`` (lanes whose hash says queued), those missing from the queued index:
-        a Redis that evicted keys (or a hand that deleted them) left them queued where no
-        reaper pass looks, for ever; :meth:`revive` puts one back."""
-        if not queued:
+    def unindexed(self, lanes: Sequence[tuple[str, str, str]]) -> list[str]:
+        """Of ``lanes`` (``(lane, state, provider)`` as their hashes read), those missing from
+        the index their state is kept in (queued, running, retry, or the provider's deferred
+        set): a Redis that evicted keys (or a hand that deleted them) left them where no
+        reaper, release or resume pass looks, for ever; :meth:`revive` puts one back."""
+        checked: list[tuple[str, str]] = []
+        for lane, state, provider in lanes:
+            index = {
+                "queued": self.keys.queued,
+                "running": self.keys.running,
+                "retry": self.keys.retry,
+                "deferred": self.keys.deferred(provider) if provider else "",
+            }.get(state, "")
+            if index:
+                checked.append((lane, index))
+        if not checked:
             return []
         with redis_errors(self.client):
             pipe = self.client.pipeline(transaction=False)
-            for lane in queued:
-                pipe.zscore(self.keys.queued, lane)
+            for lane, index in checked:
+                pipe.zscore(index, lane)
             scores = pipe.execute()
-        return [lane for lane, score in zip(queued, scores, strict=True) if score is None]
+        return [lane for (lane, _), score in zip(checked, scores, strict=True) if score is None]
 
     def waiting(self) -> dict[str, int]:
         """How many lanes wait out a backoff (``retry``) or an open provider breaker

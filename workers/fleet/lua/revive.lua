@@ -2,6 +2,7 @@
 --
 -- KEYS  [1] lane hash  [2] inbox  [3] inflight  [4] lease  [5] lanes:queued
 --       [6] lanes:running  [7] lanes:dead  (Keys.lane_keys(lane))  [8] lanes:retry
+--       [9] deferred:<provider> of the lane's provider (optional: only when it has one)
 -- ARGV  [1] lane name  [2] now (ms)  [3] new turn id  [4] "1": drop the in-flight items
 -- Reply {"queued", turn id, kind, items dropped}: the lane was dead and now has a queued turn
 --       (same kind as the turn that died); its in-flight items (the ones the dead turn held)
@@ -13,6 +14,9 @@
 --     | {"retried", turn id, kind, items dropped}: the lane was waiting out a retry backoff (a
 --       provider's Retry-After holds it up to an hour): queued now, its attempt count kept,
 --       to publish; ARGV[4] drops its in-flight items as for a dead lane
+--     | {"reindexed", state}: the lane was running or deferred but missing from that index
+--       (evicted): put back, for the reaper (its lease-expiry score 0: taken back at its next
+--       pass once the lease is gone) or the breaker's resume; no turn to publish
 --     | {"not_dead", state}: NOTHING changed
 local lane, queued, dead = KEYS[1], KEYS[5], KEYS[7]
 local f = redis.call('HMGET', lane, 'state', 'kind', 'turn_id')
@@ -45,6 +49,14 @@ if state == 'retry' and f[3] and KEYS[8] then
   redis.call('HSET', lane, 'state', 'queued', 'queued_at', ARGV[2])
   redis.call('ZADD', queued, ARGV[2], ARGV[1])
   return {'retried', f[3], f[2] or 'interactive', dropped}
+end
+if state == 'running' and not redis.call('ZSCORE', KEYS[6], ARGV[1]) then
+  redis.call('ZADD', KEYS[6], 0, ARGV[1])
+  return {'reindexed', state}
+end
+if state == 'deferred' and KEYS[9] and not redis.call('ZSCORE', KEYS[9], ARGV[1]) then
+  redis.call('ZADD', KEYS[9], ARGV[2], ARGV[1])
+  return {'reindexed', state}
 end
 if state ~= 'dead' then
   return {'not_dead', state}
