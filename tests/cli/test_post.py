@@ -233,6 +233,11 @@ def test_a_post_where_no_beat_sweeps_says_the_item_waits_for_a_fleet(
     result = invoke("post", "milo", "and again", "--json")
     assert result.exit_code == 0, result.output
     assert "beat has stopped sweeping under key prefix" in result.stderr
+    # Workers may well still run (they answered at once while this said the item waited for
+    # a fleet): what waits is beat's part.
+    assert "(last sweep 360" in result.stderr  # 3600s or a second more
+    assert "running workers still take this turn" in result.stderr
+    assert "waits until a fleet" not in result.stderr
     assert json.loads(result.stdout)["outcome"] == "pending"
 
 

@@ -26,6 +26,7 @@ import os
 import site
 import sys
 import sysconfig
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -521,9 +522,23 @@ class CliContext:
             return
         if beat is not None and not beat_stale(beat, settings.sweep_interval):
             return
-        what = "no beat has ever swept" if beat is None else "beat has stopped sweeping"
+        if beat is not None:
+            # A fleet ran here: its workers may well still serve the queue (the post's turn is
+            # sent to them); what waits for beat is the rest.
+            at = beat.get("at") or beat.get("time")
+            ago = f" (last sweep {time.time() - float(at):.0f}s ago)" if isinstance(
+                at, (int, float)) else ""  # fmt: skip
+            click.echo(
+                f"soulfleet: warning: beat has stopped sweeping under key prefix "
+                f"{settings.key_prefix!r} on {redact_url(settings.redis_url)}{ago}: running "
+                "workers still take this turn, but heartbeats, dreams, retries and the repair of "
+                "lost turns wait until it runs again; start it (`celery -A workers beat`, or "
+                "`soulfleet up`), and see `soulfleet status`",
+                err=True,
+            )
+            return
         click.echo(
-            f"soulfleet: {what} under key prefix {settings.key_prefix!r} on "
+            f"soulfleet: no beat has ever swept under key prefix {settings.key_prefix!r} on "
             f"{redact_url(settings.redis_url)}: what is queued there waits until a fleet using "
             "them runs. If one runs elsewhere, give this shell its REDIS_URL and "
             "SOULFLEET_KEY_PREFIX (`soulfleet up` prints them for other shells); else start one "
