@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -51,7 +52,10 @@ def test_run_with_no_worker_says_so_within_seconds(env: Mapping[str, str | None]
     (not after its whole timeout), then times out with exit 1; the item stays queued, and the
     turn is handed to the reaper's next pass (queued_at 0): a running fleet on this Redis with
     another queue prefix (a shell's typo) sends it to its own workers instead of leaving the
-    persona blocked for SOULFLEET_REAP_QUEUED_AFTER."""
+    persona blocked for SOULFLEET_REAP_QUEUED_AFTER. (A beat sweeps under its key prefix: a
+    fleet runs there; without one it says no fleet does, next test.)"""
+    lanes = lanes_for(env)
+    lanes.client.set(lanes.keys.last_sweep, json.dumps({"at": time.time() + 60}))
     result = run_soulfleet("run", "ava", "hello?", "--timeout", "10", env=env, timeout=90)
     assert result.returncode == 1, result.stderr
     assert "no worker is consuming" in result.stderr
@@ -74,8 +78,11 @@ def test_a_run_with_a_short_timeout_still_hears_that_no_worker_consumes(
     result = run_soulfleet("run", "ava", "hello?", "--timeout", "3", env=env, timeout=90)
     assert result.returncode == 1, result.stderr
     assert "no worker is consuming" in result.stderr
-    # No beat under this prefix either: said at once, as `post` says it.
+    # No beat under this prefix either: said at once, as `post` says it, and no fleet's
+    # reaper is promised to send the turn.
     assert "no beat has ever swept under key prefix" in result.stderr
+    assert "no fleet runs on it yet" in result.stderr
+    assert "handed to that fleet's reaper" not in result.stderr
 
 
 @pytest.mark.integration

@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 
+from workers.cli.beat_health import beat_stale, beat_summary
 from workers.cli.context import CliContext, lock_mode_conflict, persona_dir
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import JSON_FAILURE_SHOWN, cli_context, personas_option
@@ -218,13 +219,21 @@ def _no_worker_hint(state: CliContext, name: str, timeout: float) -> Callable[[f
         turn_id = lane.get("turn_id")
         if isinstance(turn_id, str) and turn_id:
             state.fleet().lanes.unsent([(name, turn_id)], f"no worker consumes {queue}")
+        try:
+            beat = beat_summary(state.fleet())
+        except RedisUnavailable:
+            beat = None
+        meanwhile = (
+            "the turn is handed to that fleet's reaper meanwhile, which sends it to its own workers"
+            if beat is not None and not beat_stale(beat, settings.sweep_interval)
+            else "no beat sweeps under this key prefix: no fleet runs on it yet"
+        )
         click.echo(
             f"soulfleet: no worker is consuming {queue} on {redact_url(settings.redis_url)}: "
             f"start one (`soulfleet up`, or `celery -A workers worker -Q {queue},...`), or, if "
             "a fleet is running, give this shell the same REDIS_URL, SOULFLEET_KEY_PREFIX "
             f"(here {settings.key_prefix!r}) and SOULFLEET_QUEUE_PREFIX (here "
-            f"{settings.queue_prefix!r}) as its workers (the turn is handed to that fleet's "
-            f"reaper meanwhile, which sends it to its own workers); {still}",
+            f"{settings.queue_prefix!r}) as its workers ({meanwhile}); {still}",
             err=True,
         )
 
