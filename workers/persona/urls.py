@@ -17,12 +17,13 @@ from __future__ import annotations
 import base64
 import re
 from dataclasses import dataclass
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 __all__ = [
     "Credentials",
     "ambiguous_credentials",
     "credential_forms",
+    "is_http_url",
     "mask_credentials",
     "scrub",
     "split_credentials",
@@ -120,3 +121,12 @@ def scrub(text: str, url: str | None) -> str:
         if len(secret) >= _SCRUB_MIN:
             text = text.replace(secret, "***")
     return text
+
+
+def is_http_url(url: str) -> bool:
+    """Whether ``url`` is http(s) with a host (a model provider's base URL must be)."""
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        return False

@@ -11,11 +11,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from workers.persona.env import EnvReader
 from workers.persona.errors import SettingsError
-from workers.persona.urls import mask_credentials
+from workers.persona.urls import is_http_url, mask_credentials
 
 __all__ = ["ACCEPTED_FORMS", "PROVIDERS", "ModelConfig", "Secret", "spec_problem"]
 
@@ -140,12 +139,7 @@ def _base_url(env: EnvReader, name: str, default: str) -> str:
     """A provider's base URL, refused at start unless http(s) with a host: a typo otherwise
     let every process start and dead-lettered each lane of that provider at its first turn."""
     url = env.text(name, default)
-    try:
-        parts = urlsplit(url)
-        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:
-        usable = False
-    if not usable:
+    if not is_http_url(url):
         shown = mask_credentials(url.split("?", 1)[0])
         raise SettingsError(name, f"must be an http(s) URL with a host, got {shown!r}")
     return url

@@ -35,7 +35,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import structlog
@@ -55,7 +54,7 @@ from workers.persona.errors import (
 )
 from workers.persona.models.watchdog import WATCHDOG
 from workers.persona.turn_time import time_left
-from workers.persona.urls import split_credentials
+from workers.persona.urls import is_http_url, split_credentials
 
 __all__ = [
     "EXCERPT_CHARS",
@@ -222,12 +221,7 @@ def redact_url(url: str) -> str:
 
 def check_base_url(url: str, *, provider: str, env: str) -> str:
     """The base URL without a trailing slash; ModelSpecError if it is not http(s)."""
-    try:
-        parts = urlsplit(url)
-        usable = parts.scheme in ("http", "https") and bool(parts.hostname)
-    except ValueError:
-        usable = False
-    if not usable:
+    if not is_http_url(url):
         raise ModelSpecError(
             f"{provider}: base URL {redact_url(url)!r} is not an http(s) URL; check {env}"
         )
