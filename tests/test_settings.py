@@ -305,3 +305,11 @@ def test_spend_settings() -> None:
     )
     assert (settings.heartbeat_model, settings.dream_model) == ("openai:small", "")
     assert (settings.daily_tokens, settings.usage_days) == (200000, 7)
+
+
+@pytest.mark.parametrize("url", ["REDIS://127.0.0.1:6379/0", "AMQP://guest@mq//", "pyamqp://mq//"])
+def test_a_broker_url_of_a_transport_kombu_has_is_taken_in_any_case(url: str) -> None:
+    """kombu connects with an upper-case scheme: the start-up check of the scheme (refusing
+    `bogus`, which kombu took for a host) must not refuse it."""
+    settings = Settings.from_env({"CELERY_BROKER_URL": url, "REDIS_URL": "redis://h:6379/0"})
+    assert settings.broker_url

@@ -394,7 +394,7 @@ def _check_broker_url(name: str, url: str) -> None:
                 f"has a password with a raw '/', '?' or '#' ({redact_url(one)}): "
                 "percent-encode it (/ -> %2F, ? -> %3F, # -> %23)",
             )
-        scheme = split_credentials(one).scheme
+        scheme = split_credentials(one).scheme.lower()
         if scheme in ("redis", "rediss", "redis+socket"):
             _check_parts(name, redis_py_url(one))
             continue

@@ -186,14 +186,20 @@ def test_lines_on_stdout_that_are_not_json_rpc_are_one_masked_line_each(
 ) -> None:
     """A server printing a start-up banner on stdout (the protocol's channel) got the SDK's
     full pydantic traceback per line in the worker's log, its text unmasked: each such line is
-    one line through the server's relay, named and masked, and the server's tools still come
-    up."""
+    one line through the server's relay, named and masked (JSON that is no JSON-RPC message
+    shown as it parsed), a line that is not UTF-8 no longer ends the session at start, and the
+    server's tools come up."""
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     server = Path(__file__).parents[1] / "support" / "mcp_server.py"
+    script = tmp_path / "chatty.sh"
+    script.write_bytes(
+        b'echo "Starting chatty v1 key=$TOKEN"\n'
+        b"echo '{\"hello\": 1}'\n"
+        b"printf 'caf\\351\\n'\n" + f"exec {sys.executable} {server}\n".encode()
+    )
     log = tmp_path / "worker-stderr.txt"
     toml = (
-        '[[tools.mcp]]\nname = "chatty"\ncommand = "sh"\n'
-        f'args = ["-c", "echo Starting chatty v1 key=$TOKEN; exec {sys.executable} {server}"]\n'
+        f'[[tools.mcp]]\nname = "chatty"\ncommand = "sh"\nargs = ["{script}"]\n'
         'env = { TOKEN = "${OPENAI_API_KEY}" }\n'
     )
     with log.open("w", encoding="utf-8") as errlog:
@@ -207,6 +213,8 @@ def test_lines_on_stdout_that_are_not_json_rpc_are_one_masked_line_each(
     text = log.read_text()
     assert "[mcp sh] ignored a line on stdout that is not JSON-RPC" in text
     assert "'Starting chatty v1 key=***'" in text
+    assert """'{"hello": 1}'""" in text  # JSON, but no JSON-RPC message: shown as it parsed
+    assert "'caf\ufffd'" in text  # not UTF-8: replaced, and the server still comes up
     assert KEY not in text + caplog.text
     assert "Traceback" not in text + caplog.text
     assert "Failed to parse JSONRPC" not in caplog.text

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import platform
@@ -72,7 +73,8 @@ class _StdoutNoise(logging.Filter):
         error = record.exc_info[1]
         errors = getattr(error, "errors", None)
         found = errors()[0].get("input") if callable(errors) and errors() else None
-        line = found if isinstance(found, str) else ""
+        # Not JSON: the line itself; JSON that is no JSON-RPC message: what it parsed to.
+        line = found if isinstance(found, str) else _shown(found)
         relay = _relay.get()
         if relay is not None:
             relay.stdout_line(line)
@@ -82,6 +84,13 @@ class _StdoutNoise(logging.Filter):
         record.exc_info = None
         record.exc_text = None
         return True
+
+
+def _shown(value: object) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False)[:1000]
+    except (TypeError, ValueError):
+        return repr(value)[:1000]
 
 
 logging.getLogger("mcp.client.stdio").addFilter(_StdoutNoise())
@@ -113,8 +122,13 @@ def stdio_parameters(server: McpServer) -> StdioServerParameters:
     env = {name: expand(value) for name, value in server.env}
     if _PDEATHSIG:
         argv = ["-I", "-S", "-c", _LAUNCH, str(os.getpid()), command, *server.args]
-        return StdioServerParameters(command=sys.executable, args=argv, env=env)
-    return StdioServerParameters(command=command, args=list(server.args), env=env)
+        return StdioServerParameters(
+            command=sys.executable, args=argv, env=env, encoding_error_handler="replace"
+        )
+    # "replace": one stdout line that is not UTF-8 (a banner) ended the session at start.
+    return StdioServerParameters(
+        command=command, args=list(server.args), env=env, encoding_error_handler="replace"
+    )
 
 
 @asynccontextmanager

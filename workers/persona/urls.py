@@ -124,9 +124,11 @@ def scrub(text: str, url: str | None) -> str:
 
 
 def is_http_url(url: str) -> bool:
-    """Whether ``url`` is http(s) with a host (a model provider's base URL must be)."""
+    """Whether ``url`` is http(s) with a host and, if it gives one, a valid port (a model
+    provider's base URL must be: ``:abc`` failed every turn as a permanent error)."""
     try:
         parts = urlsplit(url)
+        _ = parts.port  # raises ValueError for a port that is not a number in range
         return parts.scheme in ("http", "https") and bool(parts.hostname)
     except ValueError:
         return False

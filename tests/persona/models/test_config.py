@@ -63,7 +63,9 @@ def test_bad_numbers_name_the_variable(name: str, raw: str, message: str) -> Non
 
 
 @pytest.mark.parametrize("name", ["OPENAI_BASE_URL", "ANTHROPIC_BASE_URL"])
-@pytest.mark.parametrize("url", ["bogus", "ftp://host/v1", "http:///v1", "https://[::1/v1"])
+@pytest.mark.parametrize(
+    "url", ["bogus", "ftp://host/v1", "http:///v1", "https://[::1/v1", "http://127.0.0.1:abc/v1"]
+)
 def test_a_base_url_that_is_not_http_is_refused_at_start_naming_the_variable(
     name: str, url: str
 ) -> None:
