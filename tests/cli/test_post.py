@@ -236,9 +236,11 @@ def test_a_post_where_no_beat_sweeps_says_the_item_waits_for_a_fleet(
     # Workers may well still run (they answered at once while this said the item waited for
     # a fleet): what waits is beat's part.
     assert "(last sweep 360" in result.stderr  # 3600s or a second more
-    assert "running workers still take this turn" in result.stderr
+    assert "the turn that takes this item runs if workers still run" in result.stderr
     assert "waits until a fleet" not in result.stderr
-    assert json.loads(result.stdout)["outcome"] == "pending"
+    assert json.loads(result.stdout)["outcome"] == "pending"  # joins the queued turn
+    unwoken = invoke("post", "milo", "later", "--no-wake", "--json")
+    assert "this item waits for a turn (a heartbeat, which beat sends" in unwoken.stderr
 
 
 def test_a_post_to_a_persona_on_a_full_disk_is_accepted_with_a_warning(

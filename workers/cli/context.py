@@ -511,7 +511,7 @@ class CliContext:
         except SettingsError:  # changed since `up` read it: its workers hold what it was
             return None, None
 
-    def warn_if_no_fleet(self) -> None:
+    def warn_if_no_fleet(self, *, turn_queued: bool = True) -> None:
         """Say so on stderr when no beat sweeps under this shell's Redis and key prefix: what
         was just queued waits in an inbox no fleet reads (another REDIS_URL or
         SOULFLEET_KEY_PREFIX than the fleet's, or no fleet started) without a word."""
@@ -523,17 +523,23 @@ class CliContext:
         if beat is not None and not beat_stale(beat, settings.sweep_interval):
             return
         if beat is not None:
-            # A fleet ran here: its workers may well still serve the queue (the post's turn is
+            # A fleet ran here: its workers may well still serve the queue (a queued turn is
             # sent to them); what waits for beat is the rest.
             at = beat.get("at") or beat.get("time")
             ago = f" (last sweep {time.time() - float(at):.0f}s ago)" if isinstance(
                 at, (int, float)) else ""  # fmt: skip
+            this = (
+                "the turn that takes this item runs if workers still run (`soulfleet status` "
+                "says whether any serve its queue), but"
+                if turn_queued
+                else "this item waits for a turn (a heartbeat, which beat sends, or a post that "
+                "wakes the persona), and"
+            )
             click.echo(
                 f"soulfleet: warning: beat has stopped sweeping under key prefix "
-                f"{settings.key_prefix!r} on {redact_url(settings.redis_url)}{ago}: running "
-                "workers still take this turn, but heartbeats, dreams, retries and the repair of "
-                "lost turns wait until it runs again; start it (`celery -A workers beat`, or "
-                "`soulfleet up`), and see `soulfleet status`",
+                f"{settings.key_prefix!r} on {redact_url(settings.redis_url)}{ago}: {this} "
+                "heartbeats, dreams, retries and the repair of lost turns wait until it runs "
+                "again; start it (`celery -A workers beat`, or `soulfleet up`)",
                 err=True,
             )
             return

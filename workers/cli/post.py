@@ -57,8 +57,10 @@ def post(
     outcome = state.fleet().post(
         name, text, sender=sender, channel=channel, wake=wake, trusted=trusted
     )
+    # A turn takes the item without beat: one it queued, or the lane's queued or running one.
+    queued = outcome.outcome == "queued" or (outcome.outcome == "pending" and wake)
     if as_json:
-        state.warn_if_no_fleet()
+        state.warn_if_no_fleet(turn_queued=queued)
         unwoken = (
             _unwoken(state.fleet().registry.home(name)).removeprefix("; ")
             if outcome.outcome == "pending" and not wake
@@ -97,7 +99,7 @@ def post(
     else:
         what = "not woken (--no-wake)" + _unwoken(state.fleet().registry.home(name))
     click.echo(f"posted to {name} (item {outcome.item_id}, inbox depth {outcome.depth}): {what}")
-    state.warn_if_no_fleet()
+    state.warn_if_no_fleet(turn_queued=queued)
     if outcome.outcome == "dead":
         ctx.exit(EXIT_FAILURE)
 
