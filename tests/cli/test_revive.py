@@ -399,9 +399,13 @@ def test_running_retrying_and_deferred_lanes_lost_from_their_index_are_named_and
             lanes.defer(name, started.fence, provider="openai", why="breaker open")
     client = lanes.client
     client.delete(fleet.keys.running, fleet.keys.retry, fleet.keys.deferred("openai"))
+    client.delete(fleet.keys.lease("nora"))  # its worker gone: only the reaper could help
     status = json.loads(invoke("status", "--json").stdout)
     assert sorted(status["unindexed_lanes"]) == ["ava", "milo", "nora"]
-    assert "lanes lost from their index (3: " in invoke("status").stdout
+    table = invoke("status").stdout
+    assert "lanes lost from their index (3: " in table
+    assert "reaper takes the lane back" not in table  # no pass sees it: the row says so
+    assert "LOST from its index" in invoke("status", "nora").stdout
     one = invoke("revive", "nora")
     assert one.exit_code == 0, one.output
     assert "put back nora: running but lost from the running index" in one.stdout
@@ -413,5 +417,4 @@ def test_running_retrying_and_deferred_lanes_lost_from_their_index_are_named_and
     assert client.zscore(fleet.keys.deferred("openai"), "ava") is not None
     assert lanes.status("milo")["state"] == "queued"
     assert json.loads(invoke("status", "--json").stdout)["unindexed_lanes"] == []
-    lanes.client.delete(fleet.keys.lease("nora"))  # its worker gone: the reaper takes it back
-    assert [r.lane for r in fleet.reap()] == ["nora"]
+    assert [r.lane for r in fleet.reap()] == ["nora"]  # back in its index: the reaper sees it

@@ -181,6 +181,7 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
     fleet = state.fleet()
     invalid = invalid_personas(fleet, [name])
     entry = annotate(fleet.status(name), invalid, fleet.registry.root, fleet.settings.lease_ttl)
+    _mark_unindexed([entry], fleet.lanes.unindexed(_indexed_lanes([entry])))
     why = invalid.get(name)
     claims = lock_claims(fleet, [name])
     if claims:
@@ -354,6 +355,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
     counts = fleet.lanes.counts()
     waiting = fleet.lanes.waiting()
     unindexed = fleet.lanes.unindexed(_indexed_lanes(entries))
+    _mark_unindexed(entries, unindexed)
     breakers = fleet.breaker.states()
     beat = beat_summary(fleet)
     claims = lock_claims(fleet, [str(entry["persona"]) for entry in entries])
@@ -514,6 +516,16 @@ def _redis_lines(
             'restarted" (said for a day)'
         )
     return lines
+
+
+def _mark_unindexed(entries: Sequence[Mapping[str, Any]], unindexed: Sequence[str]) -> None:
+    """Mark each lane lost from its index in its own status entry (``unindexed``): its row
+    must not promise the reaper, release or resume that cannot see it."""
+    lost = set(unindexed)
+    for entry in entries:
+        for lane, lane_entry, _ in lanes_of(entry):
+            if lane in lost and isinstance(lane_entry, dict):
+                lane_entry["unindexed"] = True
 
 
 def _indexed_lanes(entries: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:

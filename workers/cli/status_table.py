@@ -103,18 +103,7 @@ def row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, ..
     last = "-"
     if entry.get("last_turn"):
         last = f"{entry.get('last_status') or '?'} {ago(entry.get('last_end'))}"
-    dreamer = entry.get("dreamer")
-    dreamer_state = "-"
-    if isinstance(dreamer, Mapping):
-        shown = dreamer.get("display_state") or dreamer.get("state", "idle")
-        # A running or queued pass with how long it has been so, not the previous pass's end
-        # ("running 68s ago" read as running for 68 s while the pass had just begun).
-        raw = str(dreamer.get("state"))
-        since = {"running": "started_at", "queued": "queued_at"}.get(raw)
-        if since:
-            dreamer_state = _timed(str(shown), raw, lasted(dreamer.get(since)))
-        else:
-            dreamer_state = f"{shown} {ago(dreamer.get('last_end'))}".strip()
+    dreamer_state = _dreamer_state(entry.get("dreamer"))
     error = " ".join(str(entry.get("error") or entry.get("note") or "-").split())
     home = entry.get("home")
     if home:  # the table is about this persona already: its path only costs width
@@ -137,8 +126,10 @@ def row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, ..
         if silent is not None and isinstance(left, int | float):
             # A killed worker's turn looked alive until its lease lapsed (30 s by default).
             state += f" (lease not renewed for {silent:.0f}s, lapses in {left:.0f}s)"
-        elif silent is not None:
+        elif silent is not None and not entry.get("unindexed"):
             state += " (lease lapsed: beat's reaper takes the lane back at its next pass)"
+    if entry.get("unindexed"):  # no pass sees it: only a revive puts it back
+        state += " (LOST from its index: `soulfleet revive` puts it back)"
     tokens = str(entry.get("tokens_today", 0))
     if entry.get("daily_tokens") is not None:
         tokens += f"/{entry['daily_tokens']}"
@@ -153,6 +144,24 @@ def row(entry: Mapping[str, Any], *, whole_error: bool = False) -> tuple[str, ..
         dreamer_state,
         error if whole_error or len(error) <= 60 else error[:57] + "...",
     )
+
+
+def _dreamer_state(dreamer: object) -> str:
+    """The DREAMER column: its state, with how long a running or queued pass has been so."""
+    if not isinstance(dreamer, Mapping):
+        return "-"
+    shown = dreamer.get("display_state") or dreamer.get("state", "idle")
+    # A running or queued pass with how long it has been so, not the previous pass's end
+    # ("running 68s ago" read as running for 68 s while the pass had just begun).
+    raw = str(dreamer.get("state"))
+    since = {"running": "started_at", "queued": "queued_at"}.get(raw)
+    if since:
+        state = _timed(str(shown), raw, lasted(dreamer.get(since)))
+    else:
+        state = f"{shown} {ago(dreamer.get('last_end'))}".strip()
+    if dreamer.get("unindexed"):
+        state += " (LOST from its index: revive --dreamer)"
+    return state
 
 
 def _timed(shown: str, state: str, when: str) -> str:
