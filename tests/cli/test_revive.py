@@ -398,7 +398,8 @@ def test_running_retrying_and_deferred_lanes_lost_from_their_index_are_named_and
         if name == "ava":
             lanes.defer(name, started.fence, provider="openai", why="breaker open")
     client = lanes.client
-    client.delete(fleet.keys.running, fleet.keys.retry, fleet.keys.deferred("openai"))
+    client.delete(fleet.keys.running, fleet.keys.retry, fleet.keys.deferred("openai"),
+                  fleet.keys.breakers)  # fmt: skip
     client.delete(fleet.keys.lease("nora"))  # its worker gone: only the reaper could help
     status = json.loads(invoke("status", "--json").stdout)
     assert sorted(status["unindexed_lanes"]) == ["ava", "milo", "nora"]
@@ -412,9 +413,14 @@ def test_running_retrying_and_deferred_lanes_lost_from_their_index_are_named_and
     result = invoke("revive", "--all")
     assert result.exit_code == 0, result.output
     assert "put back ava: deferred but lost from its provider's index" in result.stdout
-    assert "put back milo: lost from its index; turn " in result.stdout
+    # Back where beat's release finds it at its retry time: --all runs no retry early.
+    assert "put back milo: retrying but lost from the retry index" in result.stdout
     assert client.zscore(fleet.keys.running, "nora") == 0
     assert client.zscore(fleet.keys.deferred("openai"), "ava") is not None
-    assert lanes.status("milo")["state"] == "queued"
+    assert client.sismember(fleet.keys.breakers, "openai")  # where recovery finds it
+    assert lanes.status("milo")["state"] == "retry"
+    retry_at = lanes.status("milo")["retry_at"]
+    assert isinstance(retry_at, float)
+    assert client.zscore(fleet.keys.retry, "milo") == retry_at * 1000
     assert json.loads(invoke("status", "--json").stdout)["unindexed_lanes"] == []
     assert [r.lane for r in fleet.reap()] == ["nora"]  # back in its index: the reaper sees it

@@ -105,6 +105,29 @@ def test_a_post_that_asks_for_a_new_session_ends_it_only_if_accepted(
     assert redis_client.hget(lane, "session_epoch") == "1"
 
 
+def test_a_retry_keeps_the_session_its_work_began_in_and_the_reset_goes_to_the_next_turn(
+    lanes: Lanes,
+) -> None:
+    """A's turn fails and waits to retry; `run --new-session B` then resets the session. The
+    retry (A alone) still reads the session A began in (its request is the one it sent, so a
+    paid answer replays), and B's turn, after it, is the one that reads the new epoch (it
+    continued the session the retry started instead)."""
+    a, b = item("A"), item("B")
+    turn = lanes.post("ava", a, wake=True).turn_id
+    assert turn is not None
+    first = lanes.start("ava", turn, "w")
+    assert first.session_epoch == 0
+    retry = lanes.fail("ava", first.fence, error="HTTP 500", kind="transient").retry_turn_id
+    assert retry is not None
+    lanes.post("ava", b, wake=True, new_session=True)
+    again = lanes.start("ava", retry, "w")
+    assert ([i.id for i in again.items], again.session_epoch) == ([a.id], 0)
+    done = lanes.finish("ava", again.fence, status="done", text="ok")
+    assert done.follow_up_turn_id is not None
+    follow = lanes.start("ava", done.follow_up_turn_id, "w")
+    assert ([i.id for i in follow.items], follow.session_epoch) == ([b.id], 1)
+
+
 def test_item_over_the_byte_limit_is_refused_before_redis(redis_url: str) -> None:
     """ItemTooLarge comes before any Redis call: even an unreachable Redis is never asked."""
     dead = redis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", decode_responses=True)

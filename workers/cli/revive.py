@@ -181,6 +181,9 @@ def _put_back(outcome: TickOutcome) -> str:
     if outcome.kind == "reindexed_running":
         return ("running but lost from the running index; back in it: beat's reaper takes the "
                 "lane back at its next pass once its turn's lease is gone")  # fmt: skip
+    if outcome.kind == "reindexed_retry":
+        return ("retrying but lost from the retry index; back in it: beat releases it at its "
+                "retry time")  # fmt: skip
     if outcome.kind == "reindexed_deferred":
         return ("deferred but lost from its provider's index; back in it: it resumes once the "
                 "provider's breaker lets it")  # fmt: skip

@@ -92,10 +92,11 @@ def revive_dead(
 
 def requeue_unindexed(fleet: Fleet) -> list[TickOutcome]:
     """Put back every lane of the fleet's personas missing from the index its state is kept
-    in (a Redis that evicted keys; ``revive.lua``): a queued or retrying one has its turn
-    sent now, a running or deferred one goes back into its index for the reaper or the
-    breaker's resume. No pass sees such a lane, so it stayed put for ever. Returns what was
-    put back (``turn_id`` set where a turn was sent)."""
+    in (a Redis that evicted keys; ``revive.lua``): a queued one has its turn sent again; a
+    running, retrying or deferred one goes back into its index, for the reaper, beat's release
+    at its retry_at or the breaker's resume (a lane whose state changed meanwhile is left). No
+    pass sees such a lane, so it stayed put for ever. Returns what was put back (``turn_id``
+    set where a turn was sent)."""
     names = fleet.registry.names()
     lanes = [lane for name in names for lane in (name, fleet.registry.lane_of(name, "dreamer"))]
     states = fleet.lanes.status_many(lanes)
@@ -103,7 +104,9 @@ def requeue_unindexed(fleet: Fleet) -> list[TickOutcome]:
         (lane, str(st.get("state") or ""), str(st.get("provider") or ""))
         for lane, st in zip(lanes, states, strict=True)
     ]
-    outcomes = [fleet.lanes.revive(lane) for lane in fleet.lanes.unindexed(found)]
+    outcomes = [
+        fleet.lanes.revive(lane, reindex_only=True) for lane in fleet.lanes.unindexed(found)
+    ]
     sent = [o for o in outcomes if o.outcome == "queued" and o.turn_id and o.turn_kind]
     fleet.send([(o.lane, str(o.turn_id), str(o.turn_kind)) for o in sent])
     return [o for o in outcomes if o in sent or o.kind.startswith("reindexed_")]

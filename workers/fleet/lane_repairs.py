@@ -23,7 +23,9 @@ _log = structlog.get_logger("soulfleet.lanes")
 class LaneRepairs(LaneStore):
     """The repair side of :class:`~workers.fleet.lanes.Lanes`."""
 
-    def revive(self, lane: str, *, drop_kept: bool = False) -> TickOutcome:
+    def revive(
+        self, lane: str, *, drop_kept: bool = False, reindex_only: bool = False
+    ) -> TickOutcome:
         """Queue a dead-lettered lane again with attempts reset (its kept items run first;
         with ``drop_kept``, the items the dead turn held are dropped instead: a message the
         provider refuses for good would kill the lane again).
@@ -34,15 +36,18 @@ class LaneRepairs(LaneStore):
         Retry-After said). A running or deferred lane missing from that index is put back in it
         (kind ``reindexed_running``/``reindexed_deferred``, outcome ``coalesced``: the reaper or
         the breaker's resume takes it on). Any other lane that is not dead is left alone:
-        outcome ``coalesced``, no turn id.
+        outcome ``coalesced``, no turn id. ``reindex_only`` (`revive --all`'s repair of lanes
+        lost from their index) does only that: a retrying lane goes back into lanes:retry at
+        its retry_at (kind ``reindexed_retry``), and no dead lane is revived.
         """
         turn_id = new_turn_id()
-        args: list[str | int] = [lane, self._now_ms(), turn_id, "1" if drop_kept else "0"]
         keys = [*self.keys.lane_keys(lane), self.keys.retry]
         with redis_errors(self.client):
-            provider = self.client.hget(self.keys.lane(lane), "provider")
-            if provider:  # where a deferred lane is indexed (a key a script must be given)
-                keys.append(self.keys.deferred(str(provider)))
+            provider = str(self.client.hget(self.keys.lane(lane), "provider") or "")
+            if provider:  # where a deferred lane is indexed (keys a script must be given)
+                keys += [self.keys.deferred(provider), self.keys.breakers]
+            args: list[str | int] = [lane, self._now_ms(), turn_id, "1" if drop_kept else "0",
+                                     provider, "1" if reindex_only else "0"]  # fmt: skip
             reply = self.scripts.revive(keys=keys, args=args)
         if reply[0] == "reindexed":
             _log.warning("lane.reindexed", lane=lane, state=str(reply[1]),

@@ -74,26 +74,31 @@ class LaneReports(LaneStore):
     def unindexed(self, lanes: Sequence[tuple[str, str, str]]) -> list[str]:
         """Of ``lanes`` (``(lane, state, provider)`` as their hashes read), those missing from
         the index their state is kept in (queued, running, retry, or the provider's deferred
-        set): a Redis that evicted keys (or a hand that deleted them) left them where no
-        reaper, release or resume pass looks, for ever; :meth:`revive` puts one back."""
-        checked: list[tuple[str, str]] = []
-        for lane, state, provider in lanes:
-            index = {
-                "queued": self.keys.queued,
-                "running": self.keys.running,
-                "retry": self.keys.retry,
-                "deferred": self.keys.deferred(provider) if provider else "",
-            }.get(state, "")
-            if index:
-                checked.append((lane, index))
+        set, the provider listed in breakers): a Redis that evicted keys (or a hand that
+        deleted them) left them where no reaper, release or resume pass looks, for ever;
+        :meth:`revive` puts one back."""
+        indexes = {"queued": self.keys.queued, "running": self.keys.running,
+                   "retry": self.keys.retry}  # fmt: skip
+        checked = [
+            (lane, indexes.get(state) or self.keys.deferred(provider), provider)
+            for lane, state, provider in lanes
+            if state in indexes or (state == "deferred" and provider)
+        ]
         if not checked:
             return []
         with redis_errors(self.client):
             pipe = self.client.pipeline(transaction=False)
-            for lane, index in checked:
+            for lane, index, provider in checked:
                 pipe.zscore(index, lane)
-            scores = pipe.execute()
-        return [lane for (lane, _), score in zip(checked, scores, strict=True) if score is None]
+                # recovery finds a provider's deferred lanes only through the breakers set
+                pipe.sismember(self.keys.breakers, provider or "-")
+            replies = pipe.execute()
+        return [
+            lane
+            for n, (lane, index, provider) in enumerate(checked)
+            if replies[2 * n] is None
+            or (index == self.keys.deferred(provider) and not replies[2 * n + 1])
+        ]
 
     def waiting(self) -> dict[str, int]:
         """How many lanes wait out a backoff (``retry``) or an open provider breaker

@@ -44,7 +44,7 @@ redis.call('HDEL', lane, 'failing_since', 'failures', 'retry_at')
 -- Counts committed turns: the work a turn does keeps one id (lane:commits) across every
 -- failed or crashed attempt at it, which keys its memory writes (Lanes.work_id).
 redis.call('HINCRBY', lane, 'commits', 1)
-redis.call('HDEL', lane, 'shown_ticks')
+redis.call('HDEL', lane, 'shown_ticks', 'held_session', 'held_epoch')
 redis.call('HSET', lane, 'inflight_ticks', 0, 'attempts', 0, 'lost', 0,
            'last_turn', turn_id, 'last_status', ARGV[4], 'last_text', ARGV[6], 'last_end', now)
 redis.call('ZREM', running, name)

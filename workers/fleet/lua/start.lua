@@ -155,8 +155,21 @@ if tonumber(f[11] or '0') > 0 then
   failing = f[3] or ''
   failing_since = f[12] or ''
 end
+-- The session a turn's work began in, kept for its retries: a retry re-sends what its first
+-- attempt sent (the call log replays a paid answer), even after a reset (`run --new-session`)
+-- that came meanwhile, whose epoch then refuses its write at finish, so the turn after it,
+-- with the post that asked for the reset, is the one that starts the new session.
+local session, epoch = f[7] or '', f[8] or ''
+if recovered == 0 and held == 0 then
+  redis.call('HSET', lane, 'held_session', session, 'held_epoch', epoch)
+else
+  local kept = redis.call('HMGET', lane, 'held_session', 'held_epoch')
+  if kept[2] then
+    session, epoch = kept[1] or '', kept[2]
+  end
+end
 local reply = {'started', fence, attempt, kind, ticks, recovered,
-  f[6] or '', f[7] or '', f[8] or '', f[9] or '', born, failing, failing_since}
+  f[6] or '', session, epoch, f[9] or '', born, failing, failing_since}
 for i = 1, #items do
   reply[#reply + 1] = items[i]
 end
