@@ -87,10 +87,11 @@ class _StdoutNoise(logging.Filter):
 
 
 def _shown(value: object) -> str:
+    # Whole: the relay masks secrets before it cuts (a cut first could leave a secret's prefix).
     try:
-        return json.dumps(value, ensure_ascii=False)[:1000]
+        return json.dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
-        return repr(value)[:1000]
+        return repr(value)
 
 
 logging.getLogger("mcp.client.stdio").addFilter(_StdoutNoise())
