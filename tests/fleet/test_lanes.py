@@ -269,7 +269,7 @@ def test_a_backlog_over_the_drain_bound_is_taken_over_several_turns(
     again = lanes.start("ava", finished.follow_up_turn_id, "w1")
     assert [i.id for i in again.items] == [big[2].id]
     assert redis_client.llen(keys.inbox("ava")) == 0
-    # a retry holds no more: its recovered items count (each attempt of a failing turn took
+    # a retry holds no more: it takes nothing fresh (each attempt of a failing turn took
     # another bound, and the attempt after a long outage held the whole backlog again)
     for _ in range(6):
         lanes.post("ava", item("x" * 300), wake=True)

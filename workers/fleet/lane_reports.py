@@ -80,7 +80,7 @@ class LaneReports(LaneStore):
         indexes = {"queued": self.keys.queued, "running": self.keys.running,
                    "retry": self.keys.retry}  # fmt: skip
         checked = [
-            (lane, indexes.get(state) or self.keys.deferred(provider), provider)
+            (lane, state, provider)
             for lane, state, provider in lanes
             if state in indexes or (state == "deferred" and provider)
         ]
@@ -88,17 +88,19 @@ class LaneReports(LaneStore):
             return []
         with redis_errors(self.client):
             pipe = self.client.pipeline(transaction=False)
-            for lane, index, provider in checked:
-                pipe.zscore(index, lane)
-                # recovery finds a provider's deferred lanes only through the breakers set
-                pipe.sismember(self.keys.breakers, provider or "-")
-            replies = pipe.execute()
-        return [
-            lane
-            for n, (lane, index, provider) in enumerate(checked)
-            if replies[2 * n] is None
-            or (index == self.keys.deferred(provider) and not replies[2 * n + 1])
-        ]
+            for lane, state, provider in checked:
+                pipe.zscore(indexes.get(state) or self.keys.deferred(provider), lane)
+                if state == "deferred":  # recovery finds its provider through breakers only
+                    pipe.sismember(self.keys.breakers, provider)
+            replies = iter(pipe.execute())
+        lost = []
+        for lane, state, _ in checked:
+            indexed = next(replies) is not None
+            if state == "deferred":
+                indexed = bool(next(replies)) and indexed
+            if not indexed:
+                lost.append(lane)
+        return lost
 
     def waiting(self) -> dict[str, int]:
         """How many lanes wait out a backoff (``retry``) or an open provider breaker

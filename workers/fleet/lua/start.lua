@@ -5,10 +5,9 @@
 --       [6] lanes:running  [7] lanes:dead  (Keys.lane_keys(lane))  [8] claim:<lane>
 --       [9] lanes:claimed
 -- ARGV  [1] lane name  [2] turn id (from the turn message)  [3] worker  [4] now (ms)
---       [5] lease ttl (ms)  [6] max_attempts  [7] most bytes of items one turn holds, the
---       in-flight ones it recovers included (0: no bound; a first item is always taken when
---       nothing is recovered): the rest stay in the inbox, and finish queues the turn after
---       this one for them
+--       [5] lease ttl (ms)  [6] max_attempts  [7] most bytes of inbox items one turn takes (0:
+--       no bound; a first item is always taken): the rest stay in the inbox, and finish
+--       queues the turn after this one for them
 -- Reply {"dead", last_error} | {"stale"} | {"duplicate"}
 --     | {"started", fence, attempt, kind, ticks, recovered, commits, session, session_epoch,
 --        last_pass, born, failing, failing_since, item JSON...}
@@ -83,22 +82,19 @@ local held = tonumber(redis.call('HGET', lane, 'inflight_ticks') or '0')
 -- sent, so an answer already paid for is replayed from the call log, not bought again; and a
 -- message the provider refuses for good dies alone, so `revive --drop-kept` drops only it,
 -- not the posts a revived turn had drained beside it.
+local retry = recovered > 0 or held > 0
 local fresh = {}
-if recovered == 0 and held == 0 then
+if not retry then
   fresh = redis.call('LRANGE', inbox, 0, -1)
 end
 -- Bounded: a backlog whose text alone is over the turn's token budget was drained into one
--- turn that ended before its model call, and every item in it went unanswered.
--- The items a retry (or a redelivery) recovers count too: each attempt of a failing turn took
--- another full bound, and the attempt after a long outage held the whole backlog again.
+-- turn that ended before its model call, and every item in it went unanswered. (A retry
+-- takes nothing fresh, so no attempt of a failing turn takes another bound's worth.)
 local most, taken, bytes = tonumber(ARGV[7] or '0'), #fresh, 0
 if most > 0 then
-  for i = 1, recovered do
-    bytes = bytes + #items[i]
-  end
   for i = 1, #fresh do
     bytes = bytes + #fresh[i]
-    if bytes > most and (i > 1 or recovered > 0) then
+    if bytes > most and i > 1 then
       taken = i - 1
       break
     end
@@ -108,7 +104,7 @@ for i = 1, taken, 500 do
   redis.call('RPUSH', inflight, unpack(fresh, i, math.min(i + 499, taken)))
 end
 for i = 1, taken do
-  items[recovered + i] = fresh[i]
+  items[i] = fresh[i]  -- a turn that takes fresh items recovered none
 end
 if taken > 0 and taken == #fresh then
   redis.call('DEL', inbox)
@@ -160,7 +156,7 @@ end
 -- that came meanwhile, whose epoch then refuses its write at finish, so the turn after it,
 -- with the post that asked for the reset, is the one that starts the new session.
 local session, epoch = f[7] or '', f[8] or ''
-if recovered == 0 and held == 0 then
+if not retry then
   redis.call('HSET', lane, 'held_session', session, 'held_epoch', epoch)
 else
   local kept = redis.call('HMGET', lane, 'held_session', 'held_epoch')
