@@ -59,7 +59,6 @@ from workers.persona.files import read_inside
 from workers.persona.home import DEFAULT_INDEX_CAP
 from workers.persona.models.config import spec_problem
 from workers.persona.schedules import (
-    MAX_DURATION_SECONDS,
     ActiveHours,
     DreamSchedule,
     HeartbeatSchedule,
@@ -70,7 +69,6 @@ from workers.persona.session import (
     DEFAULT_IDLE_RESET,
     DEFAULT_MAX_TOKENS,
     SessionConfig,
-    parse_reset_duration,
 )
 from workers.persona.spend import ON_EXCEED, DailyBudget
 from workers.persona.toml_table import TomlTable
@@ -211,22 +209,7 @@ def _session(table: TomlTable) -> SessionConfig:
     table.check_keys(
         ("idle_reset", "daily_reset", "timezone", "max_tokens", "keep_tail", "flush_to_memory")
     )
-    idle = DEFAULT_IDLE_RESET
-    if "idle_reset" in table.data:
-        parsed = parse_reset_duration(table.data["idle_reset"])
-        if parsed is None:
-            raise table.fail(
-                "idle_reset",
-                'must be "<n>s", "<n>m", "<n>h" or "<n>d" with n a whole number ("0s": every '
-                f"turn is its own session), got {table.data['idle_reset']!r}",
-            )
-        if parsed > MAX_DURATION_SECONDS:  # a 400-digit count crashed the whole fleet's status
-            raise table.fail(
-                "idle_reset",
-                f"is {str(table.data['idle_reset'])[:40]!r}, longer than the longest duration "
-                f"soulfleet takes ({MAX_DURATION_SECONDS // 86400}d, about ten years)",
-            )
-        idle = parsed
+    idle = table.duration("idle_reset", zero="every turn is its own session")
     daily = (
         None if "daily_reset" not in table.data else table.clock_time("daily_reset", allow_24=False)
     )
@@ -241,7 +224,7 @@ def _session(table: TomlTable) -> SessionConfig:
                 "kept verbatim has to leave something to summarize",
             )
     return SessionConfig(
-        idle_reset=idle,
+        idle_reset=DEFAULT_IDLE_RESET if idle is None else idle,
         daily_reset=daily,
         timezone=table.timezone("timezone"),
         max_tokens=max_tokens,

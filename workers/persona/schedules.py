@@ -39,18 +39,24 @@ def _shown(text: str) -> str:
     return text if len(text) <= 40 else f"{text[:20]}…({len(text)} characters)"
 
 
-def parse_duration(text: object, *, key: str, source: object = None) -> float:
-    """``"<n>s|m|h|d"`` (n a positive whole number) -> seconds; else PersonaConfigError(key)."""
+def parse_duration(
+    text: object, *, key: str, source: object = None, zero: str | None = None
+) -> float:
+    """``"<n>s|m|h|d"`` (n a positive whole number) -> seconds; else PersonaConfigError(key).
+    ``zero``: what n = 0 means where it is allowed (``session.idle_reset``: every turn its own
+    session), said in the error."""
     if not isinstance(text, str):
         raise PersonaConfigError(source, key, f'must be a duration string like "30m", got {text!r}')
     match = _DURATION.fullmatch(text)
     digits = match.group(1).lstrip("0") if match is not None else ""
+    if match is not None and not digits and zero is not None:
+        return 0.0
     if match is None or not digits:
+        n = "a positive whole number" if zero is None else f'a whole number ("0s": {zero})'
         raise PersonaConfigError(
             source,
             key,
-            f'must be "<n>s", "<n>m", "<n>h" or "<n>d" with n a positive whole number, '
-            f"got {_shown(text)!r}",
+            f'must be "<n>s", "<n>m", "<n>h" or "<n>d" with n {n}, got {_shown(text)!r}',
         )
     # Compare digit counts first: int() of a 5,000-digit string is refused by Python itself.
     too_long = len(digits) > _MAX_DIGITS

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -43,33 +42,15 @@ __all__ = [
     "message_chars",
     "new_session_id",
     "next_session_id",
-    "parse_reset_duration",
 ]
 
 DEFAULT_IDLE_RESET = 4 * 3600.0
 DEFAULT_MAX_TOKENS = 60_000
 _FORMAT = 1
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"(\d+)([smhd])")
-_MAX_DIGITS = 12
 
 #: How a provider frames tool results: ``openai`` sends them as ``tool`` messages, ``anthropic``
 #: as ``tool_result`` blocks inside a user message (which then is no place to cut a transcript).
 Dialect = Literal["openai", "anthropic"]
-
-
-def parse_reset_duration(text: object) -> float | None:
-    """``"<n>s|m|h|d"`` with n >= 0 -> seconds (infinite when n has more digits than any
-    duration could: int() refuses 4,300 of them, float() overflows); None when ``text`` is not
-    such a string."""
-    if not isinstance(text, str):
-        return None
-    match = _DURATION.fullmatch(text)
-    if match is None:
-        return None
-    if len(match.group(1).lstrip("0")) > _MAX_DIGITS:
-        return math.inf
-    return int(match.group(1)) * _UNITS[match.group(2)]
 
 
 @dataclass(frozen=True)

@@ -113,10 +113,10 @@ class TomlTable:
             return None
         return TomlTable.of(value, self.key(name), self.source)
 
-    def duration(self, name: str) -> float | None:
+    def duration(self, name: str, *, zero: str | None = None) -> float | None:
         if name not in self.data:
             return None
-        return parse_duration(self.data[name], key=self.key(name), source=self.source)
+        return parse_duration(self.data[name], key=self.key(name), source=self.source, zero=zero)
 
     def timezone(self, name: str) -> str:
         value = self.string(name, "UTC")
