@@ -15,9 +15,23 @@ from workers.persona.manifest import parse_manifest
 from workers.persona.mcp_hub import McpHub
 from workers.persona.mcp_stderr import MAX_LINE, StderrRelay, secrets_for
 from workers.persona.mcp_transport import referenced
-from workers.persona.toolbox import ToolLimits, build_declared
+from workers.persona.toolbox import Toolbox, ToolLimits, build_declared
 
 KEY = "sk-TESTSECRETkey0123456789"
+
+
+def _through_hub(tmp_path: Path, toml: str, start_timeout: float = 30) -> tuple[Toolbox, str]:
+    """``toml``'s MCP servers started through a hub, as a turn starts them: the turn's
+    toolbox, and what reached the worker's stderr meanwhile."""
+    log = tmp_path / "worker-stderr.txt"
+    with log.open("w", encoding="utf-8") as errlog:
+        hub = McpHub(start_timeout=start_timeout, errlog=errlog)
+        try:
+            config = parse_manifest(toml, source=Path("persona.toml"))
+            box = build_declared(config.tools, hub=hub, limits=ToolLimits())
+        finally:
+            hub.close()
+    return box, log.read_text()
 
 
 def test_the_secrets_are_what_var_carried_and_what_secret_names_hold() -> None:
@@ -87,22 +101,14 @@ def test_a_persona_mcp_server_cannot_write_the_api_key_into_the_worker_log(
     its environment to stderr and exits is named unavailable, and the worker's stderr holds its
     lines with the key masked."""
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
-    log = tmp_path / "worker-stderr.txt"
     toml = (
         '[[tools.mcp]]\nname = "leak"\ncommand = "sh"\n'
         'args = ["-c", "echo LEAKED-$TOKEN >&2; env >&2; exit 3"]\n'
         'env = { TOKEN = "${OPENAI_API_KEY}" }\n'
     )
-    with log.open("w", encoding="utf-8") as errlog:
-        hub = McpHub(start_timeout=30, errlog=errlog)
-        try:
-            config = parse_manifest(toml, source=Path("persona.toml"))
-            box = build_declared(config.tools, hub=hub, limits=ToolLimits())
-            assert box.tools == ()
-            assert box.unavailable
-        finally:
-            hub.close()
-    text = log.read_text()
+    box, text = _through_hub(tmp_path, toml)
+    assert box.tools == ()
+    assert box.unavailable
     assert "[mcp sh] LEAKED-***" in text
     assert "TOKEN=***" in text
     assert KEY not in text
@@ -114,21 +120,13 @@ def test_a_token_written_literally_in_a_server_env_is_masked_too(tmp_path: Path)
     ``"env": {"GITHUB_PERSONAL_ACCESS_TOKEN": "ghp_..."}``. A server printing its environment
     must not carry that token into the worker's log any more than a ``${VAR}`` one."""
     literal = "ghp_LITERALtoken0123456789"
-    log = tmp_path / "worker-stderr.txt"
     toml = (
         '[[tools.mcp]]\nname = "leak"\ncommand = "sh"\n'
         'args = ["-c", "env >&2; exit 3"]\n'
         f'env = {{ GITHUB_PERSONAL_ACCESS_TOKEN = "{literal}", TZ = "UTC" }}\n'
     )
-    with log.open("w", encoding="utf-8") as errlog:
-        hub = McpHub(start_timeout=30, errlog=errlog)
-        try:
-            config = parse_manifest(toml, source=Path("persona.toml"))
-            box = build_declared(config.tools, hub=hub, limits=ToolLimits())
-            assert box.unavailable
-        finally:
-            hub.close()
-    text = log.read_text()
+    box, text = _through_hub(tmp_path, toml)
+    assert box.unavailable
     assert "GITHUB_PERSONAL_ACCESS_TOKEN=***" in text
     assert "TZ=UTC" in text
     assert literal not in text
@@ -197,20 +195,12 @@ def test_lines_on_stdout_that_are_not_json_rpc_are_one_masked_line_each(
         b"echo '{\"hello\": 1}'\n"
         b"printf 'caf\\351\\n'\n" + f"exec {sys.executable} {server}\n".encode()
     )
-    log = tmp_path / "worker-stderr.txt"
     toml = (
         f'[[tools.mcp]]\nname = "chatty"\ncommand = "sh"\nargs = ["{script}"]\n'
         'env = { TOKEN = "${OPENAI_API_KEY}" }\n'
     )
-    with log.open("w", encoding="utf-8") as errlog:
-        hub = McpHub(start_timeout=60, errlog=errlog)
-        try:
-            config = parse_manifest(toml, source=Path("persona.toml"))
-            box = build_declared(config.tools, hub=hub, limits=ToolLimits())
-            assert "chatty__echo" in {tool.name for tool in box.tools}
-        finally:
-            hub.close()
-    text = log.read_text()
+    box, text = _through_hub(tmp_path, toml, start_timeout=60)
+    assert "chatty__echo" in {tool.name for tool in box.tools}
     assert "[mcp sh] ignored a line on stdout that is not JSON-RPC" in text
     assert "'Starting chatty v1 key=***'" in text
     assert """'{"hello": 1}'""" in text  # JSON, but no JSON-RPC message: shown as it parsed
