@@ -86,6 +86,24 @@ def test_a_run_with_a_short_timeout_still_hears_that_no_worker_consumes(
 
 
 @pytest.mark.integration
+def test_a_run_where_beat_stopped_says_it_stopped_not_that_no_fleet_runs(
+    env: Mapping[str, str | None],
+) -> None:
+    """A beat swept under this key prefix an hour ago and stopped: the run with no worker says
+    beat stopped (and how long ago), and that its reaper sends the turn once beat runs again,
+    not that no fleet runs here, and not that a reaper takes it now."""
+    lanes = lanes_for(env)
+    lanes.client.set(lanes.keys.last_sweep, json.dumps({"at": time.time() - 3600}))
+    result = run_soulfleet("run", "ava", "hello?", "--timeout", "3", env=env, timeout=90)
+    assert result.returncode == 1, result.stderr
+    assert "no worker is consuming" in result.stderr
+    assert "beat has stopped sweeping under this key prefix (last sweep 360" in result.stderr
+    assert "once beat runs again" in result.stderr
+    assert "no fleet runs on it yet" not in result.stderr
+    assert "handed to that fleet's reaper meanwhile" not in result.stderr
+
+
+@pytest.mark.integration
 def test_run_says_when_a_try_failed_instead_of_waiting_in_silence(
     env: Mapping[str, str | None], redis_url: str, key_prefix: str, fleet_root: Path,
     tmp_path: Path,

@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from workers.cli.status_table import ago
 from workers.fleet import Fleet
 from workers.fleet.scripts import redis_errors
 
 __all__ = [
+    "BeatSeen",
+    "beat_seen",
     "beat_stale",
     "beat_summary",
     "redis_data_lost",
@@ -39,6 +42,32 @@ def beat_stale(beat: Mapping[str, Any], sweep_interval: float) -> bool:
     at = beat.get("at") or beat.get("time")
     stale = max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval)
     return isinstance(at, (int, float)) and at > 0 and time.time() - float(at) > stale
+
+
+@dataclass(frozen=True)
+class BeatSeen:
+    """What a shell can tell of beat under its Redis and key prefix: ``sweeping``, ``stopped``
+    (it swept once; ``ago`` seconds since its last sweep, when known) or ``never`` swept."""
+
+    state: Literal["sweeping", "stopped", "never"]
+    ago: float | None = None
+
+    @property
+    def last_sweep(self) -> str:
+        """`` (last sweep Ns ago)`` for a stopped beat whose last sweep is known, else ''."""
+        return f" (last sweep {self.ago:.0f}s ago)" if self.ago is not None else ""
+
+
+def beat_seen(fleet: Fleet, sweep_interval: float) -> BeatSeen:
+    """Whether beat sweeps, stopped or never swept here: what ``post`` and ``run`` tell a user
+    whose item may wait for it (a Redis error propagates: the caller decides to stay quiet)."""
+    beat = beat_summary(fleet)
+    if beat is None:
+        return BeatSeen("never")
+    if not beat_stale(beat, sweep_interval):
+        return BeatSeen("sweeping")
+    at = beat.get("at") or beat.get("time")
+    return BeatSeen("stopped", time.time() - float(at) if isinstance(at, (int, float)) else None)
 
 
 def redis_data_lost(fleet: Fleet) -> dict[str, Any] | None:

@@ -26,7 +26,6 @@ import os
 import site
 import sys
 import sysconfig
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from pathlib import Path
 import click
 import redis
 
-from workers.cli.beat_health import beat_stale, beat_summary
+from workers.cli.beat_health import beat_seen
 from workers.cli.errors import BadInputError, CliError
 from workers.cli.launch import python_path
 from workers.cli.stall import StallNotice, watched_client
@@ -517,17 +516,14 @@ class CliContext:
         SOULFLEET_KEY_PREFIX than the fleet's, or no fleet started) without a word."""
         settings = self.settings
         try:
-            beat = beat_summary(self.fleet())
+            beat = beat_seen(self.fleet(), settings.sweep_interval)
         except RedisUnavailable:
             return
-        if beat is not None and not beat_stale(beat, settings.sweep_interval):
+        if beat.state == "sweeping":
             return
-        if beat is not None:
+        if beat.state == "stopped":
             # A fleet ran here: its workers may well still serve the queue (a queued turn is
             # sent to them); what waits for beat is the rest.
-            at = beat.get("at") or beat.get("time")
-            ago = f" (last sweep {time.time() - float(at):.0f}s ago)" if isinstance(
-                at, (int, float)) else ""  # fmt: skip
             this = (
                 "the turn that takes this item runs if workers still run (`soulfleet status` "
                 "says whether any serve its queue), but"
@@ -537,7 +533,8 @@ class CliContext:
             )
             click.echo(
                 f"soulfleet: warning: beat has stopped sweeping under key prefix "
-                f"{settings.key_prefix!r} on {redact_url(settings.redis_url)}{ago}: {this} "
+                f"{settings.key_prefix!r} on {redact_url(settings.redis_url)}{beat.last_sweep}: "
+                f"{this} "
                 "heartbeats, dreams, retries and the repair of lost turns wait until it runs "
                 "again; start it (`celery -A workers beat`, or `soulfleet up`)",
                 err=True,

@@ -24,7 +24,7 @@ from typing import Any
 
 import click
 
-from workers.cli.beat_health import beat_stale, beat_summary
+from workers.cli.beat_health import beat_seen
 from workers.cli.context import CliContext, lock_mode_conflict, persona_dir
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import JSON_FAILURE_SHOWN, cli_context, personas_option
@@ -220,14 +220,21 @@ def _no_worker_hint(state: CliContext, name: str, timeout: float) -> Callable[[f
         if isinstance(turn_id, str) and turn_id:
             state.fleet().lanes.unsent([(name, turn_id)], f"no worker consumes {queue}")
         try:
-            beat = beat_summary(state.fleet())
+            beat = beat_seen(state.fleet(), settings.sweep_interval)
         except RedisUnavailable:
             beat = None
-        meanwhile = (
-            "the turn is handed to that fleet's reaper meanwhile, which sends it to its own workers"
-            if beat is not None and not beat_stale(beat, settings.sweep_interval)
-            else "no beat sweeps under this key prefix: no fleet runs on it yet"
-        )
+        if beat is not None and beat.state == "sweeping":
+            meanwhile = (
+                "the turn is handed to that fleet's reaper meanwhile, which sends it to its own "
+                "workers"
+            )
+        elif beat is not None and beat.state == "stopped":
+            meanwhile = (
+                f"beat has stopped sweeping under this key prefix{beat.last_sweep}: the turn is "
+                "handed to its reaper, which sends it to that fleet's workers once beat runs again"
+            )
+        else:
+            meanwhile = "no beat has ever swept under this key prefix: no fleet runs on it yet"
         click.echo(
             f"soulfleet: no worker is consuming {queue} on {redact_url(settings.redis_url)}: "
             f"start one (`soulfleet up`, or `celery -A workers worker -Q {queue},...`), or, if "
