@@ -105,7 +105,8 @@ class LaneRepairs(LaneStore):
                 _log.warning(
                     "turn.unsent", lane=lane, turn_id=turn_id, error=error,
                     hint="its wake-up is sent again by beat's next reaper pass "
-                    "(SOULFLEET_REAP_INTERVAL)",
+                    "(SOULFLEET_REAP_INTERVAL), if a beat sweeps under this key prefix "
+                    "(`soulfleet status` shows its last sweep)",
                 )  # fmt: skip
         return marked
 
