@@ -754,6 +754,37 @@ def test_a_poison_item_dies_alone_so_drop_kept_spares_what_was_posted_since(
     assert [i.id for i in last.items] == [later.id]
 
 
+def test_drop_kept_of_a_heartbeat_a_post_joined_runs_the_heartbeat_as_a_heartbeat(
+    lanes: Lanes,
+) -> None:
+    """A post joined a heartbeat's turn (a conversation then: its model and budget rules) and
+    the turn died on the post; `--drop-kept` drops the post, and the turn left answers the
+    heartbeat's ticks under the heartbeat's kind, not the conversation's."""
+    lanes.tick("ava", kind="heartbeat")
+    poison = item("POISON")
+    lanes.post("ava", poison, wake=False)
+    turn = lanes.status("ava")["turn_id"]
+    started = lanes.start("ava", turn, "w")
+    assert (started.kind, started.ticks, [i.id for i in started.items]) == (
+        "interactive", 1, [poison.id])  # fmt: skip
+    lanes.fail("ava", started.fence, error="HTTP 400", kind="permanent")
+    revived = lanes.revive("ava", drop_kept=True)
+    assert (revived.outcome, revived.turn_kind, revived.dropped) == ("queued", "heartbeat", 1)
+    assert revived.turn_id is not None
+    again = lanes.start("ava", revived.turn_id, "w")
+    assert (again.kind, again.ticks, again.items) == ("heartbeat", 1, [])
+
+
+def test_a_plain_revive_of_that_turn_keeps_it_a_conversation(lanes: Lanes) -> None:
+    """Without `--drop-kept` the post still runs with the ticks: the conversation's kind."""
+    lanes.tick("ava", kind="heartbeat")
+    lanes.post("ava", item("hello"), wake=False)
+    started = lanes.start("ava", lanes.status("ava")["turn_id"], "w")
+    lanes.fail("ava", started.fence, error="HTTP 400", kind="permanent")
+    revived = lanes.revive("ava")
+    assert (revived.outcome, revived.turn_kind) == ("queued", "interactive")
+
+
 def test_revive_of_a_live_lane_changes_nothing(
     lanes: Lanes, redis_client: redis.Redis, key_prefix: str
 ) -> None:

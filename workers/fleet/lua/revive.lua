@@ -9,7 +9,8 @@
 --       lane's state has lost (`revive --all`'s repair: no retry run early, no dead lane
 --       revived: those are the operator's own asks)
 -- Reply {"queued", turn id, kind, items dropped}: the lane was dead and now has a queued turn
---       (same kind as the turn that died); its in-flight items (the ones the dead turn held)
+--       (same kind as the turn that died, or heartbeat when ARGV[4] dropped the items of a
+--       heartbeat's turn a post had joined); its in-flight items (the ones the dead turn held)
 --       are kept and run first, unless ARGV[4] drops them: a message the provider refuses for
 --       good (a 400 on its content) would dead-letter the lane again at every revive. The
 --       inbox (posted since) is kept either way.
@@ -63,21 +64,34 @@ local function drop_kept()
   redis.call('HINCRBY', lane, 'commits', 1)
   return dropped
 end
+-- The kind of the turn that runs what is left: items and ticks made a heartbeat's turn a
+-- conversation (start.lua); with the items dropped, what is left is the heartbeat again, run
+-- under its own model and budget rules, not the conversation's.
+local function kind_left(dropped)
+  local kind = f[2] or 'interactive'
+  if dropped > 0 and kind == 'interactive'
+      and tonumber(redis.call('HGET', lane, 'inflight_ticks') or '0') > 0 then
+    kind = 'heartbeat'
+    redis.call('HSET', lane, 'kind', kind)
+  end
+  return kind
+end
 if state == 'retry' and f[3] and KEYS[8] then
   -- The operator's "try now" (the provider is back before its Retry-After said): what
   -- release.lua does when the backoff is over, early.
   local dropped = drop_kept()
+  local kind = kind_left(dropped)
   redis.call('ZREM', KEYS[8], ARGV[1])
   redis.call('HDEL', lane, 'retry_at', 'provider')
   redis.call('HSET', lane, 'state', 'queued', 'queued_at', ARGV[2])
   redis.call('ZADD', queued, ARGV[2], ARGV[1])
-  return {'retried', f[3], f[2] or 'interactive', dropped}
+  return {'retried', f[3], kind, dropped}
 end
 if state ~= 'dead' then
   return {'not_dead', state}
 end
-local kind = f[2] or 'interactive'
 local dropped = drop_kept()
+local kind = kind_left(dropped)
 redis.call('HDEL', lane, 'failing_since', 'failures', 'retry_at', 'provider')
 redis.call('HSET', lane, 'state', 'queued', 'attempts', 0, 'lost', 0, 'turn_id', ARGV[3],
            'kind', kind, 'queued_at', ARGV[2])
