@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from tests.cli.conftest import Invoke
 from tests.support.rig import turn_engine
+from workers.persona.session import COMPACTION_FAILED, SessionState
 from workers.persona.session_files import current_session
 
 
@@ -90,3 +92,33 @@ def test_show_and_status_say_which_edited_files_the_session_goes_on_without(
     assert invoke("session", "reset", "milo").exit_code == 0
     assert json.loads(invoke("session", "show", "milo", "--json").stdout)["edited"] == []
     assert "froze its soul" not in invoke("status", "milo").stdout
+
+
+def test_show_says_when_the_last_compaction_failed(
+    invoke: Invoke, fleet_root: Path, redis_url: str, key_prefix: str
+) -> None:
+    """A session whose last summary call failed (kept in its state until one succeeds) is
+    shown so: when, why, and that its history grows past the budget meanwhile; `--json`
+    carries it as ``compaction_failed``."""
+    with turn_engine(redis_url, key_prefix, fleet_root, {}, gate_limit=1) as engine:
+        fleet, executor, published = engine
+        fleet.post("milo", "hello", wake=True)
+        lane, turn_id, _ = published.sent.pop()
+        assert executor.execute(lane, turn_id).outcome == "done"
+        name = fleet.lanes.session_pointer("milo").state
+    assert name is not None
+    assert json.loads(invoke("session", "show", "milo", "--json").stdout)[
+        "compaction_failed"] is None  # fmt: skip
+    assert "compaction:" not in invoke("session", "show", "milo").stdout
+    path = fleet_root / "milo" / "sessions" / "milo" / name
+    state = SessionState.from_json(path.read_bytes())
+    failed = {"at": 1_700_000_000.0, "error": "ModelServerError: HTTP 503"}
+    path.write_bytes(replace(state, extra={COMPACTION_FAILED: failed}).to_json())
+    assert json.loads(invoke("session", "show", "milo", "--json").stdout)[
+        "compaction_failed"] == failed  # fmt: skip
+    shown = invoke("session", "show", "milo").stdout
+    assert (
+        "compaction:    LAST ONE FAILED at 2023-11-14 22:13:20 UTC: ModelServerError: HTTP 503"
+        in shown
+    )
+    assert "the session grows past session.max_tokens" in shown

@@ -760,10 +760,10 @@ def test_drop_kept_of_a_heartbeat_a_post_joined_runs_the_heartbeat_as_a_heartbea
     """A post joined a heartbeat's turn (a conversation then: its model and budget rules) and
     the turn died on the post; `--drop-kept` drops the post, and the turn left answers the
     heartbeat's ticks under the heartbeat's kind, not the conversation's."""
-    lanes.tick("ava", kind="heartbeat")
+    turn = lanes.tick("ava", kind="heartbeat").turn_id
+    assert turn is not None
     poison = item("POISON")
     lanes.post("ava", poison, wake=False)
-    turn = lanes.status("ava")["turn_id"]
     started = lanes.start("ava", turn, "w")
     assert (started.kind, started.ticks, [i.id for i in started.items]) == (
         "interactive", 1, [poison.id])  # fmt: skip
@@ -777,9 +777,10 @@ def test_drop_kept_of_a_heartbeat_a_post_joined_runs_the_heartbeat_as_a_heartbea
 
 def test_a_plain_revive_of_that_turn_keeps_it_a_conversation(lanes: Lanes) -> None:
     """Without `--drop-kept` the post still runs with the ticks: the conversation's kind."""
-    lanes.tick("ava", kind="heartbeat")
+    turn = lanes.tick("ava", kind="heartbeat").turn_id
+    assert turn is not None
     lanes.post("ava", item("hello"), wake=False)
-    started = lanes.start("ava", lanes.status("ava")["turn_id"], "w")
+    started = lanes.start("ava", turn, "w")
     lanes.fail("ava", started.fence, error="HTTP 400", kind="permanent")
     revived = lanes.revive("ava")
     assert (revived.outcome, revived.turn_kind) == ("queued", "interactive")

@@ -18,7 +18,7 @@ from workers.persona.clock import VirtualClock
 from workers.persona.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from workers.persona.driver import start_agent
 from workers.persona.errors import ModelServerError, PersonaConfigError
-from workers.persona.loop import Budget
+from workers.persona.loop import Budget, RunResult
 from workers.persona.manifest import load_manifest
 from workers.persona.messages import Completion, Usage
 from workers.persona.runner import run
@@ -298,6 +298,61 @@ def test_an_empty_summary_loses_no_history_and_is_charged(home: Path) -> None:
     assert state.compactions == 0
     assert not any(m.content.startswith(SUMMARY_PREFIX) for m in state.messages)
     assert run(home, "what is my name?", model, session=True).text == "Zed"
+
+
+def test_a_failed_summary_is_kept_in_the_session_until_one_succeeds(home: Path) -> None:
+    """A summary call the provider refuses leaves the history whole and the turn goes on (no
+    model call counted for it); the session's state keeps when and why, what `session show`
+    tells, and the failure the next one replaces (an empty answer says it came back empty)
+    is gone once a summary succeeds."""
+    (home / "persona.toml").write_text(
+        "[session]\nmax_tokens = 400\nkeep_tail = 100\n", encoding="utf-8"
+    )
+    summaries: list[Completion | Exception] = [
+        ModelServerError("HTTP 503 from the summary call"),
+        Completion(text="", usage=Usage(10, 0), stop_reason="stop"),
+        Completion(text="Zed chatted.", usage=Usage(10, 5)),
+    ]
+
+    def answer(seen: Call) -> Completion:
+        if seen.system == SUMMARY_INSTRUCTIONS:
+            outcome = summaries.pop(0) if len(summaries) > 1 else summaries[0]
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+        return recall(seen)
+
+    model = ReplayModel(answer)
+    asked = 0
+
+    def until_a_summary_is_asked(n: int) -> RunResult:
+        nonlocal asked
+        for _ in range(10):
+            result = run(home, f"message {n} " + "blah " * 80, model, session=True)
+            if sum(c.system == SUMMARY_INSTRUCTIONS for c in model.calls) > asked:
+                asked += 1
+                return result
+        raise AssertionError("no summary asked in 10 turns")
+
+    run(home, "my name is Zed " + "blah " * 80, model, session=True)
+    failed = until_a_summary_is_asked(1)
+    assert failed.status == "done"
+    assert failed.model_calls == 1  # the call that raised is not counted
+    state = current_session(home, "ava")
+    assert state is not None
+    assert state.compactions == 0
+    first = state.summary()["compaction_failed"]
+    assert first["error"] == "ModelServerError: HTTP 503 from the summary call"
+    assert first["at"] > 0
+    until_a_summary_is_asked(2)
+    state = current_session(home, "ava")
+    assert state is not None
+    assert state.summary()["compaction_failed"]["error"] == "the summary came back empty"
+    until_a_summary_is_asked(3)
+    state = current_session(home, "ava")
+    assert state is not None
+    assert state.compactions == 1
+    assert state.summary()["compaction_failed"] is None
 
 
 @pytest.mark.parametrize(

@@ -46,9 +46,22 @@ def _lines(report: dict[str, Any]) -> list[str]:
         f"  messages:      {report['messages']}",
         f"  est. tokens:   {report['estimated_tokens']}",
         f"  compactions:   {report['compactions']}",
+        *(f"  compaction:    {line}" for line in [_failed_line(report)] if line),
         f"  soul:          {report.get('soul_bytes', 0)} bytes, frozen at session start",
         *(f"  edited:        {note}" for note in [edited_note(report)] if note),
     ]
+
+
+def _failed_line(report: dict[str, Any]) -> str | None:
+    failed = report.get("compaction_failed")
+    if not isinstance(failed, dict):
+        return None
+    error = " ".join(str(failed.get("error") or "?").split())[:300]
+    return (
+        f"LAST ONE FAILED at {_when(failed.get('at'))}: {error}; the history is kept whole (the "
+        "session grows past session.max_tokens) and the next turn over it tries again: check "
+        "the model's summary answers (`soulfleet session reset` starts over)"
+    )
 
 
 def edited_note(report: dict[str, Any]) -> str | None:

@@ -99,6 +99,7 @@ class FleetReports:
                 "messages": 0,
                 "estimated_tokens": 0,
                 "compactions": 0,
+                "compaction_failed": None,
                 "ends": None,
                 "edited": [],
             }

@@ -116,6 +116,16 @@ class Compaction:
     #: The summary was an earlier attempt's, kept for it (:mod:`workers.persona.summary_cache`):
     #: no model call was made, ``usage`` is zero.
     reused: bool = False
+    #: Why the summary gave nothing to keep (``applied`` False): the model's error, or an
+    #: empty answer. Kept in the session's state, so `soulfleet session show` says it.
+    failed: str = ""
+    #: The summary call raised (``failed`` says how): the turn counts no model call for it.
+    raised: bool = False
+
+    @property
+    def charged(self) -> bool:
+        """Whether the turn's budget and usage count this compaction's model call."""
+        return not (self.reused or self.raised)
 
 
 class Summaries(Protocol):
@@ -196,8 +206,9 @@ def compact(
 ) -> Compaction | None:
     """Compact ``history`` if ``system + history + incoming`` is over ``config.max_tokens``.
 
-    None means "leave the history as it is": at or below the threshold, nothing to summarize,
-    or the summary call failed (logged; the turn goes on uncompacted rather than failing).
+    None means "leave the history as it is": at or below the threshold, or nothing to
+    summarize. A summary call that failed (logged; the turn goes on uncompacted rather than
+    failing) gives a Compaction that is not ``applied``, with ``failed`` saying why.
     With ``summaries``, a summary of exactly this older part kept by an earlier attempt is
     reused without a model call, and one paid for now is kept there.
     """
@@ -267,8 +278,13 @@ def _summarize(
         with waiting():
             completion = model.complete(system=SUMMARY_INSTRUCTIONS, messages=[request], tools=[])
     except ModelError as exc:
-        _log.warning("session.compaction_failed", error=f"{type(exc).__name__}: {exc}")
-        return None
+        error = f"{type(exc).__name__}: {exc}"
+        _log.warning("session.compaction_failed", error=error)
+        stay = (*part.older, *part.tail)
+        return Compaction(
+            stay, Usage(), 0, len(stay), part.before, part.before, applied=False, failed=error,
+            raised=True,
+        )  # fmt: skip
     text = completion.text.strip()
     if not text:
         _log.warning(
@@ -279,9 +295,14 @@ def _summarize(
             hint="the history is kept whole; the next turn over budget tries again",
         )
         stay = (*part.older, *part.tail)
+        why = "the summary came back empty" + (
+            f" (the model asked for {len(completion.tool_calls)} tool call(s) instead)"
+            if completion.tool_calls else ""
+        )  # fmt: skip
         return Compaction(
-            stay, completion.usage, 0, len(stay), part.before, part.before, applied=False
-        )
+            stay, completion.usage, 0, len(stay), part.before, part.before, applied=False,
+            failed=why,
+        )  # fmt: skip
     if completion.stop_reason in _CUT_OFF:
         _log.warning(
             "session.summary_cut_off",

@@ -32,6 +32,7 @@ from zoneinfo import ZoneInfo
 from workers.persona.messages import Message
 
 __all__ = [
+    "COMPACTION_FAILED",
     "DEFAULT_IDLE_RESET",
     "DEFAULT_MAX_TOKENS",
     "Dialect",
@@ -130,6 +131,11 @@ def next_session_id(previous: str) -> str:
     return hashlib.sha256(f"{previous}:next".encode()).hexdigest()[:32]
 
 
+#: The key of a state's ``extra`` that keeps its last failed compaction (``at``, ``error``)
+#: until one succeeds.
+COMPACTION_FAILED = "compaction_failed"
+
+
 @dataclass(frozen=True)
 class SessionState:
     """One committed session: frozen soul, committed history, and counters."""
@@ -170,6 +176,7 @@ class SessionState:
             "compactions": self.compactions,
             "soul_bytes": len(self.soul.encode("utf-8")),
             "sections": list(self.sections),
+            "compaction_failed": self.extra.get(COMPACTION_FAILED),
         }
 
     def to_json(self) -> bytes:

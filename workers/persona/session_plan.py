@@ -42,6 +42,7 @@ from workers.persona.messages import Message
 from workers.persona.models import Model
 from workers.persona.models.spec import provider_of
 from workers.persona.session import (
+    COMPACTION_FAILED,
     Dialect,
     Pointer,
     SessionConfig,
@@ -94,7 +95,7 @@ class SessionPlan:
     def left_of(self, budget: Budget) -> Budget:
         """What ``budget`` leaves the turn's own loop once this plan's compaction (a model call
         made before the loop) is counted: one call fewer, its tokens fewer."""
-        if self.compaction is None or self.compaction.reused:
+        if self.compaction is None or not self.compaction.charged:
             return budget
         return replace(
             budget,
@@ -104,7 +105,7 @@ class SessionPlan:
 
     def charge(self, result: RunResult) -> RunResult:
         """``result`` with the compaction's model call counted in its usage and calls."""
-        if self.compaction is None or self.compaction.reused:
+        if self.compaction is None or not self.compaction.charged:
             return result
         return replace(
             result,
@@ -121,9 +122,11 @@ class SessionPlan:
             if self.compacted:
                 # The summary was paid for: keep it (the beat's own exchange still goes, and
                 # the session's last turn stays the last one that said something).
-                return replace(
+                return self._noted(replace(
                     self.base, messages=self.history, compactions=self.base.compactions + 1
-                )
+                ))  # fmt: skip
+            if self.compaction is not None and self.compaction.failed:
+                return self._noted(self.base)  # the beat leaves no exchange, but the failure
             return None
         if self.new or self.base is None:
             state = SessionState(
@@ -141,7 +144,18 @@ class SessionPlan:
             return state
         if self.compacted:
             state = replace(state, compactions=state.compactions + 1)
-        return state.appended(messages, now=now, history=self.history)
+        return self._noted(state.appended(messages, now=now, history=self.history))
+
+    def _noted(self, state: SessionState) -> SessionState:
+        """``state`` saying how this turn's compaction went: a failure is kept (its time and
+        why) until a compaction succeeds, so `session show` tells a session that grows past
+        its budget because its summaries fail (they were in the worker's log only)."""
+        if self.compaction is None:
+            return state
+        extra = {k: v for k, v in state.extra.items() if k != COMPACTION_FAILED}
+        if self.compaction.failed:
+            extra[COMPACTION_FAILED] = {"at": self.planned_at, "error": self.compaction.failed}
+        return replace(state, extra=extra)
 
 
 def within_turn(config: SessionConfig, turn_tokens: int | None) -> SessionConfig:
