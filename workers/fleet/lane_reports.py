@@ -94,11 +94,42 @@ class LaneReports(LaneStore):
                     pipe.sismember(self.keys.breakers, provider)
             replies = iter(pipe.execute())
         lost = []
-        for lane, state, _ in checked:
+        for lane, state, provider in checked:
             indexed = next(replies) is not None
             if state == "deferred":
                 indexed = bool(next(replies)) and indexed
             if not indexed:
+                lost.append((lane, provider))
+        return self._still_unindexed(lost) if lost else []
+
+    def _still_unindexed(self, lanes: Sequence[tuple[str, str]]) -> list[str]:
+        """Of ``lanes`` found missing from their index, those still missing when their state
+        and every index it could be kept in are read again side by side: a turn that started
+        or ended between the caller's read of a lane and the check above moved it to another
+        index, and a healthy lane was named LOST (an operator paged for nothing). A plain
+        pipeline, not MULTI: a full Redis refuses reads queued in MULTI, when status is most
+        needed; its few commands run back to back, with no script between them."""
+        indexes = {"queued": 0, "running": 1, "retry": 2}
+        with redis_errors(self.client):
+            pipe = self.client.pipeline(transaction=False)
+            for lane, provider in lanes:
+                pipe.hmget(self.keys.lane(lane), ["state", "provider"])
+                pipe.zscore(self.keys.queued, lane)
+                pipe.zscore(self.keys.running, lane)
+                pipe.zscore(self.keys.retry, lane)
+                pipe.zscore(self.keys.deferred(provider or "-"), lane)
+                pipe.sismember(self.keys.breakers, provider or "-")
+            replies = pipe.execute()
+        lost = []
+        for n, (lane, provider) in enumerate(lanes):
+            (state, now_provider), *scores, deferred, listed = replies[n * 6 : n * 6 + 6]
+            if state in indexes:
+                missing = scores[indexes[state]] is None
+            elif state == "deferred" and provider and now_provider == provider:
+                missing = deferred is None or not listed
+            else:
+                missing = False  # idle, dead, or deferred under another provider meanwhile
+            if missing:
                 lost.append(lane)
         return lost
 
