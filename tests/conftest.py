@@ -67,3 +67,20 @@ def processes() -> Iterator[list[FleetProcess]]:
         yield started
     finally:
         stop_all(started)
+
+
+@pytest.fixture(autouse=True)
+def _structlog_left_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that configures structlog in this process (a worker's init, the CLI's quiet
+    logging) must put it back: a later test's capture_logs then saw none of its info events
+    (the filter left at INFO... or WARNING), a failure far from its cause."""
+    before = structlog.get_config()
+    yield
+    after = structlog.get_config()
+    if after != before:
+        structlog.configure(**before)
+        pytest.fail(
+            f"{request.node.nodeid} left structlog configured differently "
+            f"({before.get('wrapper_class')} -> {after.get('wrapper_class')}): restore it",
+            pytrace=False,
+        )

@@ -266,6 +266,9 @@ def test_a_filesystem_without_hard_links_is_refused_at_worker_start(
     shared = dataclasses.replace(workers.celery.settings, lock_mode="shared", personas=tmp_path)
     monkeypatch.setattr(workers.celery, "settings", shared)
     monkeypatch.setattr(workers.celery, "refuse_to_start_on_eviction", lambda *_: None)
+    # A worker configures logging for its process (cached loggers, INFO and up): done in the
+    # test process, it left later tests' capture_logs blind to info events.
+    monkeypatch.setattr(workers.celery, "configure_logging", lambda *_, **__: None)
     with pytest.raises(SystemExit) as exited:
         workers.celery._worker_init()
     assert exited.value.code == 78
