@@ -30,6 +30,8 @@ BLANK = [
     "<!-- write what to check here -->\n",
     "<!--\n  a comment\n  over lines\n-->\n# Heartbeat checklist\n\n## Today\n- \n* [ ]\n1.\n",
     "Title\n=====\n\n<!-- unclosed comment runs to the end\nwater the plants\n",
+    "\ufeff\n   \n",  # a byte-order mark (an editor's) and white space
+    "\ufeff<!-- write what to check here -->\n",
 ]
 ACTIONABLE = [
     "Check the inbox.\n",

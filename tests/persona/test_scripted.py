@@ -107,6 +107,17 @@ def test_heartbeat_ok_unless_heartbeat_md_says_something_is_due() -> None:
     assert ask(model, [user(HEARTBEAT_PROMPT)]).text == "HEARTBEAT_OK"
 
 
+def test_a_due_line_someone_commented_out_is_not_due() -> None:
+    """Section tests read the section without its HTML comments (notes to the people who edit
+    the file, as a blank HEARTBEAT.md counts them): the built-in script surfaced a commented-out
+    ``due:`` line at every beat; the one left in the open still surfaces."""
+    model = ScriptedModel.builtin()
+    commented = "## HEARTBEAT.md\n\n<!--\n- due: commented out\n-->\n- look around"
+    assert ask(model, [user(HEARTBEAT_PROMPT)], system=commented).text == HEARTBEAT_OK
+    both = "## HEARTBEAT.md\n\n<!-- due: old -->\n- due: water the plants"
+    assert ask(model, [user(HEARTBEAT_PROMPT)], system=both).text == "Reminder: water the plants"
+
+
 # --- matching ------------------------------------------------------------------------------------
 
 

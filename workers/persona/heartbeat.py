@@ -8,7 +8,9 @@ has still chosen silence, and surfacing it would turn a heartbeat into a cron jo
 
 from __future__ import annotations
 
-__all__ = ["HEARTBEAT_OK", "HEARTBEAT_PROMPT", "is_silent"]
+import re
+
+__all__ = ["HEARTBEAT_OK", "HEARTBEAT_PROMPT", "is_silent", "without_comments"]
 
 HEARTBEAT_OK = "HEARTBEAT_OK"
 
@@ -21,3 +23,14 @@ HEARTBEAT_PROMPT = (
 def is_silent(reply: str) -> bool:
     """True when ``reply`` contains :data:`HEARTBEAT_OK` (case-sensitive, anywhere)."""
     return HEARTBEAT_OK in reply
+
+
+# An unclosed comment runs to the end, as a Markdown renderer shows it.
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
+
+
+def without_comments(text: str) -> str:
+    """``text`` (a persona file) without its HTML comments and byte-order mark: notes to the
+    people who edit it, not asks. A blank HEARTBEAT.md is judged on this, and the scripted
+    model's section tests read it, so a ``due:`` line someone commented out is not due."""
+    return _COMMENT.sub("\n", text.replace("\ufeff", ""))

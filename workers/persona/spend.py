@@ -26,6 +26,7 @@ from zoneinfo import ZoneInfo
 
 from workers.persona.errors import PersonaError
 from workers.persona.files import read_inside
+from workers.persona.heartbeat import without_comments
 from workers.persona.home import MAX_FILE_BYTES
 from workers.persona.summary_cache import SUMMARY_NAME
 
@@ -59,7 +60,6 @@ ON_EXCEED: tuple[OnExceed, ...] = ("skip_background", "stop")
 #: Turns nobody is waiting for: the ones a budget skips first.
 BACKGROUND_KINDS = frozenset({"heartbeat", "dream"})
 
-_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 _HEADING = re.compile(r"#{1,6}(?:\s.*)?")
 _SETEXT = re.compile(r"=+|-+")
 _EMPTY_ITEM = re.compile(r"(?:[-*+]|\d+[.)])(?:\s+\[[ xX]?\])?")
@@ -87,7 +87,7 @@ def heartbeat_blank(text: str) -> bool:
     """True when ``text`` asks for nothing: only white space, HTML comments (an unclosed one
     runs to the end), headings (``#`` lines, setext underlines) or empty list items
     (``-``, ``*``, ``1.``, ``- [ ]``)."""
-    lines = [line.strip() for line in _COMMENT.sub("\n", text).splitlines()]
+    lines = [line.strip() for line in without_comments(text).splitlines()]
     for index, line in enumerate(lines):
         if not line:
             continue

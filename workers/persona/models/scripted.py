@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 
 from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import TurnTimeUp
-from workers.persona.heartbeat import HEARTBEAT_PROMPT
+from workers.persona.heartbeat import HEARTBEAT_PROMPT, without_comments
 from workers.persona.messages import Completion, Message, ToolCall, ToolSpec, Usage
 from workers.persona.models.rules import (
     PLACEHOLDER,
@@ -116,7 +116,7 @@ def _matches(rule: Rule, turn: _Turn) -> dict[str, str] | None:
         section = turn.sections.get(rule.section)
         if section is None:
             return None
-        body = section
+        body = without_comments(section)
         if not _text_holds(rule.section_contains, rule.section_regex, body, found):
             return None
     if not _text_holds(rule.user_contains, rule.user_regex, turn.user, found):
