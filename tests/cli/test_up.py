@@ -31,6 +31,7 @@ from tests.support.cli import (
 from tests.support.fleet import wait_until
 from tests.support.tmpfs import fill, tmpfs
 from workers.cli.up import RESTARTS
+from workers.local.datadir import lock_personas_root
 from workers.local.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -410,3 +411,48 @@ def test_up_on_its_own_redis_rides_out_a_redis_restart(tmp_path: Path) -> None:
             assert running.process.wait(timeout=DEADLINE) == 0, running.text()
     finally:
         server.stop()
+
+
+def test_a_second_up_on_the_same_personas_root_is_refused(tmp_path: Path) -> None:
+    """Another `up` (from another data folder, on its own Redis) serving the same personas root
+    would beat every persona again and overwrite its sessions: while one holds the root (an
+    flock on the directory, held here as a running `up` holds it), a second is refused, names
+    the root, and starts nothing; once it is let go, `up` gets past that check."""
+    root = tmp_path / "root"
+    (root / "ava").mkdir(parents=True)
+    held = lock_personas_root(root)
+    try:
+        result = run_soulfleet("up", "--data", str(tmp_path / "data"), "--personas", str(root),
+                               env=subprocess_env(_clean_env(tmp_path / "xdg")))  # fmt: skip
+        assert result.returncode == 1, result.stderr
+        assert f"another soulfleet up serves the personas root {root}" in result.stderr
+        assert not (tmp_path / "data" / "redis" / "redis.log").exists()
+        assert not (tmp_path / "data" / "up.json").exists()
+    finally:
+        held.release()
+    again = lock_personas_root(root)  # `up`'s refusal left no lock behind
+    again.release()
+
+
+def test_up_refuses_one_personas_directory_as_its_root(tmp_path: Path) -> None:
+    """`--personas` naming one persona's own directory would schedule its sessions/,
+    transcripts/ and memory/ as personas: refused, naming the folder to pass instead."""
+    persona = tmp_path / "root" / "bob"
+    persona.mkdir(parents=True)
+    (persona / "SOUL.md").write_text("I am Bob.\n", encoding="utf-8")
+    result = run_soulfleet("up", "--data", str(tmp_path / "data"), "--personas", str(persona),
+                           env=subprocess_env(_clean_env(tmp_path / "xdg")))  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "looks like one persona's directory" in result.stderr
+    assert f"--personas {tmp_path / 'root'}" in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_empty_directory_options_are_refused_not_taken_for_here(tmp_path: Path) -> None:
+    """`--data "$UNSET"` wrote up's Redis, logs and personas into the current directory, and
+    `--personas "$UNSET"` served every folder in it: an empty value is a usage error."""
+    env = subprocess_env(_clean_env(tmp_path / "xdg"))
+    for args in (["up", "--data", ""], ["up", "--personas", " "], ["status", "--personas", ""]):
+        result = run_soulfleet(*args, env=env)
+        assert result.returncode == 2, (args, result.stderr)
+        assert "is empty (an unset shell variable?)" in result.stderr

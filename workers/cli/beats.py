@@ -18,7 +18,7 @@ from types import FrameType
 import click
 
 from workers.cli.errors import BadInputError
-from workers.cli.group import cli_context
+from workers.cli.group import DirectoryPath, cli_context
 from workers.fleet.beats import Beat, Beats
 
 __all__ = ["beats", "format_beat"]
@@ -64,7 +64,7 @@ def _stop_on_sigint_and_sigterm() -> None:
     help="How many recent beats to print first.",
 )  # fmt: skip
 # Accepted only to refuse it with the reason (the feed is fleet-wide), so not in --help.
-@click.option("--personas", type=click.Path(file_okay=False, path_type=Path), hidden=True)
+@click.option("--personas", type=DirectoryPath(), hidden=True)
 @click.pass_context
 def beats(
     ctx: click.Context, follow: bool, as_json: bool, count: int, personas: Path | None

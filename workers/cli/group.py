@@ -28,6 +28,7 @@ from workers.settings import redact_url
 
 __all__ = [
     "JSON_FAILURE_SHOWN",
+    "DirectoryPath",
     "SoulfleetGroup",
     "calls_the_model",
     "cli_context",
@@ -183,11 +184,25 @@ def cli_context(ctx: click.Context, personas: Path | None = None) -> CliContext:
     return state
 
 
+class DirectoryPath(click.Path):
+    """A directory option's value, refused when empty: ``Path("")`` is the current directory,
+    so ``--personas "$UNSET"`` made every folder here a persona and ``up --data "$UNSET"``
+    wrote its Redis, logs and personas into it."""
+
+    def __init__(self) -> None:
+        super().__init__(file_okay=False, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not value.strip():
+            self.fail("is empty (an unset shell variable?): name a directory", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 def personas_option(func: F) -> F:
     """``--personas DIR``: the personas root (overrides SOULFLEET_PERSONAS and `up`'s)."""
     option = click.option(
         "--personas",
-        type=click.Path(file_okay=False, path_type=Path),
+        type=DirectoryPath(),
         default=None,
         help="Personas root (default: SOULFLEET_PERSONAS, else the running `up`'s).",
     )

@@ -35,6 +35,7 @@ import redis
 
 from workers.cli.console import Console, StopRequest
 from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
+from workers.cli.group import DirectoryPath
 from workers.cli.health import fixed_since, invalid_personas
 from workers.cli.launch import (
     PersonasChoice,
@@ -54,7 +55,15 @@ from workers.fleet.beats import Beat
 from workers.fleet.errors import EvictingRedis, RedisUnavailable
 from workers.fleet.eviction import check_eviction_policy
 from workers.fleet.persistence import warn_if_not_persistent
-from workers.local.datadir import AlreadyRunningError, DataDir, UpLock, UpState, default_data_dir
+from workers.local.datadir import (
+    AlreadyRunningError,
+    DataDir,
+    RootInUseError,
+    UpLock,
+    UpState,
+    default_data_dir,
+    lock_personas_root,
+)
 from workers.local.demo import WELCOME_PERSONA, welcome_text
 from workers.local.redis_server import RedisServer, RedisServerError, free_port
 from workers.local.supervisor import Child, Supervisor
@@ -78,7 +87,7 @@ _TICK = 0.25
 @click.command()
 @click.option(
     "--personas",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=DirectoryPath(),
     default=None,
     help="Personas root (default: SOULFLEET_PERSONAS, else the demo personas).",
 )
@@ -93,7 +102,7 @@ _TICK = 0.25
 @click.option("--flower", is_flag=True, help="Also run Flower on 127.0.0.1.")
 @click.option(
     "--data",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=DirectoryPath(),
     default=None,
     help="Data directory (default: $SOULFLEET_DATA, else $XDG_DATA_HOME/soulfleet, else "
     "~/.local/share/soulfleet). Other commands find this `up` through the same default: "
@@ -104,19 +113,33 @@ def up(personas: Path | None, worker_count: int, flower: bool, data: Path | None
     given = given_personas(personas, os.environ)
     if given is not None and not given.is_dir():  # before the data directory is made
         raise BadInputError(missing_root(given))
+    if given is not None and any((given / name).is_file() for name in ("persona.toml", "SOUL.md")):
+        # Its sessions/, transcripts/ and memory/ would each be scheduled as a persona.
+        raise BadInputError(
+            f"{given} looks like one persona's directory (it holds persona.toml or SOUL.md), "
+            f"not a personas root: pass the folder that holds it (--personas {given.parent})"
+        )
     data_dir = DataDir((data or default_data_dir()).expanduser().resolve())
     try:
         lock = data_dir.lock()
     except AlreadyRunningError as exc:
         raise CliError(str(exc)) from None
+    try:
+        # The demo root lives in the data directory, which the lock above already holds.
+        root_lock = lock_personas_root(given.resolve()) if given is not None else UpLock(-1)
+    except RootInUseError as exc:
+        lock.release()
+        raise CliError(str(exc)) from None
     stop = StopRequest()
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, stop.handle) for sig in handled}
     try:
-        code = _Up(data_dir, personas, worker_count, flower, stop=stop, lock=lock).run()
+        code = _Up(data_dir, personas, worker_count, flower, stop=stop,
+                   locks=(lock, root_lock)).run()  # fmt: skip
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        root_lock.release()
         lock.release()
     if code:
         raise click.exceptions.Exit(code)
@@ -126,13 +149,14 @@ class _Up:
     """One `up` run: what it started, so whatever happens, it is all stopped in order."""
 
     def __init__(self, data: DataDir, personas: Path | None, workers: int, flower: bool, *,
-                 stop: StopRequest, lock: UpLock) -> None:  # fmt: skip
+                 stop: StopRequest, locks: tuple[UpLock, UpLock]) -> None:  # fmt: skip
         self.data, self.personas_option, self.workers, self.flower = data, personas, workers, flower
         self.stop = stop
-        self.lock = lock
+        # Every child inherits the locks: a survivor keeps a second `up` off this folder (and
+        # off the personas root it serves).
+        self.lock_fds = tuple(held.fd for held in locks if held.is_locked)
         self.redis: RedisServer | None = None
-        # Every child inherits the lock: a survivor keeps a second `up` off this folder.
-        self.supervisor = Supervisor(keep_fds=(lock.fd,))
+        self.supervisor = Supervisor(keep_fds=self.lock_fds)
         self.fleet: Fleet | None = None
         self.publisher: CeleryPublisher | None = None
         self.console = Console(on_closed=stop.output_closed)
@@ -237,7 +261,7 @@ class _Up:
             self.redis = RedisServer(
                 self.data.redis,
                 persistent=True,
-                keep_fds=(self.lock.fd,),
+                keep_fds=self.lock_fds,
                 parent_death_signal=signal.SIGTERM,  # flush the AOF, then exit
                 # Any local user could reach a loopback port: read every inbox, post items
                 # marked trusted. A new password each run; other commands read redis.url.

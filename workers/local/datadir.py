@@ -40,10 +40,12 @@ from workers.persona.writes import atomic_write_text
 __all__ = [
     "AlreadyRunningError",
     "DataDir",
+    "RootInUseError",
     "UpLock",
     "UpState",
     "default_data_dir",
     "lock_holders",
+    "lock_personas_root",
     "pid_alive",
 ]
 
@@ -145,6 +147,42 @@ class AlreadyRunningError(RuntimeError):
         super().__init__(message)
         self.data = data
         self.state = state
+
+
+class RootInUseError(RuntimeError):
+    """Another ``soulfleet up`` serves this personas root (from another data directory)."""
+
+    def __init__(self, root: Path, holders: list[int]) -> None:
+        who = f" (pids {' '.join(str(pid) for pid in holders[:8])}: that up and its children)"
+        super().__init__(
+            f"another soulfleet up serves the personas root {root}"
+            f"{who if holders else ''}: two fleets on one root would each beat every persona "
+            "(each heartbeat paid twice) and overwrite each other's sessions; use that one "
+            "(`soulfleet status` with its SOULFLEET_DATA), stop it first, or give this one "
+            "another --personas"
+        )
+        self.root = root
+
+
+def lock_personas_root(root: Path) -> UpLock:
+    """Hold the personas root ``up`` serves, for as long as it (or any child) runs: an
+    ``flock`` on the directory itself, so nothing is written there. A second ``up`` from
+    another data directory on the same root raises :class:`RootInUseError`. Where the
+    filesystem takes no lock on a directory (NFS emulates flock with record locks, which a
+    read-only descriptor cannot take), nothing is held and nothing refused."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RootInUseError(root, lock_holders(root)) from None
+    except OSError:
+        os.close(fd)
+        return UpLock(-1)
+    except BaseException:
+        os.close(fd)
+        raise
+    return UpLock(fd)
 
 
 @dataclass(frozen=True, slots=True)
