@@ -6,6 +6,7 @@ is an invalid persona naming ``tools.python[n].ref`` and the file.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -133,6 +134,32 @@ def test_a_tool_module_or_factory_that_blocks_fails_the_turn_in_time(
     )
     assert time.monotonic() - began < 5
     RELEASE.set()
+
+
+def test_a_tool_added_to_a_module_after_its_import_says_to_restart_the_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker imports a tool module once: a tool added to the file since (which `soulfleet
+    tools`, a fresh process, finds) is missing in the worker, whose error then says the file
+    changed after this process imported it and that the workers must restart. A ref missing
+    from a module nobody edited says only that it is missing."""
+    module = f"edited_tools_{tmp_path.name.replace('-', '_')}"
+    path = tmp_path / f"{module}.py"
+    path.write_text("from tests.support.python_tools import shout as old\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert [tool.name for tool in _build(_refs(f"{module}:old")).tools] == ["shout"]
+    with pytest.raises(PersonaConfigError) as untouched:
+        _build(_refs(f"{module}:new"))
+    assert untouched.value.problem == f"{module!r} has no attribute 'new'"
+    path.write_text(path.read_text() + "new = old\n")
+    later = time.time() + 5
+    os.utime(path, (later, later))
+    with pytest.raises(PersonaConfigError) as caught:
+        _build(_refs(f"{module}:new"))
+    assert f"{module!r} has no attribute 'new' (this process imported {path}" in (
+        caught.value.problem
+    )
+    assert "restart the workers to load the edit" in caught.value.problem
 
 
 def test_two_tools_with_one_name_are_an_error_naming_both() -> None:

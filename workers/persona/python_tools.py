@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextvars
 import importlib
+import os
 import sys
 import threading
 import time
@@ -57,7 +58,10 @@ def resolve_ref(decl: PythonDecl, source: object) -> Tool:
         ) from exc
     for part in attribute.split("."):
         if not hasattr(value, part):
-            raise PersonaConfigError(source, key, f"{module_name!r} has no attribute {attribute!r}")
+            raise PersonaConfigError(
+                source, key,
+                f"{module_name!r} has no attribute {attribute!r}{_edited_since(module_name)}",
+            )  # fmt: skip
         value = getattr(value, part)
     if not isinstance(value, Tool) and callable(value):
         if not is_tool_factory(value):
@@ -98,6 +102,8 @@ _Setup = tuple[threading.Thread, list[tuple[bool, Any]], float]
 #: lock (one leaked thread a turn for as long as the import hangs).
 _IMPORTING: dict[str, _Setup] = {}
 _IMPORTING_LOCK = threading.Lock()
+#: When this process first imported each tool module (see :func:`_edited_since`).
+_IMPORTED_AT: dict[str, float] = {}
 
 
 def _start(work: Callable[[], Any]) -> _Setup:
@@ -142,6 +148,28 @@ def _within(what: str, work: Callable[[], Any]) -> Any:
     return _wait(what, _start(work))
 
 
+def _edited_since(name: str) -> str:
+    """A hint when the module's file changed after this process imported it: a worker
+    imports a tool module once, so an attribute added since (which `soulfleet tools`, a
+    fresh process, does find) is not there until the workers restart."""
+    module = sys.modules.get(name)
+    imported = _IMPORTED_AT.get(name)
+    path = getattr(module, "__file__", None)
+    if imported is None or not isinstance(path, str):
+        return ""
+    try:
+        edited = os.stat(path).st_mtime
+    except OSError:
+        return ""
+    if edited <= imported:
+        return ""
+    return (
+        f" (this process imported {path} before it was last changed, "
+        f"{time.strftime('%H:%M:%S', time.localtime(edited))}: a module is imported once per "
+        "worker process, so restart the workers to load the edit)"
+    )
+
+
 def _import(name: str) -> Any:
     """The module ``name``, imported within :data:`SETUP_TIMEOUT` (see :func:`_wait`)."""
     module = sys.modules.get(name)
@@ -150,6 +178,7 @@ def _import(name: str) -> Any:
     with _IMPORTING_LOCK:
         setup = _IMPORTING.get(name)
         if setup is None or not setup[0].is_alive():
+            _IMPORTED_AT.setdefault(name, time.time())  # before: an edit meanwhile is later
             setup = _IMPORTING[name] = _start(lambda: importlib.import_module(name))
     return _wait(f"importing module {name!r}", setup)
 
