@@ -258,8 +258,8 @@ def test_a_python_tool_is_imported_with_the_pythonpath_of_the_running_up(
 def test_run_local_and_soul_import_a_python_tool_as_the_running_ups_workers_do(
     tmp_path: Path, fleet_root: Path, decoy: tuple[str, redis.Redis]
 ) -> None:
-    """`run --local` (and `soul`) in a shell without the PYTHONPATH the README gives `up`
-    failed (exit 2,
+    """`run --local` (and `soul`, also of a copy outside the root) in a shell without the
+    PYTHONPATH the README gives `up` failed (exit 2,
     "cannot import module", no hint) while `tools` and `post` found the tool through the
     running `up`'s path: it imports as they do now, and with an empty path recorded says
     the workers cannot import it either."""
@@ -285,6 +285,12 @@ def test_run_local_and_soul_import_a_python_tool_as_the_running_ups_workers_do(
     ran = _soulfleet("redis://127.0.0.1:1/0", mine, "run", str(elsewhere / "abacus"), "hi",
                      "--local")  # fmt: skip
     assert ran.returncode == 0, ran.stderr
+    # `soul` of a copy staged outside the root (the runbook's check of an edit before it is
+    # moved in) checks it as the workers will see it then: their PYTHONPATH, not this shell's
+    # (it refused a valid persona whose tools only the workers' path finds).
+    data.write_state(state)
+    staged = _soulfleet("redis://127.0.0.1:1/0", env, "soul", str(elsewhere / "abacus"))
+    assert staged.returncode == 0, staged.stderr
 
 
 @pytest.mark.integration

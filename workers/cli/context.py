@@ -415,16 +415,17 @@ class CliContext:
         return self._fleet_mcp()[0]
 
     def as_workers_see(
-        self, home: Path
+        self, home: Path, *, anywhere: bool = False
     ) -> tuple[AbstractContextManager[None], Mapping[str, FleetServer] | None]:
         """How to check persona ``home`` here: a persona of the running `up`'s fleet has its
         tools as that fleet's workers have them (their PYTHONPATH: the context to check it in;
         their MCP servers), as `post` and `tools` check them; one from anywhere else, which no
-        worker runs, has this shell's own (its tools were this shell's for `run --local` and
-        `soul` only)."""
+        worker runs, has this shell's own (its tools are this shell's for `run --local`), unless
+        ``anywhere``: `soul` checks a copy staged outside the root as the workers will see it
+        once it is moved in (the runbook's way to check an edit before it goes live)."""
         up = self.adopted
-        if up is None or not home.resolve().is_relative_to(
-            Path(up.personas).expanduser().resolve()
+        if up is None or not (
+            anywhere or home.resolve().is_relative_to(Path(up.personas).expanduser().resolve())
         ):
             return nullcontext(), self.settings.mcp_servers
         servers = self.fleet_mcp_servers()

@@ -39,9 +39,10 @@ def soul(ctx: click.Context, directory: str, as_json: bool, personas: Path | Non
             err=True,
         )
     # Refuses what a turn would fail with (a model spec or rules file that cannot load, a
-    # Python tool that does not import, a `use` the fleet lacks), as `post` does; warns on an
+    # Python tool that does not import, a `use` the fleet lacks: the running `up`'s, wherever
+    # the directory is), as `post` does; warns on an
     # empty soul (`soulfleet soul /etc`), a soul over the turn budget, a key this shell lacks.
-    as_workers, mcp_servers = cli_context(ctx).as_workers_see(path)
+    as_workers, mcp_servers = cli_context(ctx).as_workers_see(path, anywhere=True)
     with as_workers:
         checkup = check_persona(
             path,
