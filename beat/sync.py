@@ -60,13 +60,17 @@ from workers.persona.models.spec import BUILTIN, resolve_model
 from workers.persona.spend import HEARTBEAT_FILE
 from workers.settings import Settings
 
-__all__ = ["HEARTBEAT_FILE", "PersonaRecord", "RegistrySync", "SyncReport"]
+__all__ = ["HEARTBEAT_FILE", "RECONCILE_EVERY", "PersonaRecord", "RegistrySync", "SyncReport"]
 
 _log = structlog.get_logger("soulfleet.beat")
 
 #: Syncs in a row that must find another beat's root, serving other personas, before it is a
 #: conflict: an old beat's last sync during a rolling move is not one.
 _ROOT_CONFLICT_SYNCS = 2
+#: Seconds between full reconciles (every persona's entries and registry record written
+#: again, from what this beat holds): a pass over the whole registry, a few seconds of Redis
+#: work at 100,000 personas, so not every sync.
+RECONCILE_EVERY = 300.0
 
 Loader = Callable[[Path], PersonaConfig]
 
@@ -161,6 +165,8 @@ class RegistrySync:
         self._known: dict[str, PersonaRecord] = {}
         self._reported_names: set[str] = set()
         self._reconciled = False
+        #: When this beat last rewrote every persona's entries and record (clock time).
+        self._reconciled_at = 0.0
         #: The marker's value at the previous sync (None before the first).
         self._marker: str | None = None
         #: Whether this beat has recorded its root (a sync after that finding another's may be
@@ -205,14 +211,19 @@ class RegistrySync:
                 "files now",
             )
         self._check_marker(len(current))
-        if not self._reconciled or drifted:
+        now = self._clock.time()
+        # Now and then, every record again: another beat (one with another MCP config, say)
+        # can record a persona invalid without changing how many entries Redis holds, and
+        # this beat, whose files did not change, never wrote it back: status kept calling the
+        # persona invalid after that beat stopped, until someone touched its files.
+        stale = now - self._reconciled_at >= RECONCILE_EVERY
+        if not self._reconciled or drifted or stale:
             targets = current
             gone |= {name for name in self._entries.personas_in_redis() if name not in seen}
+            self._reconciled_at = now
         changes = EntryChanges()
         self._entries.apply(
-            {name: record.entries() for name, record in targets.items()},
-            self._clock.time(),
-            changes,
+            {name: record.entries() for name, record in targets.items()}, now, changes
         )
         self._entries.remove(gone, changes)
         self._reconciled = True

@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY
 
 from beat.entries import LOSS_KEPT, SETTINGS_RECORD_TTL
 from beat.schedule import ScheduleSpec, to_ms
-from beat.sync import RegistrySync, SyncReport
+from beat.sync import RECONCILE_EVERY, RegistrySync, SyncReport
 from tests.beat.conftest import Events
 from tests.support.beat import write_persona
 from workers.fleet import Fleet
@@ -334,6 +334,31 @@ def test_sync_restores_entries_lost_from_redis(
     [drifted] = events.named("schedule.drifted")
     assert drifted["log_level"] == "warning"
     assert events.named("redis.data_lost") == []
+
+
+def test_a_record_another_beat_left_is_written_back_at_the_next_full_reconcile(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """Another beat (started without the fleet's MCP config, say) recorded a valid persona with
+    no schedule entries as invalid, then stopped: the entry count did not move, so this beat,
+    whose files did not change, never wrote the record back, and status called the persona
+    invalid until someone touched its files. A full reconcile every RECONCILE_EVERY seconds
+    writes it back; before that, nothing is rewritten."""
+    write_persona(persona_root, "quiet", "")  # answers posts only: no schedule entry
+    sync = make_sync(fleet)
+    sync.run()
+    good = registry_record(redis_client, fleet, "quiet")
+    assert good["error"] == ""
+    bad = {**good, "error": "key 'tools.mcp[0].use' names no server (another beat's view)"}
+    redis_client.hset(fleet.keys.registry, "quiet", json.dumps(bad))
+    clock = fleet.clock
+    assert isinstance(clock, VirtualClock)
+    clock.advance(RECONCILE_EVERY / 2)
+    sync.run()
+    assert registry_record(redis_client, fleet, "quiet")["error"] == bad["error"]
+    clock.advance(RECONCILE_EVERY / 2)
+    sync.run()
+    assert registry_record(redis_client, fleet, "quiet") == good
 
 
 def test_a_persona_added_or_removed_is_no_drift_and_no_loss(
