@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +22,7 @@ from tests.support.cli import (
     with_budget,
 )
 from workers.cli.dream import watch_batch
+from workers.persona.spend import pass_field
 
 
 def test_dream_persona_queues_a_pass_on_the_dreamer_lane(
@@ -63,8 +65,8 @@ def test_dream_all_times_out_with_a_summary(invoke: Invoke, env: Mapping[str, st
     result = invoke("dream", "--all", "--timeout", "0")
     assert result.exit_code == 1
     assert (
-        "done: 0  skipped: 0  incomplete: 0  failed: 1  still running: 0  still queued: 2"
-        in result.stdout
+        "done: 0  skipped: 0  incomplete: 0  failed: 1  still running: 0  retrying: 0  "
+        "still queued: 2" in result.stdout
     )
     assert "failed: milo-dreamer" in result.stdout
     assert "still queued (no worker has taken them yet): ava-dreamer, nora-dreamer" in (
@@ -73,6 +75,48 @@ def test_dream_all_times_out_with_a_summary(invoke: Invoke, env: Mapping[str, st
     assert lanes_for(env).status("ava-dreamer")["state"] == "queued"
     # Not a terminal: no progress bar, whose bare label was left as a stray "dreaming" line.
     assert [line for line in result.stderr.splitlines() if line.strip() == "dreaming"] == []
+
+
+def test_dream_all_reports_a_pass_waiting_out_its_retry_as_retrying_with_its_error(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A dreamer whose pass failed and waits out its backoff was listed "still running" (an
+    operator waited for a pass no worker was doing): it is "retrying", with its error."""
+    lanes = lanes_for(env)
+    outcome = lanes.tick("nora-dreamer", kind="dream")
+    assert outcome.turn_id is not None
+    started = lanes.start("nora-dreamer", outcome.turn_id, "test-worker")
+    lanes.fail("nora-dreamer", started.fence, error="HTTP 500 from the provider",
+               backoff=(300.0, 600.0), jitter=1.0)  # fmt: skip
+    assert lanes.status("nora-dreamer")["state"] == "retry"
+    result = invoke("dream", "--all", "--timeout", "0", "--json")
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert report["retrying"] == ["nora-dreamer"]
+    assert "nora-dreamer" not in report["still_running"]
+    text = invoke("dream", "--all", "--timeout", "0").stdout
+    assert "retrying: 1" in text
+    assert "nora-dreamer: HTTP 500 from the provider" in text
+
+
+def test_dream_of_a_persona_with_nothing_new_says_the_pass_will_be_skipped(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """`dream ava` said "dream pass queued" and the worker then skipped it (nothing_new)
+    without a word here: it warns when nothing was written since the last pass, and not
+    when something was."""
+    lanes = lanes_for(env)
+    later = time.time() + 60  # a pass that ended after every file of the persona was written
+    lanes.client.hset(lanes.keys.lane("ava-dreamer"), "last_pass", pass_field(later, later))
+    result = invoke("dream", "ava")
+    assert result.exit_code == 0, result.output
+    assert "dream pass queued for ava" in result.stdout
+    assert "nothing was written for ava since its last dream pass" in result.stderr
+    assert "reason nothing_new" in result.stderr
+    lanes.client.hset(lanes.keys.lane("nora-dreamer"), "last_pass", pass_field(1.0, 1.0))
+    fresh = invoke("dream", "nora")
+    assert fresh.exit_code == 0, fresh.output
+    assert "nothing was written" not in fresh.stderr
 
 
 @pytest.mark.parametrize("args", [(), ("ava", "--all")])

@@ -98,7 +98,7 @@ def _progress(length: int) -> AbstractContextManager[_Bar]:
 @click.option("--all", "all_personas", is_flag=True, help="Every persona under the root.")
 @click.option(
     "--timeout", type=click.FloatRange(min=0), default=600.0, show_default=True,
-    help="--all: seconds to wait for the batch.",
+    help="--all: seconds to wait for the batch (0: wake them and report at once).",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @personas_option
@@ -128,6 +128,7 @@ def _dream_one(ctx: click.Context, state: CliContext, persona: str, *, as_json: 
     outcome = state.fleet().dream(name)
     if outcome.outcome != "dead_lettered":
         _warn_if_budget_skips(state, name)
+        _warn_if_nothing_new(state, name)
     if as_json:
         click.echo(json.dumps({
             "persona": name, "lane": outcome.lane, "outcome": outcome.outcome,
@@ -147,6 +148,23 @@ def _dream_one(ctx: click.Context, state: CliContext, persona: str, *, as_json: 
         click.echo(f"{name}: a dream pass {waits}; this tick joins it")
     else:
         raise CliError(f"lane {outcome.lane} is dead-lettered: `soulfleet status {name}` says why")
+
+
+def _warn_if_nothing_new(state: CliContext, name: str) -> None:
+    """Say so when nothing was written since the persona's last pass: the worker skips the
+    pass just queued (``nothing_new``), and "dream pass queued" was all this said."""
+    try:
+        last = state.fleet().last_pass_if_nothing_new(name)
+    except (SoulfleetError, redis.RedisError, OSError):  # the pass is queued: a hint, no more
+        return
+    if last is not None:
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last))
+        click.echo(
+            f"soulfleet: warning: nothing was written for {name} since its last dream pass "
+            f"(ended {at}): no conversation and no note, so the pass will be skipped (reason "
+            "nothing_new) without a model call; it dreams once something new is written",
+            err=True,
+        )
 
 
 def _warn_if_budget_skips(state: CliContext, name: str) -> None:
@@ -205,21 +223,25 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
     # A lane whose provider's breaker is open waits for it, not for a worker: said apart.
     # So is one still queued (no worker has taken it: busy, or none consuming the dream
     # queue), which was called "still running".
-    states = {lane: fleet.lanes.status(lane).get("state") for lane in waiting}
+    statuses = {lane: fleet.lanes.status(lane) for lane in waiting}
+    states = {lane: status.get("state") for lane, status in statuses.items()}
     deferred = [lane for lane in waiting if states[lane] == "deferred"]
     queued = [lane for lane in waiting if states[lane] == "queued"]
-    running = [lane for lane in waiting if lane not in deferred and lane not in queued]
+    # A pass that failed and waits out its backoff is not running: said apart, with its error.
+    retrying = [lane for lane in waiting if states[lane] == "retry"]
+    running = [lane for lane in waiting if lane not in {*deferred, *queued, *retrying}]
     if as_json:
         click.echo(json.dumps({
             "done": done, "skipped": skipped, "incomplete": incomplete, "failed": failed,
-            "still_running": running,
+            "still_running": running, "retrying": retrying,
             "still_queued": queued, "deferred": deferred, "invalid": invalid,
         }))  # fmt: skip
     else:
         click.echo(
             f"done: {len(done)}  skipped: {len(skipped)}  incomplete: {len(incomplete)}  "
             f"failed: {len(failed)}  "
-            f"still running: {len(running)}  still queued: {len(queued)}  "
+            f"still running: {len(running)}  retrying: {len(retrying)}  "
+            f"still queued: {len(queued)}  "
             f"deferred: {len(deferred)}  invalid (not queued): {len(invalid)}"
         )
         for label, group in (("skipped (budget used up, or nothing new)", skipped),
@@ -232,6 +254,10 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
                              ("invalid", sorted(invalid))):  # fmt: skip
             if group:
                 click.echo(f"{label}: {', '.join(group)}")
+        for lane in retrying:
+            error = " ".join(str(statuses[lane].get("last_error") or "?").split())[:200]
+            click.echo(f"retrying (a try failed; the fleet tries again after a backoff): {lane}: "
+                       f"{error}")  # fmt: skip
     if failed or waiting or invalid or incomplete:
         ctx.exit(EXIT_FAILURE)
 

@@ -45,8 +45,9 @@ from workers.fleet.outcomes import PostOutcome, Repair, RunReply, TickOutcome
 from workers.fleet.recovery import Backoff, Recovery
 from workers.fleet.registry import PersonaRegistry
 from workers.fleet.reports import FleetReports
+from workers.fleet.scripts import redis_errors
 from workers.fleet.servertime import ServerClock
-from workers.fleet.spend import next_reset, persona_budget
+from workers.fleet.spend import LAST_PASS, next_reset, persona_budget
 from workers.fleet.sweeps import SweepWrites
 from workers.fleet.usage import UsageLedger
 from workers.persona.checkup import check_persona
@@ -54,7 +55,13 @@ from workers.persona.clock import Clock, SystemClock
 from workers.persona.errors import PersonaError
 from workers.persona.inbox import InboxItem
 from workers.persona.mcp_servers import FleetServer
-from workers.persona.spend import BACKGROUND_KINDS, DailyBudget, budget_refuses
+from workers.persona.spend import (
+    BACKGROUND_KINDS,
+    DailyBudget,
+    budget_refuses,
+    nothing_new,
+    pass_times,
+)
 from workers.settings import Settings
 
 __all__ = ["Fleet", "Publisher", "RunReply"]
@@ -256,6 +263,18 @@ class Fleet(FleetReports):
             return None
         spent = self.ledger.spent(name, self.ledger.today(budget.timezone))
         return (budget, spent) if budget_refuses(budget, kind, spent) else None
+
+    def last_pass_if_nothing_new(self, name: str) -> float | None:
+        """When the persona's last dream pass ended, if nothing was written since (its next
+        pass will be skipped, ``nothing_new``); None when a pass would run."""
+        lane = self.registry.lane_of(name, "dream")
+        with redis_errors(self.client):
+            raw = self.client.hget(self.keys.lane(lane), LAST_PASS)
+        times = pass_times(raw)
+        if times is None:
+            return None
+        ended, began = times
+        return ended if nothing_new(self.registry.home(name), name, ended, began) else None
 
     def tick(self, persona: str, kind: str = "heartbeat") -> TickOutcome:
         """What beat does: fold one tick into the lane; queue a turn only if it is idle."""
