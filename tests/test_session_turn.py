@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 from prometheus_client import REGISTRY
+from structlog.testing import capture_logs
 
 from tests.support.providers import FakeProvider, Reply, openai_completion
 from tests.support.rig import TurnRig, turn_engine, write_persona
@@ -359,3 +360,22 @@ def test_a_compaction_is_bounded_by_the_turns_max_seconds(
                 break
         else:
             pytest.fail("never compacted")
+
+
+def test_a_lane_whose_redis_state_was_lost_says_its_conversation_starts_over(rig: Rig) -> None:
+    """Redis lost the lane's hash (no AOF, FLUSHALL, an evicting policy), with it the pointer
+    to the current session: the next turn starts a new session, as before, but says why
+    (reason pointer_lost, a warning naming the cause and where the old conversation is), not
+    reason=first as for a lane that never talked. A lane's real first turn is still first."""
+    rig.persona("ava")
+    with capture_logs() as first:
+        rig.ask("ava", "one")
+    assert [e["reason"] for e in first if e["event"] == "session.new"] == ["first"]
+    rig.fleet.client.delete(rig.fleet.keys.lane("ava"))
+    with capture_logs() as after:
+        rig.ask("ava", "two")
+    assert [e["reason"] for e in after if e["event"] == "session.new"] == ["pointer_lost"]
+    [lost] = [e for e in after if e["event"] == "session.pointer_lost"]
+    assert lost["log_level"] == "warning"
+    assert "Redis lost its data" in lost["error"]
+    assert "transcripts/" in lost["hint"]

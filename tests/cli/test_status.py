@@ -726,6 +726,8 @@ def test_status_says_when_redis_lost_its_data(
     out = invoke("status").stdout
     assert "redis: lost its data " in out
     assert "inbox items, running turns and today's token counts" in out
+    assert "every conversation starts over" in out
+    assert "daily budgets count from 0 again" in out
     lost = json.loads(invoke("status", "--json").stdout)["redis_data_lost"]
     assert lost["personas"] == 3
 

@@ -512,8 +512,9 @@ def _redis_lines(
         lines.append(
             f"redis: lost its data {ago(lost.get('at'))} (beat found its marker gone: {how}): "
             "the schedule was rebuilt from the persona files, but inbox items, running turns "
-            "and today's token counts of that moment are lost; ops/runbook.md \"Redis down or "
-            'restarted" (said for a day)'
+            "and today's token counts of that moment are lost (daily budgets count from 0 "
+            "again), and every conversation starts over (the old ones stay in transcripts/); "
+            'ops/runbook.md "Redis down or restarted" (said for a day)'
         )
     return lines
 

@@ -102,6 +102,20 @@ class SessionFiles:
         """The lane's directory, confined to the home (created on first write)."""
         return confined(self.home, f"{SESSIONS_DIR}/{self.lane}")
 
+    def has_fleet_states(self) -> bool:
+        """Whether a fleet state file is kept here: a lane whose pointer is unset but has one
+        lost its Redis state (Redis lost its data, or evicted the lane's hash), not a first
+        turn. One listing, of a directory a lane's first turn does not have yet."""
+        try:
+            with os.scandir(self.directory) as entries:
+                return any(
+                    (match := _STATE.fullmatch(entry.name)) is not None
+                    and match.group(2).startswith("f")
+                    for entry in entries
+                )
+        except (OSError, PersonaFileError):
+            return False
+
     def write(self, state: SessionState, tag: str) -> str:
         """Store ``state`` durably under a name only this writer uses; returns that name."""
         name = f"{state.id}.{tag}.json"

@@ -77,7 +77,8 @@ class SessionPlan:
     base: SessionState | None
     started_at: float
     new: bool
-    # continued | first | idle | daily | reset | missing | soul_over_budget | over_turn_budget
+    # continued | first | pointer_lost | idle | daily | reset | missing | soul_over_budget
+    # | over_turn_budget
     # | ephemeral
     reason: str
     compaction: Compaction | None = None
@@ -201,14 +202,28 @@ def plan_turn(
     model: Model,
     turn_tokens: int | None = None,
     summaries: Summaries | None = None,
+    pointer_lost: bool = False,
 ) -> SessionPlan:
     """Continue ``base`` or start a new session (module doc); compaction happens here.
+
+    ``pointer_lost``: the pointer is unset but the lane kept sessions on disk (its Redis state
+    is gone): the new session says so (reason ``pointer_lost``, a warning), not ``first``.
 
     ``turn_tokens`` is the turn's token budget (``Budget.max_tokens``): a frozen soul over it,
     as over ``session.max_tokens``, is not continued. ``summaries``: where a paid summary is
     kept for this turn's retry (:mod:`workers.persona.summary_cache`)."""
     reason: str | None
-    if base is None:
+    if base is None and pointer.state is None and pointer_lost:
+        reason = "pointer_lost"
+        _log.warning(
+            "session.pointer_lost",
+            lane=lane,
+            error="the lane's Redis state is gone (Redis lost its data, or evicted the lane's "
+            "hash): which session was current is not known",
+            hint="its conversation starts over; the earlier one stays readable in its "
+            "transcripts/ (transcript_search finds it); see the runbook: Redis down or restarted",
+        )
+    elif base is None:
         reason = "first" if pointer.state is None else "missing"
     elif base.epoch != pointer.epoch:
         reason = "reset"

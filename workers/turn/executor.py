@@ -340,10 +340,12 @@ class TurnExecutor:
             return ephemeral_plan(lane, agent.soul, now=now)
         # As the turn's start found it: a reset after that wins at commit (finish.lua compares).
         pointer = Pointer(started.session, started.session_epoch)
+        files = SessionFiles(agent.home, lane)
         return plan_turn(
             lane=lane,
             pointer=pointer,
-            base=SessionFiles(agent.home, lane).read(pointer.state),
+            base=files.read(pointer.state),
+            pointer_lost=pointer.state is None and files.has_fleet_states(),
             compose=agent.soul,
             config=agent.session,
             now=now,
