@@ -6,6 +6,8 @@ import json
 import shutil
 import signal
 import subprocess
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -13,7 +15,14 @@ import redis
 
 from beat.sync import RegistrySync
 from tests.cli.conftest import Invoke
-from tests.support.cli import PASSWORD, lanes_for, settings_for, soulfleet_argv, subprocess_env
+from tests.support.cli import (
+    PASSWORD,
+    dead_letter,
+    lanes_for,
+    settings_for,
+    soulfleet_argv,
+    subprocess_env,
+)
 from tests.support.fleet import wait_until
 from workers.fleet.keys import Keys
 from workers.fleet.registry import PersonaRegistry
@@ -253,3 +262,47 @@ def test_a_failure_with_json_is_also_json_on_stdout(invoke: Invoke) -> None:
     assert result.stderr.startswith("soulfleet: error: ")
     timed_out = invoke("run", "ava", "anyone?", "--timeout", "1", "--json")
     assert len(timed_out.stdout.strip().splitlines()) == 1  # its own account only
+
+
+def test_run_into_a_dead_lettered_lane_says_the_message_is_kept(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A run into a dead-lettered lane exits 1 saying the lane is dead; its message IS kept
+    in the inbox (it runs after the revive), which only `post` said: a user ran it again and
+    the inbox grew by one each time."""
+    lanes = lanes_for(env)
+    dead_letter(lanes, "ava", error="HTTP 400: bad request")
+    result = invoke("run", "ava", "hello?", "--timeout", "5")
+    assert result.exit_code == 1
+    assert "is dead-lettered" in result.stderr
+    assert "your message is kept in its inbox (do not send it again)" in result.stderr
+    assert lanes.status("ava")["inbox_depth"] == 1
+
+
+def test_a_run_that_timed_out_after_redis_lost_its_data_says_the_message_went_with_it(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """Redis lost its data while `run` waited (beat records when it finds its marker gone):
+    the timeout says the message was probably lost and to send it again, where it pointed at a
+    status that shows an idle lane and nothing else. A loss before the run began is not
+    blamed."""
+    lanes = lanes_for(env)
+    lanes.client.set(lanes.keys.redis_data_lost, json.dumps({"at": time.time() - 3600}))
+    before = invoke("run", "ava", "one", "--timeout", "1")
+    assert before.exit_code == 1
+    assert "Redis lost its data" not in before.stderr
+
+    # beat's sync finds its marker gone while the run waits, and records when
+    found = threading.Timer(
+        1.0,
+        lambda: lanes.client.set(lanes.keys.redis_data_lost, json.dumps({"at": time.time()})),
+    )
+    found.start()
+    try:
+        result = invoke("run", "ava", "two", "--timeout", "3")
+    finally:
+        found.join()
+    assert result.exit_code == 1
+    assert "no answer from 'ava' within 3s" in result.stderr
+    assert "Redis lost its data" in result.stderr
+    assert "send it again" in result.stderr

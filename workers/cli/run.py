@@ -24,11 +24,11 @@ from typing import Any
 
 import click
 
-from workers.cli.beat_health import beat_seen
+from workers.cli.beat_health import beat_seen, redis_data_lost
 from workers.cli.context import CliContext, lock_mode_conflict, persona_dir
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import JSON_FAILURE_SHOWN, cli_context, personas_option
-from workers.fleet.errors import RedisUnavailable
+from workers.fleet.errors import LaneDeadLettered, RedisUnavailable
 from workers.persona.checkup import check_persona
 from workers.persona.loop import Budget
 from workers.queues import queue_name
@@ -121,6 +121,7 @@ def _fleet_run(
     name = state.checked(persona)
     state.warn_if_no_fleet()
     posted: list[str] = []
+    since = time.time()
     try:
         reply = state.fleet().run(
             name,
@@ -147,11 +148,17 @@ def _fleet_run(
             click.echo(f"soulfleet: {gone}", err=True)
         ctx.exit(EXIT_FAILURE)
     except TimeoutError as exc:
+        lost = _lost_meanwhile(state, since)
+        if lost:
+            exc = TimeoutError(f"{exc}; {lost}")
         if as_json:  # a script reading stdout gets an answer too (exit 1 either way)
             click.echo(json.dumps({"persona": name, "status": "timeout", "error": str(exc),
                                    "exit": EXIT_FAILURE}))  # fmt: skip
             ctx.meta[JSON_FAILURE_SHOWN] = True
-        raise
+        raise exc from None
+    except LaneDeadLettered as exc:
+        # Posted before the lane was found dead, or into a dead lane: either way it is kept.
+        raise LaneDeadLettered(exc.lane, exc.last_error, kept=bool(posted)) from None
     return {
         "persona": name,
         "text": reply.text,
@@ -172,6 +179,22 @@ _LIMITS = {
     "max_tool_calls": " (the turn's tool calls, SOULFLEET_TURN_MAX_TOOL_CALLS)",
     "max_seconds": " (the turn's wall time, SOULFLEET_TURN_MAX_SECONDS)",
 }
+
+
+def _lost_meanwhile(state: CliContext, since: float) -> str:
+    """What a timed-out run adds when beat found Redis had lost its data while it waited:
+    the item went with it, and status then showed an idle lane with nothing to say."""
+    try:
+        lost = redis_data_lost(state.fleet())
+    except RedisUnavailable:
+        return ""
+    at = lost.get("at") if lost else None
+    if not isinstance(at, (int, float)) or at < since:
+        return ""
+    return (
+        f"Redis lost its data {time.time() - at:.0f}s ago, while this waited (beat found its "
+        "marker gone): the message was probably lost with it; send it again"
+    )
 
 
 def _no_worker_hint(state: CliContext, name: str, timeout: float) -> Callable[[float], None]:

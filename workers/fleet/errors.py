@@ -263,12 +263,17 @@ def _slug(name: str) -> str:
 class LaneDeadLettered(FleetError):
     """The lane was dead-lettered after too many failed or crashed turns in a row."""
 
-    def __init__(self, lane: str, last_error: str) -> None:
+    def __init__(self, lane: str, last_error: str, *, kept: bool = False) -> None:
+        yours = (
+            "; your message is kept in its inbox (do not send it again): it runs after the revive"
+            if kept
+            else ""
+        )
         super().__init__(
             f"lane {lane!r} is dead-lettered (last error: {last_error}); fix the cause, then "
             f"`soulfleet revive {lane}` (its kept items run first; `--drop-kept` drops the "
             "ones its dead turn held, when they are what failed: a message the provider "
-            "refuses, HTTP 400)"
+            f"refuses, HTTP 400){yours}"
         )
         self.lane = lane
         self.last_error = last_error
