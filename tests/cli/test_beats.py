@@ -38,6 +38,10 @@ def test_beats_human_lines_and_count(invoke: Invoke, env: Mapping[str, str | Non
     lines = invoke("beats", "--count", "1").stdout.splitlines()
     assert len(lines) == 1
     assert lines[0].endswith(" ava: two")
+    # Past Redis's 64-bit COUNT ("Redis refused a command", exit 1): every beat there is.
+    huge = invoke("beats", "-n", "100000000000000000000")
+    assert huge.exit_code == 0, huge.output
+    assert [line.split(": ", 1)[1] for line in huge.stdout.splitlines()] == ["one", "two"]
 
 
 def test_beats_empty_feed_says_so(invoke: Invoke) -> None:

@@ -60,8 +60,9 @@ def _stop_on_sigint_and_sigterm() -> None:
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new beats until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option(
-    "--count", "-n", type=click.IntRange(min=0), default=20, show_default=True,
-    help="How many recent beats to print first.",
+    # Clamped: past Redis's 64-bit COUNT, a huge -n was a "Redis refused a command" error.
+    "--count", "-n", type=click.IntRange(min=0, max=2**62, clamp=True), default=20,
+    show_default=True, help="How many recent beats to print first (all: a large number).",
 )  # fmt: skip
 # Accepted only to refuse it with the reason (the feed is fleet-wide), so not in --help.
 @click.option("--personas", type=DirectoryPath(), hidden=True)
