@@ -80,6 +80,7 @@ def test_revive_drop_kept_drops_the_dead_turns_items_and_keeps_later_posts(
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)
     assert (answer["revived"], answer["items_dropped"]) == (True, 1)
+    assert "lane.revived" not in result.stderr  # the report is the command's, not a log line
     status = fleet.lanes.status("nora")
     assert (status["state"], status["inflight_items"], status["inbox_depth"]) == ("queued", 0, 1)
     started = fleet.lanes.start("nora", str(answer["turn_id"]), "test-worker")

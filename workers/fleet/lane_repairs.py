@@ -65,10 +65,9 @@ class LaneRepairs(LaneStore):
         if reply[0] != "queued":
             return TickOutcome(lane, "revive", "coalesced")
         dropped = int(reply[3])
-        if dropped:
-            _log.warning("lane.revived", lane=lane, turn_id=turn_id, items_dropped=dropped)
-        else:
-            _log.info("lane.revived", lane=lane, turn_id=turn_id)
+        # Info, not warning: whoever revives (the CLI) reports it, dropped items included; a
+        # warning printed a raw log line into `revive --drop-kept`'s own output.
+        _log.info("lane.revived", lane=lane, turn_id=turn_id, items_dropped=dropped)
         return TickOutcome(lane, "revive", "queued", str(reply[1]), str(reply[2]), dropped)
 
     def forget(self, lane: str) -> int | None:
@@ -79,7 +78,7 @@ class LaneRepairs(LaneStore):
             reply = self.scripts.forget(keys=self.keys.lane_keys(lane), args=[lane])
         if reply[0] != "forgotten":
             return None
-        _log.warning("lane.forgotten", lane=lane, items_dropped=int(reply[1]))
+        _log.info("lane.forgotten", lane=lane, items_dropped=int(reply[1]))
         return int(reply[1])
 
     def unsent(self, turns: Sequence[tuple[str, str]], error: str) -> int:
