@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import redis
 from kombu.exceptions import OperationalError
 
+from tests.support.cli import run_soulfleet, subprocess_env
 from workers.cli.errors import EXIT_FAILURE, EXIT_USAGE, BadInputError, CliError, translate
 from workers.fleet.errors import InboxFull, LaneDeadLettered, UnknownPersona
+from workers.local.redis_server import RedisServer
 from workers.persona.errors import ModelSpecError, PersonaConfigError, SettingsError
 
 
@@ -90,3 +94,21 @@ def test_a_file_error_names_the_path_then_the_reason_without_python_errno() -> N
     bare = translate(OSError(28, "No space left on device"))
     assert bare is not None
     assert bare.message == "No space left on device"
+
+
+def test_a_redis_refusing_the_password_says_to_check_the_password(tmp_path: Path) -> None:
+    """A Redis with requirepass, reached without the password or with a wrong one: the line
+    said "check that it runs" (it does: it answered), not that the credentials were refused.
+    It names the password in REDIS_URL now, never showing it; a Redis that is down still
+    gets the old advice."""
+    with RedisServer(tmp_path / "redis", password="s3cretpw") as server:
+        port = server.url.rsplit(":", 1)[1].split("/")[0]
+        for url in (f"redis://127.0.0.1:{port}/0", f"redis://:wrongpw@127.0.0.1:{port}/0"):
+            result = run_soulfleet("status", env=subprocess_env({"REDIS_URL": url}))
+            assert result.returncode == 1, result.stderr
+            assert "refused this client's credentials: check the password" in result.stderr
+            assert "check that it runs" not in result.stderr
+            assert "wrongpw" not in result.stderr
+    down = run_soulfleet("status", env=subprocess_env({"REDIS_URL": f"redis://127.0.0.1:{port}/0"}))
+    assert down.returncode == 1
+    assert "check that it runs" in down.stderr

@@ -90,6 +90,14 @@ _SCRIPT_BLIP = re.compile(
 )
 
 
+#: What Redis (and redis-py) say when a client's password or user is wrong or missing.
+_AUTH_FAILED = re.compile(
+    r"Authentication required|NOAUTH|WRONGPASS|invalid username-password|invalid password|"
+    r"AUTH <password> called without any password configured",
+    re.IGNORECASE,
+)
+
+
 def is_redis_blip(exc: BaseException) -> bool:
     """Whether ``exc`` is a Redis that is unreachable, or only busy, starting, failing over or
     full for a moment: a wait fixes it."""
@@ -287,11 +295,20 @@ class RedisUnavailable(FleetError):
     def __init__(self, url: str, detail: str = "") -> None:
         safe = redact_url(url)
         reason = f" ({detail})" if detail else ""
-        super().__init__(
-            f"Redis at {safe} is unavailable{reason}: check that it runs and that REDIS_URL "
-            "points at it (CELERY_BROKER_URL, when the broker is a Redis of its own; on one "
-            "machine, `soulfleet up` starts a fleet with its own Redis)"
-        )
+        if _AUTH_FAILED.search(detail):
+            # It answered: running and reachable, so "check that it runs" sent people astray.
+            todo = (
+                "it refused this client's credentials: check the password (and user) in "
+                "REDIS_URL (CELERY_BROKER_URL, when the broker is a Redis of its own) against "
+                "the server's requirepass or ACL"
+            )
+        else:
+            todo = (
+                "check that it runs and that REDIS_URL points at it (CELERY_BROKER_URL, when "
+                "the broker is a Redis of its own; on one machine, `soulfleet up` starts a "
+                "fleet with its own Redis)"
+            )
+        super().__init__(f"Redis at {safe} is unavailable{reason}: {todo}")
         self.url = safe
         self.detail = detail
 
