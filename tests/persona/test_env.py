@@ -42,11 +42,23 @@ def test_integer_parses_and_enforces_its_minimum() -> None:
 
 def test_number_parses_and_refuses_nan_and_small_values() -> None:
     """Numbers parse; a word, NaN or a value below the minimum is refused with the raw text."""
-    env = EnvReader({"X": "0.25", "WORD": "soon", "NAN": "nan", "LOW": "0.05"})
+    env = EnvReader({"X": "0.25", "WORD": "soon", "NAN": "nan", "LOW": "0.05", "INF": "inf"})
     assert env.number("X", 1.0) == 0.25
     _fails(lambda: env.number("WORD", 1.0), "WORD must be a number, got 'soon'")
-    _fails(lambda: env.number("NAN", 1.0), "NAN must be a number >= 0.0, got 'nan'")
+    _fails(lambda: env.number("NAN", 1.0), "NAN must be a finite number >= 0, got 'nan'")
+    _fails(lambda: env.number("INF", 1.0), "INF must be a finite number >= 0, got 'inf'")
     _fails(lambda: env.number("LOW", 1.0, minimum=0.1), "LOW must be a number >= 0.1, got '0.05'")
+
+
+@pytest.mark.parametrize("raw", ["inf", "1e309", "-inf", "nan"])
+def test_a_duration_that_is_not_finite_says_so_not_that_it_is_too_small(raw: str) -> None:
+    """`SOULFLEET_MODEL_TIMEOUT=inf` was refused as "must be a duration >= 0.1s", read as a
+    value too small: it says the duration must be finite."""
+    env = EnvReader({"T": raw})
+    _fails(
+        lambda: env.duration("T", 1.0, minimum=0.1),
+        f"T must be a finite duration such as 90, 90s, 30m or 6h; got {raw!r}",
+    )
 
 
 def test_choice_is_case_insensitive_and_lists_the_choices() -> None:

@@ -64,8 +64,10 @@ class EnvReader:
             parsed = float(value)
         except ValueError:
             raise SettingsError(name, f"must be a number, got {value!r}") from None
-        if math.isnan(parsed) or parsed < minimum:
-            raise SettingsError(name, f"must be a number >= {minimum}, got {value!r}")
+        if not math.isfinite(parsed):
+            raise SettingsError(name, f"must be a finite number >= {minimum:g}, got {value!r}")
+        if parsed < minimum:
+            raise SettingsError(name, f"must be a number >= {minimum:g}, got {value!r}")
         return parsed
 
     def duration(self, name: str, default: float, *, minimum: float = 0.0) -> float:
@@ -86,7 +88,12 @@ class EnvReader:
             raise SettingsError(
                 name, f"must be a duration such as 90, 90s, 30m or 6h; got {value!r}"
             ) from None
-        if not math.isfinite(parsed) or parsed < minimum:
+        if not math.isfinite(parsed):
+            # 'inf', '1e309': "must be >= 0.1s" read as if the value were too small.
+            raise SettingsError(
+                name, f"must be a finite duration such as 90, 90s, 30m or 6h; got {value!r}"
+            )
+        if parsed < minimum:
             raise SettingsError(name, f"must be a duration >= {minimum:g}s, got {value!r}")
         return parsed
 
