@@ -119,8 +119,8 @@ def _report(
         click.echo(f"put back {outcome.lane}: {_put_back(outcome)}")
     elif queued and outcome.kind == "retry_now":
         click.echo(
-            f"lane {outcome.lane} was waiting out a retry backoff (a provider's Retry-After): "
-            f"turn {outcome.turn_id} queued now{dropped}"
+            f"lane {outcome.lane} was waiting out a retry backoff after a failed try: turn "
+            f"{outcome.turn_id} queued now{dropped}"
         )
     elif queued:
         click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued{dropped}")
