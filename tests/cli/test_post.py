@@ -64,6 +64,26 @@ def test_post_no_wake_says_when_no_heartbeat_will_read_the_item(
     assert payload["no_heartbeat_reads_it"] is None
 
 
+def test_post_no_wake_outside_active_hours_says_when_a_heartbeat_reads_it(
+    invoke: Invoke, fleet_root: Path
+) -> None:
+    """milo beats only inside an active_hours window that opens in two hours: a --no-wake item
+    waits that long, and the post said only "not woken". It names the window now."""
+    opens = time.gmtime(time.time() + 2 * 3600)
+    closes = time.gmtime(time.time() + 3 * 3600)
+    toml = fleet_root / "milo" / "persona.toml"
+    toml.write_text(
+        toml.read_text(encoding="utf-8")
+        + f'active_hours = {{ start = "{opens.tm_hour:02d}:{opens.tm_min:02d}", '
+        f'end = "{closes.tm_hour:02d}:{closes.tm_min:02d}" }}\n',
+        encoding="utf-8",
+    )
+    out = invoke("post", "milo", "later", "--no-wake").stdout
+    assert "it is outside its heartbeat.active_hours now" in out
+    assert f"({opens.tm_hour:02d}:{opens.tm_min:02d}-" in out
+    assert "waits for the first heartbeat after the window opens" in out
+
+
 def test_post_keeps_to_the_fleets_inbox_limit_not_the_shells(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:

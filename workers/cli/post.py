@@ -9,6 +9,7 @@ queues a turn if the persona is idle. A full inbox is refused loudly (exit 1), n
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import click
@@ -16,6 +17,8 @@ import click
 from workers.cli.errors import EXIT_FAILURE, BadInputError, one_line
 from workers.cli.group import cli_context, personas_option
 from workers.cli.health import heartbeat_unread
+from workers.persona.errors import SoulfleetError
+from workers.persona.manifest import load_manifest
 
 __all__ = ["post"]
 
@@ -104,6 +107,23 @@ def post(
         ctx.exit(EXIT_FAILURE)
 
 
+def _outside_active_hours(home: Path) -> str:
+    """What a ``--no-wake`` item waits for when the persona is outside its heartbeat's
+    ``active_hours`` now (no heartbeat comes until the window opens); "" otherwise."""
+    try:
+        schedule = load_manifest(home).heartbeat
+    except (SoulfleetError, OSError):
+        return ""
+    hours = schedule.active_hours if schedule is not None else None
+    if hours is None or hours.contains(time.time()):
+        return ""
+    return (
+        f"; it is outside its heartbeat.active_hours now ({hours.start:%H:%M}-"
+        f"{hours.end:%H:%M} {hours.timezone}), so the item waits for the first heartbeat "
+        "after the window opens, or a post that wakes it"
+    )
+
+
 def _unwoken(home: Path) -> str:
     """What a ``--no-wake`` item waits for when the persona's next heartbeat will not read it:
     it has none, or every one is skipped for its HEARTBEAT.md (a persona fresh from
@@ -111,7 +131,7 @@ def _unwoken(home: Path) -> str:
     invalid, which the check-up said)."""
     skip = heartbeat_unread(home)
     if skip is None:
-        return ""
+        return _outside_active_hours(home)
     if skip == "no_heartbeat":
         return "; it has no heartbeat, so the item waits for the next post that wakes it"
     return (
