@@ -322,7 +322,14 @@ class RegistrySync:
         try:
             entries = list(os.scandir(root))
         except FileNotFoundError:
-            _log.warning("registry.root_missing", root=str(root))
+            # An error (`up` shows errors): every persona's schedule goes until it is back.
+            _log.error(
+                "registry.root_missing",
+                root=str(root),
+                error="the personas root does not exist: moved, renamed or unmounted",
+                hint="no persona is scheduled until it is back; put it back, or restart the "
+                "fleet with the new path (SOULFLEET_PERSONAS)",
+            )
             return {}
         # Plain strings, not Paths, in this loop: at 100,000 personas pathlib's parsing costs
         # more than the stat calls themselves.

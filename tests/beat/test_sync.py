@@ -361,6 +361,22 @@ def test_a_record_another_beat_left_is_written_back_at_the_next_full_reconcile(
     assert registry_record(redis_client, fleet, "quiet") == good
 
 
+def test_a_personas_root_gone_under_a_running_beat_is_an_error_up_shows(
+    fleet: Fleet, persona_root: Path, events: Events
+) -> None:
+    """The root moved away while beat runs: its sync schedules nothing until it is back. That
+    was a warning, which `up` (it shows errors) never showed: `up` printed "personas 0" with
+    no word why. An error now, saying what happened and what to do."""
+    write_persona(persona_root, "ava", EVERY_1M)
+    sync = make_sync(fleet)
+    assert sync.run().personas == 1
+    persona_root.rename(persona_root.with_name("moved"))
+    assert sync.run().personas == 0
+    [missing] = events.named("registry.root_missing")
+    assert missing["log_level"] == "error"
+    assert "moved, renamed or unmounted" in missing["error"]
+
+
 def test_a_persona_added_or_removed_is_no_drift_and_no_loss(
     fleet: Fleet, persona_root: Path, events: Events
 ) -> None:

@@ -301,6 +301,22 @@ def test_status_missing_root_exit_2(invoke: Invoke, tmp_path: Path) -> None:
     assert "nowhere" in result.stderr
 
 
+def test_status_of_the_fleets_own_root_gone_says_it_was_moved_under_the_fleet(
+    invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path
+) -> None:
+    """The root the fleet's beat recorded is gone (moved, renamed, unmounted): status said to
+    set SOULFLEET_PERSONAS or pass --personas, as to a user who typed a wrong path. It says the
+    fleet's own root went away and what beat does meanwhile (exit 1, not a usage error)."""
+    lanes = lanes_for(env)
+    lanes.client.set(lanes.keys.registry_root, str(fleet_root.resolve()))
+    fleet_root.rename(fleet_root.with_name("moved"))
+    result = invoke("status")
+    assert result.exit_code == 1
+    assert "it is the one the fleet's workers serve" in result.stderr
+    assert "beat schedules none of its personas meanwhile" in result.stderr
+    assert "pass --personas" not in result.stderr
+
+
 def test_status_redis_unreachable(invoke: Invoke, dead_redis_env: Mapping[str, str | None]) -> None:
     """Redis down: exit 1, the URL without its password, and a pointer to `soulfleet up`."""
     result = invoke("status", environ=dead_redis_env)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -31,7 +31,7 @@ from workers.cli.beat_health import (
     root_conflict_line,
 )
 from workers.cli.context import CliContext
-from workers.cli.errors import BadInputError
+from workers.cli.errors import BadInputError, CliError
 from workers.cli.group import cli_context, personas_option
 from workers.cli.health import (
     fixed_since,
@@ -333,6 +333,21 @@ def _recorded_lists(
     return invalid, fixed, fleet.orphaned_dead()
 
 
+def _missing_root(state: CliContext, root: Path, *, foreign: bool) -> NoReturn:
+    if not foreign and state.fleet_root() == root.expanduser().resolve():
+        # The fleet's own root: moved, renamed or unmounted under a running fleet.
+        raise CliError(
+            f"personas root {root} does not exist, and it is the one the fleet's workers "
+            "serve: it was moved, renamed or unmounted while the fleet runs, and beat "
+            "schedules none of its personas meanwhile (registry.root_missing in its log): "
+            "put it back, or restart the fleet with the new path (SOULFLEET_PERSONAS, `up "
+            "--personas`)"
+        )
+    raise BadInputError(
+        f"personas root {root} does not exist (set SOULFLEET_PERSONAS or pass --personas)"
+    )
+
+
 def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: bool) -> None:
     """Every persona under the root, and the fleet-wide lists. ``foreign``: the root is not
     the one the fleet's workers serve, so what beat recorded of theirs (invalid personas, dead
@@ -340,9 +355,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
     fleet = state.fleet()  # Redis first: with no fleet, the personas root is moot
     root = state.settings.personas
     if not root.is_dir():
-        raise BadInputError(
-            f"personas root {root} does not exist (set SOULFLEET_PERSONAS or pass --personas)"
-        )
+        _missing_root(state, root, foreign=foreign)
     names = fleet.registry.names()
     invalid, fixed, orphans = _recorded_lists(state, foreign=foreign)
     # not of this root's personas when it is not the fleet's: its directories decide "gone"
