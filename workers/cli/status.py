@@ -70,10 +70,17 @@ _KEY_REFUSED = f"{ModelAuthError.__name__}:"
 MEMORY_HIGH = 0.9
 
 
-def breaker_lines(states: Sequence[BreakerState], now: float | None = None) -> list[str]:
+def breaker_lines(
+    states: Sequence[BreakerState],
+    now: float | None = None,
+    *,
+    lost: Mapping[str, int] | None = None,
+) -> list[str]:
     """One line per provider breaker: OPEN ones say since when, when the next probe is due,
-    how many lanes wait and why; closed ones are summed up in one line."""
+    how many lanes wait and why; closed ones are summed up in one line. ``lost``: per
+    provider, its deferred lanes lost from their index (not counted as deferred)."""
     now = time.time() if now is None else now
+    lost = lost or {}
     lines: list[str] = []
     for state in states:
         if not state.open:
@@ -92,6 +99,13 @@ def breaker_lines(states: Sequence[BreakerState], now: float | None = None) -> l
             )
         else:
             resume = "they resume by themselves"
+        if lost.get(state.provider):
+            # "0 deferred, they resume by themselves" beside the lost-lanes line: no probe
+            # finds a lane to run until they are put back.
+            resume = (
+                f"and {lost[state.provider]} more lost from the deferred index, which resume "
+                "only once `soulfleet revive --all` puts them back"
+            )
         lines.append(
             f"breaker {state.provider}: OPEN since {ago(state.opened_at, now)}, {probe}, "
             f"{state.deferred} lane(s) deferred ({resume}); last error: {error}"
@@ -448,7 +462,7 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
             "revive NAME`, --dreamer for NAME-dreamer)"
         )
     redis_lines = _redis_lines((used, limit, policy), lost, evicted)
-    for line in [*breaker_lines(breakers), *redis_lines]:
+    for line in [*breaker_lines(breakers, lost=_lost_deferred(entries, unindexed)), *redis_lines]:
         click.echo(line)
     click.echo(_beat_line(beat, state.settings.sweep_interval, redis_full=full))
     if conflict is not None:
@@ -540,6 +554,17 @@ def _mark_unindexed(entries: Sequence[Mapping[str, Any]], unindexed: Sequence[st
         for lane, lane_entry, _ in lanes_of(entry):
             if lane in lost and isinstance(lane_entry, dict):
                 lane_entry["unindexed"] = True
+
+
+def _lost_deferred(
+    entries: Sequence[Mapping[str, Any]], unindexed: Sequence[str]
+) -> dict[str, int]:
+    """Per provider, how many of its deferred lanes are among ``unindexed``."""
+    lost: dict[str, int] = {}
+    for lane, state, provider in _indexed_lanes(entries):
+        if state == "deferred" and lane in unindexed:
+            lost[provider] = lost.get(provider, 0) + 1
+    return lost
 
 
 def _indexed_lanes(entries: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
