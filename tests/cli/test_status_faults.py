@@ -211,7 +211,7 @@ def test_an_open_breaker_counts_its_deferred_lanes_lost_from_their_index() -> No
     """The breaker's deferred index evicted: its line said "0 lane(s) deferred (they resume by
     themselves)" beside the line naming those lanes lost; no probe finds one to run until they
     are put back, and the breaker line says so."""
-    state = BreakerState("openai", True, 0.0, 10.0, 5, 10, 0, 1, "HTTP 500")
+    state = BreakerState("openai", True, 0.0, 10.0, 0, 10, 5, 1, "HTTP 500")
     [line] = breaker_lines([state], now=5.0, lost={"openai": 7})
     assert "0 lane(s) deferred (and 7 more lost from the deferred index" in line
     assert "`soulfleet revive --all` puts them back" in line
