@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -371,6 +372,10 @@ def test_a_lane_whose_redis_state_was_lost_says_its_conversation_starts_over(rig
     with capture_logs() as first:
         rig.ask("ava", "one")
     assert [e["reason"] for e in first if e["event"] == "session.new"] == ["first"]
+    # The state was written an hour before the lane's Redis state is lost and made anew (the
+    # rig's clock is virtual: its files are stamped on its time).
+    for state in (rig.root / "ava" / SESSIONS_DIR / "ava").glob("*.json"):
+        os.utime(state, (rig.fleet.clock.time() - 3600, rig.fleet.clock.time() - 3600))
     rig.fleet.client.delete(rig.fleet.keys.lane("ava"))
     with capture_logs() as after:
         rig.ask("ava", "two")
@@ -379,3 +384,20 @@ def test_a_lane_whose_redis_state_was_lost_says_its_conversation_starts_over(rig
     assert lost["log_level"] == "warning"
     assert "Redis lost its data" in lost["error"]
     assert "transcripts/" in lost["hint"]
+
+
+def test_a_commit_redis_refused_is_not_taken_for_a_lost_pointer(rig: Rig) -> None:
+    """A first turn whose commit Redis refused (full) leaves its state file and no pointer;
+    its retry starts the lane's first session, reason first: that file is the lane's own,
+    written after its Redis state was created, not a sign Redis lost anything."""
+    rig.persona("bob")
+    states = rig.root / "bob" / SESSIONS_DIR / "bob"
+    states.mkdir(parents=True)
+    # an uncommitted state of this very lane: stamped after the lane's Redis state is born
+    (states / "0123abcd.f1.json").write_text("{}", encoding="utf-8")
+    later = rig.fleet.clock.time() + 3600
+    os.utime(states / "0123abcd.f1.json", (later, later))
+    with capture_logs() as logs:
+        rig.ask("bob", "hello")
+    assert [e["reason"] for e in logs if e["event"] == "session.new"] == ["first"]
+    assert [e for e in logs if e["event"] == "session.pointer_lost"] == []

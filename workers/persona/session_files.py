@@ -102,15 +102,18 @@ class SessionFiles:
         """The lane's directory, confined to the home (created on first write)."""
         return confined(self.home, f"{SESSIONS_DIR}/{self.lane}")
 
-    def has_fleet_states(self) -> bool:
-        """Whether a fleet state file is kept here: a lane whose pointer is unset but has one
-        lost its Redis state (Redis lost its data, or evicted the lane's hash), not a first
-        turn. One listing, of a directory a lane's first turn does not have yet."""
+    def has_fleet_states(self, *, before: float) -> bool:
+        """Whether a fleet state file written before ``before`` (epoch s: when the lane's
+        Redis state was created) is kept here: a lane whose pointer is unset but has one lost
+        its Redis state (Redis lost its data, or evicted the lane's hash), not a first turn.
+        A state written since is this lane's own uncommitted one (a commit Redis refused),
+        which says nothing of a loss. One listing, of a directory a first turn has not got."""
         try:
             with os.scandir(self.directory) as entries:
                 return any(
                     (match := _STATE.fullmatch(entry.name)) is not None
                     and match.group(2).startswith("f")
+                    and entry.stat(follow_symlinks=False).st_mtime < before
                     for entry in entries
                 )
         except (OSError, PersonaFileError):

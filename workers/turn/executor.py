@@ -345,7 +345,10 @@ class TurnExecutor:
             lane=lane,
             pointer=pointer,
             base=files.read(pointer.state),
-            pointer_lost=pointer.state is None and files.has_fleet_states(),
+            # Written a little before the lane's state was created: a file of an earlier one
+            # (the margin: the worker's clock may run behind Redis's, which stamps `born`).
+            pointer_lost=pointer.state is None
+            and files.has_fleet_states(before=started.born_ms / 1000 - 2.0),
             compose=agent.soul,
             config=agent.session,
             now=now,
