@@ -119,6 +119,28 @@ class ScheduleEntries:
             for name in chunk:
                 _log.info("registry.removed", persona=name)
 
+    def _record(self, name: str, entries: PersonaEntries) -> str:
+        """The registry record of ``name`` as this beat writes it."""
+        record = {
+            "path": str(self._root / name),
+            "fingerprint": entries.fingerprint,
+            "error": entries.error,
+        }
+        return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+    def stale_records(self, personas: Mapping[str, PersonaEntries]) -> list[str]:
+        """Those of ``personas`` whose registry record in Redis is not the one this beat would
+        write (another beat's, or none)."""
+        names = sorted(personas)
+        if not names:
+            return []
+        stored = self._client.hmget(self._keys.registry, names)
+        return [
+            name
+            for name, raw in zip(names, stored, strict=True)
+            if raw != self._record(name, personas[name])
+        ]
+
     def drifted(self, expected: int) -> bool:
         """True when Redis does not hold ``expected`` specs and scores (flushed, edited by hand)."""
         pipe = self._client.pipeline(transaction=False)
@@ -228,14 +250,7 @@ class ScheduleEntries:
                     cron=spec.cron,
                     first_due=due,
                 )
-            record = {
-                "path": str(self._root / name),
-                "fingerprint": entries.fingerprint,
-                "error": entries.error,
-            }
-            write.hset(
-                self._keys.registry, name, json.dumps(record, sort_keys=True, separators=(",", ":"))
-            )
+            write.hset(self._keys.registry, name, self._record(name, entries))
         if specs_written:
             # Sweeps keep specs by member and re-read them only when this moves.
             write.incr(self._keys.schedule_epoch)

@@ -67,9 +67,8 @@ _log = structlog.get_logger("soulfleet.beat")
 #: Syncs in a row that must find another beat's root, serving other personas, before it is a
 #: conflict: an old beat's last sync during a rolling move is not one.
 _ROOT_CONFLICT_SYNCS = 2
-#: Seconds between full reconciles (every persona's entries and registry record written
-#: again, from what this beat holds): a pass over the whole registry, a few seconds of Redis
-#: work at 100,000 personas, so not every sync.
+#: Seconds in which a beat's syncs have compared every persona's registry record in Redis
+#: with its own, a slice per sync (:meth:`RegistrySync._records_others_left`).
 RECONCILE_EVERY = 300.0
 
 Loader = Callable[[Path], PersonaConfig]
@@ -165,8 +164,8 @@ class RegistrySync:
         self._known: dict[str, PersonaRecord] = {}
         self._reported_names: set[str] = set()
         self._reconciled = False
-        #: When this beat last rewrote every persona's entries and record (clock time).
-        self._reconciled_at = 0.0
+        #: Where the next slice of :meth:`_records_others_left` starts (in sorted names).
+        self._slice_at = 0
         #: The marker's value at the previous sync (None before the first).
         self._marker: str | None = None
         #: Whether this beat has recorded its root (a sync after that finding another's may be
@@ -212,15 +211,11 @@ class RegistrySync:
             )
         self._check_marker(len(current))
         now = self._clock.time()
-        # Now and then, every record again: another beat (one with another MCP config, say)
-        # can record a persona invalid without changing how many entries Redis holds, and
-        # this beat, whose files did not change, never wrote it back: status kept calling the
-        # persona invalid after that beat stopped, until someone touched its files.
-        stale = now - self._reconciled_at >= RECONCILE_EVERY
-        if not self._reconciled or drifted or stale:
+        if not self._reconciled or drifted:
             targets = current
             gone |= {name for name in self._entries.personas_in_redis() if name not in seen}
-            self._reconciled_at = now
+        else:
+            targets = {**self._records_others_left(current), **changed}
         changes = EntryChanges()
         self._entries.apply(
             {name: record.entries() for name, record in targets.items()}, now, changes
@@ -254,6 +249,24 @@ class RegistrySync:
             seconds=round(report.seconds, 4),
         )
         return report
+
+    def _records_others_left(self, current: dict[str, PersonaRecord]) -> dict[str, PersonaRecord]:
+        """Of the next slice of personas (all of them every :data:`RECONCILE_EVERY` seconds
+        of syncs), those whose registry record in Redis is not the one this beat holds: another
+        beat (one with another MCP config, say) recorded a persona invalid without changing how
+        many entries Redis holds, and this beat, whose files did not change, never wrote it
+        back (status kept calling the persona invalid after that beat stopped). One HMGET of a
+        slice per sync; only records that differ are written again."""
+        names = sorted(current)
+        if not names:
+            return {}
+        syncs = max(1, int(RECONCILE_EVERY / max(self._settings.sync_interval, 0.1)))
+        size = -(-len(names) // syncs)
+        start = self._slice_at % len(names)
+        chunk = names[start : start + size]
+        self._slice_at = start + size
+        stale = self._entries.stale_records({name: current[name].entries() for name in chunk})
+        return {name: current[name] for name in stale}
 
     def _check_marker(self, personas: int) -> None:
         """Say so when the marker this beat saw (or set) at its last sync is gone or replaced

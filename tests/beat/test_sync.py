@@ -336,29 +336,31 @@ def test_sync_restores_entries_lost_from_redis(
     assert events.named("redis.data_lost") == []
 
 
-def test_a_record_another_beat_left_is_written_back_at_the_next_full_reconcile(
+def test_records_another_beat_left_are_written_back_a_slice_per_sync(
     fleet: Fleet, persona_root: Path, redis_client: redis.Redis
 ) -> None:
-    """Another beat (started without the fleet's MCP config, say) recorded a valid persona with
+    """Another beat (started without the fleet's MCP config, say) recorded valid personas with
     no schedule entries as invalid, then stopped: the entry count did not move, so this beat,
-    whose files did not change, never wrote the record back, and status called the persona
-    invalid until someone touched its files. A full reconcile every RECONCILE_EVERY seconds
-    writes it back; before that, nothing is rewritten."""
-    write_persona(persona_root, "quiet", "")  # answers posts only: no schedule entry
+    whose files did not change, never wrote the records back, and status called the personas
+    invalid until someone touched their files. Each sync now compares a slice of the records
+    with its own (all of them within RECONCILE_EVERY seconds of syncs: here 30 syncs, one
+    persona each) and writes back only those that differ."""
+    names = ["quiet1", "quiet2", "quiet3"]
+    for name in names:
+        write_persona(persona_root, name, "")  # answers posts only: no schedule entry
     sync = make_sync(fleet)
     sync.run()
-    good = registry_record(redis_client, fleet, "quiet")
-    assert good["error"] == ""
-    bad = {**good, "error": "key 'tools.mcp[0].use' names no server (another beat's view)"}
-    redis_client.hset(fleet.keys.registry, "quiet", json.dumps(bad))
-    clock = fleet.clock
-    assert isinstance(clock, VirtualClock)
-    clock.advance(RECONCILE_EVERY / 2)
+    good = {name: registry_record(redis_client, fleet, name) for name in names}
+    assert fleet.settings.sync_interval * 30 == RECONCILE_EVERY
+    for name in names:
+        bad = {**good[name], "error": "key 'tools.mcp[0].use' names no server (another beat)"}
+        redis_client.hset(fleet.keys.registry, name, json.dumps(bad))
     sync.run()
-    assert registry_record(redis_client, fleet, "quiet")["error"] == bad["error"]
-    clock.advance(RECONCILE_EVERY / 2)
+    fixed = [name for name in names if registry_record(redis_client, fleet, name) == good[name]]
+    assert len(fixed) == 1  # one slice: not the whole registry at once
     sync.run()
-    assert registry_record(redis_client, fleet, "quiet") == good
+    sync.run()
+    assert {name: registry_record(redis_client, fleet, name) for name in names} == good
 
 
 def test_a_personas_root_gone_under_a_running_beat_is_an_error_up_shows(
