@@ -31,7 +31,7 @@ from tests.support.cli import (
 from tests.support.fleet import wait_until
 from tests.support.tmpfs import fill, tmpfs
 from workers.cli.up import RESTARTS
-from workers.local.datadir import lock_personas_root
+from workers.local.datadir import RootInUseError, lock_personas_root
 from workers.local.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -103,6 +103,24 @@ def test_a_second_up_on_the_same_data_dir_is_refused(up: Up) -> None:
     assert second.returncode == 1, second.stdout + second.stderr
     assert "already running" in second.stderr
     assert f"pid {up.process.pid}" in second.stderr
+    assert up.alive()
+
+
+def test_a_running_up_holds_its_demo_personas_root_against_another_up(
+    up: Up, tmp_path: Path
+) -> None:
+    """The running `up` (demo personas, in its data folder) holds that root: another `up` from
+    another data folder naming it with --personas is refused (two fleets on one root), and the
+    running one goes on."""
+    wait_until(lambda: up.alive() and (up.data / "up.json").exists(), timeout=DEADLINE,
+               what="up.json")  # fmt: skip
+    root = up.data / "personas"
+    with pytest.raises(RootInUseError):
+        lock_personas_root(root)
+    second = run_soulfleet("up", "--data", str(tmp_path / "other"), "--personas", str(root),
+                           env=up.env, timeout=60)  # fmt: skip
+    assert second.returncode == 1, second.stdout + second.stderr
+    assert f"another soulfleet up serves the personas root {root.resolve()}" in second.stderr
     assert up.alive()
 
 
@@ -430,8 +448,6 @@ def test_a_second_up_on_the_same_personas_root_is_refused(tmp_path: Path) -> Non
         assert not (tmp_path / "data" / "up.json").exists()
     finally:
         held.release()
-    again = lock_personas_root(root)  # `up`'s refusal left no lock behind
-    again.release()
 
 
 def test_up_refuses_one_personas_directory_as_its_root(tmp_path: Path) -> None:

@@ -124,22 +124,14 @@ def up(personas: Path | None, worker_count: int, flower: bool, data: Path | None
         lock = data_dir.lock()
     except AlreadyRunningError as exc:
         raise CliError(str(exc)) from None
-    try:
-        # The demo root lives in the data directory, which the lock above already holds.
-        root_lock = lock_personas_root(given.resolve()) if given is not None else UpLock(-1)
-    except RootInUseError as exc:
-        lock.release()
-        raise CliError(str(exc)) from None
     stop = StopRequest()
     handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     previous = {sig: signal.signal(sig, stop.handle) for sig in handled}
     try:
-        code = _Up(data_dir, personas, worker_count, flower, stop=stop,
-                   locks=(lock, root_lock)).run()  # fmt: skip
+        code = _Up(data_dir, personas, worker_count, flower, stop=stop, lock=lock).run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        root_lock.release()
         lock.release()
     if code:
         raise click.exceptions.Exit(code)
@@ -149,14 +141,16 @@ class _Up:
     """One `up` run: what it started, so whatever happens, it is all stopped in order."""
 
     def __init__(self, data: DataDir, personas: Path | None, workers: int, flower: bool, *,
-                 stop: StopRequest, locks: tuple[UpLock, UpLock]) -> None:  # fmt: skip
+                 stop: StopRequest, lock: UpLock) -> None:  # fmt: skip
         self.data, self.personas_option, self.workers, self.flower = data, personas, workers, flower
         self.stop = stop
-        # Every child inherits the locks: a survivor keeps a second `up` off this folder (and
-        # off the personas root it serves).
-        self.lock_fds = tuple(held.fd for held in locks if held.is_locked)
+        self.lock = lock
+        #: The personas root's (:func:`lock_personas_root`), taken once the root is chosen.
+        self.root_lock = UpLock(-1)
         self.redis: RedisServer | None = None
-        self.supervisor = Supervisor(keep_fds=self.lock_fds)
+        # Every child inherits the locks: a survivor keeps a second `up` off this folder (and,
+        # with the root's added once taken, off the personas root it serves).
+        self.supervisor = Supervisor(keep_fds=(lock.fd,))
         self.fleet: Fleet | None = None
         self.publisher: CeleryPublisher | None = None
         self.console = Console(on_closed=stop.output_closed)
@@ -171,14 +165,26 @@ class _Up:
             return self._run()
         finally:
             self._shutdown()
+            self.root_lock.release()  # last: its children hold it until they are gone
+
+    def _hold_root(self, root: Path) -> None:
+        """Take the personas root's lock, handed to every child started from now on."""
+        if not root.is_dir():
+            raise BadInputError(missing_root(root))
+        try:
+            self.root_lock = lock_personas_root(root.resolve())
+        except RootInUseError as exc:
+            raise CliError(str(exc)) from None
+        if self.root_lock.is_locked:
+            self.supervisor.keep_fds = (self.lock.fd, self.root_lock.fd)
 
     def _run(self) -> int:
         env = _checked_environ()
         with _writing(self.data.root):
             self.data.create()
             choice = choose_personas(self.personas_option, env, self.data.personas)
-        if not choice.root.is_dir():
-            raise BadInputError(missing_root(choice.root))
+        # The demo root too: another `up --personas` may name it from another data folder.
+        self._hold_root(choice.root)
         env["SOULFLEET_PERSONAS"] = str(choice.root)
         settings = Settings.from_env(env)  # invalid settings fail before anything starts
         echo = self.console.out
@@ -261,7 +267,7 @@ class _Up:
             self.redis = RedisServer(
                 self.data.redis,
                 persistent=True,
-                keep_fds=self.lock_fds,
+                keep_fds=(self.lock.fd,),
                 parent_death_signal=signal.SIGTERM,  # flush the AOF, then exit
                 # Any local user could reach a loopback port: read every inbox, post items
                 # marked trusted. A new password each run; other commands read redis.url.

@@ -152,7 +152,11 @@ class AlreadyRunningError(RuntimeError):
 class RootInUseError(RuntimeError):
     """Another ``soulfleet up`` serves this personas root (from another data directory)."""
 
-    def __init__(self, root: Path, holders: list[int]) -> None:
+    def __init__(self, root: Path, holders: list[int], *, problem: str = "") -> None:
+        self.root = root
+        if problem:
+            super().__init__(f"cannot open the personas root {root}: {problem}")
+            return
         who = f" (pids {' '.join(str(pid) for pid in holders[:8])}: that up and its children)"
         super().__init__(
             f"another soulfleet up serves the personas root {root}"
@@ -161,7 +165,6 @@ class RootInUseError(RuntimeError):
             "(`soulfleet status` with its SOULFLEET_DATA), stop it first, or give this one "
             "another --personas"
         )
-        self.root = root
 
 
 def lock_personas_root(root: Path) -> UpLock:
@@ -170,7 +173,10 @@ def lock_personas_root(root: Path) -> UpLock:
     another data directory on the same root raises :class:`RootInUseError`. Where the
     filesystem takes no lock on a directory (NFS emulates flock with record locks, which a
     read-only descriptor cannot take), nothing is held and nothing refused."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:  # unreadable, or gone since it was checked
+        raise RootInUseError(root, [], problem=exc.strerror or str(exc)) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -178,7 +178,9 @@ def _import(name: str) -> Any:
     with _IMPORTING_LOCK:
         setup = _IMPORTING.get(name)
         if setup is None or not setup[0].is_alive():
-            _IMPORTED_AT.setdefault(name, time.time())  # before: an edit meanwhile is later
+            # Each attempt's start (an edit meanwhile is later); a failed import's time would
+            # call the fixed module, imported since, "imported before it was changed".
+            _IMPORTED_AT[name] = time.time()
             setup = _IMPORTING[name] = _start(lambda: importlib.import_module(name))
     return _wait(f"importing module {name!r}", setup)
 
