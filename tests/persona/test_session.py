@@ -9,13 +9,15 @@ messages it is given, so remembering is observable in its answers).
 from __future__ import annotations
 
 import re
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from tests.support.turns import Call, ReplayModel, make_persona, says
 from workers.persona.clock import VirtualClock
-from workers.persona.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
+from workers.persona.compaction import SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX, Compaction
 from workers.persona.driver import start_agent
 from workers.persona.errors import ModelServerError, PersonaConfigError
 from workers.persona.loop import Budget, RunResult
@@ -23,8 +25,9 @@ from workers.persona.manifest import load_manifest
 from workers.persona.messages import Completion, Usage
 from workers.persona.runner import run
 from workers.persona.search import transcript_search_tool
-from workers.persona.session import next_session_id
+from workers.persona.session import COMPACTION_FAILED, Pointer, SessionState, next_session_id
 from workers.persona.session_files import current_session
+from workers.persona.session_plan import SessionPlan
 from workers.persona.transcripts import FileTranscripts
 
 # 2023-11-14 22:13:20 UTC
@@ -310,6 +313,7 @@ def test_a_failed_summary_is_kept_in_the_session_until_one_succeeds(home: Path) 
     )
     summaries: list[Completion | Exception] = [
         ModelServerError("HTTP 503 from the summary call"),
+        ModelServerError("HTTP 503 from the summary call"),
         Completion(text="", usage=Usage(10, 0), stop_reason="stop"),
         Completion(text="Zed chatted.", usage=Usage(10, 5)),
     ]
@@ -344,14 +348,47 @@ def test_a_failed_summary_is_kept_in_the_session_until_one_succeeds(home: Path) 
     first = state.summary()["compaction_failed"]
     assert first["error"] == "ModelServerError: HTTP 503 from the summary call"
     assert first["at"] > 0
-    until_a_summary_is_asked(2)
+    time.sleep(0.01)
+    until_a_summary_is_asked(2)  # the same failure again: "failing since" its first time
     state = current_session(home, "ava")
     assert state is not None
-    assert state.summary()["compaction_failed"]["error"] == "the summary came back empty"
+    assert state.summary()["compaction_failed"] == first
     until_a_summary_is_asked(3)
     state = current_session(home, "ava")
     assert state is not None
+    assert state.summary()["compaction_failed"]["error"] == "the summary came back empty"
+    until_a_summary_is_asked(4)
+    state = current_session(home, "ava")
+    assert state is not None
     assert state.compactions == 1
+    assert state.summary()["compaction_failed"] is None
+
+
+def test_a_failure_ends_when_the_session_is_no_longer_over_its_budget(home: Path) -> None:
+    """A summary that failed, then `session.max_tokens` raised: the next turn needs no
+    compaction, and the failure (which said the session grows past its budget and each turn
+    tries again) is gone from the state."""
+    (home / "persona.toml").write_text(
+        "[session]\nmax_tokens = 400\nkeep_tail = 100\n", encoding="utf-8"
+    )
+
+    def answer(seen: Call) -> Completion:
+        if seen.system == SUMMARY_INSTRUCTIONS:
+            raise ModelServerError("HTTP 503 from the summary call")
+        return recall(seen)
+
+    model = ReplayModel(answer)
+    for n in range(10):
+        run(home, f"message {n} " + "blah " * 80, model, session=True)
+        state = current_session(home, "ava")
+        if state is not None and state.summary()["compaction_failed"] is not None:
+            break
+    else:
+        raise AssertionError("no failed compaction in 10 turns")
+    (home / "persona.toml").write_text("[session]\nmax_tokens = 100000\n", encoding="utf-8")
+    run(home, "and now?", model, session=True)
+    state = current_session(home, "ava")
+    assert state is not None
     assert state.summary()["compaction_failed"] is None
 
 
@@ -427,3 +464,27 @@ def test_silent_beats_after_a_session_ended_share_one_transcript(tmp_path: Path)
     assert driver.last_result is not None
     assert driver.last_result.text == "I don't know"
     assert len(FileTranscripts(home).conversations()) == 2
+
+
+def test_a_silent_beat_writes_a_failure_only_when_it_changes_what_the_state_says() -> None:
+    """Silent beats commit nothing; one whose compaction failed commits the failure, and the
+    next silent beats of that over-budget session, failing alike, commit nothing again (each
+    wrote and synced the whole state before)."""
+    base = SessionState(id="s", lane="ava", epoch=0, started_at=1.0, last_turn_at=1.0, soul="x")
+    failing = Compaction((), Usage(), 0, 0, 10, 10, applied=False, failed="HTTP 503", raised=True)
+    plan = SessionPlan(
+        lane="ava", session_id="s", soul="x", sections=(), history=(), pointer=Pointer("s", 0),
+        base=base, started_at=1.0, new=False, reason="continued", compaction=failing,
+        planned_at=50.0,
+    )  # fmt: skip
+    first = plan.conclude([], silent_beat=True)
+    assert first is not None
+    assert first.extra[COMPACTION_FAILED] == {"at": 50.0, "error": "HTTP 503"}
+    assert first.messages == base.messages
+    again = replace(plan, base=first, planned_at=60.0)
+    assert again.conclude([], silent_beat=True) is None
+    other = replace(again, compaction=replace(failing, failed="HTTP 500"))
+    changed = other.conclude([], silent_beat=True)
+    assert changed is not None
+    assert changed.extra[COMPACTION_FAILED] == {"at": 60.0, "error": "HTTP 500"}
+    assert replace(plan, compaction=None).conclude([], silent_beat=True) is None

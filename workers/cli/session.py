@@ -57,10 +57,17 @@ def _failed_line(report: dict[str, Any]) -> str | None:
     if not isinstance(failed, dict):
         return None
     error = " ".join(str(failed.get("error") or "?").split())[:300]
+    todo = (
+        # The summary call was cut at half of what the turn had left of its time.
+        "give turns more time (SOULFLEET_TURN_MAX_SECONDS) or the session a smaller "
+        "session.max_tokens"
+        if error.startswith("TurnTimeUp")
+        else "check the model's answers to the summary prompt"
+    )
     return (
-        f"LAST ONE FAILED at {_when(failed.get('at'))}: {error}; the history is kept whole (the "
-        "session grows past session.max_tokens) and the next turn over it tries again: check "
-        "the model's summary answers (`soulfleet session reset` starts over)"
+        f"FAILING since {_when(failed.get('at'))}: {error}; the history is kept whole (the "
+        f"session grows past session.max_tokens) and each turn over it tries again: {todo} "
+        "(`soulfleet session reset` starts over)"
     )
 
 

@@ -126,9 +126,10 @@ class SessionPlan:
                 return self._noted(replace(
                     self.base, messages=self.history, compactions=self.base.compactions + 1
                 ))  # fmt: skip
-            if self.compaction is not None and self.compaction.failed:
-                return self._noted(self.base)  # the beat leaves no exchange, but the failure
-            return None
+            noted = self._noted(self.base)
+            # The beat leaves no exchange; a failure (or its end) is written only when it
+            # changes what the state says, not at every silent beat of an over-budget session.
+            return noted if noted.extra != self.base.extra else None
         if self.new or self.base is None:
             state = SessionState(
                 id=self.session_id,
@@ -149,13 +150,19 @@ class SessionPlan:
 
     def _noted(self, state: SessionState) -> SessionState:
         """``state`` saying how this turn's compaction went: a failure is kept (its time and
-        why) until a compaction succeeds, so `session show` tells a session that grows past
-        its budget because its summaries fail (they were in the worker's log only)."""
-        if self.compaction is None:
+        why) while the session stays over its budget, so `session show` tells a session that
+        grows past it because its summaries fail (they were in the worker's log only); a turn
+        that needed none (under budget now: a raised max_tokens) or whose summary was applied
+        ends it. A failure already recorded is kept as it is (its first time)."""
+        kept = state.extra.get(COMPACTION_FAILED)
+        failed = self.compaction.failed if self.compaction is not None else ""
+        if failed and isinstance(kept, dict) and kept.get("error") == failed:
             return state
         extra = {k: v for k, v in state.extra.items() if k != COMPACTION_FAILED}
-        if self.compaction.failed:
-            extra[COMPACTION_FAILED] = {"at": self.planned_at, "error": self.compaction.failed}
+        if failed:
+            extra[COMPACTION_FAILED] = {"at": self.planned_at, "error": failed}
+        elif kept is None:
+            return state
         return replace(state, extra=extra)
 
 
