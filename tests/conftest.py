@@ -74,11 +74,16 @@ def _structlog_left_as_found(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test that configures structlog in this process (a worker's init, the CLI's quiet
     logging) must put it back: a later test's capture_logs then saw none of its info events
     (the filter left at INFO... or WARNING), a failure far from its cause."""
-    before = structlog.get_config()
+
+    def snapshot() -> dict[str, object]:
+        # The processors list is the live one: a change made in place compared equal.
+        return {k: list(v) if isinstance(v, list) else v for k, v in structlog.get_config().items()}
+
+    before = snapshot()
     yield
-    after = structlog.get_config()
+    after = snapshot()
     if after != before:
-        structlog.configure(**before)
+        structlog.configure(**before)  # type: ignore[arg-type]
         pytest.fail(
             f"{request.node.nodeid} left structlog configured differently "
             f"({before.get('wrapper_class')} -> {after.get('wrapper_class')}): restore it",

@@ -213,8 +213,9 @@ def test_an_open_breaker_counts_its_deferred_lanes_lost_from_their_index() -> No
     are put back, and the breaker line says so."""
     state = BreakerState("openai", True, 0.0, 10.0, 0, 10, 5, 1, "HTTP 500")
     [line] = breaker_lines([state], now=5.0, lost={"openai": 7})
-    assert "0 lane(s) deferred (and 7 more lost from the deferred index" in line
-    assert "`soulfleet revive --all` puts them back" in line
-    assert "resume by themselves" not in line
+    assert "0 lane(s) deferred (they resume by themselves; and 7 more lost from the deferred" in (
+        line
+    )
+    assert "resume only once `soulfleet revive --all` puts them back" in line
     [plain] = breaker_lines([state], now=5.0, lost={"anthropic": 2})
     assert "resume by themselves" in plain

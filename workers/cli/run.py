@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import click
+import redis
 
 from workers.cli.beat_health import beat_seen, redis_data_lost
 from workers.cli.context import CliContext, lock_mode_conflict, persona_dir
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import JSON_FAILURE_SHOWN, cli_context, personas_option
 from workers.fleet.errors import LaneDeadLettered, RedisUnavailable
+from workers.fleet.servertime import ServerClock
 from workers.persona.checkup import check_persona
 from workers.persona.loop import Budget
 from workers.queues import queue_name
@@ -121,7 +123,7 @@ def _fleet_run(
     name = state.checked(persona)
     state.warn_if_no_fleet()
     posted: list[str] = []
-    since = time.time()
+    since = _server_time(state)
     try:
         reply = state.fleet().run(
             name,
@@ -181,18 +183,30 @@ _LIMITS = {
 }
 
 
+def _server_time(state: CliContext) -> float:
+    """Redis's clock (beat stamps its record of a data loss with it); this host's when Redis
+    does not answer (the post that follows says so)."""
+    try:
+        return ServerClock(state.fleet().client).time()
+    except (RedisUnavailable, redis.RedisError):
+        return time.time()
+
+
 def _lost_meanwhile(state: CliContext, since: float) -> str:
     """What a timed-out run adds when beat found Redis had lost its data while it waited:
     the item went with it, and status then showed an idle lane with nothing to say."""
     try:
         lost = redis_data_lost(state.fleet())
+        now = ServerClock(state.fleet().client).time()
     except RedisUnavailable:
         return ""
     at = lost.get("at") if lost else None
+    # beat stamps it on Redis's clock, as `since` is taken: a shell's clock running off would
+    # hide the loss, or blame one from before the run.
     if not isinstance(at, (int, float)) or at < since:
         return ""
     return (
-        f"Redis lost its data {time.time() - at:.0f}s ago, while this waited (beat found its "
+        f"Redis lost its data {max(0.0, now - at):.0f}s ago, while this waited (beat found its "
         "marker gone): the message was probably lost with it; send it again"
     )
 

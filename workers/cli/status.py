@@ -102,8 +102,8 @@ def breaker_lines(
         if lost.get(state.provider):
             # "0 deferred, they resume by themselves" beside the lost-lanes line: no probe
             # finds a lane to run until they are put back.
-            resume = (
-                f"and {lost[state.provider]} more lost from the deferred index, which resume "
+            resume += (
+                f"; and {lost[state.provider]} more lost from the deferred index, which resume "
                 "only once `soulfleet revive --all` puts them back"
             )
         lines.append(
