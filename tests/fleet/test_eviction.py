@@ -142,3 +142,34 @@ def test_a_worker_or_beat_on_a_database_redis_lacks_refuses_to_start(
     err = capsys.readouterr().err
     assert "refusing to start: Redis refused the database that REDIS_URL selects" in err
     assert "/99" in err
+
+
+@pytest.mark.integration
+def test_worker_and_beat_refuse_to_start_on_a_refused_password_and_up_says_so(
+    tmp_path: Path,
+) -> None:
+    """A Redis with requirepass, REDIS_URL without the password or with a wrong one: a real
+    worker and beat exit 78 saying to check the password (they logged "check that it runs"
+    once, then Celery retried "Authentication required." forever), and `up` on it says the
+    credentials were refused instead of "start that Redis"."""
+    with RedisServer(tmp_path / "redis", password="s3cretpw") as server:
+        port = server.url.rsplit(":", 1)[1].split("/")[0]
+        celery = [sys.executable, "-m", "celery", "-A", "workers"]
+        for url in (f"redis://127.0.0.1:{port}/0", f"redis://:wrongpw@127.0.0.1:{port}/0"):
+            env = fleet_env(redis_url=url, key_prefix="auth:", personas=tmp_path)
+            for argv in (
+                [*celery, "worker", "-P", "threads", "-c", "2", "--without-mingle",
+                 "--without-gossip"],
+                [*celery, "beat"],
+            ):  # fmt: skip
+                done = subprocess.run(argv, env=env, cwd=REPO, capture_output=True, text=True,
+                                      timeout=120, check=False)  # fmt: skip
+                assert done.returncode == EXIT_EVICTING, done.stderr[-2000:]
+                assert "refused this process's credentials" in done.stderr
+                assert "check the password" in done.stderr
+                assert "wrongpw" not in done.stderr
+        up = run_soulfleet("up", "--data", str(tmp_path / "data"), "--personas", str(tmp_path),
+                           env={"REDIS_URL": f"redis://127.0.0.1:{port}/0",
+                                "XDG_DATA_HOME": str(tmp_path / "xdg")}, timeout=120)  # fmt: skip
+        assert up.returncode == 1, up.stderr
+        assert "it refused the credentials: check the password" in up.stderr

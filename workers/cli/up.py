@@ -52,7 +52,7 @@ from workers.cli.launch import (
 from workers.cli.watch import LogTail, Reporter, follow_beats, live_status
 from workers.fleet import Fleet
 from workers.fleet.beats import Beat
-from workers.fleet.errors import EvictingRedis, RedisUnavailable
+from workers.fleet.errors import EvictingRedis, RedisUnavailable, is_auth_refusal
 from workers.fleet.eviction import check_eviction_policy
 from workers.fleet.persistence import warn_if_not_persistent
 from workers.local.datadir import (
@@ -490,9 +490,14 @@ def _reach(fleet: Fleet, settings: Settings) -> None:
             raise
         # The generic advice ("start one with `soulfleet up`") is circular here.
         why = f" ({exc.detail})" if exc.detail else ""
+        todo = (
+            "it refused the credentials: check the password (and user) in REDIS_URL"
+            if is_auth_refusal(exc.detail)
+            else "start that Redis"
+        )
         raise CliError(
-            f"Redis at {exc.url} (REDIS_URL) is unavailable{why}: start that Redis, or "
-            "unset REDIS_URL and `soulfleet up` runs an embedded one"
+            f"Redis at {exc.url} (REDIS_URL) is unavailable{why}: {todo}, or unset REDIS_URL "
+            "and `soulfleet up` runs an embedded one"
         ) from None
 
 

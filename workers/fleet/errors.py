@@ -63,6 +63,7 @@ __all__ = [
     "UnusablePersonaName",
     "as_redis_refusal",
     "classify",
+    "is_auth_refusal",
     "is_redis_blip",
     "is_redis_full",
     "redis_refusal",
@@ -93,9 +94,15 @@ _SCRIPT_BLIP = re.compile(
 #: What Redis (and redis-py) say when a client's password or user is wrong or missing.
 _AUTH_FAILED = re.compile(
     r"Authentication required|NOAUTH|WRONGPASS|invalid username-password|invalid password|"
-    r"AUTH <password> called without any password configured",
+    r"AUTH <password> called without any password configured|"
+    r"HELLO must be called with the client already authenticated",
     re.IGNORECASE,
 )
+
+
+def is_auth_refusal(detail: str) -> bool:
+    """Whether a Redis error's text says it refused the client's password or user."""
+    return _AUTH_FAILED.search(detail) is not None
 
 
 def is_redis_blip(exc: BaseException) -> bool:
@@ -295,7 +302,7 @@ class RedisUnavailable(FleetError):
     def __init__(self, url: str, detail: str = "") -> None:
         safe = redact_url(url)
         reason = f" ({detail})" if detail else ""
-        if _AUTH_FAILED.search(detail):
+        if is_auth_refusal(detail):
             # It answered: running and reachable, so "check that it runs" sent people astray.
             todo = (
                 "it refused this client's credentials: check the password (and user) in "

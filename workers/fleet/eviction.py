@@ -23,7 +23,7 @@ import sys
 import redis
 import structlog
 
-from workers.fleet.errors import EvictingRedis, RedisUnavailable
+from workers.fleet.errors import EvictingRedis, RedisUnavailable, is_auth_refusal
 from workers.fleet.persistence import warn_if_not_persistent
 from workers.settings import Settings, redact_url
 
@@ -100,6 +100,18 @@ def refuse_to_start_on_eviction(settings: Settings, process: str) -> None:
         print(f"soulfleet {process}: refusing to start: {exc}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_EVICTING) from None
     except (RedisUnavailable, redis.ConnectionError, redis.TimeoutError) as exc:
+        if is_auth_refusal(str(exc)):
+            # Waiting cannot help a refused password: Celery retried it forever, logging
+            # "Authentication required." a line at a time. Refused, as a bad database is.
+            message = (
+                f"Redis at {redact_url(settings.redis_url)} refused this process's credentials "
+                f"({exc}): check the password (and user) in REDIS_URL (CELERY_BROKER_URL too, "
+                "when the broker is a Redis of its own)"
+            )
+            _log.error("redis.auth_refused", process=process, error=message)
+            print(f"soulfleet {process}: refusing to start: {message}", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            raise SystemExit(EXIT_EVICTING) from None
         _log.warning("redis.policy_unchecked", process=process, error=str(exc))
     except redis.ResponseError as exc:
         if "DB index is out of range" not in str(exc):
