@@ -8,7 +8,14 @@ import redis
 from kombu.exceptions import OperationalError
 
 from tests.support.cli import run_soulfleet, subprocess_env
-from workers.cli.errors import EXIT_FAILURE, EXIT_USAGE, BadInputError, CliError, translate
+from workers.cli.errors import (
+    EXIT_FAILURE,
+    EXIT_USAGE,
+    BadInputError,
+    CliError,
+    one_line,
+    translate,
+)
 from workers.fleet.errors import InboxFull, LaneDeadLettered, UnknownPersona
 from workers.local.redis_server import RedisServer
 from workers.persona.errors import ModelSpecError, PersonaConfigError, SettingsError
@@ -112,3 +119,13 @@ def test_a_redis_refusing_the_password_says_to_check_the_password(tmp_path: Path
     down = run_soulfleet("status", env=subprocess_env({"REDIS_URL": f"redis://127.0.0.1:{port}/0"}))
     assert down.returncode == 1
     assert "check that it runs" in down.stderr
+
+
+def test_a_long_error_is_cut_at_a_whole_word_and_says_so() -> None:
+    """`run` cut a lane's error at 300 characters mid-word ("restart the workers to load t"):
+    one_line with a limit cuts at a whole word and ends with an ellipsis; a short one is kept."""
+    error = "a module is imported once per worker process, so restart the workers to load the edit"
+    cut = one_line(error, 72)
+    assert cut == "a module is imported once per worker process, so restart the workers to …"
+    assert one_line("short\n error", 72) == "short error"
+    assert one_line("x" * 100, 10) == "x" * 10 + " …"

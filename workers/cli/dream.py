@@ -26,7 +26,7 @@ import click
 import redis
 
 from workers.cli.context import CliContext
-from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError
+from workers.cli.errors import EXIT_FAILURE, BadInputError, CliError, one_line
 from workers.cli.group import cli_context, personas_option
 from workers.fleet import Fleet
 from workers.fleet.spend import next_reset
@@ -255,7 +255,7 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
             if group:
                 click.echo(f"{label}: {', '.join(group)}")
         for lane in retrying:
-            error = " ".join(str(statuses[lane].get("last_error") or "?").split())[:200]
+            error = one_line(str(statuses[lane].get("last_error") or "?"), 200)
             click.echo(f"retrying (a try failed; the fleet tries again after a backoff): {lane}: "
                        f"{error}")  # fmt: skip
     if failed or waiting or invalid or incomplete:

@@ -60,9 +60,15 @@ _USAGE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-def one_line(text: str) -> str:
-    """Collapse a message onto one line (TOML errors and stack-ish details carry newlines)."""
-    return " ".join(str(text).split())
+def one_line(text: str, limit: int | None = None) -> str:
+    """Collapse a message onto one line (TOML errors and stack-ish details carry newlines);
+    with ``limit``, at most that many characters, cut at a whole word and saying so (an
+    error cut mid-word read as another word)."""
+    line = " ".join(str(text).split())
+    if limit is None or len(line) <= limit:
+        return line
+    cut = line[:limit].rsplit(" ", 1)[0] if " " in line[:limit] else line[:limit]
+    return cut + " …"
 
 
 class CliError(click.ClickException):

@@ -27,7 +27,7 @@ import redis
 
 from workers.cli.beat_health import beat_seen, redis_data_lost
 from workers.cli.context import CliContext, lock_mode_conflict, persona_dir
-from workers.cli.errors import EXIT_FAILURE, BadInputError
+from workers.cli.errors import EXIT_FAILURE, BadInputError, one_line
 from workers.cli.group import JSON_FAILURE_SHOWN, cli_context, personas_option
 from workers.fleet.errors import LaneDeadLettered, RedisUnavailable
 from workers.fleet.servertime import ServerClock
@@ -233,7 +233,7 @@ def _no_worker_hint(state: CliContext, name: str, timeout: float) -> Callable[[f
         failed_at = lane.get("last_error_at")
         if not told_error and isinstance(failed_at, float) and failed_at >= since:
             told_error = True
-            error = " ".join(str(lane.get("last_error") or "?").split())[:300]
+            error = one_line(str(lane.get("last_error") or "?"), 300)
             click.echo(
                 f"soulfleet: a try of this turn failed: {error}; the fleet retries it "
                 f"(`soulfleet status {name}`); {still}",

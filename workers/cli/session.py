@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from workers.cli.errors import one_line
 from workers.cli.group import cli_context, personas_option
 
 __all__ = ["edited_note", "session"]
@@ -56,7 +57,7 @@ def _failed_line(report: dict[str, Any]) -> str | None:
     failed = report.get("compaction_failed")
     if not isinstance(failed, dict):
         return None
-    error = " ".join(str(failed.get("error") or "?").split())[:300]
+    error = one_line(str(failed.get("error") or "?"), 300)
     todo = (
         # The summary call was cut at half of what the turn had left of its time.
         "give turns more time (SOULFLEET_TURN_MAX_SECONDS) or the session a smaller "
