@@ -20,6 +20,7 @@ from tests.support.cli import (
 )
 from tests.support.cli import subprocess_env as full_env
 from workers.fleet.lanes import Lanes
+from workers.persona.python_tools import STALE_IMPORT
 
 BAD_SETTINGS = [
     ("SOULFLEET_MODEL", "foo:bar"),
@@ -362,3 +363,24 @@ def test_status_state_invalid_also_lists_an_invalid_persona_whose_lane_is_dead(
     assert only.exit_code == 0, only.output
     assert _table_names(only.stdout) == ["nora"]
     assert "no personas in state invalid" not in only.stdout
+
+
+def test_a_worker_holding_an_older_tool_module_is_never_called_fixed_and_revive_warns(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A lane died on a tool ref missing from a module edited after the worker imported it:
+    this shell imports the module fresh, so the check passed, status called the lane fixed
+    and revive took it back, and it died again at once. Only restarting the workers fixes it:
+    status does not call it fixed, and revive warns."""
+    lanes = lanes_for(env)
+    error = (
+        "PersonaEditing: PersonaConfigError: persona.toml: key 'tools.python[0].ref' 'mod' has "
+        "no attribute 'newtool' (this process imported /x/mod.py before it was last changed, "
+        f"12:00:00: {STALE_IMPORT}, so restart the workers to load the edit)"
+    )
+    dead_letter(lanes, "nora", error=error)
+    assert "fixed since" not in invoke("status").stdout
+    revived = invoke("revive", "nora")
+    assert revived.exit_code == 0, revived.output
+    assert "a worker held an older import of a tool module" in revived.stderr
+    assert "restart them first" in revived.stderr

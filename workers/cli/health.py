@@ -26,6 +26,7 @@ from workers.persona.errors import SoulfleetError
 from workers.persona.manifest import load_manifest
 from workers.persona.mcp_servers import FleetServer
 from workers.persona.models.config import ModelConfig
+from workers.persona.python_tools import STALE_IMPORT
 from workers.persona.spend import heartbeat_file_skip
 
 __all__ = [
@@ -157,9 +158,11 @@ def fixed_since(
     fixed: list[tuple[str, str]] = []
     for lane, status in zip(dead, fleet.lanes.status_many(dead), strict=True):
         error = str(status.get("last_error") or "")
-        if not _config_error(error) or _SERVER_ONLY.search(error):
+        if not _config_error(error) or _SERVER_ONLY.search(error) or STALE_IMPORT in error:
             # Only a running server shows these (a tool name it makes too long, a name two
             # tools share): the check-up starts no servers, so it cannot say they are fixed.
+            # Nor a worker's older import of a tool module: this fresh process imports the
+            # module as it is now, and only restarting the workers fixes theirs.
             continue
         name, _role = fleet.registry.parse_lane(lane)
         if invalid is not None and name in invalid:

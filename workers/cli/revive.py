@@ -25,6 +25,7 @@ from workers.cli.context import CliContext
 from workers.cli.errors import EXIT_FAILURE, BadInputError
 from workers.cli.group import cli_context, personas_option
 from workers.fleet.outcomes import TickOutcome
+from workers.persona.python_tools import STALE_IMPORT
 
 __all__ = ["revive"]
 
@@ -85,11 +86,27 @@ def revive(
     # The check `post` makes, warnings included (a model key this shell lacks: the lane it
     # revives may die again on it).
     name = state.checked(persona)
+    _warn_if_stale_import(state, name, dreamer=dreamer)
     outcome = state.fleet().revive(name, dreamer=dreamer, drop_kept=drop_kept)
     queued = outcome.outcome == "queued"
     _report(state, outcome, name, drop_kept=drop_kept, as_json=as_json)
     if not queued and not outcome.kind.startswith("reindexed_"):
         ctx.exit(EXIT_FAILURE)
+
+
+def _warn_if_stale_import(state: CliContext, name: str, *, dreamer: bool) -> None:
+    """The check above passes a tool module edited since a worker imported it (this process
+    imports it fresh), and the revived lane died again at once: say what fixes it."""
+    fleet = state.fleet()
+    lane = fleet.registry.lane_of(name, "dreamer" if dreamer else "persona")
+    error = str(fleet.lanes.status(lane).get("last_error") or "")
+    if STALE_IMPORT in error:
+        click.echo(
+            f"soulfleet: warning: {lane} died because a worker held an older import of a tool "
+            "module (its last error says so): unless the workers were restarted since, the "
+            "revived turn fails the same way; restart them first",
+            err=True,
+        )
 
 
 def _report(

@@ -37,7 +37,11 @@ from workers.persona.errors import PersonaConfigError, ToolSetupSlow
 from workers.persona.tool_config import PythonDecl
 from workers.persona.tools import Tool, ToolResult, bounded_timeout, is_tool_factory
 
-__all__ = ["SETUP_TIMEOUT", "PythonTool", "resolve_ref"]
+__all__ = ["SETUP_TIMEOUT", "STALE_IMPORT", "PythonTool", "resolve_ref"]
+
+#: Said by an error whose cause is a worker's older import of a tool module: a check in a
+#: fresh process (the CLI's) passes, and only restarting the workers fixes it.
+STALE_IMPORT = "a module is imported once per worker process"
 
 #: Seconds a tool's module may take to import, and its factory to return, before the turn
 #: fails (ToolSetupSlow naming the ref: transient, the retry finds a slow import done).
@@ -165,8 +169,8 @@ def _edited_since(name: str) -> str:
         return ""
     return (
         f" (this process imported {path} before it was last changed, "
-        f"{time.strftime('%H:%M:%S', time.localtime(edited))}: a module is imported once per "
-        "worker process, so restart the workers to load the edit)"
+        f"{time.strftime('%H:%M:%S', time.localtime(edited))}: {STALE_IMPORT}, so restart the "
+        "workers to load the edit)"
     )
 
 
