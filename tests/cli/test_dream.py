@@ -73,6 +73,7 @@ def test_dream_all_times_out_with_a_summary(invoke: Invoke, env: Mapping[str, st
         result.stdout
     )
     assert lanes_for(env).status("ava-dreamer")["state"] == "queued"
+    assert "waiting up to 0s (--timeout) for their passes" in result.stderr
     # Not a terminal: no progress bar, whose bare label was left as a stray "dreaming" line.
     assert [line for line in result.stderr.splitlines() if line.strip() == "dreaming"] == []
 

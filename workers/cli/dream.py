@@ -211,7 +211,13 @@ def _dream_all(ctx: click.Context, state: CliContext, *, timeout: float, as_json
     outcomes = fleet.tick_lanes([(lane, "dream") for lane in lanes])
     dead = [o.lane for o in outcomes if o.outcome == "dead_lettered"]
     watched = {lane: last for lane, last in before.items() if lane not in dead}
-    click.echo(f"dreaming: {len(watched)} dreamers woken ({len(dead)} dead-lettered)", err=True)
+    # Said up front: with output not on a terminal (no progress bar), a batch job waited up to
+    # --timeout in silence.
+    click.echo(
+        f"dreaming: {len(watched)} dreamers woken ({len(dead)} dead-lettered); waiting up to "
+        f"{timeout:.0f}s (--timeout) for their passes",
+        err=True,
+    )
     ended, failed, waiting = watch_batch(fleet, watched, timeout=timeout)
     failed = sorted([*failed, *dead])
     # A pass that ended without a model call (a used-up budget, nothing new) did not dream.
