@@ -128,19 +128,6 @@ class ScheduleEntries:
         }
         return json.dumps(record, sort_keys=True, separators=(",", ":"))
 
-    def stale_records(self, personas: Mapping[str, PersonaEntries]) -> list[str]:
-        """Those of ``personas`` whose registry record in Redis is not the one this beat would
-        write (another beat's, or none)."""
-        names = sorted(personas)
-        if not names:
-            return []
-        stored = self._client.hmget(self._keys.registry, names)
-        return [
-            name
-            for name, raw in zip(names, stored, strict=True)
-            if raw != self._record(name, personas[name])
-        ]
-
     def drifted(self, expected: int) -> bool:
         """True when Redis does not hold ``expected`` specs and scores (flushed, edited by hand)."""
         pipe = self._client.pipeline(transaction=False)
@@ -208,7 +195,8 @@ class ScheduleEntries:
             read.hmget(self._keys.schedule_spec, list(members))
             for member in members:
                 read.zscore(self._keys.schedule, member)
-        replies = read.execute()
+        read.hmget(self._keys.registry, list(names))
+        *replies, records = read.execute()
 
         write = self._client.pipeline(transaction=True)
         specs_written = False
@@ -250,7 +238,9 @@ class ScheduleEntries:
                     cron=spec.cron,
                     first_due=due,
                 )
-            write.hset(self._keys.registry, name, self._record(name, entries))
+            record = self._record(name, entries)
+            if records[index] != record:  # only differences: a slice is compared every sync
+                write.hset(self._keys.registry, name, record)
         if specs_written:
             # Sweeps keep specs by member and re-read them only when this moves.
             write.incr(self._keys.schedule_epoch)

@@ -32,6 +32,7 @@ Why it is shaped like this:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 import time
@@ -164,8 +165,9 @@ class RegistrySync:
         self._known: dict[str, PersonaRecord] = {}
         self._reported_names: set[str] = set()
         self._reconciled = False
-        #: Where the next slice of :meth:`_records_others_left` starts (in sorted names).
-        self._slice_at = 0
+        #: The last persona of the previous slice of :meth:`_records_others_left` ('': the
+        #: next slice starts at the first name).
+        self._slice_after = ""
         #: The marker's value at the previous sync (None before the first).
         self._marker: str | None = None
         #: Whether this beat has recorded its root (a sync after that finding another's may be
@@ -251,22 +253,25 @@ class RegistrySync:
         return report
 
     def _records_others_left(self, current: dict[str, PersonaRecord]) -> dict[str, PersonaRecord]:
-        """Of the next slice of personas (all of them every :data:`RECONCILE_EVERY` seconds
-        of syncs), those whose registry record in Redis is not the one this beat holds: another
-        beat (one with another MCP config, say) recorded a persona invalid without changing how
-        many entries Redis holds, and this beat, whose files did not change, never wrote it
-        back (status kept calling the persona invalid after that beat stopped). One HMGET of a
-        slice per sync; only records that differ are written again."""
+        """The next slice of personas (all of them within :data:`RECONCILE_EVERY` seconds of
+        syncs), whose entries and registry record are compared with this beat's and written
+        back where they differ: another beat (one with another MCP config, or other jitter
+        settings) left a persona recorded invalid, or its specs, without changing how many
+        entries Redis holds, and this beat, whose files did not change, never wrote them back
+        (status kept calling the persona invalid after that beat stopped)."""
         names = sorted(current)
         if not names:
             return {}
         syncs = max(1, int(RECONCILE_EVERY / max(self._settings.sync_interval, 0.1)))
         size = -(-len(names) // syncs)
-        start = self._slice_at % len(names)
+        # By name, not index: personas added or removed between syncs shift every index.
+        start = bisect.bisect_right(names, self._slice_after) if self._slice_after else 0
+        if start >= len(names):
+            start = 0
         chunk = names[start : start + size]
-        self._slice_at = start + size
-        stale = self._entries.stale_records({name: current[name].entries() for name in chunk})
-        return {name: current[name] for name in stale}
+        # The pass's last slice may be short; the next pass starts at the top again.
+        self._slice_after = "" if start + size >= len(names) else chunk[-1]
+        return {name: current[name] for name in chunk}
 
     def _check_marker(self, personas: int) -> None:
         """Say so when the marker this beat saw (or set) at its last sync is gone or replaced

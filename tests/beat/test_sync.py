@@ -363,6 +363,53 @@ def test_records_another_beat_left_are_written_back_a_slice_per_sync(
     assert {name: registry_record(redis_client, fleet, name) for name in names} == good
 
 
+def test_every_record_is_compared_within_a_pass_whatever_the_slices_and_wraps(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """101 personas in 30 syncs' pass: slices of 4, 26 syncs a pass, the last slice short.
+    Every record another beat changed is back within one pass of syncs, and again in the next
+    (a cursor that moved a whole slice past the end skipped the first names of the next
+    pass, and more of them at every pass)."""
+    names = [f"p{n:03d}" for n in range(101)]
+    for name in names:
+        write_persona(persona_root, name, "")
+    sync = make_sync(fleet)
+    sync.run()
+    good = {name: registry_record(redis_client, fleet, name) for name in names}
+    for _ in range(2):
+        for name in names:
+            bad = {**good[name], "error": "another beat's view"}
+            redis_client.hset(fleet.keys.registry, name, json.dumps(bad))
+        for _ in range(26):
+            sync.run()
+        assert {name: registry_record(redis_client, fleet, name) for name in names} == good
+
+
+def test_specs_another_beat_wrote_with_other_settings_are_written_back(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis
+) -> None:
+    """Another beat with another SOULFLEET_HEARTBEAT_JITTER (a rolling change) wrote its specs
+    for a persona whose files and record did not change: this beat's slices write its own
+    specs back (the record check alone left the fleet on the other beat's settings)."""
+    write_persona(persona_root, "ava", EVERY_1M)
+    sync = make_sync(fleet)
+    sync.run()
+    mine = redis_client.hgetall(fleet.keys.schedule_spec)
+    other = RegistrySync(
+        client=fleet.client,
+        keys=fleet.keys,
+        registry=fleet.registry,
+        settings=dataclasses.replace(fleet.settings, heartbeat_jitter=0.5),
+        clock=fleet.clock,
+        loader=CountingLoader(),
+    )
+    other.run()
+    assert redis_client.hgetall(fleet.keys.schedule_spec) != mine
+    for _ in range(30):
+        sync.run()
+    assert redis_client.hgetall(fleet.keys.schedule_spec) == mine
+
+
 def test_a_personas_root_gone_under_a_running_beat_is_an_error_up_shows(
     fleet: Fleet, persona_root: Path, events: Events
 ) -> None:
