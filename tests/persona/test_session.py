@@ -466,10 +466,11 @@ def test_silent_beats_after_a_session_ended_share_one_transcript(tmp_path: Path)
     assert len(FileTranscripts(home).conversations()) == 2
 
 
-def test_a_silent_beat_writes_a_failure_only_when_it_changes_what_the_state_says() -> None:
+def test_a_silent_beat_writes_a_failure_only_when_it_starts_or_ends() -> None:
     """Silent beats commit nothing; one whose compaction failed commits the failure, and the
-    next silent beats of that over-budget session, failing alike, commit nothing again (each
-    wrote and synced the whole state before)."""
+    next silent beats of that over-budget session, failing again (each error worded its own
+    way: a time left, a response excerpt), commit nothing (each wrote and synced the whole
+    state). A beat under budget again ends it; a turn's failure keeps "failing since"."""
     base = SessionState(id="s", lane="ava", epoch=0, started_at=1.0, last_turn_at=1.0, soul="x")
     failing = Compaction((), Usage(), 0, 0, 10, 10, applied=False, failed="HTTP 503", raised=True)
     plan = SessionPlan(
@@ -483,8 +484,14 @@ def test_a_silent_beat_writes_a_failure_only_when_it_changes_what_the_state_says
     assert first.messages == base.messages
     again = replace(plan, base=first, planned_at=60.0)
     assert again.conclude([], silent_beat=True) is None
-    other = replace(again, compaction=replace(failing, failed="HTTP 500"))
-    changed = other.conclude([], silent_beat=True)
-    assert changed is not None
-    assert changed.extra[COMPACTION_FAILED] == {"at": 60.0, "error": "HTTP 500"}
-    assert replace(plan, compaction=None).conclude([], silent_beat=True) is None
+    other = replace(again, compaction=replace(failing, failed="TurnTimeUp: within the 3.1s"))
+    assert other.conclude([], silent_beat=True) is None
+    talked = other.conclude([], silent_beat=False)  # a turn that said something: written
+    assert talked is not None
+    assert talked.extra[COMPACTION_FAILED] == {"at": 50.0, "error": "TurnTimeUp: within the 3.1s"}
+    skipped = replace(again, compaction=None)  # over budget still, compaction skipped
+    assert skipped.conclude([], silent_beat=True) is None
+    under = replace(again, compaction=None, under_budget=True)
+    ended = under.conclude([], silent_beat=True)
+    assert ended is not None
+    assert COMPACTION_FAILED not in ended.extra

@@ -87,6 +87,9 @@ class SessionPlan:
     #: session's last turn, so a turn running across ``daily_reset`` still lets the next one
     #: reset (stamped at its commit, it skipped that day's reset).
     planned_at: float = 0.0
+    #: The session is within its budget (no compaction was needed): a compaction failure it
+    #: recorded is over. Worked out only when it recorded one.
+    under_budget: bool = False
 
     @property
     def compacted(self) -> bool:
@@ -127,9 +130,11 @@ class SessionPlan:
                     self.base, messages=self.history, compactions=self.base.compactions + 1
                 ))  # fmt: skip
             noted = self._noted(self.base)
-            # The beat leaves no exchange; a failure (or its end) is written only when it
-            # changes what the state says, not at every silent beat of an over-budget session.
-            return noted if noted.extra != self.base.extra else None
+            # The beat leaves no exchange; a failure is written when it starts or ends, not at
+            # every silent beat of an over-budget session (its text varies: a time left, a
+            # response's excerpt).
+            changed = (COMPACTION_FAILED in noted.extra) != (COMPACTION_FAILED in self.base.extra)
+            return noted if changed else None
         if self.new or self.base is None:
             state = SessionState(
                 id=self.session_id,
@@ -149,20 +154,20 @@ class SessionPlan:
         return self._noted(state.appended(messages, now=now, history=self.history))
 
     def _noted(self, state: SessionState) -> SessionState:
-        """``state`` saying how this turn's compaction went: a failure is kept (its time and
-        why) while the session stays over its budget, so `session show` tells a session that
-        grows past it because its summaries fail (they were in the worker's log only); a turn
-        that needed none (under budget now: a raised max_tokens) or whose summary was applied
-        ends it. A failure already recorded is kept as it is (its first time)."""
+        """``state`` saying how this turn's compaction went: a failure is kept (since when, and
+        the latest why) while the session stays over its budget, so `session show` tells a
+        session that grows past it because its summaries fail (they were in the worker's log
+        only); a summary applied, or a turn under budget again (a raised max_tokens), ends it."""
         kept = state.extra.get(COMPACTION_FAILED)
         failed = self.compaction.failed if self.compaction is not None else ""
-        if failed and isinstance(kept, dict) and kept.get("error") == failed:
+        ended = self.compacted or (self.compaction is None and self.under_budget)
+        if not failed and (kept is None or not ended):
             return state
         extra = {k: v for k, v in state.extra.items() if k != COMPACTION_FAILED}
         if failed:
-            extra[COMPACTION_FAILED] = {"at": self.planned_at, "error": failed}
-        elif kept is None:
-            return state
+            since = kept.get("at") if isinstance(kept, dict) else None
+            at = since if isinstance(since, int | float) else self.planned_at
+            extra[COMPACTION_FAILED] = {"at": at, "error": failed}
         return replace(state, extra=extra)
 
 
@@ -257,6 +262,14 @@ def plan_turn(
     )
     history = base.messages if compaction is None else compaction.history
     paid = 0 if compaction is None else compaction.usage.total_tokens
+    # Only for a session that recorded a failure: compact() returns None both under its budget
+    # and when it skips an over-budget one (a tail too big to keep, no valid split).
+    under_budget = (
+        compaction is None
+        and COMPACTION_FAILED in base.extra
+        and estimate_tokens(base.messages, base.soul) + estimate_tokens([Message("user", incoming)])
+        <= within_turn(config, turn_tokens).max_tokens
+    )
     needed = estimate_tokens(history, base.soul) + estimate_tokens([Message("user", incoming)])
     if turn_tokens is not None and needed > turn_tokens - paid:
         # Compaction could not bring the session within the turn's budget (a soul too large
@@ -277,6 +290,7 @@ def plan_turn(
         new=False,
         reason="continued",
         compaction=compaction,
+        under_budget=under_budget,
     )
 
 
