@@ -129,3 +129,4 @@ def test_a_long_error_is_cut_at_a_whole_word_and_says_so() -> None:
     assert cut == "a module is imported once per worker process, so restart the workers to …"
     assert one_line("short\n error", 72) == "short error"
     assert one_line("x" * 100, 10) == "x" * 10 + " …"
+    assert one_line("aaa bbb ccc", 7) == "aaa bbb …"  # a word ending at the limit is whole

@@ -67,7 +67,8 @@ def one_line(text: str, limit: int | None = None) -> str:
     line = " ".join(str(text).split())
     if limit is None or len(line) <= limit:
         return line
-    cut = line[:limit].rsplit(" ", 1)[0] if " " in line[:limit] else line[:limit]
+    head = line[: limit + 1]  # a space right after the limit: the last word is whole
+    cut = head.rsplit(" ", 1)[0] if " " in head else line[:limit]
     return cut + " …"
 
 

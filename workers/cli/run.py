@@ -198,7 +198,7 @@ def _lost_meanwhile(state: CliContext, since: float) -> str:
     try:
         lost = redis_data_lost(state.fleet())
         now = ServerClock(state.fleet().client).time()
-    except RedisUnavailable:
+    except (RedisUnavailable, redis.RedisError):  # TIME refused to an ACL user, say: no hint
         return ""
     at = lost.get("at") if lost else None
     # beat stamps it on Redis's clock, as `since` is taken: a shell's clock running off would

@@ -103,10 +103,11 @@ def refuse_to_start_on_eviction(settings: Settings, process: str) -> None:
         if is_auth_refusal(str(exc)):
             # Waiting cannot help a refused password: Celery retried it forever, logging
             # "Authentication required." a line at a time. Refused, as a bad database is.
+            detail = exc.detail if isinstance(exc, RedisUnavailable) else str(exc)
             message = (
                 f"Redis at {redact_url(settings.redis_url)} refused this process's credentials "
-                f"({exc}): check the password (and user) in REDIS_URL (CELERY_BROKER_URL too, "
-                "when the broker is a Redis of its own)"
+                f"({detail}): check the password (and user) in REDIS_URL (CELERY_BROKER_URL "
+                "too, when the broker is a Redis of its own)"
             )
             _log.error("redis.auth_refused", process=process, error=message)
             print(f"soulfleet {process}: refusing to start: {message}", file=sys.stderr,

@@ -110,14 +110,16 @@ class SessionFiles:
         which says nothing of a loss. One listing, of a directory a first turn has not got."""
         try:
             with os.scandir(self.directory) as entries:
-                return any(
-                    (match := _STATE.fullmatch(entry.name)) is not None
-                    and match.group(2).startswith("f")
-                    and entry.stat(follow_symlinks=False).st_mtime < before
-                    for entry in entries
-                )
+                for entry in entries:
+                    match = _STATE.fullmatch(entry.name)
+                    if match is None or not match.group(2).startswith("f"):
+                        continue
+                    with contextlib.suppress(OSError):  # collected meanwhile: the next one
+                        if entry.stat(follow_symlinks=False).st_mtime < before:
+                            return True
         except (OSError, PersonaFileError):
-            return False
+            pass
+        return False
 
     def write(self, state: SessionState, tag: str) -> str:
         """Store ``state`` durably under a name only this writer uses; returns that name."""

@@ -345,10 +345,11 @@ class TurnExecutor:
             lane=lane,
             pointer=pointer,
             base=files.read(pointer.state),
-            # Written a little before the lane's state was created: a file of an earlier one
-            # (the margin: the worker's clock may run behind Redis's, which stamps `born`).
+            # Written well before the lane's state was created: a file of an earlier one. The
+            # margin: `born` is stamped by the clock of the worker that first started a turn
+            # of it, the file's time by the persona filesystem's (another host, an NFS server).
             pointer_lost=pointer.state is None
-            and files.has_fleet_states(before=started.born_ms / 1000 - 2.0),
+            and files.has_fleet_states(before=started.born_ms / 1000 - 60.0),
             compose=agent.soul,
             config=agent.session,
             now=now,
