@@ -94,6 +94,10 @@ def test_up_console_errors_once_live_counts_metrics_and_a_revive(tmp_path: Path)
             "SOULFLEET_QUEUE_PREFIX": state["queue_prefix"],
         })  # fmt: skip
         fleet = connect(settings)
+        # A going session keeps the soul it froze: once milo's first heartbeat had started one
+        # (a slow start), its turn never read the broken SOUL.md and ended done. Its next turn
+        # composes the soul again, as after a `session reset`.
+        fleet.reset_session("milo")
         (root / "milo" / "SOUL.md").unlink()
         (root / "milo" / "SOUL.md").mkdir()  # a directory where a file should be
         post_past_the_door(fleet, "milo", "hello")  # Fleet.post refuses broken files
