@@ -118,6 +118,11 @@ def test_dream_of_a_persona_with_nothing_new_says_the_pass_will_be_skipped(
     fresh = invoke("dream", "nora")
     assert fresh.exit_code == 0, fresh.output
     assert "nothing was written" not in fresh.stderr
+    # A field written by hand that does not parse: the pass is queued all the same, no hint.
+    lanes.client.hset(lanes.keys.lane("milo-dreamer"), "last_pass", "yesterday")
+    odd = invoke("dream", "milo")
+    assert odd.exit_code == 0, odd.output
+    assert "dream pass queued for milo" in odd.stdout
 
 
 @pytest.mark.parametrize("args", [(), ("ava", "--all")])

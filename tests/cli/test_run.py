@@ -275,7 +275,9 @@ def test_run_into_a_dead_lettered_lane_says_the_message_is_kept(
     result = invoke("run", "ava", "hello?", "--timeout", "5")
     assert result.exit_code == 1
     assert "is dead-lettered" in result.stderr
-    assert "your message is kept in its inbox (do not send it again)" in result.stderr
+    assert "your message is kept (do not send it again): it runs after the revive" in (
+        result.stderr
+    )
     assert lanes.status("ava")["inbox_depth"] == 1
 
 

@@ -155,8 +155,8 @@ def _warn_if_nothing_new(state: CliContext, name: str) -> None:
     pass just queued (``nothing_new``), and "dream pass queued" was all this said."""
     try:
         last = state.fleet().last_pass_if_nothing_new(name)
-    except (SoulfleetError, redis.RedisError, OSError):  # the pass is queued: a hint, no more
-        return
+    except (SoulfleetError, redis.RedisError, OSError, ValueError):  # the pass is queued: a
+        return  # hint, no more (ValueError: a last_pass field someone wrote by hand)
     if last is not None:
         at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last))
         click.echo(

@@ -280,7 +280,8 @@ class LaneDeadLettered(FleetError):
 
     def __init__(self, lane: str, last_error: str, *, kept: bool = False) -> None:
         yours = (
-            "; your message is kept in its inbox (do not send it again): it runs after the revive"
+            "; your message is kept (do not send it again): it runs after the revive, unless "
+            "the dead turn held it and `--drop-kept` drops it with that turn's items"
             if kept
             else ""
         )
