@@ -131,8 +131,8 @@ def next_session_id(previous: str) -> str:
     return hashlib.sha256(f"{previous}:next".encode()).hexdigest()[:32]
 
 
-#: The key of a state's ``extra`` that keeps its last failed compaction (``at``, ``error``)
-#: until one succeeds.
+#: The key of a state's ``extra`` that keeps a failing compaction (``at``: since when,
+#: ``error``: the latest why) while the session stays over its budget.
 COMPACTION_FAILED = "compaction_failed"
 
 

@@ -111,8 +111,7 @@ class SessionFiles:
         try:
             with os.scandir(self.directory) as entries:
                 for entry in entries:
-                    match = _STATE.fullmatch(entry.name)
-                    if match is None or not match.group(2).startswith("f"):
+                    if _fleet_fence(entry.name) is None:
                         continue
                     with contextlib.suppress(OSError):  # collected meanwhile: the next one
                         if entry.stat(follow_symlinks=False).st_mtime < before:

@@ -88,7 +88,7 @@ class SessionPlan:
     #: reset (stamped at its commit, it skipped that day's reset).
     planned_at: float = 0.0
     #: The session is within its budget (no compaction was needed): a compaction failure it
-    #: recorded is over. Worked out only when it recorded one.
+    #: recorded is over.
     under_budget: bool = False
 
     @property
@@ -251,26 +251,22 @@ def plan_turn(
     if reason is not None:
         return _new_session(lane, pointer, base, compose, config, now, reason)
     assert base is not None
+    applied = within_turn(config, turn_tokens)
     compaction = compact(
         base.messages,
         system=base.soul,
         incoming=incoming,
-        config=within_turn(config, turn_tokens),
+        config=applied,
         model=model,
         dialect=dialect_of(model),
         summaries=summaries,
     )
     history = base.messages if compaction is None else compaction.history
     paid = 0 if compaction is None else compaction.usage.total_tokens
-    # Only for a session that recorded a failure: compact() returns None both under its budget
-    # and when it skips an over-budget one (a tail too big to keep, no valid split).
-    under_budget = (
-        compaction is None
-        and COMPACTION_FAILED in base.extra
-        and estimate_tokens(base.messages, base.soul) + estimate_tokens([Message("user", incoming)])
-        <= within_turn(config, turn_tokens).max_tokens
-    )
     needed = estimate_tokens(history, base.soul) + estimate_tokens([Message("user", incoming)])
+    # compact() returns None both under its budget and when it skips an over-budget session
+    # (a tail too big to keep, no valid split): only the first ends a recorded failure.
+    under_budget = compaction is None and needed <= applied.max_tokens
     if turn_tokens is not None and needed > turn_tokens - paid:
         # Compaction could not bring the session within the turn's budget (a soul too large
         # for any valid tail to fit under half of it): continued, the turn would end before
