@@ -21,6 +21,7 @@ __all__ = [
     "beat_seen",
     "beat_stale",
     "beat_summary",
+    "last_sweep_at",
     "redis_data_lost",
     "root_conflict",
     "root_conflict_line",
@@ -37,11 +38,17 @@ def beat_summary(fleet: Fleet) -> dict[str, Any] | None:
     return _record(fleet, fleet.keys.last_sweep)
 
 
+def last_sweep_at(beat: Mapping[str, Any]) -> float | None:
+    """When beat's newest sweep (:func:`beat_summary`) ran, epoch seconds; None if unknown."""
+    at = beat.get("at") or beat.get("time")
+    return float(at) if isinstance(at, (int, float)) else None
+
+
 def beat_stale(beat: Mapping[str, Any], sweep_interval: float) -> bool:
     """Whether beat's newest sweep is older than a running beat ever leaves it."""
-    at = beat.get("at") or beat.get("time")
+    at = last_sweep_at(beat)
     stale = max(_STALE_FLOOR, _STALE_SWEEPS * sweep_interval)
-    return isinstance(at, (int, float)) and at > 0 and time.time() - float(at) > stale
+    return at is not None and at > 0 and time.time() - at > stale
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,8 @@ def beat_seen(fleet: Fleet, sweep_interval: float) -> BeatSeen:
         return BeatSeen("never")
     if not beat_stale(beat, sweep_interval):
         return BeatSeen("sweeping")
-    at = beat.get("at") or beat.get("time")
-    return BeatSeen("stopped", time.time() - float(at) if isinstance(at, (int, float)) else None)
+    at = last_sweep_at(beat)
+    return BeatSeen("stopped", None if at is None else time.time() - at)
 
 
 def redis_data_lost(fleet: Fleet) -> dict[str, Any] | None:

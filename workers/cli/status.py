@@ -26,6 +26,7 @@ import click
 from workers.cli.beat_health import (
     beat_stale,
     beat_summary,
+    last_sweep_at,
     redis_data_lost,
     root_conflict,
     root_conflict_line,
@@ -619,8 +620,7 @@ def _beat_line(
 ) -> str:
     if beat is None:
         return "beat: never swept (is `celery -A workers beat` running?)"
-    at = beat.get("at") or beat.get("time")
-    line = f"beat: last sweep {ago(at)}"
+    line = f"beat: last sweep {ago(last_sweep_at(beat))}"
     if beat_stale(beat, sweep_interval):
         if redis_full:
             line += ": its sweeps are refused while Redis is full (see the redis line)"
