@@ -68,6 +68,14 @@ def test_run_with_no_worker_says_so_within_seconds(env: Mapping[str, str | None]
     assert status["queued_at"] == 0.0
 
 
+def _run_with_no_worker(env: Mapping[str, str | None]) -> subprocess.CompletedProcess[str]:
+    """`run ava` with a 3 s timeout and no worker: it gives up (exit 1) saying none consumes."""
+    result = run_soulfleet("run", "ava", "hello?", "--timeout", "3", env=env, timeout=90)
+    assert result.returncode == 1, result.stderr
+    assert "no worker is consuming" in result.stderr
+    return result
+
+
 @pytest.mark.integration
 def test_a_run_with_a_short_timeout_still_hears_that_no_worker_consumes(
     env: Mapping[str, str | None],
@@ -75,9 +83,7 @@ def test_a_run_with_a_short_timeout_still_hears_that_no_worker_consumes(
     """--timeout 3, shorter than the usual wait before asking: the question is asked at half
     the timeout, so the run that gives up says why, not only "no answer within 3s"; with no
     beat under its key prefix it says that too, at once."""
-    result = run_soulfleet("run", "ava", "hello?", "--timeout", "3", env=env, timeout=90)
-    assert result.returncode == 1, result.stderr
-    assert "no worker is consuming" in result.stderr
+    result = _run_with_no_worker(env)
     # No beat under this prefix either: said at once, as `post` says it, and no fleet's
     # reaper is promised to send the turn.
     assert "no beat has ever swept under key prefix" in result.stderr
@@ -94,9 +100,7 @@ def test_a_run_where_beat_stopped_says_it_stopped_not_that_no_fleet_runs(
     not that no fleet runs here, and not that a reaper takes it now."""
     lanes = lanes_for(env)
     lanes.client.set(lanes.keys.last_sweep, json.dumps({"at": time.time() - 3600}))
-    result = run_soulfleet("run", "ava", "hello?", "--timeout", "3", env=env, timeout=90)
-    assert result.returncode == 1, result.stderr
-    assert "no worker is consuming" in result.stderr
+    result = _run_with_no_worker(env)
     assert "beat has stopped sweeping under this key prefix (last sweep 360" in result.stderr
     assert "once beat runs again" in result.stderr
     assert "no fleet runs on it yet" not in result.stderr
