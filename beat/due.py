@@ -29,10 +29,13 @@ __all__ = ["MAX_FIRES", "next_due_ms"]
 MAX_FIRES = 4096
 
 
-def next_due_ms(specs: Sequence[ScheduleSpec], now: float) -> list[int | str]:
-    """Each spec's next due score (ms, :func:`beat.schedule.to_ms` of ``next_due(now)``), or
-    the error text where it cannot be computed (a zone this host lacks, a cron that stopped
-    parsing, an interval too large for the clock)."""
+def next_due_ms(
+    specs: Sequence[ScheduleSpec], now: float, *, after_tick: bool = False
+) -> list[int | str]:
+    """Each spec's next due score (ms, :func:`beat.schedule.to_ms` of
+    ``next_due(now, after_tick=after_tick)``), or the error text where it cannot be computed
+    (a zone this host lacks, a cron that stopped parsing, an interval too large for the
+    clock)."""
     out: list[int | str] = []
     fires: dict[tuple[str, str, float], list[float] | None] = {}
     ceil, floor = math.ceil, math.floor
@@ -46,7 +49,7 @@ def next_due_ms(specs: Sequence[ScheduleSpec], now: float) -> list[int | str]:
                 if spec.jitter > 0:
                     current = phase + (slot - 1) * every
                     current += jitter_fraction(spec._jitter_seed, slot - 1) * spec.jitter * every
-                    if current > now:
+                    if current > now and not after_tick:
                         due = current
                     else:
                         due += jitter_fraction(spec._jitter_seed, slot) * spec.jitter * every

@@ -9,7 +9,8 @@ the due score in Redis:
   therefore spread evenly over its interval, and stays spread forever; a lane keeps its cadence
   across beat restarts, edits that change nothing and concurrent beats (they compute the same
   numbers). The next due time is the first grid slot strictly after NOW, so a missed interval is
-  skipped, never replayed: after an hour of downtime each lane gets ONE tick, not 120.
+  skipped, never replayed: after an hour of downtime each lane gets ONE tick, not 120, and
+  a late tick stands for the slot it lands in (the next one is the slot after).
 - Heartbeats add a jitter of up to ``SOULFLEET_HEARTBEAT_JITTER * every`` to each slot. It is
   a hash of (lane, slot number), not ``random``: it varies slot to slot (lanes whose phases
   collide still fire at different moments) yet every beat process agrees on it, so the
@@ -126,15 +127,21 @@ class ScheduleSpec:
         return schedule_member(self.lane, self.kind)
 
     # -- timing ---------------------------------------------------------------------------
-    def next_due(self, now: float) -> float:
-        """The first due instant strictly after ``now`` (epoch seconds)."""
+    def next_due(self, now: float, *, after_tick: bool = False) -> float:
+        """The first due instant strictly after ``now`` (epoch seconds).
+
+        ``after_tick``: the next due once a tick (or a skip) was taken at ``now``, as a sweep
+        re-scores what it claimed. A heartbeat slot that began before ``now`` and whose
+        jittered due is still ahead is then the slot that (late) tick stands for, so the slot
+        after it is next: a beat back from a restart across a slot's start ticked the missed
+        slot at once and then the new one seconds later, two model calls for one interval."""
         if self.every is not None:
-            return self._next_slot(self.every, now)
+            return self._next_slot(self.every, now, after_tick=after_tick)
         assert self.cron is not None
         offset = self._phase * self.window
         return parse_cron(self.cron).next_fire(now - offset, zone(self.timezone)) + offset
 
-    def _next_slot(self, every: float, now: float) -> float:
+    def _next_slot(self, every: float, now: float, *, after_tick: bool = False) -> float:
         phase = self._phase * every
         slot = math.floor((now - phase) / every) + 1
         due = phase + slot * every
@@ -143,7 +150,7 @@ class ScheduleSpec:
             # re-scores the entry then must keep that tick, not skip to the slot after.
             current = phase + (slot - 1) * every
             current += jitter_fraction(self._jitter_seed, slot - 1) * self.jitter * every
-            if current > now:
+            if current > now and not after_tick:
                 return current
             due += jitter_fraction(self._jitter_seed, slot) * self.jitter * every
         return due

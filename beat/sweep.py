@@ -8,7 +8,7 @@ Why it is built this way:
   members and, in the same atomic step, re-scores them to ``now + CLAIM_TIMEOUT``. Python then
   computes each member's real next due time (:mod:`beat.due`, the numbers of
   :mod:`beat.schedule`: the next grid slot strictly after now, so a missed interval is skipped,
-  never replayed) and decides the skips.
+  never replayed, and a late tick stands for the slot it lands in) and decides the skips.
 - Skips cost no model call (:mod:`beat.skips` decides them and says why: missing or blank
   HEARTBEAT.md, one that is a FIFO, a device or unreadable, quiet hours, a gone directory, a
   used-up budget, an idle persona between its stretched beats, a dream with nothing new); a
@@ -182,7 +182,8 @@ class Sweeper:
             self._learn(missing)
         at = self._clock.time()
         entries = [known.get(member) for member in members]
-        dues = iter(next_due_ms([entry[2] for entry in entries if entry is not None], at))
+        specs = [entry[2] for entry in entries if entry is not None]
+        dues = iter(next_due_ms(specs, at, after_tick=True))
         claimed: list[Claimed] = []
         broken: list[Claimed] = []
         for member, score, entry in zip(members, scores, entries, strict=True):

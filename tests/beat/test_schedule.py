@@ -172,3 +172,18 @@ def test_between_a_slot_and_its_jittered_due_that_due_is_next() -> None:
     assert base < due < base + 360
     assert jittered.next_due(base + (due - base) / 2) == due
     assert jittered.next_due(due) == jittered.next_due(base + 3600 - 0.001) > base + 3600
+
+
+def test_a_late_tick_stands_for_the_slot_it_lands_in() -> None:
+    """After a tick taken late, between a slot's start and its jittered due (a beat back from a
+    restart across the slot's start), the next due is the slot after, not that jittered due
+    seconds away: one tick per interval. An edit re-scoring from the same instant keeps it."""
+    plain = heartbeat("ava", 3600.0)
+    jittered = heartbeat("ava", 3600.0, jitter=0.1)
+    base = plain.next_due(NOW)
+    due = jittered.next_due(base - 0.001)
+    late = base + (due - base) / 2  # the tick of the slot before, fired late, lands here
+    assert jittered.next_due(late) == due
+    after = jittered.next_due(late, after_tick=True)
+    assert after == jittered.next_due(due) > base + 3600
+    assert jittered.next_due(due, after_tick=True) == jittered.next_due(due)  # an on-time tick

@@ -14,6 +14,7 @@ import pytest
 import redis
 from prometheus_client import REGISTRY
 
+from beat.schedule import ScheduleSpec
 from beat.sweep import Sweeper
 from beat.sync import RegistrySync
 from tests.beat.conftest import Events
@@ -426,3 +427,43 @@ def test_a_broken_spec_in_a_batch_costs_only_its_own_member(
     assert reported == ([specs[index].member] if bad else [])
     ticked = [spec.lane for i, spec in enumerate(specs) if not (bad and i == index)]
     assert set(lane_ticks(redis_client, fleet.keys, ticked).values()) == {1}
+
+
+def test_a_beat_back_across_a_slot_start_ticks_once_for_that_slot(
+    *,
+    persona_root: Path,
+    clock: VirtualClock,
+    publisher: RecordingPublisher,
+    redis_client: redis.Redis,
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    """A beat down over a slot's start and back before that slot's jittered due ticks the
+    missed slot once at its first sweep, and that tick stands for the slot it lands in: the
+    next due is the slot after, so the persona does not beat (and pay) again seconds later."""
+    settings = settings_for(redis_url, key_prefix, persona_root, SOULFLEET_HEARTBEAT_JITTER="0.4")
+    fleet = fleet_for(settings, clock=clock, publisher=publisher)
+    try:
+        write_persona(persona_root, "ava", EVERY_1M)
+        sync(fleet)
+        stored = (redis_client.zscore(fleet.keys.schedule, "ava|heartbeat") or 0) / 1000
+        spec = ScheduleSpec.from_json(
+            str(redis_client.hget(fleet.keys.schedule_spec, "ava|heartbeat"))
+        )
+        # The beat comes back in a later slot, after its start, before its jittered due.
+        back = stored + 61.0
+        while spec.next_due(back, after_tick=True) == spec.next_due(back):
+            back += 0.25
+        jittered_due = spec.next_due(back)
+        assert back < jittered_due < back + 24.0
+        clock.advance(back - clock.time())
+        sweeper = Sweeper(fleet)
+        assert sweeper.run().due == 1
+        after = (redis_client.zscore(fleet.keys.schedule, "ava|heartbeat") or 0) / 1000
+        assert after == pytest.approx(spec.next_due(back, after_tick=True), abs=0.001)
+        assert after > jittered_due + 30.0
+        clock.advance(jittered_due - clock.time() + 0.001)
+        assert sweeper.run().due == 0
+        assert lane_ticks(redis_client, fleet.keys, ["ava"]) == {"ava": 1}
+    finally:
+        fleet.client.close()
