@@ -10,7 +10,9 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+import pytest
 import redis
 
 from beat.sync import RegistrySync
@@ -24,7 +26,9 @@ from tests.support.cli import (
     subprocess_env,
 )
 from tests.support.fleet import wait_until
+from workers.fleet import Fleet
 from workers.fleet.keys import Keys
+from workers.fleet.lanes import Lanes
 from workers.fleet.registry import PersonaRegistry
 from workers.persona.inbox import InboxItem
 
@@ -173,6 +177,44 @@ def test_ctrl_c_while_run_waits_says_the_turn_goes_on(env: Mapping[str, str | No
         assert "Traceback" not in err
     raws = lanes.client.lrange(lanes.keys.inbox("ava"), 0, -1)
     assert [InboxItem.from_json(str(raw)).text for raw in raws] == ["first", "second"]
+
+
+def test_ctrl_c_as_the_post_lands_says_the_message_is_kept(
+    invoke: Invoke, env: Mapping[str, str | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C arriving after the post script ran but before its answer was read (the
+    interrupt raised between the two) said "Aborted!" about a message that was in the inbox,
+    and users posted it again: it is held until the post is known, then stops the waiting with
+    the line that says the message is kept. A Ctrl-C before the post is sent still aborts and
+    posts nothing."""
+    lanes = lanes_for(env)
+    sent = Lanes.post
+
+    def post_then_interrupt(self: Lanes, *args: Any, **kwargs: Any) -> Any:
+        outcome = sent(self, *args, **kwargs)
+        signal.raise_signal(signal.SIGINT)
+        return outcome
+
+    monkeypatch.setattr(Lanes, "post", post_then_interrupt)
+    result = invoke("run", "ava", "kept", "--timeout", "30")
+    assert result.exit_code == 1, result.output
+    assert "stopped waiting: the message is in ava's inbox" in result.stderr
+    raws = lanes.client.lrange(lanes.keys.inbox("ava"), 0, -1)
+    assert [InboxItem.from_json(str(raw)).text for raw in raws] == ["kept"]
+
+    checked = Fleet.check
+
+    def interrupted_at_the_door(self: Fleet, *args: Any, **kwargs: Any) -> Any:
+        signal.raise_signal(signal.SIGINT)
+        return checked(self, *args, **kwargs)
+
+    monkeypatch.setattr(Lanes, "post", sent)
+    monkeypatch.setattr(Fleet, "check", interrupted_at_the_door)
+    result = invoke("run", "ava", "never sent", "--timeout", "30")
+    assert result.exit_code == 1, result.output
+    assert "stopped waiting" not in result.stderr
+    raws = lanes.client.lrange(lanes.keys.inbox("ava"), 0, -1)
+    assert [InboxItem.from_json(str(raw)).text for raw in raws] == ["kept"]
 
 
 def test_a_turn_stopped_by_its_token_budget_names_the_setting(

@@ -17,6 +17,8 @@ stops every turn), or did not answer within ``--timeout``.
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +32,7 @@ from workers.cli.context import CliContext, lock_mode_conflict, persona_dir
 from workers.cli.errors import EXIT_FAILURE, BadInputError, one_line
 from workers.cli.group import JSON_FAILURE_SHOWN, cli_context, personas_option
 from workers.fleet.errors import LaneDeadLettered, RedisUnavailable
+from workers.fleet.outcomes import PostOutcome
 from workers.fleet.servertime import ServerClock
 from workers.persona.checkup import check_persona
 from workers.persona.loop import Budget
@@ -124,16 +127,30 @@ def _fleet_run(
     state.warn_if_no_fleet()
     posted: list[str] = []
     since = _server_time(state)
+    hint = _no_worker_hint(state, name, timeout)
+    held = _HeldInterrupt()
+
+    def on_posted(outcome: PostOutcome) -> None:
+        posted.append(outcome.lane)
+        held.release()
+
+    def on_wait(waited: float) -> None:
+        if held.pending:
+            raise KeyboardInterrupt
+        hint(waited)
+
     try:
-        reply = state.fleet().run(
-            name,
-            prompt,
-            new_session=new_session,
-            timeout=timeout,
-            on_wait=_no_worker_hint(state, name, timeout),
-            trusted=trusted,
-            on_posted=lambda outcome: posted.append(outcome.lane),
-        )
+        with held:
+            reply = state.fleet().run(
+                name,
+                prompt,
+                new_session=new_session,
+                timeout=timeout,
+                on_wait=on_wait,
+                trusted=trusted,
+                on_posted=on_posted,
+                on_sending=held.hold,
+            )
     except KeyboardInterrupt:
         if not posted:
             raise  # nothing was sent: click says "Aborted!"
@@ -181,6 +198,51 @@ _LIMITS = {
     "max_tool_calls": " (the turn's tool calls, SOULFLEET_TURN_MAX_TOOL_CALLS)",
     "max_seconds": " (the turn's wall time, SOULFLEET_TURN_MAX_SECONDS)",
 }
+
+
+class _HeldInterrupt:
+    """Holds a first Ctrl-C while the post is on its way, until Redis has answered it.
+
+    Raised between the post script's run and the moment its answer was read, the interrupt
+    said "Aborted!" (nothing sent) about a message that was in the inbox, and users posted it
+    again. Held, it is raised once the post is known: in the wait that follows (so the turn is
+    published first), or not at all when the post failed (its error is said). A second Ctrl-C
+    aborts at once (a Redis that does not answer). Before the post is sent and after it is
+    known, Ctrl-C interrupts as always."""
+
+    def __init__(self) -> None:
+        self.pending = False
+        self._holding = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _HeldInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+    def hold(self) -> None:
+        """The post is about to be sent: hold a first Ctrl-C until its answer is read."""
+        self._holding = True
+
+    def release(self) -> None:
+        """The post is in the inbox: a Ctrl-C from now on interrupts at once."""
+        self._holding = False
+
+    def _on_signal(self, _signum: int, _frame: object) -> None:
+        if self._holding and not self.pending:
+            self.pending = True
+            click.echo(
+                "soulfleet: waiting for Redis to confirm the message was kept "
+                "(Ctrl-C again to abort without knowing)",
+                err=True,
+            )
+            return
+        raise KeyboardInterrupt
 
 
 def _server_time(state: CliContext) -> float:

@@ -169,6 +169,7 @@ class Fleet(FleetReports):
         trusted: bool = False,
         new_session: bool = False,
         on_posted: Callable[[PostOutcome], None] | None = None,
+        on_sending: Callable[[], None] | None = None,
     ) -> PostOutcome:
         """Put ``text`` in the persona's inbox; with ``wake``, queue a turn if it is idle.
 
@@ -181,7 +182,9 @@ class Fleet(FleetReports):
         the same step: a refused post ends nothing), so the turn that reads ``text`` starts a
         new one. ``on_posted(outcome)`` runs the moment the item
         is in the inbox, before its turn is published (a caller interrupted after it knows the
-        item is kept: posting it again would be a duplicate).
+        item is kept: posting it again would be a duplicate); ``on_sending()`` right before the
+        item is sent to Redis, once every check at the door has passed (between the two the
+        caller cannot tell whether the item was kept: the CLI holds Ctrl-C there).
 
         Raises :class:`~workers.fleet.errors.UnknownPersona`,
         :class:`~workers.fleet.errors.InboxFull`
@@ -202,6 +205,8 @@ class Fleet(FleetReports):
             reply=reply,
             trusted=trusted,
         )
+        if on_sending is not None:
+            on_sending()
         try:
             outcome = self.lanes.post(name, item, wake=wake, new_session=new_session)
         except InboxFull as full:
@@ -308,6 +313,7 @@ class Fleet(FleetReports):
         on_wait: Callable[[float], None] | None = None,
         trusted: bool = False,
         on_posted: Callable[[PostOutcome], None] | None = None,
+        on_sending: Callable[[], None] | None = None,
     ) -> RunReply:
         """Post ``prompt`` as an interactive item and wait for the turn that answers it.
 
@@ -315,8 +321,8 @@ class Fleet(FleetReports):
         ``new_session`` starts a new one first. ``on_wait(seconds waited)`` is called every
         couple of seconds while no answer came (the CLI uses it to say when no worker consumes
         the queue); ``on_posted(outcome)`` once the prompt is in the inbox (from then on its
-        turn goes on whether or not this call waits for it). Like every post, the prompt is
-        untrusted unless ``trusted``.
+        turn goes on whether or not this call waits for it), ``on_sending()`` right before it
+        is sent (:meth:`post`). Like every post, the prompt is untrusted unless ``trusted``.
         """
         outcome = self.post(
             persona,
@@ -328,6 +334,7 @@ class Fleet(FleetReports):
             new_session=new_session,
             trusted=trusted,
             on_posted=on_posted,
+            on_sending=on_sending,
         )
         started = time.monotonic()
         deadline = started + timeout
