@@ -87,6 +87,22 @@ def test_persona_dir_prefers_the_root_for_bare_names(
         persona_dir("ghost", root)
 
 
+def test_persona_dir_finds_a_home_under_the_root_whose_name_the_fleet_cannot_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run --local zoë`, `soul zoë`, `tools zoë`: these take any persona home, and one under
+    the root named so the fleet skips it is found there (they said "no directory 'zoë'" of a
+    directory that is there); a name with no directory still names none."""
+    root = tmp_path / "root"
+    for name in ("zoë", "my persona"):
+        (root / name).mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert persona_dir("zoë", root) == root / "zoë"
+    assert persona_dir("my persona", root) == root / "my persona"
+    with pytest.raises(UnknownPersona):
+        persona_dir("zoe", root)
+
+
 def test_a_command_whose_adopted_up_stopped_answering_says_so(
     invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
 ) -> None:

@@ -145,3 +145,42 @@ def test_init_refuses_an_empty_directory_argument(
     assert result.exit_code == 2, result.output
     assert "DIRECTORY is empty" in result.stderr
     assert list(here.iterdir()) == []
+
+
+def test_init_refuses_a_personas_root_and_a_persona_inside_another(
+    invoke: Invoke, fleet_root: Path, tmp_path: Path
+) -> None:
+    """`init` on the fleet's personas root (or any directory holding personas) made the root a
+    persona, whose sessions/ and transcripts/ the fleet then took for personas of their own;
+    inside a persona it mixed two personas' files. Both are refused, nothing written; the
+    message names the directory to use instead."""
+    before = sorted(p.name for p in fleet_root.iterdir())
+    result = invoke("init", str(fleet_root))
+    assert result.exit_code == 2, result.output
+    assert "is the personas root the fleet serves" in result.stderr
+    other = tmp_path / "elsewhere"
+    (other / "bob").mkdir(parents=True)
+    (other / "bob" / "SOUL.md").write_text("You are bob.\n")
+    result = invoke("init", str(other))
+    assert result.exit_code == 2, result.output
+    assert "holds personas (bob): it is a personas root" in result.stderr
+    result = invoke("init", str(fleet_root / "ava" / "sub"))
+    assert result.exit_code == 2, result.output
+    assert f"is inside the persona {fleet_root / 'ava'}" in result.stderr
+    assert sorted(p.name for p in fleet_root.iterdir()) == before
+    assert not (fleet_root / "persona.toml").exists()
+    assert not (other / "persona.toml").exists()
+    assert not (fleet_root / "ava" / "sub").exists()
+
+
+def test_init_outside_the_fleets_root_says_the_fleet_will_not_schedule_it(
+    invoke: Invoke, fleet_root: Path, tmp_path: Path
+) -> None:
+    """A persona made outside the root the fleet serves is created, with a note saying the
+    fleet does not schedule it there; under the root, no such note."""
+    result = invoke("init", str(tmp_path / "loner"))
+    assert result.exit_code == 0, result.output
+    assert f"is not under the personas root {fleet_root.resolve()}" in result.stderr
+    result = invoke("init", str(fleet_root / "newbie"))
+    assert result.exit_code == 0, result.output
+    assert "not under the personas root" not in result.stderr

@@ -44,7 +44,7 @@ def test_resolve_accepts_a_name_or_a_path_inside_the_root(tmp_path: Path) -> Non
 
 @pytest.mark.parametrize(
     ("directory", "suggested"),
-    [("my persona", "my-persona"), ("zoë", "zo"), ("x-dreamer", "x_dreamer"), ("a..b", "a.b")],
+    [("my persona", "my-persona"), ("zoë", "zoe"), ("x-dreamer", "x_dreamer"), ("a..b", "a.b")],
 )
 def test_a_directory_with_an_unusable_name_says_so_and_suggests_one(
     tmp_path: Path, directory: str, suggested: str

@@ -148,6 +148,23 @@ def test_each_run_is_a_new_conversation_in_the_persona_lane(tmp_path: Path) -> N
     assert sorted(recorded, key=len) == sorted([first.messages, second.messages], key=len)
 
 
+@pytest.mark.parametrize(
+    ("directory", "lane"), [("zoë", "zoe"), ("my persona", "my-persona"), (".hidden", "hidden")]
+)
+def test_a_home_whose_name_cannot_be_a_lane_runs_and_keeps_its_session(
+    tmp_path: Path, directory: str, lane: str
+) -> None:
+    """Any persona home runs, whatever its directory is called (`soulfleet init zoë` promises
+    `run --local` works with it): its session and transcripts are kept under the nearest
+    usable lane name. It raised "invalid lane name 'zoë'" with a traceback."""
+    home = make_persona(tmp_path, directory)
+    run(home, "remember: the cat is Tom", session=True)
+    run(home, "hello", session=True)
+    # One conversation: the second run continued the first's session.
+    assert [c.lane for c in FileTranscripts(home).conversations()] == [lane]
+    assert (home / "sessions" / lane).is_dir()
+
+
 def test_run_results_carry_budget_limits(tmp_path: Path) -> None:
     """A budget passed to run() applies: a run stopped by it is incomplete, naming it."""
     home = make_persona(tmp_path)

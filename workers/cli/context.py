@@ -186,6 +186,10 @@ def persona_dir(arg: str, root: Path) -> Path:
     candidate = Path(arg).expanduser()
     if candidate.is_dir():
         return candidate
+    if os.sep not in arg and arg not in (".", "..") and (root / arg).is_dir():
+        # A directory under the root whose name the fleet cannot use (zoë, "my persona"):
+        # these commands take any persona home (it said "no directory" of one that is there).
+        return root / arg
     raise UnknownPersona(arg, root, known=_known(PersonaRegistry(root)))
 
 

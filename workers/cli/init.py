@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from workers.cli.context import fleet_environ
 from workers.cli.errors import BadInputError
 from workers.fleet.errors import UnusablePersonaName
 from workers.fleet.registry import valid_persona_name
@@ -64,6 +65,49 @@ def scaffold(directory: Path) -> list[Path]:
     return written
 
 
+def _is_persona_home(directory: Path) -> bool:
+    return any((directory / name).is_file() for name in (MANIFEST_NAME, "SOUL.md"))
+
+
+def _fleet_root() -> Path | None:
+    """The personas root this shell's fleet serves: SOULFLEET_PERSONAS, else a running `up`'s
+    (None when neither says: ./personas is only a default)."""
+    env, _ = fleet_environ(None)
+    given = (env.get("SOULFLEET_PERSONAS") or "").strip()
+    return Path(given).expanduser().resolve() if given else None
+
+
+def _refuse_misplaced(directory: Path, root: Path | None) -> None:
+    """Refuse a persona home that would sit on a personas root or inside another persona:
+    the fleet would take its sessions/ and transcripts/ for personas of their own, and write
+    one persona's state into another's."""
+    home = directory.expanduser().resolve()
+    if home == root:
+        raise BadInputError(
+            f"{directory} is the personas root the fleet serves: a persona is one directory "
+            f"in it, such as {shlex.quote(str(directory / 'ava'))}"
+        )
+    if home.is_dir():
+        try:
+            holds = sorted(c.name for c in home.iterdir() if c.is_dir() and _is_persona_home(c))
+        except OSError:
+            holds = []
+        if holds:
+            shown = ", ".join(holds[:5]) + (", ..." if len(holds) > 5 else "")
+            raise BadInputError(
+                f"{directory} holds personas ({shown}): it is a personas root, not a persona; "
+                f"a new persona is one directory in it, such as "
+                f"{shlex.quote(str(directory / 'NAME'))}"
+            )
+    owner = next((p for p in home.parents if _is_persona_home(p)), None)
+    if owner is not None:
+        raise BadInputError(
+            f"{directory} is inside the persona {owner} (it holds {MANIFEST_NAME} or SOUL.md): "
+            "a persona inside another would mix their files; pick a directory beside it, such "
+            f"as {shlex.quote(str(owner.parent / home.name))}"
+        )
+
+
 @click.command()
 @click.argument("given", metavar="DIRECTORY")
 @click.option("--json", "as_json", is_flag=True, help="Print what was created as JSON.")
@@ -75,6 +119,8 @@ def init(given: str, as_json: bool) -> None:
             "such as personas/ava"
         )
     directory = Path(given)
+    root = _fleet_root()
+    _refuse_misplaced(directory, root)
     written = scaffold(directory)
     if as_json:
         click.echo(json.dumps({
@@ -90,6 +136,12 @@ def init(given: str, as_json: bool) -> None:
     if not valid_persona_name(home.name):
         unusable = UnusablePersonaName(home.name, home.parent)
         click.echo(f"note: {unusable}; `soulfleet run --local` works with it as it is", err=True)
+    elif root is not None and home.parent != root:
+        click.echo(
+            f"note: {home} is not under the personas root {root} the fleet serves, so the fleet "
+            "does not schedule it; `soulfleet run --local` works with it where it is",
+            err=True,
+        )
     click.echo(
         f"next: soulfleet soul {shlex.quote(str(directory))}   (preview what the model will read)"
     )

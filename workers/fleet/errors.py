@@ -32,6 +32,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -268,7 +269,8 @@ class UnusablePersonaName(UnknownPersona):
 
 def _slug(name: str) -> str:
     """A usable persona name close to ``name`` (a suggestion for a rename)."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", name).replace("..", ".").strip("-._")[:64]
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()  # zoë: zoe
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", ascii_name).replace("..", ".").strip("-._")[:64]
     if slug.endswith("-dreamer"):
         # Not the bare stem: "nora-dreamer" sits beside "nora" more often than not.
         slug = slug[: -len("-dreamer")] + "_dreamer"

@@ -45,6 +45,7 @@ from workers.persona.session_plan import SessionPlan, ephemeral_plan, plan_turn
 from workers.persona.summary_cache import SummaryFile
 from workers.persona.toolbox import build_within
 from workers.persona.tools import Tool, ToolResult
+from workers.persona.transcript_layout import local_lane
 from workers.persona.transcripts import FileTranscripts
 from workers.persona.turn_time import turn_deadline
 
@@ -104,9 +105,10 @@ def run_agent(
     limits = budget if budget is not None else Budget()
     began = used_clock.monotonic()
     tools = agent.toolset(lock_mode=lock_mode, lock_timeout=lock_timeout, declared=declared)
+    lane = local_lane(agent.name)
     pointer: FilePointer | None = None
     if session and agent.kind != "dreamer":
-        files = SessionFiles(agent.home, agent.name)
+        files = SessionFiles(agent.home, lane)
         pointer = FilePointer(files, lock_mode=lock_mode, lock_timeout=lock_timeout)
         if session == "new":
             pointer.reset()
@@ -114,7 +116,7 @@ def run_agent(
         # A summary may take half the turn's max_seconds, as in a fleet turn (executor.py).
         with turn_deadline(limits.max_seconds / 2):
             plan = plan_turn(
-                lane=agent.name,
+                lane=lane,
                 pointer=at,
                 base=files.read(at.state),
                 compose=agent.soul,
@@ -123,16 +125,16 @@ def run_agent(
                 incoming=prompt,
                 model=model,
                 turn_tokens=limits.max_tokens,
-                summaries=SummaryFile(agent.home, agent.name),
+                summaries=SummaryFile(agent.home, lane),
             )
     else:
-        plan = ephemeral_plan(agent.name, agent.soul, now=used_clock.time())
+        plan = ephemeral_plan(lane, agent.soul, now=used_clock.time())
     store = FileTranscripts(agent.home, max_conversations=max_conversations, clock=used_clock)
-    writer = store.open(lane=agent.name, conversation_id=plan.session_id)
+    writer = store.open(lane=lane, conversation_id=plan.session_id)
     started = used_clock.monotonic()
     _log.debug(
         "turn.start",
-        lane=agent.name,
+        lane=lane,
         session=plan.session_id,
         session_reason=plan.reason,
         history=len(plan.history),
@@ -160,7 +162,7 @@ def run_agent(
         _commit(plan, pointer, result, beat=beat)
     _log.debug(
         "turn.end",
-        lane=agent.name,
+        lane=lane,
         session=plan.session_id,
         status=result.status,
         limit=result.limit,

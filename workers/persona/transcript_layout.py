@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ __all__ = [
     "ConversationInfo",
     "TranscriptRecord",
     "file_name",
+    "local_lane",
     "parse_file_name",
     "read_records",
     "require_name",
@@ -51,6 +53,18 @@ log = structlog.get_logger("soulfleet.transcripts")
 def valid_transcript_name(name: object) -> bool:
     """Whether ``name`` may be a lane name or a conversation id (one safe path segment)."""
     return isinstance(name, str) and _NAME.fullmatch(name) is not None and ".." not in name
+
+
+def local_lane(name: str) -> str:
+    """The lane a run outside the fleet keeps a persona's session and transcripts under: the
+    persona's directory name, or for a name that cannot be one (``zoë``, ``my persona``,
+    ``.hidden``) the nearest that can (``zoe``, ``my-persona``, ``hidden``). Only that persona's
+    own home holds it, so two names meeting in one lane cannot mix two personas' files."""
+    if valid_transcript_name(name):
+        return name
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", ascii_name).replace("..", ".").strip("-._")[:128]
+    return slug if valid_transcript_name(slug) else "persona"
 
 
 def require_name(kind: str, name: object) -> str:
