@@ -196,6 +196,35 @@ def test_a_dead_dreamer_lane_says_how_to_take_it_back(
     assert "dead:" not in invoke("status", "milo").stdout
 
 
+def test_status_groups_dead_lanes_by_cause_with_the_revive_that_takes_them_back(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """After a fleet-wide incident (a revoked key dead-letters every lane that ran) the
+    summary said only "3 dead" beside each row's error cut at 60 characters: the dead lanes
+    are grouped by cause, most first, each group with the `revive --reason` that takes it
+    back once fixed; a single dead lane gets no such line (its row and `status NAME` say it)."""
+    lanes = lanes_for(env)
+    auth = (
+        "permanent failure, not retried: model call failed (ModelAuthError): openai: "
+        "authentication refused (HTTP 401): invalid key"
+    )
+    dead_letter(lanes, "ava", error=auth)
+    assert "dead: 1 lane(s)" not in invoke("status").stdout
+    dead_letter(lanes, "milo", error=auth)
+    dead_letter(lanes, "nora-dreamer", error="model call failed (ModelRequestError): too long")
+    out = invoke("status").stdout
+    lines = [line for line in out.splitlines() if line.startswith("dead: ")]
+    assert len(lines) == 2, out
+    assert lines[0].startswith("dead: 2 lane(s) on HTTP 401 (e.g. ava: permanent failure")
+    assert "`soulfleet revive --reason 'HTTP 401'`" in lines[0]
+    assert lines[1].startswith("dead: 1 lane(s) on ModelRequestError (e.g. nora-dreamer: ")
+    assert "`soulfleet revive --reason ModelRequestError`" in lines[1]
+    revived = invoke("revive", "--reason", "HTTP 401")
+    assert revived.exit_code == 0, revived.output
+    assert {lanes.status(lane)["state"] for lane in ("ava", "milo")} != {"dead"}
+    assert lanes.status("nora-dreamer")["state"] == "dead"
+
+
 def test_status_all_lists_every_persona_and_fleet_counts(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+import shlex
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from workers.cli.errors import one_line
 from workers.fleet import Fleet
 from workers.fleet.scripts import redis_errors
 from workers.persona.checkup import check_persona
@@ -31,7 +33,9 @@ from workers.persona.spend import heartbeat_file_skip
 
 __all__ = [
     "CONFIG_ERRORS",
+    "DEAD_CAUSES_SHOWN",
     "current_error",
+    "dead_causes",
     "display_state",
     "fixed_since",
     "heartbeat_unread",
@@ -186,3 +190,44 @@ def heartbeat_unread(home: Path) -> str | None:
     except (SoulfleetError, OSError):
         return None
     return heartbeat_file_skip(home)
+
+
+#: Dead-lettered lanes are grouped by the HTTP status their error names, else by the error's
+#: class in parentheses (``model call failed (ModelAuthError)``), else by its first words.
+_HTTP = re.compile(r"HTTP \d{3}")
+_CLASS = re.compile(r"\(([A-Z][A-Za-z]+)\)")
+#: Causes named one by one at most; the rest are counted.
+DEAD_CAUSES_SHOWN = 3
+
+
+def dead_causes(entries: Sequence[Mapping[str, Any]], fixed: Collection[str]) -> list[str]:
+    """Lines grouping the dead-lettered lanes by cause, each with the one command that takes
+    that group back once fixed: after a fleet-wide incident (a revoked key dead-letters every
+    lane that ran within one heartbeat) the table showed each lane's error cut at 60
+    characters and the summary only "100 dead", while `revive --reason` is what takes them
+    back. Lanes the fixed-since line names are left to it."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for entry in entries:
+        for lane, lane_entry, _ in lanes_of(entry):
+            if lane_entry.get("state") != "dead" or lane in fixed:
+                continue
+            error = " ".join(str(lane_entry.get("last_error") or "unknown error").split())
+            http, named = _HTTP.search(error), _CLASS.search(error)
+            cause = http.group(0) if http else named.group(1) if named else error[:40]
+            groups.setdefault(cause, []).append((lane, error))
+    if sum(len(lanes) for lanes in groups.values()) < 2:
+        return []  # one dead lane: its row and `status NAME` say it all
+    ranked = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
+    lines = []
+    for cause, lanes in ranked[:DEAD_CAUSES_SHOWN]:
+        first, error = lanes[0]
+        example = one_line(error, 160)
+        lines.append(
+            f"dead: {len(lanes)} lane(s) on {cause} (e.g. {first}: {example}); fix the cause, "
+            f"then `soulfleet revive --reason {shlex.quote(cause)}` takes them back "
+            "(kept items run first)"
+        )
+    rest = sum(len(lanes) for _, lanes in ranked[DEAD_CAUSES_SHOWN:])
+    if rest:
+        lines.append(f"dead: {rest} more lane(s) on other causes (`soulfleet status --state dead`)")
+    return lines

@@ -35,6 +35,7 @@ from workers.cli.context import CliContext
 from workers.cli.errors import BadInputError, CliError
 from workers.cli.group import cli_context, personas_option
 from workers.cli.health import (
+    dead_causes,
     fixed_since,
     heartbeat_unread,
     invalid_personas,
@@ -470,6 +471,8 @@ def _status_all(state: CliContext, only: str | None, *, as_json: bool, foreign: 
         click.echo(root_conflict_line(conflict))
     _workers_line(state, unserved)
     _fixed_hint(fixed)
+    for line in dead_causes(entries, {lane for lane, _ in fixed}):
+        click.echo(line)
 
 
 def _echo_gone(dead: Sequence[str], retrying: Sequence[str], only: str | None) -> None:
