@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 
 import pytest
+import structlog.testing
 
 from tests.support.providers import (
     FakeProvider,
@@ -382,6 +383,26 @@ def test_a_short_retry_after_is_waited_in_place(
     transport(openai_server, clock).post_json("/chat/completions", {})
     assert clock.sleeps == [8.0]
     assert len(openai_server.requests) == 2
+
+
+def test_a_retried_try_is_a_warning_that_says_what_failed(
+    openai_server: FakeProvider, clock: RecordingClock
+) -> None:
+    """Each retried try logs `model.retry` at warning with the provider's error (its key
+    scrubbed): at info and without the error, a fleet whose every call was refused (a 429
+    storm) read as slow calls until the breaker opened."""
+    openai_server.enqueue(
+        error_reply("openai", 429, f"slow down {KEY}", {"Retry-After": "1"}),
+        openai_completion("ok"),
+    )
+    with structlog.testing.capture_logs() as logs:
+        transport(openai_server, clock).post_json("/chat/completions", {})
+    retries = [entry for entry in logs if entry["event"] == "model.retry"]
+    assert len(retries) == 1
+    assert retries[0]["log_level"] == "warning"
+    assert "429" in retries[0]["error"]
+    assert "slow down" in retries[0]["error"]
+    assert KEY not in str(retries[0])
 
 
 @pytest.mark.parametrize(("asked", "kept"), [("40", 40.0), ("86400", 3600.0)])

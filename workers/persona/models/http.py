@@ -351,13 +351,16 @@ class ProviderHTTP:
                     error = self.error(failure.kind, failure.message + _tried(made, late=True))
                     error.retry_after = failure.wait
                     raise error
-                log.info(
+                # A warning with what failed: at info, a fleet whose every call was refused
+                # (a 429 storm) looked like slow calls until the breaker opened.
+                log.warning(
                     "model.retry",
                     provider=self.provider,
                     attempt=attempt + 1,
                     tries=tries,
                     wait_s=round(wait, 3),
                     reason=failure.kind.__name__,
+                    error=scrub(failure.message, self._secrets)[:300],
                 )
                 self._clock.sleep(wait)
             timeout = self.policy.timeout
