@@ -132,3 +132,5 @@ def test_the_readme_python_tool_is_listed_and_adds(
         sys.modules.pop("mytools", None)
     [add] = box.tools
     assert add.execute({"a": 2, "b": 40}).output == "42"
+    # A scripted rule's placeholders are strings: "2" and "3" made "23".
+    assert add.execute({"a": "2", "b": "3"}).output == "5"

@@ -11,6 +11,7 @@ import random
 from collections.abc import Sequence
 
 import pytest
+import structlog.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -332,6 +333,25 @@ def test_when_the_newest_exchange_alone_is_over_budget_nothing_is_summarized() -
                    dialect="openai")  # fmt: skip
     assert done is None
     assert model.calls == []
+
+
+def test_a_soul_that_fills_the_budget_is_named_in_the_skip_warning() -> None:
+    """When the soul is what fills session.max_tokens (a small budget, a full scaffold), the
+    warning gives each part's estimate and names the soul; it blamed "the newest exchange
+    alone" of an exchange a fraction of the budget."""
+    history = [message for i in range(6) for message in _exchange(f"hello {i}", "hi " * 40)]
+    model = ReplayModel(says("never"))
+    config = SessionConfig(max_tokens=800, keep_tail=100)
+    with structlog.testing.capture_logs() as logs:
+        done = compact(history, system="s" * 4000, incoming="x", config=config, model=model,
+                       dialect="openai")  # fmt: skip
+    assert done is None
+    assert model.calls == []
+    [skip] = [entry for entry in logs if entry["event"] == "session.compaction_skipped"]
+    assert skip["reason"] == "tail_over_budget"
+    assert skip["soul_tokens"] > 800 > skip["newest_exchange_tokens"]
+    assert f"the soul ({skip['soul_tokens']} tokens)" in skip["hint"]
+    assert "newest exchange alone" not in skip["hint"]
 
 
 @pytest.mark.parametrize(

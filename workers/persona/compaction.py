@@ -228,13 +228,22 @@ def compact(
         if shortest > 0 and fixed + estimate_tokens(history[shortest:]) <= config.max_tokens:
             split = shortest
         elif split is not None:
+            soul = estimate_tokens((), system)
+            newest = estimate_tokens(history[shortest:])
+            # Say which part fills the budget: the hint blamed the newest exchange where,
+            # more often, the soul alone was most of session.max_tokens.
             _log.warning(
                 "session.compaction_skipped",
                 reason="tail_over_budget",
                 tokens=before,
                 max_tokens=config.max_tokens,
-                hint="the newest exchange alone is over session.max_tokens: raise it, or "
-                "start a new session (soulfleet session reset)",
+                soul_tokens=soul,
+                incoming_tokens=fixed - soul,
+                newest_exchange_tokens=newest,
+                hint=f"the soul ({soul} tokens), the incoming message ({fixed - soul}) and the "
+                f"newest exchange ({newest}) are over session.max_tokens ({config.max_tokens}) "
+                "even with everything older summarized: raise session.max_tokens, shorten "
+                "the soul's files, or start a new session (soulfleet session reset)",
             )
             return None
     if split is None:
