@@ -225,6 +225,34 @@ def test_status_groups_dead_lanes_by_cause_with_the_revive_that_takes_them_back(
     assert lanes.status("nora-dreamer")["state"] == "dead"
 
 
+def test_status_of_a_persona_outside_its_active_hours_says_its_beats_are_skipped(
+    invoke: Invoke, fleet_root: Path
+) -> None:
+    """Outside heartbeat.active_hours every tick is skipped: `status NAME` showed a LAST TURN
+    "skipped" and no reason (it was only in beat's log). It names the window now, in --json
+    too; inside the window it says nothing of it."""
+    toml = fleet_root / "milo" / "persona.toml"
+    base = toml.read_text(encoding="utf-8")
+
+    def window(start: float, end: float) -> tuple[str, str]:
+        opens, closes = time.gmtime(time.time() + start), time.gmtime(time.time() + end)
+        first = f"{opens.tm_hour:02d}:{opens.tm_min:02d}"
+        last = f"{closes.tm_hour:02d}:{closes.tm_min:02d}"
+        toml.write_text(
+            base + f'active_hours = {{ start = "{first}", end = "{last}" }}\n', encoding="utf-8"
+        )
+        return first, last
+
+    first, last = window(2 * 3600, 3 * 3600)
+    out = invoke("status", "milo").stdout
+    assert f"heartbeats: outside heartbeat.active_hours now ({first}-{last} UTC)" in out
+    payload = json.loads(invoke("status", "milo", "--json").stdout)
+    assert payload["heartbeat_quiet"] == {"start": first, "end": last, "timezone": "UTC"}
+    window(-3600, 3600)
+    assert "active_hours" not in invoke("status", "milo").stdout
+    assert "heartbeat_quiet" not in json.loads(invoke("status", "milo", "--json").stdout)
+
+
 def test_status_all_lists_every_persona_and_fleet_counts(
     invoke: Invoke, env: Mapping[str, str | None]
 ) -> None:

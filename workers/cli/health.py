@@ -29,6 +29,7 @@ from workers.persona.manifest import load_manifest
 from workers.persona.mcp_servers import FleetServer
 from workers.persona.models.config import ModelConfig
 from workers.persona.python_tools import STALE_IMPORT
+from workers.persona.schedules import ActiveHours
 from workers.persona.spend import heartbeat_file_skip
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "heartbeat_unread",
     "invalid_personas",
     "lanes_of",
+    "quiet_hours",
     "states_of",
 ]
 
@@ -190,6 +192,18 @@ def heartbeat_unread(home: Path) -> str | None:
     except (SoulfleetError, OSError):
         return None
     return heartbeat_file_skip(home)
+
+
+def quiet_hours(home: Path, now: float) -> ActiveHours | None:
+    """The persona's ``heartbeat.active_hours`` when ``now`` lies outside them (beat skips its
+    ticks without a model call until the window opens); None inside them, without a window,
+    or when its persona.toml is invalid (said elsewhere)."""
+    try:
+        schedule = load_manifest(home).heartbeat
+    except (SoulfleetError, OSError):
+        return None
+    hours = schedule.active_hours if schedule is not None else None
+    return None if hours is None or hours.contains(now) else hours
 
 
 #: Dead-lettered lanes are grouped by the HTTP status their error names, else by the error's

@@ -16,9 +16,7 @@ import click
 
 from workers.cli.errors import EXIT_FAILURE, BadInputError, one_line
 from workers.cli.group import cli_context, personas_option
-from workers.cli.health import heartbeat_unread
-from workers.persona.errors import SoulfleetError
-from workers.persona.manifest import load_manifest
+from workers.cli.health import heartbeat_unread, quiet_hours
 
 __all__ = ["post"]
 
@@ -110,12 +108,8 @@ def post(
 def _outside_active_hours(home: Path) -> str:
     """What a ``--no-wake`` item waits for when the persona is outside its heartbeat's
     ``active_hours`` now (no heartbeat comes until the window opens); "" otherwise."""
-    try:
-        schedule = load_manifest(home).heartbeat
-    except (SoulfleetError, OSError):
-        return ""
-    hours = schedule.active_hours if schedule is not None else None
-    if hours is None or hours.contains(time.time()):
+    hours = quiet_hours(home, time.time())
+    if hours is None:
         return ""
     return (
         f"; it is outside its heartbeat.active_hours now ({hours.start:%H:%M}-"

@@ -40,6 +40,7 @@ from workers.cli.health import (
     heartbeat_unread,
     invalid_personas,
     lanes_of,
+    quiet_hours,
     states_of,
 )
 from workers.cli.session import edited_note
@@ -207,6 +208,13 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
         entry["budget_used_up"] = used_up
     if (skipped := _heartbeat_skipped(fleet.registry.home(name))) is not None:
         entry["heartbeat_skipped"] = skipped
+    quiet = quiet_hours(fleet.registry.home(name), fleet.clock.time())
+    if quiet is not None:
+        entry["heartbeat_quiet"] = {
+            "start": f"{quiet.start:%H:%M}",
+            "end": f"{quiet.end:%H:%M}",
+            "timezone": quiet.timezone,
+        }
     try:
         session = fleet.session(name)
     except (SoulfleetError, OSError):  # a broken persona.toml, an unreadable state: said below
@@ -227,6 +235,13 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
     _echo_budget(used_up)
     if skipped is not None:
         click.echo(f"heartbeats: {_SKIPPED[skipped]}")
+    elif quiet is not None:
+        # A LAST TURN of "skipped" said no more: the reason was only in beat's log.
+        click.echo(
+            f"heartbeats: outside heartbeat.active_hours now ({quiet.start:%H:%M}-"
+            f"{quiet.end:%H:%M} {quiet.timezone}): ticks are skipped without a model call "
+            "until the window opens (beat logs tick.skipped reason=quiet_hours)"
+        )
     if session and (note := edited_note(session)):
         click.echo(f"session: {note}")
     fixed = fixed_since(
