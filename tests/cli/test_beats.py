@@ -53,6 +53,9 @@ def test_beats_empty_feed_says_so(invoke: Invoke) -> None:
     none_asked = invoke("beats", "-n", "0")  # asked for none: no claim that there are none
     assert none_asked.exit_code == 0
     assert none_asked.stdout == none_asked.stderr == ""
+    negative = invoke("beats", "-n", "-3")  # clamped to 0, it printed nothing without a word
+    assert negative.exit_code == 2
+    assert "-3 is negative" in negative.stderr
 
 
 def _follow(env: Mapping[str, str | None], *, inherit_ignored_sigint: bool = False) -> Follower:

@@ -189,6 +189,16 @@ def test_a_server_that_cannot_start_is_named_and_backed_off(hub: McpHub) -> None
     assert "not found" in again.unavailable[0][2]
 
 
+def test_a_command_written_with_its_arguments_says_to_put_them_in_args(hub: McpHub) -> None:
+    """`command = "python3 -m server --flag"` (a shell line) was "not found on PATH" with no
+    word of why: the first word is there, so the reason says to move the rest into args."""
+    box = _box(hub, '[[tools.mcp]]\nname = "shell"\ncommand = "python3 -m some_server --v"\n')
+    [(_, _, reason)] = box.unavailable
+    assert "not found on PATH" in reason
+    assert "'python3' is there: put its arguments in args" in reason
+    assert "args = ['-m', 'some_server', '--v']" in reason
+
+
 def test_a_server_that_dies_at_start_is_named_with_what_it_said_last(hub: McpHub) -> None:
     """A server that exits at start after printing a traceback: the reason quotes its last
     stderr line ("Connection closed" alone said nothing of why), with the worker's secrets

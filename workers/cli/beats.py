@@ -56,12 +56,20 @@ def _stop_on_sigint_and_sigterm() -> None:
         signal.signal(sig, _interrupt)
 
 
+def _not_negative(value: int) -> int:
+    if value < 0:
+        raise click.BadParameter(f"{value} is negative: give how many beats to print (0 or more)")
+    return value
+
+
 @click.command()
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new beats until Ctrl-C.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.option(
-    # Clamped: past Redis's 64-bit COUNT, a huge -n was a "Redis refused a command" error.
-    "--count", "-n", type=click.IntRange(min=0, max=2**62, clamp=True), default=20,
+    # Clamped above: past Redis's 64-bit COUNT, a huge -n was a "Redis refused a command"
+    # error. Not below: a negative -n clamped to 0 printed nothing without a word.
+    "--count", "-n", type=click.IntRange(max=2**62, clamp=True), default=20,
+    callback=lambda _ctx, _param, value: _not_negative(value),
     show_default=True, help="How many recent beats to print first (all: a large number).",
 )  # fmt: skip
 # Accepted only to refuse it with the reason (the feed is fleet-wide), so not in --help.

@@ -113,7 +113,17 @@ def _resolve(command: str) -> str:
     search = os.pathsep.join([os.environ.get("PATH", ""), os.path.dirname(sys.executable)])
     found = shutil.which(command, path=search)
     if found is None:
-        raise McpUnavailable(f"command {command!r} not found on PATH or next to {sys.executable}")
+        hint = ""
+        first, _, rest = command.strip().partition(" ")
+        if rest and shutil.which(first, path=search) is not None:
+            # `command = "mcp-server-time --local-timezone UTC"`: a shell line, not a command.
+            hint = (
+                f"; {first!r} is there: put its arguments in args, as in "
+                f"command = {first!r} and args = {rest.split()!r}"
+            )
+        raise McpUnavailable(
+            f"command {command!r} not found on PATH or next to {sys.executable}{hint}"
+        )
     return os.path.abspath(found)
 
 
