@@ -136,7 +136,11 @@ def test_revive_of_a_lane_that_is_not_dead_fails_clearly(invoke: Invoke) -> None
     assert "milo is not dead-lettered (it is idle)" in result.output
     as_json = invoke("revive", "milo", "--json")
     assert as_json.exit_code == 1
-    assert json.loads(as_json.stdout)["reason"] == "not dead-lettered"
+    payload = json.loads(as_json.stdout)
+    assert payload["reason"] == "not dead-lettered"
+    # the {"error", "exit"} every --json failure carries (it had neither, and no stderr line)
+    assert payload["exit"] == 1
+    assert payload["error"].startswith("lane milo is not dead-lettered (it is idle)")
 
 
 def test_revive_of_an_unknown_persona_is_bad_input(invoke: Invoke) -> None:

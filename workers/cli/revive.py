@@ -123,6 +123,9 @@ def _report(
             answer["reason"] = _put_back(outcome)
         elif not queued:
             answer["reason"] = "not dead-lettered"
+            # A failure in --json is an {"error", "exit"} object like every command's.
+            answer["error"] = _not_dead(state, outcome.lane, name)
+            answer["exit"] = EXIT_FAILURE
         elif outcome.kind == "retry_now":
             answer["reason"] = "was waiting out a retry backoff: queued now"
         click.echo(json.dumps(answer))
@@ -142,12 +145,15 @@ def _report(
     elif queued:
         click.echo(f"revived {outcome.lane}: turn {outcome.turn_id} queued{dropped}")
     else:
-        now = state.fleet().lanes.status(outcome.lane).get("state") or "idle"
-        click.echo(
-            f"soulfleet: error: lane {outcome.lane} is not dead-lettered (it is {now}): "
-            f"nothing to revive (`soulfleet status {name}` shows it)",
-            err=True,
-        )
+        click.echo(f"soulfleet: error: {_not_dead(state, outcome.lane, name)}", err=True)
+
+
+def _not_dead(state: CliContext, lane: str, name: str) -> str:
+    now = state.fleet().lanes.status(lane).get("state") or "idle"
+    return (
+        f"lane {lane} is not dead-lettered (it is {now}): nothing to revive "
+        f"(`soulfleet status {name}` shows it)"
+    )
 
 
 def _revive_all(state: CliContext, reason: str | None, *, as_json: bool) -> None:
