@@ -318,6 +318,17 @@ def test_status_unknown_persona_exit_2(invoke: Invoke) -> None:
     assert "unknown persona 'nobody'" in result.stderr
 
 
+def test_a_dreamer_lane_named_as_a_persona_says_what_reaches_it(invoke: Invoke) -> None:
+    """`status nora-dreamer` (the lane status shows in its DREAMER column) said "no directory
+    'nora-dreamer'": it names the persona and the commands that reach its dreamer."""
+    for command in (("status",), ("session", "show")):
+        result = invoke(*command, "nora-dreamer")
+        assert result.exit_code == 2
+        assert "'nora-dreamer' is the dreamer lane of the persona 'nora'" in result.stderr
+        assert "`soulfleet revive nora --dreamer`" in result.stderr
+    assert "no directory 'ghost-dreamer'" in invoke("status", "ghost-dreamer").stderr
+
+
 def test_status_of_another_root_lists_only_its_own_invalid_personas(
     invoke: Invoke, env: Mapping[str, str | None], fleet_root: Path, tmp_path: Path
 ) -> None:

@@ -221,6 +221,14 @@ class UnknownPersona(FleetError):
                 f"no directory {name!r}; a persona is a subdirectory of {root_is}, named "
                 "or given by its path"
             )
+        elif name.endswith("-dreamer") and name.removesuffix("-dreamer") in known:
+            # A lane `status` shows in its DREAMER column: name what reaches it.
+            persona = name.removesuffix("-dreamer")
+            problem = (
+                f"{name!r} is the dreamer lane of the persona {persona!r}, not a persona: "
+                f"`soulfleet status {persona}` shows it (DREAMER), `soulfleet revive {persona} "
+                f"--dreamer` takes it back, `soulfleet dream {persona}` runs a pass"
+            )
         else:
             problem = (
                 f"no directory {name!r} under {root_is}; each persona is one subdirectory there"
