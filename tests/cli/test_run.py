@@ -83,6 +83,21 @@ def test_run_local_bad_model_spec_exit_2(invoke: Invoke) -> None:
     assert "nonsense:thing" in result.stderr
 
 
+def test_a_failed_turn_with_no_text_prints_nothing_on_stdout(
+    invoke: Invoke, env: Mapping[str, str | None]
+) -> None:
+    """A turn that ended in an error with no text printed an empty line on stdout beside the
+    error on stderr (a script reading stdout got a blank answer)."""
+    result = invoke(
+        "run", "ava", "hi", "--local", "--model", "openai:x",
+        environ={**env, "OPENAI_BASE_URL": "http://127.0.0.1:9/v1",
+                 "SOULFLEET_MODEL_RETRIES": "0"},
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    assert "soulfleet: turn ended error: model call failed (ModelUnreachable)" in result.stderr
+
+
 def test_run_model_without_local_is_a_usage_error(invoke: Invoke) -> None:
     """--model without --local is refused: a fleet turn uses the persona's own model."""
     result = invoke("run", "ava", "hi", "--model", "scripted:builtin")

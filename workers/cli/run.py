@@ -100,7 +100,8 @@ def run(
                             as_json=as_json, trusted=trusted, timeout=timeout)  # fmt: skip
     if as_json:
         click.echo(json.dumps(report, ensure_ascii=False))
-    else:
+    elif report["text"] or report["status"] == "done":
+        # A failed turn with no text printed an empty line on stdout beside its error.
         click.echo(report["text"])
     if report["status"] != "done":
         why = report.get("limit") or report.get("error") or report.get("reason") or report["status"]
