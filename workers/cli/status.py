@@ -293,8 +293,9 @@ def _echo_calls(fleet: Fleet, name: str, entry: Mapping[str, Any]) -> None:
             continue
         click.echo(
             f"model call: lane {call.lane} has waited {age} on its model call (worker "
-            f"{call.holder}; it ends by SOULFLEET_MODEL_TIMEOUT per try and the turn by "
-            "SOULFLEET_TURN_MAX_SECONDS)"
+            f"{call.holder}; its retried tries and their waits included: a provider refusing "
+            "calls, HTTP 429 or 5xx, shows as model.retry warnings in that worker's log; it "
+            "ends by SOULFLEET_MODEL_TIMEOUT per try and the turn by SOULFLEET_TURN_MAX_SECONDS)"
         )
 
 
