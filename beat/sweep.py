@@ -201,6 +201,15 @@ class Sweeper:
             lane, kind, spec, hours = entry
             claimed.append(Claimed(member, lane, kind, int(float(score)), spec, hours, due))
         ticking, reasons = self._skips.sort(claimed, at)
+        if reasons:
+            # A skip ticked nothing, so it stands for no slot: the slot it lands in is judged
+            # again at its own due (an idle persona's one slot of its idle_every window, the
+            # first slot inside its active hours), as before the late-tick rule.
+            plain = next_due_ms([item.spec for item, _ in reasons if item.spec], at)
+            reasons = [
+                (item._replace(next_ms=due) if isinstance(due, int) else item, reason)
+                for (item, reason), due in zip(reasons, plain, strict=True)
+            ]
         lines = [f"{c.member}\t{c.next_ms}\t{_TICK[c.kind]}" for c in ticking]
         lines.extend(f"{c.member}\t{c.next_ms}\t-" for c, _ in reasons)
         if broken:

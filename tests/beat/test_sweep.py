@@ -467,3 +467,36 @@ def test_a_beat_back_across_a_slot_start_ticks_once_for_that_slot(
         assert lane_ticks(redis_client, fleet.keys, ["ava"]) == {"ava": 1}
     finally:
         fleet.client.close()
+
+
+def test_a_late_skip_leaves_the_slot_it_lands_in_to_be_judged_at_its_own_due(
+    *,
+    persona_root: Path,
+    clock: VirtualClock,
+    publisher: RecordingPublisher,
+    redis_client: redis.Redis,
+    redis_url: str,
+    key_prefix: str,
+) -> None:
+    """A late claim that is skipped (here: outside active hours) ticked nothing, so it stands
+    for no slot: the slot it lands in keeps its own jittered due, to be judged then (an idle
+    persona's one slot of its idle_every window was lost when a skip took it over)."""
+    settings = settings_for(redis_url, key_prefix, persona_root, SOULFLEET_HEARTBEAT_JITTER="0.4")
+    fleet = fleet_for(settings, clock=clock, publisher=publisher)
+    try:
+        toml = EVERY_1M + 'active_hours = { start = "08:00", end = "09:00" }\n'
+        write_persona(persona_root, "ava", toml)
+        sync(fleet)
+        stored = (redis_client.zscore(fleet.keys.schedule, "ava|heartbeat") or 0) / 1000
+        spec = ScheduleSpec.from_json(
+            str(redis_client.hget(fleet.keys.schedule_spec, "ava|heartbeat"))
+        )
+        back = stored + 61.0
+        while spec.next_due(back, after_tick=True) == spec.next_due(back):
+            back += 0.25
+        clock.advance(back - clock.time())
+        assert Sweeper(fleet).run().skipped == 1
+        after = (redis_client.zscore(fleet.keys.schedule, "ava|heartbeat") or 0) / 1000
+        assert after == pytest.approx(spec.next_due(back), abs=0.001)
+    finally:
+        fleet.client.close()

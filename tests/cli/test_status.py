@@ -219,6 +219,16 @@ def test_status_groups_dead_lanes_by_cause_with_the_revive_that_takes_them_back(
     assert "`soulfleet revive --reason 'HTTP 401'`" in lines[0]
     assert lines[1].startswith("dead: 1 lane(s) on ModelRequestError (e.g. nora-dreamer: ")
     assert "`soulfleet revive --reason ModelRequestError`" in lines[1]
+    # Errors without a status or class: grouped by their own words, not by the dead letter's
+    # prefix (a transient one counts its seconds per lane, so each lane was its own group).
+    for lane, seconds in (("ava-dreamer", 21631), ("milo-dreamer", 21655)):
+        lanes.client.hset(lanes.keys.lane(lane), mapping={"state": "dead", "last_error": (
+            f"transient failures for {seconds}s (SOULFLEET_RETRY_FOR), last: persona storage "
+            "unavailable: [Errno 28] No space left on device")})  # fmt: skip
+    out = invoke("status").stdout
+    [storage] = [line for line in out.splitlines() if "persona storage" in line]
+    assert storage.startswith("dead: 2 lane(s) on persona storage unavailable: [Errno 28] (")
+    assert "`soulfleet revive --reason 'persona storage unavailable: [Errno 28]'`" in storage
     revived = invoke("revive", "--reason", "HTTP 401")
     assert revived.exit_code == 0, revived.output
     assert {lanes.status(lane)["state"] for lane in ("ava", "milo")} != {"dead"}

@@ -105,16 +105,6 @@ def test_all_seven_files_in_order_bodies_stripped(tmp_path: Path) -> None:
     assert soul == "\n\n".join(f"## {name}\n\nbody of {name}" for name in BOOTSTRAP_ORDER)
 
 
-def test_a_byte_order_mark_does_not_reach_the_soul(tmp_path: Path) -> None:
-    """A file saved as "UTF-8 with BOM" composes as the same file without it: the mark went to
-    the model ahead of the body's first heading."""
-    (tmp_path / "HEARTBEAT.md").write_bytes("\ufeff# Heartbeat\n- check mail\n".encode())
-    (tmp_path / "SOUL.md").write_bytes("\ufeff\n  You are ava.\n".encode())
-    soul, _ = compose_soul(tmp_path)
-    assert "\ufeff" not in soul
-    assert soul == "## SOUL.md\n\nYou are ava.\n\n## HEARTBEAT.md\n\n# Heartbeat\n- check mail"
-
-
 def test_empty_directory_and_empty_file(tmp_path: Path) -> None:
     """No files gives an empty soul; an empty file is still found, with an empty body."""
     assert compose_soul(tmp_path) == ("", [])

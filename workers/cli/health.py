@@ -210,6 +210,11 @@ def quiet_hours(home: Path, now: float) -> ActiveHours | None:
 #: class in parentheses (``model call failed (ModelAuthError)``), else by its first words.
 _HTTP = re.compile(r"HTTP \d{3}")
 _CLASS = re.compile(r"\(([A-Z][A-Za-z]+)\)")
+#: What fail.lua puts before the error of a lane it dead-letters.
+_PREFIX = re.compile(
+    r"^(permanent failure, not retried: "
+    r"|transient failures for \d+s \(SOULFLEET_RETRY_FOR\), last: )"
+)
 #: Causes named one by one at most; the rest are counted.
 DEAD_CAUSES_SHOWN = 3
 
@@ -225,10 +230,18 @@ def dead_causes(entries: Sequence[Mapping[str, Any]], fixed: Collection[str]) ->
         for lane, lane_entry, _ in lanes_of(entry):
             if lane_entry.get("state") != "dead" or lane in fixed:
                 continue
-            error = " ".join(str(lane_entry.get("last_error") or "unknown error").split())
-            http, named = _HTTP.search(error), _CLASS.search(error)
-            cause = http.group(0) if http else named.group(1) if named else error[:40]
-            groups.setdefault(cause, []).append((lane, error))
+            raw = str(lane_entry.get("last_error") or "unknown error")
+            http, named = _HTTP.search(raw), _CLASS.search(raw)
+            if http is not None:
+                cause = http.group(0)
+            elif named is not None:
+                cause = named.group(1)
+            else:
+                # The words of the error itself, as `revive --reason` matches them: not the
+                # dead letter's own prefix (a transient one counts its seconds per lane).
+                body = _PREFIX.sub("", raw).strip()
+                cause = (body.splitlines() or ["unknown error"])[0][:40].strip()
+            groups.setdefault(cause, []).append((lane, " ".join(raw.split())))
     if sum(len(lanes) for lanes in groups.values()) < 2:
         return []  # one dead lane: its row and `status NAME` say it all
     ranked = sorted(groups.items(), key=lambda item: (-len(item[1]), item[0]))
@@ -238,8 +251,8 @@ def dead_causes(entries: Sequence[Mapping[str, Any]], fixed: Collection[str]) ->
         example = one_line(error, 160)
         lines.append(
             f"dead: {len(lanes)} lane(s) on {cause} (e.g. {first}: {example}); fix the cause, "
-            f"then `soulfleet revive --reason {shlex.quote(cause)}` takes them back "
-            "(kept items run first)"
+            f"then `soulfleet revive --reason {shlex.quote(cause)}` takes back every dead lane "
+            "whose error says so (kept items run first)"
         )
     rest = sum(len(lanes) for _, lanes in ranked[DEAD_CAUSES_SHOWN:])
     if rest:

@@ -201,8 +201,7 @@ def _section_body(name: str, home: str, raw: bytes) -> str:
 
 def _section(name: str, body: str) -> str:
     """One bootstrap file's section of a soul (the contract's format)."""
-    # A byte-order mark (an editor's "UTF-8 with BOM") is no text: it went to the model.
-    return f"## {name}\n\n{body.removeprefix(chr(0xFEFF)).strip()}"
+    return f"## {name}\n\n{body.strip()}"
 
 
 def _home_dir(path: str | os.PathLike[str]) -> str:
