@@ -217,6 +217,21 @@ def test_ctrl_c_as_the_post_lands_says_the_message_is_kept(
     raws = lanes.client.lrange(lanes.keys.inbox("ava"), 0, -1)
     assert [InboxItem.from_json(str(raw)).text for raw in raws] == ["kept"]
 
+    def post_then_interrupt_twice(self: Lanes, *args: Any, **kwargs: Any) -> Any:
+        outcome = sent(self, *args, **kwargs)
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # Redis "did not answer": the user presses again
+        return outcome
+
+    monkeypatch.setattr(Lanes, "post", post_then_interrupt_twice)
+    result = invoke("run", "ava", "maybe", "--timeout", "30")
+    assert result.exit_code == 1, result.output
+    assert "the message may or may not be in ava's inbox" in result.stderr
+    assert "Aborted!" not in result.stderr
+    raws = lanes.client.lrange(lanes.keys.inbox("ava"), 0, -1)
+    assert [InboxItem.from_json(str(raw)).text for raw in raws] == ["kept", "maybe"]
+    lanes.client.ltrim(lanes.keys.inbox("ava"), 0, 0)
+
     checked = Fleet.check
 
     def interrupted_at_the_door(self: Fleet, *args: Any, **kwargs: Any) -> Any:

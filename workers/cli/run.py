@@ -153,6 +153,15 @@ def _fleet_run(
                 on_sending=held.hold,
             )
     except KeyboardInterrupt:
+        if not posted and held.pending:
+            # A second Ctrl-C while Redis had not answered the post: it may have been kept.
+            click.echo(
+                f"soulfleet: stopped before Redis answered: the message may or may not be in "
+                f"{name}'s inbox; `soulfleet status {name}` shows its inbox (post it again only "
+                "if it is not there)",
+                err=True,
+            )
+            ctx.exit(EXIT_FAILURE)
         if not posted:
             raise  # nothing was sent: click says "Aborted!"
         # Ctrl-C stops the waiting, not the turn: say so, or the user posts it again.
@@ -208,8 +217,9 @@ class _HeldInterrupt:
     said "Aborted!" (nothing sent) about a message that was in the inbox, and users posted it
     again. Held, it is raised once the post is known: in the wait that follows (so the turn is
     published first), or not at all when the post failed (its error is said). A second Ctrl-C
-    aborts at once (a Redis that does not answer). Before the post is sent and after it is
-    known, Ctrl-C interrupts as always."""
+    aborts at once (a Redis that does not answer), saying the message may have been kept.
+    Before the post's checks at the door have passed and after its answer is read, Ctrl-C
+    interrupts as always."""
 
     def __init__(self) -> None:
         self.pending = False
