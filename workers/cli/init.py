@@ -81,7 +81,7 @@ def _refuse_misplaced(directory: Path, root: Path | None) -> None:
     """Refuse a persona home that would sit on a personas root or inside another persona:
     the fleet would take its sessions/ and transcripts/ for personas of their own, and write
     one persona's state into another's."""
-    home = directory.expanduser().resolve()
+    home = directory.resolve()  # as scaffold() writes it (a quoted "~" is a directory name)
     if home == root:
         raise BadInputError(
             f"{directory} is the personas root the fleet serves: a persona is one directory "
