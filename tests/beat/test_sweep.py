@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import threading
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from zoneinfo import ZoneInfo
@@ -429,74 +430,68 @@ def test_a_broken_spec_in_a_batch_costs_only_its_own_member(
     assert set(lane_ticks(redis_client, fleet.keys, ticked).values()) == {1}
 
 
-def test_a_beat_back_across_a_slot_start_ticks_once_for_that_slot(
-    *,
+def _late_across_a_slot_start(
+    fleet: Fleet, persona_root: Path, redis_client: redis.Redis, toml: str
+) -> tuple[ScheduleSpec, float]:
+    """ava registered with ``toml``, and an instant in a later slot than the one its stored due
+    is in, after that slot's start and before its jittered due: when a beat down over the slot's
+    start is back. Returns ava's spec and that instant."""
+    write_persona(persona_root, "ava", toml)
+    sync(fleet)
+    stored = (redis_client.zscore(fleet.keys.schedule, "ava|heartbeat") or 0) / 1000
+    spec = ScheduleSpec.from_json(str(redis_client.hget(fleet.keys.schedule_spec, "ava|heartbeat")))
+    back = stored + 61.0
+    while spec.next_due(back, after_tick=True) == spec.next_due(back):
+        back += 0.25
+    return spec, back
+
+
+@pytest.fixture
+def jittery(
+    redis_url: str,
+    key_prefix: str,
     persona_root: Path,
     clock: VirtualClock,
     publisher: RecordingPublisher,
-    redis_client: redis.Redis,
-    redis_url: str,
-    key_prefix: str,
+) -> Iterator[Fleet]:
+    """A fleet whose heartbeats jitter by up to 40% of their interval."""
+    settings = settings_for(redis_url, key_prefix, persona_root, SOULFLEET_HEARTBEAT_JITTER="0.4")
+    made = fleet_for(settings, clock=clock, publisher=publisher)
+    try:
+        yield made
+    finally:
+        made.client.close()
+
+
+def test_a_beat_back_across_a_slot_start_ticks_once_for_that_slot(
+    jittery: Fleet, persona_root: Path, clock: VirtualClock, redis_client: redis.Redis
 ) -> None:
     """A beat down over a slot's start and back before that slot's jittered due ticks the
     missed slot once at its first sweep, and that tick stands for the slot it lands in: the
     next due is the slot after, so the persona does not beat (and pay) again seconds later."""
-    settings = settings_for(redis_url, key_prefix, persona_root, SOULFLEET_HEARTBEAT_JITTER="0.4")
-    fleet = fleet_for(settings, clock=clock, publisher=publisher)
-    try:
-        write_persona(persona_root, "ava", EVERY_1M)
-        sync(fleet)
-        stored = (redis_client.zscore(fleet.keys.schedule, "ava|heartbeat") or 0) / 1000
-        spec = ScheduleSpec.from_json(
-            str(redis_client.hget(fleet.keys.schedule_spec, "ava|heartbeat"))
-        )
-        # The beat comes back in a later slot, after its start, before its jittered due.
-        back = stored + 61.0
-        while spec.next_due(back, after_tick=True) == spec.next_due(back):
-            back += 0.25
-        jittered_due = spec.next_due(back)
-        assert back < jittered_due < back + 24.0
-        clock.advance(back - clock.time())
-        sweeper = Sweeper(fleet)
-        assert sweeper.run().due == 1
-        after = (redis_client.zscore(fleet.keys.schedule, "ava|heartbeat") or 0) / 1000
-        assert after == pytest.approx(spec.next_due(back, after_tick=True), abs=0.001)
-        assert after > jittered_due + 30.0
-        clock.advance(jittered_due - clock.time() + 0.001)
-        assert sweeper.run().due == 0
-        assert lane_ticks(redis_client, fleet.keys, ["ava"]) == {"ava": 1}
-    finally:
-        fleet.client.close()
+    spec, back = _late_across_a_slot_start(jittery, persona_root, redis_client, EVERY_1M)
+    jittered_due = spec.next_due(back)
+    assert back < jittered_due < back + 24.0
+    clock.advance(back - clock.time())
+    sweeper = Sweeper(jittery)
+    assert sweeper.run().due == 1
+    after = (redis_client.zscore(jittery.keys.schedule, "ava|heartbeat") or 0) / 1000
+    assert after == pytest.approx(spec.next_due(back, after_tick=True), abs=0.001)
+    assert after > jittered_due + 30.0
+    clock.advance(jittered_due - clock.time() + 0.001)
+    assert sweeper.run().due == 0
+    assert lane_ticks(redis_client, jittery.keys, ["ava"]) == {"ava": 1}
 
 
 def test_a_late_skip_leaves_the_slot_it_lands_in_to_be_judged_at_its_own_due(
-    *,
-    persona_root: Path,
-    clock: VirtualClock,
-    publisher: RecordingPublisher,
-    redis_client: redis.Redis,
-    redis_url: str,
-    key_prefix: str,
+    jittery: Fleet, persona_root: Path, clock: VirtualClock, redis_client: redis.Redis
 ) -> None:
     """A late claim that is skipped (here: outside active hours) ticked nothing, so it stands
     for no slot: the slot it lands in keeps its own jittered due, to be judged then (an idle
     persona's one slot of its idle_every window was lost when a skip took it over)."""
-    settings = settings_for(redis_url, key_prefix, persona_root, SOULFLEET_HEARTBEAT_JITTER="0.4")
-    fleet = fleet_for(settings, clock=clock, publisher=publisher)
-    try:
-        toml = EVERY_1M + 'active_hours = { start = "08:00", end = "09:00" }\n'
-        write_persona(persona_root, "ava", toml)
-        sync(fleet)
-        stored = (redis_client.zscore(fleet.keys.schedule, "ava|heartbeat") or 0) / 1000
-        spec = ScheduleSpec.from_json(
-            str(redis_client.hget(fleet.keys.schedule_spec, "ava|heartbeat"))
-        )
-        back = stored + 61.0
-        while spec.next_due(back, after_tick=True) == spec.next_due(back):
-            back += 0.25
-        clock.advance(back - clock.time())
-        assert Sweeper(fleet).run().skipped == 1
-        after = (redis_client.zscore(fleet.keys.schedule, "ava|heartbeat") or 0) / 1000
-        assert after == pytest.approx(spec.next_due(back), abs=0.001)
-    finally:
-        fleet.client.close()
+    toml = EVERY_1M + 'active_hours = { start = "08:00", end = "09:00" }\n'
+    spec, back = _late_across_a_slot_start(jittery, persona_root, redis_client, toml)
+    clock.advance(back - clock.time())
+    assert Sweeper(jittery).run().skipped == 1
+    after = (redis_client.zscore(jittery.keys.schedule, "ava|heartbeat") or 0) / 1000
+    assert after == pytest.approx(spec.next_due(back), abs=0.001)
