@@ -247,6 +247,30 @@ def test_ctrl_c_as_the_post_lands_says_the_message_is_kept(
     assert [InboxItem.from_json(str(raw)).text for raw in raws] == ["kept"]
 
 
+def test_an_ignored_sigint_stays_ignored_while_run_posts(
+    invoke: Invoke, env: Mapping[str, str | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run` started with SIGINT ignored (a job a shell put in the background) keeps ignoring
+    it while it posts: holding Ctrl-C must not make it interruptible."""
+    sent = Lanes.post
+
+    def post_then_interrupt(self: Lanes, *args: Any, **kwargs: Any) -> Any:
+        outcome = sent(self, *args, **kwargs)
+        signal.raise_signal(signal.SIGINT)
+        return outcome
+
+    monkeypatch.setattr(Lanes, "post", post_then_interrupt)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        result = invoke("run", "ava", "ignored", "--timeout", "1")
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert result.exit_code == 1, result.output
+    assert "no answer from 'ava' within 1s" in result.stderr
+    assert "stopped waiting" not in result.stderr
+
+
 def test_a_turn_stopped_by_its_token_budget_names_the_setting(
     invoke: Invoke, env: Mapping[str, str | None], tmp_path: Path
 ) -> None:

@@ -227,7 +227,10 @@ class _HeldInterrupt:
         self._previous: Any = None
 
     def __enter__(self) -> _HeldInterrupt:
-        if threading.current_thread() is threading.main_thread():
+        # Off the main thread no handler can be set; with SIGINT ignored (a job started in the
+        # background by a shell), it stays ignored.
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):  # fmt: skip
             self._previous = signal.signal(signal.SIGINT, self._on_signal)
         return self
 
