@@ -7,6 +7,7 @@ the line an operator reads for it, on a real Redis.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -155,8 +156,15 @@ def test_a_queued_row_says_how_long_the_lane_has_waited(
     lanes.client.hset(lanes.keys.lane("ava"), "queued_at", int((time.time() - 500) * 1000))
     row = next(ln for ln in invoke("status").stdout.splitlines() if ln.startswith("ava "))
     assert row.split()[1:4] == ["queued", "for", "8m"], row
-    one = invoke("status", "ava").stdout.splitlines()[1]
+    out = invoke("status", "ava").stdout
+    one = out.splitlines()[1]
     assert one.split()[1:4] == ["queued", "for", "8m"], one
+    # ... and why it may wait, and when the reaper sends its turn again (600 s by default)
+    assert re.search(r"queued: lane ava has waited 50\ds for a worker to take its turn", out)
+    assert "or its turn message was lost" in out
+    assert re.search(r"SOULFLEET_REAP_QUEUED_AFTER \(600s\), in about (100|9\d)s", out)
+    lanes.client.hset(lanes.keys.lane("ava"), "queued_at", int((time.time() - 5) * 1000))
+    assert "queued: lane" not in invoke("status", "ava").stdout  # seconds: nothing to say
 
 
 def test_status_of_a_large_fleet_does_not_cost_round_trips_per_persona(

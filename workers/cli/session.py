@@ -24,7 +24,8 @@ __all__ = ["edited_note", "session"]
 _ENDS = {
     "idle": "ended by idle_reset: the next turn starts a new session",
     "daily": "ended by daily_reset: the next turn starts a new session",
-    "reset": "reset: the next turn starts a new session",
+    # A silent heartbeat runs on a fresh soul but keeps nothing, so the reset stays pending.
+    "reset": "reset: the next turn that is not a silent heartbeat starts a new session",
 }
 
 

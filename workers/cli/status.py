@@ -98,7 +98,7 @@ def breaker_lines(
             resume = (
                 "they do NOT resume until the provider accepts the key: each probe "
                 "dead-letters one; ops/runbook.md 'Rotating a model key', then "
-                "`soulfleet revive --all`"
+                "`soulfleet revive --reason ModelAuthError` (the lanes the refused key killed)"
             )
         else:
             resume = "they resume by themselves"
@@ -232,6 +232,7 @@ def _status_one(state: CliContext, persona: str, *, as_json: bool) -> None:
     _echo_claims(claims)
     _echo_models(entry)
     _echo_calls(fleet, name, entry)
+    _echo_queued(entry, fleet.clock.time(), state.settings.reap_queued_after)
     _echo_budget(used_up)
     if skipped is not None:
         click.echo(f"heartbeats: {_SKIPPED[skipped]}")
@@ -296,6 +297,32 @@ def _echo_calls(fleet: Fleet, name: str, entry: Mapping[str, Any]) -> None:
             f"{call.holder}; its retried tries and their waits included: a provider refusing "
             "calls, HTTP 429 or 5xx, shows as model.retry warnings in that worker's log; it "
             "ends by SOULFLEET_MODEL_TIMEOUT per try and the turn by SOULFLEET_TURN_MAX_SECONDS)"
+        )
+
+
+#: A queued lane older than this is said to wait (a turn is normally taken within seconds).
+QUEUED_LONG = 60.0
+
+
+def _echo_queued(entry: Mapping[str, Any], now: float, reap_after: float) -> None:
+    """Why a lane may sit queued for minutes, and when the reaper sends its turn again: a
+    message lost as Redis filled or failed over left a persona silent for 10 minutes behind a
+    row reading only "queued for 9m", while the workers answered."""
+    for lane, lane_entry, _ in lanes_of(entry):
+        queued_at = lane_entry.get("queued_at")
+        if lane_entry.get("state") != "queued" or not isinstance(queued_at, int | float):
+            continue
+        waited = now - queued_at
+        if waited < QUEUED_LONG:
+            continue
+        left = reap_after - waited
+        when = f"in about {left:.0f}s" if left > 0 else "at its next pass"
+        click.echo(
+            f"queued: lane {lane} has waited {waited:.0f}s for a worker to take its turn: the "
+            "workers are busy with a backlog (`soulfleet status` counts the queued lanes), or "
+            "its turn message was lost (a Redis that was full, restarted or failing over as it "
+            f"was sent); beat's reaper sends it again once queued SOULFLEET_REAP_QUEUED_AFTER "
+            f"({reap_after:.0f}s), {when}"
         )
 
 
@@ -657,7 +684,8 @@ def _fixed_hint(fixed: Sequence[tuple[str, str]]) -> None:
         dreamer = any(lane.endswith(DREAMER_SUFFIX) for lane, _ in fixed)
         one = "PERSONA [--dreamer]" if dreamer else "PERSONA"
         click.echo(
-            f"fixed since: {len(fixed)} dead-lettered lane(s) failed on a configuration error "
-            f"that is fixed now ({lanes}): `soulfleet revive --all` (or `soulfleet revive "
-            f"{one}`; --dreamer for a -dreamer lane) takes them back"
+            f"fixed since: {len(fixed)} dead-lettered lane(s) failed on their files or settings "
+            f"(a configuration error, a persona directory gone), which are fine now ({lanes}): "
+            f"`soulfleet revive --all` (or `soulfleet revive {one}`; --dreamer for a -dreamer "
+            "lane) takes them back"
         )

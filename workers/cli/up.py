@@ -298,9 +298,10 @@ class _Up:
         fixed = fixed_since(self.fleet, settings.model, invalid=invalid_personas(self.fleet),
                             mcp_servers=settings.mcp_servers)  # fmt: skip
         if fixed:
-            echo(f"  dead      {len(fixed)} lane(s) dead-lettered by a configuration error that is "
-                 f"fixed now ({', '.join(lane for lane, _ in fixed)}): `soulfleet revive --all` "
-                 "takes them back")  # fmt: skip
+            echo(f"  dead      {len(fixed)} lane(s) dead-lettered by their files or settings (a "
+                 "configuration error, a persona directory gone), which are fine now "
+                 f"({', '.join(lane for lane, _ in fixed)}): `soulfleet revive --all` takes them "
+                 "back")  # fmt: skip
         return lanes
 
     def _watch(self, tails: list[LogTail], lanes: int) -> int:
