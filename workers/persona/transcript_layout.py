@@ -59,7 +59,8 @@ def local_lane(name: str) -> str:
     """The lane a run outside the fleet keeps a persona's session and transcripts under: the
     persona's directory name, or for a name that cannot be one (``zoë``, ``my persona``,
     ``.hidden``) the nearest that can (``zoe``, ``my-persona``, ``hidden``). Only that persona's
-    own home holds it, so two names meeting in one lane cannot mix two personas' files."""
+    own home holds it: one home whose agent is given two names that meet in one lane (``a b``
+    and ``a-b``, by ``from_dir(name=...)``) keeps one session for both."""
     if valid_transcript_name(name):
         return name
     ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
