@@ -16,8 +16,11 @@ comes back, meets the whole backlog at once. With it:
   every deferred lane again: lanes resume by themselves.
 
 Only failures that say the provider is unwell count (5xx, 429, timeouts, connection errors,
-malformed replies): a 401 is one persona's key, not an outage, and a gate timeout is our own
-queue. The scripted (offline) model has no breaker.
+malformed replies): a 401 or 403 says the provider is up and refuses the fleet's key (keys are
+per provider, so every lane of it meets the same refusal: the lanes it reaches are
+dead-lettered, `status` groups them with the `revive --reason` that takes them back once the
+key is fixed), and a gate timeout is our own queue. The scripted (offline) model has no
+breaker.
 """
 
 from __future__ import annotations
