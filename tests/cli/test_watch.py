@@ -141,6 +141,27 @@ def test_each_distinct_error_is_printed_once_and_counted() -> None:
     )
 
 
+def test_one_cause_dead_lettering_many_lanes_is_one_error() -> None:
+    """A revoked key dead-letters every lane that runs: `up` printed a numbered error per lane
+    (E1 ... E100 for one cause). One error now, its lanes counted on the status line; another
+    cause is another error; a transient dead letter's seconds differ per lane, its cause not."""
+    reporter, lines = _reporter()
+    refused = "permanent failure, not retried: model call failed (ModelAuthError): HTTP 401"
+    for lane in ("ava", "milo", "nora"):
+        reporter.event({"event": "lane.dead_lettered", "lane": lane, "error": refused})
+    reporter.event({"event": "lane.dead_lettered", "lane": "zed", "error": "HTTP 400: bad"})
+    for lane, seconds in (("p1", 21631), ("p2", 21655)):
+        why = f"transient failures for {seconds}s (SOULFLEET_RETRY_FOR), last: disk full"
+        reporter.event({"event": "lane.dead_lettered", "lane": lane, "error": why})
+    reporter.status({"queued": 0, "running": 0, "dead": 6, "idle": 0}, 0, personas=6, invalid=0)
+    errors = [line for line in lines if line.split()[1] == "error"]
+    assert [line.split()[2] for line in errors] == ["[E1]", "[E2]", "[E3]"], errors
+    assert "lane ava dead-lettered" in errors[0]
+    assert "lane zed dead-lettered" in errors[1]
+    assert "lane p1 dead-lettered" in errors[2]
+    assert lines[-1].endswith("errors E1 x3 on 3 lanes, E3 x2 on 2 lanes"), lines[-1]
+
+
 def test_an_error_differing_only_in_a_duration_is_the_same_error() -> None:
     """A persona mid-edit fails every few seconds with "... changed 6s ago", then "8s ago":
     one error, printed once (up printed E10, E12 ... E17 for it); HTTP 500 and HTTP 503

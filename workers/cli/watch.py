@@ -52,6 +52,10 @@ _DURATION = re.compile(r"\b\d+(?:\.\d+)?s\b")
 _ID = re.compile(r"\b[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}\b", re.I)
 
 
+#: fail.lua's prefix of a dead letter (a transient one counts its seconds per lane).
+_DEAD_PREFIX = re.compile(r"^transient failures for \d+s \(SOULFLEET_RETRY_FOR\), last: ")
+
+
 def _anonymous(text: str) -> str:
     """``text`` without what differs between repeats of one error: durations and ids."""
     return _ID.sub("#id", _DURATION.sub("#s", text))
@@ -196,7 +200,14 @@ class Reporter:
             if turn[1] and turn in self._dead_turns:
                 return
             self._dead_turns.add(turn)
-            self.error(("dead", lane), f"lane {lane or '?'} dead-lettered: {error}")
+            # Keyed by the cause, not the lane: a revoked key dead-letters every lane that
+            # runs, one error (its lanes counted on the status line), not one line per lane.
+            whole = " ".join(str(event.get("error") or event.get("reason") or "").split())
+            self.error(
+                ("dead", _anonymous(_DEAD_PREFIX.sub("", whole))),
+                f"lane {lane or '?'} dead-lettered: {error}",
+                lane,
+            )
         elif name == "registry.invalid":
             error = _short(event.get("error", ""))
             self.error(
