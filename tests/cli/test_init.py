@@ -184,3 +184,8 @@ def test_init_outside_the_fleets_root_says_the_fleet_will_not_schedule_it(
     result = invoke("init", str(fleet_root / "newbie"))
     assert result.exit_code == 0, result.output
     assert "not under the personas root" not in result.stderr
+    # an unusable name outside the root: both notes (the second was left out)
+    result = invoke("init", str(tmp_path / "my persona"))
+    assert result.exit_code == 0, result.output
+    assert "is not a usable persona name" in result.stderr
+    assert "is not under the personas root" in result.stderr

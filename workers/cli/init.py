@@ -136,7 +136,7 @@ def init(given: str, as_json: bool) -> None:
     if not valid_persona_name(home.name):
         unusable = UnusablePersonaName(home.name, home.parent)
         click.echo(f"note: {unusable}; `soulfleet run --local` works with it as it is", err=True)
-    elif root is not None and home.parent != root:
+    if root is not None and home.parent != root:
         click.echo(
             f"note: {home} is not under the personas root {root} the fleet serves, so the fleet "
             "does not schedule it; `soulfleet run --local` works with it where it is",

@@ -318,11 +318,12 @@ def _echo_queued(entry: Mapping[str, Any], now: float, reap_after: float) -> Non
         left = reap_after - waited
         when = f"in about {left:.0f}s" if left > 0 else "at its next pass"
         click.echo(
-            f"queued: lane {lane} has waited {waited:.0f}s for a worker to take its turn: the "
-            "workers are busy with a backlog (`soulfleet status` counts the queued lanes), or "
-            "its turn message was lost (a Redis that was full, restarted or failing over as it "
-            f"was sent); beat's reaper sends it again once queued SOULFLEET_REAP_QUEUED_AFTER "
-            f"({reap_after:.0f}s), {when}"
+            f"queued: lane {lane} has waited {waited:.0f}s for a worker to take its turn: no "
+            "worker consumes its queue, or the workers are busy with a backlog (`soulfleet "
+            "status` says which: its workers line, the queued count), or its turn message was "
+            "lost (a Redis that was full, restarted or failing over as it was sent); beat's "
+            f"reaper sends it again once queued SOULFLEET_REAP_QUEUED_AFTER ({reap_after:.0f}s), "
+            f"{when}"
         )
 
 
