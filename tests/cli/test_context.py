@@ -99,6 +99,7 @@ def test_persona_dir_finds_a_home_under_the_root_whose_name_the_fleet_cannot_use
     monkeypatch.chdir(tmp_path)
     assert persona_dir("zoë", root) == root / "zoë"
     assert persona_dir("my persona", root) == root / "my persona"
+    assert persona_dir("zoe\u0308", root) == root / "zoë"  # typed decomposed
     with pytest.raises(UnknownPersona):
         persona_dir("zoe", root)
 

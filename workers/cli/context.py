@@ -26,6 +26,7 @@ import os
 import site
 import sys
 import sysconfig
+import unicodedata
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -186,10 +187,14 @@ def persona_dir(arg: str, root: Path) -> Path:
     candidate = Path(arg).expanduser()
     if candidate.is_dir():
         return candidate
-    if os.sep not in arg and arg not in (".", "..") and (root / arg).is_dir():
+    if os.sep not in arg and arg not in (".", ".."):
         # A directory under the root whose name the fleet cannot use (zoë, "my persona"):
         # these commands take any persona home (it said "no directory" of one that is there).
-        return root / arg
+        # A terminal may type "zoë" decomposed (e + U+0308): either spelling finds it.
+        for name in dict.fromkeys((arg, unicodedata.normalize("NFC", arg),
+                                   unicodedata.normalize("NFD", arg))):  # fmt: skip
+            if (root / name).is_dir():
+                return root / name
     raise UnknownPersona(arg, root, known=_known(PersonaRegistry(root)))
 
 
