@@ -8,7 +8,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +194,18 @@ def test_ctrl_c_while_run_waits_says_the_turn_goes_on(env: Mapping[str, str | No
     assert [InboxItem.from_json(str(raw)).text for raw in raws] == ["first", "second"]
 
 
+def _interrupted_after(post: Callable[..., Any], presses: int) -> Callable[..., Any]:
+    """``Lanes.post`` that runs, then gets ``presses`` Ctrl-Cs before its answer is read."""
+
+    def posting(self: Lanes, *args: Any, **kwargs: Any) -> Any:
+        outcome = post(self, *args, **kwargs)
+        for _ in range(presses):
+            signal.raise_signal(signal.SIGINT)
+        return outcome
+
+    return posting
+
+
 def test_ctrl_c_as_the_post_lands_says_the_message_is_kept(
     invoke: Invoke, env: Mapping[str, str | None], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -204,26 +216,15 @@ def test_ctrl_c_as_the_post_lands_says_the_message_is_kept(
     posts nothing."""
     lanes = lanes_for(env)
     sent = Lanes.post
-
-    def post_then_interrupt(self: Lanes, *args: Any, **kwargs: Any) -> Any:
-        outcome = sent(self, *args, **kwargs)
-        signal.raise_signal(signal.SIGINT)
-        return outcome
-
-    monkeypatch.setattr(Lanes, "post", post_then_interrupt)
+    monkeypatch.setattr(Lanes, "post", _interrupted_after(sent, 1))
     result = invoke("run", "ava", "kept", "--timeout", "30")
     assert result.exit_code == 1, result.output
     assert "stopped waiting: the message is in ava's inbox" in result.stderr
     raws = lanes.client.lrange(lanes.keys.inbox("ava"), 0, -1)
     assert [InboxItem.from_json(str(raw)).text for raw in raws] == ["kept"]
 
-    def post_then_interrupt_twice(self: Lanes, *args: Any, **kwargs: Any) -> Any:
-        outcome = sent(self, *args, **kwargs)
-        signal.raise_signal(signal.SIGINT)
-        signal.raise_signal(signal.SIGINT)  # Redis "did not answer": the user presses again
-        return outcome
-
-    monkeypatch.setattr(Lanes, "post", post_then_interrupt_twice)
+    # Redis "did not answer": the user presses again
+    monkeypatch.setattr(Lanes, "post", _interrupted_after(sent, 2))
     result = invoke("run", "ava", "maybe", "--timeout", "30")
     assert result.exit_code == 1, result.output
     assert "the message may or may not be in ava's inbox" in result.stderr
@@ -252,14 +253,7 @@ def test_an_ignored_sigint_stays_ignored_while_run_posts(
 ) -> None:
     """`run` started with SIGINT ignored (a job a shell put in the background) keeps ignoring
     it while it posts: holding Ctrl-C must not make it interruptible."""
-    sent = Lanes.post
-
-    def post_then_interrupt(self: Lanes, *args: Any, **kwargs: Any) -> Any:
-        outcome = sent(self, *args, **kwargs)
-        signal.raise_signal(signal.SIGINT)
-        return outcome
-
-    monkeypatch.setattr(Lanes, "post", post_then_interrupt)
+    monkeypatch.setattr(Lanes, "post", _interrupted_after(Lanes.post, 1))
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         result = invoke("run", "ava", "ignored", "--timeout", "1")
