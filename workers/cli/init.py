@@ -23,7 +23,7 @@ from workers.cli.errors import BadInputError
 from workers.fleet.errors import UnusablePersonaName
 from workers.fleet.registry import valid_persona_name
 from workers.persona.home import BOOTSTRAP_ORDER
-from workers.persona.manifest import MANIFEST_NAME
+from workers.persona.manifest import MANIFEST_NAME, holds_persona
 
 __all__ = ["SCAFFOLD_FILES", "init", "scaffold"]
 
@@ -65,10 +65,6 @@ def scaffold(directory: Path) -> list[Path]:
     return written
 
 
-def _is_persona_home(directory: Path) -> bool:
-    return any((directory / name).is_file() for name in (MANIFEST_NAME, "SOUL.md"))
-
-
 def _fleet_root() -> Path | None:
     """The personas root this shell's fleet serves: SOULFLEET_PERSONAS, else a running `up`'s
     (None when neither says: ./personas is only a default)."""
@@ -89,7 +85,7 @@ def _refuse_misplaced(directory: Path, root: Path | None) -> None:
         )
     if home.is_dir():
         try:
-            holds = sorted(c.name for c in home.iterdir() if c.is_dir() and _is_persona_home(c))
+            holds = sorted(c.name for c in home.iterdir() if c.is_dir() and holds_persona(c))
         except OSError:
             holds = []
         if holds:
@@ -99,7 +95,7 @@ def _refuse_misplaced(directory: Path, root: Path | None) -> None:
                 f"a new persona is one directory in it, such as "
                 f"{shlex.quote(str(directory / 'NAME'))}"
             )
-    owner = next((p for p in home.parents if _is_persona_home(p)), None)
+    owner = next((p for p in home.parents if holds_persona(p)), None)
     if owner is not None:
         raise BadInputError(
             f"{directory} is inside the persona {owner} (it holds {MANIFEST_NAME} or SOUL.md): "

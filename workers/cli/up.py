@@ -67,6 +67,7 @@ from workers.local.datadir import (
 from workers.local.demo import WELCOME_PERSONA, welcome_text
 from workers.local.redis_server import RedisServer, RedisServerError, free_port
 from workers.local.supervisor import Child, Supervisor
+from workers.persona.manifest import holds_persona
 from workers.persona.shared_claims import check_hard_links
 from workers.publisher import CeleryPublisher
 from workers.settings import Settings, redact_url
@@ -113,7 +114,7 @@ def up(personas: Path | None, worker_count: int, flower: bool, data: Path | None
     given = given_personas(personas, os.environ)
     if given is not None and not given.is_dir():  # before the data directory is made
         raise BadInputError(missing_root(given))
-    if given is not None and any((given / name).is_file() for name in ("persona.toml", "SOUL.md")):
+    if given is not None and holds_persona(given):
         # Its sessions/, transcripts/ and memory/ would each be scheduled as a persona.
         raise BadInputError(
             f"{given} looks like one persona's directory (it holds persona.toml or SOUL.md), "

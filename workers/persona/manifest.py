@@ -82,6 +82,7 @@ __all__ = [
     "HeartbeatSchedule",
     "PersonaConfig",
     "SessionConfig",
+    "holds_persona",
     "load_manifest",
     "parse_duration",
     "parse_manifest",
@@ -91,6 +92,13 @@ __all__ = [
 MANIFEST_NAME = "persona.toml"
 #: A persona.toml is a few lines; anything past this is a mistake, refused before it is parsed.
 MANIFEST_MAX_BYTES = 256 * 1024
+
+
+def holds_persona(directory: Path) -> bool:
+    """Whether ``directory`` is a persona home by its files (it holds persona.toml or
+    SOUL.md): what may not be a personas root, nor hold another persona."""
+    return any((directory / name).is_file() for name in (MANIFEST_NAME, "SOUL.md"))
+
 
 # A spec is "inherit" or "<provider>:<rest>"; which providers exist is models/spec.py's call.
 _MODEL_SPEC = re.compile(r"[a-z][a-z0-9_-]*:\S.*", re.DOTALL)
