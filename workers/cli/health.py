@@ -35,6 +35,7 @@ from workers.persona.spend import heartbeat_file_skip
 __all__ = [
     "CONFIG_ERRORS",
     "DEAD_CAUSES_SHOWN",
+    "TRANSIENT_DEAD_PREFIX",
     "current_error",
     "dead_causes",
     "display_state",
@@ -210,11 +211,10 @@ def quiet_hours(home: Path, now: float) -> ActiveHours | None:
 #: class in parentheses (``model call failed (ModelAuthError)``), else by its first words.
 _HTTP = re.compile(r"HTTP \d{3}")
 _CLASS = re.compile(r"\(([A-Z][A-Za-z]+)\)")
-#: What fail.lua puts before the error of a lane it dead-letters.
-_PREFIX = re.compile(
-    r"^(permanent failure, not retried: "
-    r"|transient failures for \d+s \(SOULFLEET_RETRY_FOR\), last: )"
-)
+#: What fail.lua puts before the last error of a lane that failed transiently for
+#: SOULFLEET_RETRY_FOR (its seconds differ from lane to lane), and before a permanent one.
+TRANSIENT_DEAD_PREFIX = r"transient failures for \d+s \(SOULFLEET_RETRY_FOR\), last: "
+_PREFIX = re.compile(rf"^(permanent failure, not retried: |{TRANSIENT_DEAD_PREFIX})")
 #: Causes named one by one at most; the rest are counted.
 DEAD_CAUSES_SHOWN = 3
 

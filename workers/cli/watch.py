@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workers.cli.health import invalid_personas
+from workers.cli.health import TRANSIENT_DEAD_PREFIX, invalid_personas
 from workers.fleet import Fleet
 from workers.fleet.beats import Beat, Beats
 from workers.fleet.registry import DREAMER_SUFFIX
@@ -52,8 +52,8 @@ _DURATION = re.compile(r"\b\d+(?:\.\d+)?s\b")
 _ID = re.compile(r"\b[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}\b", re.I)
 
 
-#: fail.lua's prefix of a dead letter (a transient one counts its seconds per lane).
-_DEAD_PREFIX = re.compile(r"^transient failures for \d+s \(SOULFLEET_RETRY_FOR\), last: ")
+#: fail.lua's prefix of a transient dead letter (it counts its seconds per lane).
+_DEAD_PREFIX = re.compile(f"^{TRANSIENT_DEAD_PREFIX}")
 
 
 def _anonymous(text: str) -> str:
