@@ -32,7 +32,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from workers.persona.errors import (
     causes,
     failure_kind,
 )
+from workers.persona.transcript_layout import name_slug
 from workers.settings import redact_url
 
 __all__ = [
@@ -277,8 +277,7 @@ class UnusablePersonaName(UnknownPersona):
 
 def _slug(name: str) -> str:
     """A usable persona name close to ``name`` (a suggestion for a rename)."""
-    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()  # zoë: zoe
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", ascii_name).replace("..", ".").strip("-._")[:64]
+    slug = name_slug(name, 64)
     if slug.endswith("-dreamer"):
         # Not the bare stem: "nora-dreamer" sits beside "nora" more often than not.
         slug = slug[: -len("-dreamer")] + "_dreamer"

@@ -31,6 +31,7 @@ __all__ = [
     "TranscriptRecord",
     "file_name",
     "local_lane",
+    "name_slug",
     "parse_file_name",
     "read_records",
     "require_name",
@@ -63,9 +64,16 @@ def local_lane(name: str) -> str:
     and ``a-b``, by ``from_dir(name=...)``) keeps one session for both."""
     if valid_transcript_name(name):
         return name
-    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", ascii_name).replace("..", ".").strip("-._")[:128]
+    slug = name_slug(name, 128)
     return slug if valid_transcript_name(slug) else "persona"
+
+
+def name_slug(name: str, limit: int) -> str:
+    """``name`` as letters, digits, '.', '_' and '-' only, at most ``limit`` long: accents
+    folded (``zoë``: ``zoe``), every other run of characters one '-', no '..', nothing to strip
+    at either end ("" when nothing is left)."""
+    ascii_name = unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode()
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", ascii_name).replace("..", ".").strip("-._")[:limit]
 
 
 def require_name(kind: str, name: object) -> str:
